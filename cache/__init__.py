@@ -1,0 +1,1 @@
+"""The persistent prefix KV cache library. It never imports chatapp."""

@@ -1,0 +1,5 @@
+"""Allow `python -m chatapp`."""
+
+from chatapp.cli import main
+
+raise SystemExit(main())

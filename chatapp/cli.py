@@ -1,0 +1,140 @@
+"""Command line: `chatapp` opens the chat screen; `chatapp ask` answers one question.
+
+User errors print one line on stderr and exit with status 2; Ctrl-C exits with 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from chatapp import __version__
+from chatapp.documents import load_document
+from chatapp.errors import ChatappError, SettingsError
+from chatapp.services.ask import AskRequest, ask
+from chatapp.services.startup import Workspace, open_workspace, quiet_native_logs
+
+EXIT_INTERRUPTED = 130
+
+
+def _engine_options() -> argparse.ArgumentParser:
+    """Options shared by every command: where data lives and how the model runs."""
+    parser = argparse.ArgumentParser(add_help=False)
+    group = parser.add_argument_group("model and data")
+    group.add_argument("--model", metavar="PATH", help="GGUF model file (default: the bundled SmolLM2-135M)")
+    group.add_argument("--data-dir", metavar="DIR", help="where conversations, cache and config live (or $CHATAPP_HOME)")
+    group.add_argument("--context", type=int, metavar="N", help="largest context per conversation, in tokens")
+    group.add_argument("--n-gpu-layers", type=int, metavar="N", help="layers to offload to the GPU (-1: all)")
+    group.add_argument("--threads", type=int, metavar="N", help="CPU threads (default: one per core)")
+    return parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    shared = _engine_options()
+    parser = argparse.ArgumentParser(
+        prog="chatapp",
+        description="Chat with a local GGUF model; every prompt beginning is computed once.",
+        parents=[shared],
+    )
+    parser.add_argument("--version", action="version", version=f"chatapp {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands.add_parser("chat", parents=[shared], help="open the chat screen (the default)")
+    ask_parser = commands.add_parser(
+        "ask",
+        parents=[shared],
+        help="answer one question without the chat screen",
+        description="Answer one question; the answer streams to stdout. With --json, a JSON object "
+        "with the answer and its statistics is printed as the last line.",
+    )
+    ask_parser.add_argument("question", metavar="QUESTION")
+    persona = ask_parser.add_mutually_exclusive_group()
+    persona.add_argument("--system", metavar="TEXT", help="system prompt (persona)")
+    persona.add_argument("--system-file", metavar="FILE", type=Path, help="read the system prompt from FILE")
+    ask_parser.add_argument("--doc", metavar="FILE", type=Path, help="a .txt, .md or .pdf document to ask about")
+    ask_parser.add_argument("--max-tokens", type=int, metavar="N", help="longest answer in tokens")
+    ask_parser.add_argument("--temperature", type=float, metavar="T", help="0 is greedy and reproducible")
+    ask_parser.add_argument("--top-p", type=float, metavar="P", help="nucleus sampling threshold")
+    ask_parser.add_argument("--seed", type=int, metavar="N", help="sampling seed")
+    ask_parser.add_argument("--no-cache", action="store_true", help="compute the whole prompt; no lookup, no store")
+    ask_parser.add_argument("--json", action="store_true", help="print a JSON object with statistics at the end")
+    return parser
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """Settings given on the command line; None means 'use the settings file'."""
+    return {
+        "model": args.model,
+        "context_cap": args.context,
+        "n_gpu_layers": args.n_gpu_layers,
+        "threads": args.threads,
+        "max_tokens": getattr(args, "max_tokens", None),
+        "temperature": getattr(args, "temperature", None),
+        "top_p": getattr(args, "top_p", None),
+        "seed": getattr(args, "seed", None),
+    }
+
+
+def _read_system_prompt(args: argparse.Namespace) -> str | None:
+    if args.system_file is None:
+        return args.system
+    try:
+        text = args.system_file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SettingsError(f"system prompt file {args.system_file} does not exist; check the path") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise SettingsError(f"cannot read system prompt file {args.system_file} ({error}); use a UTF-8 text file") from None
+    return text.strip() or None
+
+
+def _write_stdout(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def run_ask(args: argparse.Namespace, workspace: Workspace) -> int:
+    system_prompt = _read_system_prompt(args)
+    document = load_document(args.doc) if args.doc is not None else None
+    model_path = workspace.model_path
+    request = AskRequest(
+        question=args.question,
+        sampling=workspace.sampling(),
+        system_prompt=system_prompt,
+        document=document,
+        use_cache=not args.no_cache,
+    )
+    fingerprint = workspace.model_fingerprint(model_path)
+    with workspace.open_engine() as engine:
+        record = ask(engine, request, model_path=model_path, model_fingerprint=fingerprint, on_text=_write_stdout)
+    _write_stdout("\n")
+    if args.json:
+        _write_stdout(json.dumps(record, ensure_ascii=False) + "\n")
+    return 0
+
+
+def run_chat(workspace: Workspace) -> int:
+    from chatapp.tui.app import ChatApp
+
+    workspace.model_path  # fail before the screen opens if the model is missing
+    ChatApp(workspace).run()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    quiet_native_logs()
+    try:
+        workspace = open_workspace(args.data_dir, _overrides(args))
+        if args.command == "ask":
+            return run_ask(args, workspace)
+        return run_chat(workspace)
+    except ChatappError as error:
+        print(f"chatapp: error: {error}", file=sys.stderr)
+        return error.exit_code
+    except KeyboardInterrupt:
+        print("chatapp: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        return 0

@@ -1,0 +1,69 @@
+"""Rendering a model's own Jinja chat template, as Hugging Face's tokenizers do.
+
+The template string comes from the GGUF metadata (`tokenizer.chat_template`). It runs in
+a sandbox: a model file is input, and its template must not reach the Python runtime.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+from typing import Any
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from chatapp.errors import ModelError
+
+# Used when a GGUF file carries no template at all.
+FALLBACK_CHATML = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+class TemplateRenderError(Exception):
+    """The template raised or could not render these messages."""
+
+
+def _raise_exception(message: str) -> None:
+    raise TemplateRenderError(message)
+
+
+def _strftime_now(format_string: str) -> str:
+    return datetime.datetime.now().strftime(format_string)
+
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    """A compiled chat template plus the special-token strings it refers to."""
+
+    source: str
+    bos_token: str
+    eos_token: str
+
+    def __post_init__(self) -> None:
+        environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, loader=None)
+        environment.globals["raise_exception"] = _raise_exception
+        environment.globals["strftime_now"] = _strftime_now
+        try:
+            compiled = environment.from_string(self.source)
+        except jinja2.TemplateError as error:
+            raise ModelError(f"the model's chat template does not compile ({error}); use another GGUF file") from None
+        object.__setattr__(self, "_compiled", compiled)
+
+    def render(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool) -> str:
+        """The template's text for `messages`; TemplateRenderError when it refuses them."""
+        try:
+            return self._compiled.render(  # type: ignore[attr-defined]
+                messages=messages,
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token,
+                eos_token=self.eos_token,
+            )
+        except TemplateRenderError:
+            raise
+        except (jinja2.TemplateError, TypeError, KeyError, IndexError, ValueError) as error:
+            raise TemplateRenderError(str(error)) from None

@@ -1,0 +1,369 @@
+"""The engine: one llama.cpp context, owned by one thread, serving generation requests.
+
+The UI and the CLI never touch llama.cpp. They submit a `GenerationRequest` and read
+events from its `GenerationHandle` (prefill progress, token text), which they may cancel
+at any time; the engine thread does all model work, so a long prefill never blocks them.
+"""
+
+from __future__ import annotations
+
+import codecs
+import os
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from chatapp.engine.chat_template import FALLBACK_CHATML, ChatTemplate
+from chatapp.engine.events import (
+    STOP_CANCELLED,
+    STOP_CONTEXT,
+    STOP_END,
+    STOP_LENGTH,
+    GenerationResult,
+    GenerationStats,
+    PrefillProgress,
+    TokenText,
+)
+from chatapp.engine.llama_native import (
+    DecodeAborted,
+    NativeContext,
+    NativeModel,
+    NativeSampler,
+    SamplingParams,
+    gpu_offload_supported,
+)
+from chatapp.engine.prompt import PromptBuilder
+from chatapp.errors import ContextOverflowError
+
+ALL_LAYERS = 999
+TIER_NONE = "none"
+TIER_DEVICE = "device"
+
+
+def default_thread_count() -> int:
+    """One thread per core: llama.cpp runs slower on hyper-threads than on cores."""
+    logical = os.cpu_count() or 1
+    return logical if logical <= 4 else max(4, logical // 2)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How to load the model and shape its context."""
+
+    model_path: Path
+    context_cap: int = 8192
+    sequences: int = 4
+    n_gpu_layers: int = -1  # -1: all layers when the build can offload, else none
+    threads: int | None = None
+    flash_attention: bool = True
+    n_batch: int = 512
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the rest of the app may know about the loaded model and context."""
+
+    path: Path
+    name: str
+    description: str
+    n_ctx_train: int
+    n_ctx_per_sequence: int
+    n_sequences: int
+    flash_attention: bool
+    gpu_layers: int
+    threads: int
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One answer to compute: the full prompt tokens, sampling, and the sequence to use."""
+
+    prompt_tokens: tuple[int, ...]
+    sampling: SamplingParams
+    sequence: int = 0
+    reuse_live_prefix: bool = True
+
+
+class GenerationHandle:
+    """The caller's side of a running request: its events, its result, and a cancel button."""
+
+    _DONE = object()
+
+    def __init__(self, request: GenerationRequest) -> None:
+        self.request = request
+        self.submitted_at = time.perf_counter()
+        self.cancel_event = threading.Event()
+        self._events: queue.Queue[object] = queue.Queue()
+        self._result: GenerationResult | None = None
+        self._error: BaseException | None = None
+        self._finished = threading.Event()
+        self._drained = False
+
+    def cancel(self) -> None:
+        """Stop as soon as possible; the result keeps what was generated so far."""
+        self.cancel_event.set()
+
+    def events(self) -> Iterator[PrefillProgress | TokenText]:
+        """Progress and text events until the request ends; raises if it failed."""
+        while not self._drained:
+            event = self._events.get()
+            if event is self._DONE:
+                self._drained = True
+                break
+            yield event  # type: ignore[misc]
+        if self._error is not None:
+            raise self._error
+
+    def wait(self) -> GenerationResult:
+        """Consume the remaining events and return the result."""
+        for _ in self.events():
+            pass
+        assert self._result is not None
+        return self._result
+
+    @property
+    def finished(self) -> bool:
+        return self._finished.is_set()
+
+    # Engine side.
+    def _emit(self, event: PrefillProgress | TokenText) -> None:
+        self._events.put(event)
+
+    def _finish(self, result: GenerationResult | None, error: BaseException | None = None) -> None:
+        self._result, self._error = result, error
+        self._finished.set()
+        self._events.put(self._DONE)
+
+
+class Engine:
+    """Loads a model, owns its context on a private thread, and runs requests in order."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self._jobs: queue.Queue[GenerationHandle | None] = queue.Queue()
+        self._loaded = threading.Event()
+        self._load_error: BaseException | None = None
+        self._active: GenerationHandle | None = None
+        self._thread = threading.Thread(target=self._run, name="chatapp-engine", daemon=True)
+        self._thread.start()
+        self._loaded.wait()
+        if self._load_error is not None:
+            self._thread.join()
+            raise self._load_error
+
+    # Public API, safe from any thread.
+    def generate(self, request: GenerationRequest) -> GenerationHandle:
+        """Queue a request; its prompt must fit in one sequence's context."""
+        if not request.prompt_tokens:
+            raise ValueError("a generation request needs at least one prompt token")
+        if not 0 <= request.sequence < self.info.n_sequences:
+            raise ValueError(f"sequence {request.sequence} is outside 0..{self.info.n_sequences - 1}")
+        limit = self.info.n_ctx_per_sequence
+        if len(request.prompt_tokens) >= limit:
+            raise ContextOverflowError(
+                f"the prompt is {len(request.prompt_tokens):,} tokens but a conversation's context holds "
+                f"{limit:,}; shorten it or use a larger --context (the model was trained on {self.info.n_ctx_train:,})",
+                prompt_tokens=len(request.prompt_tokens),
+                context_tokens=limit,
+            )
+        handle = GenerationHandle(request)
+        self._jobs.put(handle)
+        return handle
+
+    def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = False) -> list[int]:
+        return self.model.tokenize(text, add_special=add_special, parse_special=parse_special)
+
+    def close(self) -> None:
+        """Cancel what is running, stop the thread and free the model."""
+        if self._thread.is_alive():
+            active = self._active
+            if active is not None:
+                active.cancel()
+            self._jobs.put(None)
+            self._thread.join()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    # Engine thread.
+    def _run(self) -> None:
+        try:
+            self._load()
+        except BaseException as error:  # reported to the constructor's caller
+            self._load_error = error
+            self._loaded.set()
+            return
+        self._loaded.set()
+        try:
+            while (handle := self._jobs.get()) is not None:
+                self._serve(handle)
+        finally:
+            self.context.close()
+            self.model.close()
+
+    def _load(self) -> None:
+        config = self.config
+        layers = config.n_gpu_layers
+        if layers < 0:
+            layers = ALL_LAYERS if gpu_offload_supported() else 0
+        self.model = NativeModel(config.model_path, n_gpu_layers=layers)
+        threads = config.threads or default_thread_count()
+        per_sequence = min(self.model.n_ctx_train or config.context_cap, config.context_cap)
+        try:
+            self.context = NativeContext(
+                self.model,
+                n_sequences=config.sequences,
+                n_ctx_per_sequence=per_sequence,
+                n_threads=threads,
+                n_batch=config.n_batch,
+                flash_attention=config.flash_attention,
+                should_abort=self._active_request_cancelled,
+            )
+        except BaseException:
+            self.model.close()
+            raise
+        shape = self.context.shape
+        self.info = ModelInfo(
+            path=config.model_path,
+            name=self.model.metadata("general.name") or config.model_path.stem,
+            description=self.model.description(),
+            n_ctx_train=self.model.n_ctx_train,
+            n_ctx_per_sequence=shape.n_ctx_per_sequence,
+            n_sequences=shape.n_sequences,
+            flash_attention=shape.flash_attention,
+            gpu_layers=min(layers, self.model.n_layer + 1),
+            threads=threads,
+        )
+        template_source = self.model.chat_template() or FALLBACK_CHATML
+        self.chat_template = ChatTemplate(
+            source=template_source,
+            bos_token=self.model.token_text(self.model.bos_id),
+            eos_token=self.model.token_text(self.model.eos_id),
+        )
+        self.prompt_builder = PromptBuilder(self.chat_template, self.model)
+        self._live: list[list[int]] = [[] for _ in range(shape.n_sequences)]
+
+    def _active_request_cancelled(self) -> bool:
+        active = self._active
+        return active is not None and active.cancel_event.is_set()
+
+    def _serve(self, handle: GenerationHandle) -> None:
+        self._active = handle
+        sequence = handle.request.sequence
+        try:
+            handle._finish(self._generate(handle))
+        except BaseException as error:
+            # When in doubt, forget the sequence: a stale KV must never be reused.
+            self.context.remove(sequence, 0, -1)
+            self._live[sequence] = []
+            handle._finish(None, error)
+        finally:
+            self._active = None
+
+    def _generate(self, handle: GenerationHandle) -> GenerationResult:
+        request = handle.request
+        prompt = list(request.prompt_tokens)
+        sequence = request.sequence
+        live = self._live[sequence]
+        reused = _common_prefix_length(live, prompt) if request.reuse_live_prefix else 0
+        reused = min(reused, len(prompt) - 1)  # the last prompt token is evaluated for its logits
+        self.context.remove(sequence, reused, -1)
+        del live[reused:]
+
+        prefill_started = time.perf_counter()
+        stop_reason = self._prefill(handle, prompt, live)
+        prefill_ms = (time.perf_counter() - prefill_started) * 1000
+        generated: list[int] = []
+        pieces: list[str] = []
+        first_token_at: float | None = None
+        if stop_reason is None:
+            stop_reason, first_token_at = self._decode_answer(handle, live, generated, pieces)
+        finished_at = time.perf_counter()
+        ttft_at = first_token_at if first_token_at is not None else finished_at
+        stats = GenerationStats(
+            prompt_tokens=len(prompt),
+            reused_tokens=reused,
+            computed_tokens=len(prompt) - reused,
+            reuse_tier=TIER_DEVICE if reused else TIER_NONE,
+            generated_tokens=len(generated),
+            ttft_ms=(ttft_at - handle.submitted_at) * 1000,
+            total_ms=(finished_at - handle.submitted_at) * 1000,
+            prefill_ms=prefill_ms,
+        )
+        return GenerationResult(text="".join(pieces), token_ids=tuple(generated), stop_reason=stop_reason, stats=stats)
+
+    def _prefill(self, handle: GenerationHandle, prompt: list[int], live: list[int]) -> str | None:
+        """Evaluate the prompt tokens not yet in `live`, in batches; STOP_CANCELLED if cancelled."""
+        batch = self.context.shape.n_batch
+        sequence = handle.request.sequence
+        start = len(live)
+        while start < len(prompt):
+            if handle.cancel_event.is_set():
+                return STOP_CANCELLED
+            chunk = prompt[start : start + batch]
+            is_last = start + len(chunk) == len(prompt)
+            try:
+                self.context.decode(chunk, start_pos=start, sequence=sequence, logits_for_last=is_last)
+            except DecodeAborted:
+                self.context.remove(sequence, start, -1)
+                return STOP_CANCELLED
+            live.extend(chunk)
+            start += len(chunk)
+            handle._emit(PrefillProgress(done=start, total=len(prompt)))
+        return None
+
+    def _decode_answer(
+        self, handle: GenerationHandle, live: list[int], generated: list[int], pieces: list[str]
+    ) -> tuple[str, float | None]:
+        """Sample and evaluate answer tokens until a stop; returns the reason and first-token time."""
+        request = handle.request
+        limit = self.context.shape.n_ctx_per_sequence
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        sampler = NativeSampler(request.sampling)
+        first_token_at: float | None = None
+        stop_reason = STOP_CANCELLED
+        try:
+            while not handle.cancel_event.is_set():
+                token = sampler.sample(self.context)
+                if first_token_at is None:
+                    first_token_at = time.perf_counter()
+                if self.model.is_end_of_generation(token):
+                    stop_reason = STOP_END
+                    break
+                generated.append(token)
+                text = decoder.decode(self.model.token_bytes(token))
+                pieces.append(text)
+                handle._emit(TokenText(text=text, token_id=token))
+                if len(generated) >= request.sampling.max_tokens:
+                    stop_reason = STOP_LENGTH
+                    break
+                if len(live) >= limit:
+                    stop_reason = STOP_CONTEXT
+                    break
+                try:
+                    self.context.decode([token], start_pos=len(live), sequence=request.sequence, logits_for_last=True)
+                except DecodeAborted:
+                    self.context.remove(request.sequence, len(live), -1)
+                    break
+                live.append(token)
+        finally:
+            sampler.close()
+            tail = decoder.decode(b"", final=True)
+            if tail:
+                pieces.append(tail)
+                handle._emit(TokenText(text=tail, token_id=-1))
+        return stop_reason, first_token_at
+
+
+def _common_prefix_length(left: list[int], right: list[int]) -> int:
+    limit = min(len(left), len(right))
+    index = 0
+    while index < limit and left[index] == right[index]:
+        index += 1
+    return index

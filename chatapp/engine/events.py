@@ -1,0 +1,61 @@
+"""What a generation reports while it runs and when it ends."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+STOP_END = "end"  # the model ended its answer
+STOP_LENGTH = "length"  # max_tokens reached
+STOP_CONTEXT = "context"  # the conversation's context is full
+STOP_CANCELLED = "cancelled"  # the caller cancelled
+
+
+@dataclass(frozen=True)
+class PrefillProgress:
+    """Prompt tokens evaluated so far, for a progress bar on long prompts."""
+
+    done: int
+    total: int
+
+
+@dataclass(frozen=True)
+class TokenText:
+    """New answer text (may be empty while a UTF-8 character is incomplete) and its token id."""
+
+    text: str
+    token_id: int
+
+
+@dataclass(frozen=True)
+class GenerationStats:
+    """Per-request figures; `reused + computed == prompt_tokens`."""
+
+    prompt_tokens: int
+    reused_tokens: int
+    computed_tokens: int
+    reuse_tier: str
+    generated_tokens: int
+    ttft_ms: float
+    total_ms: float
+    prefill_ms: float
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Generated tokens per second after the first token."""
+        seconds = (self.total_ms - self.ttft_ms) / 1000
+        return (self.generated_tokens - 1) / seconds if self.generated_tokens > 1 and seconds > 0 else 0.0
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        seconds = self.prefill_ms / 1000
+        return self.computed_tokens / seconds if self.computed_tokens and seconds > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """The whole answer: text, the exact token ids (for append-only prompts) and statistics."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    stop_reason: str
+    stats: GenerationStats

@@ -1,0 +1,280 @@
+"""A thin, typed layer over llama-cpp-python's low-level (ctypes) API.
+
+We use the low-level API rather than `llama_cpp.Llama` because the context must hold
+several sequences in separate streams (`n_seq_max` > 1, `kv_unified` off), which `Llama`
+does not expose. Only the engine thread touches a `NativeContext`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp
+
+from chatapp.errors import ModelError
+
+llama_logger = logging.getLogger("chatapp.llama")
+# ggml_log_level in the llama.cpp this package pins: NONE, DEBUG, INFO, WARN, ERROR, CONT (5).
+_LOG_LEVELS = {0: logging.DEBUG, 1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
+_recent_problems: deque[str] = deque(maxlen=8)
+_last_level = logging.DEBUG
+_init_lock = threading.Lock()
+_initialised = False
+
+
+@llama_cpp.llama_log_callback
+def _route_llama_log(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
+    """Send llama.cpp's log to Python logging: never to the terminal, where it would tear the TUI."""
+    global _last_level
+    python_level = _last_level if level == 5 else _LOG_LEVELS.get(level, logging.DEBUG)
+    _last_level = python_level
+    message = text.decode("utf-8", errors="replace").rstrip()
+    if python_level >= logging.WARNING and message:
+        _recent_problems.append(message)
+    if message:
+        llama_logger.log(python_level, message)
+
+
+def initialise_llama() -> None:
+    """Route llama.cpp's log and initialise its backends, once per process."""
+    global _initialised
+    with _init_lock:
+        if _initialised:
+            return
+        llama_cpp.llama_log_set(_route_llama_log, ctypes.c_void_p(0))
+        llama_cpp.llama_backend_init()
+        _initialised = True
+
+
+def last_llama_problem() -> str:
+    """The most recent warning or error llama.cpp logged, for error messages."""
+    return _recent_problems[-1] if _recent_problems else "no reason given"
+
+
+def gpu_offload_supported() -> bool:
+    """Whether this llama.cpp build can offload layers to a GPU."""
+    initialise_llama()
+    return bool(llama_cpp.llama_supports_gpu_offload())
+
+
+class NativeModel:
+    """A loaded GGUF model: weights, vocabulary and metadata."""
+
+    def __init__(self, path: Path, *, n_gpu_layers: int = 0, vocab_only: bool = False) -> None:
+        initialise_llama()
+        params = llama_cpp.llama_model_default_params()
+        params.n_gpu_layers = n_gpu_layers
+        params.vocab_only = vocab_only
+        pointer = llama_cpp.llama_model_load_from_file(str(path).encode("utf-8"), params)
+        if not pointer:
+            raise ModelError(
+                f"llama.cpp could not load {path} ({last_llama_problem()}); "
+                "is it a complete GGUF file for an architecture this llama.cpp supports?"
+            )
+        self.path = path
+        self.pointer = pointer
+        self.vocab = llama_cpp.llama_model_get_vocab(pointer)
+        self.n_ctx_train = int(llama_cpp.llama_model_n_ctx_train(pointer))
+        self.n_layer = int(llama_cpp.llama_model_n_layer(pointer))
+        self.bos_id = int(llama_cpp.llama_vocab_bos(self.vocab))
+        self.eos_id = int(llama_cpp.llama_vocab_eos(self.vocab))
+        self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
+        self._piece_buffer = ctypes.create_string_buffer(256)
+        self._piece_lock = threading.Lock()
+
+    def close(self) -> None:
+        if self.pointer:
+            llama_cpp.llama_model_free(self.pointer)
+            self.pointer = None
+
+    def description(self) -> str:
+        buffer = ctypes.create_string_buffer(256)
+        llama_cpp.llama_model_desc(self.pointer, buffer, ctypes.sizeof(buffer))
+        return buffer.value.decode("utf-8", errors="replace")
+
+    def chat_template(self) -> str | None:
+        """The default chat template from the GGUF metadata, if the model has one."""
+        raw = llama_cpp.llama_model_chat_template(self.pointer, None)
+        return raw.decode("utf-8") if raw else None
+
+    def metadata(self, key: str) -> str | None:
+        buffer = ctypes.create_string_buffer(4096)
+        length = llama_cpp.llama_model_meta_val_str(self.pointer, key.encode("utf-8"), buffer, ctypes.sizeof(buffer))
+        return buffer.value.decode("utf-8", errors="replace") if length >= 0 else None
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        """Token ids for `text`. Safe from any thread: it reads only the vocabulary."""
+        data = text.encode("utf-8")
+        capacity = len(data) + 8
+        tokens = (llama_cpp.llama_token * capacity)()
+        count = llama_cpp.llama_tokenize(self.vocab, data, len(data), tokens, capacity, add_special, parse_special)
+        if count < 0:
+            capacity = -count
+            tokens = (llama_cpp.llama_token * capacity)()
+            count = llama_cpp.llama_tokenize(self.vocab, data, len(data), tokens, capacity, add_special, parse_special)
+        if count < 0:
+            raise RuntimeError(f"llama.cpp failed to tokenize {len(data)} bytes")
+        return list(tokens[:count])
+
+    def token_bytes(self, token: int, *, special: bool = False) -> bytes:
+        """The bytes of one token (a piece may be part of a UTF-8 character)."""
+        with self._piece_lock:
+            buffer = self._piece_buffer
+            length = llama_cpp.llama_token_to_piece(self.vocab, token, buffer, ctypes.sizeof(buffer), 0, special)
+            if length < 0:
+                buffer = ctypes.create_string_buffer(-length)
+                length = llama_cpp.llama_token_to_piece(self.vocab, token, buffer, -length, 0, special)
+            return buffer.raw[:length]
+
+    def detokenize(self, tokens: list[int], *, special: bool = False) -> str:
+        return b"".join(self.token_bytes(token, special=special) for token in tokens).decode("utf-8", errors="replace")
+
+    def is_end_of_generation(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
+
+    def token_text(self, token: int) -> str:
+        """A special token's literal text (such as `<|im_start|>`), for chat templates."""
+        if token < 0:
+            return ""
+        return self.token_bytes(token, special=True).decode("utf-8", errors="replace")
+
+
+@dataclass(frozen=True)
+class ContextShape:
+    """How a context was created: what the cache key and the scheduler need to know."""
+
+    n_sequences: int
+    n_ctx_per_sequence: int
+    n_batch: int
+    flash_attention: bool
+    n_threads: int
+
+
+class DecodeAborted(Exception):
+    """llama_decode stopped early because the abort flag was raised."""
+
+
+class NativeContext:
+    """A llama.cpp context with one KV stream per sequence."""
+
+    def __init__(
+        self,
+        model: NativeModel,
+        *,
+        n_sequences: int,
+        n_ctx_per_sequence: int,
+        n_threads: int,
+        n_batch: int = 512,
+        flash_attention: bool = True,
+        should_abort: Callable[[], bool] = lambda: False,
+    ) -> None:
+        self.model = model
+        # llama.cpp polls this during a decode, so a long prefill stops within milliseconds.
+        self._abort_callback = llama_cpp.ggml_abort_callback(lambda _data: should_abort())
+        self.pointer = None
+        attempts = [True, False] if flash_attention else [False]
+        for use_flash in attempts:
+            params = llama_cpp.llama_context_default_params()
+            params.n_ctx = n_sequences * n_ctx_per_sequence
+            params.n_seq_max = n_sequences
+            params.n_batch = n_batch
+            params.n_ubatch = n_batch
+            params.n_threads = n_threads
+            params.n_threads_batch = n_threads
+            params.kv_unified = False
+            params.flash_attn_type = (
+                llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if use_flash else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+            )
+            self.pointer = llama_cpp.llama_init_from_model(model.pointer, params)
+            if self.pointer:
+                break
+        if not self.pointer:
+            raise ModelError(
+                f"llama.cpp could not create a context of {n_sequences} x {n_ctx_per_sequence} tokens "
+                f"({last_llama_problem()}); lower context_cap or sequences in the settings"
+            )
+        llama_cpp.llama_set_abort_callback(self.pointer, self._abort_callback, None)
+        self.memory = llama_cpp.llama_get_memory(self.pointer)
+        self.shape = ContextShape(
+            n_sequences=int(llama_cpp.llama_n_seq_max(self.pointer)),
+            n_ctx_per_sequence=int(llama_cpp.llama_n_ctx_seq(self.pointer)),
+            n_batch=int(llama_cpp.llama_n_batch(self.pointer)),
+            flash_attention=use_flash,
+            n_threads=n_threads,
+        )
+        self._batch = llama_cpp.llama_batch_init(self.shape.n_batch, 0, 1)
+
+    def close(self) -> None:
+        if self.pointer:
+            llama_cpp.llama_batch_free(self._batch)
+            llama_cpp.llama_free(self.pointer)
+            self.pointer = None
+
+    def decode(self, tokens: list[int], *, start_pos: int, sequence: int, logits_for_last: bool) -> None:
+        """Evaluate `tokens` at positions start_pos.. in `sequence` (at most n_batch tokens)."""
+        count = len(tokens)
+        if not 0 < count <= self.shape.n_batch:
+            raise ValueError(f"decode takes 1..{self.shape.n_batch} tokens, got {count}")
+        batch = self._batch
+        for index, token in enumerate(tokens):
+            batch.token[index] = token
+            batch.pos[index] = start_pos + index
+            batch.n_seq_id[index] = 1
+            batch.seq_id[index][0] = sequence
+            batch.logits[index] = False
+        batch.logits[count - 1] = logits_for_last
+        batch.n_tokens = count
+        status = llama_cpp.llama_decode(self.pointer, batch)
+        if status == 2:
+            raise DecodeAborted()
+        if status != 0:
+            raise RuntimeError(f"llama_decode failed with status {status} ({last_llama_problem()})")
+
+    def remove(self, sequence: int, start: int, end: int = -1) -> bool:
+        """Drop the cells of `sequence` at positions [start, end); end -1 means to the end."""
+        return bool(llama_cpp.llama_memory_seq_rm(self.memory, sequence, start, end))
+
+    def max_position(self, sequence: int) -> int:
+        """The largest position held by `sequence`, or -1 when it is empty."""
+        return int(llama_cpp.llama_memory_seq_pos_max(self.memory, sequence))
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How the next token is chosen; temperature 0 is greedy and reproducible."""
+
+    temperature: float = 0.7
+    top_p: float = 0.95
+    seed: int | None = None
+    max_tokens: int = 512
+
+
+class NativeSampler:
+    """A llama.cpp sampler chain built from `SamplingParams`."""
+
+    def __init__(self, params: SamplingParams) -> None:
+        chain_params = llama_cpp.llama_sampler_chain_default_params()
+        self.pointer = llama_cpp.llama_sampler_chain_init(chain_params)
+        if params.temperature <= 0:
+            llama_cpp.llama_sampler_chain_add(self.pointer, llama_cpp.llama_sampler_init_greedy())
+            return
+        seed = params.seed if params.seed is not None else llama_cpp.LLAMA_DEFAULT_SEED
+        if params.top_p < 1.0:
+            llama_cpp.llama_sampler_chain_add(self.pointer, llama_cpp.llama_sampler_init_top_p(params.top_p, 1))
+        llama_cpp.llama_sampler_chain_add(self.pointer, llama_cpp.llama_sampler_init_temp(params.temperature))
+        llama_cpp.llama_sampler_chain_add(self.pointer, llama_cpp.llama_sampler_init_dist(seed))
+
+    def sample(self, context: NativeContext) -> int:
+        """Pick a token from the logits of the last evaluated output, and accept it."""
+        return int(llama_cpp.llama_sampler_sample(self.pointer, context.pointer, -1))
+
+    def close(self) -> None:
+        if self.pointer:
+            llama_cpp.llama_sampler_free(self.pointer)
+            self.pointer = None

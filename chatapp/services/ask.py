@@ -1,0 +1,74 @@
+"""`chatapp ask`: one question, one streamed answer, one JSON record of what it cost.
+
+The JSON fields are a contract that benchmarks and checks rely on: keep them stable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from chatapp.documents import Document
+from chatapp.engine.engine import Engine
+from chatapp.engine.events import TokenText
+from chatapp.engine.llama_native import SamplingParams
+from chatapp.errors import ContextOverflowError, DocumentError
+from chatapp.services.chat import ChatSession
+from chatapp.services.conversation import Conversation, document_block
+
+
+@dataclass(frozen=True)
+class AskRequest:
+    """One question with its persona, document and sampling."""
+
+    question: str
+    sampling: SamplingParams
+    system_prompt: str | None = None
+    document: Document | None = None
+    use_cache: bool = True
+
+
+def ask(
+    engine: Engine,
+    request: AskRequest,
+    *,
+    model_path: Path,
+    model_fingerprint: str,
+    on_text: Callable[[str], None],
+) -> dict[str, Any]:
+    """Answer `request`, passing text to `on_text` as it comes; return the JSON record."""
+    conversation = Conversation(system_prompt=request.system_prompt, document=request.document)
+    session = ChatSession(engine, conversation, request.sampling, use_cache=request.use_cache)
+    try:
+        reply = session.send(request.question)
+    except ContextOverflowError as error:
+        if request.document is None:
+            raise
+        document_tokens = len(engine.tokenize(document_block(request.document)))
+        raise DocumentError(
+            f"document {request.document.name} is {document_tokens:,} tokens ({error.prompt_tokens:,} with the "
+            f"question) but a conversation's context holds {error.context_tokens:,}; "
+            "use a shorter document or a larger --context (context_cap in config.toml)"
+        ) from None
+    for event in reply.events():
+        if isinstance(event, TokenText) and event.text:
+            on_text(event.text)
+    result = reply.result
+    assert result is not None
+    stats = result.stats
+    return {
+        "answer": result.text,
+        "prompt_tokens": stats.prompt_tokens,
+        "reused_tokens": stats.reused_tokens,
+        "computed_tokens": stats.computed_tokens,
+        "reuse_tier": stats.reuse_tier,
+        "ttft_ms": round(stats.ttft_ms, 3),
+        "total_ms": round(stats.total_ms, 3),
+        "generated_tokens": stats.generated_tokens,
+        "stop_reason": result.stop_reason,
+        "decode_tokens_per_s": round(stats.decode_tokens_per_s, 2),
+        "model": str(model_path),
+        "model_fingerprint": model_fingerprint,
+    }

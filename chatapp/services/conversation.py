@@ -1,0 +1,53 @@
+"""A conversation as the engine sees it: persona, document, and the messages so far.
+
+The document goes into the first user message, ahead of the question, in a fixed
+template and as its own content part, so the same document always yields the same
+tokens right after the persona: every question about it shares that prefix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from chatapp.documents import Document
+from chatapp.engine.prompt import ASSISTANT, SYSTEM, USER, ChatMessage
+
+DOCUMENT_TEMPLATE = '<document name="{name}">\n{text}\n</document>\n\n'
+
+
+def document_block(document: Document) -> str:
+    """The document as it appears in the prompt."""
+    return DOCUMENT_TEMPLATE.format(name=document.name, text=document.text)
+
+
+@dataclass
+class Conversation:
+    """An append-only list of messages with an optional persona and document."""
+
+    system_prompt: str | None = None
+    document: Document | None = None
+    messages: list[ChatMessage] = field(default_factory=list)
+
+    def add_user(self, text: str) -> ChatMessage:
+        """Append a user message; the first one carries the document, if any."""
+        is_first_question = not any(message.role == USER for message in self.messages)
+        if is_first_question and self.document is not None:
+            message = ChatMessage.of(USER, document_block(self.document), text)
+        else:
+            message = ChatMessage.of(USER, text)
+        self.messages.append(message)
+        return message
+
+    def add_answer(self, text: str, token_ids: tuple[int, ...]) -> ChatMessage:
+        """Append the model's answer with its exact token ids."""
+        message = ChatMessage(role=ASSISTANT, parts=(text,), generated_ids=token_ids)
+        self.messages.append(message)
+        return message
+
+    def drop_last(self) -> None:
+        self.messages.pop()
+
+    def prompt_messages(self) -> list[ChatMessage]:
+        """Everything the prompt is built from, persona first."""
+        persona = [ChatMessage.of(SYSTEM, self.system_prompt)] if self.system_prompt else []
+        return persona + self.messages

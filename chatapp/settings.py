@@ -1,0 +1,65 @@
+"""User settings: defaults, the TOML file in the data folder, and command-line overrides.
+
+Validation is pydantic's; its reasons are turned into one line that names the key, the
+problem and the file, so a typo in config.toml never shows a traceback.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from chatapp.errors import SettingsError
+
+
+class Settings(BaseModel):
+    """Everything a user can tune; every field has a default that suits a laptop."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: Path | None = Field(None, description="GGUF model file; empty means the bundled SmolLM2-135M")
+    context_cap: int = Field(8192, ge=256, description="largest context per conversation, in tokens")
+    sequences: int = Field(4, ge=1, le=64, description="conversations resident in the llama.cpp context")
+    n_gpu_layers: int = Field(-1, ge=-1, description="layers offloaded to the GPU; -1 means all when the build has a GPU")
+    threads: int | None = Field(None, ge=1, description="CPU threads; empty means one per core")
+    flash_attention: bool = Field(True, description="use flash attention where the build supports it")
+    temperature: float = Field(0.7, ge=0.0, le=5.0, description="0 is greedy and reproducible")
+    top_p: float = Field(0.95, gt=0.0, le=1.0)
+    max_tokens: int = Field(512, ge=1, description="longest answer, in tokens")
+    seed: int | None = Field(None, ge=0, description="sampling seed; empty means a random one")
+
+
+def describe_validation_error(error: ValidationError, source: str) -> str:
+    """pydantic's first reason as one line: `source: key: reason`."""
+    first = error.errors()[0]
+    location = ".".join(str(part) for part in first["loc"]) or "(root)"
+    reason = first["msg"]
+    if first["type"] == "extra_forbidden":
+        reason = "unknown setting (check its spelling, or remove it)"
+    more = len(error.errors()) - 1
+    suffix = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
+    return f"{source}: {location}: {reason}{suffix}"
+
+
+def load_settings(config_file: Path | None, overrides: dict[str, Any] | None = None) -> Settings:
+    """Read `config_file` if it exists, apply non-None `overrides`, and validate."""
+    values: dict[str, Any] = {}
+    if config_file is not None and config_file.exists():
+        try:
+            values = tomllib.loads(config_file.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as error:
+            raise SettingsError(f"{config_file}: not valid TOML ({error}); fix the file or delete it") from None
+        except (OSError, UnicodeDecodeError) as error:
+            raise SettingsError(f"{config_file}: cannot read it ({error}); fix its permissions or delete it") from None
+        try:
+            Settings.model_validate(values)
+        except ValidationError as error:
+            raise SettingsError(describe_validation_error(error, str(config_file))) from None
+    values.update({key: value for key, value in (overrides or {}).items() if value is not None})
+    try:
+        return Settings.model_validate(values)
+    except ValidationError as error:
+        raise SettingsError(describe_validation_error(error, "command line")) from None

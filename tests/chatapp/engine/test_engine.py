@@ -1,0 +1,129 @@
+"""The engine on the real bundled model: generation, reuse, cancellation, determinism, errors."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from chatapp.engine.engine import Engine, GenerationRequest
+from chatapp.engine.events import STOP_CANCELLED, STOP_LENGTH, PrefillProgress, TokenText
+from chatapp.engine.llama_native import SamplingParams
+from chatapp.engine.prompt import SYSTEM, USER, ChatMessage
+from chatapp.errors import ContextOverflowError
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=24)
+
+
+def prompt_for(engine: Engine, question: str, persona: str | None = None) -> tuple[int, ...]:
+    messages = ([ChatMessage.of(SYSTEM, persona)] if persona else []) + [ChatMessage.of(USER, question)]
+    return tuple(engine.prompt_builder.build(messages))
+
+
+def run(engine: Engine, prompt: tuple[int, ...], sampling: SamplingParams = GREEDY, **options: object):
+    return engine.generate(GenerationRequest(prompt_tokens=prompt, sampling=sampling, **options)).wait()
+
+
+def test_answer_streams_token_by_token(engine: Engine) -> None:
+    handle = engine.generate(GenerationRequest(prompt_for(engine, "Name three colours."), GREEDY, reuse_live_prefix=False))
+    events = list(handle.events())
+    texts = [event for event in events if isinstance(event, TokenText)]
+    result = handle.wait()
+    assert len(texts) == result.stats.generated_tokens > 1
+    assert "".join(event.text for event in texts) == result.text
+    assert [event.token_id for event in texts] == list(result.token_ids)
+    assert isinstance(events[0], PrefillProgress) and events[0].done == events[0].total == result.stats.prompt_tokens
+
+
+def test_greedy_is_reproducible_and_reports_consistent_stats(engine: Engine) -> None:
+    prompt = prompt_for(engine, "What is the capital of France?")
+    first = run(engine, prompt, reuse_live_prefix=False)
+    second = run(engine, prompt, reuse_live_prefix=False)
+    assert first.token_ids == second.token_ids and first.text == second.text
+    stats = first.stats
+    assert stats.prompt_tokens == len(prompt)
+    assert stats.reused_tokens + stats.computed_tokens == stats.prompt_tokens
+    assert stats.reused_tokens == 0 and stats.reuse_tier == "none"
+    assert 0 < stats.ttft_ms <= stats.total_ms
+    assert first.stop_reason == STOP_LENGTH and stats.generated_tokens == GREEDY.max_tokens
+
+
+def test_reusing_the_live_prefix_gives_the_same_answer(engine: Engine) -> None:
+    persona = "You are a careful assistant who answers in one sentence."
+    cold = run(engine, prompt_for(engine, "Why is the sky blue?", persona), reuse_live_prefix=False)
+    run(engine, prompt_for(engine, "Why is grass green?", persona), reuse_live_prefix=False)
+    warm = run(engine, prompt_for(engine, "Why is the sky blue?", persona))
+    assert warm.stats.reused_tokens > 10 and warm.stats.reuse_tier == "device"
+    assert warm.stats.computed_tokens == warm.stats.prompt_tokens - warm.stats.reused_tokens
+    assert warm.token_ids == cold.token_ids
+
+
+def test_seeded_sampling_is_reproducible(engine: Engine) -> None:
+    prompt = prompt_for(engine, "Tell me a word.")
+    sampling = SamplingParams(temperature=1.2, top_p=0.95, seed=1234, max_tokens=16)
+    first = run(engine, prompt, sampling, reuse_live_prefix=False)
+    second = run(engine, prompt, sampling, reuse_live_prefix=False)
+    other_seed = run(engine, prompt, SamplingParams(temperature=1.2, top_p=0.95, seed=99, max_tokens=16), reuse_live_prefix=False)
+    assert first.token_ids == second.token_ids
+    assert other_seed.token_ids != first.token_ids
+
+
+def test_sequences_do_not_disturb_each_other(engine: Engine) -> None:
+    a, b = prompt_for(engine, "Count to five."), prompt_for(engine, "List two fruits.")
+    alone = run(engine, a, sequence=0, reuse_live_prefix=False)
+    run(engine, b, sequence=1, reuse_live_prefix=False)
+    again = run(engine, a, sequence=0, reuse_live_prefix=False)
+    assert again.token_ids == alone.token_ids
+
+
+def test_cancel_during_answer_keeps_what_was_generated(engine: Engine) -> None:
+    handle = engine.generate(
+        GenerationRequest(prompt_for(engine, "Write a long story."), SamplingParams(temperature=0, max_tokens=500))
+    )
+    seen = 0
+    for event in handle.events():
+        if isinstance(event, TokenText):
+            seen += 1
+            if seen == 3:
+                handle.cancel()
+    result = handle.wait()
+    assert result.stop_reason == STOP_CANCELLED
+    assert 3 <= result.stats.generated_tokens < 500
+
+
+def test_cancel_during_prefill_then_the_sequence_is_still_exact(engine: Engine) -> None:
+    long_question = "Summarise this: " + "the quick brown fox jumps over the lazy dog. " * 80
+    prompt = prompt_for(engine, long_question)
+    assert len(prompt) > 600  # more than one 512-token batch
+    reference = run(engine, prompt, reuse_live_prefix=False)
+    handle = engine.generate(GenerationRequest(prompt, GREEDY))
+    handle.cancel()
+    cancelled = handle.wait()
+    assert cancelled.stop_reason == STOP_CANCELLED and cancelled.stats.generated_tokens == 0
+    after = run(engine, prompt)  # reuses whatever the cancelled prefill left live
+    assert after.token_ids == reference.token_ids
+
+
+def test_cancel_from_another_thread_stops_a_long_prefill(engine: Engine) -> None:
+    prompt = prompt_for(engine, "Repeat: " + "lorem ipsum dolor sit amet " * 90)
+    handle = engine.generate(GenerationRequest(prompt, GREEDY, reuse_live_prefix=False))
+    timer = threading.Timer(0.05, handle.cancel)
+    timer.start()
+    result = handle.wait()
+    timer.join()
+    assert result.stop_reason == STOP_CANCELLED
+    assert result.stats.generated_tokens == 0
+
+
+def test_prompt_longer_than_the_context_is_refused(engine: Engine) -> None:
+    too_long = tuple([engine.model.bos_id] * engine.info.n_ctx_per_sequence)
+    with pytest.raises(ContextOverflowError, match="context holds"):
+        engine.generate(GenerationRequest(too_long, GREEDY))
+
+
+def test_engine_reports_its_shape(engine: Engine) -> None:
+    info = engine.info
+    assert info.n_sequences == 2
+    assert info.n_ctx_per_sequence == 1024
+    assert info.n_ctx_train == 8192
+    assert info.flash_attention  # the CPU backend supports it

@@ -1,0 +1,133 @@
+"""The append-only property of prompts, on SmolLM2's own template and three other families.
+
+Tokens come from the bundled model's real vocabulary; the other families' templates are
+their published template strings (tests/chatapp/engine/templates), with their own
+special-token strings.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from chatapp.engine.chat_template import ChatTemplate
+from chatapp.engine.llama_native import NativeModel
+from chatapp.engine.prompt import ASSISTANT, SYSTEM, USER, ChatMessage, PromptBuilder
+
+TEMPLATES = Path(__file__).parent / "templates"
+OTHER_FAMILIES = {
+    "llama3": ("<|begin_of_text|>", "<|eot_id|>"),
+    "gemma2": ("<bos>", "<eos>"),
+    "mistral": ("<s>", "</s>"),
+}
+ANSWERS = [
+    "Paris is the capital of France.",
+    " Sure!  Here is some code:\n```python\nprint('hi')\n```\n",
+    "Yes.",
+]
+QUESTIONS = ["What is the capital of France?", "Show me some code.", "Is that all?"]
+
+
+def smollm_template(vocab: NativeModel) -> ChatTemplate:
+    source = vocab.chat_template()
+    assert source is not None and "<|im_start|>" in source
+    return ChatTemplate(source, vocab.token_text(vocab.bos_id), vocab.token_text(vocab.eos_id))
+
+
+def family_template(name: str) -> ChatTemplate:
+    bos, eos = OTHER_FAMILIES[name]
+    return ChatTemplate((TEMPLATES / f"{name}.jinja").read_text(encoding="utf-8").rstrip("\n"), bos, eos)
+
+
+def all_templates(vocab: NativeModel) -> dict[str, ChatTemplate]:
+    return {"smollm2": smollm_template(vocab), **{name: family_template(name) for name in OTHER_FAMILIES}}
+
+
+def run_conversation(builder: PromptBuilder, vocab: NativeModel, opening: list[ChatMessage]) -> None:
+    """Three turns; each prompt must start with the previous prompt plus its generated ids."""
+    messages = list(opening)
+    previous: list[int] | None = None
+    previous_generated: list[int] = []
+    for question, answer in zip(QUESTIONS, ANSWERS):
+        messages.append(ChatMessage.of(USER, question))
+        prompt = builder.build(messages)
+        if previous is not None:
+            expected = previous + previous_generated
+            assert prompt[: len(expected)] == expected
+            assert len(prompt) > len(expected)
+        generated = vocab.tokenize(answer, add_special=False, parse_special=False)
+        messages.append(ChatMessage(ASSISTANT, (answer,), tuple(generated)))
+        previous, previous_generated = prompt, generated
+
+
+@pytest.mark.parametrize("family", ["smollm2", *OTHER_FAMILIES])
+def test_prompts_only_grow(vocab: NativeModel, family: str) -> None:
+    builder = PromptBuilder(all_templates(vocab)[family], vocab)
+    run_conversation(builder, vocab, [])
+
+
+@pytest.mark.parametrize("family", ["smollm2", *OTHER_FAMILIES])
+def test_prompts_only_grow_with_a_persona(vocab: NativeModel, family: str) -> None:
+    builder = PromptBuilder(all_templates(vocab)[family], vocab)
+    run_conversation(builder, vocab, [ChatMessage.of(SYSTEM, "You are a terse assistant.")])
+
+
+@pytest.mark.parametrize("family", ["smollm2", "llama3", "gemma2", "mistral"])
+def test_prompt_text_is_what_the_template_renders(vocab: NativeModel, family: str) -> None:
+    """Building per message changes nothing the model sees: the text is the template's."""
+    template = all_templates(vocab)[family]
+    builder = PromptBuilder(template, vocab)
+    messages: list[ChatMessage] = []
+    for question, answer in zip(QUESTIONS, ANSWERS):
+        messages.append(ChatMessage.of(USER, question))
+        text = vocab.detokenize(builder.build(messages), special=True)
+        rendered = template.render([m.as_template_input() for m in messages], add_generation_prompt=True)
+        assert text == rendered
+        # The stored answer is what the model generated: here, its tokens as a model would.
+        generated = vocab.tokenize(answer.strip(), add_special=False, parse_special=False)
+        messages.append(ChatMessage(ASSISTANT, (answer.strip(),), tuple(generated)))
+
+
+def test_document_tokens_do_not_depend_on_the_question(vocab: NativeModel) -> None:
+    builder = PromptBuilder(smollm_template(vocab), vocab)
+    persona = ChatMessage.of(SYSTEM, "You analyse documents.")
+    document = '<document name="notes.txt">\nThe meeting is at noon.\n</document>\n\n'
+    first = builder.build([persona, ChatMessage.of(USER, document, "When is the meeting?")])
+    second = builder.build([persona, ChatMessage.of(USER, document, "Where is it?")])
+    shared = builder.build([persona], add_generation_prompt=False) + builder.message_tokens(
+        [persona], ChatMessage.of(USER, document, "")
+    )[:-2]  # all but the closing `<|im_end|>\n` of the probe
+    assert first[: len(shared)] == shared == second[: len(shared)]
+    assert first != second
+
+
+def test_typed_special_tokens_stay_text(vocab: NativeModel) -> None:
+    builder = PromptBuilder(smollm_template(vocab), vocab)
+    prompt = builder.build([ChatMessage.of(USER, "say <|im_end|> please")])
+    im_end = vocab.tokenize("<|im_end|>", add_special=False, parse_special=True)
+    assert len(im_end) == 1
+    # Only the template's own markers are the special token: one after the default system, one after the user.
+    assert prompt.count(im_end[0]) == 2
+
+
+def test_persona_folds_into_first_question_without_a_system_role(vocab: NativeModel) -> None:
+    builder = PromptBuilder(family_template("gemma2"), vocab)
+    assert not builder.supports_system
+    text = vocab.detokenize(
+        builder.build([ChatMessage.of(SYSTEM, "Be brief."), ChatMessage.of(USER, "Hi")]), special=True
+    )
+    assert text == "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\n"
+
+
+def test_answer_keeps_generated_ids_even_when_text_would_tokenize_differently(vocab: NativeModel) -> None:
+    builder = PromptBuilder(smollm_template(vocab), vocab)
+    question = [ChatMessage.of(USER, "Spell it.")]
+    # " hello" as two tokens, the way a sampler may produce it, not as the tokenizer would.
+    odd_split = vocab.tokenize(" hel", add_special=False, parse_special=False) + vocab.tokenize(
+        "lo", add_special=False, parse_special=False
+    )
+    assert odd_split != vocab.tokenize(" hello", add_special=False, parse_special=False)
+    first = builder.build(question)
+    second = builder.build([*question, ChatMessage(ASSISTANT, (" hello",), tuple(odd_split)), ChatMessage.of(USER, "Again")])
+    assert second[: len(first) + len(odd_split)] == first + odd_split

@@ -1,0 +1,113 @@
+"""`chatapp ask`: the JSON contract, streaming to stdout, and one-line errors with exit 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from chatapp.cli import main
+from tests.pdf_factory import write_pdf
+
+JSON_FIELDS = {
+    "answer": str,
+    "prompt_tokens": int,
+    "reused_tokens": int,
+    "computed_tokens": int,
+    "reuse_tier": str,
+    "ttft_ms": float,
+    "total_ms": float,
+    "generated_tokens": int,
+    "model": str,
+    "model_fingerprint": str,
+}
+QUICK = ["--max-tokens", "8", "--temperature", "0", "--context", "1024"]
+
+
+def ask_json(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[dict, str]:
+    assert main(["ask", *args, *QUICK, "--json"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    return json.loads(lines[-1]), "\n".join(lines[:-1])
+
+
+def test_ask_json_has_every_field(data_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    record, streamed = ask_json(capsys, "What is the capital of France?")
+    for name, kind in JSON_FIELDS.items():
+        assert isinstance(record[name], kind), name
+    assert streamed == record["answer"] != ""
+    assert record["reused_tokens"] + record["computed_tokens"] == record["prompt_tokens"]
+    assert record["reuse_tier"] == "none" and record["reused_tokens"] == 0
+    assert record["generated_tokens"] == 8
+    assert record["model"].endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
+    assert record["model_fingerprint"].startswith("xxh3-128:")
+
+
+def test_same_document_gives_the_same_leading_tokens(data_dir: Path, tmp_path: Path, capsys) -> None:
+    """The document sits after the persona and before the question: only the question differs."""
+    doc = tmp_path / "notes.md"
+    doc.write_text("# Notes\n\nThe launch is on Tuesday at 10:00 in room 4.\n", encoding="utf-8")
+    plain, _ = ask_json(capsys, "When is the launch?", "--system", "Be brief.")
+    first, _ = ask_json(capsys, "When is the launch?", "--system", "Be brief.", "--doc", str(doc))
+    second, _ = ask_json(capsys, "Which room?", "--system", "Be brief.", "--doc", str(doc))
+    assert first["prompt_tokens"] > plain["prompt_tokens"] + 15
+    assert first["model_fingerprint"] == second["model_fingerprint"] == plain["model_fingerprint"]
+
+
+def test_system_prompt_from_file_and_pdf_document(data_dir: Path, tmp_path: Path, capsys) -> None:
+    persona = tmp_path / "persona.txt"
+    persona.write_text("You are a pirate.\n", encoding="utf-8")
+    pdf = write_pdf(tmp_path / "map.pdf", ["The treasure is under the old oak."])
+    with_pdf, _ = ask_json(capsys, "Where is the treasure?", "--system-file", str(persona), "--doc", str(pdf))
+    without, _ = ask_json(capsys, "Where is the treasure?", "--system-file", str(persona))
+    assert with_pdf["prompt_tokens"] > without["prompt_tokens"] + 8
+
+
+def test_no_cache_computes_everything(data_dir: Path, capsys) -> None:
+    record, _ = ask_json(capsys, "Hello", "--no-cache")
+    assert record["computed_tokens"] == record["prompt_tokens"] and record["reuse_tier"] == "none"
+
+
+def expect_error(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
+    assert main(argv) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("chatapp: error: ") and message in error
+    assert error.count("\n") == 1  # one line, no traceback
+
+
+def test_errors_are_one_line_with_exit_code_2(data_dir: Path, tmp_path: Path, capsys) -> None:
+    not_gguf = tmp_path / "model.gguf"
+    not_gguf.write_text("plain text")
+    empty_doc = tmp_path / "empty.txt"
+    empty_doc.write_text("")
+    long_doc = tmp_path / "long.txt"
+    long_doc.write_text("All work and no play makes Jack a dull boy. " * 200)
+    expect_error(capsys, ["ask", "hi", "--model", str(tmp_path / "none.gguf")], "does not exist")
+    expect_error(capsys, ["ask", "hi", "--model", str(not_gguf)], "not a GGUF model file")
+    expect_error(capsys, ["ask", "hi", "--doc", str(tmp_path / "none.txt")], "does not exist")
+    expect_error(capsys, ["ask", "hi", "--doc", str(empty_doc)], "is empty")
+    expect_error(capsys, ["ask", "hi", "--system-file", str(tmp_path / "none.txt")], "does not exist")
+    expect_error(capsys, ["ask", "hi", "--doc", str(long_doc), "--context", "512"], "but a conversation's context holds 512; use a shorter document")
+    expect_error(capsys, ["ask", "hi", "--temperature", "-1"], "temperature")
+
+
+def test_bad_settings_file_is_reported(data_dir: Path, capsys) -> None:
+    data_dir.mkdir(parents=True)
+    (data_dir / "config.toml").write_text("sequences = 0\n")
+    expect_error(capsys, ["ask", "hi"], "sequences: Input should be greater than or equal to 1")
+
+
+def test_installed_command_streams_and_prints_json(tmp_path: Path) -> None:
+    """The real entry point in a fresh process, as benchmarks call it."""
+    chatapp = Path(sys.executable).parent / "chatapp"
+    command = [str(chatapp), "ask", "What is the capital of France?", "--json", *QUICK]
+    env = {**os.environ, "CHATAPP_HOME": str(tmp_path / "home")}
+    finished = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+    assert finished.returncode == 0, finished.stderr
+    assert finished.stderr == ""  # llama.cpp's log never reaches the terminal
+    record = json.loads(finished.stdout.splitlines()[-1])
+    assert finished.stdout.startswith(record["answer"])
+    assert (tmp_path / "home" / "cache").is_dir()

@@ -1,0 +1,44 @@
+"""Shared fixtures: the real bundled model, loaded once per test session."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from chatapp.engine.engine import Engine, EngineConfig
+from chatapp.engine.llama_native import NativeModel
+from chatapp.model_files import bundled_model_path
+
+# Small contexts keep the suite fast on two cores; the behaviour under test is the same.
+TEST_CONTEXT = 1024
+TEST_SEQUENCES = 2
+
+
+@pytest.fixture(scope="session")
+def model_path() -> Path:
+    return bundled_model_path()
+
+
+@pytest.fixture(scope="session")
+def vocab(model_path: Path) -> Iterator[NativeModel]:
+    """The bundled model's vocabulary only (no weights): fast, for tokenizer-level tests."""
+    model = NativeModel(model_path, vocab_only=True)
+    yield model
+    model.close()
+
+
+@pytest.fixture(scope="session")
+def engine(model_path: Path) -> Iterator[Engine]:
+    """One engine for the whole session; tests pick their own sequence or disable reuse."""
+    with Engine(EngineConfig(model_path=model_path, context_cap=TEST_CONTEXT, sequences=TEST_SEQUENCES)) as shared:
+        yield shared
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A private data folder; CHATAPP_HOME points at it so nothing touches the real one."""
+    folder = tmp_path / "data"
+    monkeypatch.setenv("CHATAPP_HOME", str(folder))
+    return folder
