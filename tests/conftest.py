@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +19,9 @@ TEST_SEQUENCES = 2
 
 @pytest.fixture(scope="session")
 def model_path() -> Path:
-    return bundled_model_path()
+    """The bundled model, or $CHATAPP_TEST_MODEL (the GPU check runs the engine tests on a smaller one)."""
+    override = os.environ.get("CHATAPP_TEST_MODEL")
+    return Path(override) if override else bundled_model_path()
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The GPU check as run on the lent GPU machine (no network there): install carried wheels,
+# build llama-cpp-python with CUDA from a slimmed sdist, then run the checks.
+# Carried (ignored) paths: .whl/ (pure/cp312 wheels), .gpu/lcp-slim.tar.gz, .gpu/smollm2-4layers.gguf.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+repo=$(pwd)
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$repo
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
+tar xzf .gpu/lcp-slim.tar.gz -C /tmp
+start=$(date +%s)
+( cd /tmp/llama_cpp_python-0.3.36 && \
+  CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAVA_BUILD=OFF" CMAKE_BUILD_PARALLEL_LEVEL=16 \
+  python3 -m pip install -v --no-index --no-deps --no-build-isolation --target /tmp/site . ) > "$OUT/build.log" 2>&1
+echo "build rc=$? in $(( $(date +%s) - start )) s" | tee -a "$OUT/gpu.txt"
+tail -3 "$OUT/build.log"
+python3 scripts/gpu_check.py .gpu/smollm2-4layers.gguf --json "$OUT/gpu_check.json" > "$OUT/gpu_check.txt" 2>&1
+echo "gpu_check rc=$?" | tee -a "$OUT/gpu.txt"
+grep -v '^ *[0-9]*,\?$' "$OUT/gpu_check.txt" | tail -60
+python3 -m chatapp ask "Hello there" --model .gpu/smollm2-4layers.gguf --json --max-tokens 16 --temperature 0 --data-dir /tmp/chatapp-home 2>&1 | tail -2 | tee -a "$OUT/gpu.txt"
+CHATAPP_TEST_MODEL=$repo/.gpu/smollm2-4layers.gguf python3 -m pytest tests/chatapp/engine -q -p no:cacheprovider -o addopts="--import-mode=importlib" 2>&1 | tail -8 | tee -a "$OUT/gpu.txt"

@@ -1,0 +1,90 @@
+"""Check the engine's GPU offload path, side by side with the CPU, in one process.
+
+Run where llama-cpp-python was built with a GPU backend:
+    python scripts/gpu_check.py MODEL.gguf [--json OUT.json]
+It prints what it measured; it exits non-zero if an exactness check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from chatapp.engine.engine import Engine, EngineConfig, GenerationRequest  # noqa: E402
+from chatapp.engine.events import STOP_CANCELLED  # noqa: E402
+from chatapp.engine.llama_native import SamplingParams, gpu_offload_supported  # noqa: E402
+from chatapp.engine.prompt import SYSTEM, USER, ChatMessage  # noqa: E402
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=32)
+PERSONA = "You are a meticulous assistant. " * 40
+LONG_QUESTION = "Summarise: " + "the quick brown fox jumps over the lazy dog. " * 120
+
+
+def prompt(engine: Engine, question: str) -> tuple[int, ...]:
+    messages = [ChatMessage.of(SYSTEM, PERSONA), ChatMessage.of(USER, question)]
+    return tuple(engine.prompt_builder.build(messages))
+
+
+def generate(engine: Engine, tokens: tuple[int, ...], **options: object):
+    return engine.generate(GenerationRequest(tokens, GREEDY, **options)).wait()
+
+
+def check(engine: Engine) -> dict[str, object]:
+    """Exactness of live reuse, sequence isolation, cancellation, and prefill speed."""
+    report: dict[str, object] = {"info": {k: str(v) for k, v in vars(engine.info).items()}}
+    long_prompt = prompt(engine, LONG_QUESTION)
+    generate(engine, prompt(engine, "warm up"), reuse_live_prefix=False)
+    started = time.perf_counter()
+    cold = generate(engine, long_prompt, reuse_live_prefix=False)
+    report["cold_prefill_ms"] = round(cold.stats.prefill_ms, 2)
+    report["cold_prefill_tokens"] = cold.stats.computed_tokens
+    report["cold_total_ms"] = round((time.perf_counter() - started) * 1000, 2)
+    generate(engine, prompt(engine, "Something else entirely."), sequence=1, reuse_live_prefix=False)
+    generate(engine, prompt(engine, "A different question."), sequence=0)
+    warm = generate(engine, long_prompt, sequence=0)
+    report["warm_reused_tokens"] = warm.stats.reused_tokens
+    report["warm_prefill_ms"] = round(warm.stats.prefill_ms, 2)
+    report["warm_equals_cold"] = warm.token_ids == cold.token_ids
+    other = generate(engine, long_prompt, sequence=2, reuse_live_prefix=False)
+    report["other_sequence_equals_cold"] = other.token_ids == cold.token_ids
+    handle = engine.generate(GenerationRequest(long_prompt, GREEDY, sequence=3, reuse_live_prefix=False))
+    handle.cancel()
+    report["cancelled"] = handle.wait().stop_reason == STOP_CANCELLED
+    after_cancel = generate(engine, long_prompt, sequence=3)
+    report["after_cancel_equals_cold"] = after_cancel.token_ids == cold.token_ids
+    report["cold_tokens"] = list(cold.token_ids)
+    return report
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model", type=Path)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    results: dict[str, object] = {"gpu_offload_supported": gpu_offload_supported()}
+    for name, layers in (("gpu", -1), ("cpu", 0)):
+        config = EngineConfig(model_path=args.model, context_cap=2048, sequences=4, n_gpu_layers=layers)
+        with Engine(config) as engine:
+            results[name] = check(engine)
+    gpu, cpu = results["gpu"], results["cpu"]
+    results["gpu_tokens_equal_cpu_tokens"] = gpu["cold_tokens"] == cpu["cold_tokens"]  # type: ignore[index]
+    results["prefill_speedup_gpu_over_cpu"] = round(cpu["cold_prefill_ms"] / max(gpu["cold_prefill_ms"], 1e-6), 2)  # type: ignore[index,operator]
+    text = json.dumps(results, indent=1)
+    print(text)
+    if args.json:
+        args.json.write_text(text)
+    required = ["warm_equals_cold", "other_sequence_equals_cold", "cancelled", "after_cancel_equals_cold"]
+    failed = [f"{side}.{key}" for side in ("gpu", "cpu") for key in required if not results[side][key]]  # type: ignore[index]
+    if failed:
+        print("FAILED:", ", ".join(failed))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
