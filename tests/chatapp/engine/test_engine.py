@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 
 from chatapp.engine.engine import Engine, GenerationRequest
 from chatapp.engine.events import STOP_CANCELLED, STOP_LENGTH, PrefillProgress, TokenText
-from chatapp.engine.llama_native import SamplingParams
+from chatapp.engine.llama_native import DecodeAborted, NativeContext, NativeModel, SamplingParams
 from chatapp.engine.prompt import SYSTEM, USER, ChatMessage
 from chatapp.errors import ContextOverflowError
 
@@ -104,15 +102,33 @@ def test_cancel_during_prefill_then_the_sequence_is_still_exact(engine: Engine) 
     assert after.token_ids == reference.token_ids
 
 
-def test_cancel_from_another_thread_stops_a_long_prefill(engine: Engine) -> None:
+def test_cancel_between_prefill_batches(engine: Engine) -> None:
     prompt = prompt_for(engine, "Repeat: " + "lorem ipsum dolor sit amet " * 90)
+    assert len(prompt) > engine.context.shape.n_batch
     handle = engine.generate(GenerationRequest(prompt, GREEDY, reuse_live_prefix=False))
-    timer = threading.Timer(0.05, handle.cancel)
-    timer.start()
+    progress = []
+    for event in handle.events():
+        if isinstance(event, PrefillProgress):
+            progress.append(event.done)
+            handle.cancel()  # from the caller's thread, while the engine works
     result = handle.wait()
-    timer.join()
-    assert result.stop_reason == STOP_CANCELLED
-    assert result.stats.generated_tokens == 0
+    assert result.stop_reason == STOP_CANCELLED and result.stats.generated_tokens == 0
+    assert progress == [engine.context.shape.n_batch]  # no batch ran after the cancel
+
+
+def test_abort_flag_interrupts_a_decode_in_flight(model_path) -> None:
+    """llama.cpp polls the flag inside llama_decode: a long batch stops without finishing."""
+    model = NativeModel(model_path)
+    context = NativeContext(model, n_sequences=1, n_ctx_per_sequence=512, n_threads=2, should_abort=lambda: True)
+    try:
+        tokens = model.tokenize("hello world " * 100, add_special=False, parse_special=False)[:256]
+        with pytest.raises(DecodeAborted):
+            context.decode(tokens, start_pos=0, sequence=0, logits_for_last=True)
+        context.remove(0, 0, -1)
+        assert context.max_position(0) == -1
+    finally:
+        context.close()
+        model.close()
 
 
 def test_prompt_longer_than_the_context_is_refused(engine: Engine) -> None:
