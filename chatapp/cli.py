@@ -15,7 +15,7 @@ from chatapp import __version__
 from chatapp.documents import load_document
 from chatapp.errors import ChatappError, SettingsError
 from chatapp.services.ask import AskRequest, ask
-from chatapp.services.startup import Workspace, open_workspace, quiet_native_logs
+from chatapp.services.startup import Workspace, make_new_files_private, open_workspace, quiet_native_logs
 
 EXIT_INTERRUPTED = 130
 
@@ -106,7 +106,7 @@ def run_ask(args: argparse.Namespace, workspace: Workspace) -> int:
         use_cache=not args.no_cache,
     )
     fingerprint = workspace.model_fingerprint(model_path)
-    with workspace.open_engine() as engine:
+    with workspace.open_engine(use_cache=not args.no_cache) as engine:
         record = ask(engine, request, model_path=model_path, model_fingerprint=fingerprint, on_text=_write_stdout)
     _write_stdout("\n")
     if args.json:
@@ -125,6 +125,7 @@ def run_chat(workspace: Workspace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     quiet_native_logs()
+    make_new_files_private()
     try:
         workspace = open_workspace(args.data_dir, _overrides(args))
         if args.command == "ask":

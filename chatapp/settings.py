@@ -25,11 +25,19 @@ class Settings(BaseModel):
     sequences: int = Field(4, ge=1, le=64, description="conversations resident in the llama.cpp context")
     n_gpu_layers: int = Field(-1, ge=-1, description="layers offloaded to the GPU; -1 means all when the build has a GPU")
     threads: int | None = Field(None, ge=1, description="CPU threads; empty means one per core")
-    flash_attention: bool = Field(True, description="use flash attention where the build supports it")
+    flash_attention: bool = Field(
+        False,
+        description="faster prefill, but llama.cpp's CPU flash attention rounds differently for each batch "
+        "shape, so cached and uncached answers can differ; off keeps restores exact",
+    )
     temperature: float = Field(0.7, ge=0.0, le=5.0, description="0 is greedy and reproducible")
     top_p: float = Field(0.95, gt=0.0, le=1.0)
     max_tokens: int = Field(512, ge=1, description="longest answer, in tokens")
     seed: int | None = Field(None, ge=0, description="sampling seed; empty means a random one")
+    cache_block_size: int = Field(64, ge=16, le=4096, description="tokens per cached KV block")
+    cache_ram_mib: int = Field(2048, ge=0, description="RAM tier budget, in MiB")
+    cache_disk_mib: int = Field(10240, ge=0, description="disk tier budget, in MiB")
+    cache_ttl_days: float = Field(7.0, gt=0, description="cached blocks unused this long expire")
 
 
 def describe_validation_error(error: ValidationError, source: str) -> str:

@@ -38,21 +38,21 @@ def check(engine: Engine) -> dict[str, object]:
     """Exactness of live reuse, sequence isolation, cancellation, and prefill speed."""
     report: dict[str, object] = {"info": {k: str(v) for k, v in vars(engine.info).items()}}
     long_prompt = prompt(engine, LONG_QUESTION)
-    generate(engine, prompt(engine, "warm up"), reuse_live_prefix=False)
+    generate(engine, prompt(engine, "warm up"), use_cache=False)
     started = time.perf_counter()
-    cold = generate(engine, long_prompt, reuse_live_prefix=False)
+    cold = generate(engine, long_prompt, use_cache=False)
     report["cold_prefill_ms"] = round(cold.stats.prefill_ms, 2)
     report["cold_prefill_tokens"] = cold.stats.computed_tokens
     report["cold_total_ms"] = round((time.perf_counter() - started) * 1000, 2)
-    generate(engine, prompt(engine, "Something else entirely."), sequence=1, reuse_live_prefix=False)
+    generate(engine, prompt(engine, "Something else entirely."), sequence=1, use_cache=False)
     generate(engine, prompt(engine, "A different question."), sequence=0)
     warm = generate(engine, long_prompt, sequence=0)
     report["warm_reused_tokens"] = warm.stats.reused_tokens
     report["warm_prefill_ms"] = round(warm.stats.prefill_ms, 2)
     report["warm_equals_cold"] = warm.token_ids == cold.token_ids
-    other = generate(engine, long_prompt, sequence=2, reuse_live_prefix=False)
+    other = generate(engine, long_prompt, sequence=2, use_cache=False)
     report["other_sequence_equals_cold"] = other.token_ids == cold.token_ids
-    handle = engine.generate(GenerationRequest(long_prompt, GREEDY, sequence=3, reuse_live_prefix=False))
+    handle = engine.generate(GenerationRequest(long_prompt, GREEDY, sequence=3, use_cache=False))
     handle.cancel()
     report["cancelled"] = handle.wait().stop_reason == STOP_CANCELLED
     after_cancel = generate(engine, long_prompt, sequence=3)

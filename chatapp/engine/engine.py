@@ -8,14 +8,20 @@ at any time; the engine thread does all model work, so a long prefill never bloc
 from __future__ import annotations
 
 import codecs
+import logging
 import os
 import queue
 import threading
 import time
 from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from cache.llama_state import read_sequence_state, write_sequence_state
+from cache.prefix_cache import PrefixCache
+from cache.selftest import verify_layout
+from cache.state_format import KVLayout, StateFormatError
 from chatapp.engine.chat_template import FALLBACK_CHATML, ChatTemplate
 from chatapp.engine.events import (
     STOP_CANCELLED,
@@ -35,12 +41,13 @@ from chatapp.engine.llama_native import (
     SamplingParams,
     gpu_offload_supported,
 )
+from chatapp.engine.kv_placement import KVPlacer, Placement
 from chatapp.engine.prompt import PromptBuilder
 from chatapp.errors import ContextOverflowError
 
+log = logging.getLogger(__name__)
+
 ALL_LAYERS = 999
-TIER_NONE = "none"
-TIER_DEVICE = "device"
 
 
 def default_thread_count() -> int:
@@ -58,7 +65,9 @@ class EngineConfig:
     sequences: int = 4
     n_gpu_layers: int = -1  # -1: all layers when the build can offload, else none
     threads: int | None = None
-    flash_attention: bool = True
+    # Off: llama.cpp's CPU flash attention is not batch-invariant (a prompt computed in other
+    # batches gives logits up to 0.8 apart), which would make restored prefixes inexact.
+    flash_attention: bool = False
     n_batch: int = 512
 
 
@@ -83,8 +92,11 @@ class GenerationRequest:
 
     prompt_tokens: tuple[int, ...]
     sampling: SamplingParams
-    sequence: int = 0
-    reuse_live_prefix: bool = True
+    sequence: int | None = None  # None: the engine picks (the best resident or cached prefix)
+    use_cache: bool = True  # False: no lookup, no store; the whole prompt is computed
+
+
+CacheFactory = Callable[[KVLayout, ModelInfo], PrefixCache]
 
 
 class GenerationHandle:
@@ -141,8 +153,11 @@ class GenerationHandle:
 class Engine:
     """Loads a model, owns its context on a private thread, and runs requests in order."""
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, cache_factory: CacheFactory | None = None) -> None:
         self.config = config
+        self._cache_factory = cache_factory
+        self.cache: PrefixCache | None = None
+        self.cache_problem: str | None = None
         self._jobs: queue.Queue[GenerationHandle | None] = queue.Queue()
         self._loaded = threading.Event()
         self._load_error: BaseException | None = None
@@ -159,7 +174,7 @@ class Engine:
         """Queue a request; its prompt must fit in one sequence's context."""
         if not request.prompt_tokens:
             raise ValueError("a generation request needs at least one prompt token")
-        if not 0 <= request.sequence < self.info.n_sequences:
+        if request.sequence is not None and not 0 <= request.sequence < self.info.n_sequences:
             raise ValueError(f"sequence {request.sequence} is outside 0..{self.info.n_sequences - 1}")
         limit = self.info.n_ctx_per_sequence
         if len(request.prompt_tokens) >= limit:
@@ -204,6 +219,8 @@ class Engine:
             while (handle := self._jobs.get()) is not None:
                 self._serve(handle)
         finally:
+            if self.cache is not None:
+                self.cache.close()
             self.context.close()
             self.model.close()
 
@@ -247,7 +264,33 @@ class Engine:
             eos_token=self.model.token_text(self.model.eos_id),
         )
         self.prompt_builder = PromptBuilder(self.chat_template, self.model)
-        self._live: list[list[int]] = [[] for _ in range(shape.n_sequences)]
+        if self._cache_factory is not None:
+            self.cache = self._open_cache(self._cache_factory)
+        self.placer = KVPlacer(self.context, self.cache)
+
+    def _open_cache(self, factory: CacheFactory) -> PrefixCache | None:
+        """Verify the state format on a few real tokens, then open the cache for this layout."""
+        probe = self.model.tokenize("chatapp cache self-test: the quick brown fox", add_special=False, parse_special=False)
+        source, target = 0, min(1, self.info.n_sequences - 1)
+        try:
+            self.context.decode(probe, start_pos=0, sequence=source, logits_for_last=False)
+            state = read_sequence_state(self.context.pointer, source)
+            self.context.remove(source, 0, -1)
+
+            def restore_and_read_back(moved):  # type: ignore[no-untyped-def]
+                if not write_sequence_state(self.context.pointer, target, moved):
+                    return None
+                return read_sequence_state(self.context.pointer, target)
+
+            layout = verify_layout(state, source, target, restore_and_read_back)
+        except (StateFormatError, RuntimeError) as error:
+            self.cache_problem = f"KV cache disabled: this llama.cpp's state format failed the self-test ({error})"
+            log.warning(self.cache_problem)
+            return None
+        finally:
+            self.context.remove(source, 0, -1)
+            self.context.remove(target, 0, -1)
+        return factory(layout, self.info)
 
     def _active_request_cancelled(self) -> bool:
         active = self._active
@@ -255,42 +298,47 @@ class Engine:
 
     def _serve(self, handle: GenerationHandle) -> None:
         self._active = handle
-        sequence = handle.request.sequence
+        request = handle.request
+        placement = None
         try:
-            handle._finish(self._generate(handle))
+            placement = self.placer.place(list(request.prompt_tokens), request.sequence, request.use_cache)
+            result = self._generate(handle, placement)
         except BaseException as error:
             # When in doubt, forget the sequence: a stale KV must never be reused.
-            self.context.remove(sequence, 0, -1)
-            self._live[sequence] = []
+            if placement is not None:
+                self.placer.forget(placement.sequence)
             handle._finish(None, error)
+            return
         finally:
             self._active = None
+        handle._finish(result)
+        if request.use_cache and self.cache is not None:
+            self.cache.record_request(result.stats.prompt_tokens, result.stats.reused_tokens, result.stats.reuse_tier)
+            try:
+                self.placer.save(placement.sequence)
+            except (StateFormatError, RuntimeError) as error:
+                log.warning("could not keep the KV of this answer: %s", error)
 
-    def _generate(self, handle: GenerationHandle) -> GenerationResult:
-        request = handle.request
-        prompt = list(request.prompt_tokens)
-        sequence = request.sequence
-        live = self._live[sequence]
-        reused = _common_prefix_length(live, prompt) if request.reuse_live_prefix else 0
-        reused = min(reused, len(prompt) - 1)  # the last prompt token is evaluated for its logits
-        self.context.remove(sequence, reused, -1)
-        del live[reused:]
-
+    def _generate(self, handle: GenerationHandle, placement: Placement) -> GenerationResult:
+        prompt = list(handle.request.prompt_tokens)
+        sequence = placement.sequence
+        live = self.placer.resident.tokens[sequence]
+        reused = placement.reused_tokens
         prefill_started = time.perf_counter()
-        stop_reason = self._prefill(handle, prompt, live)
+        stop_reason = self._prefill(handle, sequence, prompt, live)
         prefill_ms = (time.perf_counter() - prefill_started) * 1000
         generated: list[int] = []
         pieces: list[str] = []
         first_token_at: float | None = None
         if stop_reason is None:
-            stop_reason, first_token_at = self._decode_answer(handle, live, generated, pieces)
+            stop_reason, first_token_at = self._decode_answer(handle, sequence, live, generated, pieces)
         finished_at = time.perf_counter()
         ttft_at = first_token_at if first_token_at is not None else finished_at
         stats = GenerationStats(
             prompt_tokens=len(prompt),
             reused_tokens=reused,
             computed_tokens=len(prompt) - reused,
-            reuse_tier=TIER_DEVICE if reused else TIER_NONE,
+            reuse_tier=placement.tier,
             generated_tokens=len(generated),
             ttft_ms=(ttft_at - handle.submitted_at) * 1000,
             total_ms=(finished_at - handle.submitted_at) * 1000,
@@ -298,10 +346,9 @@ class Engine:
         )
         return GenerationResult(text="".join(pieces), token_ids=tuple(generated), stop_reason=stop_reason, stats=stats)
 
-    def _prefill(self, handle: GenerationHandle, prompt: list[int], live: list[int]) -> str | None:
+    def _prefill(self, handle: GenerationHandle, sequence: int, prompt: list[int], live: list[int]) -> str | None:
         """Evaluate the prompt tokens not yet in `live`, in batches; STOP_CANCELLED if cancelled."""
         batch = self.context.shape.n_batch
-        sequence = handle.request.sequence
         start = len(live)
         while start < len(prompt):
             if handle.cancel_event.is_set():
@@ -321,7 +368,7 @@ class Engine:
         return None
 
     def _decode_answer(
-        self, handle: GenerationHandle, live: list[int], generated: list[int], pieces: list[str]
+        self, handle: GenerationHandle, sequence: int, live: list[int], generated: list[int], pieces: list[str]
     ) -> tuple[str, float | None]:
         """Sample and evaluate answer tokens until a stop; returns the reason and first-token time."""
         request = handle.request
@@ -349,9 +396,9 @@ class Engine:
                     stop_reason = STOP_CONTEXT
                     break
                 try:
-                    self.context.decode([token], start_pos=len(live), sequence=request.sequence, logits_for_last=True)
+                    self.context.decode([token], start_pos=len(live), sequence=sequence, logits_for_last=True)
                 except DecodeAborted:
-                    self.context.remove(request.sequence, len(live), -1)
+                    self.context.remove(sequence, len(live), -1)
                     break
                 live.append(token)
         finally:
@@ -362,10 +409,3 @@ class Engine:
                 handle._emit(TokenText(text=tail, token_id=-1))
         return stop_reason, first_token_at
 
-
-def _common_prefix_length(left: list[int], right: list[int]) -> int:
-    limit = min(len(left), len(right))
-    index = 0
-    while index < limit and left[index] == right[index]:
-        index += 1
-    return index

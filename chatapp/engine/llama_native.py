@@ -171,7 +171,7 @@ class NativeContext:
         n_ctx_per_sequence: int,
         n_threads: int,
         n_batch: int = 512,
-        flash_attention: bool = True,
+        flash_attention: bool = False,
         should_abort: Callable[[], bool] = lambda: False,
     ) -> None:
         self.model = model

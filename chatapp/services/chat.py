@@ -52,7 +52,7 @@ class ChatSession:
     engine: Engine
     conversation: Conversation
     sampling: SamplingParams
-    sequence: int = 0
+    sequence: int | None = None  # None: the engine picks
     use_cache: bool = True
 
     def send(self, text: str) -> Reply:
@@ -67,7 +67,7 @@ class ChatSession:
                     prompt_tokens=tuple(prompt),
                     sampling=self.sampling,
                     sequence=self.sequence,
-                    reuse_live_prefix=self.use_cache,
+                    use_cache=self.use_cache,
                 )
             )
         except BaseException:

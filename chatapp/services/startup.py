@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import llama_cpp
+
 from cache.fingerprint import file_fingerprint
-from chatapp.engine.engine import Engine, EngineConfig
+from cache.namespace import Namespace
+from cache.prefix_cache import CacheConfig, PrefixCache
+from cache.state_format import KVLayout
+from chatapp.engine.engine import CacheFactory, Engine, EngineConfig, ModelInfo
 from chatapp.engine.llama_native import SamplingParams
 from chatapp.model_files import resolve_model_path
 from chatapp.paths import DataPaths, open_data_paths
@@ -48,8 +54,39 @@ class Workspace:
             flash_attention=settings.flash_attention,
         )
 
-    def open_engine(self) -> Engine:
-        return Engine(self.engine_config())
+    def open_engine(self, *, use_cache: bool = True) -> Engine:
+        """Load the model; with `use_cache`, its KV prefixes are kept in the cache folder."""
+        return Engine(self.engine_config(), self.cache_factory() if use_cache else None)
+
+    def cache_config(self) -> CacheConfig:
+        settings = self.settings
+        return CacheConfig(
+            block_size=settings.cache_block_size,
+            ram_budget_bytes=settings.cache_ram_mib << 20,
+            disk_budget_bytes=settings.cache_disk_mib << 20,
+            ttl_seconds=settings.cache_ttl_days * 86400,
+        )
+
+    def cache_factory(self) -> CacheFactory:
+        """Opens the cache once the engine knows its KV layout (the namespace needs it)."""
+        model_path = self.model_path
+        fingerprint = self.model_fingerprint(model_path)
+        config = self.cache_config()
+
+        def open_cache(layout: KVLayout, info: ModelInfo) -> PrefixCache:
+            first = layout.layers[0]
+            namespace = Namespace(
+                model_fingerprint=fingerprint,
+                type_k=first.k_type,
+                type_v=first.v_type,
+                flash_attention=info.flash_attention,
+                block_size=config.block_size,
+                library_version=llama_cpp.__version__,
+                layout_digest=layout.digest().hex(),
+            )
+            return PrefixCache(self.paths.private_dir(self.paths.cache_dir) / "kv", namespace, layout, config)
+
+        return open_cache
 
     def model_fingerprint(self, model_path: Path) -> str:
         """The model's content hash, remembered in the cache folder."""
@@ -64,5 +101,11 @@ def open_workspace(data_dir: str | None, overrides: dict[str, Any] | None = None
 
 
 def quiet_native_logs() -> None:
-    """llama.cpp's log goes to Python logging; with no handler set, drop it rather than print it."""
-    logging.getLogger("chatapp.llama").addHandler(logging.NullHandler())
+    """Logs go to Python logging; with no handler set, drop them rather than print over the screen."""
+    for name in ("chatapp", "cache"):
+        logging.getLogger(name).addHandler(logging.NullHandler())
+
+
+def make_new_files_private() -> None:
+    """Prompts, documents and KV states are private: new files 0600, new folders 0700."""
+    os.umask(0o077)

@@ -23,7 +23,7 @@ def run(engine: Engine, prompt: tuple[int, ...], sampling: SamplingParams = GREE
 
 
 def test_answer_streams_token_by_token(engine: Engine) -> None:
-    handle = engine.generate(GenerationRequest(prompt_for(engine, "Name three colours."), GREEDY, reuse_live_prefix=False))
+    handle = engine.generate(GenerationRequest(prompt_for(engine, "Name three colours."), GREEDY, use_cache=False))
     events = list(handle.events())
     texts = [event for event in events if isinstance(event, TokenText)]
     result = handle.wait()
@@ -35,8 +35,8 @@ def test_answer_streams_token_by_token(engine: Engine) -> None:
 
 def test_greedy_is_reproducible_and_reports_consistent_stats(engine: Engine) -> None:
     prompt = prompt_for(engine, "What is the capital of France?")
-    first = run(engine, prompt, reuse_live_prefix=False)
-    second = run(engine, prompt, reuse_live_prefix=False)
+    first = run(engine, prompt, use_cache=False)
+    second = run(engine, prompt, use_cache=False)
     assert first.token_ids == second.token_ids and first.text == second.text
     stats = first.stats
     assert stats.prompt_tokens == len(prompt)
@@ -48,8 +48,8 @@ def test_greedy_is_reproducible_and_reports_consistent_stats(engine: Engine) -> 
 
 def test_reusing_the_live_prefix_gives_the_same_answer(engine: Engine) -> None:
     persona = "You are a careful assistant who answers in one sentence."
-    cold = run(engine, prompt_for(engine, "Why is the sky blue?", persona), reuse_live_prefix=False)
-    run(engine, prompt_for(engine, "Why is grass green?", persona), reuse_live_prefix=False)
+    cold = run(engine, prompt_for(engine, "Why is the sky blue?", persona), use_cache=False)
+    run(engine, prompt_for(engine, "Why is grass green?", persona), use_cache=False)
     warm = run(engine, prompt_for(engine, "Why is the sky blue?", persona))
     assert warm.stats.reused_tokens > 10 and warm.stats.reuse_tier == "device"
     assert warm.stats.computed_tokens == warm.stats.prompt_tokens - warm.stats.reused_tokens
@@ -59,18 +59,18 @@ def test_reusing_the_live_prefix_gives_the_same_answer(engine: Engine) -> None:
 def test_seeded_sampling_is_reproducible(engine: Engine) -> None:
     prompt = prompt_for(engine, "Tell me a word.")
     sampling = SamplingParams(temperature=1.2, top_p=0.95, seed=1234, max_tokens=16)
-    first = run(engine, prompt, sampling, reuse_live_prefix=False)
-    second = run(engine, prompt, sampling, reuse_live_prefix=False)
-    other_seed = run(engine, prompt, SamplingParams(temperature=1.2, top_p=0.95, seed=99, max_tokens=16), reuse_live_prefix=False)
+    first = run(engine, prompt, sampling, use_cache=False)
+    second = run(engine, prompt, sampling, use_cache=False)
+    other_seed = run(engine, prompt, SamplingParams(temperature=1.2, top_p=0.95, seed=99, max_tokens=16), use_cache=False)
     assert first.token_ids == second.token_ids
     assert other_seed.token_ids != first.token_ids
 
 
 def test_sequences_do_not_disturb_each_other(engine: Engine) -> None:
     a, b = prompt_for(engine, "Count to five."), prompt_for(engine, "List two fruits.")
-    alone = run(engine, a, sequence=0, reuse_live_prefix=False)
-    run(engine, b, sequence=1, reuse_live_prefix=False)
-    again = run(engine, a, sequence=0, reuse_live_prefix=False)
+    alone = run(engine, a, sequence=0, use_cache=False)
+    run(engine, b, sequence=1, use_cache=False)
+    again = run(engine, a, sequence=0, use_cache=False)
     assert again.token_ids == alone.token_ids
 
 
@@ -93,7 +93,7 @@ def test_cancel_during_prefill_then_the_sequence_is_still_exact(engine: Engine) 
     long_question = "Summarise this: " + "the quick brown fox jumps over the lazy dog. " * 80
     prompt = prompt_for(engine, long_question)
     assert len(prompt) > 600  # more than one 512-token batch
-    reference = run(engine, prompt, reuse_live_prefix=False)
+    reference = run(engine, prompt, use_cache=False)
     handle = engine.generate(GenerationRequest(prompt, GREEDY))
     handle.cancel()
     cancelled = handle.wait()
@@ -105,7 +105,7 @@ def test_cancel_during_prefill_then_the_sequence_is_still_exact(engine: Engine) 
 def test_cancel_between_prefill_batches(engine: Engine) -> None:
     prompt = prompt_for(engine, "Repeat: " + "lorem ipsum dolor sit amet " * 90)
     assert len(prompt) > engine.context.shape.n_batch
-    handle = engine.generate(GenerationRequest(prompt, GREEDY, reuse_live_prefix=False))
+    handle = engine.generate(GenerationRequest(prompt, GREEDY, use_cache=False))
     progress = []
     for event in handle.events():
         if isinstance(event, PrefillProgress):
@@ -142,4 +142,4 @@ def test_engine_reports_its_shape(engine: Engine) -> None:
     assert info.n_sequences == 2
     assert info.n_ctx_per_sequence == 1024
     assert info.n_ctx_train == 8192
-    assert info.flash_attention  # the CPU backend supports it
+    assert not info.flash_attention  # off by default: it is not batch-invariant

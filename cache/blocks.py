@@ -1,0 +1,91 @@
+"""What the cache knows about a stored block, and the bytes that describe it on disk.
+
+A block record's metadata (keys, position, tokens, payload size and checksum) is small
+and travels apart from its KV payload, so the index can be rebuilt at start-up without
+reading any KV bytes. Both are plain bytes with a magic, a version and a checksum:
+nothing read from disk is ever unpickled.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+
+import numpy as np
+import xxhash
+
+META_MAGIC = b"CKVB"
+META_VERSION = 1
+_META_HEAD = struct.Struct("<4sH16s16s16sIIQQ?")  # magic, version, namespace, key, parent, start, n_tokens, size, checksum, pinned
+_CHECK = struct.Struct("<Q")
+
+
+class RecordError(ValueError):
+    """A stored record is damaged or from another format version."""
+
+
+def sort_bytes(tokens: np.ndarray) -> bytes:
+    """Tokens as big-endian u32: byte order equals token order, for the sorted children lists."""
+    return np.ascontiguousarray(tokens, dtype=">u4").tobytes()
+
+
+def payload_checksum(payload: bytes | memoryview) -> int:
+    return xxhash.xxh3_64_intdigest(payload)
+
+
+@dataclass
+class BlockInfo:
+    """A stored block: its key, its parent's key, where it starts, and its tokens."""
+
+    key: bytes
+    parent: bytes
+    start: int
+    tokens: np.ndarray  # int32
+    payload_size: int
+    checksum: int
+    pinned: bool = False
+    order_key: bytes = field(default=b"", repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.order_key:
+            self.order_key = sort_bytes(self.tokens)
+
+    @property
+    def end(self) -> int:
+        return self.start + int(self.tokens.size)
+
+    def encode(self, namespace_id: bytes) -> bytes:
+        head = _META_HEAD.pack(
+            META_MAGIC,
+            META_VERSION,
+            namespace_id,
+            self.key,
+            self.parent,
+            self.start,
+            int(self.tokens.size),
+            self.payload_size,
+            self.checksum,
+            self.pinned,
+        )
+        body = head + np.ascontiguousarray(self.tokens, dtype="<i4").tobytes()
+        return body + _CHECK.pack(xxhash.xxh3_64_intdigest(body))
+
+    @classmethod
+    def decode(cls, data: bytes, namespace_id: bytes) -> BlockInfo:
+        """Parse a record; RecordError when it is damaged, foreign or from another version."""
+        if len(data) < _META_HEAD.size + _CHECK.size:
+            raise RecordError("record too short")
+        body, (check,) = data[: -_CHECK.size], _CHECK.unpack(data[-_CHECK.size :])
+        if xxhash.xxh3_64_intdigest(body) != check:
+            raise RecordError("record checksum mismatch")
+        magic, version, namespace, key, parent, start, n_tokens, size, checksum, pinned = _META_HEAD.unpack(
+            body[: _META_HEAD.size]
+        )
+        if magic != META_MAGIC or version != META_VERSION:
+            raise RecordError("unknown record format")
+        if namespace != namespace_id:
+            raise RecordError("record from another namespace")
+        tokens = np.frombuffer(body[_META_HEAD.size :], dtype="<i4").astype(np.int32)
+        if tokens.size != n_tokens:
+            raise RecordError("record token count mismatch")
+        return cls(key, parent, start, tokens, size, checksum, pinned)

@@ -1,0 +1,129 @@
+"""The in-memory radix index over stored blocks.
+
+Full blocks are found by hash probes along the prompt (one per block). At the first
+miss, the parent's children (full or partial blocks that continue the same prefix) are
+kept sorted by their tokens, so the child sharing the longest run of tokens with the
+prompt is found by binary search: it is the neighbour of the prompt's insertion point.
+That gives token-exact reuse without scanning entries.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+import numpy as np
+
+from cache.blocks import BlockInfo, sort_bytes
+from cache.keys import ROOT_KEY, block_key
+
+_TOKEN_BYTES = 4
+
+
+@dataclass(frozen=True)
+class PrefixMatch:
+    """The blocks to restore (in order from position 0) and how many tokens of them match."""
+
+    blocks: tuple[BlockInfo, ...]
+    matched_tokens: int
+
+    @property
+    def stored_tokens(self) -> int:
+        return self.blocks[-1].end if self.blocks else 0
+
+
+class BlockIndex:
+    """Blocks by key, and each parent's children sorted by tokens."""
+
+    def __init__(self, block_size: int, seed: int) -> None:
+        self.block_size = block_size
+        self.seed = seed
+        self.entries: dict[bytes, BlockInfo] = {}
+        self._children: dict[bytes, list[tuple[bytes, bytes]]] = {}
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __contains__(self, key: bytes) -> bool:
+        return key in self.entries
+
+    def add(self, info: BlockInfo) -> None:
+        if info.key in self.entries:
+            return
+        self.entries[info.key] = info
+        bisect.insort(self._children.setdefault(info.parent, []), (info.order_key, info.key))
+
+    def remove(self, key: bytes) -> BlockInfo | None:
+        info = self.entries.pop(key, None)
+        if info is None:
+            return None
+        siblings = self._children.get(info.parent, [])
+        position = bisect.bisect_left(siblings, (info.order_key, info.key))
+        if position < len(siblings) and siblings[position][1] == key:
+            siblings.pop(position)
+        if not siblings:
+            self._children.pop(info.parent, None)
+        return info
+
+    def children(self, parent: bytes) -> list[BlockInfo]:
+        return [self.entries[key] for _, key in self._children.get(parent, [])]
+
+    def keys_for(self, tokens: np.ndarray) -> list[tuple[bytes, bytes, int, int]]:
+        """(key, parent, start, end) of every block of `tokens`, the last one possibly partial."""
+        result = []
+        parent = ROOT_KEY
+        for start in range(0, int(tokens.size), self.block_size):
+            end = min(start + self.block_size, int(tokens.size))
+            key = block_key(parent, tokens[start:end], self.seed)
+            result.append((key, parent, start, end))
+            parent = key
+        return result
+
+    def longest_prefix(self, prompt: np.ndarray) -> PrefixMatch:
+        """The stored blocks that cover the longest prefix of `prompt`, token-exact."""
+        chain: list[BlockInfo] = []
+        parent = ROOT_KEY
+        position = 0
+        size = self.block_size
+        while position + size <= prompt.size:
+            info = self.entries.get(block_key(parent, prompt[position : position + size], self.seed))
+            if info is None:
+                break
+            chain.append(info)
+            parent = info.key
+            position += size
+        best, best_length = self._closest_child(parent, prompt[position : position + size])
+        if best is not None:
+            chain.append(best)
+            position += best_length
+        return PrefixMatch(tuple(chain), position)
+
+    def _closest_child(self, parent: bytes, wanted: np.ndarray) -> tuple[BlockInfo | None, int]:
+        siblings = self._children.get(parent)
+        if not siblings or wanted.size == 0:
+            return None, 0
+        probe = sort_bytes(wanted)
+        position = bisect.bisect_left(siblings, (probe, b""))
+        best: BlockInfo | None = None
+        best_length = 0
+        for neighbour in (position - 1, position):
+            if 0 <= neighbour < len(siblings):
+                order_key, key = siblings[neighbour]
+                length = _common_bytes(order_key, probe) // _TOKEN_BYTES
+                if length > best_length:
+                    best, best_length = self.entries[key], length
+        return best, best_length
+
+
+def _common_bytes(left: bytes, right: bytes) -> int:
+    limit = min(len(left), len(right))
+    if left[:limit] == right[:limit]:
+        return limit
+    low, high = 0, limit  # the answer is in [low, high)
+    while high - low > 1:
+        middle = (low + high) // 2
+        if left[:middle] == right[:middle]:
+            low = middle
+        else:
+            high = middle
+    return low

@@ -1,0 +1,43 @@
+"""The namespace: everything that changes KV bytes, hashed into the seed of every key.
+
+Two contexts whose KV bytes could differ for the same tokens must never share entries:
+a different model file (by content), KV types, flash attention (it changes the V
+layout), LoRA adapters, rope settings, the llama-cpp-python version, or the block size.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+import xxhash
+
+
+@dataclass(frozen=True)
+class Namespace:
+    model_fingerprint: str
+    type_k: int
+    type_v: int
+    flash_attention: bool
+    block_size: int
+    library_version: str
+    rope_freq_base: float = 0.0
+    rope_freq_scale: float = 0.0
+    lora_adapters: tuple[str, ...] = ()
+    layout_digest: str = ""
+
+    def canonical(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    def _canonical_bytes(self) -> bytes:
+        return self.canonical().encode("utf-8")
+
+    @property
+    def id(self) -> str:
+        """32 hex characters naming this namespace (used in stored records)."""
+        return xxhash.xxh3_128_hexdigest(self._canonical_bytes())
+
+    @property
+    def seed(self) -> int:
+        """The 64-bit seed of every block key in this namespace."""
+        return xxhash.xxh3_64_intdigest(self._canonical_bytes())

@@ -1,0 +1,160 @@
+"""The prefix cache on synthetic states: store, find, fetch, survive a restart, refuse damage."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cache.namespace import Namespace
+from cache.prefix_cache import CacheConfig, PrefixCache
+from cache.state_format import assemble_state
+from tests.cache.state_factory import make_state, small_layout
+
+LAYOUT = small_layout(v_trans=False, scale=512)  # pieces over 32 KiB: stored as files
+CONFIG = CacheConfig(block_size=4, ram_budget_bytes=1 << 20, disk_budget_bytes=1 << 24, ttl_seconds=3600)
+
+
+def namespace(model: str = "model-a", type_k: int = 1) -> Namespace:
+    return Namespace(model, type_k, 1, True, CONFIG.block_size, "0.3.36", layout_digest=LAYOUT.digest().hex())
+
+
+def open_cache(folder: Path, space: Namespace | None = None) -> PrefixCache:
+    return PrefixCache(folder, space or namespace(), LAYOUT, CONFIG)
+
+
+def store_sequence(cache: PrefixCache, tokens: list[int], seed: int = 0) -> bytes:
+    blob, _ = make_state(LAYOUT, list(range(len(tokens))), seq_id=0, stream=0, seed=seed)
+    cache.store(tokens, np.frombuffer(blob, dtype=np.uint8))
+    cache.flush()
+    return blob
+
+
+def restored_state(cache: PrefixCache, prompt: list[int]) -> tuple[bytes, int, str]:
+    fetched = cache.fetch(cache.lookup(np.asarray(prompt)))
+    assert fetched is not None
+    pieces = [(block.tokens.size, payload) for block, payload in zip(fetched.blocks, fetched.payloads)]
+    return assemble_state(LAYOUT, pieces, 0).tobytes(), fetched.matched_tokens, fetched.tier
+
+
+TOKENS = list(range(100, 111))  # 11 tokens: blocks of 4, 4 and a partial 3
+
+
+def test_a_stored_sequence_comes_back_byte_for_byte(tmp_path: Path) -> None:
+    cache = open_cache(tmp_path)
+    blob = store_sequence(cache, TOKENS)
+    state, matched, tier = restored_state(cache, TOKENS + [999])
+    assert state == blob and matched == 11 and tier == "ram"
+    cache.close()
+
+
+def test_after_a_restart_blocks_come_from_disk(tmp_path: Path) -> None:
+    cache = open_cache(tmp_path)
+    blob = store_sequence(cache, TOKENS)
+    cache.close()
+    again = open_cache(tmp_path)
+    assert len(again.index) == 3  # rebuilt from the records alone
+    state, matched, tier = restored_state(again, TOKENS)
+    assert state == blob and matched == 11 and tier == "disk"
+    assert restored_state(again, TOKENS)[2] == "ram"  # promoted
+    again.close()
+
+
+def test_shared_prefixes_are_stored_once_and_partials_superseded(tmp_path: Path) -> None:
+    cache = open_cache(tmp_path)
+    store_sequence(cache, TOKENS[:6])  # one full block, one partial of 2
+    store_sequence(cache, TOKENS)  # the same prefix, longer: the partial is superseded
+    store_sequence(cache, TOKENS[:8] + [7, 7, 7])  # shares two full blocks
+    sizes = sorted(info.tokens.size for info in cache.index.entries.values())
+    assert sizes == [3, 3, 4, 4]
+    cache.close()
+
+
+def test_namespaces_never_share_entries(tmp_path: Path) -> None:
+    first = open_cache(tmp_path, namespace("model-a"))
+    store_sequence(first, TOKENS)
+    first.close()
+    for other in (namespace("model-b"), namespace("model-a", type_k=8)):
+        cache = open_cache(tmp_path, other)
+        assert len(cache.index) == 0 and cache.lookup(np.asarray(TOKENS)).matched_tokens == 0
+        cache.close()
+
+
+def test_a_corrupted_payload_is_dropped_not_restored(tmp_path: Path) -> None:
+    cache = open_cache(tmp_path)
+    store_sequence(cache, TOKENS)
+    cache.close()
+    files = sorted((tmp_path / "blocks").rglob("*.val"))
+    assert files, "payloads are plain files"
+    with files[0].open("r+b") as handle:
+        handle.seek(3)
+        handle.write(b"\xff\xfe")
+    again = open_cache(tmp_path)
+    fetched = again.fetch(again.lookup(np.asarray(TOKENS)))
+    # The damaged block and everything after it is a miss; nothing damaged comes back.
+    assert fetched is None or all(len(p) == b.payload_size for b, p in zip(fetched.blocks, fetched.payloads))
+    assert fetched is None or fetched.matched_tokens < 11
+    assert len(again.index) < 3
+    again.close()
+
+
+def test_truncated_payload_file_is_a_miss(tmp_path: Path) -> None:
+    cache = open_cache(tmp_path)
+    store_sequence(cache, TOKENS)
+    cache.close()
+    for file in (tmp_path / "blocks").rglob("*.val"):
+        os.truncate(file, 5)
+    again = open_cache(tmp_path)
+    assert again.fetch(again.lookup(np.asarray(TOKENS))) is None
+    again.close()
+
+
+def test_pickled_values_are_refused(tmp_path: Path) -> None:
+    cache = open_cache(tmp_path)
+    store_sequence(cache, TOKENS)
+    cache.close()
+    database = sqlite3.connect(tmp_path / "blocks" / "cache.db")
+    database.execute("UPDATE Cache SET mode = 4, filename = NULL, value = ?", (pickle.dumps(b"x"),))
+    database.commit()
+    database.close()
+    again = open_cache(tmp_path)
+    assert again.fetch(again.lookup(np.asarray(TOKENS))) is None
+    again.close()
+
+
+def test_pinned_blocks_survive_clearing_pressure_and_stats_count(tmp_path: Path) -> None:
+    cache = open_cache(tmp_path)
+    store_sequence(cache, TOKENS)
+    assert cache.pin(TOKENS) == 3
+    assert all(info.pinned for info in cache.index.entries.values())
+    restored_state(cache, TOKENS)
+    stats = cache.stats()
+    assert stats["pinned_entries"] == 3 and stats["ram"]["hits"] >= 3
+    assert stats["disk"]["entries"] == 3 and stats["disk"]["pinned_entries"] == 3
+    cache.close()
+    again = open_cache(tmp_path)
+    assert all(info.pinned for info in again.index.entries.values()) and len(again.index) == 3
+    assert again.clear() == 3 and len(again.index) == 0
+    again.close()
+
+
+def test_cache_folders_are_private(tmp_path: Path) -> None:
+    cache = open_cache(tmp_path / "kv")
+    store_sequence(cache, TOKENS)
+    cache.close()
+    assert (tmp_path / "kv").stat().st_mode & 0o077 == 0
+    assert (tmp_path / "kv" / "blocks").stat().st_mode & 0o077 == 0
+
+
+@pytest.mark.parametrize("bad_tokens", [[], [5]])
+def test_tiny_sequences_store_and_miss_cleanly(tmp_path: Path, bad_tokens: list[int]) -> None:
+    cache = open_cache(tmp_path)
+    if bad_tokens:
+        store_sequence(cache, bad_tokens)
+        assert cache.lookup(np.asarray(bad_tokens + [1])).matched_tokens == 1
+    assert cache.lookup(np.asarray([42, 43])).matched_tokens == 0
+    cache.close()

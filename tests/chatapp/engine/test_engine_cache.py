@@ -1,0 +1,119 @@
+"""The engine with its prefix cache, on the real bundled model: every restore equals a cold run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from chatapp.engine.engine import Engine, GenerationRequest
+from chatapp.engine.llama_native import SamplingParams
+from chatapp.engine.prompt import SYSTEM, USER, ChatMessage
+from tests.cache_support import cached_engine
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
+PERSONA = "You are a patient tutor. You explain one idea at a time, with a short example. " * 3
+
+
+def prompt(engine: Engine, question: str, persona: str = PERSONA) -> tuple[int, ...]:
+    return tuple(engine.prompt_builder.build([ChatMessage.of(SYSTEM, persona), ChatMessage.of(USER, question)]))
+
+
+def answer(engine: Engine, tokens: tuple[int, ...], **options: object):
+    return engine.generate(GenerationRequest(tokens, GREEDY, **options)).wait()
+
+
+@pytest.fixture
+def cached(tmp_path: Path, model_path: Path):
+    with cached_engine(tmp_path / "kv", model_path) as engine:
+        yield engine
+
+
+def cold_answer(engine: Engine, tokens: tuple[int, ...]):
+    """The reference: the session's engine without a cache, computing the whole prompt."""
+    return answer(engine, tokens, use_cache=False)
+
+
+def flush(engine: Engine) -> None:
+    assert engine.cache is not None
+    engine.cache.flush()
+
+
+def push_out(engine: Engine) -> None:
+    """Store what is resident, then fill both sequences with other conversations."""
+    flush(engine)
+    for other in ("Tell me about rivers.", "Tell me about mountains."):
+        answer(engine, prompt(engine, other, persona="You are a geographer."))
+
+
+def test_resident_conversation_is_answered_in_place(cached: Engine) -> None:
+    first = prompt(cached, "What is a noun?")
+    answer(cached, first)
+    again = answer(cached, first)
+    assert again.stats.reuse_tier == "device" and again.stats.reused_tokens == len(first) - 1
+
+
+def test_restore_from_ram_equals_cold(cached: Engine, engine: Engine) -> None:
+    target = prompt(cached, "What is a verb?")
+    cold = cold_answer(engine, target)
+    answer(cached, target)
+    push_out(cached)
+    warm = answer(cached, target)
+    assert warm.stats.reuse_tier == "ram"
+    assert warm.stats.reused_tokens == len(target) - 1
+    assert warm.token_ids == cold.token_ids
+
+
+def test_restore_after_a_restart_comes_from_disk_and_equals_cold(tmp_path: Path, model_path: Path, engine: Engine) -> None:
+    with cached_engine(tmp_path / "kv", model_path) as first:
+        target = prompt(first, "What is an adjective?")
+        cold = cold_answer(engine, target)
+        answer(first, target)
+    with cached_engine(tmp_path / "kv", model_path) as second:
+        warm = answer(second, target)
+    assert warm.stats.reuse_tier == "disk" and warm.stats.reused_tokens == len(target) - 1
+    assert warm.token_ids == cold.token_ids
+
+
+def test_a_cut_inside_a_block_reuses_every_shared_token(cached: Engine, engine: Engine) -> None:
+    base = prompt(cached, "Explain the word 'because' with an example sentence.")
+    answer(cached, base)
+    push_out(cached)
+    variant = prompt(cached, "Explain the word 'although' with an example sentence.")
+    shared = next(i for i, (a, b) in enumerate(zip(base, variant)) if a != b)
+    assert shared % 16 != 0  # diverges inside a block
+    cold = cold_answer(engine, variant)
+    warm = answer(cached, variant)
+    assert warm.stats.reused_tokens == shared and warm.stats.reuse_tier == "ram"
+    assert warm.token_ids == cold.token_ids
+
+
+def test_a_long_prefix_assembled_from_many_blocks_equals_cold(cached: Engine, engine: Engine) -> None:
+    long_persona = "You are a careful reviewer of essays. " * 40
+    target = prompt(cached, "Review this: cats are great.", persona=long_persona)
+    assert len(target) > 300  # about 20 blocks of 16 tokens
+    cold = cold_answer(engine, target)
+    answer(cached, target)
+    push_out(cached)
+    warm = answer(cached, target)
+    assert warm.stats.reuse_tier == "ram" and warm.stats.reused_tokens == len(target) - 1
+    assert warm.token_ids == cold.token_ids
+
+
+def test_no_cache_requests_neither_look_up_nor_store(cached: Engine) -> None:
+    target = prompt(cached, "What is an adverb?")
+    first = answer(cached, target, use_cache=False)
+    second = answer(cached, target, use_cache=False)
+    assert first.stats.reused_tokens == second.stats.reused_tokens == 0
+    flush(cached)
+    assert cached.cache is not None and len(cached.cache.index) == 0
+
+
+def test_stats_count_reuse_per_tier(cached: Engine) -> None:
+    target = prompt(cached, "What is a pronoun?")
+    answer(cached, target)
+    answer(cached, target)
+    assert cached.cache is not None
+    stats = cached.cache.stats()
+    assert stats["requests"] == 2 and stats["reused_by_tier"]["device"] == len(target) - 1
+    assert 0.4 < stats["hit_rate"] < 0.6
