@@ -48,6 +48,7 @@ class BytesOnlyDisk(diskcache.Disk):
 
 
 def _open(directory: Path, size_limit: int) -> diskcache.Cache:
+    """A private diskcache folder with LRU culling that stores only bytes."""
     directory.mkdir(mode=PRIVATE, parents=True, exist_ok=True)
     os.chmod(directory, PRIVATE)
     return diskcache.Cache(

@@ -20,6 +20,7 @@ from cache.blocks import BlockInfo, payload_checksum
 from cache.disk_tier import DiskTier
 from cache.index import BlockIndex, PrefixMatch
 from cache.keys import as_token_array
+from cache.maintenance import add_totals
 from cache.namespace import Namespace
 from cache.ram_tier import RamTier
 from cache.state_format import KVLayout, StateFormatError, cells_in_position_order, extract_piece, parse_sequence_state
@@ -123,10 +124,24 @@ class PrefixCache:
         self._queue.join()
 
     def close(self) -> None:
+        """Finish pending stores, add this session's counters to the lifetime totals, close."""
         self.flush()
         self._queue.put(None)
         self._writer.join()
+        add_totals(self.disk.directory, self.session_counters())
         self.disk.close()
+
+    def session_counters(self) -> dict[str, object]:
+        with self._lock:
+            requests = self.requests
+            return {
+                "requests": requests.requests,
+                "prompt_tokens": requests.prompt_tokens,
+                "reused_tokens": requests.reused_tokens,
+                "reused_by_tier": dict(requests.reused_by_tier),
+                "ram": self.ram.counters.as_dict(),
+                "disk": self.disk.counters.as_dict(),
+            }
 
     def _write_loop(self) -> None:
         while (item := self._queue.get()) is not None:

@@ -15,6 +15,7 @@ from chatapp import __version__
 from chatapp.documents import load_document
 from chatapp.errors import ChatappError, SettingsError
 from chatapp.services.ask import AskRequest, ask
+from chatapp.services.cache_admin import cache_stats, clear_cache, format_stats, prune_cache
 from chatapp.services.startup import Workspace, make_new_files_private, open_workspace, quiet_native_logs
 
 EXIT_INTERRUPTED = 130
@@ -60,6 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
     ask_parser.add_argument("--seed", type=int, metavar="N", help="sampling seed")
     ask_parser.add_argument("--no-cache", action="store_true", help="compute the whole prompt; no lookup, no store")
     ask_parser.add_argument("--json", action="store_true", help="print a JSON object with statistics at the end")
+    cache_parser = commands.add_parser("cache", parents=[shared], help="inspect or empty the KV cache")
+    cache_commands = cache_parser.add_subparsers(dest="cache_command", metavar="ACTION", required=True)
+    stats_parser = cache_commands.add_parser("stats", parents=[shared], help="entries, bytes, budgets and hit rate")
+    stats_parser.add_argument("--json", action="store_true", help="print the statistics as JSON")
+    cache_commands.add_parser("prune", parents=[shared], help="drop expired entries now")
+    cache_commands.add_parser("clear", parents=[shared], help="remove every cached entry and its files")
     return parser
 
 
@@ -114,6 +121,17 @@ def run_ask(args: argparse.Namespace, workspace: Workspace) -> int:
     return 0
 
 
+def run_cache(args: argparse.Namespace, workspace: Workspace) -> int:
+    if args.cache_command == "stats":
+        stats = cache_stats(workspace)
+        _write_stdout((json.dumps(stats) if args.json else format_stats(stats)) + "\n")
+    elif args.cache_command == "prune":
+        _write_stdout(f"pruned {prune_cache(workspace):,} expired entries\n")
+    else:
+        _write_stdout(f"removed {clear_cache(workspace):,} entries from {workspace.kv_cache_dir}\n")
+    return 0
+
+
 def run_chat(workspace: Workspace) -> int:
     from chatapp.tui.app import ChatApp
 
@@ -130,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         workspace = open_workspace(args.data_dir, _overrides(args))
         if args.command == "ask":
             return run_ask(args, workspace)
+        if args.command == "cache":
+            return run_cache(args, workspace)
         return run_chat(workspace)
     except ChatappError as error:
         print(f"chatapp: error: {error}", file=sys.stderr)

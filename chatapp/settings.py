@@ -10,7 +10,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from chatapp.errors import SettingsError
 
@@ -38,6 +38,11 @@ class Settings(BaseModel):
     cache_ram_mib: int = Field(2048, ge=0, description="RAM tier budget, in MiB")
     cache_disk_mib: int = Field(10240, ge=0, description="disk tier budget, in MiB")
     cache_ttl_days: float = Field(7.0, gt=0, description="cached blocks unused this long expire")
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _empty_model_means_bundled(cls, value: object) -> object:
+        return None if isinstance(value, str) and not value.strip() else value
 
 
 def describe_validation_error(error: ValidationError, source: str) -> str:

@@ -7,7 +7,7 @@ a sandbox: a model file is input, and its template must not reach the Python run
 from __future__ import annotations
 
 import datetime
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import jinja2
@@ -32,10 +32,6 @@ def _raise_exception(message: str) -> None:
     raise TemplateRenderError(message)
 
 
-def _strftime_now(format_string: str) -> str:
-    return datetime.datetime.now().strftime(format_string)
-
-
 @dataclass(frozen=True)
 class ChatTemplate:
     """A compiled chat template plus the special-token strings it refers to."""
@@ -43,11 +39,14 @@ class ChatTemplate:
     source: str
     bos_token: str
     eos_token: str
+    # Templates that print today's date would change a prompt's beginning at midnight and
+    # defeat the cache: the date is fixed when the template is loaded.
+    today: datetime.datetime = field(default_factory=datetime.datetime.now)
 
     def __post_init__(self) -> None:
         environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, loader=None)
         environment.globals["raise_exception"] = _raise_exception
-        environment.globals["strftime_now"] = _strftime_now
+        environment.globals["strftime_now"] = self.today.strftime
         try:
             compiled = environment.from_string(self.source)
         except jinja2.TemplateError as error:

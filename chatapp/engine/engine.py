@@ -162,6 +162,8 @@ class Engine:
         self._loaded = threading.Event()
         self._load_error: BaseException | None = None
         self._active: GenerationHandle | None = None
+        self._closing = False
+        self._closing_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="chatapp-engine", daemon=True)
         self._thread.start()
         self._loaded.wait()
@@ -185,20 +187,26 @@ class Engine:
                 context_tokens=limit,
             )
         handle = GenerationHandle(request)
-        self._jobs.put(handle)
+        with self._closing_lock:
+            if self._closing:
+                raise RuntimeError("the engine is closed")
+            self._jobs.put(handle)
         return handle
 
     def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = False) -> list[int]:
         return self.model.tokenize(text, add_special=add_special, parse_special=parse_special)
 
     def close(self) -> None:
-        """Cancel what is running, stop the thread and free the model."""
-        if self._thread.is_alive():
-            active = self._active
-            if active is not None:
-                active.cancel()
+        """Cancel what is running or queued, stop the thread and free the model."""
+        with self._closing_lock:
+            if self._closing:
+                return
+            self._closing = True
             self._jobs.put(None)
-            self._thread.join()
+        active = self._active
+        if active is not None:
+            active.cancel()
+        self._thread.join()
 
     def __enter__(self) -> Engine:
         return self
@@ -217,6 +225,8 @@ class Engine:
         self._loaded.set()
         try:
             while (handle := self._jobs.get()) is not None:
+                if self._closing:
+                    handle.cancel()  # queued behind a close: end it at once, as cancelled
                 self._serve(handle)
         finally:
             if self.cache is not None:

@@ -68,7 +68,10 @@ class KVPlacer:
         return self._keep(target, 0, TIER_NONE)
 
     def _keep(self, sequence: int, length: int, tier: str) -> Placement:
-        self.context.remove(sequence, length, -1)
+        if not self.context.remove(sequence, length, -1):
+            # llama.cpp cannot cut this sequence (a recurrent or sliding-window memory): start over.
+            self.forget(sequence)
+            length = 0
         self.resident.truncate(sequence, length)
         self.resident.touch(sequence)
         return Placement(sequence, length, tier if length else TIER_NONE)

@@ -177,6 +177,7 @@ class NativeContext:
         self.model = model
         # llama.cpp polls this during a decode, so a long prefill stops within milliseconds.
         self._abort_callback = llama_cpp.ggml_abort_callback(lambda _data: should_abort())
+        self._no_abort_callback = llama_cpp.ggml_abort_callback()  # a NULL function pointer
         self.pointer = None
         attempts = [True, False] if flash_attention else [False]
         for use_flash in attempts:
@@ -199,7 +200,7 @@ class NativeContext:
                 f"llama.cpp could not create a context of {n_sequences} x {n_ctx_per_sequence} tokens "
                 f"({last_llama_problem()}); lower context_cap or sequences in the settings"
             )
-        llama_cpp.llama_set_abort_callback(self.pointer, self._abort_callback, None)
+        self._abort_installed = False
         self.memory = llama_cpp.llama_get_memory(self.pointer)
         self.shape = ContextShape(
             n_sequences=int(llama_cpp.llama_n_seq_max(self.pointer)),
@@ -217,8 +218,17 @@ class NativeContext:
             self.pointer = None
 
     def decode(self, tokens: list[int], *, start_pos: int, sequence: int, logits_for_last: bool) -> None:
-        """Evaluate `tokens` at positions start_pos.. in `sequence` (at most n_batch tokens)."""
+        """Evaluate `tokens` at positions start_pos.. in `sequence` (at most n_batch tokens).
+
+        Batches of several tokens can be interrupted by `should_abort`; single-token decodes
+        are not (the answer loop checks between tokens, and a Python callback on every graph
+        node would slow generation).
+        """
         count = len(tokens)
+        abortable = count > 1
+        if abortable != self._abort_installed:
+            llama_cpp.llama_set_abort_callback(self.pointer, self._abort_callback if abortable else self._no_abort_callback, None)
+            self._abort_installed = abortable
         if not 0 < count <= self.shape.n_batch:
             raise ValueError(f"decode takes 1..{self.shape.n_batch} tokens, got {count}")
         batch = self._batch

@@ -54,6 +54,10 @@ class Workspace:
             flash_attention=settings.flash_attention,
         )
 
+    @property
+    def kv_cache_dir(self) -> Path:
+        return self.paths.private_dir(self.paths.cache_dir) / "kv"
+
     def open_engine(self, *, use_cache: bool = True) -> Engine:
         """Load the model; with `use_cache`, its KV prefixes are kept in the cache folder."""
         return Engine(self.engine_config(), self.cache_factory() if use_cache else None)
@@ -84,7 +88,7 @@ class Workspace:
                 library_version=llama_cpp.__version__,
                 layout_digest=layout.digest().hex(),
             )
-            return PrefixCache(self.paths.private_dir(self.paths.cache_dir) / "kv", namespace, layout, config)
+            return PrefixCache(self.kv_cache_dir, namespace, layout, config)
 
         return open_cache
 

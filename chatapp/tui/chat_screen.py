@@ -19,8 +19,9 @@ from chatapp.engine.events import STOP_CANCELLED, STOP_CONTEXT, STOP_LENGTH, Gen
 from chatapp.errors import ChatappError
 from chatapp.services.chat import ChatSession, Reply
 from chatapp.tui.messages import AnswerFailed, AnswerFinished, AnswerText, PrefillAdvanced
-from chatapp.tui.widgets import MessageView, StatusLine
+from chatapp.tui.widgets import MessageView, PromptInput, StatusLine
 
+TIER_NAMES = {"device": "the live context", "ram": "RAM", "disk": "disk"}
 STOP_NOTES = {
     STOP_CANCELLED: "stopped",
     STOP_LENGTH: "cut at the answer length limit",
@@ -42,6 +43,9 @@ class ChatScreen(Screen[None]):
         self._busy = False
         self._stop_requested = False
         self._reply: Reply | None = None
+        self._question: MessageView | None = None
+        self._pending_text = ""
+        self._streamed_tokens = 0
         self._answer: MessageView | None = None
         self._stream: MarkdownStream | None = None
         self._context_used = 0
@@ -49,7 +53,7 @@ class ChatScreen(Screen[None]):
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
         yield VerticalScroll(id="messages")
-        yield Input(placeholder="Type a message; Enter sends, Esc stops the answer", id="prompt")
+        yield PromptInput(placeholder="Type a message; Enter sends, Esc stops the answer", id="prompt")
         yield StatusLine(id="status")
         yield Footer()
 
@@ -73,16 +77,19 @@ class ChatScreen(Screen[None]):
         text = event.value.strip()
         if not text:
             return
-        if self.session is None:
-            self.notify("The model is still loading; try again in a moment.", severity="warning")
-            return
-        if self.answering:
-            self.notify("An answer is still running; press Esc to stop it first.", severity="warning")
+        if self.session is None or self.answering:
+            self._give_back(event.value)
+            if self.session is None:
+                self.notify("The model is still loading; try again in a moment.", severity="warning")
+            else:
+                self.notify("An answer is still running; press Esc to stop it first.", severity="warning")
             return
         self._busy, self._stop_requested, self._reply = True, False, None
-        event.input.clear()
+        self._pending_text = event.value
+        self._streamed_tokens = 0
         messages = self.query_one("#messages", VerticalScroll)
-        await messages.mount(MessageView("user", text))
+        self._question = MessageView("user", text)
+        await messages.mount(self._question)
         self._answer = MessageView("assistant")
         await messages.mount(self._answer)
         self._stream = Markdown.get_stream(self._answer.body)
@@ -123,6 +130,9 @@ class ChatScreen(Screen[None]):
     async def on_answer_text(self, message: AnswerText) -> None:
         if self._stream is not None:
             await self._stream.write(message.text)
+        self._streamed_tokens += 1
+        if self._streamed_tokens % 8 == 1:
+            self.show_status(f"answering: {self._streamed_tokens} tokens")
 
     def on_prefill_advanced(self, message: PrefillAdvanced) -> None:
         if message.total > 512:
@@ -136,16 +146,25 @@ class ChatScreen(Screen[None]):
             self._answer.set_footnote(_footnote(result))
             if not result.text and result.stop_reason == STOP_CANCELLED:
                 await self._answer.body.update("*(no answer: stopped)*")
-        self._answer = None
+        self._answer = self._question = None
         self.show_status("ready", *_speed_fields(result))
 
     async def on_answer_failed(self, message: AnswerFailed) -> None:
+        """Nothing was answered: take the message back off the screen and into the input line."""
         await self._end_stream()
-        if self._answer is not None:
-            await self._answer.remove()
-            self._answer = None
+        for view in (self._answer, self._question):
+            if view is not None:
+                await view.remove()
+        self._answer = self._question = None
+        self._give_back(self._pending_text)
         self.notify(message.reason, severity="error", timeout=8)
         self.show_status("ready")
+
+    def _give_back(self, text: str) -> None:
+        """Put an unsent message back in the input line, unless the user is typing another."""
+        prompt = self.query_one("#prompt", Input)
+        if not prompt.value:
+            prompt.value = text
 
     async def _end_stream(self) -> None:
         if self._stream is not None:
@@ -174,7 +193,8 @@ def _footnote(result: GenerationResult) -> str:
     parts = [
         f"{stats.generated_tokens} tokens",
         f"first token {stats.ttft_ms / 1000:.2f} s",
-        f"reused {stats.reused_tokens:,} of {stats.prompt_tokens:,} prompt tokens",
+        f"reused {stats.reused_tokens:,} of {stats.prompt_tokens:,} prompt tokens"
+        + (f" from {TIER_NAMES.get(stats.reuse_tier, stats.reuse_tier)}" if stats.reused_tokens else ""),
     ]
     note = STOP_NOTES.get(result.stop_reason)
     if note:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from textual.app import ComposeResult
 from textual.containers import Vertical
-from textual.widgets import Label, Markdown, Static
+from textual.widgets import Input, Label, Markdown, Static
 
 ROLE_TITLES = {"user": "You", "assistant": "Assistant", "system": "Persona"}
 
@@ -39,3 +39,14 @@ class StatusLine(Static):
 
     def show(self, *fields: str) -> None:
         self.update("  ·  ".join(field for field in fields if field))
+
+
+class PromptInput(Input):
+    """The message line. Enter hands the text over and empties the line at once, so
+    whatever the user types next is kept for the next message."""
+
+    async def action_submit(self) -> None:
+        text = self.value
+        if text.strip():
+            self.value = ""
+        self.post_message(self.Submitted(self, text, None))

@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 
 from chatapp.cli import main
+from chatapp.documents import load_document
+from chatapp.engine.engine import Engine
+from chatapp.services.conversation import Conversation
 from tests.pdf_factory import write_pdf
 
 JSON_FIELDS = {
@@ -46,15 +49,24 @@ def test_ask_json_has_every_field(data_dir: Path, capsys: pytest.CaptureFixture[
     assert record["model_fingerprint"].startswith("xxh3-128:")
 
 
-def test_same_document_gives_the_same_leading_tokens(data_dir: Path, tmp_path: Path, capsys) -> None:
-    """The document sits after the persona and before the question: only the question differs."""
+def test_a_second_question_about_a_document_reuses_it_from_disk(
+    data_dir: Path, tmp_path: Path, capsys, engine: Engine
+) -> None:
+    """The document sits after the persona and before the question: a new process reuses every token of it."""
     doc = tmp_path / "notes.md"
-    doc.write_text("# Notes\n\nThe launch is on Tuesday at 10:00 in room 4.\n", encoding="utf-8")
-    plain, _ = ask_json(capsys, "When is the launch?", "--system", "Be brief.")
-    first, _ = ask_json(capsys, "When is the launch?", "--system", "Be brief.", "--doc", str(doc))
-    second, _ = ask_json(capsys, "Which room?", "--system", "Be brief.", "--doc", str(doc))
-    assert first["prompt_tokens"] > plain["prompt_tokens"] + 15
-    assert first["model_fingerprint"] == second["model_fingerprint"] == plain["model_fingerprint"]
+    doc.write_text("# Notes\n\nThe launch is on Tuesday at 10:00 in room 4.\n" * 12, encoding="utf-8")
+    questions = ["When is the launch?", "Which room?"]
+    first, _ = ask_json(capsys, questions[0], "--system", "Be brief.", "--doc", str(doc))
+    second, _ = ask_json(capsys, questions[1], "--system", "Be brief.", "--doc", str(doc))
+    prompts = []
+    for question in questions:
+        conversation = Conversation(system_prompt="Be brief.", document=load_document(doc))
+        conversation.add_user(question)
+        prompts.append(engine.prompt_builder.build(conversation.prompt_messages()))
+    shared = next(index for index, (a, b) in enumerate(zip(*prompts)) if a != b)
+    assert shared > 250  # persona and document
+    assert first["reuse_tier"] == "none"
+    assert second["reuse_tier"] == "disk" and second["reused_tokens"] == shared
 
 
 def test_system_prompt_from_file_and_pdf_document(data_dir: Path, tmp_path: Path, capsys) -> None:

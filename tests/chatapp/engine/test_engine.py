@@ -92,13 +92,17 @@ def test_cancel_during_answer_keeps_what_was_generated(engine: Engine) -> None:
 def test_cancel_during_prefill_then_the_sequence_is_still_exact(engine: Engine) -> None:
     long_question = "Summarise this: " + "the quick brown fox jumps over the lazy dog. " * 80
     prompt = prompt_for(engine, long_question)
-    assert len(prompt) > 600  # more than one 512-token batch
-    reference = run(engine, prompt, use_cache=False)
-    handle = engine.generate(GenerationRequest(prompt, GREEDY))
-    handle.cancel()
+    assert len(prompt) > engine.context.shape.n_batch  # more than one batch
+    reference = run(engine, prompt, use_cache=False, sequence=1)
+    handle = engine.generate(GenerationRequest(prompt, GREEDY, use_cache=False, sequence=0))
+    for event in handle.events():
+        if isinstance(event, PrefillProgress):
+            handle.cancel()
     cancelled = handle.wait()
     assert cancelled.stop_reason == STOP_CANCELLED and cancelled.stats.generated_tokens == 0
-    after = run(engine, prompt)  # reuses whatever the cancelled prefill left live
+    assert 0 < len(engine.placer.resident.tokens[0]) < len(prompt)  # a partial prefill stays live
+    after = run(engine, prompt, sequence=0)  # continues from the partial prefill
+    assert 0 < after.stats.reused_tokens < len(prompt) - 1
     assert after.token_ids == reference.token_ids
 
 

@@ -94,3 +94,17 @@ async def test_a_missing_model_is_a_notification_not_a_crash(data_dir: Path, tmp
         await type_and_send(pilot, "hello?")
         assert app.chat_screen.session is None
         assert "no model loaded" in str(app.chat_screen.query_one(StatusLine).render())
+
+
+async def test_a_message_that_cannot_be_sent_goes_back_to_the_input(data_dir: Path) -> None:
+    app = make_app(data_dir, context_cap=256)
+    async with app.run_test(size=SCREEN) as pilot:
+        screen = app.chat_screen
+        await wait_until(pilot, lambda: screen.session is not None)
+        long_message = "word " * 300
+        screen.query_one("#prompt", Input).value = long_message
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: not screen.answering and bool(app._notifications))
+        assert "context holds" in list(app._notifications)[-1].message
+        assert screen.query_one("#prompt", Input).value == long_message
+        assert list(screen.query(MessageView)) == []

@@ -1,0 +1,84 @@
+"""`chatapp cache stats|prune|clear`: the cache folder's state, without loading a model."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cache import maintenance
+from chatapp.services.startup import Workspace
+
+
+def cache_stats(workspace: Workspace) -> dict[str, Any]:
+    """Sizes and budgets per tier, and lifetime counters summed over every session."""
+    directory = workspace.kv_cache_dir
+    settings = workspace.settings
+    totals = maintenance.read_totals(directory)
+    usage = maintenance.disk_usage(directory)
+    prompt_tokens = int(totals.get("prompt_tokens", 0))
+    reused = int(totals.get("reused_tokens", 0))
+    return {
+        "directory": str(directory),
+        "requests": int(totals.get("requests", 0)),
+        "prompt_tokens": prompt_tokens,
+        "reused_tokens": reused,
+        "hit_rate": round(reused / prompt_tokens, 4) if prompt_tokens else 0.0,
+        "reused_by_tier": totals.get("reused_by_tier", {"device": 0, "ram": 0, "disk": 0}),
+        "device": {"sequences": settings.sequences, "tokens_per_sequence": settings.context_cap},
+        "ram": {"budget_bytes": settings.cache_ram_mib << 20, **_counters(totals.get("ram"))},
+        "disk": {
+            **usage,
+            "budget_bytes": settings.cache_disk_mib << 20,
+            "ttl_days": settings.cache_ttl_days,
+            **_counters(totals.get("disk")),
+        },
+    }
+
+
+def _counters(values: Any) -> dict[str, int]:
+    names = ("hits", "misses", "evictions", "expirations", "bytes_written", "bytes_read")
+    values = values if isinstance(values, dict) else {}
+    return {name: int(values.get(name, 0)) for name in names}
+
+
+def format_stats(stats: dict[str, Any]) -> str:
+    """A short human-readable report."""
+    ram, disk = stats["ram"], stats["disk"]
+    by_tier = stats["reused_by_tier"]
+    header = f"{'tier':<6} {'entries':>8} {'bytes':>10} {'budget':>10} {'hits':>8} {'misses':>8} {'evicted':>8} {'expired':>8} {'written':>10} {'read':>10}"
+    rows = [
+        f"KV cache in {stats['directory']}",
+        header,
+        _row("ram", "-", "-", ram),
+        _row("disk", f"{disk['entries']:,}", _size(disk["bytes"]), disk),
+        f"device: {stats['device']['sequences']} sequences of up to {stats['device']['tokens_per_sequence']:,} tokens, "
+        "resident in the llama.cpp context while the app runs",
+        f"pinned: {disk['pinned_entries']:,} entries, {_size(disk['pinned_bytes'])}",
+        f"hit rate: {stats['hit_rate']:.1%} ({stats['reused_tokens']:,} of {stats['prompt_tokens']:,} prompt tokens reused "
+        f"over {stats['requests']:,} requests: device {by_tier.get('device', 0):,}, ram {by_tier.get('ram', 0):,}, "
+        f"disk {by_tier.get('disk', 0):,})",
+    ]
+    return "\n".join(rows)
+
+
+def _row(name: str, entries: str, size: str, tier: dict[str, Any]) -> str:
+    return (
+        f"{name:<6} {entries:>8} {size:>10} {_size(tier['budget_bytes']):>10} {tier['hits']:>8,} {tier['misses']:>8,} "
+        f"{tier['evictions']:>8,} {tier['expirations']:>8,} {_size(tier['bytes_written']):>10} {_size(tier['bytes_read']):>10}"
+    )
+
+
+def _size(count: int) -> str:
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{count} B"
+
+
+def prune_cache(workspace: Workspace) -> int:
+    return maintenance.prune(workspace.kv_cache_dir)
+
+
+def clear_cache(workspace: Workspace) -> int:
+    return maintenance.clear(workspace.kv_cache_dir)
