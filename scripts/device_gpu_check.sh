@@ -22,4 +22,4 @@ echo "gpu_check rc=$?" | tee -a "$OUT/gpu.txt"
 grep -v '^ *[0-9]*,\?$' "$OUT/gpu_check.txt" | tail -60
 python3 -m chatapp ask "Hello there" --model .gpu/smollm2-4layers.gguf --json --max-tokens 16 --temperature 0 --data-dir /tmp/chatapp-home 2>&1 | tail -2 | tee -a "$OUT/gpu.txt"
 # The machine's own pytest plugins (jaxtyping pulls in JAX's CUDA) crash llama.cpp's CUDA: load none.
-CHATAPP_TEST_MODEL=$repo/.gpu/smollm2-4layers.gguf PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python3 -m pytest tests/chatapp/engine tests/cache -q -p no:cacheprovider -o addopts="--import-mode=importlib" 2>&1 | tail -8 | tee -a "$OUT/gpu.txt"
+CHATAPP_TEST_MODEL=$repo/.gpu/smollm2-4layers.gguf PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python3 -m pytest tests/chatapp/engine/test_engine.py tests/chatapp/engine/test_engine_cache.py tests/cache -q -p no:cacheprovider -o addopts="--import-mode=importlib" 2>&1 | tail -8 | tee -a "$OUT/gpu.txt"

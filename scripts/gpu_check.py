@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from chatapp.engine.engine import Engine, EngineConfig, GenerationRequest  # noq
 from chatapp.engine.events import STOP_CANCELLED  # noqa: E402
 from chatapp.engine.llama_native import SamplingParams, gpu_offload_supported  # noqa: E402
 from chatapp.engine.prompt import SYSTEM, USER, ChatMessage  # noqa: E402
+from chatapp.services.startup import open_workspace  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=32)
 PERSONA = "You are a meticulous assistant. " * 40
@@ -61,6 +63,34 @@ def check(engine: Engine) -> dict[str, object]:
     return report
 
 
+def check_cache(model: Path, layers: int, cold_tokens: dict[str, tuple[int, ...]]) -> dict[str, object]:
+    """Restores from RAM and, after a restart, from disk, through the app's own start-up path."""
+    home = Path(tempfile.mkdtemp(prefix="chatapp-gpu-"))
+    overrides = {"model": str(model), "context_cap": 2048, "sequences": 1, "n_gpu_layers": layers}
+    workspace = open_workspace(str(home), overrides)
+    report: dict[str, object] = {}
+    with workspace.open_engine() as engine:
+        report["cache_enabled"] = engine.cache is not None
+        report["cache_problem"] = engine.cache_problem
+        if engine.cache is None:
+            return report
+        first = prompt(engine, LONG_QUESTION)
+        other = prompt(engine, "Something else entirely, to evict the first conversation.")
+        generate(engine, first)
+        generate(engine, other)
+        engine.cache.flush()
+        from_ram = generate(engine, first)
+        report["ram_tier"] = from_ram.stats.reuse_tier
+        report["ram_reused"] = from_ram.stats.reused_tokens
+        report["ram_equals_cold"] = from_ram.token_ids == cold_tokens["long"]
+    with open_workspace(str(home), overrides).open_engine() as engine:
+        from_disk = generate(engine, prompt(engine, LONG_QUESTION))
+        report["disk_tier"] = from_disk.stats.reuse_tier
+        report["disk_reused"] = from_disk.stats.reused_tokens
+        report["disk_equals_cold"] = from_disk.token_ids == cold_tokens["long"]
+    return report
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("model", type=Path)
@@ -71,6 +101,8 @@ def main() -> int:
         config = EngineConfig(model_path=args.model, context_cap=2048, sequences=4, n_gpu_layers=layers)
         with Engine(config) as engine:
             results[name] = check(engine)
+            cold = {"long": tuple(results[name]["cold_tokens"])}  # type: ignore[index]
+        results[name]["cache"] = check_cache(args.model, layers, cold)  # type: ignore[index]
     gpu, cpu = results["gpu"], results["cpu"]
     results["gpu_tokens_equal_cpu_tokens"] = gpu["cold_tokens"] == cpu["cold_tokens"]  # type: ignore[index]
     results["prefill_speedup_gpu_over_cpu"] = round(cpu["cold_prefill_ms"] / max(gpu["cold_prefill_ms"], 1e-6), 2)  # type: ignore[index,operator]
@@ -82,6 +114,10 @@ def main() -> int:
     # kernels on other batch shapes, whose rounding differs on many-core CPUs and on CUDA.
     required = ["other_sequence_equals_cold", "cancelled", "after_cancel_equals_cold"]
     failed = [f"{side}.{key}" for side in ("gpu", "cpu") for key in required if not results[side][key]]  # type: ignore[index]
+    for side in ("gpu", "cpu"):
+        cache = results[side]["cache"]  # type: ignore[index]
+        if not cache.get("cache_enabled") or cache.get("ram_tier") != "ram" or cache.get("disk_tier") != "disk":
+            failed.append(f"{side}.cache")
     if failed:
         print("FAILED:", ", ".join(failed))
         return 1
