@@ -113,7 +113,7 @@ def run_ask(args: argparse.Namespace, workspace: Workspace) -> int:
         use_cache=not args.no_cache,
     )
     fingerprint = workspace.model_fingerprint(model_path)
-    with workspace.open_engine(use_cache=not args.no_cache) as engine:
+    with workspace.open_engine(use_cache=not args.no_cache, sequences=1) as engine:
         record = ask(engine, request, model_path=model_path, model_fingerprint=fingerprint, on_text=_write_stdout)
     _write_stdout("\n")
     if args.json:

@@ -43,12 +43,12 @@ class Workspace:
             max_tokens=settings.max_tokens,
         )
 
-    def engine_config(self) -> EngineConfig:
+    def engine_config(self, sequences: int | None = None) -> EngineConfig:
         settings = self.settings
         return EngineConfig(
             model_path=self.model_path,
             context_cap=settings.context_cap,
-            sequences=settings.sequences,
+            sequences=sequences or settings.sequences,
             n_gpu_layers=settings.n_gpu_layers,
             threads=settings.threads,
             flash_attention=settings.flash_attention,
@@ -58,9 +58,13 @@ class Workspace:
     def kv_cache_dir(self) -> Path:
         return self.paths.private_dir(self.paths.cache_dir) / "kv"
 
-    def open_engine(self, *, use_cache: bool = True) -> Engine:
-        """Load the model; with `use_cache`, its KV prefixes are kept in the cache folder."""
-        return Engine(self.engine_config(), self.cache_factory() if use_cache else None)
+    def open_engine(self, *, use_cache: bool = True, sequences: int | None = None) -> Engine:
+        """Load the model; with `use_cache`, its KV prefixes are kept in the cache folder.
+
+        `sequences` overrides the setting: one question needs one sequence, and each one
+        reserves a whole context of KV memory.
+        """
+        return Engine(self.engine_config(sequences), self.cache_factory() if use_cache else None)
 
     def cache_config(self) -> CacheConfig:
         settings = self.settings

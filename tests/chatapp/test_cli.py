@@ -123,3 +123,25 @@ def test_installed_command_streams_and_prints_json(tmp_path: Path) -> None:
     record = json.loads(finished.stdout.splitlines()[-1])
     assert finished.stdout.startswith(record["answer"])
     assert (tmp_path / "home" / "cache").is_dir()
+
+
+def test_cache_stats_prune_and_clear(data_dir: Path, capsys) -> None:
+    ask_json(capsys, "Name a colour.", "--system", "You answer in one word.")
+    ask_json(capsys, "Name a fruit.", "--system", "You answer in one word.")
+    assert main(["cache", "stats", "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["requests"] == 2 and stats["reused_tokens"] > 0
+    assert stats["reused_by_tier"]["disk"] == stats["reused_tokens"]
+    assert 0 < stats["hit_rate"] < 1
+    assert stats["disk"]["entries"] >= 1 and stats["disk"]["bytes"] > 0 and stats["disk"]["hits"] >= 1
+    assert stats["ram"]["budget_bytes"] == 2048 << 20
+    assert main(["cache", "stats"]) == 0
+    assert "hit rate" in capsys.readouterr().out
+    assert main(["cache", "prune"]) == 0
+    assert "pruned 0 expired entries" in capsys.readouterr().out
+    assert main(["cache", "clear"]) == 0
+    assert "removed" in capsys.readouterr().out
+    assert main(["cache", "stats", "--json"]) == 0
+    cleared = json.loads(capsys.readouterr().out)
+    assert cleared["disk"]["entries"] == 0 and cleared["requests"] == 0
+    assert not list((data_dir / "cache" / "kv" / "blocks").rglob("*.val"))
