@@ -208,40 +208,51 @@ def assemble_state(layout: KVLayout, pieces: list[tuple[int, bytes | memoryview]
     offset += meta.nbytes
     struct.pack_into("<II", out, offset, int(layout.v_trans), len(layout.layers))
     offset += 8
-    piece_views = [np.frombuffer(payload, dtype=np.uint8) for _, payload in pieces]
-    piece_offsets = [0] * len(pieces)
+    cursor = _PieceCursor(pieces)
     for layer in layout.layers:
         struct.pack_into("<iQ", out, offset, layer.k_type, layer.k_row)
-        offset += 12
-        for index, (n_cells, _) in enumerate(pieces):
-            length = n_cells * layer.k_row
-            out[offset : offset + length] = piece_views[index][piece_offsets[index] : piece_offsets[index] + length]
-            piece_offsets[index] += length
-            offset += length
+        offset = cursor.copy_rows(out, offset + 12, layer.k_row)
     for layer in layout.layers:
         if layout.v_trans:
             struct.pack_into("<iII", out, offset, layer.v_type, layer.v_element, layer.v_embd)
-            offset += 12
-            row = total * layer.v_element
-            target = out[offset : offset + layer.v_embd * row].reshape(layer.v_embd, row)
-            column = 0
-            for index, (n_cells, _) in enumerate(pieces):
-                width = n_cells * layer.v_element
-                length = layer.v_embd * width
-                source = piece_views[index][piece_offsets[index] : piece_offsets[index] + length]
-                target[:, column : column + width] = source.reshape(layer.v_embd, width)
-                piece_offsets[index] += length
-                column += width
-            offset += layer.v_embd * row
+            offset = cursor.copy_columns(out, offset + 12, layer.v_embd, layer.v_element, total)
         else:
             struct.pack_into("<iQ", out, offset, layer.v_type, layer.v_row)
-            offset += 12
-            for index, (n_cells, _) in enumerate(pieces):
-                length = n_cells * layer.v_row
-                out[offset : offset + length] = piece_views[index][piece_offsets[index] : piece_offsets[index] + length]
-                piece_offsets[index] += length
-                offset += length
+            offset = cursor.copy_rows(out, offset + 12, layer.v_row)
     offset += 4 * (layout.n_stream - stream - 1)  # empty streams after ours: zero counts
     if offset != size:
         raise StateFormatError(f"assembled {offset} bytes, expected {size}")
     return out
+
+
+class _PieceCursor:
+    """Reads consecutive pieces in step: each layer's data comes next in every piece."""
+
+    def __init__(self, pieces: list[tuple[int, bytes | memoryview]]) -> None:
+        self.cells = [n_cells for n_cells, _ in pieces]
+        self.views = [np.frombuffer(payload, dtype=np.uint8) for _, payload in pieces]
+        self.offsets = [0] * len(pieces)
+
+    def _take(self, index: int, length: int) -> np.ndarray:
+        start = self.offsets[index]
+        self.offsets[index] = start + length
+        return self.views[index][start : start + length]
+
+    def copy_rows(self, out: np.ndarray, offset: int, row_bytes: int) -> int:
+        """One row per cell, pieces one after another; returns the offset after them."""
+        for index, n_cells in enumerate(self.cells):
+            length = n_cells * row_bytes
+            out[offset : offset + length] = self._take(index, length)
+            offset += length
+        return offset
+
+    def copy_columns(self, out: np.ndarray, offset: int, rows: int, element: int, total: int) -> int:
+        """Transposed V: each of `rows` rows holds one element per cell, pieces side by side."""
+        width_total = total * element
+        target = out[offset : offset + rows * width_total].reshape(rows, width_total)
+        column = 0
+        for index, n_cells in enumerate(self.cells):
+            width = n_cells * element
+            target[:, column : column + width] = self._take(index, rows * width).reshape(rows, width)
+            column += width
+        return offset + rows * width_total

@@ -78,28 +78,31 @@ class Workspace:
     def cache_factory(self) -> CacheFactory:
         """Opens the cache once the engine knows its KV layout (the namespace needs it)."""
         model_path = self.model_path
-        fingerprint = self.model_fingerprint(model_path)
-        config = self.cache_config()
-
-        def open_cache(layout: KVLayout, info: ModelInfo) -> PrefixCache:
-            first = layout.layers[0]
-            namespace = Namespace(
-                model_fingerprint=fingerprint,
-                type_k=first.k_type,
-                type_v=first.v_type,
-                flash_attention=info.flash_attention,
-                block_size=config.block_size,
-                library_version=llama_cpp.__version__,
-                layout_digest=layout.digest().hex(),
-            )
-            return PrefixCache(self.kv_cache_dir, namespace, layout, config)
-
-        return open_cache
+        return kv_cache_factory(self.kv_cache_dir, self.model_fingerprint(model_path), self.cache_config())
 
     def model_fingerprint(self, model_path: Path) -> str:
         """The model's content hash, remembered in the cache folder."""
         memo = self.paths.private_dir(self.paths.cache_dir) / FINGERPRINT_MEMO
         return file_fingerprint(model_path, memo)
+
+
+def kv_cache_factory(directory: Path, model_fingerprint: str, config: CacheConfig) -> CacheFactory:
+    """A factory the engine calls with the verified KV layout to open the cache in `directory`."""
+
+    def open_cache(layout: KVLayout, info: ModelInfo) -> PrefixCache:
+        first = layout.layers[0]
+        namespace = Namespace(
+            model_fingerprint=model_fingerprint,
+            type_k=first.k_type,
+            type_v=first.v_type,
+            flash_attention=info.flash_attention,
+            block_size=config.block_size,
+            library_version=llama_cpp.__version__,
+            layout_digest=layout.digest().hex(),
+        )
+        return PrefixCache(directory, namespace, layout, config)
+
+    return open_cache
 
 
 def open_workspace(data_dir: str | None, overrides: dict[str, Any] | None = None) -> Workspace:
