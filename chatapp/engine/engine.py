@@ -158,7 +158,7 @@ class Engine:
         self._cache_factory = cache_factory
         self.cache: PrefixCache | None = None
         self.cache_problem: str | None = None
-        self._jobs: queue.Queue[GenerationHandle | None] = queue.Queue()
+        self._jobs: queue.Queue[GenerationHandle | threading.Event | None] = queue.Queue()
         self._loaded = threading.Event()
         self._load_error: BaseException | None = None
         self._active: GenerationHandle | None = None
@@ -193,6 +193,21 @@ class Engine:
             self._jobs.put(handle)
         return handle
 
+    def flush_cache(self) -> None:
+        """Wait until every answer so far has been handed to the cache and stored.
+
+        Answers are stored after their caller is told they are done, so that storing never
+        delays a reply; this waits for the engine thread to get there, then for the writer.
+        """
+        reached = threading.Event()
+        with self._closing_lock:
+            if self._closing:
+                return
+            self._jobs.put(reached)
+        reached.wait()
+        if self.cache is not None:
+            self.cache.flush()
+
     def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = False) -> list[int]:
         return self.model.tokenize(text, add_special=add_special, parse_special=parse_special)
 
@@ -225,6 +240,9 @@ class Engine:
         self._loaded.set()
         try:
             while (handle := self._jobs.get()) is not None:
+                if isinstance(handle, threading.Event):  # a flush_cache() barrier
+                    handle.set()
+                    continue
                 if self._closing:
                     handle.cancel()  # queued behind a close: end it at once, as cancelled
                 self._serve(handle)

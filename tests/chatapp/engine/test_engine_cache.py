@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from chatapp.engine.engine import Engine, GenerationRequest
@@ -36,7 +37,7 @@ def cold_answer(engine: Engine, tokens: tuple[int, ...]):
 
 def flush(engine: Engine) -> None:
     assert engine.cache is not None
-    engine.cache.flush()
+    engine.flush_cache()
 
 
 def push_out(engine: Engine) -> None:
@@ -117,3 +118,12 @@ def test_stats_count_reuse_per_tier(cached: Engine) -> None:
     stats = cached.cache.stats()
     assert stats["requests"] == 2 and stats["reused_by_tier"]["device"] == len(target) - 1
     assert 0.4 < stats["hit_rate"] < 0.6
+
+
+def test_flush_waits_for_the_answer_just_given(cached: Engine) -> None:
+    assert cached.cache is not None
+    for index in range(5):
+        target = prompt(cached, f"Question number {index}: what is a clause?")
+        answer(cached, target)
+        cached.flush_cache()
+        assert cached.cache.lookup(np.asarray(target)).matched_tokens == len(target)

@@ -1,0 +1,313 @@
+"""Property test: random conversation trees replayed on a cached engine answer exactly as cold runs.
+
+Each example is a small tree of conversations on the tiny random-weight llama (real
+llama.cpp, real KV state, milliseconds per request): a few personas, questions drawn from a
+small vocabulary so that prompts share prefixes, new conversations, follow-ups, branches from
+earlier turns, regenerations, persona switches under the same history, requests that bypass
+the cache or name their sequence, and restarts (a new engine on the same cache folder, so
+blocks come back from disk). The cached engine has few sequences (so conversations are evicted
+and restored from RAM) and small blocks (so cuts land inside blocks and restores assemble many
+of them).
+
+For every answer:
+- its greedy token ids equal those of a cold run of the same prompt on an engine without a
+  cache (same model, per-sequence context, sequences and threads): a restore is exact;
+- reused + computed == prompt tokens, and the tier is "none" exactly when nothing is reused;
+- reuse is token-exact: never more than the longest prefix the prompt shares with what was
+  stored before (anything more would be a wrong restore), and, once every earlier store has
+  finished, at least that prefix less the engine's restore margin.
+
+Over the whole session the device, RAM and disk tiers must each have served some request
+(checked by the last test of this module).
+
+CHATAPP_PROPERTY_EXAMPLES sets the number of examples (default 200).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from cache.keys import as_token_array  # noqa: E402
+from chatapp.engine.engine import Engine, EngineConfig, GenerationRequest  # noqa: E402
+from chatapp.engine.events import STOP_END, STOP_LENGTH  # noqa: E402
+from chatapp.engine.kv_placement import RESTORE_MARGIN_TOKENS  # noqa: E402
+from chatapp.engine.llama_native import SamplingParams  # noqa: E402
+from chatapp.engine.prompt import ASSISTANT, SYSTEM, USER, ChatMessage  # noqa: E402
+from tests.cache_support import cached_engine  # noqa: E402
+from tests.model_factory import TINY_MODEL_THREADS, write_tiny_llama  # noqa: E402
+
+EXAMPLES = int(os.environ.get("CHATAPP_PROPERTY_EXAMPLES", "200"))
+CONTEXT = 1024  # tokens per sequence; the longest example prompt stays well below it
+
+PERSONAS = (
+    "You are terse.",
+    "You are a patient tutor. You explain one idea at a time, with a short example.",
+    "You are a careful reviewer of essays. You point out unclear sentences and weak arguments, "
+    "and you suggest one concrete improvement for each. " * 4,
+)
+WORDS = ("apple", "river", "stone", "blue", "seven", "why", "how", "the", "is", "a")
+
+# Filled by the property test, checked by the last test of the module.
+SESSION: Counter[str] = Counter()
+
+
+@dataclass
+class Node:
+    """A conversation path that has been answered: its messages end with the assistant's answer."""
+
+    messages: list[ChatMessage]
+    max_tokens: int
+
+    @property
+    def turns(self) -> int:
+        return (len(self.messages) - 1) // 2
+
+    def up_to(self, turns: int) -> list[ChatMessage]:
+        """The persona and the first `turns` complete turns."""
+        return self.messages[: 1 + 2 * turns]
+
+
+@dataclass(frozen=True)
+class Step:
+    kind: str  # new, continue, branch, repeat, repersona, restart
+    node: int = 0  # which earlier node (modulo their number)
+    turn: int = 0  # branch point (modulo the node's turns)
+    persona: int = 0
+    question: str = ""
+    max_tokens: int = 8
+    use_cache: bool = True
+    sequence: int | None = None  # None: the engine chooses; else modulo the sequences
+    flush: bool = True  # wait for the background store after this request
+
+
+@dataclass(frozen=True)
+class Plan:
+    block_size: int
+    sequences: int
+    steps: tuple[Step, ...]
+
+
+questions = st.lists(st.sampled_from(WORDS), min_size=1, max_size=6).map(lambda words: " ".join(words) + "?")
+
+steps = st.builds(
+    Step,
+    kind=st.sampled_from(("new", "continue", "continue", "branch", "branch", "repeat", "repersona", "restart")),
+    node=st.integers(0, 15),
+    turn=st.integers(0, 15),
+    persona=st.integers(0, len(PERSONAS) - 1),
+    question=questions,
+    max_tokens=st.integers(1, 10),
+    use_cache=st.sampled_from((True, True, True, True, True, False)),
+    sequence=st.one_of(st.none(), st.none(), st.none(), st.integers(0, 3)),
+    flush=st.sampled_from((True, True, True, False)),
+)
+
+plans = st.builds(
+    Plan,
+    block_size=st.sampled_from((8, 7, 16)),
+    sequences=st.sampled_from((2, 1, 3)),
+    steps=st.lists(steps, min_size=3, max_size=9).map(tuple),
+)
+
+
+@pytest.fixture(scope="module")
+def tiny_model() -> Iterator[Path]:
+    folder = Path(tempfile.mkdtemp(prefix="chatapp-prop-model-"))
+    try:
+        yield write_tiny_llama(folder / "tiny.gguf")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def cold_engines(tiny_model: Path) -> Iterator[dict[int, Engine]]:
+    """Engines without a cache, one per sequence count, opened when first needed."""
+    engines: dict[int, Engine] = {}
+    yield engines
+    for engine in engines.values():
+        engine.close()
+
+
+def cold_engine(engines: dict[int, Engine], model: Path, sequences: int) -> Engine:
+    if sequences not in engines:
+        engines[sequences] = Engine(
+            EngineConfig(model_path=model, context_cap=CONTEXT, sequences=sequences, threads=TINY_MODEL_THREADS)
+        )
+    return engines[sequences]
+
+
+def common_prefix(left: tuple[int, ...], right: tuple[int, ...]) -> int:
+    length = 0
+    for a, b in zip(left, right):
+        if a != b:
+            break
+        length += 1
+    return length
+
+
+def evaluated_tokens(prompt: tuple[int, ...], answer: tuple[int, ...], stop_reason: str) -> tuple[int, ...]:
+    """What the sequence holds after an answer: the last sampled token is only decoded if another follows."""
+    if stop_reason == STOP_END:
+        return prompt + answer
+    assert stop_reason == STOP_LENGTH, stop_reason
+    return prompt + answer[:-1]
+
+
+@dataclass
+class Replay:
+    """One example's run: the cached engine, the tree so far, and what the cache has been given."""
+
+    plan: Plan
+    folder: Path
+    model: Path
+    cold: Engine
+    engine: Engine | None = None
+    nodes: list[Node] = field(default_factory=list)
+    stored: list[tuple[int, ...]] = field(default_factory=list)  # handed to the cache
+    stored_flushed: int = 0  # how many of `stored` are known to be written
+    # What this engine computed without the cache: still resident, so reusable in place.
+    uncached: list[tuple[int, ...]] = field(default_factory=list)
+    log: list[str] = field(default_factory=list)
+
+    def open(self) -> None:
+        self.engine = cached_engine(
+            self.folder, self.model, block_size=self.plan.block_size, context=CONTEXT,
+            sequences=self.plan.sequences, threads=TINY_MODEL_THREADS,
+        )
+        assert self.engine.cache is not None, self.engine.cache_problem
+        self.uncached = []
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()  # flushes the background stores
+            self.engine = None
+            self.stored_flushed = len(self.stored)
+
+    def wait_until_stored(self, held: tuple[int, ...]) -> None:
+        """Wait until the blocks of the answer just given, and every earlier one, are stored."""
+        assert self.engine is not None and self.engine.cache is not None
+        self.engine.flush_cache()
+        stored = self.engine.cache.lookup(as_token_array(held)).matched_tokens
+        assert stored == len(held), f"only {stored} of the answer's {len(held)} tokens were stored\n" + "\n".join(self.log)
+
+    def ask(self, messages: list[ChatMessage], step: Step) -> Node:
+        assert self.engine is not None
+        prompt = tuple(self.engine.prompt_builder.build(messages))
+        sampling = SamplingParams(temperature=0.0, max_tokens=step.max_tokens)
+        sequence = None if step.sequence is None else step.sequence % self.plan.sequences
+        cold = self.cold.generate(GenerationRequest(prompt, sampling, use_cache=False)).wait()
+        warm = self.engine.generate(GenerationRequest(prompt, sampling, sequence=sequence, use_cache=step.use_cache)).wait()
+        stats = warm.stats
+        self.log.append(
+            f"{step.kind}: {len(prompt)} prompt tokens, reused {stats.reused_tokens} ({stats.reuse_tier}), "
+            f"use_cache={step.use_cache} sequence={sequence}"
+        )
+        SESSION["requests"] += 1
+        SESSION[f"tier_{stats.reuse_tier}"] += 1
+        SESSION["prompt_tokens"] += stats.prompt_tokens
+        SESSION["reused_tokens"] += stats.reused_tokens
+
+        history = "\n".join(self.log)
+        assert warm.token_ids == cold.token_ids, f"answer differs from a cold run\n{history}"
+        assert warm.stop_reason == cold.stop_reason, history
+        assert stats.prompt_tokens == len(prompt), history
+        assert stats.reused_tokens + stats.computed_tokens == stats.prompt_tokens, history
+        assert stats.reuse_tier in ("none", "device", "ram", "disk"), history
+        assert (stats.reuse_tier == "none") == (stats.reused_tokens == 0), history
+        held = evaluated_tokens(prompt, warm.token_ids, warm.stop_reason)
+        if not step.use_cache:
+            assert stats.reused_tokens == 0 and stats.reuse_tier == "none", history
+            self.uncached.append(held)
+        else:
+            limit = len(prompt) - 1
+            known = max((common_prefix(prompt, tokens) for tokens in [*self.stored, *self.uncached]), default=0)
+            assert stats.reused_tokens <= min(known, limit), f"reused more than any computed prefix shares ({known})\n{history}"
+            shared = min(max((common_prefix(prompt, tokens) for tokens in self.stored), default=0), limit)
+            if self.stored_flushed == len(self.stored):
+                assert stats.reused_tokens >= shared - RESTORE_MARGIN_TOKENS, (
+                    f"reused {stats.reused_tokens} of {shared} shared tokens\n{history}"
+                )
+            self.stored.append(held)
+            if step.flush:
+                self.wait_until_stored(held)
+                self.stored_flushed = len(self.stored)
+        node = Node([*messages, ChatMessage(ASSISTANT, (warm.text,), warm.token_ids)], step.max_tokens)
+        self.nodes.append(node)
+        return node
+
+
+def run_plan(plan: Plan, model: Path, cold: Engine) -> None:
+    folder = Path(tempfile.mkdtemp(prefix="chatapp-prop-kv-"))
+    replay = Replay(plan, folder / "kv", model, cold)
+    started = time.perf_counter()
+    try:
+        replay.open()
+        for step in plan.steps:
+            if step.kind == "restart":
+                replay.close()
+                replay.log.append("restart")
+                SESSION["restarts"] += 1
+                replay.open()
+                continue
+            if not replay.nodes or step.kind == "new":
+                messages = [ChatMessage.of(SYSTEM, PERSONAS[step.persona]), ChatMessage.of(USER, step.question)]
+                replay.ask(messages, step)
+                continue
+            node = replay.nodes[step.node % len(replay.nodes)]
+            if step.kind == "continue":
+                replay.ask([*node.messages, ChatMessage.of(USER, step.question)], step)
+            elif step.kind == "branch":  # another question after one of the node's earlier turns
+                turns = step.turn % node.turns
+                replay.ask([*node.up_to(turns), ChatMessage.of(USER, step.question)], step)
+            elif step.kind == "repeat":  # regenerate the node's last answer
+                again = replay.ask(node.messages[:-1], step)
+                if step.max_tokens == node.max_tokens:
+                    assert again.messages[-1].generated_ids == node.messages[-1].generated_ids
+            elif step.kind == "repersona":  # the same history and question under another persona
+                persona = PERSONAS[step.persona]
+                if persona == node.messages[0].content:
+                    persona = PERSONAS[(step.persona + 1) % len(PERSONAS)]
+                replay.ask([ChatMessage.of(SYSTEM, persona), *node.messages[1:-1]], step)
+            else:
+                raise AssertionError(step.kind)
+    finally:
+        replay.close()
+        shutil.rmtree(folder, ignore_errors=True)
+        SESSION["examples"] += 1
+        SESSION["seconds_x1000"] += int((time.perf_counter() - started) * 1000)
+
+
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.data_too_large],
+)
+@given(plan=plans)
+def test_cached_answers_equal_cold_answers(plan: Plan, tiny_model: Path, cold_engines: dict[int, Engine]) -> None:
+    run_plan(plan, tiny_model, cold_engine(cold_engines, tiny_model, plan.sequences))
+
+
+def test_every_tier_served_requests_over_the_session() -> None:
+    """Runs after the property test (file order): reuse happened, from the device, RAM and disk."""
+    if not SESSION["examples"]:
+        pytest.skip("the property test did not run")
+    summary = ", ".join(f"{key}={value}" for key, value in sorted(SESSION.items()))
+    print(f"\ncache property session: {summary}")
+    assert SESSION["reused_tokens"] > 0, summary
+    for tier in ("device", "ram", "disk"):
+        assert SESSION[f"tier_{tier}"] > 0, f"no request was served from the {tier} tier: {summary}"
