@@ -195,9 +195,11 @@ def assemble_state(layout: KVLayout, pieces: list[tuple[int, bytes | memoryview]
     for layer in layout.layers:
         size += 12 + total * layer.k_row
         size += (12 + total * layer.v_element * layer.v_embd) if layout.v_trans else (12 + total * layer.v_row)
-    out = np.zeros(size, dtype=np.uint8)
+    out = np.empty(size, dtype=np.uint8)  # every byte is written below: no zero-fill pass
     struct.pack_into("<IiI", out, 0, STATE_MAGIC, dest_seq, layout.n_stream)
-    offset = struct.calcsize("<IiI") + 4 * stream  # empty streams before ours: zero counts
+    offset = struct.calcsize("<IiI")
+    out[offset : offset + 4 * stream] = 0  # empty streams before ours: zero counts
+    offset += 4 * stream
     struct.pack_into("<I", out, offset, total)
     offset += 4
     meta = np.empty(total, dtype=CELL_META)
@@ -219,7 +221,8 @@ def assemble_state(layout: KVLayout, pieces: list[tuple[int, bytes | memoryview]
         else:
             struct.pack_into("<iQ", out, offset, layer.v_type, layer.v_row)
             offset = cursor.copy_rows(out, offset + 12, layer.v_row)
-    offset += 4 * (layout.n_stream - stream - 1)  # empty streams after ours: zero counts
+    out[offset : offset + 4 * (layout.n_stream - stream - 1)] = 0  # empty streams after ours
+    offset += 4 * (layout.n_stream - stream - 1)
     if offset != size:
         raise StateFormatError(f"assembled {offset} bytes, expected {size}")
     return out
