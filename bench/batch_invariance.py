@@ -1,0 +1,56 @@
+"""Does splitting a prompt into other batches change the logits? (Why flash attention is off.)
+
+    .venv/bin/python bench/batch_invariance.py [--threads N] [--flash]
+
+Evaluates one chat prompt on the bundled model in one batch, then split at several points,
+and prints the largest difference of the final logits for each split. A prefix cache can
+only restore exactly if every split gives 0.0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import llama_cpp
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from chatapp.engine.chat_template import ChatTemplate  # noqa: E402
+from chatapp.engine.llama_native import NativeContext, NativeModel  # noqa: E402
+from chatapp.engine.prompt import SYSTEM, USER, ChatMessage, PromptBuilder  # noqa: E402
+from chatapp.model_files import bundled_model_path  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--flash", action="store_true", help="flash attention on")
+    args = parser.parse_args()
+    model = NativeModel(bundled_model_path())
+    context = NativeContext(model, n_sequences=1, n_ctx_per_sequence=1024, n_threads=args.threads, flash_attention=args.flash)
+    template = ChatTemplate(model.chat_template() or "", model.token_text(model.bos_id), model.token_text(model.eos_id))
+    persona = "You are a patient tutor. You explain one idea at a time, with a short example. " * 3
+    tokens = PromptBuilder(template, model).build([ChatMessage.of(SYSTEM, persona), ChatMessage.of(USER, "What is a verb?")])
+    vocabulary = llama_cpp.llama_vocab_n_tokens(model.vocab)
+
+    def final_logits(splits: list[int]) -> np.ndarray:
+        context.remove(0, 0, -1)
+        position = 0
+        for end in [*splits, len(tokens)]:
+            context.decode(tokens[position:end], start_pos=position, sequence=0, logits_for_last=end == len(tokens))
+            position = end
+        pointer = llama_cpp.llama_get_logits_ith(context.pointer, -1)
+        return np.ctypeslib.as_array(pointer, shape=(vocabulary,)).copy()
+
+    whole = final_logits([])
+    print(f"flash attention {'on' if context.shape.flash_attention else 'off'}, {args.threads} threads, {len(tokens)} tokens")
+    for suffix in (1, 2, 3, 4, 5, 8, 13, 37, 61, len(tokens) - 1):
+        difference = float(np.abs(final_logits([len(tokens) - suffix]) - whole).max())
+        print(f"last {suffix:>3} tokens in their own batch: max |logit difference| {difference:.3g}")
+
+
+if __name__ == "__main__":
+    main()
