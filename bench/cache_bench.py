@@ -54,13 +54,12 @@ from cache.blocks import BlockInfo  # noqa: E402
 from cache.fingerprint import hash_file  # noqa: E402
 from cache.index import BlockIndex  # noqa: E402
 from cache.keys import as_token_array  # noqa: E402
-from cache.namespace import Namespace  # noqa: E402
-from cache.prefix_cache import CacheConfig, PrefixCache  # noqa: E402
-from cache.state_format import KVLayout  # noqa: E402
-from chatapp.engine.engine import Engine, EngineConfig, GenerationRequest, ModelInfo  # noqa: E402
+from cache.prefix_cache import CacheConfig  # noqa: E402
+from chatapp.engine.engine import Engine, EngineConfig, GenerationRequest  # noqa: E402
 from chatapp.engine.llama_native import SamplingParams  # noqa: E402
 from chatapp.engine.prompt import SYSTEM, USER, ChatMessage  # noqa: E402
 from chatapp.model_files import bundled_model_path  # noqa: E402
+from chatapp.services.startup import kv_cache_factory  # noqa: E402
 
 GREEDY_ONE = SamplingParams(temperature=0.0, max_tokens=1)
 BLOCK_SIZE = 64
@@ -230,20 +229,6 @@ class CpuWatch:
 # chatapp engines, with timers around their phases.
 
 
-def cache_factory(folder: Path, model_path: Path, config: CacheConfig, fingerprint: str):  # type: ignore[no-untyped-def]
-    """As tests/cache_support.py: opens the cache once the engine knows its KV layout."""
-
-    def open_cache(layout: KVLayout, info: ModelInfo) -> PrefixCache:
-        first = layout.layers[0]
-        namespace = Namespace(
-            fingerprint, first.k_type, first.v_type, info.flash_attention, config.block_size,
-            llama_cpp.__version__, layout_digest=layout.digest().hex(),
-        )
-        return PrefixCache(folder, namespace, layout, config)
-
-    return open_cache
-
-
 class Phases:
     """Accumulates milliseconds per named phase for the request in flight (one at a time)."""
 
@@ -345,7 +330,7 @@ def make_engine(model_path: Path, *, folder: Path | None, sequences: int, contex
     factory = None
     if folder is not None:
         config = CacheConfig(block_size=BLOCK_SIZE, ram_budget_bytes=2 << 30, disk_budget_bytes=10 << 30, ttl_seconds=7 * 86400)
-        factory = cache_factory(folder, model_path, config, fingerprint or hash_file(model_path))
+        factory = kv_cache_factory(folder, fingerprint or hash_file(model_path), config)
     return Engine(EngineConfig(model_path=model_path, context_cap=context, sequences=sequences, threads=threads), factory)
 
 
