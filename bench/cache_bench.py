@@ -646,7 +646,6 @@ def section_b(args, sizes: Sizes, model_path: Path, texts: TextMaker, engines: d
             ms = variants[name]()
             samples[name].append(ms)
             log(f"B rep {r}: {name}: {len(tokens) / ms * 1000:.1f} tok/s")
-    del server_like
     return {"tokens": len(tokens), "samples_ms": samples}
 
 
