@@ -338,22 +338,23 @@ def make_engine(model_path: Path, *, folder: Path | None, sequences: int, contex
 # llama-cpp-python's Llama, with the same threads and context.
 
 
-class TimedRAMCache(llama_cpp.LlamaRAMCache):
+class TimedLookup:
+    """Mixed into llama-cpp-python's caches: times each lookup as the `cache_lookup` phase."""
+
     def __getitem__(self, key):  # type: ignore[no-untyped-def]
         started = time.perf_counter()
         try:
-            return super().__getitem__(key)
+            return super().__getitem__(key)  # type: ignore[misc]
         finally:
             PHASES.add("cache_lookup", (time.perf_counter() - started) * 1000)
 
 
-class TimedDiskCache(llama_cpp.LlamaDiskCache):
-    def __getitem__(self, key):  # type: ignore[no-untyped-def]
-        started = time.perf_counter()
-        try:
-            return super().__getitem__(key)
-        finally:
-            PHASES.add("cache_lookup", (time.perf_counter() - started) * 1000)
+class TimedRAMCache(TimedLookup, llama_cpp.LlamaRAMCache):
+    pass
+
+
+class TimedDiskCache(TimedLookup, llama_cpp.LlamaDiskCache):
+    pass
 
 
 def make_llama(model_path: Path, *, context: int, threads: int, **options: object) -> llama_cpp.Llama:

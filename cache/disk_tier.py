@@ -127,9 +127,6 @@ class DiskTier:
             store.touch(name, expire=self.ttl_seconds, retry=True)
         return payload
 
-    def contains(self, info: BlockInfo) -> bool:
-        return info.key.hex() in (self._pinned if info.pinned else self._blocks)
-
     def delete(self, info: BlockInfo) -> None:
         for store in (self._blocks, self._pinned):
             store.delete(info.key.hex(), retry=True)

@@ -32,10 +32,6 @@ class DataPaths:
     def cache_dir(self) -> Path:
         return self.root / "cache"
 
-    @property
-    def conversations_db(self) -> Path:
-        return self.root / "conversations.sqlite3"
-
     def private_dir(self, path: Path) -> Path:
         """Create `path` (0700) if it is missing and return it."""
         ensure_private_dir(path)

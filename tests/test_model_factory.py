@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -41,15 +40,12 @@ def greedy(engine: Engine, prompt: tuple[int, ...]):
 
 
 def test_same_arguments_write_the_same_bytes(tmp_path: Path) -> None:
-    started = time.perf_counter()
     first = write_tiny_llama(tmp_path / "a.gguf")
-    elapsed = time.perf_counter() - started
     second = write_tiny_llama(tmp_path / "b.gguf")
     other_seed = write_tiny_llama(tmp_path / "c.gguf", seed=1)
     assert first.read_bytes() == second.read_bytes()
     assert other_seed.read_bytes() != first.read_bytes()
     assert other_seed.stat().st_size == first.stat().st_size < 20_000_000
-    assert elapsed < 5  # about 0.4 s on two cores; generous for a loaded machine
 
 
 def test_tokenizer_metadata_is_copied_from_the_bundled_model(tiny_model_path: Path) -> None:
@@ -92,13 +88,3 @@ def test_the_answer_depends_on_the_whole_prompt(tiny_engine: Engine) -> None:
     france = greedy(tiny_engine, prompt_for(tiny_engine, "What is the capital of France?"))
     spain = greedy(tiny_engine, prompt_for(tiny_engine, "What is the capital of Spain?"))
     assert france.token_ids != spain.token_ids
-
-
-def test_a_greedy_request_is_fast(tiny_engine: Engine) -> None:
-    prompt = prompt_for(tiny_engine, "Tell me a story.")
-    greedy(tiny_engine, prompt)  # warm-up
-    started = time.perf_counter()
-    result = greedy(tiny_engine, prompt)
-    elapsed = time.perf_counter() - started
-    assert len(result.token_ids) == 16
-    assert elapsed < 2  # about 15-20 ms with one thread

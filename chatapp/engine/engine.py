@@ -111,7 +111,6 @@ class GenerationHandle:
         self._events: queue.Queue[object] = queue.Queue()
         self._result: GenerationResult | None = None
         self._error: BaseException | None = None
-        self._finished = threading.Event()
         self._drained = False
 
     def cancel(self) -> None:
@@ -136,17 +135,12 @@ class GenerationHandle:
         assert self._result is not None
         return self._result
 
-    @property
-    def finished(self) -> bool:
-        return self._finished.is_set()
-
     # Engine side.
     def _emit(self, event: PrefillProgress | TokenText) -> None:
         self._events.put(event)
 
     def _finish(self, result: GenerationResult | None, error: BaseException | None = None) -> None:
         self._result, self._error = result, error
-        self._finished.set()
         self._events.put(self._DONE)
 
 

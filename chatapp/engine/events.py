@@ -45,11 +45,6 @@ class GenerationStats:
         seconds = (self.total_ms - self.ttft_ms) / 1000
         return (self.generated_tokens - 1) / seconds if self.generated_tokens > 1 and seconds > 0 else 0.0
 
-    @property
-    def prefill_tokens_per_s(self) -> float:
-        seconds = self.prefill_ms / 1000
-        return self.computed_tokens / seconds if self.computed_tokens and seconds > 0 else 0.0
-
 
 @dataclass(frozen=True)
 class GenerationResult:

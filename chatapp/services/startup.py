@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +31,9 @@ class Workspace:
     paths: DataPaths
     settings: Settings
 
-    @property
+    @cached_property
     def model_path(self) -> Path:
+        """The model file, checked once (a failed check is not cached and raises again)."""
         return resolve_model_path(self.settings.model)
 
     def sampling(self) -> SamplingParams:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from cache.blocks import BlockInfo
@@ -59,17 +57,17 @@ def test_removal_keeps_the_index_consistent() -> None:
     assert last.key not in index and len(index) == 1
 
 
-def test_lookup_stays_fast_with_ten_thousand_conversations() -> None:
-    """A smoke check of the algorithm's cost (the benchmark measures it properly)."""
+def test_lookup_among_ten_thousand_conversations_finds_the_longest_match() -> None:
+    """Many siblings under one parent: the sorted children give the exact longest match (bench/ times it)."""
     index = BlockIndex(64, SEED)
     rng = np.random.default_rng(0)
     persona = rng.integers(0, 49152, 2000).tolist()
-    for _ in range(10_000):
-        store(index, persona + rng.integers(0, 49152, 200).tolist())
-    prompt = as_token_array(persona + rng.integers(0, 49152, 200).tolist())
-    started = time.perf_counter()
-    for _ in range(20):
-        match = index.longest_prefix(prompt)
-    per_lookup = (time.perf_counter() - started) / 20
-    assert match.matched_tokens >= 1984
-    assert per_lookup < 0.05  # generous: CI machines are shared; the bench reports the real figure
+    suffixes = rng.integers(0, 49152, (10_000, 200))
+    for suffix in suffixes:
+        store(index, persona + suffix.tolist())
+    question = rng.integers(0, 49152, 200)
+    match = index.longest_prefix(as_token_array(persona + question.tolist()))
+    # Brute force over every conversation: how far past the persona can a stored one match?
+    agreeing = np.cumprod(suffixes == question, axis=1).sum(axis=1).max()
+    assert match.matched_tokens == 2000 + agreeing
+    assert match.blocks[-1].tokens[:16].tolist() == persona[1984:2000]
