@@ -29,7 +29,12 @@ def _engine_options() -> argparse.ArgumentParser:
     group.add_argument("--data-dir", metavar="DIR", help="where conversations, cache and config live (or $CHATAPP_HOME)")
     group.add_argument("--context", type=int, metavar="N", help="largest context per conversation, in tokens")
     group.add_argument("--n-gpu-layers", type=int, metavar="N", help="layers to offload to the GPU (-1: all)")
-    group.add_argument("--threads", type=int, metavar="N", help="CPU threads (default: one per core)")
+    group.add_argument(
+        "--threads",
+        type=int,
+        metavar="N",
+        help="CPU threads (default: one per core; the chat screen leaves one free on up to 4 cores)",
+    )
     return parser
 
 

@@ -35,3 +35,11 @@ class SettingsError(ChatappError):
 
 class DataDirError(ChatappError):
     """The data folder cannot be created or written."""
+
+
+class StoreError(ChatappError):
+    """The conversations database cannot be opened, read or written."""
+
+
+class PersonaError(ChatappError):
+    """A persona is unknown, has a bad name, or its file cannot be read or parsed."""

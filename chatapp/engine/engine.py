@@ -28,6 +28,7 @@ from chatapp.engine.events import (
     STOP_CONTEXT,
     STOP_END,
     STOP_LENGTH,
+    STOP_PREFILLED,
     GenerationResult,
     GenerationStats,
     PrefillProgress,
@@ -41,7 +42,7 @@ from chatapp.engine.llama_native import (
     SamplingParams,
     gpu_offload_supported,
 )
-from chatapp.engine.kv_placement import KVPlacer, Placement
+from chatapp.engine.kv_placement import TIER_NONE, KVPlacer, Placement
 from chatapp.engine.prompt import PromptBuilder
 from chatapp.errors import ContextOverflowError
 
@@ -88,12 +89,20 @@ class ModelInfo:
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    """One answer to compute: the full prompt tokens, sampling, and the sequence to use."""
+    """One answer to compute: the full prompt tokens, sampling, and the sequence to use.
+
+    `prefill_only` computes the prompt's KV ahead of the real request (warming up while the
+    user types) and samples nothing: it ends with STOP_PREFILLED and is left out of the
+    cache's hit rate. `store=False` keeps the KV resident but hands nothing to the cache's
+    RAM and disk tiers, so half-typed drafts do not fill the disk.
+    """
 
     prompt_tokens: tuple[int, ...]
     sampling: SamplingParams
     sequence: int | None = None  # None: the engine picks (the best resident or cached prefix)
     use_cache: bool = True  # False: no lookup, no store; the whole prompt is computed
+    prefill_only: bool = False
+    store: bool = True
 
 
 CacheFactory = Callable[[KVLayout, ModelInfo], PrefixCache]
@@ -112,6 +121,16 @@ class GenerationHandle:
         self._result: GenerationResult | None = None
         self._error: BaseException | None = None
         self._drained = False
+        self._finished = threading.Event()
+
+    @property
+    def done(self) -> bool:
+        """Whether the engine has finished with this request (its events may still be unread)."""
+        return self._finished.is_set()
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait until `done` without reading the events (another thread may be reading them)."""
+        return self._finished.wait(timeout)
 
     def cancel(self) -> None:
         """Stop as soon as possible; the result keeps what was generated so far."""
@@ -142,6 +161,7 @@ class GenerationHandle:
     def _finish(self, result: GenerationResult | None, error: BaseException | None = None) -> None:
         self._result, self._error = result, error
         self._events.put(self._DONE)
+        self._finished.set()
 
 
 class Engine:
@@ -319,11 +339,18 @@ class Engine:
         return active is not None and active.cancel_event.is_set()
 
     def _serve(self, handle: GenerationHandle) -> None:
-        self._active = handle
         request = handle.request
+        if request.prefill_only and handle.cancel_event.is_set():
+            # A warm-up cancelled while queued (the user edited the draft, or sent it) must not
+            # cut or evict any sequence on its way out.
+            handle._finish(self._untouched_result(handle))
+            return
+        self._active = handle
         placement = None
         try:
-            placement = self.placer.place(list(request.prompt_tokens), request.sequence, request.use_cache)
+            placement = self.placer.place(
+                list(request.prompt_tokens), request.sequence, request.use_cache, need_logits=not request.prefill_only
+            )
             result = self._generate(handle, placement)
         except BaseException as error:
             # When in doubt, forget the sequence: a stale KV must never be reused.
@@ -335,24 +362,37 @@ class Engine:
             self._active = None
         handle._finish(result)
         if request.use_cache and self.cache is not None:
-            self.cache.record_request(result.stats.prompt_tokens, result.stats.reused_tokens, result.stats.reuse_tier)
+            if not request.prefill_only:  # a warm-up is not a request the user made
+                self.cache.record_request(result.stats.prompt_tokens, result.stats.reused_tokens, result.stats.reuse_tier)
+            if not request.store:
+                return
             try:
                 self.placer.save(placement.sequence)
             except (StateFormatError, RuntimeError) as error:
                 log.warning("could not keep the KV of this answer: %s", error)
 
+    @staticmethod
+    def _untouched_result(handle: GenerationHandle) -> GenerationResult:
+        elapsed_ms = (time.perf_counter() - handle.submitted_at) * 1000
+        prompt_tokens = len(handle.request.prompt_tokens)
+        stats = GenerationStats(prompt_tokens, 0, prompt_tokens, TIER_NONE, 0, elapsed_ms, elapsed_ms, 0.0)
+        return GenerationResult(text="", token_ids=(), stop_reason=STOP_CANCELLED, stats=stats)
+
     def _generate(self, handle: GenerationHandle, placement: Placement) -> GenerationResult:
-        prompt = list(handle.request.prompt_tokens)
+        request = handle.request
+        prompt = list(request.prompt_tokens)
         sequence = placement.sequence
         live = self.placer.resident.tokens[sequence]
         reused = placement.reused_tokens
         prefill_started = time.perf_counter()
-        stop_reason = self._prefill(handle, sequence, prompt, live)
+        stop_reason = self._prefill(handle, sequence, prompt, live, need_logits=not request.prefill_only)
         prefill_ms = (time.perf_counter() - prefill_started) * 1000
         generated: list[int] = []
         pieces: list[str] = []
         first_token_at: float | None = None
-        if stop_reason is None:
+        if stop_reason is None and request.prefill_only:
+            stop_reason = STOP_PREFILLED
+        elif stop_reason is None:
             stop_reason, first_token_at = self._decode_answer(handle, sequence, live, generated, pieces)
         finished_at = time.perf_counter()
         ttft_at = first_token_at if first_token_at is not None else finished_at
@@ -368,8 +408,14 @@ class Engine:
         )
         return GenerationResult(text="".join(pieces), token_ids=tuple(generated), stop_reason=stop_reason, stats=stats)
 
-    def _prefill(self, handle: GenerationHandle, sequence: int, prompt: list[int], live: list[int]) -> str | None:
-        """Evaluate the prompt tokens not yet in `live`, in batches; STOP_CANCELLED if cancelled."""
+    def _prefill(
+        self, handle: GenerationHandle, sequence: int, prompt: list[int], live: list[int], *, need_logits: bool = True
+    ) -> str | None:
+        """Evaluate the prompt tokens not yet in `live`, in batches; STOP_CANCELLED if cancelled.
+
+        `live` grows by each batch once it is in the KV, so after a cancel it still lists
+        exactly what the sequence holds and the next request reuses those batches.
+        """
         batch = self.context.shape.n_batch
         start = len(live)
         while start < len(prompt):
@@ -377,12 +423,22 @@ class Engine:
                 return STOP_CANCELLED
             # Batches end at multiples of n_batch, as in a cold run: kernels round differently
             # for different batch shapes, so a warm prefill that batches alike stays closer to cold.
-            chunk = prompt[start : (start // batch + 1) * batch]
+            # A one-token batch takes other kernels (matrix-vector) whose KV is not bit-identical
+            # to a cold run's: a cold run never has one mid-prompt, so neither do we.
+            end = min(len(prompt), max((start // batch + 1) * batch, start + 2))
+            if end - start == 1 and start > 0 and not need_logits and self.context.remove(sequence, start - 1, -1):
+                # A warm-up's last token alone (typing adds one word at a time): evaluate it
+                # again with the one before, so that later requests build on exact KV.
+                start -= 1
+                del live[start:]
+            chunk = prompt[start:end]
             is_last = start + len(chunk) == len(prompt)
             try:
-                self.context.decode(chunk, start_pos=start, sequence=sequence, logits_for_last=is_last)
+                self.context.decode(chunk, start_pos=start, sequence=sequence, logits_for_last=is_last and need_logits)
             except DecodeAborted:
-                self.context.remove(sequence, start, -1)
+                # llama.cpp may keep the micro-batches it finished: drop the whole batch.
+                if not self.context.remove(sequence, start, -1):
+                    self.placer.forget(sequence)
                 return STOP_CANCELLED
             live.extend(chunk)
             start += len(chunk)

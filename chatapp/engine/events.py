@@ -8,6 +8,7 @@ STOP_END = "end"  # the model ended its answer
 STOP_LENGTH = "length"  # max_tokens reached
 STOP_CONTEXT = "context"  # the conversation's context is full
 STOP_CANCELLED = "cancelled"  # the caller cancelled
+STOP_PREFILLED = "prefilled"  # a prefill-only request computed its prompt (no answer asked)
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,10 @@ TIER_NONE = "none"
 TIER_DEVICE = "device"
 # Restoring costs a copy; prefer what is resident unless the cache has clearly more.
 RESTORE_MARGIN_TOKENS = 8
+# With logits, the last prompt tokens are always evaluated, and never one alone: llama.cpp
+# computes a one-token batch with matrix-vector kernels whose results differ from a larger
+# batch's, so a re-asked prompt evaluated from its last token could answer unlike a cold run.
+FRESH_TOKENS = 2
 
 
 @dataclass(frozen=True)
@@ -41,9 +45,13 @@ class KVPlacer:
         self.cache = cache
         self.resident = ResidentSequences(context.shape.n_sequences)
 
-    def place(self, prompt: list[int], sequence: int | None, use_cache: bool) -> Placement:
-        """Choose the sequence, restore or keep the longest known prefix, cut the rest."""
-        limit = len(prompt) - 1  # the last prompt token is always evaluated, for its logits
+    def place(self, prompt: list[int], sequence: int | None, use_cache: bool, *, need_logits: bool = True) -> Placement:
+        """Choose the sequence, restore or keep the longest known prefix, cut the rest.
+
+        Without `need_logits` (a prefill-only warm-up) every prompt token may be reused, and a
+        sequence that already holds the whole prompt is kept as it is, longer tail included.
+        """
+        limit = max(0, len(prompt) - FRESH_TOKENS) if need_logits else len(prompt)
         if not use_cache:
             target = self.resident.least_recently_used() if sequence is None else sequence
             return self._keep(target, 0, TIER_NONE)
@@ -53,6 +61,9 @@ class KVPlacer:
         else:
             resident_sequence, resident_length = sequence, self.resident.best_match_in(sequence, array)
         resident_length = min(resident_length, limit)
+        if not need_logits and resident_length == len(prompt):
+            self.resident.touch(resident_sequence)  # nothing to compute, nothing to cut
+            return Placement(resident_sequence, resident_length, TIER_DEVICE)
         if self.cache is not None:
             match = self.cache.lookup(array)
             if min(match.matched_tokens, limit) > resident_length + RESTORE_MARGIN_TOKENS:

@@ -73,15 +73,24 @@ class PromptBuilder:
     def build(self, messages: list[ChatMessage], *, add_generation_prompt: bool = True) -> list[int]:
         """The prompt tokens for `messages`, ending with the assistant header when asked."""
         messages = self._fold_system_messages(messages)
-        # What the template prints before any message (often the BOS text).
-        tokens = self._template_tokens(self._render_history([])) if messages else []
-        for index, message in enumerate(messages):
-            tokens += self.message_tokens(messages[:index], message)
+        tokens = self._history_tokens(messages) if messages else []
         if add_generation_prompt:
             tokens += self._template_tokens(self.generation_header_text(messages))
-        if self.tokenizer.add_bos and (not tokens or tokens[0] != self.tokenizer.bos_id):
-            tokens.insert(0, self.tokenizer.bos_id)
-        return tokens
+        return self._with_bos(tokens)
+
+    def draft_tokens(self, messages: list[ChatMessage], draft: ChatMessage) -> list[int]:
+        """The prompt for `messages + [draft]` up to the end of the draft's content.
+
+        For warming the KV cache while the user types: no closing text, no generation header.
+        With the draft's last part empty, this is a prefix of `build(messages + [sent])` for any
+        sent message with the same earlier parts and some non-blank text (the parts are
+        tokenized apart, and the content is shown as the template shows it when more follows,
+        e.g. trimmed at the start only). With a non-empty last part only all but the last
+        token is expected to stay (the tokenizer may merge it with what is typed next).
+        """
+        folded = self._fold_system_messages([*messages, draft])
+        history, last = folded[:-1], folded[-1]
+        return self._with_bos(self._history_tokens(history) + self._open_message_tokens(history, last))
 
     def message_tokens(self, history: list[ChatMessage], message: ChatMessage) -> list[int]:
         """The tokens `message` adds after `history` (BOS aside)."""
@@ -101,10 +110,34 @@ class PromptBuilder:
             content_tokens = [token for part in message.parts for token in self._content_tokens(part)]
             return self._template_tokens(prefix) + content_tokens + self._template_tokens(suffix)
         if found and actual_segment.startswith(prefix) and actual_segment.endswith(suffix):
-            # The template changed the content (trimmed it, say): keep its version.
+            # The template changed the content (trimmed it, say): keep its version, still
+            # part by part when it is a slice of the content, so a draft of it stays a prefix.
             middle = actual_segment[len(prefix) : len(actual_segment) - len(suffix)]
-            return self._template_tokens(prefix) + self._content_tokens(middle) + self._template_tokens(suffix)
+            start = message.content.find(middle)
+            if start < 0:
+                content_tokens = self._content_tokens(middle)
+            else:
+                content_tokens = self._parts_tokens(message.parts, start, start + len(middle))
+            return self._template_tokens(prefix) + content_tokens + self._template_tokens(suffix)
         return self._template_tokens(actual_segment)
+
+    def _open_message_tokens(self, history: list[ChatMessage], message: ChatMessage) -> list[int]:
+        """`message`'s header and content as they will be once more text follows it (no closing)."""
+        if message.generated_ids is not None:
+            return self.message_tokens(history, message)  # an answer is complete: nothing to draft
+        before = self._render_history(history)
+        probe = self._segment(before, history, replace(message, parts=(CONTENT_SENTINEL,)))
+        prefix, found, suffix = probe.partition(CONTENT_SENTINEL)
+        if not found or CONTENT_SENTINEL in suffix:
+            return []  # where the content goes is unknown: warm nothing of this message
+        # The content followed by more text: a template that trims shows its start trimmed only.
+        opened = self._segment(before, history, replace(message, parts=(*message.parts, CONTENT_SENTINEL)))
+        head, found, _ = opened.partition(CONTENT_SENTINEL)
+        content = message.content
+        if not found or not head.startswith(prefix) or not content.endswith(head[len(prefix) :]):
+            return self._template_tokens(prefix)
+        start = len(content) - (len(head) - len(prefix))
+        return self._template_tokens(prefix) + self._parts_tokens(message.parts, start, len(content))
 
     def generation_header_text(self, history: list[ChatMessage]) -> str:
         """What the template appends to `history` to ask for an assistant answer."""
@@ -154,6 +187,28 @@ class PromptBuilder:
         alone = self.template.render([message.as_template_input()], add_generation_prompt=False)
         empty = self._render_history([])
         return alone[len(empty) :] if alone.startswith(empty) else alone
+
+    def _history_tokens(self, messages: list[ChatMessage]) -> list[int]:
+        """What the template prints before any message (often the BOS text), then each message."""
+        tokens = self._template_tokens(self._render_history([]))
+        for index, message in enumerate(messages):
+            tokens += self.message_tokens(messages[:index], message)
+        return tokens
+
+    def _with_bos(self, tokens: list[int]) -> list[int]:
+        if self.tokenizer.add_bos and (not tokens or tokens[0] != self.tokenizer.bos_id):
+            tokens.insert(0, self.tokenizer.bos_id)
+        return tokens
+
+    def _parts_tokens(self, parts: tuple[str, ...], start: int, end: int) -> list[int]:
+        """The content characters [start, end) tokenized part by part."""
+        tokens: list[int] = []
+        offset = 0
+        for part in parts:
+            piece = part[max(start - offset, 0) : max(end - offset, 0)]
+            tokens += self._content_tokens(piece)
+            offset += len(part)
+        return tokens
 
     def _template_tokens(self, text: str) -> list[int]:
         return self.tokenizer.tokenize(text, add_special=False, parse_special=True) if text else []

@@ -20,6 +20,13 @@ def document_block(document: Document) -> str:
     return DOCUMENT_TEMPLATE.format(name=document.name, text=document.text)
 
 
+def question_message(text: str, document: Document | None) -> ChatMessage:
+    """A user message; the document, when given, is its first content part."""
+    if document is not None:
+        return ChatMessage.of(USER, document_block(document), text)
+    return ChatMessage.of(USER, text)
+
+
 @dataclass
 class Conversation:
     """An append-only list of messages with an optional persona and document."""
@@ -31,10 +38,7 @@ class Conversation:
     def add_user(self, text: str) -> ChatMessage:
         """Append a user message; the first one carries the document, if any."""
         is_first_question = not any(message.role == USER for message in self.messages)
-        if is_first_question and self.document is not None:
-            message = ChatMessage.of(USER, document_block(self.document), text)
-        else:
-            message = ChatMessage.of(USER, text)
+        message = question_message(text, self.document if is_first_question else None)
         self.messages.append(message)
         return message
 

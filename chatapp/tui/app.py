@@ -1,17 +1,29 @@
-"""The Textual application: loads the engine off the UI thread and hosts the chat screen."""
+"""The Textual application: opens the database at once, loads the model off the UI thread,
+and hosts the main screen and its dialogs."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import replace
+
 from textual import work
-from textual.app import App
+from textual.app import App, SystemCommand
 from textual.binding import Binding
+from textual.screen import Screen
 
 from chatapp.engine.engine import Engine
 from chatapp.errors import ChatappError
-from chatapp.services.chat import ChatSession
-from chatapp.services.conversation import Conversation
+from chatapp.services.cache_view import CacheService
+from chatapp.services.chat_service import ChatService
+from chatapp.services.library import Library, open_library
 from chatapp.services.startup import Workspace
-from chatapp.tui.chat_screen import ChatScreen
+from chatapp.settings import Settings
+from chatapp.tui import commands
+from chatapp.tui.cache_screen import CacheScreen
+from chatapp.tui.help_screen import HelpScreen
+from chatapp.tui.main_screen import MainScreen
+from chatapp.tui.persona_screen import PersonaScreen
+from chatapp.tui.settings_screen import SettingsScreen
 
 
 class ChatApp(App[None]):
@@ -21,37 +33,83 @@ class ChatApp(App[None]):
     CSS_PATH = "chat.tcss"
     BINDINGS = [Binding("ctrl+q", "quit", "Quit", id="app.quit", priority=True)]
 
-    def __init__(self, workspace: Workspace) -> None:
+    def __init__(self, workspace: Workspace, library: Library | None = None) -> None:
         super().__init__()
         self.workspace = workspace
+        self.library = library or open_library(workspace)
+        self.service = ChatService(workspace, self.library.conversations, self.library.personas, self.library.pins)
+        self.cache_service = CacheService(self.service)
         self.engine: Engine | None = None
-        self.chat_screen = ChatScreen()
+        self.main_screen = MainScreen(self.service)
 
     def on_mount(self) -> None:
-        self.push_screen(self.chat_screen)
+        self.push_screen(self.main_screen)
         self.load_engine()
 
     @work(thread=True, exclusive=True, group="engine")
     def load_engine(self) -> None:
-        """Load the model in a worker thread; the screen stays usable meanwhile."""
+        """Load the model in a worker thread; conversations can be browsed meanwhile."""
         try:
-            engine = self.workspace.open_engine()
+            engine = self.workspace.open_engine(interactive=True)
         except ChatappError as error:
             self.call_from_thread(self._engine_failed, str(error))
             return
         self.call_from_thread(self._engine_ready, engine)
 
     def _engine_ready(self, engine: Engine) -> None:
+        if self._exit:
+            engine.close()
+            return
         self.engine = engine
-        session = ChatSession(engine, Conversation(), self.workspace.sampling())
-        label = engine.info.path.stem
-        self.sub_title = label
-        self.chat_screen.attach_session(session, label)
+        self.service.attach_engine(engine)
+        if engine.cache_problem:
+            self.notify(engine.cache_problem, severity="warning", timeout=15)
+        self.main_screen.engine_ready(engine.info.path.stem)
 
     def _engine_failed(self, reason: str) -> None:
         self.notify(reason, title="Cannot load the model", severity="error", timeout=30)
-        self.chat_screen.show_status("no model loaded: " + reason)
+        self.main_screen.engine_failed(reason)
 
     def on_unmount(self) -> None:
         if self.engine is not None:
             self.engine.close()
+        self.library.close()
+
+    # Screens.
+    def action_personas(self) -> None:
+        if isinstance(self.screen, PersonaScreen):
+            return
+        current = self.main_screen.branch.persona_name if self.main_screen.branch else None
+
+        async def chosen(result: PersonaScreen.Choice | None) -> None:
+            if result is not None:
+                await self.main_screen.use_persona(result.persona)
+
+        self.push_screen(PersonaScreen(self.service.personas, current), chosen)
+
+    def action_cache(self) -> None:
+        if not isinstance(self.screen, CacheScreen):
+            self.push_screen(CacheScreen(self.cache_service))
+
+    def action_settings(self) -> None:
+        if not isinstance(self.screen, SettingsScreen):
+            self.push_screen(SettingsScreen(self.workspace), self._settings_saved)
+
+    def _settings_saved(self, settings: Settings | None) -> None:
+        if settings is not None:
+            self.workspace = replace(self.workspace, settings=settings)
+            self.service.workspace = self.workspace
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen())
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        """Every action of the table in the command palette, with its key."""
+        yield from super().get_system_commands(screen)
+        for command in commands.COMMANDS:
+            yield SystemCommand(
+                f"{command.title} ({commands.display_key(command.key)})",
+                command.help,
+                lambda action=command.action: self.run_action(action, self.main_screen),
+            )

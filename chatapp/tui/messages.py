@@ -1,4 +1,4 @@
-"""Textual messages that carry engine events from the worker thread to the screen."""
+"""Textual messages that carry engine events from worker threads to the screen."""
 
 from __future__ import annotations
 
@@ -18,7 +18,15 @@ class AnswerText(Message):
 
 @dataclass
 class PrefillAdvanced(Message):
-    """Prompt tokens evaluated so far."""
+    """Prompt tokens of the answer evaluated so far."""
+
+    done: int
+    total: int
+
+
+@dataclass
+class WarmProgress(Message):
+    """Tokens of a warm-up evaluated so far; done < 0 when it ended."""
 
     done: int
     total: int
@@ -33,6 +41,7 @@ class AnswerFinished(Message):
 
 @dataclass
 class AnswerFailed(Message):
-    """The answer could not be produced; `reason` is a one-line message for the user."""
+    """The answer failed; `started` says whether the question was saved before it did."""
 
     reason: str
+    started: bool

@@ -43,7 +43,7 @@ from hypothesis import strategies as st  # noqa: E402
 from cache.keys import as_token_array  # noqa: E402
 from chatapp.engine.engine import Engine, EngineConfig, GenerationRequest  # noqa: E402
 from chatapp.engine.events import STOP_END, STOP_LENGTH  # noqa: E402
-from chatapp.engine.kv_placement import RESTORE_MARGIN_TOKENS  # noqa: E402
+from chatapp.engine.kv_placement import FRESH_TOKENS, RESTORE_MARGIN_TOKENS  # noqa: E402
 from chatapp.engine.llama_native import SamplingParams  # noqa: E402
 from chatapp.engine.prompt import ASSISTANT, SYSTEM, USER, ChatMessage  # noqa: E402
 from tests.cache_support import cached_engine  # noqa: E402
@@ -232,7 +232,7 @@ class Replay:
             assert stats.reused_tokens == 0 and stats.reuse_tier == "none", history
             self.uncached.append(held)
         else:
-            limit = len(prompt) - 1
+            limit = len(prompt) - FRESH_TOKENS
             known = max((common_prefix(prompt, tokens) for tokens in [*self.stored, *self.uncached]), default=0)
             assert stats.reused_tokens <= min(known, limit), f"reused more than any computed prefix shares ({known})\n{history}"
             shared = min(max((common_prefix(prompt, tokens) for tokens in self.stored), default=0), limit)

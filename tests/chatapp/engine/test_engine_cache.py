@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from chatapp.engine.engine import Engine, GenerationRequest
+from chatapp.engine.kv_placement import FRESH_TOKENS
 from chatapp.engine.llama_native import SamplingParams
 from chatapp.engine.prompt import SYSTEM, USER, ChatMessage
 from tests.cache_support import cached_engine
@@ -51,7 +52,7 @@ def test_resident_conversation_is_answered_in_place(cached: Engine) -> None:
     first = prompt(cached, "What is a noun?")
     answer(cached, first)
     again = answer(cached, first)
-    assert again.stats.reuse_tier == "device" and again.stats.reused_tokens == len(first) - 1
+    assert again.stats.reuse_tier == "device" and again.stats.reused_tokens == len(first) - FRESH_TOKENS
 
 
 def test_restore_from_ram_equals_cold(cached: Engine, engine: Engine) -> None:
@@ -61,7 +62,7 @@ def test_restore_from_ram_equals_cold(cached: Engine, engine: Engine) -> None:
     push_out(cached)
     warm = answer(cached, target)
     assert warm.stats.reuse_tier == "ram"
-    assert warm.stats.reused_tokens == len(target) - 1
+    assert warm.stats.reused_tokens == len(target) - FRESH_TOKENS
     assert warm.token_ids == cold.token_ids
 
 
@@ -72,7 +73,7 @@ def test_restore_after_a_restart_comes_from_disk_and_equals_cold(tmp_path: Path,
         answer(first, target)
     with cached_engine(tmp_path / "kv", model_path) as second:
         warm = answer(second, target)
-    assert warm.stats.reuse_tier == "disk" and warm.stats.reused_tokens == len(target) - 1
+    assert warm.stats.reuse_tier == "disk" and warm.stats.reused_tokens == len(target) - FRESH_TOKENS
     assert warm.token_ids == cold.token_ids
 
 
@@ -97,7 +98,7 @@ def test_a_long_prefix_assembled_from_many_blocks_equals_cold(cached: Engine, en
     answer(cached, target)
     push_out(cached)
     warm = answer(cached, target)
-    assert warm.stats.reuse_tier == "ram" and warm.stats.reused_tokens == len(target) - 1
+    assert warm.stats.reuse_tier == "ram" and warm.stats.reused_tokens == len(target) - FRESH_TOKENS
     assert warm.token_ids == cold.token_ids
 
 
@@ -116,7 +117,7 @@ def test_stats_count_reuse_per_tier(cached: Engine) -> None:
     answer(cached, target)
     assert cached.cache is not None
     stats = cached.cache.stats()
-    assert stats["requests"] == 2 and stats["reused_by_tier"]["device"] == len(target) - 1
+    assert stats["requests"] == 2 and stats["reused_by_tier"]["device"] == len(target) - FRESH_TOKENS
     assert 0.4 < stats["hit_rate"] < 0.6
 
 

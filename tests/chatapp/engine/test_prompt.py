@@ -131,3 +131,94 @@ def test_answer_keeps_generated_ids_even_when_text_would_tokenize_differently(vo
     first = builder.build(question)
     second = builder.build([*question, ChatMessage(ASSISTANT, (" hello",), tuple(odd_split)), ChatMessage.of(USER, "Again")])
     assert second[: len(first) + len(odd_split)] == first + odd_split
+
+
+# Drafts: the prompt of a message still being typed, for warming the KV ahead of Enter.
+
+DOCUMENT = '<document name="notes.txt">\nThe meeting is at noon in room 4.\nBring the budget.\n</document>\n\n'
+SENT_TEXTS = [
+    "When is the meeting?",
+    "Where is it?\n",  # a trailing newline: trimming templates cut it, and only it
+    "  Who should bring the budget?",  # leading blanks
+    "What's the room number, and is it on the 2nd floor?",
+    "Résumé: ¿dónde está la sala? 会议在哪里？",
+]
+REALISTIC_SENTENCES = [
+    "Could you summarise the main arguments of the second chapter in three bullet points?",
+    "I tried running the script again, but it still fails with a permission error on /var/log.",
+    "What's the difference between a list and a tuple in Python, and when should I use each one?",
+    "My flight leaves at 07:45 tomorrow; how early should I be at the airport (international)?",
+    "Please rewrite this paragraph so it sounds less formal, but keep the numbers: 12%, 3.5 km and $1,200.",
+    "Is it true that octopuses have three hearts?  I read it somewhere... not sure.",
+    "Explain it like I'm five:\nwhy is the sky blue during the day\nbut red at sunset?",
+]
+
+
+def openings(vocab: NativeModel) -> list[list[ChatMessage]]:
+    """Conversations the draft may follow: nothing, a persona, and a persona with one exchange."""
+    persona = ChatMessage.of(SYSTEM, "You are a terse assistant.")
+    answer = "The meeting is at noon."
+    generated = tuple(vocab.tokenize(answer, add_special=False, parse_special=False))
+    return [[], [persona], [persona, ChatMessage.of(USER, DOCUMENT, "When?"), ChatMessage(ASSISTANT, (answer,), generated)]]
+
+
+def settled_prefixes(text: str) -> list[str]:
+    """What a typist has surely finished: the text up to each whitespace character."""
+    return [text[: index + 1] for index, char in enumerate(text) if char.isspace()]
+
+
+@pytest.mark.parametrize("family", ["smollm2", *OTHER_FAMILIES])
+def test_an_empty_draft_is_a_prefix_of_the_prompt_sent(vocab: NativeModel, family: str) -> None:
+    builder = PromptBuilder(all_templates(vocab)[family], vocab)
+    for messages in openings(vocab):
+        for parts_before in [(), (DOCUMENT,)]:
+            draft = builder.draft_tokens(messages, ChatMessage.of(USER, *parts_before, ""))
+            assert draft[:1] == builder.build(messages + [ChatMessage.of(USER, "x")])[:1]  # BOS and all
+            for text in SENT_TEXTS:
+                sent = builder.build(messages + [ChatMessage.of(USER, *parts_before, text)])
+                assert sent[: len(draft)] == draft, (messages, parts_before, text)
+                assert len(sent) > len(draft)
+            if parts_before:  # the document itself is warmed, not only what precedes it
+                assert len(draft) > len(builder.draft_tokens(messages, ChatMessage.of(USER, "")))
+
+
+@pytest.mark.parametrize("family", ["smollm2", *OTHER_FAMILIES])
+def test_a_settled_draft_but_its_last_token_is_a_prefix_of_the_prompt_sent(vocab: NativeModel, family: str) -> None:
+    builder = PromptBuilder(all_templates(vocab)[family], vocab)
+    for messages in openings(vocab):
+        for parts_before in [(), (DOCUMENT,)]:
+            for sentence in REALISTIC_SENTENCES:
+                sent = builder.build(messages + [ChatMessage.of(USER, *parts_before, sentence)])
+                for settled in settled_prefixes(sentence):
+                    draft = builder.draft_tokens(messages, ChatMessage.of(USER, *parts_before, settled))[:-1]
+                    assert sent[: len(draft)] == draft, (family, settled)
+
+
+def test_a_draft_stops_at_the_end_of_its_content(vocab: NativeModel) -> None:
+    """No closing `<|im_end|>` and no assistant header: those come only when the message is sent."""
+    template = smollm_template(vocab)
+    builder = PromptBuilder(template, vocab)
+    for messages in openings(vocab):
+        draft = ChatMessage.of(USER, DOCUMENT, "When is the meeting? ")
+        rendered = template.render([m.as_template_input() for m in messages + [draft]], add_generation_prompt=False)
+        text = vocab.detokenize(builder.draft_tokens(messages, draft), special=True)
+        assert text == rendered[: rendered.rindex(draft.content) + len(draft.content)]
+
+
+def test_a_draft_folds_the_persona_without_a_system_role(vocab: NativeModel) -> None:
+    builder = PromptBuilder(family_template("gemma2"), vocab)
+    persona = ChatMessage.of(SYSTEM, "Be brief.")
+    draft = builder.draft_tokens([persona], ChatMessage.of(USER, DOCUMENT, "When is "))
+    assert vocab.detokenize(draft, special=True) == "<bos><start_of_turn>user\nBe brief.\n\n" + DOCUMENT + "When is "
+    sent = builder.build([persona, ChatMessage.of(USER, DOCUMENT, "When is the meeting?")])
+    assert sent[: len(draft) - 1] == draft[:-1]
+
+
+def test_trimming_templates_keep_the_document_tokens_whatever_follows(vocab: NativeModel) -> None:
+    """`| trim` cuts the message's ends only: the document part keeps its own tokens."""
+    builder = PromptBuilder(family_template("llama3"), vocab)
+    document_only = builder.draft_tokens([], ChatMessage.of(USER, DOCUMENT, ""))
+    for text in ["Where?", "Where?\n\n", "Where? "]:
+        assert builder.build([ChatMessage.of(USER, DOCUMENT, text)])[: len(document_only)] == document_only
+    text = vocab.detokenize(builder.build([ChatMessage.of(USER, DOCUMENT, "Where? \n")]), special=True)
+    assert text.endswith(DOCUMENT + "Where?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n")

@@ -1,0 +1,101 @@
+"""The cache as the user sees it: tiers, hit rate, pinned prefixes, prune and clear.
+
+Pinning keeps a persona's or a document's prefix out of LRU and TTL eviction. The prefix
+is computed and stored first if it is not in the cache yet, so a pin always holds blocks.
+These calls wait for the engine and the disk: run them off the UI thread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from chatapp.engine.engine import GenerationRequest
+from chatapp.engine.llama_native import SamplingParams
+from chatapp.engine.prompt import SYSTEM, ChatMessage
+from chatapp.errors import ChatappError
+from chatapp.services import cache_admin
+from chatapp.services.branches import as_document
+from chatapp.services.chat_service import ChatService
+from chatapp.store.pins import PinRecord
+from chatapp.store.records import PersonaRecord
+
+
+@dataclass(frozen=True)
+class CacheOverview:
+    stats: dict[str, Any]
+    live: bool  # figures of the running cache (else read from the folder)
+    pins: list[PinRecord]
+    ttft_ms: list[float]
+    problem: str | None
+
+
+class CacheService:
+    def __init__(self, chat: ChatService) -> None:
+        self.chat = chat
+
+    def overview(self) -> CacheOverview:
+        engine = self.chat.engine
+        pins = self.chat.pins.list() if self.chat.pins else []
+        problem = engine.cache_problem if engine is not None else None
+        if engine is not None and engine.cache is not None:
+            stats = engine.cache.stats()
+            return CacheOverview(stats, True, pins, list(self.chat.figures.ttft_ms), problem)
+        return CacheOverview(cache_admin.cache_stats(self.chat.workspace), False, pins, list(self.chat.figures.ttft_ms), problem)
+
+    def pin_persona(self, persona: PersonaRecord) -> int:
+        builder = self._engine().prompt_builder
+        tokens = builder.build([ChatMessage.of(SYSTEM, persona.prompt)], add_generation_prompt=False)
+        return self._pin("persona", persona.name, tokens)
+
+    def pin_document(self) -> int:
+        """The open branch's persona and document, as every question about it begins."""
+        view = self.chat.view()
+        if view.document is None:
+            raise ChatappError("this branch has no document; attach one first (Ctrl+O)")
+        tokens = self.chat.next_question_tokens(view.root, as_document(view.document), [], "")
+        label = f"{view.document.name} (persona: {view.persona_name or 'none'})"
+        return self._pin("document", label, tokens)
+
+    def unpin(self, pin: PinRecord) -> int:
+        cache = self._cache()
+        count = cache.pin(list(pin.tokens), pinned=False)
+        assert self.chat.pins is not None
+        self.chat.pins.remove(pin.id)
+        return count
+
+    def prune(self) -> int:
+        return self._cache().prune()
+
+    def clear(self) -> int:
+        """Empty the RAM and disk tiers (pins included); what is live in the context stays."""
+        removed = self._cache().clear()
+        if self.chat.pins is not None:
+            self.chat.pins.clear()
+        return removed
+
+    def _pin(self, kind: str, label: str, tokens: list[int]) -> int:
+        engine = self._engine()
+        cache = self._cache()
+        handle = engine.generate(
+            GenerationRequest(prompt_tokens=tuple(tokens), sampling=SamplingParams(), prefill_only=True, store=True)
+        )
+        handle.wait()
+        engine.flush_cache()
+        count = cache.pin(list(tokens))
+        if count == 0:
+            raise ChatappError("nothing to pin: the prefix could not be stored (is the cache full or disabled?)")
+        assert self.chat.pins is not None
+        self.chat.pins.add(kind, label, tokens)
+        return count
+
+    def _engine(self):  # type: ignore[no-untyped-def]
+        if self.chat.engine is None:
+            raise ChatappError("the model is still loading; try again in a moment")
+        return self.chat.engine
+
+    def _cache(self):  # type: ignore[no-untyped-def]
+        engine = self._engine()
+        if engine.cache is None:
+            raise ChatappError(engine.cache_problem or "the KV cache is off in this session")
+        return engine.cache

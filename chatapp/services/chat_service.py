@@ -1,0 +1,317 @@
+"""What the TUI can do with conversations: open, ask, branch, switch persona or document, warm up.
+
+The TUI calls this layer and never the engine, the cache or the database directly. Quick
+operations (listing, switching branches) run on the caller's thread; `ask`, `regenerate`
+and `edit` return an `AnswerJob` whose events a worker thread consumes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from chatapp.documents import Document, load_document
+from chatapp.engine.engine import Engine, GenerationHandle, GenerationRequest
+from chatapp.engine.prompt import ASSISTANT, USER, ChatMessage
+from chatapp.errors import ChatappError, ContextOverflowError, DocumentError
+from chatapp.services.answers import AnswerJob
+from chatapp.services.branches import BranchMessage, BranchView, as_document, prompt_messages
+from chatapp.services.conversation import document_block, question_message
+from chatapp.services.export import branch_to_json, branch_to_markdown, write_export
+from chatapp.services.startup import Workspace
+from chatapp.services.warmup import Prewarmer, draft_prompt_tokens
+from chatapp.store.conversations import ConversationStore
+from chatapp.store.personas import PersonaStore
+from chatapp.store.pins import PinStore
+from chatapp.store.records import ConversationRecord, DocumentRecord, MessageRecord, PersonaRecord
+
+NEW_TITLE = "New conversation"
+TITLE_CHARACTERS = 60
+
+
+def title_from(text: str) -> str:
+    """A conversation's title: the first line of its first question, shortened."""
+    line = text.strip().splitlines()[0] if text.strip() else NEW_TITLE
+    return line if len(line) <= TITLE_CHARACTERS else line[: TITLE_CHARACTERS - 1].rstrip() + "…"
+
+
+@dataclass
+class SessionFigures:
+    """Figures of this session's answers, for the status line and the sparkline."""
+
+    ttft_ms: list[float] = field(default_factory=list)
+
+
+class ChatService:
+    """Conversations as trees of branches, answered by the engine, warmed ahead of time."""
+
+    def __init__(
+        self, workspace: Workspace, conversations: ConversationStore, personas: PersonaStore, pins: PinStore | None = None
+    ) -> None:
+        self.workspace = workspace
+        self.conversations = conversations
+        self.personas = personas
+        self.pins = pins
+        self.engine: Engine | None = None
+        self.prewarmer: Prewarmer | None = None
+        self.conversation_id: int | None = None
+        self.figures = SessionFigures()
+        self._prefix_tokens: dict[tuple[str, int], int] = {}  # (persona prompt, document id) → tokens
+
+    def attach_engine(self, engine: Engine) -> None:
+        self.engine = engine
+        self.prewarmer = Prewarmer(engine)
+
+    @property
+    def ready(self) -> bool:
+        return self.engine is not None
+
+    def _engine(self) -> Engine:
+        if self.engine is None:
+            raise ChatappError("the model is still loading; try again in a moment")
+        return self.engine
+
+    # Conversations.
+    def list_conversations(self, query: str = "") -> list[ConversationRecord]:
+        return self.conversations.list_conversations(query)
+
+    def new_conversation(self, persona: PersonaRecord | None = None) -> BranchView:
+        record = self.conversations.create_conversation(NEW_TITLE)
+        self.conversations.add_root(
+            record.id,
+            persona_name=persona.name if persona else None,
+            persona_prompt=persona.prompt if persona else "",
+            document_id=None,
+        )
+        return self.open(record.id)
+
+    def open(self, conversation_id: int) -> BranchView:
+        self.conversation_id = conversation_id
+        return self.view()
+
+    def open_latest_or_new(self) -> BranchView:
+        existing = self.list_conversations()
+        return self.open(existing[0].id) if existing else self.new_conversation()
+
+    def view(self) -> BranchView:
+        """The open branch, root to active leaf."""
+        conversation = self._conversation()
+        leaf_id = conversation.active_leaf_id
+        if leaf_id is None:
+            roots = self.conversations.roots(conversation.id)
+            root = roots[-1] if roots else self.conversations.add_root(
+                conversation.id, persona_name=None, persona_prompt="", document_id=None
+            )
+            leaf_id = root.id
+        path = self.conversations.path(leaf_id)
+        root = path[0]
+        roots = self.conversations.roots(conversation.id)
+        messages = []
+        for record in path[1:]:
+            siblings = self.conversations.siblings(record.id)
+            position = next(index for index, sibling in enumerate(siblings) if sibling.id == record.id)
+            messages.append(BranchMessage(record, position + 1, len(siblings)))
+        document = self.conversations.get_document(root.document_id) if root.document_id else None
+        root_position = next(index for index, other in enumerate(roots) if other.id == root.id) + 1
+        return BranchView(conversation, root, root_position, len(roots), document, tuple(messages))
+
+    def tree(self) -> list[MessageRecord]:
+        """Every message of the open conversation, for the branch tree."""
+        return self.conversations.messages(self._conversation().id)
+
+    def document_names(self) -> dict[int, str]:
+        """Names of the documents the open conversation's roots are about, for the tree."""
+        roots = self.conversations.roots(self._conversation().id)
+        ids = {root.document_id for root in roots if root.document_id is not None}
+        return {document_id: self.conversations.get_document(document_id).name for document_id in ids}
+
+    def rename(self, title: str) -> None:
+        self.conversations.rename(self._conversation().id, title.strip())
+
+    def delete(self, conversation_id: int) -> None:
+        self.conversations.delete(conversation_id)
+        if conversation_id == self.conversation_id:
+            self.conversation_id = None
+
+    def set_qa_mode(self, on: bool) -> None:
+        self.conversations.set_qa_mode(self._conversation().id, on)
+
+    def _conversation(self) -> ConversationRecord:
+        if self.conversation_id is None:
+            raise ChatappError("no conversation is open; press Ctrl+N to start one")
+        return self.conversations.get_conversation(self.conversation_id)
+
+    # Moving around the tree.
+    def switch_sibling(self, message_id: int, step: int) -> BranchView:
+        siblings = self.conversations.siblings(message_id)
+        index = next(i for i, sibling in enumerate(siblings) if sibling.id == message_id)
+        target = siblings[max(0, min(len(siblings) - 1, index + step))]
+        return self.jump_to(target.id)
+
+    def jump_to(self, message_id: int) -> BranchView:
+        """Open the branch through `message_id`, down its most recent answers."""
+        leaf = self.conversations.latest_leaf(message_id)
+        self.conversations.set_active_leaf(self._conversation().id, leaf.id)
+        return self.view()
+
+    # Persona and document: each starts a branch from a new root (or returns to a matching one).
+    def set_persona(self, persona: PersonaRecord | None) -> BranchView:
+        root = self.view().root
+        return self._switch_root(persona.name if persona else None, persona.prompt if persona else "", root.document_id)
+
+    def attach_document(self, path: Path) -> tuple[BranchView, int]:
+        """Read the file, check it fits the context, and start a branch about it; returns its tokens."""
+        document = load_document(path)
+        view = self.view()
+        tokens = self.prefix_tokens(view.root, document)
+        limit = self._engine().info.n_ctx_per_sequence
+        if tokens >= limit:
+            raise DocumentError(
+                f"document {document.name} is {tokens:,} tokens with the persona but a conversation's context holds "
+                f"{limit:,}; use a shorter document or a larger context_cap in the settings (F5)"
+            )
+        record = self.conversations.add_document(document.name, document.text, str(path.expanduser()))
+        self._prefix_tokens[(view.root.content, record.id)] = tokens
+        return self._switch_root(view.root.persona_name, view.root.content, record.id), tokens
+
+    def detach_document(self) -> BranchView:
+        root = self.view().root
+        return self._switch_root(root.persona_name, root.content, None)
+
+    def document_tokens(self, document: DocumentRecord) -> int | None:
+        """The open branch's persona + this document in tokens (None until the model is loaded)."""
+        root = self.view().root
+        key = (root.content, document.id)
+        if key not in self._prefix_tokens:
+            if self.engine is None:
+                return None
+            self._prefix_tokens[key] = self.prefix_tokens(root, as_document(document))
+        return self._prefix_tokens[key]
+
+    def prefix_tokens(self, root: MessageRecord, document: Document | None) -> int:
+        return len(self.next_question_tokens(root, document, [], ""))
+
+    def _switch_root(self, persona_name: str | None, persona_prompt: str, document_id: int | None) -> BranchView:
+        """Go to the root with this persona and document (made if new); a root left unused is dropped."""
+        conversation = self._conversation()
+        left = self.view().root
+        for root in reversed(self.conversations.roots(conversation.id)):
+            if root.content == persona_prompt and root.document_id == document_id and root.persona_name == persona_name:
+                self.jump_to(root.id)
+                break
+        else:
+            self.conversations.add_root(
+                conversation.id, persona_name=persona_name, persona_prompt=persona_prompt, document_id=document_id
+            )
+        self.conversations.discard_unused_root(left.id)
+        return self.view()
+
+    # Answers.
+    def ask(self, text: str) -> AnswerJob:
+        """A new question after the active leaf (or from the root in Q&A mode)."""
+        view = self.view()
+        parent = view.root if view.conversation.qa_mode else view.leaf
+        return self._ask(view, parent, text)
+
+    def edit(self, message_id: int, text: str) -> AnswerJob:
+        """Ask an edited version of a question: a sibling branch beside the original."""
+        original = self.conversations.get_message(message_id)
+        if original.role != USER or original.parent_id is None:
+            raise ChatappError("only your own messages can be edited; pick a message of yours")
+        return self._ask(self.view(), self.conversations.get_message(original.parent_id), text)
+
+    def regenerate(self, message_id: int) -> AnswerJob:
+        """Answer a question again (given the question or one of its answers): a sibling answer."""
+        message = self.conversations.get_message(message_id)
+        question = self.conversations.get_message(message.parent_id) if message.role == ASSISTANT and message.parent_id else message
+        if question.role != USER:
+            raise ChatappError("there is no question to answer again here; ask one first")
+        path = self.conversations.path(question.id)
+        document = self._root_document(path[0])
+        messages = prompt_messages(path[0], document, path[1:])
+        return AnswerJob(self.conversations, self._generate(messages, document), question)
+
+    def _ask(self, view: BranchView, parent: MessageRecord, text: str) -> AnswerJob:
+        if not text.strip():
+            raise ChatappError("the message is empty; type something first")
+        path = self.conversations.path(parent.id)
+        document = self._root_document(path[0])
+        history = prompt_messages(path[0], document, path[1:])
+        first_question = not any(record.role == USER for record in path)
+        messages = [*history, question_message(text, document if first_question else None)]
+        handle = self._generate(messages, document)
+        question = self.conversations.add_message(view.conversation.id, parent.id, USER, text)
+        if view.conversation.title == NEW_TITLE:
+            self.conversations.rename(view.conversation.id, title_from(text))
+        return AnswerJob(self.conversations, handle, question)
+
+    def _generate(self, messages: list[ChatMessage], document: Document | None) -> GenerationHandle:
+        engine = self._engine()
+        prompt = engine.prompt_builder.build(messages)
+        if self.prewarmer is not None:
+            self.prewarmer.before_send(prompt)
+        try:
+            return engine.generate(GenerationRequest(prompt_tokens=tuple(prompt), sampling=self.workspace.sampling()))
+        except ContextOverflowError as error:
+            if document is None:
+                raise ChatappError(
+                    f"this branch is {error.prompt_tokens:,} tokens but a conversation's context holds "
+                    f"{error.context_tokens:,}; start a new conversation (Ctrl+N) or raise context_cap (F5)"
+                ) from None
+            raise DocumentError(
+                f"the document and this branch are {error.prompt_tokens:,} tokens but a conversation's context holds "
+                f"{error.context_tokens:,}; use Q&A mode (Ctrl+T), a shorter document or a larger context_cap (F5)"
+            ) from None
+
+    def record_answer(self, ttft_ms: float) -> None:
+        self.figures.ttft_ms.append(ttft_ms)
+
+    def _root_document(self, root: MessageRecord) -> Document | None:
+        return as_document(self.conversations.get_document(root.document_id)) if root.document_id else None
+
+    # Warm-ahead and type-ahead.
+    def warm_ahead(self, draft: str = "") -> GenerationHandle | None:
+        """Compute the start of the next question's prompt while the user types.
+
+        With an empty draft this is the persona, document and history (kept in the cache
+        for later); with a draft it is also the settled part of what is being typed (kept
+        only in the context: half-typed questions are not worth disk space).
+        """
+        if self.engine is None or self.prewarmer is None or self.conversation_id is None:
+            return None
+        view = self.view()
+        parent = view.root if view.conversation.qa_mode else view.leaf
+        path = self.conversations.path(parent.id)
+        document = self._root_document(path[0])
+        tokens = self.next_question_tokens(path[0], document, path[1:], draft)
+        if len(tokens) >= self.engine.info.n_ctx_per_sequence:
+            return None
+        return self.prewarmer.warm(tokens, store=not draft.strip())
+
+    def next_question_tokens(
+        self, root: MessageRecord, document: Document | None, history: list[MessageRecord], draft: str
+    ) -> list[int]:
+        engine = self._engine()
+        first_question = not any(record.role == USER for record in history)
+        parts_before = (document_block(document),) if document is not None and first_question else ()
+        messages = prompt_messages(root, document, history)
+        return draft_prompt_tokens(engine.prompt_builder, messages, parts_before, draft)
+
+    def stop_warming(self) -> None:
+        if self.prewarmer is not None:
+            self.prewarmer.cancel()
+
+    # Export.
+    def export_name(self) -> str:
+        """A file name for the open conversation: its title in lower-case words joined by dashes."""
+        title = self._conversation().title
+        words = "".join(c.lower() if c.isalnum() else " " for c in title).split()
+        return "-".join(words[:8]) or "conversation"
+
+    def export_branch(self, path: Path) -> Path:
+        """Write the open branch to `path`: JSON for a .json file, Markdown otherwise."""
+        view = self.view()
+        path_records = [view.root, *(m.record for m in view.messages)]
+        if path.suffix.lower() == ".json":
+            return write_export(branch_to_json(view.conversation, path_records, view.document), path)
+        return write_export(branch_to_markdown(view.conversation, path_records, view.document), path)

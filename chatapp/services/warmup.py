@@ -1,0 +1,123 @@
+"""Warm-ahead and type-ahead: compute the next prompt's KV before the user presses Enter.
+
+The persona, document and history are known as soon as a conversation opens, and most of
+a question is known while it is being typed. Prefill-only requests compute those tokens
+in the background, so that on Enter the engine only has the last word, the closing text
+and the assistant header left to evaluate. A warm-up is only useful if its tokens are a
+prefix of the prompt finally sent: an edit to earlier text cancels it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+from chatapp.engine.engine import Engine, GenerationHandle, GenerationRequest
+from chatapp.engine.llama_native import SamplingParams
+from chatapp.engine.prompt import USER, ChatMessage, PromptBuilder
+from chatapp.errors import ContextOverflowError
+
+# Nothing is sampled; the request type still wants sampling settings.
+_NO_SAMPLING = SamplingParams(temperature=0.0, max_tokens=1)
+
+
+def settled_text(draft: str) -> str:
+    """The part of a message being typed that will not change: up to its last whitespace.
+
+    The word after it is still being typed; the whitespace before it is kept, since the
+    tokenizer may fold it into that word's first token (which is why callers warm all but
+    the last token of the settled text).
+    """
+    for index in range(len(draft) - 1, -1, -1):
+        if draft[index].isspace():
+            return draft[: index + 1]
+    return ""
+
+
+def draft_prompt_tokens(builder: PromptBuilder, messages: list[ChatMessage], parts_before: tuple[str, ...], draft: str) -> list[int]:
+    """What to warm while `draft` is typed after `messages` (`parts_before`: e.g. the document block)."""
+    settled = settled_text(draft)
+    tokens = builder.draft_tokens(messages, ChatMessage.of(USER, *parts_before, settled))
+    # The token at the boundary may merge with what is typed next: leave it to the real request.
+    return tokens[:-1] if settled else tokens
+
+
+def _is_prefix(head: Sequence[int], tokens: Sequence[int]) -> bool:
+    return len(head) <= len(tokens) and tuple(tokens[: len(head)]) == tuple(head)
+
+
+class Prewarmer:
+    """Queues prefill-only requests for drafts and cancels the ones an edit made useless.
+
+    Safe to call from any thread (the TUI calls it on keystrokes, the engine runs it on its
+    own thread). Requests ask for no particular sequence, so the engine extends the one that
+    already holds the longest prefix.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._lock = threading.Lock()
+        self._pending: list[tuple[tuple[int, ...], GenerationHandle]] = []
+        self._last: tuple[int, ...] = ()
+
+    @property
+    def busy(self) -> bool:
+        """Whether a warm-up is queued or running."""
+        with self._lock:
+            return any(not handle.done for _, handle in self._pending)
+
+    def warm(self, tokens: Sequence[int], *, store: bool) -> GenerationHandle | None:
+        """Start computing `tokens`; None when they add nothing over the last warm-up (or cannot fit).
+
+        `store=False` for drafts: their KV stays resident for the real request but is not
+        written to the cache's RAM and disk tiers.
+        """
+        wanted = tuple(tokens)
+        with self._lock:
+            self._forget_finished()
+            if not wanted or _is_prefix(wanted, self._last):
+                return None
+            self._cancel_unless_prefix_of(wanted)
+            request = GenerationRequest(wanted, _NO_SAMPLING, sequence=None, prefill_only=True, store=store)
+            try:
+                handle = self._engine.generate(request)
+            except ContextOverflowError:
+                return None  # too long to send as well; sending will say so
+            self._pending.append((wanted, handle))
+            self._last = wanted
+            return handle
+
+    def before_send(self, prompt: Sequence[int]) -> None:
+        """Cancel the warm-ups that are not a start of `prompt`; the others finish as its prefill."""
+        with self._lock:
+            self._cancel_unless_prefix_of(tuple(prompt))
+
+    def cancel(self) -> None:
+        """Cancel every warm-up (the conversation changed, or the app is closing)."""
+        with self._lock:
+            for _, handle in self._pending:
+                handle.cancel()
+            self._pending.clear()
+            self._last = ()
+
+    def wait(self) -> None:
+        """Block until every warm-up queued so far has ended (for tests and benchmarks)."""
+        with self._lock:
+            handles = [handle for _, handle in self._pending]
+        for handle in handles:
+            handle.join()
+
+    # With the lock held.
+    def _cancel_unless_prefix_of(self, tokens: tuple[int, ...]) -> None:
+        kept = []
+        for warmed, handle in self._pending:
+            if handle.done or _is_prefix(warmed, tokens):
+                kept.append((warmed, handle))
+            else:
+                handle.cancel()
+                if warmed == self._last:
+                    self._last = ()
+        self._pending = kept
+
+    def _forget_finished(self) -> None:
+        self._pending = [(warmed, handle) for warmed, handle in self._pending if not handle.done]

@@ -1,0 +1,574 @@
+"""The main screen: sidebar, the open branch, the message box and the status line.
+
+It holds no model or cache logic. It calls the `ChatService` (app services) and shows
+what comes back. Answers and warm-ups run in worker threads; their events arrive here
+as Textual messages, so the screen never blocks.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.widgets import Footer, Header, Label, Markdown
+from textual.widgets.markdown import MarkdownStream
+from textual.worker import get_current_worker
+
+from chatapp.engine.events import PrefillProgress, TokenText
+from chatapp.errors import ChatappError
+from chatapp.services.answers import AnswerJob
+from chatapp.services.branches import BranchView
+from chatapp.services.chat_service import ChatService
+from chatapp.services.warmup import settled_text
+from chatapp.tui import commands
+from chatapp.tui.chat_log import ChatLog
+from chatapp.tui.composer import Composer
+from chatapp.tui.dialogs import Confirm, TextPrompt
+from chatapp.tui.format import speed_fields
+from chatapp.tui.messages import AnswerFailed, AnswerFinished, AnswerText, PrefillAdvanced, WarmProgress
+from chatapp.tui.sidebar import BranchTree, ConversationList, Sidebar
+from chatapp.tui.widgets import MessageView, PrefillRow, StatusLine, last_code_block
+
+PROGRESS_FROM_TOKENS = 256  # shorter prefills finish before a bar would help
+
+
+class MainScreen(Screen[None]):
+    BINDINGS = commands.bindings()
+
+    def __init__(self, service: ChatService) -> None:
+        super().__init__()
+        self.service = service
+        self.branch: BranchView | None = None
+        self.model_label = "loading model…"
+        self.job: AnswerJob | None = None
+        self.answering = False
+        self._stop_requested = False
+        self._pending_text = ""
+        self._pending_views: list[MessageView] = []
+        self._stream: MarkdownStream | None = None
+        self._streamed = 0
+        self._editing: int | None = None
+        self._settled = ""
+        self._last_stats: dict | None = None
+        self._context_used = 0
+        self._state = "loading model…"
+
+    def compose(self) -> ComposeResult:
+        yield Header(show_clock=False)
+        with Horizontal(id="main"):
+            yield Sidebar(id="sidebar")
+            with Vertical(id="chat"):
+                yield Label("", id="branch-info")
+                yield ChatLog(id="messages")
+                yield PrefillRow(id="prefill")
+                yield Composer(id="composer", placeholder="Type a message · Enter sends · Ctrl+J new line · F1 help")
+                yield StatusLine(id="status")
+        yield Footer()
+
+    async def on_mount(self) -> None:
+        self.query_one(ChatLog).anchor()
+        self.query_one(PrefillRow).hide()
+        self.query_one(Composer).focus()
+        try:
+            self.branch = self.service.open_latest_or_new()
+        except ChatappError as error:
+            self.notify(str(error), severity="error", timeout=15)
+            return
+        await self._show_branch()
+        self.refresh_conversations()
+        self.show_status()
+
+    # Called by the app.
+    def engine_ready(self, model_label: str) -> None:
+        self.model_label = model_label
+        self._set_state("ready")
+        self._update_branch_info()
+        self.warm_ahead("")
+
+    def engine_failed(self, reason: str) -> None:
+        self.model_label = "no model"
+        self._set_state("no model loaded: " + reason)
+
+    # Rendering.
+    async def _show_branch(self) -> None:
+        assert self.branch is not None
+        await self.query_one(ChatLog).show_branch(self.branch)
+        self._after_branch_change()
+
+    def _after_branch_change(self) -> None:
+        assert self.branch is not None
+        self._update_branch_info()
+        active = {m.record.id for m in self.branch.messages} | {self.branch.root.id}
+        try:
+            self.query_one(BranchTree).show(self.service.tree(), active, self.service.document_names())
+        except ChatappError as error:
+            self.notify(str(error), severity="error")
+        last = next((m.record for m in reversed(self.branch.messages) if m.record.stats), None)
+        self._context_used = int(last.stats.get("prompt_tokens", 0) + last.stats.get("generated_tokens", 0)) if last and last.stats else 0
+        self.sub_title = self.branch.conversation.title
+
+    def _update_branch_info(self) -> None:
+        if self.branch is None:
+            return
+        branch = self.branch
+        fields = [f"Persona: {branch.persona_name or 'none'}"]
+        if branch.document is not None:
+            tokens = self.service.document_tokens(branch.document)
+            size = self.service.engine.info.n_ctx_per_sequence if self.service.engine else None
+            amount = f" ({tokens:,} of {size:,} tokens)" if tokens is not None and size else ""
+            fields.append(f"Document: {branch.document.name}{amount}")
+        if branch.conversation.qa_mode:
+            fields.append("Q&A mode: each question starts from the document")
+        self.query_one("#branch-info", Label).update("  ·  ".join(fields))
+
+    def refresh_conversations(self, query: str | None = None) -> None:
+        search = self.query_one("#search").value if query is None else query  # type: ignore[attr-defined]
+        current = self.branch.conversation.id if self.branch else None
+        self.query_one(ConversationList).show(self.service.list_conversations(search), current)
+
+    def show_status(self) -> None:
+        fields = [self._state, self.model_label]
+        if self.branch is not None:
+            fields.append(self.branch.persona_name or "no persona")
+        engine = self.service.engine
+        if engine is not None:
+            fields.append(f"context {self._context_used:,}/{engine.info.n_ctx_per_sequence:,}")
+        if self._last_stats:
+            fields.extend(speed_fields(self._last_stats))
+        self.query_one(StatusLine).show(*fields)
+
+    def _set_state(self, state: str) -> None:
+        self._state = state
+        self.show_status()
+
+    # Sidebar.
+    @on(Sidebar.SearchChanged)
+    def _search(self, event: Sidebar.SearchChanged) -> None:
+        self.refresh_conversations(event.query)
+
+    @on(Sidebar.ConversationChosen)
+    async def _open_conversation(self, event: Sidebar.ConversationChosen) -> None:
+        if self._refuse_while_answering():
+            return
+        await self._run_view_change(lambda: self.service.open(event.conversation_id))
+        self.query_one(Composer).focus()
+
+    @on(Sidebar.BranchChosen)
+    async def _jump(self, event: Sidebar.BranchChosen) -> None:
+        if self._refuse_while_answering():
+            return
+        await self._run_view_change(lambda: self.service.jump_to(event.message_id))
+
+    @on(ConversationList.DeleteRequested)
+    def _delete_from_list(self, event: ConversationList.DeleteRequested) -> None:
+        self._confirm_delete(event.conversation_id)
+
+    async def _run_view_change(self, change) -> None:  # type: ignore[no-untyped-def]
+        try:
+            self.branch = change()
+        except ChatappError as error:
+            self.notify(str(error), severity="error")
+            return
+        await self._show_branch()
+        self.refresh_conversations()
+        self.show_status()
+        self.warm_ahead(self.query_one(Composer).text)
+
+    def _refuse_while_answering(self) -> bool:
+        if self.answering:
+            self.notify("An answer is still running; press Esc to stop it first.", severity="warning")
+        return self.answering
+
+    # Sending, editing, regenerating.
+    @on(Composer.Submitted)
+    async def _submitted(self, event: Composer.Submitted) -> None:
+        text = event.text.strip()
+        if not text:
+            return
+        if not self.service.ready or self.answering:
+            self._give_back(event.text)
+            if not self.service.ready:
+                self.notify("The model is still loading; try again in a moment.", severity="warning")
+            else:
+                self.notify("An answer is still running; press Esc to stop it first.", severity="warning")
+            return
+        log = self.query_one(ChatLog)
+        editing, self._editing = self._editing, None
+        if editing is not None:
+            widget = next((w for w in log.views if w.message_id == editing), None)
+            await log.cut_after(log.index_of(widget) - 1 if widget else len(log.views) - 1)
+        elif self.branch is not None and self.branch.conversation.qa_mode:
+            await log.cut_after(-1)
+        question = await log.add("user", text)
+        await self._start_answer([question], event.text, lambda: self.service.edit(editing, text) if editing else self.service.ask(text))
+
+    def action_regenerate(self) -> None:
+        self.run_worker(self._regenerate(), exclusive=False)
+
+    async def _regenerate(self) -> None:
+        if self._refuse_while_answering() or not self._model_ready():
+            return
+        log = self.query_one(ChatLog)
+        selected = log.selected
+        if selected is None or selected.message_id is None:
+            self.notify("Nothing to answer again yet: ask a question first.", severity="warning")
+            return
+        question_index = log.index_of(selected) - (1 if selected.role == "assistant" else 0)
+        message_id = selected.message_id
+        await log.cut_after(question_index)
+        await self._start_answer([], "", lambda: self.service.regenerate(message_id))
+
+    def action_edit_question(self) -> None:
+        log = self.query_one(ChatLog)
+        selected = log.selected
+        if selected is not None and selected.role == "assistant":
+            index = log.index_of(selected)
+            selected = log.views[index - 1] if index > 0 else None
+        if selected is None or selected.message_id is None:
+            self.notify("No question to edit yet.", severity="warning")
+            return
+        self._begin_edit(selected)
+
+    @on(Composer.EditLast)
+    def _edit_last(self) -> None:
+        questions = [w for w in self.query_one(ChatLog).views if w.role == "user" and w.message_id is not None]
+        if questions:
+            self._begin_edit(questions[-1])
+
+    def _begin_edit(self, question: MessageView) -> None:
+        composer = self.query_one(Composer)
+        composer.text = question.text
+        composer.move_cursor(composer.document.end)
+        composer.focus()
+        self._editing = question.message_id
+        self._set_state("editing a question: Enter sends it as a new branch, Esc cancels")
+
+    async def _start_answer(self, pending: list[MessageView], text: str, start) -> None:  # type: ignore[no-untyped-def]
+        self.answering, self._stop_requested, self.job = True, False, None
+        self._pending_text, self._streamed = text, 0
+        answer = await self.query_one(ChatLog).add("assistant")
+        self._pending_views = [*pending, answer]
+        self._stream = Markdown.get_stream(answer.body)
+        self._set_state("thinking…")
+        self.run_answer(start)
+
+    @work(thread=True, exclusive=True, group="answer")
+    def run_answer(self, start) -> None:  # type: ignore[no-untyped-def]
+        """Worker thread: start the answer and forward its events to the screen."""
+        try:
+            job = start()
+        except ChatappError as error:
+            self.post_message(AnswerFailed(str(error), started=False))
+            return
+        except Exception as error:  # the engine failing must not take the screen down
+            self.post_message(AnswerFailed(f"the model failed: {error}", started=False))
+            return
+        self.job = job
+        if self._stop_requested:
+            job.cancel()
+        try:
+            for event in job.events():
+                if isinstance(event, TokenText):
+                    if event.text:
+                        self.post_message(AnswerText(event.text))
+                elif isinstance(event, PrefillProgress):
+                    self.post_message(PrefillAdvanced(event.done, event.total))
+        except Exception as error:
+            self.post_message(AnswerFailed(f"the answer failed: {error}", started=True))
+            return
+        assert job.result is not None
+        self.post_message(AnswerFinished(job.result))
+
+    async def on_answer_text(self, message: AnswerText) -> None:
+        if self._stream is not None:
+            await self._stream.write(message.text)
+        self._streamed += 1
+        if self._streamed == 1:
+            self.query_one(PrefillRow).hide()
+        if self._streamed % 8 == 1:
+            self._set_state(f"answering: {self._streamed} tokens")
+
+    def on_prefill_advanced(self, message: PrefillAdvanced) -> None:
+        if message.total >= PROGRESS_FROM_TOKENS:
+            self.query_one(PrefillRow).show_progress("reading the prompt", message.done, message.total)
+
+    async def on_answer_finished(self, message: AnswerFinished) -> None:
+        await self._end_stream()
+        result = message.result
+        job = self.job
+        self.job = None
+        self.service.record_answer(result.stats.ttft_ms)
+        if job is not None and job.answer is not None:
+            self._last_stats = job.answer.stats
+        if not result.text and self._pending_views:
+            await self._pending_views[-1].body.update("*(no answer: stopped)*")
+        self._pending_views = []
+        await self._reload_branch()
+        self._set_state("ready")
+        self.warm_ahead(self.query_one(Composer).text)
+
+    async def on_answer_failed(self, message: AnswerFailed) -> None:
+        await self._end_stream()
+        self.job = None
+        if not message.started:
+            # Nothing was asked: take the message back off the screen and into the box.
+            for view in self._pending_views:
+                await view.remove()
+            if self._pending_text:
+                self._give_back(self._pending_text)
+        self._pending_views = []
+        await self._reload_branch()
+        self.notify(message.reason, severity="error", timeout=10)
+        self._set_state("ready")
+
+    async def _reload_branch(self) -> None:
+        try:
+            self.branch = self.service.view()
+        except ChatappError as error:
+            self.notify(str(error), severity="error")
+            return
+        if not self.query_one(ChatLog).refresh_versions(self.branch):
+            await self._show_branch()
+        else:
+            self._after_branch_change()
+        self.refresh_conversations()
+
+    async def _end_stream(self) -> None:
+        self.query_one(PrefillRow).hide()
+        if self._stream is not None:
+            await self._stream.stop()
+            self._stream = None
+        self.answering = False
+
+    def _give_back(self, text: str) -> None:
+        composer = self.query_one(Composer)
+        if not composer.text:
+            composer.text = text
+
+    def _model_ready(self) -> bool:
+        if not self.service.ready:
+            self.notify("The model is still loading; try again in a moment.", severity="warning")
+        return self.service.ready
+
+    # Stop.
+    def action_stop(self) -> None:
+        if self.answering:
+            self._stop_requested = True
+            if self.job is not None:
+                self.job.cancel()
+            self._set_state("stopping…")
+        elif self._editing is not None:
+            self._editing = None
+            self.query_one(Composer).clear()
+            self._set_state("ready")
+        else:
+            self.service.stop_warming()
+            self.query_one(PrefillRow).hide()
+
+    # Warm-ahead and type-ahead.
+    @on(Composer.Changed)
+    def _typing(self, event: Composer.Changed) -> None:
+        settled = settled_text(event.text_area.text)
+        if settled != self._settled:
+            self._settled = settled
+            self.warm_ahead(event.text_area.text)
+
+    def warm_ahead(self, draft: str) -> None:
+        if self.service.ready and not self.answering and self._editing is None:
+            self._settled = settled_text(draft)
+            self.run_warm(draft)
+
+    @work(thread=True, exclusive=True, group="warm")
+    def run_warm(self, draft: str) -> None:
+        """Worker thread: queue the warm-up and report its progress while it is long."""
+        try:
+            handle = self.service.warm_ahead(draft)
+        except ChatappError:
+            return  # warming is an optimisation; the answer will say what is wrong
+        if handle is None:
+            return
+        worker = get_current_worker()
+        try:
+            for event in handle.events():
+                if worker.is_cancelled:
+                    return
+                if isinstance(event, PrefillProgress) and event.total >= PROGRESS_FROM_TOKENS:
+                    self.post_message(WarmProgress(event.done, event.total))
+        except Exception:
+            return
+        self.post_message(WarmProgress(-1, -1))
+
+    def on_warm_progress(self, message: WarmProgress) -> None:
+        row = self.query_one(PrefillRow)
+        if message.done < 0 or message.done >= message.total:
+            if not self.answering:
+                row.hide()
+        elif not self.answering:
+            row.show_progress("warming up", message.done, message.total)
+
+    # Selection, siblings, copy.
+    def action_select(self, step: int) -> None:
+        self.query_one(ChatLog).move_selection(step)
+
+    async def action_sibling(self, step: int) -> None:
+        if self._refuse_while_answering():
+            return
+        selected = self.query_one(ChatLog).selected
+        if selected is None or selected.message_id is None or selected.version_count < 2:
+            self.notify("This message has no other versions.", severity="information")
+            return
+        index = self.query_one(ChatLog).index_of(selected)
+        await self._run_view_change(lambda: self.service.switch_sibling(selected.message_id, step))
+        log = self.query_one(ChatLog)
+        if index < len(log.views):
+            log.selected_index = index
+            log.move_selection(0)
+
+    def action_copy_message(self) -> None:
+        selected = self.query_one(ChatLog).selected
+        if selected is None:
+            self.notify("No message to copy yet.", severity="warning")
+            return
+        self.app.copy_to_clipboard(selected.text)
+        self.notify("Message copied to the clipboard.")
+
+    def action_copy_code(self) -> None:
+        selected = self.query_one(ChatLog).selected
+        code = last_code_block(selected.text) if selected is not None else None
+        if code is None:
+            self.notify("The selected message has no code block.", severity="warning")
+            return
+        self.app.copy_to_clipboard(code)
+        self.notify("Code block copied to the clipboard.")
+
+    # Conversations.
+    async def action_new_conversation(self) -> None:
+        if self._refuse_while_answering():
+            return
+        persona = self._current_persona()
+        await self._run_view_change(lambda: self.service.new_conversation(persona))
+        self.query_one(Composer).focus()
+
+    def _current_persona(self):  # type: ignore[no-untyped-def]
+        if self.branch is None or not self.branch.persona_name:
+            return None
+        return next((p for p in self.service.personas.list() if p.name == self.branch.persona_name), None)
+
+    def action_rename(self) -> None:
+        if self.branch is None:
+            return
+
+        async def renamed(title: str | None) -> None:
+            if title is None:
+                return
+            await self._run_view_change(lambda: (self.service.rename(title), self.service.view())[1])
+
+        self.app.push_screen(TextPrompt("Rename conversation", self.branch.conversation.title), renamed)
+
+    def action_delete_conversation(self) -> None:
+        if self.branch is not None:
+            self._confirm_delete(self.branch.conversation.id)
+
+    def _confirm_delete(self, conversation_id: int) -> None:
+        if self._refuse_while_answering():
+            return
+
+        async def decided(yes: bool | None) -> None:
+            if yes:
+                await self._run_view_change(lambda: (self.service.delete(conversation_id), self.service.open_latest_or_new())[1])
+
+        title = next((c.title for c in self.service.list_conversations() if c.id == conversation_id), "this conversation")
+        self.app.push_screen(Confirm(f"Delete “{title}” and all its branches?"), decided)
+
+    def action_export(self) -> None:
+        if self.branch is None:
+            return
+        default = str(Path.home() / f"{self.service.export_name()}.md")
+
+        def chosen(path: str | None) -> None:
+            if not path:
+                return
+            try:
+                written = self.service.export_branch(Path(path).expanduser())
+            except ChatappError as error:
+                self.notify(str(error), severity="error", timeout=10)
+                return
+            self.notify(f"Branch exported to {written}")
+
+        self.app.push_screen(TextPrompt("Export this branch to (.md or .json)", default), chosen)
+
+    async def action_toggle_qa_mode(self) -> None:
+        if self.branch is None:
+            return
+        on = not self.branch.conversation.qa_mode
+        await self._run_view_change(lambda: (self.service.set_qa_mode(on), self.service.view())[1])
+        self.notify("Q&A mode on: each question starts from the persona and document." if on else "Q&A mode off.")
+
+    # Documents.
+    def action_attach_document(self) -> None:
+        if self._refuse_while_answering() or not self._model_ready():
+            return
+
+        def chosen(path: str | None) -> None:
+            if path:
+                self.attach(Path(path.strip()).expanduser())
+
+        self.app.push_screen(TextPrompt("Attach a document", placeholder="path to a .txt, .md or .pdf file",
+                                        hint="Its text goes after the persona; every question reuses its KV."), chosen)
+
+    @work(thread=True, exclusive=True, group="document")
+    def attach(self, path: Path) -> None:
+        try:
+            view, tokens = self.service.attach_document(path)
+        except ChatappError as error:
+            self.app.call_from_thread(self.notify, str(error), severity="error", timeout=12)
+            return
+        self.app.call_from_thread(self._document_attached, view, tokens)
+
+    async def _document_attached(self, view: BranchView, tokens: int) -> None:
+        await self._run_view_change(lambda: view)
+        self.notify(f"{view.document.name if view.document else 'document'} attached: {tokens:,} tokens with the persona.")
+
+    async def action_detach_document(self) -> None:
+        if self.branch is None or self.branch.document is None:
+            self.notify("No document is attached to this branch.", severity="information")
+            return
+        await self._run_view_change(self.service.detach_document)
+
+    # Focus and panels.
+    def action_search(self) -> None:
+        self.query_one("#sidebar").display = True
+        self.query_one("#search").focus()
+
+    def action_toggle_sidebar(self) -> None:
+        sidebar = self.query_one("#sidebar")
+        sidebar.display = not sidebar.display
+
+    def action_focus_tree(self) -> None:
+        self.query_one("#sidebar").display = True
+        self.query_one(BranchTree).focus()
+
+    def action_focus_composer(self) -> None:
+        self.query_one(Composer).focus()
+
+    # Other screens (the app owns them).
+    def action_personas(self) -> None:
+        self.app.action_personas()  # type: ignore[attr-defined]
+
+    def action_cache(self) -> None:
+        self.app.action_cache()  # type: ignore[attr-defined]
+
+    def action_settings(self) -> None:
+        self.app.action_settings()  # type: ignore[attr-defined]
+
+    def action_help(self) -> None:
+        self.app.action_help()  # type: ignore[attr-defined]
+
+    async def use_persona(self, persona) -> None:  # type: ignore[no-untyped-def]
+        if self._refuse_while_answering():
+            return
+        await self._run_view_change(lambda: self.service.set_persona(persona))
+        self.notify(f"Persona: {persona.name if persona else 'none'} (a new branch from the start).")

@@ -1,0 +1,35 @@
+"""Fixtures for the service tests: one engine per test module, a fresh database per test."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from chatapp.engine.engine import Engine
+from chatapp.services.library import Library, open_library
+from chatapp.services.startup import Workspace, open_workspace
+from tests.service_support import settings
+
+
+@pytest.fixture(scope="module")
+def shared_engine(tmp_path_factory: pytest.TempPathFactory, model_path: Path) -> Iterator[Engine]:
+    """One engine (with its KV cache in a folder of its own) for every test of a module."""
+    workspace = open_workspace(str(tmp_path_factory.mktemp("engine-data")), settings(model_path))
+    engine = workspace.open_engine()
+    assert engine.cache is not None, engine.cache_problem
+    yield engine
+    engine.close()
+
+
+@pytest.fixture
+def workspace(data_dir: Path, model_path: Path) -> Workspace:
+    return open_workspace(str(data_dir), settings(model_path))
+
+
+@pytest.fixture
+def library(workspace: Workspace) -> Iterator[Library]:
+    opened = open_library(workspace)
+    yield opened
+    opened.close()

@@ -1,0 +1,510 @@
+"""ChatService on the real bundled model: conversations as trees of branches, append-only
+prompts across a restart, edit / regenerate / switch, personas and documents as roots,
+Q&A mode, warm-ahead and type-ahead."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from chatapp.documents import Document, load_document
+from chatapp.engine.engine import Engine
+from chatapp.engine.events import STOP_END, STOP_PREFILLED
+from chatapp.engine.kv_placement import FRESH_TOKENS
+from chatapp.engine.prompt import ASSISTANT, SYSTEM, USER, ChatMessage
+from chatapp.errors import ChatappError, DocumentError
+from chatapp.services.branches import as_document, prompt_messages
+from chatapp.services.chat_service import NEW_TITLE, TITLE_CHARACTERS, ChatService, title_from
+from chatapp.services.conversation import document_block, question_message
+from chatapp.services.library import Library, open_library
+from chatapp.services.startup import Workspace, open_workspace
+from chatapp.store.records import MessageRecord
+from tests.service_support import make_service, settings
+
+PERSONA_NAME = "Concise assistant"
+DOCUMENT_TEXT = "\n".join(
+    f"Item {n}: the committee reviewed budget line {n * 7} and agreed to revisit it in week {n + 2}." for n in range(1, 6)
+)
+QUESTION = "Which budget lines did the committee agree to revisit, and in which weeks?"
+
+
+@pytest.fixture
+def service(workspace: Workspace, library: Library, shared_engine: Engine) -> Iterator[ChatService]:
+    chat = make_service(workspace, library, shared_engine)
+    yield chat
+    # Leave the shared engine idle for the next test.
+    chat.stop_warming()
+    assert chat.prewarmer is not None
+    chat.prewarmer.wait()
+
+
+@pytest.fixture
+def document_file(tmp_path: Path) -> Path:
+    path = tmp_path / "minutes.txt"
+    path.write_text(DOCUMENT_TEXT + "\n", encoding="utf-8")
+    return path
+
+
+def unique_document(folder: Path, topic: str) -> Path:
+    """A document no other test has asked about, so nothing of it is in the shared engine yet."""
+    path = folder / f"{topic}.txt"
+    lines = [f"Note {n}: the {topic} survey counted {n * 13} sites and revisits them in month {n + 1}." for n in range(1, 6)]
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path
+
+
+def occurrences(haystack: Sequence[int], needle: Sequence[int]) -> int:
+    haystack, needle = list(haystack), list(needle)
+    return sum(1 for start in range(len(haystack) - len(needle) + 1) if haystack[start : start + len(needle)] == needle)
+
+
+def sent_prompt(job) -> list[int]:  # type: ignore[no-untyped-def]
+    """The prompt tokens the job's request actually sent to the engine."""
+    return list(job.handle.request.prompt_tokens)
+
+
+def branch_prompt(service: ChatService, question_id: int) -> list[int]:
+    """The prompt for a saved question, rebuilt from the database as a restarted app would."""
+    path = service.conversations.path(question_id)
+    document = as_document(service.conversations.get_document(path[0].document_id)) if path[0].document_id else None
+    assert service.engine is not None
+    return service.engine.prompt_builder.build(prompt_messages(path[0], document, path[1:]))
+
+
+# Titles.
+def test_title_is_the_first_line_of_the_first_question_shortened() -> None:
+    assert title_from("  Hello there\nsecond line") == "Hello there"
+    assert title_from("   ") == NEW_TITLE
+    long = title_from("word " * 40)
+    assert len(long) == TITLE_CHARACTERS and long.endswith("…")
+
+
+# Asking.
+def test_ask_saves_the_answer_with_its_ids_and_figures_and_the_next_ask_continues(service: ChatService) -> None:
+    view = service.new_conversation()
+    assert view.conversation.title == NEW_TITLE and view.messages == ()
+    first = service.ask("What is 2+2?")
+    assert first.question.role == USER and first.question.parent_id == view.root.id
+    result = first.wait()
+    assert result.stop_reason == STOP_END, "a short greedy answer that ends by itself"
+    answer = service.conversations.get_message(first.answer.id)  # type: ignore[union-attr]
+    assert answer.role == ASSISTANT and answer.parent_id == first.question.id
+    assert answer.content == result.text != ""
+    assert answer.generated_ids == result.token_ids and len(answer.generated_ids) > 0
+    assert answer.status == "complete"
+    assert answer.stats is not None
+    assert answer.stats["prompt_tokens"] == result.stats.prompt_tokens == len(sent_prompt(first))
+    assert answer.stats["reused_tokens"] == result.stats.reused_tokens
+    assert answer.stats["generated_tokens"] == len(result.token_ids)
+    assert answer.stats["computed_tokens"] == result.stats.prompt_tokens - result.stats.reused_tokens
+
+    view = service.view()
+    assert view.conversation.title == "What is 2+2?"
+    assert [m.record.id for m in view.messages] == [first.question.id, answer.id]
+    assert [(c.id, c.title) for c in service.list_conversations()] == [(view.conversation.id, "What is 2+2?")]
+
+    second = service.ask("And what is 3+3?")
+    assert second.question.parent_id == answer.id
+    second_result = second.wait()
+    assert second_result.stats.reused_tokens >= result.stats.prompt_tokens
+    assert second.answer is not None and second.answer.stats is not None
+    assert second.answer.stats["reused_tokens"] == second_result.stats.reused_tokens
+    view = service.view()
+    assert view.conversation.title == "What is 2+2?", "only the first question names the conversation"
+    assert [m.record.role for m in view.messages] == [USER, ASSISTANT, USER, ASSISTANT]
+    assert view.leaf.id == second.answer.id
+
+
+def test_an_empty_question_or_no_engine_is_refused(workspace: Workspace, library: Library) -> None:
+    loading = make_service(workspace, library, None)
+    loading.new_conversation()
+    with pytest.raises(ChatappError, match="still loading"):
+        loading.ask("Hello?")
+    assert loading.warm_ahead("") is None
+    assert [m.record for m in loading.view().messages] == [], "a question that cannot be sent is not saved"
+    with pytest.raises(ChatappError, match="empty"):
+        loading.ask("   ")
+
+
+# Append-only prompts, and the same prompts after a restart.
+def test_prompts_rebuilt_after_a_restart_are_the_ones_sent_live(
+    workspace: Workspace, library: Library, service: ChatService, shared_engine: Engine, document_file: Path
+) -> None:
+    service.new_conversation(library.personas.get_by_name(PERSONA_NAME))
+    service.attach_document(document_file)
+    first = service.ask(QUESTION)
+    first_result = first.wait()
+    second = service.ask("And which one comes first?")
+    second_result = second.wait()
+    third = service.ask("Thanks.")
+    third.wait()
+    live = [sent_prompt(job) for job in (first, second, third)]
+    # Append-only: each turn's prompt begins with the previous prompt and its exact answer ids.
+    assert live[1][: len(live[0]) + len(first_result.token_ids)] == live[0] + list(first_result.token_ids)
+    assert live[2][: len(live[1]) + len(second_result.token_ids)] == live[1] + list(second_result.token_ids)
+    assert branch_prompt(service, first.question.id) == live[0]
+    conversation_id = service.conversation_id
+    assert conversation_id is not None
+
+    # A restart: a new library connection and a new service on the same database.
+    reopened = open_library(workspace)
+    try:
+        restarted = make_service(workspace, reopened, shared_engine)
+        view = restarted.open(conversation_id)
+        assert [m.record.id for m in view.messages][-1] == third.answer.id  # type: ignore[union-attr]
+        for job, prompt in zip((first, second, third), live):
+            assert branch_prompt(restarted, job.question.id) == prompt
+        # The next question's prompt after the restart extends the last live prompt and answer.
+        path = restarted.conversations.path(view.leaf.id)
+        document = as_document(view.document)
+        assert restarted.engine is not None
+        next_prompt = restarted.engine.prompt_builder.build(
+            prompt_messages(path[0], document, path[1:]) + [question_message("One more question.", None)]
+        )
+        assert next_prompt[: len(live[2]) + len(third.answer.generated_ids or ())] == live[2] + list(  # type: ignore[union-attr]
+            third.answer.generated_ids or ()  # type: ignore[union-attr]
+        )
+        # Regenerating a saved question sends exactly the prompt it was first asked with.
+        again = restarted.regenerate(second.question.id)
+        assert sent_prompt(again) == live[1]
+        again_result = again.wait()
+        assert again_result.text == second_result.text
+        assert again_result.stats.reused_tokens >= len(live[1]) - FRESH_TOKENS
+        restarted.stop_warming()
+    finally:
+        reopened.close()
+
+
+# Branches: edit, switch, jump.
+def test_edit_makes_a_sibling_branch_that_switch_sibling_and_jump_to_move_between(service: ChatService) -> None:
+    root = service.new_conversation().root
+    q1 = service.ask("Name a fruit.")
+    q1.wait()
+    q2 = service.ask("Name a colour.")
+    q2.wait()
+    a1, a2 = q1.answer, q2.answer
+    assert a1 is not None and a2 is not None
+
+    edited = service.edit(q2.question.id, "Name an animal.")
+    assert edited.question.parent_id == q2.question.parent_id == a1.id
+    assert edited.question.content == "Name an animal."
+    edited.wait()
+    assert edited.answer is not None
+    view = service.view()
+    assert [m.record.id for m in view.messages] == [q1.question.id, a1.id, edited.question.id, edited.answer.id]
+    question = view.message(edited.question.id)
+    assert question is not None and (question.position, question.siblings) == (2, 2)
+    assert view.message(q1.question.id).siblings == 1  # type: ignore[union-attr]
+    # The edited question's prompt is its branch's: the first turn, then the edited question.
+    assert sent_prompt(edited) == branch_prompt(service, edited.question.id) != sent_prompt(q2)
+    assert sent_prompt(edited)[: len(sent_prompt(q1)) + len(a1.generated_ids or ())] == sent_prompt(q1) + list(
+        a1.generated_ids or ()
+    )
+
+    back = service.switch_sibling(edited.question.id, -1)
+    assert [m.record.id for m in back.messages] == [q1.question.id, a1.id, q2.question.id, a2.id]
+    original = back.message(q2.question.id)
+    assert original is not None and (original.position, original.siblings) == (1, 2)
+    assert back.leaf.content == a2.content
+    assert service.view().leaf.id == a2.id, "the switch is saved as the active leaf"
+    # Stepping past either end stays on the last sibling.
+    assert service.switch_sibling(q2.question.id, -1).leaf.id == a2.id
+    assert service.switch_sibling(q2.question.id, +5).leaf.id == edited.answer.id
+
+    # jump_to opens the most recent leaf under any message.
+    assert service.jump_to(q2.question.id).leaf.id == a2.id
+    assert service.jump_to(a2.id).leaf.id == a2.id
+    assert service.jump_to(q1.question.id).leaf.id == edited.answer.id
+    assert service.jump_to(a1.id).leaf.id == edited.answer.id
+    assert service.jump_to(root.id).leaf.id == edited.answer.id
+    assert len(service.tree()) == 1 + 6
+
+    # Editing the first question branches from the root.
+    first_edit = service.edit(q1.question.id, "Name a vegetable.")
+    assert first_edit.question.parent_id == root.id
+    first_edit.wait()
+    view = service.view()
+    assert [m.record.role for m in view.messages] == [USER, ASSISTANT]
+    assert (view.messages[0].position, view.messages[0].siblings) == (2, 2)
+
+    with pytest.raises(ChatappError, match="only your own messages"):
+        service.edit(a1.id, "x")
+    with pytest.raises(ChatappError, match="only your own messages"):
+        service.edit(root.id, "x")
+
+
+def test_regenerate_from_the_answer_or_the_question_adds_sibling_answers(service: ChatService) -> None:
+    root = service.new_conversation().root
+    asked = service.ask("Name a fruit.")
+    original = asked.wait()
+    first = asked.answer
+    assert first is not None
+
+    from_answer = service.regenerate(first.id)
+    assert from_answer.question.id == asked.question.id
+    assert sent_prompt(from_answer) == sent_prompt(asked)
+    again = from_answer.wait()
+    assert from_answer.answer is not None and from_answer.answer.parent_id == asked.question.id
+    assert from_answer.answer.id != first.id
+
+    from_question = service.regenerate(asked.question.id)
+    third = from_question.wait()
+    assert from_question.answer is not None and from_question.answer.parent_id == asked.question.id
+
+    # Greedy sampling: the same prompt gives the same answer, token for token.
+    assert again.text == third.text == original.text
+    assert again.token_ids == third.token_ids == original.token_ids
+    siblings = service.conversations.siblings(first.id)
+    assert [s.id for s in siblings] == [first.id, from_answer.answer.id, from_question.answer.id]
+    view = service.view()
+    assert [m.record.id for m in view.messages] == [asked.question.id, from_question.answer.id]
+    assert (view.messages[-1].position, view.messages[-1].siblings) == (3, 3)
+    assert service.switch_sibling(from_question.answer.id, -2).leaf.id == first.id
+
+    with pytest.raises(ChatappError, match="no question"):
+        service.regenerate(root.id)
+
+
+# Personas and documents start new roots.
+def test_set_persona_starts_a_root_and_returning_reuses_the_existing_one(service: ChatService, library: Library) -> None:
+    plain = service.new_conversation()
+    asked = service.ask("Name a fruit.")
+    asked.wait()
+    persona = library.personas.get_by_name(PERSONA_NAME)
+
+    view = service.set_persona(persona)
+    assert view.root.id != plain.root.id and view.root.parent_id is None
+    assert (view.root_position, view.root_count) == (2, 2)
+    assert view.root.content == persona.prompt and view.persona_name == persona.name
+    assert view.messages == ()
+    with_persona = service.ask("Name a colour.")
+    with_persona.wait()
+    persona_tokens = service.engine.prompt_builder.build(  # type: ignore[union-attr]
+        [ChatMessage.of(SYSTEM, persona.prompt)], add_generation_prompt=False
+    )
+    assert sent_prompt(with_persona)[: len(persona_tokens)] == persona_tokens
+    assert with_persona.question.parent_id == view.root.id
+
+    back = service.set_persona(None)
+    assert back.root.id == plain.root.id and (back.root_position, back.root_count) == (1, 2)
+    assert back.leaf.id == asked.answer.id  # type: ignore[union-attr]
+    again = service.set_persona(persona)
+    assert again.root.id == view.root.id and again.root_count == 2
+    assert again.leaf.id == with_persona.answer.id  # type: ignore[union-attr]
+    assert len(service.conversations.roots(plain.conversation.id)) == 2
+
+
+def test_attach_document_puts_it_in_the_first_question_only(
+    service: ChatService, library: Library, document_file: Path
+) -> None:
+    persona = library.personas.get_by_name(PERSONA_NAME)
+    start = service.new_conversation(persona)
+    assert start.document is None
+    view, tokens = service.attach_document(document_file)
+    assert view.document is not None and view.document.name == "minutes.txt" and view.document.text == DOCUMENT_TEXT
+    assert view.root.document_id == view.document.id and view.root.content == persona.prompt
+    assert (view.root_position, view.root_count) == (1, 1), "the root left without a question is dropped"
+    document = Document("minutes.txt", DOCUMENT_TEXT)
+    assert tokens == service.prefix_tokens(view.root, document) == service.document_tokens(view.document)
+
+    block = service.engine.tokenize(document_block(document))  # type: ignore[union-attr]
+    first = service.ask(QUESTION)
+    first.wait()
+    second = service.ask("And which one comes last?")
+    second.wait()
+    first_prompt, second_prompt = sent_prompt(first), sent_prompt(second)
+    assert occurrences(first_prompt, block) == 1
+    assert occurrences(second_prompt, block) == 1, "the second question does not repeat the document"
+    assert second_prompt[: len(first_prompt)] == first_prompt
+    # Every question about this persona and document begins with the same prefix.
+    assert first_prompt[:tokens] == service.next_question_tokens(view.root, document, [], "")
+    messages = prompt_messages(view.root, document, service.conversations.path(second.question.id)[1:])
+    assert messages[1].parts == (document_block(document), QUESTION)
+    assert messages[3].parts == ("And which one comes last?",)
+
+    # Another persona keeps the document; attaching it again (same text) returns to its root.
+    switched = service.set_persona(None)
+    assert switched.root.content == "" and switched.persona_name is None and switched.root_count == 2
+    assert switched.document is not None and switched.document.id == view.document.id
+    assert service.set_persona(persona).root.id == view.root.id
+    assert service.attach_document(document_file)[0].root.id == view.root.id
+    # Detaching returns to the persona's root without a document.
+    detached = service.detach_document()
+    assert detached.root.content == persona.prompt and detached.document is None
+    # Roots nobody asked under are dropped when left: the first (persona only) and the no-persona one.
+    assert len(service.conversations.roots(start.conversation.id)) == 2
+
+
+def test_qa_mode_asks_every_question_from_the_root(service: ChatService, document_file: Path) -> None:
+    service.new_conversation()
+    view, tokens = service.attach_document(document_file)
+    service.set_qa_mode(True)
+    assert service.view().conversation.qa_mode
+    first = service.ask(QUESTION)
+    first.wait()
+    second = service.ask("Which item mentions week 5?")
+    second.wait()
+    assert first.question.parent_id == second.question.parent_id == view.root.id
+    block = service.engine.tokenize(document_block(as_document(view.document)))  # type: ignore[union-attr, arg-type]
+    assert occurrences(sent_prompt(first), block) == occurrences(sent_prompt(second), block) == 1
+    assert sent_prompt(first)[:tokens] == sent_prompt(second)[:tokens]
+    view = service.view()
+    assert [m.record.id for m in view.messages] == [second.question.id, second.answer.id]  # type: ignore[union-attr]
+    assert (view.messages[0].position, view.messages[0].siblings) == (2, 2)
+    service.set_qa_mode(False)
+    third = service.ask("Thanks.")
+    assert third.question.parent_id == second.answer.id  # type: ignore[union-attr]
+    third.wait()
+
+
+def long_text(service: ChatService, root: MessageRecord, target_tokens: int) -> str:
+    """A document text whose persona + document prefix is just below `target_tokens`."""
+    sentence = "The river report lists one more finding for the audit. "
+    low, high = 1, 400
+    while low < high:
+        middle = (low + high + 1) // 2
+        if service.prefix_tokens(root, Document("report.txt", (sentence * middle).strip())) < target_tokens:
+            low = middle
+        else:
+            high = middle - 1
+    return (sentence * low).strip()
+
+
+def test_a_document_that_does_not_fit_is_refused_with_both_numbers(service: ChatService, tmp_path: Path) -> None:
+    view = service.new_conversation()
+    path = tmp_path / "report.txt"
+    path.write_text("The river report lists one more finding for the audit. " * 200, encoding="utf-8")
+    tokens = service.prefix_tokens(view.root, load_document(path))
+    limit = service.engine.info.n_ctx_per_sequence  # type: ignore[union-attr]
+    assert tokens > limit == 1024
+    with pytest.raises(DocumentError) as raised:
+        service.attach_document(path)
+    assert f"{tokens:,} tokens" in str(raised.value) and f"{limit:,}" in str(raised.value)
+    after = service.view()
+    assert after.document is None and after.root_count == 1, "a refused document starts no branch"
+
+    # A document that fits, but leaves no room for the question: refused when asked, not saved.
+    path.write_text(long_text(service, view.root, limit - 2), encoding="utf-8")
+    attached, fitted = service.attach_document(path)
+    assert limit - 8 <= fitted < limit
+    with pytest.raises(DocumentError) as raised:
+        service.ask("What does the report say about the audit findings, in detail?")
+    assert f"{limit:,}" in str(raised.value) and "Q&A mode" in str(raised.value)
+    assert service.view().messages == () and service.view().root.id == attached.root.id
+
+
+def test_a_branch_too_long_for_the_context_is_refused_without_a_document(service: ChatService) -> None:
+    service.new_conversation()
+    limit = service.engine.info.n_ctx_per_sequence  # type: ignore[union-attr]
+    with pytest.raises(ChatappError) as raised:
+        service.ask("Please summarise this. " + "The river report lists one more finding for the audit. " * 120)
+    assert not isinstance(raised.value, DocumentError)
+    assert f"holds {limit:,}" in str(raised.value) and "new conversation" in str(raised.value)
+    assert service.view().messages == () and service.view().conversation.title == NEW_TITLE
+
+
+def test_a_document_longer_than_a_small_context_is_refused(
+    data_dir: Path, model_path: Path, document_file: Path, tmp_path: Path
+) -> None:
+    small = open_workspace(str(data_dir), settings(model_path, context_cap=256))
+    library = open_library(small)
+    engine = small.open_engine(use_cache=False, sequences=1)
+    try:
+        service = make_service(small, library, engine)
+        view = service.new_conversation()
+        assert engine.info.n_ctx_per_sequence == 256
+        path = tmp_path / "notes.md"
+        path.write_text("\n".join([DOCUMENT_TEXT] * 3), encoding="utf-8")
+        tokens = service.prefix_tokens(view.root, load_document(path))
+        assert tokens >= 256
+        with pytest.raises(DocumentError) as raised:
+            service.attach_document(path)
+        assert "notes.md" in str(raised.value)
+        assert f"{tokens:,} tokens" in str(raised.value) and "holds 256" in str(raised.value)
+        # The short one fits, and the view shows it.
+        attached, fitted = service.attach_document(document_file)
+        assert fitted < 256 and attached.document is not None and attached.document.name == "minutes.txt"
+    finally:
+        engine.close()
+        library.close()
+
+
+# Warm-ahead and type-ahead.
+def test_warm_ahead_computes_the_persona_and_document_before_the_question(
+    service: ChatService, library: Library, tmp_path: Path
+) -> None:
+    service.new_conversation(library.personas.get_by_name(PERSONA_NAME))
+    view, tokens = service.attach_document(unique_document(tmp_path, "wetland"))
+    handle = service.warm_ahead("")
+    assert handle is not None
+    assert handle.wait().stop_reason == STOP_PREFILLED
+    assert len(handle.request.prompt_tokens) == tokens and handle.request.store
+    assert service.warm_ahead("") is None, "nothing new to warm"
+    asked = service.ask(QUESTION)
+    result = asked.wait()
+    assert sent_prompt(asked)[:tokens] == list(handle.request.prompt_tokens)
+    assert result.stats.reuse_tier == "device"
+    assert result.stats.reused_tokens >= tokens
+
+
+def test_type_ahead_sends_the_same_prompt_and_gets_the_cold_answer(
+    service: ChatService, library: Library, tmp_path: Path, data_dir: Path, model_path: Path
+) -> None:
+    document_file = unique_document(tmp_path, "orchard")
+    typed_question = "How many sites did the orchard survey count in all, and which month comes last?"
+    persona = library.personas.get_by_name(PERSONA_NAME)
+    service.new_conversation(persona)
+    service.attach_document(document_file)
+    service.warm_ahead("")
+    assert service.prewarmer is not None
+    service.prewarmer.wait()
+    cache = service.engine.cache  # type: ignore[union-attr]
+    assert cache is not None
+    service.engine.flush_cache()  # type: ignore[union-attr]
+    stored_before_typing = set(cache.index.entries)
+    # The question typed one character at a time; the app warms ahead on every keystroke.
+    drafts = 0
+    for end in range(1, len(typed_question) + 1):
+        drafts += service.warm_ahead(typed_question[:end]) is not None
+    assert drafts >= typed_question.count(" ") - 2, "each settled word is warmed"
+    service.prewarmer.wait()
+    service.engine.flush_cache()  # type: ignore[union-attr]
+    assert set(cache.index.entries) == stored_before_typing, "drafts stay out of the RAM and disk tiers"
+    typed = service.ask(typed_question)
+    typed_result = typed.wait()
+    prompt = sent_prompt(typed)
+    assert typed_result.stats.reused_tokens >= len(prompt) - 8
+
+    # A fresh service on another database, asking at once on a cold engine without a cache.
+    cold_workspace = open_workspace(str(data_dir / "cold"), settings(model_path))
+    cold_library = open_library(cold_workspace)
+    cold_engine = cold_workspace.open_engine(use_cache=False, sequences=1)
+    try:
+        fresh = make_service(cold_workspace, cold_library, cold_engine)
+        fresh.new_conversation(cold_library.personas.get_by_name(PERSONA_NAME))
+        fresh.attach_document(document_file)
+        at_once = fresh.ask(typed_question)
+        at_once_result = at_once.wait()
+        assert sent_prompt(at_once) == prompt
+        assert at_once_result.stats.reused_tokens == 0
+        assert typed_result.text == at_once_result.text
+        assert typed_result.token_ids == at_once_result.token_ids
+    finally:
+        cold_engine.close()
+        cold_library.close()
+
+
+def test_document_tokens_follow_the_persona_of_the_open_branch(
+    service: ChatService, library: Library, document_file: Path
+) -> None:
+    service.new_conversation(library.personas.get_by_name(PERSONA_NAME))
+    with_persona, tokens = service.attach_document(document_file)
+    assert with_persona.document is not None
+    assert service.document_tokens(with_persona.document) == tokens
+    without_persona = service.set_persona(None)  # keeps the document, drops the persona's prompt
+    assert without_persona.document is not None and without_persona.document.id == with_persona.document.id
+    expected = service.prefix_tokens(without_persona.root, as_document(without_persona.document))
+    assert expected < tokens
+    assert service.document_tokens(without_persona.document) == expected

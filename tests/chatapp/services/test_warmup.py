@@ -1,0 +1,162 @@
+"""Warm-ahead and type-ahead on the real bundled model: what is warmed, when it is cancelled, and
+that typing with warm-ups sends the same prompt and gets the same answer as sending at once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from chatapp.documents import Document
+from chatapp.engine.engine import Engine, GenerationHandle, GenerationRequest
+from chatapp.engine.events import STOP_CANCELLED, STOP_PREFILLED
+from chatapp.engine.llama_native import SamplingParams
+from chatapp.engine.prompt import SYSTEM, USER, ChatMessage
+from chatapp.services.conversation import Conversation, document_block
+from chatapp.services.warmup import Prewarmer, draft_prompt_tokens, settled_text
+from tests.cache_support import cached_engine
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=16)
+PERSONA = "You are a careful assistant. You answer questions about the document in two sentences."
+DOCUMENT = Document(
+    name="minutes.txt",
+    text="\n".join(
+        f"Item {n}: the committee reviewed budget line {n * 7} and agreed to revisit it in week {n + 2}." for n in range(1, 16)
+    ),
+)
+QUESTION = (
+    "Which budget lines did the committee agree to revisit, and in which weeks? "
+    "Please list them in order, and tell me whether any of them are due before week 10."
+)
+
+
+@pytest.mark.parametrize(
+    ("draft", "settled"),
+    [
+        ("", ""),
+        ("Hello", ""),
+        ("Hello ", "Hello "),
+        ("Hello wor", "Hello "),
+        ("Hello  wor", "Hello  "),
+        ("two words  ", "two words  "),
+        ("first line\nsec", "first line\n"),
+        ("tab\tthen", "tab\t"),
+        (" x", " "),
+        ("Où est la gare ? Près d", "Où est la gare ? Près "),
+    ],
+)
+def test_settled_text_ends_at_the_last_whitespace(draft: str, settled: str) -> None:
+    assert settled_text(draft) == settled
+
+
+def test_draft_prompt_drops_the_token_at_the_settled_boundary(engine: Engine) -> None:
+    builder = engine.prompt_builder
+    persona = [ChatMessage.of(SYSTEM, PERSONA)]
+    parts = (document_block(DOCUMENT),)
+    empty = draft_prompt_tokens(builder, persona, parts, "Whi")  # nothing settled: nothing dropped
+    assert empty == builder.draft_tokens(persona, ChatMessage.of(USER, *parts, ""))
+    typed = draft_prompt_tokens(builder, persona, parts, "Which budget li")
+    assert typed == builder.draft_tokens(persona, ChatMessage.of(USER, *parts, "Which budget "))[:-1]
+    sent = builder.build(persona + [ChatMessage.of(USER, *parts, QUESTION)])
+    assert len(empty) < len(typed) and sent[: len(typed)] == typed
+
+
+def long_prompt(engine: Engine, topic: str) -> tuple[int, ...]:
+    """About 900 tokens: two prefill batches, so the warm-up is still running when the next call comes."""
+    text = f"Notes on {topic}: " + f"the {topic} report lists one more finding for the audit. " * 70
+    tokens = engine.prompt_builder.draft_tokens([], ChatMessage.of(USER, text))
+    assert engine.context.shape.n_batch < len(tokens) < engine.info.n_ctx_per_sequence - 64
+    return tuple(tokens)
+
+
+def finished(handle: GenerationHandle | None) -> str:
+    assert handle is not None
+    return handle.wait().stop_reason
+
+
+def test_nothing_new_is_not_warmed_again(engine: Engine) -> None:
+    prewarmer = Prewarmer(engine)
+    tokens = tuple(engine.prompt_builder.draft_tokens([ChatMessage.of(SYSTEM, PERSONA)], ChatMessage.of(USER, "How ")))
+    first = prewarmer.warm(tokens, store=False)
+    assert first is not None
+    assert prewarmer.warm(tokens, store=False) is None
+    assert prewarmer.warm(tokens[:-2], store=False) is None  # a backspace adds nothing
+    assert finished(first) == STOP_PREFILLED
+    longer = prewarmer.warm(tokens + tuple(engine.tokenize(" many")), store=False)
+    assert finished(longer) == STOP_PREFILLED
+    assert not prewarmer.busy
+
+
+def test_an_edit_to_earlier_text_cancels_the_running_warm_up(engine: Engine) -> None:
+    prewarmer = Prewarmer(engine)
+    original = long_prompt(engine, "rivers")
+    edited = long_prompt(engine, "lakes")
+    stale = prewarmer.warm(original, store=False)
+    assert prewarmer.busy
+    fresh = prewarmer.warm(edited, store=False)
+    assert finished(stale) == STOP_CANCELLED
+    assert finished(fresh) == STOP_PREFILLED
+    # Extending the text is not an edit: the running warm-up is the start of the next one.
+    extending = prewarmer.warm(original, store=False)
+    extended = prewarmer.warm(original + tuple(engine.tokenize(" More.")), store=False)
+    assert finished(extending) == STOP_PREFILLED and finished(extended) == STOP_PREFILLED
+
+
+def test_before_send_keeps_only_warm_ups_that_start_the_prompt(engine: Engine) -> None:
+    prewarmer = Prewarmer(engine)
+    useful = long_prompt(engine, "forests")
+    handle = prewarmer.warm(useful, store=False)
+    prewarmer.before_send(useful + tuple(engine.tokenize(" Question?")))
+    assert finished(handle) == STOP_PREFILLED
+    useless = long_prompt(engine, "deserts")
+    handle = prewarmer.warm(useless, store=False)
+    prewarmer.before_send(long_prompt(engine, "oceans"))
+    assert finished(handle) == STOP_CANCELLED
+    assert not prewarmer.busy
+    # What was cancelled may be warmed again.
+    again = prewarmer.warm(useless, store=False)
+    prewarmer.cancel()
+    assert finished(again) == STOP_CANCELLED
+    assert prewarmer.warm(useless, store=False) is not None
+    prewarmer.wait()
+    assert not prewarmer.busy
+
+
+def test_typing_with_warm_ups_sends_the_same_prompt_and_gets_the_cold_answer(
+    tmp_path: Path, model_path: Path, engine: Engine
+) -> None:
+    with cached_engine(tmp_path / "kv", model_path) as warm_engine:
+        builder = warm_engine.prompt_builder
+        conversation = Conversation(system_prompt=PERSONA, document=DOCUMENT)
+        parts_before = (document_block(DOCUMENT),)
+        prewarmer = Prewarmer(warm_engine)
+        # Warm-ahead: persona and document as soon as the conversation opens, kept in the cache.
+        prewarmer.warm(draft_prompt_tokens(builder, conversation.prompt_messages(), parts_before, ""), store=True)
+        prewarmer.wait()
+        warm_engine.flush_cache()
+        assert warm_engine.cache is not None
+        blocks_before_typing = len(warm_engine.cache.index)
+        assert blocks_before_typing > 0
+        # Type-ahead: the question revealed one character at a time, warmed after each settled word.
+        warmed = 0
+        for end in range(1, len(QUESTION) + 1):
+            if QUESTION[end - 1].isspace():
+                tokens = draft_prompt_tokens(builder, conversation.prompt_messages(), parts_before, QUESTION[:end])
+                warmed += prewarmer.warm(tokens, store=False) is not None
+                prewarmer.wait()
+        assert warmed >= QUESTION.count(" ") - 2
+        warm_engine.flush_cache()
+        assert len(warm_engine.cache.index) == blocks_before_typing  # drafts stay out of RAM and disk
+        conversation.add_user(QUESTION)
+        prompt = tuple(builder.build(conversation.prompt_messages()))
+        at_once = tuple(builder.build([ChatMessage.of(SYSTEM, PERSONA), ChatMessage.of(USER, *parts_before, QUESTION)]))
+        assert prompt == at_once
+        prewarmer.before_send(prompt)
+        typed = warm_engine.generate(GenerationRequest(prompt, GREEDY)).wait()
+        warm_engine.flush_cache()
+        assert len(warm_engine.cache.index) > blocks_before_typing  # the sent prompt is stored...
+        assert warm_engine.cache.stats()["requests"] == 1  # ...and the warm-ups were not counted
+    assert typed.stats.reuse_tier == "device"
+    assert typed.stats.reused_tokens >= len(prompt) - 12  # the last word, the closing and the header
+    cold = engine.generate(GenerationRequest(prompt, GREEDY, use_cache=False)).wait()
+    assert typed.token_ids == cold.token_ids

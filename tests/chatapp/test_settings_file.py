@@ -1,0 +1,287 @@
+"""The settings screen's backend: fields, form text <-> Settings, and saving config.toml."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import tempfile
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from chatapp.errors import SettingsError
+from chatapp.settings import Settings, load_settings
+from chatapp.settings_file import (
+    RESTART_FIELDS,
+    SettingField,
+    changed_restart_fields,
+    field_errors,
+    format_value,
+    parse_values,
+    save_settings,
+    setting_fields,
+)
+
+ODD_PATH = Path('/models/it\'s "quoted"\\back\\slash/naïve 模型 🦙\tx\x01y.gguf')
+
+# A non-default value for every field, so every kind goes through the round trip.
+EVERYTHING = Settings(
+    model=ODD_PATH,
+    context_cap=4096,
+    sequences=2,
+    n_gpu_layers=0,
+    threads=3,
+    flash_attention=True,
+    temperature=0.0,
+    top_p=0.5,
+    max_tokens=1024,
+    seed=0,
+    cache_block_size=128,
+    cache_ram_mib=0,
+    cache_disk_mib=1,
+    cache_ttl_days=0.25,
+)
+
+
+def form_of(settings: Settings) -> dict[str, str]:
+    return {field.name: format_value(field, getattr(settings, field.name)) for field in setting_fields()}
+
+
+def field(name: str) -> SettingField:
+    return next(item for item in setting_fields() if item.name == name)
+
+
+def leftovers(folder: Path) -> list[str]:
+    return sorted(path.name for path in folder.iterdir() if path.name != "config.toml")
+
+
+# --- fields -------------------------------------------------------------------------------
+
+
+def test_fields_follow_the_settings_model() -> None:
+    fields = setting_fields()
+    assert [item.name for item in fields] == list(Settings.model_fields)
+    assert all(item.default == Settings.model_fields[item.name].default for item in fields)
+    assert all(item.description and "\n" not in item.description for item in fields)
+    assert len({item.label for item in fields}) == len(fields)
+    assert RESTART_FIELDS <= set(Settings.model_fields)
+
+
+def test_labels_kinds_and_restart_flags() -> None:
+    assert field("context_cap").label == "Context cap"
+    assert field("n_gpu_layers").label == "GPU layers"
+    assert field("temperature").description == Settings.model_fields["temperature"].description
+    assert field("top_p").description  # pydantic has none; a sensible one is supplied
+    kinds = {item.name: item.kind for item in setting_fields()}
+    assert kinds["model"] == "path" and kinds["threads"] == "optional-int" and kinds["seed"] == "optional-int"
+    assert kinds["context_cap"] == "int" and kinds["temperature"] == "float" and kinds["flash_attention"] == "bool"
+    restart = {item.name for item in setting_fields() if item.restart_needed}
+    assert restart == {
+        "model", "context_cap", "sequences", "n_gpu_layers", "threads", "flash_attention",
+        "cache_block_size", "cache_ram_mib", "cache_disk_mib", "cache_ttl_days",
+    }  # fmt: skip
+    assert not restart & {"temperature", "top_p", "max_tokens", "seed"}
+
+
+def test_format_value() -> None:
+    assert format_value(field("model"), None) == ""
+    assert format_value(field("model"), Path("/m/x.gguf")) == "/m/x.gguf"
+    assert format_value(field("flash_attention"), True) == "true"
+    assert format_value(field("flash_attention"), False) == "false"
+    assert format_value(field("threads"), None) == ""
+    assert format_value(field("context_cap"), 8192) == "8192"
+    assert format_value(field("temperature"), 0.7) == "0.7"
+
+
+# --- parsing ------------------------------------------------------------------------------
+
+
+def test_form_round_trip_of_every_kind() -> None:
+    assert parse_values(form_of(EVERYTHING)) == EVERYTHING
+    assert parse_values(form_of(Settings())) == Settings()
+
+
+def test_empty_text_means_the_default() -> None:
+    texts = {name: "" for name in Settings.model_fields}
+    assert parse_values(texts) == Settings()
+    assert parse_values({"model": "   ", "threads": "", "seed": " ", "context_cap": ""}) == Settings()
+    assert parse_values({}) == Settings()
+    assert parse_values({"threads": " 6 ", "model": " /m/x.gguf "}) == Settings(threads=6, model=Path("/m/x.gguf"))
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("true", True), ("TRUE", True), ("Yes", True), ("on", True), ("1", True),
+     ("false", False), ("False", False), ("NO", False), ("off", False), ("0", False)],
+)  # fmt: skip
+def test_bool_words(text: str, value: bool) -> None:
+    assert parse_values({"flash_attention": text}).flash_attention is value
+
+
+@pytest.mark.parametrize(
+    ("texts", "message"),
+    [
+        ({"temperature": "9"}, "Temperature: Input should be less than or equal to 5"),
+        ({"context_cap": "big"}, "Context cap: Input should be a valid integer"),
+        ({"context_cap": "100"}, "Context cap: Input should be greater than or equal to 256"),
+        ({"top_p": "0"}, "Top p: Input should be greater than 0"),
+        ({"threads": "0"}, "Threads: Input should be greater than or equal to 1"),
+        ({"seed": "-1"}, "Seed: Input should be greater than or equal to 0"),
+        ({"cache_ttl_days": "soon"}, "Cache TTL days: Input should be a valid number"),
+        ({"flash_attention": "maybe"}, "Flash attention: Input should be true or false"),
+    ],
+)
+def test_bad_values_give_the_label_and_the_reason(texts: dict[str, str], message: str) -> None:
+    with pytest.raises(SettingsError) as caught:
+        parse_values(texts)
+    assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
+    assert list(field_errors(texts)) == list(texts)
+
+
+def test_every_bad_field_is_reported_together() -> None:
+    texts = form_of(Settings()) | {"max_tokens": "0", "flash_attention": "perhaps", "temperature": "hot"}
+    errors = field_errors(texts)
+    assert list(errors) == ["flash_attention", "temperature", "max_tokens"]  # form order
+    assert errors["temperature"].startswith("Input should be a valid number")
+    assert errors["max_tokens"] == "Input should be greater than or equal to 1"
+    assert errors["flash_attention"].startswith("Input should be true or false")
+    with pytest.raises(SettingsError, match=r"^Flash attention: .* \(and 2 more problems\)$"):
+        parse_values(texts)
+    assert field_errors(form_of(EVERYTHING)) == {}
+
+
+def test_unknown_keys_are_impossible_by_construction(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="temprature"):
+        parse_values({"temprature": "0.5"})
+    with pytest.raises(ValueError, match="temprature"):
+        field_errors({"temprature": "0.5"})
+    config = tmp_path / "config.toml"
+    save_settings(config, EVERYTHING)
+    assert set(tomllib.loads(config.read_text(encoding="utf-8"))) == set(Settings.model_fields)
+
+
+# --- saving -------------------------------------------------------------------------------
+
+
+def test_file_round_trip_of_every_kind(tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    save_settings(config, EVERYTHING)
+    assert load_settings(config) == EVERYTHING
+    assert load_settings(config).model == ODD_PATH
+    text = config.read_text(encoding="utf-8")
+    assert text.startswith("# ") and "naïve 模型 🦙" in text  # readable, not \u-escaped
+    assert leftovers(tmp_path) == []
+
+
+def test_infinite_ttl_round_trips(tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    settings = parse_values({"cache_ttl_days": "inf"})
+    save_settings(config, settings)
+    assert load_settings(config) == settings
+
+
+def test_defaults_are_not_written(tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    save_settings(config, Settings())
+    assert tomllib.loads(config.read_text(encoding="utf-8")) == {}
+    assert load_settings(config) == Settings()
+    save_settings(config, Settings(temperature=0.2, context_cap=8192, seed=None))
+    assert tomllib.loads(config.read_text(encoding="utf-8")) == {"temperature": 0.2}
+
+
+def test_rewrites_the_old_file(tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text("# my notes\nsequences = 8\n", encoding="utf-8")
+    save_settings(config, Settings(max_tokens=64))
+    assert tomllib.loads(config.read_text(encoding="utf-8")) == {"max_tokens": 64}
+
+
+def test_file_mode_is_0600(tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text("sequences = 8\n", encoding="utf-8")
+    config.chmod(0o644)
+    save_settings(config, EVERYTHING)
+    assert stat.S_IMODE(config.stat().st_mode) == 0o600
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root writes into read-only folders")
+def test_read_only_folder_leaves_the_old_file(tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text("sequences = 8\n", encoding="utf-8")
+    tmp_path.chmod(0o500)
+    try:
+        with pytest.raises(SettingsError) as caught:
+            save_settings(config, EVERYTHING)
+    finally:
+        tmp_path.chmod(0o700)
+    assert str(config) in str(caught.value) and "writable" in str(caught.value)
+    assert config.read_text(encoding="utf-8") == "sequences = 8\n"
+    assert leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    ("target", "error"),
+    [
+        ("mkstemp", PermissionError(errno.EACCES, "Permission denied")),  # cannot create in the folder
+        ("fsync", OSError(errno.ENOSPC, "No space left on device")),  # disk full while writing
+        ("replace", PermissionError(errno.EACCES, "Permission denied")),  # cannot rename into place
+    ],
+)
+def test_io_errors_leave_the_old_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, target: str, error: OSError
+) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text("sequences = 8\n", encoding="utf-8")
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise error
+
+    monkeypatch.setattr(tempfile if target == "mkstemp" else os, target, fail)
+    with pytest.raises(SettingsError) as caught:
+        save_settings(config, EVERYTHING)
+    message = str(caught.value)
+    assert str(config) in message and error.strerror in message and "\n" not in message
+    assert config.read_text(encoding="utf-8") == "sequences = 8\n"
+    assert leftovers(tmp_path) == []
+
+
+def test_missing_folder_names_the_file(tmp_path: Path) -> None:
+    config = tmp_path / "gone" / "config.toml"
+    with pytest.raises(SettingsError, match="cannot save settings to .*config.toml: No such file"):
+        save_settings(config, EVERYTHING)
+
+
+def test_invalid_settings_leave_the_old_file(tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text("sequences = 8\n", encoding="utf-8")
+    bad = Settings.model_construct(temperature=99.0)  # skips validation
+    with pytest.raises(SettingsError, match="temperature: Input should be less than or equal to 5") as caught:
+        save_settings(config, bad)
+    assert str(config) in str(caught.value) and "\n" not in str(caught.value)
+    assert config.read_text(encoding="utf-8") == "sequences = 8\n"
+    assert leftovers(tmp_path) == []
+
+
+def test_unencodable_path_is_refused_before_writing(tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text("sequences = 8\n", encoding="utf-8")
+    with pytest.raises(SettingsError, match="^Model: cannot save this value"):
+        save_settings(config, Settings(model=Path("/models/\udcff.gguf")))
+    assert config.read_text(encoding="utf-8") == "sequences = 8\n"
+    assert leftovers(tmp_path) == []
+
+
+# --- restart ------------------------------------------------------------------------------
+
+
+def test_changed_restart_fields() -> None:
+    old = Settings()
+    assert changed_restart_fields(old, old) == []
+    assert changed_restart_fields(old, Settings(temperature=0.1, top_p=0.5, max_tokens=9, seed=1)) == []
+    new = Settings(context_cap=4096, cache_ram_mib=1, temperature=0.1, model=Path("/m/x.gguf"))
+    assert changed_restart_fields(old, new) == ["Model", "Context cap", "Cache RAM MiB"]
+    assert len(changed_restart_fields(old, EVERYTHING)) == len(
+        [item for item in setting_fields() if item.restart_needed]
+    )

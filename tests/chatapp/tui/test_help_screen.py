@@ -1,0 +1,44 @@
+"""Every action has a key with an id, appears in help, and is in the command palette."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from textual.widgets import DataTable
+
+from chatapp.tui.commands import COMMANDS, display_key
+from chatapp.tui.help_screen import HelpScreen
+from tests.tui_support import SCREEN, make_app, wait_until
+
+
+def test_every_command_has_a_unique_key_and_id() -> None:
+    assert len({c.id for c in COMMANDS}) == len(COMMANDS)
+    assert len({c.key for c in COMMANDS}) == len(COMMANDS)
+    assert display_key("ctrl+n") == "Ctrl+N" and display_key("alt+left") == "Alt+Left"
+
+
+async def test_help_lists_every_key_and_the_palette_every_action(data_dir: Path) -> None:
+    app = make_app(data_dir)
+    async with app.run_test(size=SCREEN) as pilot:
+        await pilot.press("f1")
+        await wait_until(pilot, lambda: isinstance(app.screen, HelpScreen))
+        table = app.screen.query_one(DataTable)
+        rows = [table.get_row_at(i) for i in range(table.row_count)]
+        for command in COMMANDS:
+            assert [display_key(command.key), command.title, command.help] in rows
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: not isinstance(app.screen, HelpScreen))
+
+        titles = [command.title for command in app.get_system_commands(app.screen)]
+        for command in COMMANDS:
+            assert any(title.startswith(command.title) for title in titles), command.title
+        bound = {b.id for bs in app.main_screen._bindings.key_to_bindings.values() for b in bs}
+        assert {c.id for c in COMMANDS} <= bound
+
+
+def test_the_readme_lists_every_key() -> None:
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text(encoding="utf-8")
+    keys_section = readme[readme.index("## The chat screen") : readme.index("## `chatapp ask`")]
+    for command in COMMANDS:
+        key = display_key(command.key).replace("Escape", "Esc")
+        assert key in keys_section, f"README does not mention {key} ({command.title})"

@@ -1,0 +1,68 @@
+"""Documents: attach one, ask two questions in Q&A mode, the second reuses the document's KV."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from textual.widgets import Input
+
+from chatapp.tui.dialogs import TextPrompt
+from tests.tui_support import SCREEN, make_app, notifications, send, views, wait_idle, wait_ready, wait_until
+
+NOTES = "\n".join(f"Line {n}: the lighthouse at Cape {n} was built in {1800 + n} and painted red and white." for n in range(1, 13))
+
+
+async def attach(pilot, app, path: Path) -> None:  # type: ignore[no-untyped-def]
+    await pilot.press("ctrl+o")
+    await wait_until(pilot, lambda: isinstance(app.screen, TextPrompt))
+    app.screen.query_one("#dialog-input", Input).value = str(path)
+    await pilot.press("enter")
+
+
+async def test_questions_about_a_document_reuse_its_tokens(data_dir: Path, tmp_path: Path) -> None:
+    document = tmp_path / "lighthouses.txt"
+    document.write_text(NOTES, encoding="utf-8")
+    app = make_app(data_dir)
+    async with app.run_test(size=SCREEN) as pilot:
+        await wait_ready(pilot, app)
+        await attach(pilot, app, document)
+        await wait_until(pilot, lambda: app.service.view().document is not None)
+        info = str(app.main_screen.query_one("#branch-info").render())
+        assert "Document: lighthouses.txt" in info and "of 1,024 tokens" in info
+        document_tokens = app.service.document_tokens(app.service.view().document)
+        assert document_tokens is not None and document_tokens > 200
+
+        await pilot.press("ctrl+t")
+        await wait_until(pilot, lambda: app.service.view().conversation.qa_mode)
+        await wait_idle(pilot, app)
+        await send(pilot, app, "When was the lighthouse at Cape 3 built?")
+        await send(pilot, app, "What colours are the lighthouses?")
+        branch = app.service.view()
+        assert [m.record.role for m in branch.messages] == ["user", "assistant"], "Q&A mode: history does not grow"
+        assert branch.messages[0].record.content == "What colours are the lighthouses?"
+        assert (branch.messages[0].position, branch.messages[0].siblings) == (2, 2)
+        stats = branch.messages[1].record.stats
+        assert stats["reused_tokens"] >= document_tokens, "the second question reuses the whole document"
+        assert len(views(app)) == 2
+
+
+async def test_a_document_that_does_not_fit_names_both_numbers(data_dir: Path, tmp_path: Path) -> None:
+    document = tmp_path / "long.txt"
+    document.write_text(NOTES * 8, encoding="utf-8")
+    app = make_app(data_dir, context_cap=512)
+    async with app.run_test(size=SCREEN) as pilot:
+        await wait_ready(pilot, app)
+        await attach(pilot, app, document)
+        await wait_until(pilot, lambda: any("context holds" in n for n in notifications(app)))
+        message = next(n for n in notifications(app) if "context holds" in n)
+        assert "long.txt" in message and "512" in message
+        assert app.service.view().document is None
+
+
+async def test_an_unreadable_document_is_a_notification(data_dir: Path, tmp_path: Path) -> None:
+    app = make_app(data_dir)
+    async with app.run_test(size=SCREEN) as pilot:
+        await wait_ready(pilot, app)
+        await attach(pilot, app, tmp_path / "missing.txt")
+        await wait_until(pilot, lambda: any("does not exist" in n for n in notifications(app)))
+        assert app.service.view().document is None

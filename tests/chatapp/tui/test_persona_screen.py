@@ -1,0 +1,63 @@
+"""Personas: bundled ones listed, create one, use it (a new branch from the root), import/export."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from textual.widgets import Input, OptionList, TextArea
+
+from chatapp.tui.persona_screen import PersonaScreen
+from tests.tui_support import SCREEN, make_app, send, views, wait_ready, wait_until
+
+
+async def test_create_a_persona_and_use_it_in_a_new_branch(data_dir: Path) -> None:
+    app = make_app(data_dir)
+    async with app.run_test(size=SCREEN) as pilot:
+        await wait_ready(pilot, app)
+        await send(pilot, app, "Hello there.")
+        await pilot.press("f2")
+        await wait_until(pilot, lambda: isinstance(app.screen, PersonaScreen))
+        screen = app.screen
+        listed = [str(screen.query_one(OptionList).get_option_at_index(i).prompt) for i in range(screen.query_one(OptionList).option_count)]
+        assert {"Concise assistant", "Code reviewer", "Document analyst", "Translator"} <= set(listed)
+
+        await pilot.click("#new")
+        screen.query_one("#persona-name", Input).value = "Pirate"
+        screen.query_one("#persona-prompt", TextArea).text = "You are a pirate. Answer like one."
+        await pilot.press("ctrl+s")
+        await wait_until(pilot, lambda: any(p.name == "Pirate" for p in app.service.personas.list()))
+        await pilot.press("ctrl+u")
+        await wait_until(pilot, lambda: not isinstance(app.screen, PersonaScreen))
+        await wait_until(pilot, lambda: app.service.view().persona_name == "Pirate")
+
+        branch = app.service.view()
+        assert branch.root.content == "You are a pirate. Answer like one."
+        assert branch.messages == () and views(app) == [], "a new persona starts a new branch from the root"
+        assert branch.root_count == 2
+        assert "Persona: Pirate" in str(app.main_screen.query_one("#branch-info").render())
+        await send(pilot, app, "Who are you?")
+        assert app.service.view().messages[-1].record.role == "assistant"
+
+
+async def test_import_and_export_a_persona_file(data_dir: Path, tmp_path: Path) -> None:
+    source = tmp_path / "haiku.md"
+    source.write_text("# Haiku poet\n\nAnswer every question as a haiku.\n", encoding="utf-8")
+    app = make_app(data_dir)
+    async with app.run_test(size=SCREEN) as pilot:
+        await pilot.press("f2")
+        await wait_until(pilot, lambda: isinstance(app.screen, PersonaScreen))
+        await pilot.click("#import")
+        await wait_until(pilot, lambda: not isinstance(app.screen, PersonaScreen))
+        app.screen.query_one("#dialog-input", Input).value = str(source)
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: any(p.name == "Haiku poet" for p in app.service.personas.list()))
+        screen = app.screen
+        assert isinstance(screen, PersonaScreen) and screen.editing is not None and screen.editing.name == "Haiku poet"
+        await pilot.click("#export")
+        await wait_until(pilot, lambda: not isinstance(app.screen, PersonaScreen))
+        app.screen.query_one("#dialog-input", Input).value = str(tmp_path / "out")
+        (tmp_path / "out").mkdir()
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: any((tmp_path / "out").iterdir()))
+        exported = next((tmp_path / "out").iterdir()).read_text(encoding="utf-8")
+        assert exported.startswith("# Haiku poet") and "Answer every question as a haiku." in exported

@@ -1,0 +1,37 @@
+"""The settings screen: invalid values show pydantic's reason; valid ones are saved to config.toml."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+from textual.widgets import Input, Label
+
+from chatapp.tui.settings_screen import SettingsScreen
+from tests.tui_support import SCREEN, make_app, notifications, wait_until
+
+
+async def test_invalid_values_are_explained_and_valid_ones_saved(data_dir: Path) -> None:
+    app = make_app(data_dir)
+    async with app.run_test(size=SCREEN) as pilot:
+        await pilot.press("f5")
+        await wait_until(pilot, lambda: isinstance(app.screen, SettingsScreen))
+        screen = app.screen
+        screen.query_one("#setting-temperature", Input).value = "9"
+        await pilot.pause(0.1)
+        reason = str(screen.query_one("#error-temperature", Label).render())
+        assert "less than or equal to 5" in reason
+        await pilot.press("ctrl+s")
+        await wait_until(pilot, lambda: any("Temperature" in n for n in notifications(app)))
+        assert isinstance(app.screen, SettingsScreen), "an invalid form is not saved"
+        assert not app.workspace.paths.config_file.exists()
+
+        screen.query_one("#setting-temperature", Input).value = "0.3"
+        screen.query_one("#setting-cache_ram_mib", Input).value = "256"
+        await pilot.press("ctrl+s")
+        await wait_until(pilot, lambda: not isinstance(app.screen, SettingsScreen))
+        saved = tomllib.loads(app.workspace.paths.config_file.read_text())
+        assert saved["temperature"] == 0.3 and saved["cache_ram_mib"] == 256
+        assert app.workspace.settings.temperature == 0.3
+        assert app.service.workspace.sampling().temperature == 0.3
+        assert any("Restart chatapp to apply: Cache RAM MiB" in n for n in notifications(app))

@@ -1,0 +1,23 @@
+"""Chat services on the real bundled model, for the tests of chatapp/services."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from chatapp.engine.engine import Engine
+from chatapp.services.chat_service import ChatService
+from chatapp.services.library import Library
+
+# Greedy and short: reproducible answers, a fast run on two cores (one llama.cpp thread).
+SERVICE_SETTINGS = {"temperature": 0.0, "context_cap": 1024, "sequences": 2, "max_tokens": 12, "threads": 1}
+
+
+def settings(model_path: Path, **overrides: object) -> dict[str, object]:
+    return {**SERVICE_SETTINGS, "model": str(model_path), **overrides}
+
+
+def make_service(workspace, library: Library, engine: Engine | None) -> ChatService:  # type: ignore[no-untyped-def]
+    service = ChatService(workspace, library.conversations, library.personas, library.pins)
+    if engine is not None:
+        service.attach_engine(engine)
+    return service
