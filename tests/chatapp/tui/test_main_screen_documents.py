@@ -66,3 +66,28 @@ async def test_an_unreadable_document_is_a_notification(data_dir: Path, tmp_path
         await attach(pilot, app, tmp_path / "missing.txt")
         await wait_until(pilot, lambda: any("does not exist" in n for n in notifications(app)))
         assert app.service.view().document is None
+
+
+async def test_a_long_warm_up_shows_its_progress(data_dir: Path, tmp_path: Path, monkeypatch) -> None:
+    from chatapp.tui.main_screen import MainScreen
+    from chatapp.tui.widgets import PrefillRow
+
+    shown: list[str] = []
+    original = PrefillRow.show_progress
+
+    def recording(self, what: str, done: int, total: int) -> None:  # type: ignore[no-untyped-def]
+        shown.append(f"{what} {done}/{total}")
+        original(self, what, done, total)
+
+    monkeypatch.setattr(PrefillRow, "show_progress", recording)
+    document = tmp_path / "notes.txt"
+    document.write_text(NOTES + "\n" + NOTES.replace("Cape", "Point"), encoding="utf-8")  # more than one 512-token batch
+    app = make_app(data_dir)
+    async with app.run_test(size=SCREEN) as pilot:
+        await wait_ready(pilot, app)
+        await attach(pilot, app, document)
+        await wait_until(pilot, lambda: app.service.view().document is not None)
+        await wait_idle(pilot, app)
+        assert isinstance(app.main_screen, MainScreen)
+        assert not app.main_screen.query_one(PrefillRow).display, "the bar goes away when the warm-up ends"
+    assert any(entry.startswith("warming up 512/") for entry in shown), shown

@@ -1,0 +1,61 @@
+"""The sidebar: search by title and text, rename, delete (asks first), and the age labels."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from textual.widgets import Input
+
+from chatapp.tui.dialogs import Confirm, TextPrompt
+from chatapp.tui.sidebar import ConversationList, age, snippet
+from tests.tui_support import SCREEN, make_app, send, wait_ready, wait_until
+
+
+def test_ages_and_snippets_are_short() -> None:
+    assert age(1000.0, now=1030.0) == "just now"
+    assert age(0.0, now=5 * 60) == "5 min" and age(0.0, now=3 * 3600) == "3 h" and age(0.0, now=2 * 86400) == "2 d"
+    assert snippet("a  b\nc") == "a b c"
+    assert snippet("x" * 50, 10) == "x" * 9 + "…"
+
+
+def listed_titles(app) -> list[str]:  # type: ignore[no-untyped-def]
+    options = app.main_screen.query_one(ConversationList)
+    return [str(options.get_option_at_index(i).prompt).rsplit("  ", 1)[0] for i in range(options.option_count)]
+
+
+async def test_search_rename_and_delete(data_dir: Path) -> None:
+    app = make_app(data_dir, max_tokens=4)
+    async with app.run_test(size=SCREEN) as pilot:
+        await wait_ready(pilot, app)
+        await send(pilot, app, "Tell me about owls.")
+        await pilot.press("ctrl+n")
+        await wait_until(pilot, lambda: app.service.view().messages == ())
+        await send(pilot, app, "Tell me about otters.")
+        assert listed_titles(app) == ["Tell me about otters.", "Tell me about owls."], "newest first"
+
+        await pilot.press("ctrl+f")
+        search = app.main_screen.query_one("#search", Input)
+        assert search.has_focus
+        search.value = "OWLS"
+        await wait_until(pilot, lambda: listed_titles(app) == ["Tell me about owls."])
+        search.value = ""
+        await wait_until(pilot, lambda: len(listed_titles(app)) == 2)
+
+        app.main_screen.query_one("#composer").focus()
+        await pilot.press("alt+r")
+        await wait_until(pilot, lambda: isinstance(app.screen, TextPrompt))
+        app.screen.query_one("#dialog-input", Input).value = "Otters"
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: listed_titles(app)[0] == "Otters")
+        assert app.service.view().conversation.title == "Otters"
+
+        await pilot.press("alt+delete")
+        await wait_until(pilot, lambda: isinstance(app.screen, Confirm))
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: not isinstance(app.screen, Confirm))
+        assert len(listed_titles(app)) == 2, "cancelled: nothing deleted"
+        await pilot.press("alt+delete")
+        await wait_until(pilot, lambda: isinstance(app.screen, Confirm))
+        await pilot.click("#yes")
+        await wait_until(pilot, lambda: listed_titles(app) == ["Tell me about owls."])
+        assert app.service.view().conversation.title == "Tell me about owls.", "the next conversation opens"
