@@ -15,9 +15,13 @@ def write_text_atomically(path: Path, text: str, *, what: str, error: type[Chata
     `what` names the file for the one-line `error` raised when it cannot be written.
     """
     folder = path.parent
-    if path.is_dir():
+    try:
+        is_folder, folder_exists = path.is_dir(), folder.is_dir()
+    except OSError as problem:
+        raise error(f"cannot write {what} to {path} ({problem.strerror}); choose a folder you can write to") from None
+    if is_folder:
         raise error(f"cannot write {what} to {path}: it is a folder; give a file name inside it")
-    if not folder.is_dir():
+    if not folder_exists:
         raise error(f"cannot write {what} to {path}: folder {folder} does not exist; create it or choose another")
     try:
         descriptor, temporary = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import platformdirs
 
-from chatapp.errors import DataDirError
+from chatapp.errors import ChatappError, DataDirError
 
 ENV_HOME = "CHATAPP_HOME"
 PRIVATE_DIR_MODE = 0o700
@@ -70,3 +70,14 @@ def open_data_paths(cli_value: str | os.PathLike[str] | None = None) -> DataPath
     root = resolve_data_dir(cli_value)
     ensure_private_dir(root)
     return DataPaths(root)
+
+
+def user_path(text: str) -> Path:
+    """A path typed by the user (`~` expanded); ChatappError when it cannot be one."""
+    text = text.strip()
+    if not text:
+        raise ChatappError("no path given; type the path of a file")
+    try:
+        return Path(text).expanduser()
+    except (RuntimeError, ValueError) as error:
+        raise ChatappError(f"cannot use the path {text!r} ({error}); type a full path") from None

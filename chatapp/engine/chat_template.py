@@ -13,7 +13,7 @@ from typing import Any
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from chatapp.errors import ModelError
+from chatapp.errors import ChatappError, ModelError
 
 # Used when a GGUF file carries no template at all.
 FALLBACK_CHATML = (
@@ -24,12 +24,15 @@ FALLBACK_CHATML = (
 )
 
 
-class TemplateRenderError(Exception):
-    """The template raised or could not render these messages."""
+class TemplateRenderError(ChatappError):
+    """The template raised or could not render these messages (a user-facing, one-line error)."""
+
+
+REFUSED = "the model's chat template refused this conversation ({}); start a new branch or use another model"
 
 
 def _raise_exception(message: str) -> None:
-    raise TemplateRenderError(message)
+    raise TemplateRenderError(REFUSED.format(message))
 
 
 @dataclass(frozen=True)
@@ -65,4 +68,4 @@ class ChatTemplate:
         except TemplateRenderError:
             raise
         except (jinja2.TemplateError, TypeError, KeyError, IndexError, ValueError) as error:
-            raise TemplateRenderError(str(error)) from None
+            raise TemplateRenderError(REFUSED.format(error)) from None

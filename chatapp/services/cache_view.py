@@ -44,9 +44,19 @@ class CacheService:
         return CacheOverview(cache_admin.cache_stats(self.chat.workspace), False, pins, list(self.chat.figures.ttft_ms), problem)
 
     def pin_persona(self, persona: PersonaRecord) -> int:
+        return self._pin_persona_prompt(persona.name, persona.prompt)
+
+    def pin_open_persona(self) -> int:
+        """The open branch's persona, as every conversation with it begins."""
+        root = self.chat.view().root
+        if not root.content:
+            raise ChatappError("this branch has no persona to pin; pick one with F2")
+        return self._pin_persona_prompt(root.persona_name or "custom persona", root.content)
+
+    def _pin_persona_prompt(self, name: str, prompt: str) -> int:
         builder = self._engine().prompt_builder
-        tokens = builder.build([ChatMessage.of(SYSTEM, persona.prompt)], add_generation_prompt=False)
-        return self._pin("persona", persona.name, tokens)
+        tokens = builder.build([ChatMessage.of(SYSTEM, prompt)], add_generation_prompt=False)
+        return self._pin("persona", name, tokens)
 
     def pin_document(self) -> int:
         """The open branch's persona and document, as every question about it begins."""

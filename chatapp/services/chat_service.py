@@ -35,6 +35,17 @@ def title_from(text: str) -> str:
     return line if len(line) <= TITLE_CHARACTERS else line[: TITLE_CHARACTERS - 1].rstrip() + "…"
 
 
+@dataclass(frozen=True)
+class PreparedDocument:
+    """A document read and measured for one conversation's branch, not yet attached."""
+
+    document: Document
+    source_path: str
+    tokens: int
+    conversation_id: int
+    root_id: int
+
+
 @dataclass
 class SessionFigures:
     """Figures of this session's answers, for the status line and the sparkline."""
@@ -65,6 +76,10 @@ class ChatService:
     @property
     def ready(self) -> bool:
         return self.engine is not None
+
+    def context_size(self) -> int | None:
+        """Tokens one conversation's context holds (None until the model is loaded)."""
+        return self.engine.info.n_ctx_per_sequence if self.engine is not None else None
 
     def _engine(self) -> Engine:
         if self.engine is None:
@@ -159,8 +174,12 @@ class ChatService:
         root = self.view().root
         return self._switch_root(persona.name if persona else None, persona.prompt if persona else "", root.document_id)
 
-    def attach_document(self, path: Path) -> tuple[BranchView, int]:
-        """Read the file, check it fits the context, and start a branch about it; returns its tokens."""
+    def prepare_document(self, path: Path) -> PreparedDocument:
+        """Read the file and check it fits the context with the open branch's persona.
+
+        Slow for a long PDF: run it off the UI thread, then `attach_prepared` on it. Nothing
+        is written here, so switching conversation meanwhile loses nothing.
+        """
         document = load_document(path)
         view = self.view()
         tokens = self.prefix_tokens(view.root, document)
@@ -170,9 +189,23 @@ class ChatService:
                 f"document {document.name} is {tokens:,} tokens with the persona but a conversation's context holds "
                 f"{limit:,}; use a shorter document or a larger context_cap in the settings (F5)"
             )
-        record = self.conversations.add_document(document.name, document.text, str(path.expanduser()))
-        self._prefix_tokens[(view.root.content, record.id)] = tokens
-        return self._switch_root(view.root.persona_name, view.root.content, record.id), tokens
+        return PreparedDocument(document, str(path.expanduser()), tokens, view.conversation.id, view.root.id)
+
+    def attach_prepared(self, prepared: PreparedDocument) -> BranchView:
+        """Start a branch about the document, in the conversation and persona it was read for."""
+        view = self.view()
+        if view.conversation.id != prepared.conversation_id or view.root.id != prepared.root_id:
+            raise ChatappError(
+                f"{prepared.document.name} was not attached: the conversation or persona changed while it was read; attach it again"
+            )
+        record = self.conversations.add_document(prepared.document.name, prepared.document.text, prepared.source_path)
+        self._prefix_tokens[(view.root.content, record.id)] = prepared.tokens
+        return self._switch_root(view.root.persona_name, view.root.content, record.id)
+
+    def attach_document(self, path: Path) -> tuple[BranchView, int]:
+        """Read, check and attach in one call (for callers that need no thread hop)."""
+        prepared = self.prepare_document(path)
+        return self.attach_prepared(prepared), prepared.tokens
 
     def detach_document(self) -> BranchView:
         root = self.view().root
@@ -197,6 +230,8 @@ class ChatService:
         left = self.view().root
         for root in reversed(self.conversations.roots(conversation.id)):
             if root.content == persona_prompt and root.document_id == document_id and root.persona_name == persona_name:
+                if root.id == left.id:
+                    return self.view()  # already there: stay on the branch on screen
                 self.jump_to(root.id)
                 break
         else:
@@ -210,15 +245,30 @@ class ChatService:
     def ask(self, text: str) -> AnswerJob:
         """A new question after the active leaf (or from the root in Q&A mode)."""
         view = self.view()
-        parent = view.root if view.conversation.qa_mode else view.leaf
-        return self._ask(view, parent, text)
+        return self._ask(view, self._question_parent(view), text)
+
+    def _question_parent(self, view: BranchView) -> MessageRecord:
+        """Where the next question goes: after the last answer, or from the root in Q&A mode.
+
+        A question left without an answer (the app closed while it was read) is replaced by
+        the new one, as a sibling: two questions in a row would break most chat templates.
+        """
+        if view.conversation.qa_mode:
+            return view.root
+        leaf = view.leaf
+        if leaf.role == USER and leaf.parent_id is not None:
+            return self.conversations.get_message(leaf.parent_id)
+        return leaf
 
     def edit(self, message_id: int, text: str) -> AnswerJob:
         """Ask an edited version of a question: a sibling branch beside the original."""
         original = self.conversations.get_message(message_id)
         if original.role != USER or original.parent_id is None:
             raise ChatappError("only your own messages can be edited; pick a message of yours")
-        return self._ask(self.view(), self.conversations.get_message(original.parent_id), text)
+        view = self.view()
+        if original.conversation_id != view.conversation.id:
+            raise ChatappError("that question is in another conversation; open it to edit the question")
+        return self._ask(view, self.conversations.get_message(original.parent_id), text)
 
     def regenerate(self, message_id: int) -> AnswerJob:
         """Answer a question again (given the question or one of its answers): a sibling answer."""
@@ -240,9 +290,13 @@ class ChatService:
         first_question = not any(record.role == USER for record in path)
         messages = [*history, question_message(text, document if first_question else None)]
         handle = self._generate(messages, document)
-        question = self.conversations.add_message(view.conversation.id, parent.id, USER, text)
-        if view.conversation.title == NEW_TITLE:
-            self.conversations.rename(view.conversation.id, title_from(text))
+        try:
+            question = self.conversations.add_message(view.conversation.id, parent.id, USER, text)
+            if view.conversation.title == NEW_TITLE:
+                self.conversations.rename(view.conversation.id, title_from(text))
+        except BaseException:
+            handle.cancel()  # the question could not be saved: no answer nobody will see
+            raise
         return AnswerJob(self.conversations, handle, question)
 
     def _generate(self, messages: list[ChatMessage], document: Document | None) -> GenerationHandle:
@@ -280,8 +334,7 @@ class ChatService:
         if self.engine is None or self.prewarmer is None or self.conversation_id is None:
             return None
         view = self.view()
-        parent = view.root if view.conversation.qa_mode else view.leaf
-        path = self.conversations.path(parent.id)
+        path = self.conversations.path(self._question_parent(view).id)
         document = self._root_document(path[0])
         tokens = self.next_question_tokens(path[0], document, path[1:], draft)
         if len(tokens) >= self.engine.info.n_ctx_per_sequence:

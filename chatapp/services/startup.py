@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,15 @@ class Workspace:
 
     paths: DataPaths
     settings: Settings
+    overrides: dict[str, Any] = field(default_factory=dict)  # from the command line, for this run only
+
+    def saved_settings(self) -> Settings:
+        """The settings file alone, without this run's command-line overrides (what the settings screen edits)."""
+        return load_settings(self.paths.config_file)
+
+    def reloaded(self) -> Workspace:
+        """The workspace after the settings file changed: the file, then the overrides again."""
+        return replace(self, settings=load_settings(self.paths.config_file, self.overrides))
 
     @cached_property
     def model_path(self) -> Path:
@@ -124,7 +133,8 @@ def kv_cache_factory(directory: Path, model_fingerprint: str, config: CacheConfi
 def open_workspace(data_dir: str | None, overrides: dict[str, Any] | None = None) -> Workspace:
     """Create the data folder if needed and load settings with command-line overrides."""
     paths = open_data_paths(data_dir)
-    return Workspace(paths=paths, settings=load_settings(paths.config_file, overrides))
+    overrides = {key: value for key, value in (overrides or {}).items() if value is not None}
+    return Workspace(paths=paths, settings=load_settings(paths.config_file, overrides), overrides=overrides)
 
 
 def quiet_native_logs() -> None:

@@ -4,7 +4,6 @@ and hosts the main screen and its dialogs."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import replace
 
 from textual import work
 from textual.app import App, SystemCommand
@@ -92,12 +91,22 @@ class ChatApp(App[None]):
             self.push_screen(CacheScreen(self.cache_service))
 
     def action_settings(self) -> None:
-        if not isinstance(self.screen, SettingsScreen):
-            self.push_screen(SettingsScreen(self.workspace), self._settings_saved)
+        if isinstance(self.screen, SettingsScreen):
+            return
+        try:
+            screen = SettingsScreen(self.workspace)
+        except ChatappError as error:  # the file was broken after start-up
+            self.notify(str(error), severity="error", timeout=15)
+            return
+        self.push_screen(screen, self._settings_saved)
 
     def _settings_saved(self, settings: Settings | None) -> None:
         if settings is not None:
-            self.workspace = replace(self.workspace, settings=settings)
+            try:
+                self.workspace = self.workspace.reloaded()
+            except ChatappError as error:
+                self.notify(str(error), severity="error", timeout=10)
+                return
             self.service.workspace = self.workspace
 
     def action_help(self) -> None:

@@ -110,13 +110,7 @@ class CacheScreen(ModalScreen[None]):
 
     @on(Button.Pressed, "#pin-persona")
     def pin_persona(self) -> None:
-        main = self.app.main_screen  # type: ignore[attr-defined]
-        name = main.branch.persona_name if main.branch else None
-        persona = next((p for p in self.service.chat.personas.list() if p.name == name), None)
-        if persona is None:
-            self.notify("This branch has no persona to pin; pick one with F2.", severity="warning")
-            return
-        self._run(lambda: self.service.pin_persona(persona), "Pinned persona {count} blocks.")
+        self._run(self.service.pin_open_persona, "Pinned the persona: {count} blocks.")
 
     @on(Button.Pressed, "#pin-document")
     def pin_document(self) -> None:

@@ -37,12 +37,14 @@ class ChatLog(VerticalScroll):
         self._mark_selection()
         self.scroll_end(animate=False)
 
-    def refresh_versions(self, view: BranchView) -> bool:
-        """Update ids and "2/3" labels in place after an answer; False if the views no longer match."""
+    async def refresh_versions(self, view: BranchView) -> bool:
+        """Update ids, "2/3" labels and texts in place after an answer; False if the views no longer match."""
         widgets = self.views
         if len(widgets) != len(view.messages) or any(w.role != m.record.role for w, m in zip(widgets, view.messages)):
             return False
         for widget, message in zip(widgets, view.messages):
+            if widget.text != message.record.content:  # the saved text is the truth
+                await widget.body.update(message.record.content)
             widget.message_id = message.record.id
             widget.position, widget.version_count = message.position, message.siblings
             widget.query_one(".versions").update(widget._version_text())  # type: ignore[attr-defined]

@@ -19,6 +19,7 @@ from textual.worker import get_current_worker
 
 from chatapp.engine.events import PrefillProgress, TokenText
 from chatapp.errors import ChatappError
+from chatapp.paths import user_path
 from chatapp.services.answers import AnswerJob
 from chatapp.services.branches import BranchView
 from chatapp.services.chat_service import ChatService
@@ -51,6 +52,10 @@ class MainScreen(Screen[None]):
         self._stream: MarkdownStream | None = None
         self._streamed = 0
         self._editing: int | None = None
+        self._edit_in_flight: int | None = None
+        self._draft_before_edit = ""
+        self._attaching = False
+        self._model_failed = False
         self._settled = ""
         self._last_stats: dict | None = None
         self._context_used = 0
@@ -89,6 +94,7 @@ class MainScreen(Screen[None]):
         self.warm_ahead("")
 
     def engine_failed(self, reason: str) -> None:
+        self._model_failed = True
         self.model_label = "no model"
         self._set_state("no model loaded: " + reason)
 
@@ -116,8 +122,8 @@ class MainScreen(Screen[None]):
         branch = self.branch
         fields = [f"Persona: {branch.persona_name or 'none'}"]
         if branch.document is not None:
-            tokens = self.service.document_tokens(branch.document)
-            size = self.service.engine.info.n_ctx_per_sequence if self.service.engine else None
+            tokens = self._try(self.service.document_tokens, branch.document)
+            size = self.service.context_size()
             amount = f" ({tokens:,} of {size:,} tokens)" if tokens is not None and size else ""
             fields.append(f"Document: {branch.document.name}{amount}")
         if branch.conversation.qa_mode:
@@ -127,15 +133,25 @@ class MainScreen(Screen[None]):
     def refresh_conversations(self, query: str | None = None) -> None:
         search = self.query_one("#search").value if query is None else query  # type: ignore[attr-defined]
         current = self.branch.conversation.id if self.branch else None
-        self.query_one(ConversationList).show(self.service.list_conversations(search), current)
+        conversations = self._try(self.service.list_conversations, search)
+        if conversations is not None:
+            self.query_one(ConversationList).show(conversations, current)
+
+    def _try(self, operation, *args):  # type: ignore[no-untyped-def]
+        """Run a service call; a ChatappError (a locked database, say) becomes a notification."""
+        try:
+            return operation(*args)
+        except ChatappError as error:
+            self.notify(str(error), severity="error", timeout=10)
+            return None
 
     def show_status(self) -> None:
         fields = [self._state, self.model_label]
         if self.branch is not None:
             fields.append(self.branch.persona_name or "no persona")
-        engine = self.service.engine
-        if engine is not None:
-            fields.append(f"context {self._context_used:,}/{engine.info.n_ctx_per_sequence:,}")
+        size = self.service.context_size()
+        if size is not None:
+            fields.append(f"context {self._context_used:,}/{size:,}")
         if self._last_stats:
             fields.extend(speed_fields(self._last_stats))
         self.query_one(StatusLine).show(*fields)
@@ -172,6 +188,9 @@ class MainScreen(Screen[None]):
         except ChatappError as error:
             self.notify(str(error), severity="error")
             return
+        if self._editing is not None:
+            self._cancel_edit()
+        self.query_one(PrefillRow).hide()
         await self._show_branch()
         self.refresh_conversations()
         self.show_status()
@@ -180,7 +199,9 @@ class MainScreen(Screen[None]):
     def _refuse_while_answering(self) -> bool:
         if self.answering:
             self.notify("An answer is still running; press Esc to stop it first.", severity="warning")
-        return self.answering
+        elif self._attaching:
+            self.notify("A document is being read; wait a moment.", severity="warning")
+        return self.answering or self._attaching
 
     # Sending, editing, regenerating.
     @on(Composer.Submitted)
@@ -188,27 +209,27 @@ class MainScreen(Screen[None]):
         text = event.text.strip()
         if not text:
             return
-        if not self.service.ready or self.answering:
+        if not self._model_ready() or self._refuse_while_answering():
             self._give_back(event.text)
-            if not self.service.ready:
-                self.notify("The model is still loading; try again in a moment.", severity="warning")
-            else:
-                self.notify("An answer is still running; press Esc to stop it first.", severity="warning")
             return
+        self.answering = True  # before any await: a second Enter must not start a second answer
         log = self.query_one(ChatLog)
-        editing, self._editing = self._editing, None
+        editing = self._edit_in_flight = self._editing
+        self._editing = None
         if editing is not None:
             widget = next((w for w in log.views if w.message_id == editing), None)
             await log.cut_after(log.index_of(widget) - 1 if widget else len(log.views) - 1)
         elif self.branch is not None and self.branch.conversation.qa_mode:
             await log.cut_after(-1)
+        elif log.views and log.views[-1].role == "user":
+            await log.cut_after(len(log.views) - 2)  # an unanswered question is replaced
         question = await log.add("user", text)
         await self._start_answer([question], event.text, lambda: self.service.edit(editing, text) if editing else self.service.ask(text))
+        if editing is not None:
+            self._give_back(self._draft_before_edit)  # the draft the edit had put aside
+            self._draft_before_edit = ""
 
-    def action_regenerate(self) -> None:
-        self.run_worker(self._regenerate(), exclusive=False)
-
-    async def _regenerate(self) -> None:
+    async def action_regenerate(self) -> None:
         if self._refuse_while_answering() or not self._model_ready():
             return
         log = self.query_one(ChatLog)
@@ -216,6 +237,7 @@ class MainScreen(Screen[None]):
         if selected is None or selected.message_id is None:
             self.notify("Nothing to answer again yet: ask a question first.", severity="warning")
             return
+        self.answering = True  # before any await: a second Ctrl+R must not start a second answer
         question_index = log.index_of(selected) - (1 if selected.role == "assistant" else 0)
         message_id = selected.message_id
         await log.cut_after(question_index)
@@ -239,12 +261,23 @@ class MainScreen(Screen[None]):
             self._begin_edit(questions[-1])
 
     def _begin_edit(self, question: MessageView) -> None:
+        if self._refuse_while_answering():
+            return
         composer = self.query_one(Composer)
+        if self._editing is None:
+            self._draft_before_edit = composer.text  # put back when the edit is sent or cancelled
         composer.text = question.text
         composer.move_cursor(composer.document.end)
         composer.focus()
         self._editing = question.message_id
         self._set_state("editing a question: Enter sends it as a new branch, Esc cancels")
+
+    def _cancel_edit(self) -> None:
+        self._editing = None
+        composer = self.query_one(Composer)
+        composer.text = self._draft_before_edit
+        self._draft_before_edit = ""
+        self._set_state("ready" if self.service.ready else self._state)
 
     async def _start_answer(self, pending: list[MessageView], text: str, start) -> None:  # type: ignore[no-untyped-def]
         self.answering, self._stop_requested, self.job = True, False, None
@@ -303,8 +336,9 @@ class MainScreen(Screen[None]):
         self.service.record_answer(result.stats.ttft_ms)
         if job is not None and job.answer is not None:
             self._last_stats = job.answer.stats
-        if not result.text and self._pending_views:
+        if not result.text and self._pending_views and self._pending_views[-1].is_attached:
             await self._pending_views[-1].body.update("*(no answer: stopped)*")
+        self._edit_in_flight = None
         self._pending_views = []
         await self._reload_branch()
         self._set_state("ready")
@@ -316,9 +350,13 @@ class MainScreen(Screen[None]):
         if not message.started:
             # Nothing was asked: take the message back off the screen and into the box.
             for view in self._pending_views:
-                await view.remove()
+                if view.is_attached:
+                    await view.remove()
+            if self._edit_in_flight is not None:
+                self._editing = self._edit_in_flight  # still an edit when sent again
             if self._pending_text:
                 self._give_back(self._pending_text)
+        self._edit_in_flight = None
         self._pending_views = []
         await self._reload_branch()
         self.notify(message.reason, severity="error", timeout=10)
@@ -330,7 +368,7 @@ class MainScreen(Screen[None]):
         except ChatappError as error:
             self.notify(str(error), severity="error")
             return
-        if not self.query_one(ChatLog).refresh_versions(self.branch):
+        if not await self.query_one(ChatLog).refresh_versions(self.branch):
             await self._show_branch()
         else:
             self._after_branch_change()
@@ -344,12 +382,20 @@ class MainScreen(Screen[None]):
         self.answering = False
 
     def _give_back(self, text: str) -> None:
+        """Put text back in the box; what the user typed meanwhile is kept after it."""
+        if not text:
+            return
         composer = self.query_one(Composer)
-        if not composer.text:
+        if composer.text.strip() and composer.text != text:
+            composer.text = text + "\n\n" + composer.text
+            self.notify("Your unsent message is back in the box, above what you typed since.")
+        else:
             composer.text = text
 
     def _model_ready(self) -> bool:
-        if not self.service.ready:
+        if self._model_failed:
+            self.notify("No model is loaded: fix the model setting (F5) and restart chatapp.", severity="error")
+        elif not self.service.ready:
             self.notify("The model is still loading; try again in a moment.", severity="warning")
         return self.service.ready
 
@@ -361,9 +407,7 @@ class MainScreen(Screen[None]):
                 self.job.cancel()
             self._set_state("stopping…")
         elif self._editing is not None:
-            self._editing = None
-            self.query_one(Composer).clear()
-            self._set_state("ready")
+            self._cancel_edit()
         else:
             self.service.stop_warming()
             self.query_one(PrefillRow).hide()
@@ -384,22 +428,20 @@ class MainScreen(Screen[None]):
     @work(thread=True, exclusive=True, group="warm")
     def run_warm(self, draft: str) -> None:
         """Worker thread: queue the warm-up and report its progress while it is long."""
-        try:
-            handle = self.service.warm_ahead(draft)
-        except ChatappError:
-            return  # warming is an optimisation; the answer will say what is wrong
-        if handle is None:
-            return
         worker = get_current_worker()
         try:
+            handle = self.service.warm_ahead(draft)
+            if handle is None:
+                return
             for event in handle.events():
                 if worker.is_cancelled:
                     return
                 if isinstance(event, PrefillProgress) and event.total >= PROGRESS_FROM_TOKENS:
                     self.post_message(WarmProgress(event.done, event.total))
-        except Exception:
+        except Exception:  # warming is an optimisation: the answer itself will say what is wrong
             return
-        self.post_message(WarmProgress(-1, -1))
+        finally:
+            self.post_message(WarmProgress(-1, -1))
 
     def on_warm_progress(self, message: WarmProgress) -> None:
         row = self.query_one(PrefillRow)
@@ -455,16 +497,24 @@ class MainScreen(Screen[None]):
     def _current_persona(self):  # type: ignore[no-untyped-def]
         if self.branch is None or not self.branch.persona_name:
             return None
-        return next((p for p in self.service.personas.list() if p.name == self.branch.persona_name), None)
+        personas = self._try(self.service.personas.list) or []
+        return next((p for p in personas if p.name == self.branch.persona_name), None)
 
     def action_rename(self) -> None:
         if self.branch is None:
             return
 
-        async def renamed(title: str | None) -> None:
+        def renamed(title: str | None) -> None:
             if title is None:
                 return
-            await self._run_view_change(lambda: (self.service.rename(title), self.service.view())[1])
+            try:
+                self.service.rename(title)
+                self.branch = self.service.view()
+            except ChatappError as error:
+                self.notify(str(error), severity="error", timeout=10)
+                return
+            self.sub_title = self.branch.conversation.title
+            self.refresh_conversations()
 
         self.app.push_screen(TextPrompt("Rename conversation", self.branch.conversation.title), renamed)
 
@@ -477,10 +527,16 @@ class MainScreen(Screen[None]):
             return
 
         async def decided(yes: bool | None) -> None:
-            if yes:
+            if not yes:
+                return
+            if self.branch is not None and self.branch.conversation.id == conversation_id:
                 await self._run_view_change(lambda: (self.service.delete(conversation_id), self.service.open_latest_or_new())[1])
+            else:
+                self._try(self.service.delete, conversation_id)
+                self.refresh_conversations()
 
-        title = next((c.title for c in self.service.list_conversations() if c.id == conversation_id), "this conversation")
+        listed = self._try(self.service.list_conversations) or []
+        title = next((c.title for c in listed if c.id == conversation_id), "this conversation")
         self.app.push_screen(Confirm(f"Delete “{title}” and all its branches?"), decided)
 
     def action_export(self) -> None:
@@ -492,7 +548,7 @@ class MainScreen(Screen[None]):
             if not path:
                 return
             try:
-                written = self.service.export_branch(Path(path).expanduser())
+                written = self.service.export_branch(user_path(path))
             except ChatappError as error:
                 self.notify(str(error), severity="error", timeout=10)
                 return
@@ -501,7 +557,7 @@ class MainScreen(Screen[None]):
         self.app.push_screen(TextPrompt("Export this branch to (.md or .json)", default), chosen)
 
     async def action_toggle_qa_mode(self) -> None:
-        if self.branch is None:
+        if self.branch is None or self._refuse_while_answering():
             return
         on = not self.branch.conversation.qa_mode
         await self._run_view_change(lambda: (self.service.set_qa_mode(on), self.service.view())[1])
@@ -514,25 +570,47 @@ class MainScreen(Screen[None]):
 
         def chosen(path: str | None) -> None:
             if path:
-                self.attach(Path(path.strip()).expanduser())
+                try:
+                    self.attach(user_path(path))
+                except ChatappError as error:
+                    self.notify(str(error), severity="error", timeout=10)
 
         self.app.push_screen(TextPrompt("Attach a document", placeholder="path to a .txt, .md or .pdf file",
                                         hint="Its text goes after the persona; every question reuses its KV."), chosen)
 
-    @work(thread=True, exclusive=True, group="document")
     def attach(self, path: Path) -> None:
-        try:
-            view, tokens = self.service.attach_document(path)
-        except ChatappError as error:
-            self.app.call_from_thread(self.notify, str(error), severity="error", timeout=12)
-            return
-        self.app.call_from_thread(self._document_attached, view, tokens)
+        """Read the document off the UI thread; sending waits until it is attached."""
+        self._attaching = True
+        self._set_state(f"reading {path.name}…")
+        self.read_document(path)
 
-    async def _document_attached(self, view: BranchView, tokens: int) -> None:
-        await self._run_view_change(lambda: view)
-        self.notify(f"{view.document.name if view.document else 'document'} attached: {tokens:,} tokens with the persona.")
+    @work(thread=True, exclusive=True, group="document")
+    def read_document(self, path: Path) -> None:
+        try:
+            prepared = self.service.prepare_document(path)
+        except ChatappError as error:
+            self.app.call_from_thread(self._document_failed, str(error))
+            return
+        except Exception as error:  # a PDF library failing must not take the screen down
+            self.app.call_from_thread(self._document_failed, f"cannot read {path.name}: {error}")
+            return
+        self.app.call_from_thread(self._document_read, prepared)
+
+    def _document_failed(self, reason: str) -> None:
+        self._attaching = False
+        self._set_state("ready")
+        self.notify(reason, severity="error", timeout=12)
+
+    async def _document_read(self, prepared) -> None:  # type: ignore[no-untyped-def]
+        self._attaching = False
+        self._set_state("ready")
+        await self._run_view_change(lambda: self.service.attach_prepared(prepared))
+        if self.branch is not None and self.branch.document is not None:
+            self.notify(f"{prepared.document.name} attached: {prepared.tokens:,} tokens with the persona.")
 
     async def action_detach_document(self) -> None:
+        if self._refuse_while_answering():
+            return
         if self.branch is None or self.branch.document is None:
             self.notify("No document is attached to this branch.", severity="information")
             return

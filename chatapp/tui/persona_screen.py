@@ -14,6 +14,7 @@ from textual.widgets import Button, Input, Label, OptionList, TextArea
 from textual.widgets.option_list import Option
 
 from chatapp.errors import ChatappError
+from chatapp.paths import user_path
 from chatapp.store.personas import PersonaStore
 from chatapp.store.records import PersonaRecord
 from chatapp.tui.dialogs import Confirm, TextPrompt
@@ -65,7 +66,7 @@ class PersonaScreen(ModalScreen["PersonaScreen.Choice | None"]):
         options = self.query_one("#persona-list", OptionList)
         options.clear_options()
         options.add_option(Option("(no persona)", id=NO_PERSONA))
-        records = self.personas.list()
+        records = self._attempt(self.personas.list) or []
         for record in records:
             options.add_option(Option(record.name, id=str(record.id)))
         chosen = next((r for r in records if r.id == select_id or (select_id is None and r.name == select_name)), None)
@@ -80,7 +81,7 @@ class PersonaScreen(ModalScreen["PersonaScreen.Choice | None"]):
     @on(OptionList.OptionHighlighted, "#persona-list")
     def _highlighted(self, event: OptionList.OptionHighlighted) -> None:
         option_id = event.option.id
-        self._edit(None if option_id == NO_PERSONA else self.personas.get(int(option_id or 0)))
+        self._edit(None if option_id == NO_PERSONA else self._attempt(lambda: self.personas.get(int(option_id or 0))))
 
     @on(OptionList.OptionSelected, "#persona-list")
     def _selected(self) -> None:
@@ -93,7 +94,8 @@ class PersonaScreen(ModalScreen["PersonaScreen.Choice | None"]):
     def action_close(self) -> None:
         self.dismiss(None)
 
-    def _attempt(self, operation) -> PersonaRecord | None:  # type: ignore[no-untyped-def]
+    def _attempt(self, operation):  # type: ignore[no-untyped-def]
+        """Run a store call; its one-line error becomes a notification."""
         try:
             return operation()
         except ChatappError as error:
@@ -147,7 +149,7 @@ class PersonaScreen(ModalScreen["PersonaScreen.Choice | None"]):
     def import_file(self) -> None:
         def chosen(path: str | None) -> None:
             if path:
-                record = self._attempt(lambda: self.personas.import_file(Path(path.strip()).expanduser()))
+                record = self._attempt(lambda: self.personas.import_file(user_path(path)))
                 if record is not None:
                     self.notify(f"Imported persona “{record.name}”.")
                     self.reload(select_id=record.id)
@@ -165,7 +167,7 @@ class PersonaScreen(ModalScreen["PersonaScreen.Choice | None"]):
         def chosen(path: str | None) -> None:
             if path:
                 try:
-                    written = self.personas.export(editing.id, Path(path.strip()).expanduser())
+                    written = self.personas.export(editing.id, user_path(path))
                 except ChatappError as error:
                     self.notify(str(error), severity="error", timeout=10)
                     return

@@ -27,9 +27,10 @@ class SettingsScreen(ModalScreen[Settings | None]):
         super().__init__(classes="dialog-screen")
         self.workspace = workspace
         self.fields = setting_fields()
+        self.saved = workspace.saved_settings()
 
     def compose(self) -> ComposeResult:
-        current = self.workspace.settings
+        current = self.saved  # the file alone: one-off command-line options must not become permanent
         with Vertical(classes="dialog wide"):
             yield Label(f"Settings  ·  {self.workspace.paths.config_file}  ·  Ctrl+S saves  ·  Esc closes", classes="dialog-title")
             with VerticalScroll(id="settings-fields"):
@@ -65,7 +66,7 @@ class SettingsScreen(ModalScreen[Settings | None]):
             self._check()
             self.notify(str(error), severity="error", timeout=10)
             return
-        later = changed_restart_fields(self.workspace.settings, settings)
+        later = changed_restart_fields(self.saved, settings)
         message = "Settings saved."
         if later:
             message += f" Restart chatapp to apply: {', '.join(later)}."

@@ -67,8 +67,9 @@ class BranchTree(Tree[int]):
             label = Text(_label(record, documents or {}), style="bold" if record.id in active_path else "dim")
             node = parent.add(label, data=record.id, expand=True)
             nodes[record.id] = node
+        parents = {record.parent_id for record in messages}
         for record in messages:
-            if not any(m.parent_id == record.id for m in messages):
+            if record.id not in parents:
                 nodes[record.id].allow_expand = False
 
 

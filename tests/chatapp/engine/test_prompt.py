@@ -222,3 +222,20 @@ def test_trimming_templates_keep_the_document_tokens_whatever_follows(vocab: Nat
         assert builder.build([ChatMessage.of(USER, DOCUMENT, text)])[: len(document_only)] == document_only
     text = vocab.detokenize(builder.build([ChatMessage.of(USER, DOCUMENT, "Where? \n")]), special=True)
     assert text.endswith(DOCUMENT + "Where?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n")
+
+
+def test_a_template_that_refuses_messages_gives_a_one_line_user_error() -> None:
+    from chatapp.engine.chat_template import ChatTemplate, TemplateRenderError
+    from chatapp.errors import ChatappError
+
+    template = ChatTemplate(
+        source="{% for m in messages %}{% if m.role == 'user' and loop.index0 % 2 == 0 %}"
+        "{{ raise_exception('Conversation roles must alternate') }}{% endif %}{% endfor %}",
+        bos_token="",
+        eos_token="",
+    )
+    with pytest.raises(ChatappError) as raised:
+        template.render([{"role": "user", "content": "hi"}], add_generation_prompt=True)
+    assert isinstance(raised.value, TemplateRenderError)
+    message = str(raised.value)
+    assert "\n" not in message and "Conversation roles must alternate" in message and "start a new branch" in message

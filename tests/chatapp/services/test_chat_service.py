@@ -508,3 +508,41 @@ def test_document_tokens_follow_the_persona_of_the_open_branch(
     expected = service.prefix_tokens(without_persona.root, as_document(without_persona.document))
     assert expected < tokens
     assert service.document_tokens(without_persona.document) == expected
+
+
+def test_a_document_read_for_one_conversation_is_not_attached_to_another(
+    service: ChatService, library: Library, document_file: Path
+) -> None:
+    first = service.new_conversation()
+    prepared = service.prepare_document(document_file)
+    assert prepared.conversation_id == first.conversation.id
+    second = service.new_conversation()
+    with pytest.raises(ChatappError, match="was not attached"):
+        service.attach_prepared(prepared)
+    assert service.view().document is None and service.view().conversation.id == second.conversation.id
+    service.open(first.conversation.id)
+    assert service.attach_prepared(prepared).document is not None
+
+
+def test_picking_the_persona_in_use_stays_on_the_branch_on_screen(service: ChatService, library: Library) -> None:
+    persona = library.personas.get_by_name(PERSONA_NAME)
+    service.new_conversation(persona)
+    first = service.ask("Name a fruit.")
+    first.wait()
+    older = service.view()
+    service.edit(first.question.id, "Name a vegetable.").wait()
+    service.jump_to(older.messages[0].record.id)
+    on_screen = service.view()
+    assert on_screen.messages[0].record.content == "Name a fruit."
+    assert service.set_persona(persona).leaf.id == on_screen.leaf.id, "not moved to the newest branch"
+
+
+def test_a_question_left_unanswered_is_replaced_not_followed(service: ChatService) -> None:
+    view = service.new_conversation()
+    unanswered = service.conversations.add_message(view.conversation.id, view.root.id, USER, "Lost question?")
+    assert service.view().leaf.id == unanswered.id
+    job = service.ask("Name a colour.")
+    job.wait()
+    assert job.question.parent_id == view.root.id, "a sibling of the unanswered question"
+    roles = [m.record.role for m in service.view().messages]
+    assert roles == [USER, ASSISTANT]

@@ -37,7 +37,7 @@ async def test_tiers_pins_and_clear(data_dir: Path) -> None:
         assert "Hit rate" in str(screen.query_one("#cache-summary").render())
 
         await pilot.click("#pin-persona")
-        await wait_until(pilot, lambda: any("Pinned persona" in n for n in notifications(app)))
+        await wait_until(pilot, lambda: any("Pinned the persona" in n for n in notifications(app)))
         await wait_until(pilot, lambda: "Concise assistant" in str(screen.query_one("#pins", OptionList).get_option_at_index(0).prompt))
         assert app.engine.cache.stats()["pinned_entries"] > 0
 

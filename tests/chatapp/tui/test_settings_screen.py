@@ -8,11 +8,14 @@ from pathlib import Path
 from textual.widgets import Input, Label
 
 from chatapp.tui.settings_screen import SettingsScreen
-from tests.tui_support import SCREEN, make_app, notifications, wait_until
+from chatapp.services.startup import open_workspace
+from chatapp.tui.app import ChatApp
+from tests.tui_support import SCREEN, notifications, wait_until
 
 
 async def test_invalid_values_are_explained_and_valid_ones_saved(data_dir: Path) -> None:
-    app = make_app(data_dir)
+    # As if started with `chatapp --context 1024 --threads 1`: one-off options, not to be saved.
+    app = ChatApp(open_workspace(str(data_dir), {"context_cap": 1024, "threads": 1}))
     async with app.run_test(size=SCREEN) as pilot:
         await pilot.press("f5")
         await wait_until(pilot, lambda: isinstance(app.screen, SettingsScreen))
@@ -32,6 +35,8 @@ async def test_invalid_values_are_explained_and_valid_ones_saved(data_dir: Path)
         await wait_until(pilot, lambda: not isinstance(app.screen, SettingsScreen))
         saved = tomllib.loads(app.workspace.paths.config_file.read_text())
         assert saved["temperature"] == 0.3 and saved["cache_ram_mib"] == 256
+        assert "context_cap" not in saved and "threads" not in saved, "command-line options stay one-off"
+        assert app.workspace.settings.context_cap == 1024, "and still apply to this run"
         assert app.workspace.settings.temperature == 0.3
         assert app.service.workspace.sampling().temperature == 0.3
         assert any("Restart chatapp to apply: Cache RAM MiB" in n for n in notifications(app))

@@ -1,0 +1,118 @@
+"""What the main screen refuses or keeps safe: double starts, edits across switches, failed
+sends, bad paths, a database error, actions during an answer."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from textual.widgets import Input
+
+from chatapp.errors import StoreError
+from chatapp.tui.composer import Composer
+from chatapp.tui.dialogs import TextPrompt
+from tests.tui_support import SCREEN, answers, make_app, notifications, send, views, wait_idle, wait_ready, wait_until
+
+
+async def test_two_quick_regenerates_start_one_answer(data_dir: Path) -> None:
+    app = make_app(data_dir, max_tokens=4)
+    async with app.run_test(size=SCREEN) as pilot:
+        await wait_ready(pilot, app)
+        await send(pilot, app, "Name a bird.")
+        app.workspace = app.service.workspace = replace(app.workspace, settings=app.workspace.settings.model_copy(update={"max_tokens": 300}))
+        # Two presses handled back to back (pilot.press would wait for the first answer to end).
+        await app.main_screen.run_action("regenerate")
+        await app.main_screen.run_action("regenerate")
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: bool(answers(app)) and answers(app)[0].version_count >= 2)
+        await wait_idle(pilot, app)
+        question = app.service.view().messages[0].record
+        assert len(app.service.conversations.children(question.id)) == 2, "one regenerate, not two"
+        assert any("still running" in n for n in notifications(app))
+
+
+async def test_an_edit_keeps_the_draft_and_is_dropped_when_the_conversation_changes(data_dir: Path) -> None:
+    app = make_app(data_dir)
+    async with app.run_test(size=SCREEN) as pilot:
+        await wait_ready(pilot, app)
+        await send(pilot, app, "Name a tree.")
+        composer = app.main_screen.query_one(Composer)
+        composer.text = "half-typed draft"
+        await pilot.press("ctrl+g")
+        assert composer.text == "Name a tree."
+        await pilot.press("escape")
+        assert composer.text == "half-typed draft", "Esc gives the draft back"
+
+        await pilot.press("ctrl+g")
+        await pilot.press("ctrl+n")
+        await wait_until(pilot, lambda: app.service.view().messages == ())
+        assert composer.text == "half-typed draft" and app.main_screen._editing is None
+        await send(pilot, app, "Name a flower.")
+        branch = app.service.view()
+        assert [m.record.content for m in branch.messages if m.record.role == "user"] == ["Name a flower."]
+
+
+async def test_a_failed_edit_is_still_an_edit_when_sent_again(data_dir: Path) -> None:
+    app = make_app(data_dir, context_cap=256)
+    async with app.run_test(size=SCREEN) as pilot:
+        await wait_ready(pilot, app)
+        await send(pilot, app, "Name a river.")
+        await send(pilot, app, "And another?")
+        first_question = app.service.view().messages[0].record
+        await pilot.press("alt+up", "alt+up", "alt+up")
+        await pilot.press("ctrl+g")
+        composer = app.main_screen.query_one(Composer)
+        assert composer.text == "Name a river."
+        composer.text = "word " * 300
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: any("context holds" in n for n in notifications(app)))
+        await wait_idle(pilot, app)
+        assert app.main_screen._editing == first_question.id
+        composer.text = "Name a lake."
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: views(app) and views(app)[0].version_count == 2)
+        await wait_idle(pilot, app)
+        edited = app.service.view().messages[0].record
+        assert edited.content == "Name a lake." and edited.parent_id == first_question.parent_id
+
+
+async def test_actions_that_change_the_branch_wait_for_the_answer(data_dir: Path) -> None:
+    app = make_app(data_dir, max_tokens=200)
+    async with app.run_test(size=SCREEN) as pilot:
+        await wait_ready(pilot, app)
+        app.main_screen.query_one(Composer).text = "Tell me a long story about a lighthouse."
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: app.main_screen.answering)
+        await pilot.press("ctrl+t")
+        assert not app.service.view().conversation.qa_mode
+        assert any("still running" in n for n in notifications(app))
+        await pilot.press("escape")
+        await wait_idle(pilot, app)
+        assert answers(app) and "stopped" in str(answers(app)[0].query_one(".footnote").render())
+
+
+async def test_a_path_that_cannot_be_a_path_is_a_notification(data_dir: Path) -> None:
+    app = make_app(data_dir)
+    async with app.run_test(size=SCREEN) as pilot:
+        await wait_ready(pilot, app)
+        await pilot.press("alt+x")
+        await wait_until(pilot, lambda: isinstance(app.screen, TextPrompt))
+        app.screen.query_one("#dialog-input", Input).value = "~no-such-user-here/x.md"
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: any("cannot use the path" in n or "does not exist" in n for n in notifications(app)))
+        assert app.is_running
+
+
+async def test_a_database_error_is_a_notification(data_dir: Path, monkeypatch) -> None:
+    app = make_app(data_dir)
+    async with app.run_test(size=SCREEN) as pilot:
+        await wait_ready(pilot, app)
+
+        def locked(query: str = "") -> list:  # type: ignore[type-arg]
+            raise StoreError("the conversations database failed (database is locked); close the other program")
+
+        monkeypatch.setattr(app.service, "list_conversations", locked)
+        await pilot.press("ctrl+f")
+        await pilot.press("x")
+        await wait_until(pilot, lambda: any("database is locked" in n for n in notifications(app)))
+        assert app.is_running
