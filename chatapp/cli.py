@@ -33,7 +33,7 @@ def _engine_options() -> argparse.ArgumentParser:
         "--threads",
         type=int,
         metavar="N",
-        help="CPU threads (default: one per core; the chat screen leaves one free on up to 4 cores)",
+        help="CPU threads (default: one per core)",
     )
     return parser
 

@@ -15,7 +15,7 @@ from cache.fingerprint import file_fingerprint
 from cache.namespace import Namespace
 from cache.prefix_cache import CacheConfig, PrefixCache
 from cache.state_format import KVLayout
-from chatapp.engine.engine import CacheFactory, Engine, EngineConfig, ModelInfo, default_thread_count
+from chatapp.engine.engine import CacheFactory, Engine, EngineConfig, ModelInfo
 from chatapp.engine.llama_native import SamplingParams
 from chatapp.model_files import resolve_model_path
 from chatapp.paths import DataPaths, open_data_paths
@@ -54,17 +54,14 @@ class Workspace:
             max_tokens=settings.max_tokens,
         )
 
-    def engine_config(self, sequences: int | None = None, *, interactive: bool = False) -> EngineConfig:
+    def engine_config(self, sequences: int | None = None) -> EngineConfig:
         settings = self.settings
-        threads = settings.threads
-        if threads is None and interactive:
-            threads = interactive_thread_count()
         return EngineConfig(
             model_path=self.model_path,
             context_cap=settings.context_cap,
             sequences=sequences or settings.sequences,
             n_gpu_layers=settings.n_gpu_layers,
-            threads=threads,
+            threads=settings.threads,
             flash_attention=settings.flash_attention,
         )
 
@@ -72,13 +69,13 @@ class Workspace:
     def kv_cache_dir(self) -> Path:
         return self.paths.private_dir(self.paths.cache_dir) / "kv"
 
-    def open_engine(self, *, use_cache: bool = True, sequences: int | None = None, interactive: bool = False) -> Engine:
+    def open_engine(self, *, use_cache: bool = True, sequences: int | None = None) -> Engine:
         """Load the model; with `use_cache`, its KV prefixes are kept in the cache folder.
 
         `sequences` overrides the setting: one question needs one sequence, and each one
-        reserves a whole context of KV memory. `interactive` leaves a core to the screen.
+        reserves a whole context of KV memory.
         """
-        return Engine(self.engine_config(sequences, interactive=interactive), self.cache_factory() if use_cache else None)
+        return Engine(self.engine_config(sequences), self.cache_factory() if use_cache else None)
 
     def cache_config(self) -> CacheConfig:
         settings = self.settings
@@ -98,17 +95,6 @@ class Workspace:
         """The model's content hash, remembered in the cache folder."""
         memo = self.paths.private_dir(self.paths.cache_dir) / FINGERPRINT_MEMO
         return file_fingerprint(model_path, memo)
-
-
-def interactive_thread_count() -> int:
-    """Threads for the chat screen: on a small machine one core stays free for the UI.
-
-    llama.cpp's threads spin while they wait for each other; when the screen's own thread
-    takes one of their cores, every batch waits for it (measured: a pilot test of a few
-    answers took 105 s with 2 llama.cpp threads on 2 busy cores, 2 s with one).
-    """
-    cores = os.cpu_count() or 1
-    return max(1, cores - 1) if cores <= 4 else default_thread_count()
 
 
 def kv_cache_factory(directory: Path, model_fingerprint: str, config: CacheConfig) -> CacheFactory:

@@ -49,7 +49,7 @@ class ChatApp(App[None]):
     def load_engine(self) -> None:
         """Load the model in a worker thread; conversations can be browsed meanwhile."""
         try:
-            engine = self.workspace.open_engine(interactive=True)
+            engine = self.workspace.open_engine()
         except ChatappError as error:
             self.call_from_thread(self._engine_failed, str(error))
             return

@@ -24,6 +24,10 @@ def size_text(count: float) -> str:
     return f"{count:,.1f} GiB"
 
 
+def _count(number: int, noun: str) -> str:
+    return f"{number:,} {noun}" + ("" if number == 1 else "s")
+
+
 class CacheScreen(ModalScreen[None]):
     BINDINGS = [
         Binding("escape", "close", "Close", id="cache.close"),
@@ -71,7 +75,7 @@ class CacheScreen(ModalScreen[None]):
         hit_rate = float(stats.get("hit_rate", 0.0))
         source = "this session" if overview.live else "all sessions (model not loaded)"
         summary = (
-            f"Hit rate {hit_rate:.0%} of prompt tokens over {int(stats.get('requests', 0)):,} answers ({source})"
+            f"Hit rate {hit_rate:.0%} of prompt tokens over {_count(int(stats.get('requests', 0)), 'answer')} ({source})"
             f"  ·  reused {int(stats.get('reused_tokens', 0)):,} of {int(stats.get('prompt_tokens', 0)):,} tokens"
         )
         if overview.problem:
@@ -95,7 +99,7 @@ class CacheScreen(ModalScreen[None]):
         self.query_one(Sparkline).data = overview.ttft_ms or [0.0]
         if overview.ttft_ms:
             low, high, last = min(overview.ttft_ms), max(overview.ttft_ms), overview.ttft_ms[-1]
-            self.query_one("#ttft-range", Label).update(f"{len(overview.ttft_ms)} answers · min {low:,.0f} · max {high:,.0f} · last {last:,.0f}")
+            self.query_one("#ttft-range", Label).update(f"{_count(len(overview.ttft_ms), 'answer')} · min {low:,.0f} · max {high:,.0f} · last {last:,.0f}")
         else:
             self.query_one("#ttft-range", Label).update("no answers yet in this session")
         pins = self.query_one("#pins", OptionList)

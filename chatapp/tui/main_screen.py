@@ -444,12 +444,14 @@ class MainScreen(Screen[None]):
             self.post_message(WarmProgress(-1, -1))
 
     def on_warm_progress(self, message: WarmProgress) -> None:
+        """Show a long warm-up; an answer sent meanwhile waits for it, so keep showing it then."""
         row = self.query_one(PrefillRow)
+        streaming = self.answering and self._streamed > 0
         if message.done < 0 or message.done >= message.total:
             if not self.answering:
                 row.hide()
-        elif not self.answering:
-            row.show_progress("warming up", message.done, message.total)
+        elif not streaming:
+            row.show_progress("reading the prompt" if self.answering else "warming up", message.done, message.total)
 
     # Selection, siblings, copy.
     def action_select(self, step: int) -> None:
