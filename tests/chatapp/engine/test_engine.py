@@ -147,3 +147,26 @@ def test_engine_reports_its_shape(engine: Engine) -> None:
     assert info.n_ctx_per_sequence == 1024
     assert info.n_ctx_train == 8192
     assert not info.flash_attention  # off by default: it is not batch-invariant
+
+
+@pytest.mark.parametrize(
+    "question",
+    ["Explain photosynthesis briefly.", "List three prime numbers and why.", "Give me a tip for writing clearly."],
+)
+def test_a_follow_up_that_continues_the_live_answer_equals_a_cold_run(engine: Engine, question: str) -> None:
+    """The answer's KV, first computed one token at a time, is recomputed in batches: a next
+    turn reusing it in place is the computation a cold run of its prompt does."""
+    sampling = SamplingParams(temperature=0.0, max_tokens=64)
+    first = [ChatMessage.of(SYSTEM, "You are helpful."), ChatMessage.of(USER, question)]
+    answer = run(engine, tuple(engine.prompt_builder.build(first)), sampling, sequence=0)
+    assert answer.stats.generated_tokens > 2
+    follow_up = [
+        *first,
+        ChatMessage(role="assistant", parts=(answer.text,), generated_ids=answer.token_ids),
+        ChatMessage.of(USER, "Now say it differently, in more detail."),
+    ]
+    prompt = tuple(engine.prompt_builder.build(follow_up))
+    warm = run(engine, prompt, sampling, sequence=0)
+    cold = run(engine, prompt, sampling, sequence=1, use_cache=False)
+    assert warm.stats.reuse_tier == "device" and warm.stats.reused_tokens > len(prompt) // 2
+    assert warm.token_ids == cold.token_ids

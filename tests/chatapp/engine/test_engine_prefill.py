@@ -61,6 +61,7 @@ def test_the_real_request_reuses_every_warmed_token_and_answers_as_cold(cached: 
 def test_warming_what_is_resident_computes_nothing_and_cuts_nothing(cached: Engine) -> None:
     target = prompt(cached, "What is a verb?")
     first = answer(cached, target)
+    cached.flush_cache()  # the engine thread is done with the answer (its KV recomputed in batches)
     held = max(len(tokens) for tokens in cached.placer.resident.tokens)
     assert held > len(target)  # the prompt and most of the answer
     again = prefill(cached, target).wait()  # every token may be reused: no logits are needed
@@ -93,6 +94,7 @@ def test_a_cancelled_long_warm_up_keeps_its_finished_batches_exactly(engine: Eng
 
 def test_a_warm_up_cancelled_while_queued_touches_no_sequence(engine: Engine) -> None:
     answer(engine, prompt(engine, "What is a preposition?"), sequence=1, use_cache=False)
+    engine.flush_cache()  # the engine thread is done with the answer
     held = list(engine.placer.resident.tokens[1])
     busy = engine.generate(GenerationRequest(prompt(engine, "Write a long story."), SamplingParams(temperature=0, max_tokens=60), sequence=0))
     queued = prefill(engine, prompt(engine, "Something else entirely."), sequence=1)
