@@ -405,6 +405,8 @@ class MainScreen(Screen[None]):
             self._stop_requested = True
             if self.job is not None:
                 self.job.cancel()
+            if self._streamed == 0:
+                self.service.stop_warming()  # the answer may be waiting for a long warm-up: stop both
             self._set_state("stopping…")
         elif self._editing is not None:
             self._cancel_edit()
