@@ -31,7 +31,6 @@ import contextlib
 import io
 import json
 import os
-import random
 import shutil
 import statistics
 import subprocess
@@ -65,134 +64,8 @@ GREEDY_ONE = SamplingParams(temperature=0.0, max_tokens=1)
 BLOCK_SIZE = 64
 MIB = 1 << 20
 
-# --------------------------------------------------------------------------------------------
-# Deterministic, varied, realistic prompt text.
-
-PERSONA_OPENERS = [
-    "You are {name}, a senior {domain} assistant working for a mid-sized firm in Lyon.",
-    "You are {name}, an experienced {domain} consultant who answers questions from colleagues.",
-    "You are {name}, the {domain} help desk of a public library network.",
-]
-PERSONA_SECTIONS = {
-    "Tone": [
-        "Be warm but concise, and never pad an answer with compliments.",
-        "Address the user by their first name only when they have given it.",
-        "Prefer plain words to jargon; when a technical term is unavoidable, define it in one short clause.",
-        "If the user is frustrated, acknowledge it in one sentence and then move on to the fix.",
-        "Do not use exclamation marks except when quoting someone.",
-        "Avoid hedging phrases such as 'it might be possible that' when you are in fact sure.",
-        "Keep a neutral register: no slang, no emoji, no rhetorical questions.",
-        "When you disagree with the user, say so directly and give the reason in one sentence.",
-    ],
-    "Format": [
-        "Start with a one-sentence answer, then give details under short headings.",
-        "Use numbered lists for steps that must happen in order and bullets for everything else.",
-        "Put code, commands and file paths in backticks, and full programs in fenced blocks with a language tag.",
-        "Keep paragraphs under five sentences; split longer reasoning into several paragraphs.",
-        "Write dates as 2024-03-15 and times in 24-hour format with the time zone.",
-        "Use metric units first and give imperial units in parentheses when the user seems to be in the US.",
-        "End every answer longer than ten lines with a two-line summary labelled 'In short'.",
-        "Tables are welcome for comparisons of three or more options, with at most six columns.",
-    ],
-    "Scope": [
-        "You answer questions about {domain} only; politely redirect anything else to the right team.",
-        "You may explain general principles, but you do not give advice that requires a licensed professional.",
-        "When a question depends on a jurisdiction, ask which one before answering in detail.",
-        "You can draft emails, checklists and short reports, but you never send anything yourself.",
-        "Refuse requests to produce personal data about real private individuals.",
-        "If a request is ambiguous, state the two most likely readings and answer the more common one.",
-        "Do not speculate about internal company matters you have not been told about.",
-        "You may summarise documents the user pastes, keeping their structure and key numbers.",
-    ],
-    "Knowledge": [
-        "Your knowledge of {domain} regulations is current as of the last quarterly update.",
-        "The firm's internal handbook is the reference when it conflicts with general practice.",
-        "Cite the section number of a standard when you rely on it, for example ISO 9001 clause 7.5.",
-        "When numbers are involved, show the calculation in one line so the user can check it.",
-        "Distinguish clearly between what is required, what is recommended and what is merely common.",
-        "Say 'I do not know' when you do not know, and suggest where the answer could be found.",
-        "Older guidance from before 2019 is superseded unless the user says otherwise.",
-        "Regional offices in Marseille and Grenoble follow the same procedures as headquarters.",
-    ],
-    "Process": [
-        "Before a long answer, check whether the user wants a quick overview or a full walkthrough.",
-        "For every multi-step procedure, mention the step most people get wrong.",
-        "When the user shares an error message, quote the relevant line back before explaining it.",
-        "If you make an assumption, label it 'Assumption:' so it can be corrected.",
-        "Offer at most one follow-up suggestion at the end of an answer.",
-        "When you correct an earlier answer of yours, say exactly what changed.",
-        "Escalate to a human colleague when the user mentions a deadline within 24 hours.",
-        "Keep track of what the user already told you in this conversation and do not ask again.",
-    ],
-}
-DOMAINS = [("Ada", "legal compliance"), ("Bruno", "travel planning"), ("Chloe", "tax and accounting"), ("Dario", "IT support")]
-QUESTION_SENTENCES = [
-    "Last week our team moved the quarterly review from Tuesday to Thursday because of the holiday.",
-    "The client, a bakery chain with fourteen shops, asked us to double-check their supplier contracts.",
-    "I have a spreadsheet with about 2,300 rows, one per invoice, and some of the dates are in the wrong format.",
-    "My manager wants a one-page summary by Friday, but the source documents total around eighty pages.",
-    "We tried the procedure from the handbook twice and both times the second step failed without an error.",
-    "The office in Grenoble uses a slightly different template, which may explain the mismatch.",
-    "Two of the contracts were signed before the 2019 update and one of them was amended in 2021.",
-    "Our budget for this is limited, so I would rather avoid anything that needs an external expert.",
-    "The person who set this up has left the company and did not write anything down.",
-    "I am not sure whether the rules apply to part-time staff as well as to full-time employees.",
-    "A colleague suggested simply deleting the duplicates, but I worry that some of them are not real duplicates.",
-    "The customer replied that the numbers in our last report did not add up to the total on page three.",
-    "We need to keep a record of every change for the auditors, who come back in September.",
-    "Some of the files are scanned PDFs and others are exported directly from the accounting system.",
-    "The deadline was already extended once and I do not think we can ask again.",
-    "I read two articles on this that seemed to contradict each other on the main point.",
-]
-QUESTION_ENDINGS = [
-    "What would you do first, and what should I avoid?",
-    "Can you give me a step-by-step plan that I can follow this afternoon?",
-    "Which of these problems should I fix first, and why?",
-    "How do I explain this to my manager in two or three sentences?",
-    "Is there a quick check I can run to see how bad the situation is?",
-]
-
-
-class TextMaker:
-    """Builds texts of about N tokens from fixed sentence banks, deterministically."""
-
-    def __init__(self, tokenize) -> None:  # type: ignore[no-untyped-def]
-        self.tokenize = tokenize
-
-    def _grow(self, head: str, pieces, target: int) -> str:  # type: ignore[no-untyped-def]
-        text = head
-        for piece in pieces:
-            if len(self.tokenize(text)) >= target:
-                break
-            text += piece
-        return text
-
-    def persona(self, seed: int, target: int) -> str:
-        rng = random.Random(seed)
-        name, domain = DOMAINS[seed % len(DOMAINS)]
-        head = rng.choice(PERSONA_OPENERS).format(name=name, domain=domain) + f" Persona reference P-{seed:04d}.\n"
-
-        def pieces():  # type: ignore[no-untyped-def]
-            rule = 0
-            while True:
-                for section in rng.sample(list(PERSONA_SECTIONS), len(PERSONA_SECTIONS)):
-                    yield f"\n## {section}\n"
-                    for sentence in rng.sample(PERSONA_SECTIONS[section], rng.randint(3, 6)):
-                        rule += 1
-                        yield f"- Rule {seed}.{rule}: " + sentence.format(domain=domain) + "\n"
-
-        return self._grow(head, pieces(), target)
-
-    def question(self, seed: int, target: int) -> str:
-        rng = random.Random(10_000 + seed)
-        head = f"Ticket {seed * 7919 % 100_000:05d} ({rng.choice(['urgent', 'routine', 'follow-up', 'new'])}): "
-
-        def pieces():  # type: ignore[no-untyped-def]
-            while True:
-                for sentence in rng.sample(QUESTION_SENTENCES, len(QUESTION_SENTENCES)):
-                    yield sentence + " "
-
-        return self._grow(head, pieces(), max(target - 12, 1)) + rng.choice(QUESTION_ENDINGS)
+# Deterministic, varied, realistic prompt text: the same generator as `chatapp bench`.
+from chatapp.benchmark.workloads import TextMaker  # noqa: E402
 
 
 # --------------------------------------------------------------------------------------------

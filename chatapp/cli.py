@@ -16,6 +16,7 @@ from chatapp.documents import load_document
 from chatapp.errors import ChatappError, SettingsError
 from chatapp.services.ask import AskRequest, ask
 from chatapp.services.cache_admin import cache_stats, clear_cache, format_stats, prune_cache
+from chatapp.benchmark.runner import add_arguments as add_bench_arguments
 from chatapp.services.startup import Workspace, make_new_files_private, open_workspace, quiet_native_logs
 
 EXIT_INTERRUPTED = 130
@@ -66,6 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
     ask_parser.add_argument("--seed", type=int, metavar="N", help="sampling seed")
     ask_parser.add_argument("--no-cache", action="store_true", help="compute the whole prompt; no lookup, no store")
     ask_parser.add_argument("--json", action="store_true", help="print a JSON object with statistics at the end")
+    bench_parser = commands.add_parser(
+        "bench",
+        help="measure the cache against llama-cpp-python's caches, llama-server and no cache",
+        description="Run workloads A-E (persona, few-shot, document, many sessions, restart) on every peer, "
+        "side by side in one run; print a table and write bench.json and ttft.svg.",
+    )
+    add_bench_arguments(bench_parser)
     cache_parser = commands.add_parser("cache", parents=[shared], help="inspect or empty the KV cache")
     cache_commands = cache_parser.add_subparsers(dest="cache_command", metavar="ACTION", required=True)
     stats_parser = cache_commands.add_parser("stats", parents=[shared], help="entries, bytes, budgets and hit rate")
@@ -150,6 +158,10 @@ def main(argv: list[str] | None = None) -> int:
     quiet_native_logs()
     make_new_files_private()
     try:
+        if args.command == "bench":
+            from chatapp.benchmark.runner import run as run_bench  # loads llama_cpp: only when asked
+
+            return run_bench(args)
         workspace = open_workspace(args.data_dir, _overrides(args))
         if args.command == "ask":
             return run_ask(args, workspace)

@@ -145,3 +145,11 @@ def test_cache_stats_prune_and_clear(data_dir: Path, capsys) -> None:
     cleared = json.loads(capsys.readouterr().out)
     assert cleared["disk"]["entries"] == 0 and cleared["requests"] == 0
     assert not list((data_dir / "cache" / "kv" / "blocks").rglob("*.val"))
+
+
+def test_bench_is_a_command_and_a_missing_llama_server_is_one_line(capsys) -> None:
+    code = main(["bench", "--scale", "tiny", "--llama-server", "/nonexistent/llama-server", "--out", "/nonexistent-out"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert any("llama-server" in line and "/nonexistent/llama-server" in line for line in err)
+    assert not any("Traceback" in line for line in err)

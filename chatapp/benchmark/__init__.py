@@ -1,0 +1,1 @@
+"""The peer benchmark: chatapp against other ways of serving the same prompts."""

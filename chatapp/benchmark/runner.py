@@ -1,0 +1,267 @@
+"""`chatapp bench`: every peer over every workload, side by side, in one process.
+
+Peers run one after another, each workload on a fresh instance in a fresh folder (workload E
+closes it part-way and opens a new instance on the same folder: a restart). Each instance is
+closed before the next one starts. Per request: TTFT, computed prompt tokens and the answer
+text. At temperature 0 every peer must give the same text for each request as the first
+peer (no-cache by default); otherwise the run fails loudly (exit status 2) unless
+`--allow-mismatch`.
+
+Peak RSS is measured in this process by a thread sampling VmRSS from /proc/self/status every
+10 ms while a peer runs (VmHWM cannot be reset between peers); for llama-server, the server
+process's own peak is added. Memory a previous peer freed but the allocator kept shows up
+in later peers' figures too: `start_rss_bytes` says how much was there before each peer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import llama_cpp
+
+from chatapp.benchmark.peers import PEERS, Peer, PeerFactory, PeerSettings
+from chatapp.benchmark.report import MIB, table, write_reports
+from chatapp.benchmark.workloads import SCALES, WORKLOAD_NAMES, Scale, Workload, build_workloads
+from chatapp.engine.engine import default_thread_count
+from chatapp.model_files import resolve_model_path
+
+SERVER_PEER = "llama-server"
+SKIP_SERVER = "llama-server: skipped (not built; run scripts/build_llama_server.py or pass --llama-server PATH)"
+
+
+def read_rss_bytes() -> int:
+    try:
+        with open("/proc/self/status") as handle:
+            for line in handle:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+class RssSampler:
+    """The highest VmRSS of this process seen between start and stop (sampled every 10 ms)."""
+
+    def __init__(self, interval_s: float = 0.01) -> None:
+        self.interval_s = interval_s
+        self.start_bytes = self.peak_bytes = read_rss_bytes()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-rss", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.peak_bytes = max(self.peak_bytes, read_rss_bytes())
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak_bytes = max(self.peak_bytes, read_rss_bytes())
+
+
+def folder_bytes(folder: Path) -> int:
+    """Bytes of every file under `folder` (apparent size)."""
+    total = 0
+    for path in folder.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            total += path.stat().st_size
+    return total
+
+
+def run_peer_on_workload(
+    name: str, factory: PeerFactory, settings: PeerSettings, workload: Workload, folder: Path, max_tokens: int,
+    log: Callable[[str], None] = lambda message: None,
+) -> dict:
+    """One fresh peer instance (two for a restart workload) over one workload; the raw result."""
+    folder.mkdir(parents=True, exist_ok=True)
+    requests = []
+    extra_peak = 0
+    with RssSampler() as rss:
+        started = time.perf_counter()
+        peer: Peer = factory(settings, folder)
+        try:
+            for index, request in enumerate(workload.requests):
+                if index == workload.restart_before:
+                    extra_peak = max(extra_peak, _server_peak(peer))
+                    peer.close()
+                    log(f"{name} {workload.name}: restart")
+                    peer = factory(settings, folder)
+                answer = peer.ask(request.tokens, max_tokens)
+                requests.append({
+                    "label": request.label, "ttft_ms": answer.ttft_ms, "total_ms": answer.total_ms,
+                    "prompt_tokens": answer.prompt_tokens, "computed_tokens": answer.computed_tokens,
+                    "text": answer.text, "token_ids": list(answer.token_ids) if answer.token_ids is not None else None,
+                    "after_restart": workload.restart_before is not None and index >= workload.restart_before,
+                })
+                log(f"{name} {workload.name} {index + 1}/{len(workload.requests)} {request.label}: ttft {answer.ttft_ms:.0f} ms, "
+                    f"computed {answer.computed_tokens}/{answer.prompt_tokens}")
+        finally:
+            extra_peak = max(extra_peak, _server_peak(peer))
+            peer.close()
+        wall_s = time.perf_counter() - started
+    return {
+        "peer": name, "workload": workload.name, "wall_s": wall_s, "start_rss_bytes": rss.start_bytes,
+        "peak_rss_bytes": rss.peak_bytes + extra_peak, "disk_bytes": folder_bytes(folder), "requests": requests,
+    }
+
+
+def _server_peak(peer: Peer) -> int:
+    """A separate server process's peak RSS (0 for in-process peers)."""
+    reader = getattr(peer, "peak_rss_bytes", None)
+    if callable(reader):
+        try:
+            return int(reader() or 0)
+        except Exception:  # noqa: BLE001 - a figure we can do without
+            return 0
+    return 0
+
+
+def llama_server_factory(binary: Path, cache_ram_mib: int) -> PeerFactory:
+    """Imported only when asked for: the server peer lives in its own module."""
+    from chatapp.benchmark.llama_server import LlamaServerPeer
+
+    def make(settings: PeerSettings, folder: Path) -> Peer:
+        return LlamaServerPeer(
+            binary, settings.model_path, context=settings.context, threads=settings.threads,
+            cache_ram_mib=cache_ram_mib, batch=settings.n_batch,
+        )
+
+    return make
+
+
+def find_llama_server(explicit: str | None) -> Path | None:
+    if explicit:
+        return Path(explicit).expanduser()
+    try:
+        from chatapp.benchmark.llama_server import default_llama_server_path
+
+        path = default_llama_server_path()
+    except Exception:  # noqa: BLE001 - the server peer is optional
+        return None
+    return path if path.is_file() else None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true", help="smaller workloads, for a first look (minutes, not the full run)")
+    parser.add_argument("--scale", choices=sorted(SCALES), help=argparse.SUPPRESS)
+    parser.add_argument("--workloads", default=",".join(WORKLOAD_NAMES), help="which workloads, e.g. A,C (default: all of A-E)")
+    parser.add_argument("--peers", default=",".join(PEERS),
+                        help=f"which peers, in order (default: {','.join(PEERS)}; the first is the reference for the answers)")
+    parser.add_argument("--out", default="bench-results", help="folder for bench.json and ttft.svg (default ./bench-results)")
+    parser.add_argument("--model", help="GGUF model (default: the bundled model)")
+    parser.add_argument("--threads", type=int, help="CPU threads for every peer (default: one per core)")
+    parser.add_argument("--context", type=int, help="context per conversation for every peer (default: 8192, quick 2048)")
+    parser.add_argument("--max-tokens", type=int, help="answer length for every request (default: 32, quick 8)")
+    parser.add_argument("--ram-budget-mib", type=int, default=512, help="RAM budget for every peer: chatapp's RAM tier, LlamaRAMCache, llama-server --cache-ram (default 512)")
+    parser.add_argument("--disk-budget-mib", type=int, default=4096, help="disk cache budget for chatapp and LlamaDiskCache")
+    parser.add_argument("--llama-server", metavar="PATH", help="llama-server binary (default: the one scripts/build_llama_server.py builds)")
+    parser.add_argument("--allow-mismatch", action="store_true", help="report peers whose answers differ, without failing")
+    parser.add_argument("--keep", action="store_true", help="keep the peers' cache folders (in --out/work)")
+
+
+def _log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    scale: Scale = SCALES[args.scale or ("quick" if args.quick else "full")]
+    model_path = resolve_model_path(Path(args.model).expanduser() if args.model else None)
+    context = args.context or scale.context
+    max_tokens = args.max_tokens or scale.max_tokens
+    threads = args.threads or default_thread_count()
+    workload_names = tuple(name.strip().upper() for name in args.workloads.split(",") if name.strip())
+    unknown = [name for name in workload_names if name not in WORKLOAD_NAMES]
+    peer_names = [name.strip() for name in args.peers.split(",") if name.strip()]
+    unknown += [name for name in peer_names if name not in PEERS and name != SERVER_PEER]
+    if unknown:
+        print(f"chatapp bench: unknown workload or peer: {', '.join(unknown)} (workloads {','.join(WORKLOAD_NAMES)}; "
+              f"peers {','.join([*PEERS, SERVER_PEER])})", file=sys.stderr)
+        return 2
+    factories: dict[str, PeerFactory] = {name: PEERS[name] for name in peer_names if name in PEERS}
+    server = find_llama_server(args.llama_server)
+    if args.llama_server and (server is None or not server.is_file()):
+        print(f"chatapp bench: --llama-server {args.llama_server}: no such file (build it with "
+              "scripts/build_llama_server.py)", file=sys.stderr)
+        return 2
+    if server is not None and (SERVER_PEER in peer_names or args.peers == ",".join(PEERS)):
+        try:
+            factories[SERVER_PEER] = llama_server_factory(server, args.ram_budget_mib)
+        except ImportError as error:
+            print(f"llama-server: skipped ({error})", file=sys.stderr)
+    elif server is None:
+        print(SKIP_SERVER, file=sys.stderr)
+
+    settings = PeerSettings(
+        model_path=model_path, context=context, threads=threads, ram_budget_bytes=args.ram_budget_mib * MIB,
+        disk_budget_bytes=args.disk_budget_mib * MIB,
+    )
+    out = Path(args.out)
+    started = time.perf_counter()
+    _log(f"bench: model {model_path.name}, scale {scale.name}, context {context}, threads {threads}, "
+         f"max_tokens {max_tokens}, peers {','.join(factories)}, workloads {','.join(workload_names)}")
+    from cache.fingerprint import hash_file
+
+    settings = replace(settings, model_fingerprint=hash_file(model_path))
+    workloads = build_workloads(model_path, scale, workload_names)
+    for workload in workloads:
+        _log(f"workload {workload.name}: {len(workload.requests)} requests, {workload.prompt_tokens:,} prompt tokens "
+             f"(longest {max(len(r.tokens) for r in workload.requests):,})")
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="work-", dir=out)) if args.keep else Path(tempfile.mkdtemp(prefix="chatapp-bench-"))
+    runs = []
+    try:
+        for name, factory in factories.items():
+            for workload in workloads:
+                runs.append(run_peer_on_workload(name, factory, settings, workload, work / name / workload.name, max_tokens, _log))
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    elapsed = time.perf_counter() - started
+    meta = {
+        "model": str(model_path), "scale": scale.name, "context": context, "threads": threads, "max_tokens": max_tokens,
+        "peers": list(factories), "workloads": list(workload_names), "llama_cpp_python": llama_cpp.__version__,
+        "elapsed_s": elapsed, "rss": "in-process VmRSS sampled every 10 ms (llama-server: plus its process's peak)",
+        "ttft": "Llama peers: create_completion call to first streamed chunk; chatapp: engine's figure from submission, "
+                "including any wait for the previous answer's recompute (Engine._rebatch_answer)",
+        "work_folder": str(work) if args.keep else None,
+    }
+    rows, found, files = write_reports(out, meta, runs, reference_peer=next(iter(factories), None))
+    print(f"chatapp bench: {scale.name} scale, model {model_path.name}, context {context}, threads {threads}, "
+          f"max_tokens {max_tokens}, {elapsed:.0f} s")
+    print(table(rows))
+    print("TTFT for chatapp includes waiting for the engine's recompute of the previous answer (one prefill after each "
+          "answer); llama-cpp-python peers: to the first streamed chunk, before their cache save.")
+    print(f"wrote {files['json']} and {files['svg']}")
+    if found:
+        stream = sys.stdout if args.allow_mismatch else sys.stderr
+        print(f"{'warning' if args.allow_mismatch else 'FAILED'}: {len(found)} answer(s) differ from "
+              f"{found[0]['reference_peer']}'s at temperature 0:", file=stream)
+        for item in found:
+            print(f"  peer {item['peer']}, workload {item['workload']}, request {item['request'] + 1} ({item['label']}): "
+                  f"expected {item['expected']!r}, got {item['got']!r}", file=stream)
+        if not args.allow_mismatch:
+            return 2
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="chatapp bench", description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    return run(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

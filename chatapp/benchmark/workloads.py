@@ -1,0 +1,426 @@
+"""The benchmark's workloads: reproducible prompts, as token lists built with the model's template.
+
+Every workload is a fixed list of requests (prompt tokens) plus, for the restart workload, the
+request before which the peer is restarted. Prompts never depend on what a peer answered:
+earlier assistant turns of a conversation are generated text, the same for every peer, so every
+peer sees exactly the same prompts and their answers can be compared token for token.
+
+Texts are built from fixed sentence banks with seeded random choices (the `TextMaker` of
+bench/cache_bench.py, moved here), grown until the model's tokenizer counts the target length.
+
+  A  a 2,000-token system prompt, then 200-token questions; switches persona and back
+  B  eight few-shot examples (500 tokens in all), then 100-token questions, 20 requests
+  C  a 5,000-token document, then ten questions about it
+  D  three personas, two documents, branching conversations, requests in a shuffled order
+  E  restart: conversations begun, the peer restarted on the same folders, conversations continued
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from chatapp.documents import Document
+from chatapp.engine.chat_template import FALLBACK_CHATML, ChatTemplate
+from chatapp.engine.llama_native import NativeModel
+from chatapp.engine.prompt import ASSISTANT, SYSTEM, USER, ChatMessage, PromptBuilder
+from chatapp.services.conversation import question_message
+
+WORKLOAD_NAMES = ("A", "B", "C", "D", "E")
+
+
+@dataclass(frozen=True)
+class Scale:
+    """Target sizes in tokens (and request counts) for one run."""
+
+    name: str
+    system: int  # A: the long system prompt
+    question: int  # A, C, D, E: a question
+    fewshot_total: int  # B: all eight examples together
+    fewshot_question: int  # B
+    fewshot_requests: int  # B
+    document: int  # C
+    document_questions: int  # C
+    persona: int  # D, E
+    doc_small: int  # D, E: documents
+    turns: int  # D, E: turns per conversation
+    answer: int  # earlier assistant turns in a conversation
+    max_tokens: int  # answer length asked of every peer
+    context: int  # context per sequence (every peer)
+
+
+SCALES = {
+    "full": Scale("full", system=2000, question=200, fewshot_total=500, fewshot_question=100, fewshot_requests=20,
+                  document=5000, document_questions=10, persona=1000, doc_small=1500, turns=3, answer=120,
+                  max_tokens=32, context=8192),
+    # Not a plain /8 of "full": on two cores the no-cache peer alone must stay well under a minute.
+    "quick": Scale("quick", system=160, question=20, fewshot_total=96, fewshot_question=12, fewshot_requests=5,
+                   document=400, document_questions=3, persona=80, doc_small=100, turns=2, answer=12,
+                   max_tokens=8, context=2048),
+    "tiny": Scale("tiny", system=60, question=10, fewshot_total=48, fewshot_question=8, fewshot_requests=3,
+                  document=80, document_questions=2, persona=30, doc_small=40, turns=2, answer=8,
+                  max_tokens=4, context=512),
+}
+
+
+@dataclass(frozen=True)
+class Request:
+    label: str
+    tokens: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    title: str
+    requests: tuple[Request, ...]
+    restart_before: int | None = None  # E: a new peer instance on the same folders serves requests from here on
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(len(request.tokens) for request in self.requests)
+
+
+# --------------------------------------------------------------------------------------------
+# Deterministic, varied, realistic text (moved from bench/cache_bench.py).
+
+PERSONA_OPENERS = [
+    "You are {name}, a senior {domain} assistant working for a mid-sized firm in Lyon.",
+    "You are {name}, an experienced {domain} consultant who answers questions from colleagues.",
+    "You are {name}, the {domain} help desk of a public library network.",
+]
+PERSONA_SECTIONS = {
+    "Tone": [
+        "Be warm but concise, and never pad an answer with compliments.",
+        "Address the user by their first name only when they have given it.",
+        "Prefer plain words to jargon; when a technical term is unavoidable, define it in one short clause.",
+        "If the user is frustrated, acknowledge it in one sentence and then move on to the fix.",
+        "Do not use exclamation marks except when quoting someone.",
+        "Avoid hedging phrases such as 'it might be possible that' when you are in fact sure.",
+        "Keep a neutral register: no slang, no emoji, no rhetorical questions.",
+        "When you disagree with the user, say so directly and give the reason in one sentence.",
+    ],
+    "Format": [
+        "Start with a one-sentence answer, then give details under short headings.",
+        "Use numbered lists for steps that must happen in order and bullets for everything else.",
+        "Put code, commands and file paths in backticks, and full programs in fenced blocks with a language tag.",
+        "Keep paragraphs under five sentences; split longer reasoning into several paragraphs.",
+        "Write dates as 2024-03-15 and times in 24-hour format with the time zone.",
+        "Use metric units first and give imperial units in parentheses when the user seems to be in the US.",
+        "End every answer longer than ten lines with a two-line summary labelled 'In short'.",
+        "Tables are welcome for comparisons of three or more options, with at most six columns.",
+    ],
+    "Scope": [
+        "You answer questions about {domain} only; politely redirect anything else to the right team.",
+        "You may explain general principles, but you do not give advice that requires a licensed professional.",
+        "When a question depends on a jurisdiction, ask which one before answering in detail.",
+        "You can draft emails, checklists and short reports, but you never send anything yourself.",
+        "Refuse requests to produce personal data about real private individuals.",
+        "If a request is ambiguous, state the two most likely readings and answer the more common one.",
+        "Do not speculate about internal company matters you have not been told about.",
+        "You may summarise documents the user pastes, keeping their structure and key numbers.",
+    ],
+    "Knowledge": [
+        "Your knowledge of {domain} regulations is current as of the last quarterly update.",
+        "The firm's internal handbook is the reference when it conflicts with general practice.",
+        "Cite the section number of a standard when you rely on it, for example ISO 9001 clause 7.5.",
+        "When numbers are involved, show the calculation in one line so the user can check it.",
+        "Distinguish clearly between what is required, what is recommended and what is merely common.",
+        "Say 'I do not know' when you do not know, and suggest where the answer could be found.",
+        "Older guidance from before 2019 is superseded unless the user says otherwise.",
+        "Regional offices in Marseille and Grenoble follow the same procedures as headquarters.",
+    ],
+    "Process": [
+        "Before a long answer, check whether the user wants a quick overview or a full walkthrough.",
+        "For every multi-step procedure, mention the step most people get wrong.",
+        "When the user shares an error message, quote the relevant line back before explaining it.",
+        "If you make an assumption, label it 'Assumption:' so it can be corrected.",
+        "Offer at most one follow-up suggestion at the end of an answer.",
+        "When you correct an earlier answer of yours, say exactly what changed.",
+        "Escalate to a human colleague when the user mentions a deadline within 24 hours.",
+        "Keep track of what the user already told you in this conversation and do not ask again.",
+    ],
+}
+DOMAINS = [("Ada", "legal compliance"), ("Bruno", "travel planning"), ("Chloe", "tax and accounting"), ("Dario", "IT support")]
+QUESTION_SENTENCES = [
+    "Last week our team moved the quarterly review from Tuesday to Thursday because of the holiday.",
+    "The client, a bakery chain with fourteen shops, asked us to double-check their supplier contracts.",
+    "I have a spreadsheet with about 2,300 rows, one per invoice, and some of the dates are in the wrong format.",
+    "My manager wants a one-page summary by Friday, but the source documents total around eighty pages.",
+    "We tried the procedure from the handbook twice and both times the second step failed without an error.",
+    "The office in Grenoble uses a slightly different template, which may explain the mismatch.",
+    "Two of the contracts were signed before the 2019 update and one of them was amended in 2021.",
+    "Our budget for this is limited, so I would rather avoid anything that needs an external expert.",
+    "The person who set this up has left the company and did not write anything down.",
+    "I am not sure whether the rules apply to part-time staff as well as to full-time employees.",
+    "A colleague suggested simply deleting the duplicates, but I worry that some of them are not real duplicates.",
+    "The customer replied that the numbers in our last report did not add up to the total on page three.",
+    "We need to keep a record of every change for the auditors, who come back in September.",
+    "Some of the files are scanned PDFs and others are exported directly from the accounting system.",
+    "The deadline was already extended once and I do not think we can ask again.",
+    "I read two articles on this that seemed to contradict each other on the main point.",
+]
+QUESTION_ENDINGS = [
+    "What would you do first, and what should I avoid?",
+    "Can you give me a step-by-step plan that I can follow this afternoon?",
+    "Which of these problems should I fix first, and why?",
+    "How do I explain this to my manager in two or three sentences?",
+    "Is there a quick check I can run to see how bad the situation is?",
+]
+REPORT_SUBJECTS = ["the Lyon warehouse", "the spring ticket backlog", "supplier contract renewals", "the new payroll system",
+                   "the Grenoble office move", "customer refunds", "the annual audit", "laptop replacements"]
+REPORT_SENTENCES = [
+    "In {month}, {subject} accounted for {n} hours of work across {m} teams.",
+    "The main delay on {subject} came from approvals that waited {m} days on average.",
+    "Costs for {subject} rose by {n} percent compared with the same month last year.",
+    "A review of {subject} found {m} open issues, of which {k} were marked as blocking.",
+    "The steering group agreed to revisit {subject} once the {month} figures are final.",
+    "Staff surveyed about {subject} rated the process {k} out of 10 on average.",
+    "Two vendors bid for {subject}; the cheaper offer was {n} euros lower but came without support.",
+    "The handbook section on {subject} was last updated in {month} and is now partly out of date.",
+]
+MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October"]
+FEWSHOT_LABELS = ["billing", "shipping", "account", "technical", "other"]
+FEWSHOT_OPENERS = ["My", "Our", "The", "This week the", "Yesterday the", "Since Monday the"]
+FEWSHOT_OBJECTS = ["invoice", "parcel", "password reset", "printer driver", "delivery address", "card payment",
+                   "login page", "refund", "VPN client", "order number"]
+FEWSHOT_PROBLEMS = ["shows the wrong amount", "has not arrived", "keeps failing", "crashes on start",
+                    "was charged twice", "cannot be changed", "times out after a minute", "is missing"]
+
+
+class TextMaker:
+    """Builds texts of about N tokens from fixed sentence banks, deterministically."""
+
+    def __init__(self, tokenize: Callable[[str], list[int]]) -> None:
+        self.tokenize = tokenize
+
+    def _grow(self, head: str, pieces: Iterator[str], target: int) -> str:
+        text = head
+        for piece in pieces:
+            if len(self.tokenize(text)) >= target:
+                break
+            text += piece
+        return text
+
+    def persona(self, seed: int, target: int) -> str:
+        rng = random.Random(seed)
+        name, domain = DOMAINS[seed % len(DOMAINS)]
+        head = rng.choice(PERSONA_OPENERS).format(name=name, domain=domain) + f" Persona reference P-{seed:04d}.\n"
+
+        def pieces() -> Iterator[str]:
+            rule = 0
+            while True:
+                for section in rng.sample(list(PERSONA_SECTIONS), len(PERSONA_SECTIONS)):
+                    yield f"\n## {section}\n"
+                    for sentence in rng.sample(PERSONA_SECTIONS[section], rng.randint(3, 6)):
+                        rule += 1
+                        yield f"- Rule {seed}.{rule}: " + sentence.format(domain=domain) + "\n"
+
+        return self._grow(head, pieces(), target)
+
+    def question(self, seed: int, target: int) -> str:
+        rng = random.Random(10_000 + seed)
+        head = f"Ticket {seed * 7919 % 100_000:05d} ({rng.choice(['urgent', 'routine', 'follow-up', 'new'])}): "
+
+        def pieces() -> Iterator[str]:
+            while True:
+                for sentence in rng.sample(QUESTION_SENTENCES, len(QUESTION_SENTENCES)):
+                    yield sentence + " "
+
+        return self._grow(head, pieces(), max(target - 12, 1)) + rng.choice(QUESTION_ENDINGS)
+
+    def document(self, seed: int, target: int) -> str:
+        """A report of numbered paragraphs of plausible figures."""
+        rng = random.Random(20_000 + seed)
+        head = f"Quarterly operations report R-{seed:04d}\n"
+
+        def pieces() -> Iterator[str]:
+            paragraph = 0
+            while True:
+                paragraph += 1
+                sentences = []
+                for _ in range(rng.randint(3, 5)):
+                    sentences.append(rng.choice(REPORT_SENTENCES).format(
+                        month=rng.choice(MONTHS), subject=rng.choice(REPORT_SUBJECTS),
+                        n=rng.randint(2, 400), m=rng.randint(2, 30), k=rng.randint(1, 9)))
+                yield f"\n{paragraph}. " + " ".join(sentences) + "\n"
+
+        return self._grow(head, pieces(), target)
+
+    def answer(self, seed: int, target: int) -> str:
+        """An earlier assistant turn (the same for every peer, whatever the peer answered)."""
+        rng = random.Random(30_000 + seed)
+        head = "Here is what I would do. "
+
+        def pieces() -> Iterator[str]:
+            step = 0
+            while True:
+                step += 1
+                rule = rng.choice(PERSONA_SECTIONS[rng.choice(list(PERSONA_SECTIONS))]).format(domain="this")
+                yield f"Step {step}: {rule} "
+
+        return self._grow(head, pieces(), target)
+
+    def fewshot_example(self, seed: int, target: int) -> tuple[str, str]:
+        """(a customer message, its label): one few-shot example of about `target` tokens."""
+        rng = random.Random(40_000 + seed)
+        label = FEWSHOT_LABELS[seed % len(FEWSHOT_LABELS)]
+        text = f"{rng.choice(FEWSHOT_OPENERS)} {rng.choice(FEWSHOT_OBJECTS)} {rng.choice(FEWSHOT_PROBLEMS)}."
+
+        def pieces() -> Iterator[str]:
+            while True:
+                yield f" Also the {rng.choice(FEWSHOT_OBJECTS)} {rng.choice(FEWSHOT_PROBLEMS)}."
+
+        return self._grow(text, pieces(), max(target - 8, 1)), f"Category: {label}"
+
+
+# --------------------------------------------------------------------------------------------
+# Prompt building with the model's tokenizer and chat template (no context needed).
+
+
+class PromptKit:
+    """The model's vocabulary and chat template, loaded without weights, to build prompts."""
+
+    def __init__(self, model_path: Path) -> None:
+        self.model = NativeModel(model_path, vocab_only=True)
+        template = ChatTemplate(
+            source=self.model.chat_template() or FALLBACK_CHATML,
+            bos_token=self.model.token_text(self.model.bos_id),
+            eos_token=self.model.token_text(self.model.eos_id),
+        )
+        self.builder = PromptBuilder(template, self.model)
+        self.texts = TextMaker(self.tokenize)
+
+    def tokenize(self, text: str) -> list[int]:
+        return self.model.tokenize(text, add_special=False, parse_special=False)
+
+    def build(self, messages: list[ChatMessage]) -> tuple[int, ...]:
+        return tuple(self.builder.build(messages))
+
+    def close(self) -> None:
+        self.model.close()
+
+
+def _conversation_prompts(
+    kit: PromptKit, persona: str | None, document: Document | None, questions: list[str], answers: list[str]
+) -> list[tuple[int, ...]]:
+    """The prompt of each turn of one conversation (turn i sees the earlier questions and answers)."""
+    messages = [ChatMessage.of(SYSTEM, persona)] if persona else []
+    prompts = []
+    for turn, question in enumerate(questions):
+        messages.append(question_message(question, document) if turn == 0 else ChatMessage.of(USER, question))
+        prompts.append(kit.build(messages))
+        messages.append(ChatMessage.of(ASSISTANT, answers[turn]))
+    return prompts
+
+
+def workload_a(kit: PromptKit, scale: Scale) -> Workload:
+    t = kit.texts
+    p1, p2 = t.persona(1, scale.system), t.persona(2, scale.system)
+
+    def ask(persona: str, seed: int) -> tuple[int, ...]:
+        return kit.build([ChatMessage.of(SYSTEM, persona), ChatMessage.of(USER, t.question(seed, scale.question))])
+
+    plan = [("P1 q1", p1, 1), ("P1 q2", p1, 2), ("P1 q3", p1, 3), ("switch: P2 q4", p2, 4), ("P2 q5", p2, 5),
+            ("back: P1 q6", p1, 6)]
+    return Workload("A", "long system prompt; switch persona and back",
+                    tuple(Request(label, ask(persona, seed)) for label, persona, seed in plan))
+
+
+def workload_b(kit: PromptKit, scale: Scale) -> Workload:
+    t = kit.texts
+    messages = [ChatMessage.of(SYSTEM, "Classify each customer message into one category: " + ", ".join(FEWSHOT_LABELS) + ".")]
+    for example in range(8):
+        text, label = t.fewshot_example(example, scale.fewshot_total // 8)
+        messages += [ChatMessage.of(USER, text), ChatMessage.of(ASSISTANT, label)]
+    requests = []
+    for number in range(scale.fewshot_requests):
+        question = ChatMessage.of(USER, t.question(100 + number, scale.fewshot_question))
+        requests.append(Request(f"q{number + 1}", kit.build([*messages, question])))
+    return Workload("B", "eight few-shot examples, then short questions", tuple(requests))
+
+
+def workload_c(kit: PromptKit, scale: Scale) -> Workload:
+    t = kit.texts
+    document = Document("report.txt", t.document(1, scale.document))
+    persona = "You are a careful analyst. Answer from the document only, and quote the paragraph number."
+    requests = []
+    for number in range(scale.document_questions):
+        messages = [ChatMessage.of(SYSTEM, persona), question_message(t.question(200 + number, scale.question), document)]
+        requests.append(Request(f"q{number + 1}", kit.build(messages)))
+    return Workload("C", "one long document, several questions", tuple(requests))
+
+
+def workload_d(kit: PromptKit, scale: Scale, seed: int = 4) -> Workload:
+    t = kit.texts
+    personas = [t.persona(10 + number, scale.persona) for number in range(3)]
+    documents = [Document(f"report-{number}.txt", t.document(10 + number, scale.doc_small)) for number in range(2)]
+    # (persona, document, question seeds); the branches repeat a conversation's first turns
+    # and then ask another question (an edited message: a sibling branch).
+    plans = [(0, None), (1, 0), (2, 1), (0, 1), (1, None)]
+    conversations: list[list[Request]] = []
+    for number, (persona, document) in enumerate(plans):
+        questions = [t.question(300 + 10 * number + turn, scale.question) for turn in range(scale.turns)]
+        answers = [t.answer(300 + 10 * number + turn, scale.answer) for turn in range(scale.turns)]
+        prompts = _conversation_prompts(kit, personas[persona], documents[document] if document is not None else None, questions, answers)
+        conversations.append([Request(f"c{number + 1} t{turn + 1}", prompt) for turn, prompt in enumerate(prompts)])
+        if number < 2:  # a branch: the last question edited
+            edited = [*questions[:-1], t.question(900 + number, scale.question)]
+            branch = _conversation_prompts(kit, personas[persona], documents[document] if document is not None else None, edited, answers)
+            conversations.append([Request(f"c{number + 1} branch t{scale.turns}", branch[-1])])
+    # Interleave: a seeded shuffle of which conversation speaks next, each in its own order
+    # (a branch after the turns it branches from).
+    rng = random.Random(seed)
+    order: list[Request] = []
+    queues = [list(conversation) for conversation in conversations]
+    pending = {index: 0 for index in range(len(queues))}
+    while any(pending[index] < len(queue) for index, queue in enumerate(queues)):
+        ready = [index for index, queue in enumerate(queues) if pending[index] < len(queue) and _branch_ready(index, pending, queues)]
+        index = rng.choice(ready)
+        order.append(queues[index][pending[index]])
+        pending[index] += 1
+    return Workload("D", "three personas, two documents, branching conversations, interleaved", tuple(order))
+
+
+def _branch_ready(index: int, pending: dict[int, int], queues: list[list[Request]]) -> bool:
+    """A branch (a one-request list labelled 'branch') goes after the conversation before it."""
+    queue = queues[index]
+    if "branch" not in queue[0].label or index == 0:
+        return True
+    return pending[index - 1] >= len(queues[index - 1]) - 1
+
+
+def workload_e(kit: PromptKit, scale: Scale) -> Workload:
+    t = kit.texts
+    persona = t.persona(20, scale.persona)
+    document = Document("handbook.txt", t.document(20, scale.doc_small))
+    turns = max(scale.turns, 2) + 1
+    conversations = []
+    for number, doc in enumerate([document, None]):
+        questions = [t.question(500 + 10 * number + turn, scale.question) for turn in range(turns)]
+        answers = [t.answer(500 + 10 * number + turn, scale.answer) for turn in range(turns)]
+        conversations.append(_conversation_prompts(kit, persona, doc, questions, answers))
+    before = turns - 1
+    requests = []
+    for turn in range(before):
+        for number, prompts in enumerate(conversations):
+            requests.append(Request(f"c{number + 1} t{turn + 1}", prompts[turn]))
+    restart = len(requests)
+    for number, prompts in enumerate(conversations):
+        requests.append(Request(f"after restart: c{number + 1} t{turns}", prompts[turns - 1]))
+    fresh = _conversation_prompts(kit, persona, document, [t.question(590, scale.question)], [""])[0]
+    requests.append(Request("after restart: new conversation, same persona and document", fresh))
+    return Workload("E", "restart: a new instance on the same folders continues the conversations", tuple(requests), restart)
+
+
+BUILDERS = {"A": workload_a, "B": workload_b, "C": workload_c, "D": workload_d, "E": workload_e}
+
+
+def build_workloads(model_path: Path, scale: Scale, names: tuple[str, ...] = WORKLOAD_NAMES) -> list[Workload]:
+    kit = PromptKit(model_path)
+    try:
+        return [BUILDERS[name](kit, scale) for name in names]
+    finally:
+        kit.close()

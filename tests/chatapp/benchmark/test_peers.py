@@ -1,0 +1,79 @@
+"""Each peer answers greedily, alike, and says how much of the prompt it computed (tiny model)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from chatapp.benchmark.peers import (
+    PEERS,
+    ChatappPeer,
+    LlamaDiskCachePeer,
+    LlamaPrefixPeer,
+    LlamaRAMCachePeer,
+    NoCachePeer,
+    PeerAnswer,
+    PeerSettings,
+)
+from chatapp.benchmark.workloads import SCALES, build_workloads
+from tests.model_factory import TINY_MODEL_THREADS, write_tiny_llama
+
+
+@pytest.fixture(scope="module")
+def settings(tmp_path_factory: pytest.TempPathFactory) -> PeerSettings:
+    model = write_tiny_llama(tmp_path_factory.mktemp("model") / "tiny.gguf")
+    return PeerSettings(model_path=model, context=256, threads=TINY_MODEL_THREADS, ram_budget_bytes=1 << 30)
+
+
+@pytest.fixture(scope="module")
+def prompts(settings: PeerSettings) -> list[tuple[int, ...]]:
+    """Workload A at the tiny scale: one persona three times, another, then the first again."""
+    (workload,) = build_workloads(settings.model_path, SCALES["tiny"], ("A",))
+    return [request.tokens for request in workload.requests]
+
+
+def ask_all(peer_class: type, settings: PeerSettings, folder: Path, prompts: list[tuple[int, ...]]) -> list[PeerAnswer]:
+    peer = peer_class(settings, folder)
+    try:
+        return [peer.ask(prompt, 4) for prompt in prompts]
+    finally:
+        peer.close()
+
+
+def test_the_registry_names_every_peer() -> None:
+    assert list(PEERS) == ["no-cache", "llama-prefix", "llama-ram", "llama-disk", "chatapp"]
+    for name, factory in PEERS.items():
+        assert factory.name == name
+
+
+def test_no_cache_computes_every_prompt_whole(settings: PeerSettings, prompts: list, tmp_path: Path) -> None:
+    answers = ask_all(NoCachePeer, settings, tmp_path, prompts[:3])
+    assert [answer.computed_tokens for answer in answers] == [len(prompt) for prompt in prompts[:3]]
+    assert all(answer.prompt_tokens == len(prompt) for answer, prompt in zip(answers, prompts))
+    assert all(answer.text and answer.ttft_ms <= answer.total_ms for answer in answers)
+
+
+@pytest.mark.parametrize("peer_class", [LlamaPrefixPeer, LlamaRAMCachePeer, LlamaDiskCachePeer, ChatappPeer])
+def test_peers_reuse_a_shared_prefix_and_answer_like_no_cache(peer_class: type, settings: PeerSettings, prompts: list, tmp_path: Path) -> None:
+    chosen = prompts[:2]  # the same persona, two questions
+    reference = ask_all(NoCachePeer, settings, tmp_path / "ref", chosen)
+    answers = ask_all(peer_class, settings, tmp_path / "peer", chosen)
+    assert [answer.text for answer in answers] == [answer.text for answer in reference]
+    assert answers[0].computed_tokens == len(chosen[0])
+    assert answers[1].computed_tokens < len(chosen[1])
+
+
+def test_chatapp_and_llama_disk_keep_prefixes_across_a_restart(settings: PeerSettings, prompts: list, tmp_path: Path) -> None:
+    for peer_class in (ChatappPeer, LlamaDiskCachePeer):
+        folder = tmp_path / peer_class.name
+        ask_all(peer_class, settings, folder, prompts[:1])
+        (after,) = ask_all(peer_class, settings, folder, prompts[1:2])
+        assert after.computed_tokens < len(prompts[1]), peer_class.name
+    (ram_after,) = ask_all(LlamaRAMCachePeer, settings, tmp_path / "ram", prompts[1:2])
+    assert ram_after.computed_tokens == len(prompts[1])
+
+
+def test_chatapp_reports_the_engine_token_ids(settings: PeerSettings, prompts: list, tmp_path: Path) -> None:
+    (answer,) = ask_all(ChatappPeer, settings, tmp_path, prompts[:1])
+    assert answer.token_ids is not None and 0 < len(answer.token_ids) <= 4

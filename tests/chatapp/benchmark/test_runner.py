@@ -1,0 +1,108 @@
+"""The runner: every peer over the workloads, answers compared, figures and files written (tiny model)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from chatapp.benchmark import runner
+from chatapp.benchmark.peers import PEERS, NoCachePeer, PeerAnswer, PeerSettings
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.model_factory import write_tiny_llama
+
+    return write_tiny_llama(tmp_path_factory.mktemp("model") / "tiny.gguf")
+
+
+@pytest.fixture(autouse=True)
+def no_llama_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runner, "find_llama_server", lambda explicit: Path(explicit) if explicit else None)
+
+
+class WrongPeer:
+    """A no-cache peer whose third answer is altered: the harness must notice."""
+
+    name = "wrong"
+
+    def __init__(self, settings: PeerSettings, folder: Path) -> None:
+        self.inner = NoCachePeer(settings, folder)
+        self.asked = 0
+
+    def ask(self, prompt_tokens: Sequence[int], max_tokens: int) -> PeerAnswer:
+        answer = self.inner.ask(prompt_tokens, max_tokens)
+        self.asked += 1
+        return replace(answer, text=answer.text + " (altered)") if self.asked == 3 else answer
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def argv(model: Path, out: Path, peers: str, workloads: str = "A", *extra: str) -> list[str]:
+    return ["--scale", "tiny", "--model", str(model), "--threads", "1", "--out", str(out), "--peers", peers,
+            "--workloads", workloads, *extra]
+
+
+def test_end_to_end_chatapp_computes_less_than_no_cache(tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert runner.main(argv(tiny_model, tmp_path, "no-cache,llama-prefix,chatapp", "A,E")) == 0
+    captured = capsys.readouterr()
+    assert "llama-server: skipped (not built" in captured.err
+    assert "chatapp" in captured.out and "x no-cache" in captured.out
+    saved = json.loads((tmp_path / "bench.json").read_text())
+    assert saved["mismatches"] == []
+    runs = {(run["peer"], run["workload"]): run for run in saved["runs"]}
+    assert set(runs) == {(peer, workload) for peer in ("no-cache", "llama-prefix", "chatapp") for workload in "AE"}
+    no_cache, chatapp = runs["no-cache", "A"]["requests"], runs["chatapp", "A"]["requests"]
+    assert chatapp[1]["computed_tokens"] < no_cache[1]["computed_tokens"] == no_cache[1]["prompt_tokens"]
+    assert [request["text"] for request in chatapp] == [request["text"] for request in no_cache]
+    # After the restart, chatapp's disk tier still holds the conversations; llama-prefix starts empty.
+    after = [index for index, request in enumerate(runs["chatapp", "E"]["requests"]) if request["after_restart"]]
+    first = after[0]
+    assert runs["chatapp", "E"]["requests"][first]["computed_tokens"] < runs["llama-prefix", "E"]["requests"][first]["computed_tokens"]
+    assert runs["chatapp", "E"]["disk_bytes"] > 0 and runs["chatapp", "A"]["peak_rss_bytes"] > 0
+    summary = {(row["peer"], row["workload"]): row for row in saved["summary"]}
+    assert summary["no-cache", "A"]["hit_rate"] == 0 and summary["chatapp", "A"]["hit_rate"] > 0
+    assert (tmp_path / "ttft.svg").read_text().startswith("<svg")
+
+
+def test_a_peer_with_other_text_fails_the_run(tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setitem(PEERS, "wrong", WrongPeer)
+    assert runner.main(argv(tiny_model, tmp_path, "no-cache,wrong")) == 2
+    err = capsys.readouterr().err
+    assert "FAILED" in err and "peer wrong, workload A, request 3" in err and "(altered)" in err
+    saved = json.loads((tmp_path / "bench.json").read_text())
+    assert [(item["peer"], item["workload"], item["request"]) for item in saved["mismatches"]] == [("wrong", "A", 2)]
+
+
+def test_allow_mismatch_reports_without_failing(tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setitem(PEERS, "wrong", WrongPeer)
+    assert runner.main(argv(tiny_model, tmp_path, "no-cache,wrong", "A", "--allow-mismatch")) == 0
+    assert "warning: 1 answer(s) differ" in capsys.readouterr().out
+
+
+def test_unknown_names_are_refused(tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert runner.main(argv(tiny_model, tmp_path, "no-cache,nonsense", "A,Z")) == 2
+    err = capsys.readouterr().err
+    assert "nonsense" in err and "Z" in err
+
+
+def test_a_missing_llama_server_binary_is_refused(tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert runner.main(argv(tiny_model, tmp_path, "no-cache", "A", "--llama-server", str(tmp_path / "nope"))) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_rss_sampler_sees_an_allocation() -> None:
+    with runner.RssSampler(interval_s=0.001) as rss:
+        block = bytearray(64 << 20)
+        block[::4096] = b"x" * len(block[::4096])
+        time.sleep(0.05)
+    assert rss.peak_bytes - rss.start_bytes >= 32 << 20
+    del block
