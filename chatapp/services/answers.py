@@ -26,8 +26,8 @@ STATUS_PARTIAL = "partial"
 STATUS_BY_STOP = {STOP_CANCELLED: STATUS_STOPPED, STOP_LENGTH: STATUS_CUT_OFF, STOP_CONTEXT: STATUS_CUT_OFF}
 
 
-def stats_record(result: GenerationResult) -> dict[str, Any]:
-    """The figures kept with an answer (and shown under it)."""
+def stats_record(result: GenerationResult, *, ms_digits: int = 1) -> dict[str, Any]:
+    """The figures of an answer: kept with it in the database, printed by `ask --json`."""
     stats = result.stats
     return {
         "prompt_tokens": stats.prompt_tokens,
@@ -35,8 +35,8 @@ def stats_record(result: GenerationResult) -> dict[str, Any]:
         "computed_tokens": stats.computed_tokens,
         "reuse_tier": stats.reuse_tier,
         "generated_tokens": stats.generated_tokens,
-        "ttft_ms": round(stats.ttft_ms, 1),
-        "total_ms": round(stats.total_ms, 1),
+        "ttft_ms": round(stats.ttft_ms, ms_digits),
+        "total_ms": round(stats.total_ms, ms_digits),
         "decode_tokens_per_s": round(stats.decode_tokens_per_s, 2),
         "stop_reason": result.stop_reason,
     }

@@ -15,6 +15,7 @@ from chatapp.engine.engine import Engine
 from chatapp.engine.events import TokenText
 from chatapp.engine.llama_native import SamplingParams
 from chatapp.errors import ContextOverflowError, DocumentError
+from chatapp.services.answers import stats_record
 from chatapp.services.chat import ChatSession
 from chatapp.services.conversation import Conversation, document_block
 
@@ -57,18 +58,9 @@ def ask(
             on_text(event.text)
     result = reply.result
     assert result is not None
-    stats = result.stats
     return {
         "answer": result.text,
-        "prompt_tokens": stats.prompt_tokens,
-        "reused_tokens": stats.reused_tokens,
-        "computed_tokens": stats.computed_tokens,
-        "reuse_tier": stats.reuse_tier,
-        "ttft_ms": round(stats.ttft_ms, 3),
-        "total_ms": round(stats.total_ms, 3),
-        "generated_tokens": stats.generated_tokens,
-        "stop_reason": result.stop_reason,
-        "decode_tokens_per_s": round(stats.decode_tokens_per_s, 2),
+        **stats_record(result, ms_digits=3),
         "model": str(model_path),
         "model_fingerprint": model_fingerprint,
     }
