@@ -19,6 +19,8 @@ of the conversation, and appending a message appends tokens.
 from __future__ import annotations
 
 import logging
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -29,6 +31,9 @@ log = logging.getLogger(__name__)
 SYSTEM = "system"
 USER = "user"
 ASSISTANT = "assistant"
+# Remembered tokenizations: histories (by their messages) and long content parts (documents).
+MEMO_ENTRIES = 16
+LONG_TEXT_CHARACTERS = 2000
 # Stands in for a message's content to find where the template puts it.
 CONTENT_SENTINEL = "\x00chatapp-content\x00"
 
@@ -68,6 +73,9 @@ class PromptBuilder:
     def __init__(self, template: ChatTemplate, tokenizer: Tokenizer) -> None:
         self.template = template
         self.tokenizer = tokenizer
+        self._history_memo: OrderedDict[tuple[ChatMessage, ...], tuple[int, ...]] = OrderedDict()
+        self._text_memo: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._memo_lock = threading.Lock()  # the answer and warm-up workers build prompts at once
         self.supports_system = self._accepts_system_messages()
 
     def build(self, messages: list[ChatMessage], *, add_generation_prompt: bool = True) -> list[int]:
@@ -189,11 +197,33 @@ class PromptBuilder:
         return alone[len(empty) :] if alone.startswith(empty) else alone
 
     def _history_tokens(self, messages: list[ChatMessage]) -> list[int]:
-        """What the template prints before any message (often the BOS text), then each message."""
-        tokens = self._template_tokens(self._render_history([]))
-        for index, message in enumerate(messages):
-            tokens += self.message_tokens(messages[:index], message)
+        """What the template prints before any message (often the BOS text), then each message.
+
+        A message's tokens depend only on the messages before it, so the tokens of a history
+        seen before are remembered: type-ahead rebuilds the same history at every word, and a
+        new turn only adds its own messages.
+        """
+        start, tokens = 0, None
+        for length in range(len(messages), 0, -1):
+            with self._memo_lock:
+                known = self._history_memo.get(tuple(messages[:length]))
+            if known is not None:
+                start, tokens = length, list(known)
+                break
+        if tokens is None:
+            tokens = self._template_tokens(self._render_history([]))
+        for index in range(start, len(messages)):
+            tokens += self.message_tokens(messages[:index], messages[index])
+        if messages:
+            self._remember(self._history_memo, tuple(messages), tuple(tokens))
         return tokens
+
+    def _remember(self, memo: OrderedDict, key: object, value: tuple[int, ...]) -> None:  # type: ignore[type-arg]
+        with self._memo_lock:
+            memo[key] = value
+            memo.move_to_end(key)
+            while len(memo) > MEMO_ENTRIES:
+                memo.popitem(last=False)
 
     def _with_bos(self, tokens: list[int]) -> list[int]:
         if self.tokenizer.add_bos and (not tokens or tokens[0] != self.tokenizer.bos_id):
@@ -214,4 +244,11 @@ class PromptBuilder:
         return self.tokenizer.tokenize(text, add_special=False, parse_special=True) if text else []
 
     def _content_tokens(self, text: str) -> list[int]:
-        return self.tokenizer.tokenize(text, add_special=False, parse_special=False) if text else []
+        if len(text) < LONG_TEXT_CHARACTERS:
+            return self.tokenizer.tokenize(text, add_special=False, parse_special=False) if text else []
+        with self._memo_lock:
+            known = self._text_memo.get(text)  # a document, tokenized again at every typed word otherwise
+        if known is None:
+            known = tuple(self.tokenizer.tokenize(text, add_special=False, parse_special=False))
+        self._remember(self._text_memo, text, known)
+        return list(known)

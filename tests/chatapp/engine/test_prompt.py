@@ -239,3 +239,20 @@ def test_a_template_that_refuses_messages_gives_a_one_line_user_error() -> None:
     assert isinstance(raised.value, TemplateRenderError)
     message = str(raised.value)
     assert "\n" not in message and "Conversation roles must alternate" in message and "start a new branch" in message
+
+
+def test_remembered_histories_give_the_tokens_of_a_fresh_build(vocab) -> None:
+    """The memo must never change a prompt: a second builder with nothing remembered agrees."""
+    from chatapp.engine.chat_template import ChatTemplate
+    from chatapp.engine.prompt import ASSISTANT, PromptBuilder
+
+    template = ChatTemplate(source=vocab.chat_template(), bos_token="", eos_token="")
+    warm, fresh = PromptBuilder(template, vocab), PromptBuilder(template, vocab)
+    document = "Lighthouse log. " * 200  # long enough to be remembered as text
+    turns = [ChatMessage.of(SYSTEM, "Be brief."), ChatMessage.of(USER, document, "Who keeps it?")]
+    first = warm.build(turns)
+    turns += [ChatMessage(role=ASSISTANT, parts=("A keeper.",), generated_ids=(1, 2, 3)), ChatMessage.of(USER, "Since when?")]
+    assert warm.build(turns) == fresh.build(turns)
+    assert warm.build(turns[:2]) == first == fresh.build(turns[:2])
+    edited = [*turns[:-1], ChatMessage.of(USER, "Until when?")]
+    assert warm.build(edited) == fresh.build(edited) != warm.build(turns)
