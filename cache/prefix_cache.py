@@ -9,6 +9,7 @@ through to disk never hold up the token stream. Thread-safe.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 from dataclasses import dataclass
@@ -32,6 +33,20 @@ GIB = 1 << 30
 DAY = 24 * 3600.0
 TIER_RAM = "ram"
 TIER_DISK = "disk"
+
+
+WRITER_NICENESS = 10
+
+
+def _lower_this_thread_priority() -> None:
+    """Let the model's threads go first: storing is background work that must not slow a prefill.
+
+    On Linux a thread has its own nice value; elsewhere this does nothing.
+    """
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICENESS)
+    except (AttributeError, OSError):
+        pass
 
 
 @dataclass(frozen=True)
@@ -144,6 +159,7 @@ class PrefixCache:
             }
 
     def _write_loop(self) -> None:
+        _lower_this_thread_priority()
         while (item := self._queue.get()) is not None:
             try:
                 self._store_now(*item)

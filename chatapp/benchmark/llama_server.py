@@ -36,6 +36,7 @@ from typing import Self
 import platformdirs
 
 from chatapp.benchmark.peers import PeerAnswer
+from chatapp.benchmark.workloads import Request
 from chatapp.errors import ChatappError
 
 ENV_BINARY = "CHATAPP_LLAMA_SERVER"
@@ -248,6 +249,12 @@ class LlamaServerPeer:
         self.close()
 
     # -- requests -------------------------------------------------------------------------
+
+    def prepare(self, request: Request) -> dict[str, float] | None:
+        return None
+
+    def settle(self) -> None:
+        """Nothing to wait for: the server copies a slot's prompt to its RAM cache when a later request takes the slot."""
 
     def ask(self, prompt_tokens: Sequence[int], max_tokens: int) -> PeerAnswer:
         if self._process is None:

@@ -13,12 +13,21 @@ closing it and calling the factory again with the same folder.
 - `LlamaRAMCachePeer`: `Llama` + `LlamaRAMCache(capacity_bytes=ram budget)`.
 - `LlamaDiskCachePeer`: `Llama` + `LlamaDiskCache` in the peer's folder (capacity: disk budget).
 - `ChatappPeer`: chatapp's `Engine` with its tiered prefix cache in the peer's folder.
+- `ChatappWarmAheadPeer`, `ChatappTypedPeer`: the same, plus what the app computes before
+  Enter (the persona and document; then the question as it is typed). Only on workloads
+  whose requests carry a `Draft` (C).
+- `IdealPeer`: the yardstick, not a cache: the longest prefix any cache could know is made
+  live off the clock before each request.
+
+Between requests of latency workloads the runner lets each peer `settle` (a user reads the
+answer): a `Llama` saves to its cache inside the call; chatapp recomputes the answer as one
+prefill (`Engine._rebatch_answer`) and stores the new blocks after handing the answer over,
+and `settle` waits for that. Throughput workloads go back to back: there chatapp's recompute
+gives way to the next request. Wall time counts it all.
 
 TTFT for `Llama` peers runs from the `create_completion` call to the first streamed chunk
 (after the cache lookup and restore, before the cache save that follows the completion).
-For chatapp it is the engine's own figure, from submission: it includes waiting for the
-engine to finish recomputing the previous answer as one prefill (`Engine._rebatch_answer`),
-since a request sent right after an answer waits for that too.
+For chatapp it is the engine's own figure, from submission to the first sampled token.
 """
 
 from __future__ import annotations
@@ -27,17 +36,22 @@ import contextlib
 import io
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import llama_cpp
 
 from cache.fingerprint import hash_file
+from cache.keys import as_token_array, common_prefix_length
 from cache.prefix_cache import CacheConfig
+from chatapp.benchmark.workloads import Draft, Request
 from chatapp.engine.engine import Engine, EngineConfig, GenerationRequest
+from chatapp.engine.kv_placement import FRESH_TOKENS
 from chatapp.engine.llama_native import SamplingParams
 from chatapp.services.startup import kv_cache_factory
+from chatapp.services.warmup import draft_prompt_tokens, settled_text
 
 
 @dataclass(frozen=True)
@@ -53,7 +67,13 @@ class PeerAnswer:
 class Peer(Protocol):
     name: str
 
+    def prepare(self, request: Request) -> dict[str, float] | None:
+        """Off the clock, before `ask`: what the peer does while the user types (most do nothing)."""
+
     def ask(self, prompt_tokens: Sequence[int], max_tokens: int) -> PeerAnswer: ...  # greedy
+
+    def settle(self) -> None:
+        """Off the clock, after `ask`: finish the work a peer does after answering (while the user reads)."""
 
     def close(self) -> None: ...
 
@@ -77,6 +97,7 @@ class PeerSettings:
 
 
 PeerFactory = Callable[[PeerSettings, Path], Peer]
+T = TypeVar("T")
 
 
 # --------------------------------------------------------------------------------------------
@@ -84,12 +105,31 @@ PeerFactory = Callable[[PeerSettings, Path], Peer]
 
 
 class _LlamaPeer:
-    """A `Llama` answering greedily through `create_completion(stream=True)`."""
+    """A `Llama` answering greedily through `create_completion(stream=True)`, on a thread of its own.
+
+    Every llama call runs on the peer's own thread, which ends when the peer closes. llama.cpp
+    runs its CPU kernels on an OpenMP team that belongs to the calling thread and outlives the
+    call; with the main thread's team still there, the chatapp engine's team made more OpenMP
+    threads than cores, libgomp stopped spinning at barriers, and every op paid a sleep and
+    wake-up (measured: a 28-token prefill 157 ms alone, 209-240 ms with a `Llama` used on the
+    main thread earlier in the process). One team at a time keeps the peers comparable.
+    """
 
     name = "llama"
 
     def __init__(self, settings: PeerSettings, folder: Path) -> None:
         self.folder = folder
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"bench-{self.name}")
+        try:
+            self._on_thread(self._open, settings, folder)
+        except BaseException:
+            self._thread.shutdown(wait=True)
+            raise
+
+    def _on_thread(self, function: Callable[..., T], *args: object) -> T:
+        return self._thread.submit(function, *args).result()
+
+    def _open(self, settings: PeerSettings, folder: Path) -> None:
         with contextlib.redirect_stderr(io.StringIO()):
             self.llm = llama_cpp.Llama(
                 model_path=str(settings.model_path),
@@ -113,6 +153,16 @@ class _LlamaPeer:
         if cache is not None:
             self.llm.set_cache(cache)
 
+    def prepare(self, request: Request) -> dict[str, float] | None:
+        self._on_thread(self.make_live, request)
+        return None
+
+    def make_live(self, request: Request) -> None:
+        """Off the clock, on the peer's thread: what the context should hold before `request` (nothing)."""
+
+    def settle(self) -> None:
+        """Nothing: a `Llama` saves to its cache inside `create_completion`, before it returns."""
+
     def make_cache(self, settings: PeerSettings, folder: Path) -> llama_cpp.BaseLlamaCache | None:
         return None
 
@@ -120,6 +170,9 @@ class _LlamaPeer:
         pass
 
     def ask(self, prompt_tokens: Sequence[int], max_tokens: int) -> PeerAnswer:
+        return self._on_thread(self._ask, prompt_tokens, max_tokens)
+
+    def _ask(self, prompt_tokens: Sequence[int], max_tokens: int) -> PeerAnswer:
         self.before_request()
         tokens = list(prompt_tokens)
         pieces: list[str] = []
@@ -150,6 +203,12 @@ class _LlamaPeer:
         )
 
     def close(self) -> None:
+        try:
+            self._on_thread(self._close)
+        finally:
+            self._thread.shutdown(wait=True)
+
+    def _close(self) -> None:
         self.llm.set_cache(None)
         self.llm.close()
 
@@ -170,6 +229,26 @@ class LlamaPrefixPeer(_LlamaPeer):
     name = "llama-prefix"
 
 
+class IdealPeer(_LlamaPeer):
+    """The yardstick: before each request, the longest prefix any cache could know is live.
+
+    Off the clock, the context is made to hold `request.known_prefix` tokens (the prefix the
+    request shares with an earlier one, or the persona and document a warm-ahead computes),
+    evaluated cold from position 0; the request then computes only the rest. Nothing is
+    restored, nothing is stored: the time left is the least any cache can give.
+    """
+
+    name = "ideal"
+
+    def make_live(self, request: Request) -> None:
+        known = max(0, min(request.known_prefix, len(request.tokens) - FRESH_TOKENS))
+        held = common_prefix_length(as_token_array(self.llm.input_ids[: self.llm.n_tokens]), as_token_array(request.tokens[:known]))
+        if held < known:
+            self.llm.reset()
+            if known:
+                self.llm.eval(list(request.tokens[:known]))
+
+
 class LlamaRAMCachePeer(_LlamaPeer):
     name = "llama-ram"
 
@@ -183,9 +262,9 @@ class LlamaDiskCachePeer(_LlamaPeer):
     def make_cache(self, settings: PeerSettings, folder: Path) -> llama_cpp.BaseLlamaCache | None:
         return llama_cpp.LlamaDiskCache(cache_dir=str(folder / "llama-disk-cache"), capacity_bytes=settings.disk_budget_bytes)
 
-    def close(self) -> None:
+    def _close(self) -> None:
         cache = self.llm.cache
-        super().close()
+        super()._close()
         if isinstance(cache, llama_cpp.LlamaDiskCache):
             cache.cache.close()
 
@@ -234,6 +313,13 @@ class ChatappPeer:
             computed_tokens=stats.computed_tokens,
         )
 
+    def prepare(self, request: Request) -> dict[str, float] | None:
+        return None
+
+    def settle(self) -> None:
+        """Wait for the answer's recompute (`Engine._rebatch_answer`) and the cache store it hands over."""
+        self.engine.flush_cache()
+
     def close(self) -> None:
         """Store what is pending (a restart keeps everything answered so far), then stop."""
         try:
@@ -242,10 +328,87 @@ class ChatappPeer:
             self.engine.close()
 
 
+_WARM_UP = SamplingParams(temperature=0.0, max_tokens=1)  # prefill-only requests sample nothing
+TYPING_CPS = 5.0  # goal C-typed: a question typed at 5 characters per second
+
+
+class ChatappWarmAheadPeer(ChatappPeer):
+    """chatapp with the app's warm-ahead: the persona and document computed before the question.
+
+    As when a conversation with a document is opened: `prepare` runs the prefill-only request
+    the chat service sends (the branch's prompt with an empty question), and waits for it.
+    """
+
+    name = "chatapp+warm"
+    drafts_only = True  # run on workloads whose requests say how the app builds them
+
+    def prepare(self, request: Request) -> dict[str, float] | None:
+        if request.draft is None:
+            return None
+        started = time.perf_counter()
+        self._warm(self._draft_tokens(request.draft, ""), store=True)
+        self.settle()  # the store that follows runs while the user starts typing
+        return {"warm_ahead_ms": (time.perf_counter() - started) * 1000}
+
+    def _draft_tokens(self, draft: Draft, typed: str) -> list[int]:
+        return draft_prompt_tokens(self.engine.prompt_builder, list(draft.messages), draft.parts_before, typed)
+
+    def _warm(self, tokens: Sequence[int], *, store: bool) -> float:
+        """Run one warm-up to its end; its duration in ms."""
+        started = time.perf_counter()
+        self.engine.generate(GenerationRequest(tuple(tokens), _WARM_UP, prefill_only=True, store=store)).wait()
+        return (time.perf_counter() - started) * 1000
+
+
+class ChatappTypedPeer(ChatappWarmAheadPeer):
+    """chatapp with warm-ahead and type-ahead: the question computed as it is typed.
+
+    The question is typed at `TYPING_CPS` characters per second; each time its settled part
+    changes (a word ends) the app warms the draft's prompt (`draft_prompt_tokens`, store=False).
+    The warm-ups run here one after another for real; typing is simulated on a clock: warm-up
+    i starts when its word is typed or when warm-up i-1 ends, whichever is later. What is still
+    running when Enter is pressed (`typing_lag_ms`) is added to the measured TTFT.
+    """
+
+    name = "chatapp+typed"
+
+    def __init__(self, settings: PeerSettings, folder: Path) -> None:
+        super().__init__(settings, folder)
+        self._lag_ms = 0.0
+
+    def prepare(self, request: Request) -> dict[str, float] | None:
+        self._lag_ms = 0.0
+        figures = super().prepare(request)
+        if request.draft is None or figures is None:
+            return figures
+        question = request.draft.question
+        clock_ms = 0.0  # simulated: when the last warm-up ends, from the first keystroke
+        settled = ""
+        warm_ups = 0
+        for end in range(1, len(question) + 1):
+            draft = question[:end]
+            if settled_text(draft) == settled:
+                continue
+            settled = settled_text(draft)
+            typed_at_ms = end * 1000 / TYPING_CPS
+            duration = self._warm(self._draft_tokens(request.draft, draft), store=False)
+            clock_ms = max(clock_ms, typed_at_ms) + duration
+            warm_ups += 1
+        enter_ms = len(question) * 1000 / TYPING_CPS
+        self._lag_ms = max(0.0, clock_ms - enter_ms)
+        return {**figures, "warm_ups": warm_ups, "typing_s": enter_ms / 1000, "typing_lag_ms": self._lag_ms}
+
+    def ask(self, prompt_tokens: Sequence[int], max_tokens: int) -> PeerAnswer:
+        answer = super().ask(prompt_tokens, max_tokens)
+        return replace(answer, ttft_ms=answer.ttft_ms + self._lag_ms, total_ms=answer.total_ms + self._lag_ms)
+
 PEERS: dict[str, PeerFactory] = {
     "no-cache": NoCachePeer,
     "llama-prefix": LlamaPrefixPeer,
     "llama-ram": LlamaRAMCachePeer,
     "llama-disk": LlamaDiskCachePeer,
     "chatapp": ChatappPeer,
+    "chatapp+warm": ChatappWarmAheadPeer,
+    "chatapp+typed": ChatappTypedPeer,
+    "ideal": IdealPeer,
 }

@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from xml.sax.saxutils import escape
 
+from chatapp.benchmark.goals import IDEAL, Verdict, goal_verdicts
+
 NO_CACHE = "no-cache"
 MIB = 1 << 20
 
@@ -74,13 +76,18 @@ def summarize(runs: list[dict]) -> list[dict]:
     for group in by_workload.values():
         base = next((row for row in group if row["peer"] == NO_CACHE), None)
         for row in group:
-            others = [other for other in group if other is not row]
+            others = [other for other in group if other["peer"] != IDEAL and _family(other["peer"]) != _family(row["peer"])]
             best = min(others, key=lambda other: other["ttft_median_ms"], default=None)
             row["ttft_vs_no_cache"] = ratio(row["ttft_median_ms"], base["ttft_median_ms"]) if base else math.nan
             row["computed_vs_no_cache"] = ratio(row["computed_tokens"], base["computed_tokens"]) if base else math.nan
             row["best_other_peer"] = best["peer"] if best else None
             row["ttft_vs_best_other"] = ratio(row["ttft_median_ms"], best["ttft_median_ms"]) if best else math.nan
     return rows
+
+
+def _family(peer: str) -> str:
+    """chatapp, chatapp+warm and chatapp+typed are one tool: none is another's "best other"."""
+    return peer.split("+")[0]
 
 
 def mismatches(runs: list[dict], reference_peer: str | None = None) -> list[dict]:
@@ -143,9 +150,9 @@ def _json_safe(value: object) -> object:
     return value
 
 
-def write_json(path: Path, meta: dict, runs: list[dict], rows: list[dict], found: list[dict]) -> Path:
+def write_json(path: Path, meta: dict, runs: list[dict], rows: list[dict], found: list[dict], verdicts: Sequence[Verdict] = ()) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    document = {"meta": meta, "summary": rows, "mismatches": found, "runs": runs}
+    document = {"meta": meta, "summary": rows, "goals": [verdict.as_dict() for verdict in verdicts], "mismatches": found, "runs": runs}
     path.write_text(json.dumps(_json_safe(document), indent=1))
     return path
 
@@ -200,11 +207,14 @@ def svg_chart(rows: list[dict], title: str = "Median time to first token (ms), p
     return "\n".join(parts)
 
 
-def write_reports(out: Path, meta: dict, runs: list[dict], reference_peer: str | None = None) -> tuple[list[dict], list[dict], dict[str, Path]]:
-    """Summaries, mismatches, and the files written: bench.json and ttft.svg in `out`."""
+def write_reports(
+    out: Path, meta: dict, runs: list[dict], reference_peer: str | None = None
+) -> tuple[list[dict], list[dict], list[Verdict], dict[str, Path]]:
+    """Summaries, mismatches, goal verdicts, and the files written: bench.json and ttft.svg in `out`."""
     rows = summarize(runs)
     found = mismatches(runs, reference_peer)
+    verdicts = goal_verdicts(runs)
     out.mkdir(parents=True, exist_ok=True)
-    files = {"json": write_json(out / "bench.json", meta, runs, rows, found), "svg": out / "ttft.svg"}
+    files = {"json": write_json(out / "bench.json", meta, runs, rows, found, verdicts), "svg": out / "ttft.svg"}
     files["svg"].write_text(svg_chart(rows))
-    return rows, found, files
+    return rows, found, verdicts, files

@@ -1,6 +1,7 @@
 """`chatapp bench`: every peer over every workload, side by side, in one process.
 
-Peers run one after another, each workload on a fresh instance in a fresh folder (workload E
+Workloads run one after another, and on each the peers one after another (so the figures
+compared are taken close in time), each on a fresh instance in a fresh folder (workload E
 closes it part-way and opens a new instance on the same folder: a restart). Each instance is
 closed before the next one starts. Per request: TTFT, computed prompt tokens and the answer
 text. At temperature 0 every peer must give the same text for each request as the first
@@ -28,6 +29,7 @@ from pathlib import Path
 import llama_cpp
 
 from chatapp.benchmark.peers import PEERS, Peer, PeerFactory, PeerSettings
+from chatapp.benchmark.goals import goals_table
 from chatapp.benchmark.report import MIB, table, write_reports
 from chatapp.benchmark.workloads import SCALES, WORKLOAD_NAMES, Scale, Workload, build_workloads
 from chatapp.engine.engine import default_thread_count
@@ -35,6 +37,15 @@ from chatapp.model_files import resolve_model_path
 
 SERVER_PEER = "llama-server"
 SKIP_SERVER = "llama-server: skipped (not built; run scripts/build_llama_server.py or pass --llama-server PATH)"
+
+
+NOTES = """\
+ideal: not a cache but the yardstick: before each request, the longest prefix any cache could know (shared with an
+  earlier request, or the persona and document) is made live off the clock. chatapp+warm: the app's warm-ahead of the
+  persona and document before the question; chatapp+typed: also the question computed as it is typed at 5 chars/s.
+TTFT: Llama peers, create_completion to the first streamed chunk; chatapp, submission to the first token. B and D
+  send requests back to back (throughput); between the others' requests every peer finishes its post-answer work
+  off the clock, as while a user reads (wall time includes it)."""
 
 
 def read_rss_bytes() -> int:
@@ -98,12 +109,18 @@ def run_peer_on_workload(
                     peer.close()
                     log(f"{name} {workload.name}: restart")
                     peer = factory(settings, folder)
+                prepared = peer.prepare(request)
                 answer = peer.ask(request.tokens, max_tokens)
+                settle_started = time.perf_counter()
+                if not workload.back_to_back:
+                    peer.settle()
+                settle_ms = (time.perf_counter() - settle_started) * 1000
                 requests.append({
                     "label": request.label, "ttft_ms": answer.ttft_ms, "total_ms": answer.total_ms,
-                    "prompt_tokens": answer.prompt_tokens, "computed_tokens": answer.computed_tokens,
+                    "settle_ms": settle_ms, "prompt_tokens": answer.prompt_tokens, "computed_tokens": answer.computed_tokens,
                     "text": answer.text, "token_ids": list(answer.token_ids) if answer.token_ids is not None else None,
                     "after_restart": workload.restart_before is not None and index >= workload.restart_before,
+                    "known_prefix": request.known_prefix, **({"prepare": prepared} if prepared else {}),
                 })
                 log(f"{name} {workload.name} {index + 1}/{len(workload.requests)} {request.label}: ttft {answer.ttft_ms:.0f} ms, "
                     f"computed {answer.computed_tokens}/{answer.prompt_tokens}")
@@ -220,29 +237,41 @@ def run(args: argparse.Namespace) -> int:
              f"(longest {max(len(r.tokens) for r in workload.requests):,})")
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="work-", dir=out)) if args.keep else Path(tempfile.mkdtemp(prefix="chatapp-bench-"))
-    runs = []
+    runs: list[dict] = []
+
+    def meta(complete: bool) -> dict:
+        return {
+            "model": str(model_path), "scale": scale.name, "context": context, "threads": threads, "max_tokens": max_tokens,
+            "peers": list(factories), "workloads": list(workload_names), "llama_cpp_python": llama_cpp.__version__,
+            "elapsed_s": time.perf_counter() - started, "complete": complete,
+            "rss": "in-process VmRSS sampled every 10 ms (llama-server: plus its process's peak)",
+            "ttft": "Llama peers: create_completion call to first streamed chunk; chatapp: engine's figure from submission "
+                    "to the first sampled token (chatapp+typed: plus any warm-up still running when Enter is pressed)",
+            "between_requests": "B and D back to back; otherwise each peer settles off the clock (chatapp: the answer's "
+                                "recompute and cache store; Llama peers save inside the call); wall time includes it",
+            "work_folder": str(work) if args.keep else None,
+        }
+
+    reference = next(iter(factories), None)
     try:
-        for name, factory in factories.items():
-            for workload in workloads:
+        for workload in workloads:  # peers side by side, close in time: the machine's load drifts
+            for name, factory in factories.items():
+                if getattr(factory, "drafts_only", False) and not any(request.draft for request in workload.requests):
+                    continue  # warm-ahead and type-ahead need to know how the app builds the prompt (C)
                 runs.append(run_peer_on_workload(name, factory, settings, workload, work / name / workload.name, max_tokens, _log))
+            write_reports(out, meta(complete=False), runs, reference_peer=reference)  # a long run keeps what it measured
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     elapsed = time.perf_counter() - started
-    meta = {
-        "model": str(model_path), "scale": scale.name, "context": context, "threads": threads, "max_tokens": max_tokens,
-        "peers": list(factories), "workloads": list(workload_names), "llama_cpp_python": llama_cpp.__version__,
-        "elapsed_s": elapsed, "rss": "in-process VmRSS sampled every 10 ms (llama-server: plus its process's peak)",
-        "ttft": "Llama peers: create_completion call to first streamed chunk; chatapp: engine's figure from submission, "
-                "including any wait for the previous answer's recompute (Engine._rebatch_answer)",
-        "work_folder": str(work) if args.keep else None,
-    }
-    rows, found, files = write_reports(out, meta, runs, reference_peer=next(iter(factories), None))
+    rows, found, verdicts, files = write_reports(out, meta(complete=True), runs, reference_peer=reference)
     print(f"chatapp bench: {scale.name} scale, model {model_path.name}, context {context}, threads {threads}, "
           f"max_tokens {max_tokens}, {elapsed:.0f} s")
     print(table(rows))
-    print("TTFT for chatapp includes waiting for the engine's recompute of the previous answer (one prefill after each "
-          "answer); llama-cpp-python peers: to the first streamed chunk, before their cache save.")
+    print(NOTES)
+    if verdicts:
+        print()
+        print(goals_table(verdicts))
     print(f"wrote {files['json']} and {files['svg']}")
     if found:
         stream = sys.stdout if args.allow_mismatch else sys.stderr

@@ -19,16 +19,19 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from cache.keys import as_token_array, common_prefix_length
 from chatapp.documents import Document
 from chatapp.engine.chat_template import FALLBACK_CHATML, ChatTemplate
 from chatapp.engine.llama_native import NativeModel
 from chatapp.engine.prompt import ASSISTANT, SYSTEM, USER, ChatMessage, PromptBuilder
-from chatapp.services.conversation import question_message
+from chatapp.services.conversation import document_block, question_message
+from chatapp.services.warmup import draft_prompt_tokens
 
 WORKLOAD_NAMES = ("A", "B", "C", "D", "E")
+BACK = "back:"  # A: a request to a persona asked before, after another one (goal A's requests)
 
 
 @dataclass(frozen=True)
@@ -49,16 +52,18 @@ class Scale:
     answer: int  # earlier assistant turns in a conversation
     max_tokens: int  # answer length asked of every peer
     context: int  # context per sequence (every peer)
+    sessions: int = 5  # D: conversations (the first three cover the three personas and two documents)
 
 
 SCALES = {
     "full": Scale("full", system=2000, question=200, fewshot_total=500, fewshot_question=100, fewshot_requests=20,
                   document=5000, document_questions=10, persona=1000, doc_small=1500, turns=3, answer=120,
                   max_tokens=32, context=8192),
-    # Not a plain /8 of "full": on two cores the no-cache peer alone must stay well under a minute.
-    "quick": Scale("quick", system=160, question=20, fewshot_total=96, fewshot_question=12, fewshot_requests=5,
-                   document=400, document_questions=3, persona=80, doc_small=100, turns=2, answer=12,
-                   max_tokens=8, context=2048),
+    # A first look in under two minutes on two cores (nine peers, five workloads): prompts of a
+    # few hundred tokens, so its ratios say more about fixed costs than about the cache.
+    "quick": Scale("quick", system=40, question=10, fewshot_total=48, fewshot_question=8, fewshot_requests=3,
+                   document=120, document_questions=2, persona=30, doc_small=40, turns=1, answer=8,
+                   max_tokens=2, context=512, sessions=3),
     "tiny": Scale("tiny", system=60, question=10, fewshot_total=48, fewshot_question=8, fewshot_requests=3,
                   document=80, document_questions=2, persona=30, doc_small=40, turns=2, answer=8,
                   max_tokens=4, context=512),
@@ -66,9 +71,26 @@ SCALES = {
 
 
 @dataclass(frozen=True)
+class Draft:
+    """How the app would have built a request's last message: for warm-ahead and type-ahead peers.
+
+    `messages`: the branch before the question; `parts_before`: what the question message
+    carries before the typed text (the document block); `question`: the text the user types.
+    """
+
+    messages: tuple[ChatMessage, ...]
+    parts_before: tuple[str, ...]
+    question: str
+
+
+@dataclass(frozen=True)
 class Request:
     label: str
     tokens: tuple[int, ...]
+    # Tokens a perfect cache could hold before this request: the longest prefix shared with an
+    # earlier request, or the warm-ahead prefix (persona, document) when the request has a draft.
+    known_prefix: int = 0
+    draft: Draft | None = None
 
 
 @dataclass(frozen=True)
@@ -77,6 +99,9 @@ class Workload:
     title: str
     requests: tuple[Request, ...]
     restart_before: int | None = None  # E: a new peer instance on the same folders serves requests from here on
+    # Throughput workloads (B, D) send each request as soon as the last answer is in; the others
+    # let the peer settle between requests, as a user reading the answer does.
+    back_to_back: bool = False
 
     @property
     def prompt_tokens(self) -> int:
@@ -303,6 +328,20 @@ class PromptKit:
         self.model.close()
 
 
+def with_known_prefixes(kit: PromptKit, requests: list[Request]) -> tuple[Request, ...]:
+    """Each request with `known_prefix` set: what an ideal cache would already hold for it."""
+    done: list[Request] = []
+    for request in requests:
+        array = as_token_array(request.tokens)
+        known = max((common_prefix_length(array, as_token_array(earlier.tokens)) for earlier in done), default=0)
+        if request.draft is not None:
+            warm = draft_prompt_tokens(kit.builder, list(request.draft.messages), request.draft.parts_before, "")
+            if tuple(warm) == request.tokens[: len(warm)]:
+                known = max(known, len(warm))
+        done.append(replace(request, known_prefix=min(known, len(request.tokens) - 1)))
+    return tuple(done)
+
+
 def _conversation_prompts(
     kit: PromptKit, persona: str | None, document: Document | None, questions: list[str], answers: list[str]
 ) -> list[tuple[int, ...]]:
@@ -324,9 +363,9 @@ def workload_a(kit: PromptKit, scale: Scale) -> Workload:
         return kit.build([ChatMessage.of(SYSTEM, persona), ChatMessage.of(USER, t.question(seed, scale.question))])
 
     plan = [("P1 q1", p1, 1), ("P1 q2", p1, 2), ("P1 q3", p1, 3), ("switch: P2 q4", p2, 4), ("P2 q5", p2, 5),
-            ("back: P1 q6", p1, 6)]
+            (f"{BACK} P1 q6", p1, 6), (f"{BACK} P2 q7", p2, 7), (f"{BACK} P1 q8", p1, 8)]
     return Workload("A", "long system prompt; switch persona and back",
-                    tuple(Request(label, ask(persona, seed)) for label, persona, seed in plan))
+                    with_known_prefixes(kit, [Request(label, ask(persona, seed)) for label, persona, seed in plan]))
 
 
 def workload_b(kit: PromptKit, scale: Scale) -> Workload:
@@ -339,7 +378,7 @@ def workload_b(kit: PromptKit, scale: Scale) -> Workload:
     for number in range(scale.fewshot_requests):
         question = ChatMessage.of(USER, t.question(100 + number, scale.fewshot_question))
         requests.append(Request(f"q{number + 1}", kit.build([*messages, question])))
-    return Workload("B", "eight few-shot examples, then short questions", tuple(requests))
+    return Workload("B", "eight few-shot examples, then short questions", with_known_prefixes(kit, requests), back_to_back=True)
 
 
 def workload_c(kit: PromptKit, scale: Scale) -> Workload:
@@ -348,9 +387,11 @@ def workload_c(kit: PromptKit, scale: Scale) -> Workload:
     persona = "You are a careful analyst. Answer from the document only, and quote the paragraph number."
     requests = []
     for number in range(scale.document_questions):
-        messages = [ChatMessage.of(SYSTEM, persona), question_message(t.question(200 + number, scale.question), document)]
-        requests.append(Request(f"q{number + 1}", kit.build(messages)))
-    return Workload("C", "one long document, several questions", tuple(requests))
+        question = t.question(200 + number, scale.question)
+        messages = [ChatMessage.of(SYSTEM, persona), question_message(question, document)]
+        draft = Draft((ChatMessage.of(SYSTEM, persona),), (document_block(document),), question)
+        requests.append(Request(f"q{number + 1}", kit.build(messages), draft=draft))
+    return Workload("C", "one long document, several questions", with_known_prefixes(kit, requests))
 
 
 def workload_d(kit: PromptKit, scale: Scale, seed: int = 4) -> Workload:
@@ -359,7 +400,7 @@ def workload_d(kit: PromptKit, scale: Scale, seed: int = 4) -> Workload:
     documents = [Document(f"report-{number}.txt", t.document(10 + number, scale.doc_small)) for number in range(2)]
     # (persona, document, question seeds); the branches repeat a conversation's first turns
     # and then ask another question (an edited message: a sibling branch).
-    plans = [(0, None), (1, 0), (2, 1), (0, 1), (1, None)]
+    plans = [(0, None), (1, 0), (2, 1), (0, 1), (1, None)][: scale.sessions]
     conversations: list[list[Request]] = []
     for number, (persona, document) in enumerate(plans):
         questions = [t.question(300 + 10 * number + turn, scale.question) for turn in range(scale.turns)]
@@ -381,7 +422,8 @@ def workload_d(kit: PromptKit, scale: Scale, seed: int = 4) -> Workload:
         index = rng.choice(ready)
         order.append(queues[index][pending[index]])
         pending[index] += 1
-    return Workload("D", "three personas, two documents, branching conversations, interleaved", tuple(order))
+    return Workload("D", "three personas, two documents, branching conversations, interleaved", with_known_prefixes(kit, order),
+                    back_to_back=True)
 
 
 def _branch_ready(index: int, pending: dict[int, int], queues: list[list[Request]]) -> bool:
@@ -396,7 +438,7 @@ def workload_e(kit: PromptKit, scale: Scale) -> Workload:
     t = kit.texts
     persona = t.persona(20, scale.persona)
     document = Document("handbook.txt", t.document(20, scale.doc_small))
-    turns = max(scale.turns, 2) + 1
+    turns = scale.turns + 1  # the last turn after the restart
     conversations = []
     for number, doc in enumerate([document, None]):
         questions = [t.question(500 + 10 * number + turn, scale.question) for turn in range(turns)]
@@ -412,7 +454,8 @@ def workload_e(kit: PromptKit, scale: Scale) -> Workload:
         requests.append(Request(f"after restart: c{number + 1} t{turns}", prompts[turns - 1]))
     fresh = _conversation_prompts(kit, persona, document, [t.question(590, scale.question)], [""])[0]
     requests.append(Request("after restart: new conversation, same persona and document", fresh))
-    return Workload("E", "restart: a new instance on the same folders continues the conversations", tuple(requests), restart)
+    return Workload("E", "restart: a new instance on the same folders continues the conversations",
+                    with_known_prefixes(kit, requests), restart)
 
 
 BUILDERS = {"A": workload_a, "B": workload_b, "C": workload_c, "D": workload_d, "E": workload_e}

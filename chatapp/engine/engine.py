@@ -177,7 +177,9 @@ class Engine:
         self._load_error: BaseException | None = None
         self._active: GenerationHandle | None = None
         self._closing = False
-        self._closing_lock = threading.Lock()
+        self._closing_lock = threading.Lock()  # also guards the two fields below
+        self._waiting_requests = 0  # generation requests queued and not yet taken by the engine thread
+        self._rebatch_job: GenerationHandle | None = None  # the answer recompute running now, if any
         self._thread = threading.Thread(target=self._run, name="chatapp-engine", daemon=True)
         self._thread.start()
         self._loaded.wait()
@@ -204,7 +206,11 @@ class Engine:
         with self._closing_lock:
             if self._closing:
                 raise RuntimeError("the engine is closed")
+            self._waiting_requests += 1
             self._jobs.put(handle)
+            rebatch = self._rebatch_job
+        if rebatch is not None:
+            rebatch.cancel()  # a request comes before the recompute of the last answer
         return handle
 
     def flush_cache(self) -> None:
@@ -257,6 +263,8 @@ class Engine:
                 if isinstance(handle, threading.Event):  # a flush_cache() barrier
                     handle.set()
                     continue
+                with self._closing_lock:
+                    self._waiting_requests -= 1
                 if self._closing:
                     handle.cancel()  # queued behind a close: end it at once, as cancelled
                 self._serve(handle)
@@ -382,7 +390,10 @@ class Engine:
         be the same computation as a cold run of its prompt (measured on the bundled model:
         6 of 8 follow-up answers differed). Redone in batches, the KV is what a cold run
         computes, for the next turn and for the cache. The caller already has its answer;
-        a new request waits at most this prefill. Cancelled by close() like any request.
+        it is work for the idle time while the user reads. A request that arrives first (or
+        during it) comes first: the recompute stops, the sequence keeps the prompt and the
+        batches already redone, and a later prompt that continues the answer computes the rest
+        with its own prefill, as a cold run would. Cancelled by close() like any request.
         """
         live = self.placer.resident.tokens[sequence]
         prompt_length = len(answered.request.prompt_tokens)
@@ -390,6 +401,10 @@ class Engine:
             return
         job = GenerationHandle(GenerationRequest(tuple(live), answered.request.sampling, sequence=sequence, prefill_only=True))
         self._active = job
+        with self._closing_lock:
+            self._rebatch_job = job
+            if self._waiting_requests:
+                job.cancel()
         try:
             if not self.context.remove(sequence, prompt_length, -1):
                 self.placer.forget(sequence)
@@ -400,6 +415,8 @@ class Engine:
             log.warning("could not recompute the answer's KV: %s", error)
             self.placer.forget(sequence)
         finally:
+            with self._closing_lock:
+                self._rebatch_job = None
             self._active = None
 
     @staticmethod

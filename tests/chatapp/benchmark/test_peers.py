@@ -9,6 +9,9 @@ import pytest
 from chatapp.benchmark.peers import (
     PEERS,
     ChatappPeer,
+    ChatappTypedPeer,
+    ChatappWarmAheadPeer,
+    IdealPeer,
     LlamaDiskCachePeer,
     LlamaPrefixPeer,
     LlamaRAMCachePeer,
@@ -16,7 +19,7 @@ from chatapp.benchmark.peers import (
     PeerAnswer,
     PeerSettings,
 )
-from chatapp.benchmark.workloads import SCALES, build_workloads
+from chatapp.benchmark.workloads import SCALES, Request, build_workloads
 from tests.model_factory import TINY_MODEL_THREADS, write_tiny_llama
 
 
@@ -42,7 +45,7 @@ def ask_all(peer_class: type, settings: PeerSettings, folder: Path, prompts: lis
 
 
 def test_the_registry_names_every_peer() -> None:
-    assert list(PEERS) == ["no-cache", "llama-prefix", "llama-ram", "llama-disk", "chatapp"]
+    assert list(PEERS) == ["no-cache", "llama-prefix", "llama-ram", "llama-disk", "chatapp", "chatapp+warm", "chatapp+typed", "ideal"]
     for name, factory in PEERS.items():
         assert factory.name == name
 
@@ -77,3 +80,58 @@ def test_chatapp_and_llama_disk_keep_prefixes_across_a_restart(settings: PeerSet
 def test_chatapp_reports_the_engine_token_ids(settings: PeerSettings, prompts: list, tmp_path: Path) -> None:
     (answer,) = ask_all(ChatappPeer, settings, tmp_path, prompts[:1])
     assert answer.token_ids is not None and 0 < len(answer.token_ids) <= 4
+
+
+@pytest.fixture(scope="module")
+def document_requests(settings: PeerSettings) -> tuple[Request, ...]:
+    """Workload C at the tiny scale: questions about one document, with the drafts the app would type."""
+    (workload,) = build_workloads(settings.model_path, SCALES["tiny"], ("C",))
+    return workload.requests
+
+
+def run_requests(peer_class: type, settings: PeerSettings, folder: Path, requests: tuple[Request, ...]) -> list[tuple[PeerAnswer, dict | None]]:
+    """As the runner does: prepare, ask, settle."""
+    peer = peer_class(settings, folder)
+    try:
+        results = []
+        for request in requests:
+            prepared = peer.prepare(request)
+            results.append((peer.ask(request.tokens, 4), prepared))
+            peer.settle()
+        return results
+    finally:
+        peer.close()
+
+
+def test_the_ideal_computes_only_what_no_earlier_request_shared(settings: PeerSettings, prompts: list, tmp_path: Path) -> None:
+    (workload,) = build_workloads(settings.model_path, SCALES["tiny"], ("A",))
+    requests = workload.requests
+    assert requests[0].known_prefix == 0 and all(request.known_prefix > 0 for request in requests[1:])
+    results = run_requests(IdealPeer, settings, tmp_path / "ideal", requests)
+    reference = ask_all(NoCachePeer, settings, tmp_path / "ref", [request.tokens for request in requests])
+    assert [answer.computed_tokens for answer, _ in results] == [len(r.tokens) - r.known_prefix for r in requests]
+    assert [answer.text for answer, _ in results] == [answer.text for answer in reference]
+
+
+def test_warm_ahead_leaves_only_the_question_and_type_ahead_less(settings: PeerSettings, document_requests: tuple, tmp_path: Path) -> None:
+    first = document_requests[:1]
+    (plain, _), = run_requests(ChatappPeer, settings, tmp_path / "plain", first)
+    (warm, warm_figures), = run_requests(ChatappWarmAheadPeer, settings, tmp_path / "warm", first)
+    (typed, typed_figures), = run_requests(ChatappTypedPeer, settings, tmp_path / "typed", first)
+    request = first[0]
+    assert plain.computed_tokens == len(request.tokens)
+    assert warm.computed_tokens == len(request.tokens) - request.known_prefix  # the question, its closing, the header
+    assert 2 <= typed.computed_tokens < warm.computed_tokens
+    assert warm.text == plain.text == typed.text
+    assert warm_figures is not None and warm_figures["warm_ahead_ms"] > 0
+    assert typed_figures is not None and typed_figures["warm_ups"] == len(request.draft.question.split()) - 1
+    assert typed_figures["typing_lag_ms"] >= 0 and typed.ttft_ms >= typed_figures["typing_lag_ms"]
+
+
+def test_peers_without_drafts_prepare_nothing(settings: PeerSettings, prompts: list, tmp_path: Path) -> None:
+    (workload,) = build_workloads(settings.model_path, SCALES["tiny"], ("A",))
+    peer = ChatappWarmAheadPeer(settings, tmp_path)
+    try:
+        assert workload.requests[0].draft is None and peer.prepare(workload.requests[0]) is None
+    finally:
+        peer.close()

@@ -77,7 +77,7 @@ def test_mismatches_name_peer_workload_and_request() -> None:
 def test_json_and_svg_are_written_and_parse(tmp_path: Path) -> None:
     runs = [run("no-cache", "A", [100, 200], [100, 100]), run("chatapp", "A", [20, 30], [100, 10]),
             run("no-cache", "C", [300, 300], [100, 100]), run("chatapp", "C", [10, 5], [100, 1])]
-    rows, found, files = write_reports(tmp_path, {"scale": "test"}, runs)
+    rows, found, verdicts, files = write_reports(tmp_path, {"scale": "test"}, runs)
     saved = json.loads(files["json"].read_text())
     assert saved["meta"] == {"scale": "test"}
     assert len(saved["summary"]) == 4 and saved["mismatches"] == [] and len(saved["runs"]) == 4

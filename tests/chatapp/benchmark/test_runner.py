@@ -12,6 +12,7 @@ import pytest
 
 from chatapp.benchmark import runner
 from chatapp.benchmark.peers import PEERS, NoCachePeer, PeerAnswer, PeerSettings
+from chatapp.benchmark.workloads import Request
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +35,12 @@ class WrongPeer:
     def __init__(self, settings: PeerSettings, folder: Path) -> None:
         self.inner = NoCachePeer(settings, folder)
         self.asked = 0
+
+    def prepare(self, request: Request) -> None:
+        return self.inner.prepare(request)
+
+    def settle(self) -> None:
+        self.inner.settle()
 
     def ask(self, prompt_tokens: Sequence[int], max_tokens: int) -> PeerAnswer:
         answer = self.inner.ask(prompt_tokens, max_tokens)
@@ -69,6 +76,21 @@ def test_end_to_end_chatapp_computes_less_than_no_cache(tiny_model: Path, tmp_pa
     summary = {(row["peer"], row["workload"]): row for row in saved["summary"]}
     assert summary["no-cache", "A"]["hit_rate"] == 0 and summary["chatapp", "A"]["hit_rate"] > 0
     assert (tmp_path / "ttft.svg").read_text().startswith("<svg")
+
+
+def test_warm_ahead_peers_run_only_where_drafts_exist_and_goals_are_judged(
+    tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert runner.main(argv(tiny_model, tmp_path, "no-cache,chatapp,chatapp+warm,ideal", "A,C")) == 0
+    out = capsys.readouterr().out
+    saved = json.loads((tmp_path / "bench.json").read_text())
+    ran = {(run["peer"], run["workload"]) for run in saved["runs"]}
+    assert ("chatapp+warm", "C") in ran and ("chatapp+warm", "A") not in ran and ("ideal", "A") in ran
+    measures = {goal["measure"] for goal in saved["goals"]}
+    assert measures == {"TTFT after switching back / ideal", "first question TTFT, warm-ahead / question alone"}
+    assert "Goals (ratios from this run)" in out and all(goal["value"] > 0 for goal in saved["goals"])
+    warm = next(run for run in saved["runs"] if run["peer"] == "chatapp+warm")
+    assert all(request["prepare"]["warm_ahead_ms"] > 0 for request in warm["requests"])
 
 
 def test_a_peer_with_other_text_fails_the_run(tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from chatapp.engine.engine import Engine, GenerationRequest
+from chatapp.engine.engine import Engine, GenerationRequest, GenerationResult
 from chatapp.engine.events import STOP_CANCELLED, STOP_LENGTH, PrefillProgress, TokenText
 from chatapp.engine.llama_native import DecodeAborted, NativeContext, NativeModel, SamplingParams
 from chatapp.engine.prompt import SYSTEM, USER, ChatMessage
@@ -154,19 +154,38 @@ def test_engine_reports_its_shape(engine: Engine) -> None:
     ["Explain photosynthesis briefly.", "List three prime numbers and why.", "Give me a tip for writing clearly."],
 )
 def test_a_follow_up_that_continues_the_live_answer_equals_a_cold_run(engine: Engine, question: str) -> None:
-    """The answer's KV, first computed one token at a time, is recomputed in batches: a next
-    turn reusing it in place is the computation a cold run of its prompt does."""
-    sampling = SamplingParams(temperature=0.0, max_tokens=64)
+    """The answer's KV, first computed one token at a time, is recomputed in batches while the
+    user reads: a next turn reusing it in place is the computation a cold run of its prompt does."""
+    first_prompt, answer, prompt = _question_and_follow_up(engine, question)
+    engine.flush_cache()  # the user reads the answer: the engine recomputes it meanwhile
+    warm = run(engine, prompt, FOLLOW_UP_SAMPLING, sequence=0)
+    cold = run(engine, prompt, FOLLOW_UP_SAMPLING, sequence=1, use_cache=False)
+    assert warm.stats.reuse_tier == "device" and warm.stats.reused_tokens > len(first_prompt) + answer.stats.generated_tokens // 2
+    assert warm.token_ids == cold.token_ids
+
+
+def test_a_follow_up_sent_at_once_comes_before_the_recompute_and_still_equals_a_cold_run(engine: Engine) -> None:
+    """A request that arrives while the last answer waits to be recomputed goes first: the answer's
+    tokens are cut and computed with the new prompt, never reused as decoded one at a time."""
+    first_prompt, answer, prompt = _question_and_follow_up(engine, "Explain photosynthesis briefly.")
+    warm = run(engine, prompt, FOLLOW_UP_SAMPLING, sequence=0)  # no pause: sent as the answer ends
+    cold = run(engine, prompt, FOLLOW_UP_SAMPLING, sequence=1, use_cache=False)
+    assert len(first_prompt) - 2 <= warm.stats.reused_tokens < len(first_prompt) + answer.stats.generated_tokens
+    assert warm.token_ids == cold.token_ids
+
+
+FOLLOW_UP_SAMPLING = SamplingParams(temperature=0.0, max_tokens=64)
+
+
+def _question_and_follow_up(engine: Engine, question: str) -> tuple[tuple[int, ...], GenerationResult, tuple[int, ...]]:
+    """Ask `question` in sequence 0; the first prompt, its answer, and a follow-up prompt continuing it."""
     first = [ChatMessage.of(SYSTEM, "You are helpful."), ChatMessage.of(USER, question)]
-    answer = run(engine, tuple(engine.prompt_builder.build(first)), sampling, sequence=0)
+    first_prompt = tuple(engine.prompt_builder.build(first))
+    answer = run(engine, first_prompt, FOLLOW_UP_SAMPLING, sequence=0)
     assert answer.stats.generated_tokens > 2
     follow_up = [
         *first,
         ChatMessage(role="assistant", parts=(answer.text,), generated_ids=answer.token_ids),
         ChatMessage.of(USER, "Now say it differently, in more detail."),
     ]
-    prompt = tuple(engine.prompt_builder.build(follow_up))
-    warm = run(engine, prompt, sampling, sequence=0)
-    cold = run(engine, prompt, sampling, sequence=1, use_cache=False)
-    assert warm.stats.reuse_tier == "device" and warm.stats.reused_tokens > len(prompt) // 2
-    assert warm.token_ids == cold.token_ids
+    return first_prompt, answer, tuple(engine.prompt_builder.build(follow_up))

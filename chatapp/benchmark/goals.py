@@ -1,0 +1,124 @@
+"""The issue's goals, checked against one run's raw results: each a ratio, its target, met or not.
+
+Every ratio compares figures from the same run (the machine is shared and noisy, so only
+side-by-side ratios mean anything). A goal whose peers did not run is left out.
+
+- A: after switching persona and back, chatapp's TTFT / the ideal's (prefix live) <= 1.05,
+  and / llama-server's <= 1.0.
+- B: throughput, no cache's busy time / chatapp's >= 4.
+- C warm-ahead: the first question's TTFT with the document warmed / the question alone <= 1.1.
+- C typed: TTFT after Enter with type-ahead / the question alone <= 0.3 (same answers: the
+  run's equality check).
+- D: busy time of the best llama-cpp-python peer / chatapp's >= 3; llama-server's / chatapp's >= 1.5.
+- E: after a restart, chatapp's TTFT / the ideal's <= 1.15, and every other peer's / chatapp's >= 8.
+
+"Busy time" is the sum over requests of the time to the last token plus the time the peer
+needed to settle afterwards (model loading left out); "the question alone" is the ideal
+peer's TTFT, whose context already holds everything before the question.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+
+from chatapp.benchmark.workloads import BACK
+
+CHATAPP = "chatapp"
+WARM = "chatapp+warm"
+TYPED = "chatapp+typed"
+IDEAL = "ideal"
+SERVER = "llama-server"
+LLAMA_CPP_PYTHON = ("no-cache", "llama-prefix", "llama-ram", "llama-disk")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    goal: str
+    measure: str
+    value: float
+    target: str
+    met: bool
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return math.nan
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def busy_s(run: dict) -> float:
+    return sum(request["total_ms"] + request.get("settle_ms", 0.0) for request in run["requests"]) / 1000
+
+
+def _ttft(run: dict, chosen: Callable[[int, dict], bool]) -> float:
+    return _median([request["ttft_ms"] for index, request in enumerate(run["requests"]) if chosen(index, request)])
+
+
+def _at_most(goal: str, measure: str, value: float, limit: float) -> Verdict:
+    return Verdict(goal, measure, value, f"<= {limit:g}", value <= limit)
+
+
+def _at_least(goal: str, measure: str, value: float, limit: float) -> Verdict:
+    return Verdict(goal, measure, value, f">= {limit:g}", value >= limit)
+
+
+def goal_verdicts(runs: Iterable[dict]) -> list[Verdict]:
+    by_key = {(run["workload"], run["peer"]): run for run in runs}
+
+    def run_of(workload: str, peer: str) -> dict | None:
+        return by_key.get((workload, peer))
+
+    verdicts: list[Verdict] = []
+    back = lambda index, request: request["label"].startswith(BACK)  # noqa: E731
+    after_restart = lambda index, request: bool(request.get("after_restart"))  # noqa: E731
+    first = lambda index, request: index == 0  # noqa: E731
+    every = lambda index, request: True  # noqa: E731
+
+    chatapp, ideal, server = run_of("A", CHATAPP), run_of("A", IDEAL), run_of("A", SERVER)
+    if chatapp and ideal:
+        verdicts.append(_at_most("A", "TTFT after switching back / ideal", _ttft(chatapp, back) / _ttft(ideal, back), 1.05))
+    if chatapp and server:
+        verdicts.append(_at_most("A", "TTFT after switching back / llama-server", _ttft(chatapp, back) / _ttft(server, back), 1.0))
+
+    chatapp, no_cache = run_of("B", CHATAPP), run_of("B", "no-cache")
+    if chatapp and no_cache:
+        verdicts.append(_at_least("B", "throughput / no cache", busy_s(no_cache) / busy_s(chatapp), 4.0))
+
+    warm, typed, ideal = run_of("C", WARM), run_of("C", TYPED), run_of("C", IDEAL)
+    if warm and ideal:
+        verdicts.append(_at_most("C", "first question TTFT, warm-ahead / question alone", _ttft(warm, first) / _ttft(ideal, first), 1.1))
+    if typed and ideal:
+        verdicts.append(_at_most("C", "TTFT after Enter, typed / question alone", _ttft(typed, every) / _ttft(ideal, every), 0.3))
+
+    chatapp = run_of("D", CHATAPP)
+    llama_runs = [run for name in LLAMA_CPP_PYTHON if (run := run_of("D", name))]
+    if chatapp and llama_runs:
+        best = min(busy_s(run) for run in llama_runs)
+        verdicts.append(_at_least("D", "busy time, best llama-cpp-python peer / chatapp", best / busy_s(chatapp), 3.0))
+    server = run_of("D", SERVER)
+    if chatapp and server:
+        verdicts.append(_at_least("D", "busy time, llama-server / chatapp", busy_s(server) / busy_s(chatapp), 1.5))
+
+    chatapp, ideal = run_of("E", CHATAPP), run_of("E", IDEAL)
+    if chatapp and ideal:
+        verdicts.append(_at_most("E", "TTFT after restart / ideal", _ttft(chatapp, after_restart) / _ttft(ideal, after_restart), 1.15))
+    others = [run for (workload, name), run in by_key.items() if workload == "E" and name not in (CHATAPP, WARM, TYPED, IDEAL)]
+    if chatapp and others:
+        worst_ratio = min(_ttft(run, after_restart) for run in others) / _ttft(chatapp, after_restart)
+        verdicts.append(_at_least("E", "TTFT after restart, fastest other peer / chatapp", worst_ratio, 8.0))
+    return verdicts
+
+
+def goals_table(verdicts: list[Verdict]) -> str:
+    lines = ["Goals (ratios from this run)"]
+    for verdict in verdicts:
+        lines.append(f"  {verdict.goal}  {verdict.measure:52} {verdict.value:7.2f}  {verdict.target:7}  "
+                     f"{'met' if verdict.met else 'MISSED'}")
+    return "\n".join(lines)
