@@ -3,15 +3,26 @@
 Each block is one row: the payload (raw bytes, a file once large) and, in the row's
 tag, the block's metadata record, so the index is rebuilt from the tags alone at
 start-up. Pinned blocks live in a second cache that is never culled. Nothing is ever
-unpickled: the Disk subclass refuses pickled keys and values, since a cache file is input.
+unpickled: the Disk subclass refuses pickled keys and values, and file names that leave
+the folder, since a cache file is input.
+
+The disk is a convenience, never a reason to fail: when the folder cannot be written (disk
+full, read-only, I/O error) the tier switches itself off for the session and keeps the
+reason in `problem`, so that the cache goes on in RAM and the app says so once. A
+database too damaged to open is moved aside, named in `problem`, and a new one started.
 """
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
+import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import diskcache
 from diskcache.core import MODE_PICKLE
@@ -19,8 +30,14 @@ from diskcache.core import MODE_PICKLE
 from cache.blocks import BlockInfo, RecordError, payload_checksum
 from cache.stats import TierCounters
 
+log = logging.getLogger(__name__)
+
 PRIVATE = 0o700
 UNLIMITED = 1 << 62
+# A row last used further in the future than this means the clock went back: its age is unknown.
+CLOCK_SLACK_SECONDS = 300.0
+DISK_ERRORS = (OSError, sqlite3.Error, diskcache.Timeout)
+T = TypeVar("T")
 
 
 class BytesOnlyDisk(diskcache.Disk):
@@ -44,7 +61,26 @@ class BytesOnlyDisk(diskcache.Disk):
     def fetch(self, mode, filename, value, read):  # type: ignore[no-untyped-def]
         if mode == MODE_PICKLE:
             raise RecordError("refusing a pickled value")
+        self._check_filename(filename)
         return super().fetch(mode, filename, value, read)
+
+    def remove(self, file_path):  # type: ignore[no-untyped-def]
+        if not _inside(file_path):
+            return None  # the row is gone; a file it named outside the folder is not ours to delete
+        return super().remove(file_path)
+
+    @staticmethod
+    def _check_filename(filename):  # type: ignore[no-untyped-def]
+        """A row names its payload file; one outside this folder is a damaged or hostile row."""
+        if not _inside(filename):
+            raise RecordError("refusing a payload file outside the cache folder")
+
+
+def _inside(filename: str | None) -> bool:
+    if filename is None:
+        return True
+    path = Path(filename)
+    return not path.is_absolute() and ".." not in path.parts
 
 
 def _open(directory: Path, size_limit: int) -> diskcache.Cache:
@@ -62,29 +98,106 @@ def _open(directory: Path, size_limit: int) -> diskcache.Cache:
     )
 
 
+def _describe(error: BaseException) -> str:
+    if isinstance(error, OSError) and error.errno == errno.ENOSPC or "full" in str(error).lower():
+        return "the disk is full"
+    if isinstance(error, OSError) and error.errno in (errno.EROFS, errno.EACCES, errno.EPERM) or "readonly" in str(error).lower():
+        return "the folder is read-only"
+    return f"{type(error).__name__}: {error}"
+
+
+def set_aside(directory: Path) -> Path:
+    """Rename a damaged cache folder out of the way (never deleted: it may help a bug report)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    target = directory.with_name(f"{directory.name}.damaged-{stamp}")
+    number = 1
+    while target.exists():
+        number += 1
+        target = directory.with_name(f"{directory.name}.damaged-{stamp}-{number}")
+    directory.rename(target)
+    return target
+
+
+def open_store(directory: Path, size_limit: int) -> tuple[diskcache.Cache, str | None]:
+    """Open one store; a database too damaged to open is moved aside and a new one begun.
+
+    Returns the store and, when something was moved aside, a sentence saying so.
+    """
+    try:
+        return _open(directory, size_limit), None
+    except sqlite3.DatabaseError as error:
+        if isinstance(error, sqlite3.OperationalError):
+            raise  # locked, read-only, cannot open: not damage
+        moved = set_aside(directory)
+        return _open(directory, size_limit), f"the disk cache {directory} was damaged ({error}); it was moved to {moved.name} and a new one begun"
+
+
 class DiskTier:
     """Block payloads on disk, shared by every process and namespace using the folder."""
 
-    def __init__(self, directory: Path, budget_bytes: int, ttl_seconds: float, namespace_id: bytes) -> None:
+    def __init__(
+        self, directory: Path, budget_bytes: int, ttl_seconds: float, namespace_id: bytes,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
         self.directory = directory
         self.budget_bytes = budget_bytes
         self.ttl_seconds = ttl_seconds
         self.namespace_id = namespace_id
         self.counters = TierCounters()
+        self.problem: str | None = None  # why the tier is off, or what it repaired
+        self.enabled = True
+        self._clock = clock or (lambda: time.time())  # looked up per call: diskcache reads the same clock
         self._lock = threading.Lock()
-        directory.mkdir(mode=PRIVATE, parents=True, exist_ok=True)
-        self._blocks = _open(directory / "blocks", budget_bytes)
-        self._pinned = _open(directory / "pinned", UNLIMITED)
+        self._blocks: diskcache.Cache | None = None
+        self._pinned: diskcache.Cache | None = None
+        try:
+            directory.mkdir(mode=PRIVATE, parents=True, exist_ok=True)
+            self._blocks, repaired = open_store(directory / "blocks", budget_bytes)
+            self._pinned, repaired_pinned = open_store(directory / "pinned", UNLIMITED)
+            self.problem = repaired or repaired_pinned
+        except DISK_ERRORS as error:
+            self._switch_off(error)
+
+    def _switch_off(self, error: BaseException) -> None:
+        """Stop using the disk for this session, keeping the first reason."""
+        if self.enabled:
+            self.enabled = False
+            self.problem = f"the disk cache in {self.directory} is off for this session: {_describe(error)}; KV states are kept in RAM only"
+            log.warning(self.problem)
+
+    def _guarded(self, action: Callable[[], T], fallback: T) -> T:
+        """Run a disk action; a busy database skips it, any other failure switches the tier off."""
+        if not self.enabled:
+            return fallback
+        try:
+            return action()
+        except diskcache.Timeout:
+            return fallback  # another process holds the database: skip this one action
+        except DISK_ERRORS as error:
+            self._switch_off(error)
+            return fallback
 
     def close(self) -> None:
-        self._blocks.close()
-        self._pinned.close()
+        for store in (self._blocks, self._pinned):
+            if store is not None:
+                try:
+                    store.close()
+                except DISK_ERRORS:
+                    pass
+
+    def _store(self, pinned: bool) -> diskcache.Cache:
+        store = self._pinned if pinned else self._blocks
+        assert store is not None
+        return store
 
     def load_index(self) -> list[BlockInfo]:
         """Every live block of this namespace, from the row tags: no payload is read."""
+        return self._guarded(self._load_index, [])
+
+    def _load_index(self) -> list[BlockInfo]:
         infos: list[BlockInfo] = []
-        now = time.time()
-        for store in (self._blocks, self._pinned):
+        now = self._clock()
+        for store in (self._store(False), self._store(True)):
             rows = store._sql(  # noqa: SLF001 - diskcache has no public way to list tags
                 "SELECT tag FROM Cache WHERE raw = 1 AND tag IS NOT NULL AND (expire_time IS NULL OR expire_time > ?)",
                 (now,),
@@ -96,59 +209,90 @@ class DiskTier:
                     continue  # another namespace's block, or a damaged record: not ours to use
         return infos
 
-    def put(self, info: BlockInfo, payload: bytes) -> None:
-        store = self._pinned if info.pinned else self._blocks
+    def put(self, info: BlockInfo, payload: bytes) -> bool:
+        """Store a block; False when the disk could not take it (the tier may now be off)."""
+        store = self._store(info.pinned) if self.enabled else None
         expire = None if info.pinned else self.ttl_seconds
-        store.set(info.key.hex(), payload, expire=expire, tag=info.encode(self.namespace_id))
-        with self._lock:
-            self.counters.bytes_written += len(payload)
+        stored = self._guarded(
+            lambda: store.set(info.key.hex(), payload, expire=expire, tag=info.encode(self.namespace_id), retry=True), False
+        )
+        if stored:
+            with self._lock:
+                self.counters.bytes_written += len(payload)
+        return bool(stored)
 
     def get(self, info: BlockInfo) -> bytes | None:
-        """The payload if present and intact; a damaged one is deleted and reported missing."""
-        store = self._pinned if info.pinned else self._blocks
+        """The payload if present, intact and unexpired; a damaged or doubtful one is deleted."""
+        if not self.enabled:
+            return None
+        store = self._store(info.pinned)
         name = info.key.hex()
         try:
-            payload = store.get(name, default=None, retry=True)
-        except (RecordError, OSError):
-            payload = None
+            found = store.get(name, default=None, expire_time=True, retry=True)
+        except RecordError:  # a pickled value or a file outside the folder: drop the row
+            self._guarded(lambda: store.delete(name, retry=True), False)
+            found = None
+        except DISK_ERRORS as error:
+            self._switch_off(error)
+            found = None
+        payload, expire_time = found if isinstance(found, tuple) else (None, None)
+        now = self._clock()
         with self._lock:
             if payload is None:
                 # The index knew it, so diskcache culled it (LRU) or it expired.
                 self.counters.misses += 1
                 self.counters.evictions += 1
                 return None
-            if not isinstance(payload, bytes) or len(payload) != info.payload_size or payload_checksum(payload) != info.checksum:
+            clock_went_back = expire_time is not None and expire_time - self.ttl_seconds > now + CLOCK_SLACK_SECONDS
+            damaged = not isinstance(payload, bytes) or len(payload) != info.payload_size or payload_checksum(payload) != info.checksum
+            if damaged or clock_went_back or (expire_time is not None and expire_time <= now):
                 self.counters.misses += 1
-                store.delete(name, retry=True)
+                if clock_went_back:
+                    self.counters.expirations += 1
+                self._guarded(lambda: store.delete(name, retry=True), False)
                 return None
             self.counters.hits += 1
             self.counters.bytes_read += len(payload)
         if not info.pinned:
-            store.touch(name, expire=self.ttl_seconds, retry=True)
+            self._guarded(lambda: store.touch(name, expire=self.ttl_seconds, retry=True), False)
         return payload
 
     def delete(self, info: BlockInfo) -> None:
-        for store in (self._blocks, self._pinned):
-            store.delete(info.key.hex(), retry=True)
+        """Drop a block from the store its record names (a pinned copy another process made stays)."""
+        if self.enabled:
+            store = self._store(info.pinned)
+            self._guarded(lambda: store.delete(info.key.hex(), retry=True), False)
 
     def set_pinned(self, info: BlockInfo, payload: bytes, pinned: bool) -> None:
         """Move a block between the culled and the never-culled store."""
-        source, target = (self._blocks, self._pinned) if pinned else (self._pinned, self._blocks)
+        if not self.enabled:
+            info.pinned = pinned
+            return
+        source, target = (self._store(False), self._store(True)) if pinned else (self._store(True), self._store(False))
         info.pinned = pinned
-        target.set(info.key.hex(), payload, expire=None if pinned else self.ttl_seconds, tag=info.encode(self.namespace_id))
-        source.delete(info.key.hex(), retry=True)
+        expire = None if pinned else self.ttl_seconds
+        if self._guarded(lambda: target.set(info.key.hex(), payload, expire=expire, tag=info.encode(self.namespace_id), retry=True), False):
+            self._guarded(lambda: source.delete(info.key.hex(), retry=True), False)
 
     def prune(self) -> int:
         """Drop expired rows now; return how many."""
-        removed = self._blocks.expire(retry=True)
+        removed = self._guarded(lambda: self._store(False).expire(now=self._clock(), retry=True), 0)
         with self._lock:
             self.counters.expirations += removed
         return removed
 
     def clear(self) -> int:
-        return self._blocks.clear(retry=True) + self._pinned.clear(retry=True)
+        if not self.enabled:
+            return 0
+        return self._guarded(lambda: self._store(False).clear(retry=True) + self._store(True).clear(retry=True), 0)
 
     def sizes(self) -> dict[str, int]:
         """Entries and bytes on disk (all namespaces), pinned included."""
-        entries = len(self._blocks) + len(self._pinned)
-        return {"entries": entries, "bytes": self._blocks.volume() + self._pinned.volume(), "pinned_entries": len(self._pinned)}
+        if not self.enabled:
+            return {"entries": 0, "bytes": 0, "pinned_entries": 0}
+
+        def measure() -> dict[str, int]:
+            blocks, pinned = self._store(False), self._store(True)
+            return {"entries": len(blocks) + len(pinned), "bytes": blocks.volume() + pinned.volume(), "pinned_entries": len(pinned)}
+
+        return self._guarded(measure, {"entries": 0, "bytes": 0, "pinned_entries": 0})

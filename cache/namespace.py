@@ -3,6 +3,8 @@
 Two contexts whose KV bytes could differ for the same tokens must never share entries:
 a different model file (by content), KV types, flash attention (it changes the V
 layout), LoRA adapters, rope settings, the llama-cpp-python version, or the block size.
+The context size is in it too: for most models a prefix's KV does not depend on it, but
+when in doubt the cache misses rather than restore something a cold run would not compute.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ class Namespace:
     rope_freq_scale: float = 0.0
     lora_adapters: tuple[str, ...] = ()
     layout_digest: str = ""
+    context_size: int = 0  # tokens per sequence
 
     def canonical(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import sqlite3
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,7 @@ from cache.blocks import BlockInfo, payload_checksum
 from cache.disk_tier import DiskTier
 from cache.index import BlockIndex, PrefixMatch
 from cache.keys import as_token_array
-from cache.maintenance import add_totals
+from cache.maintenance import add_totals, remove_orphan_files
 from cache.namespace import Namespace
 from cache.ram_tier import RamTier
 from cache.state_format import KVLayout, StateFormatError, cells_in_position_order, extract_piece, parse_sequence_state
@@ -83,6 +84,7 @@ class PrefixCache:
         self.disk = DiskTier(directory, config.disk_budget_bytes, config.ttl_seconds, bytes.fromhex(namespace.id))
         self.requests = RequestCounters()
         self._lock = threading.RLock()
+        self._told: set[str] = set()
         for info in self.disk.load_index():
             self.index.add(info)
         self._queue: queue.Queue[tuple[np.ndarray, np.ndarray] | None] = queue.Queue()
@@ -115,6 +117,19 @@ class PrefixCache:
         matched = min(match.matched_tokens, blocks[-1].end)
         return FetchedPrefix(tuple(blocks), tuple(payloads), matched, tier)
 
+    @property
+    def problem(self) -> str | None:
+        """Why the disk tier is off (or what it repaired at start-up); None when all is well."""
+        return self.disk.problem
+
+    def take_notice(self) -> str | None:
+        """`problem`, the first time it is asked for: the app tells the user once."""
+        problem = self.disk.problem
+        if problem is None or problem in self._told:
+            return None
+        self._told.add(problem)
+        return problem
+
     def record_request(self, prompt_tokens: int, reused_tokens: int, tier: str) -> None:
         with self._lock:
             self.requests.requests += 1
@@ -143,7 +158,11 @@ class PrefixCache:
         self.flush()
         self._queue.put(None)
         self._writer.join()
-        add_totals(self.disk.directory, self.session_counters())
+        if self.disk.enabled:
+            try:
+                add_totals(self.disk.directory, self.session_counters())
+            except OSError as error:  # lifetime figures are a nicety; closing must not fail
+                log.warning("could not add this session's figures to the totals: %s", error)
         self.disk.close()
 
     def session_counters(self) -> dict[str, object]:
@@ -235,7 +254,14 @@ class PrefixCache:
         with self._lock:
             self.index = BlockIndex(self.config.block_size, self.namespace.seed)
         self.ram.clear()
-        return self.disk.clear()
+        removed = self.disk.clear()
+        if self.disk.enabled:
+            for store in ("blocks", "pinned"):
+                try:
+                    remove_orphan_files(self.disk.directory / store, min_age_seconds=0)
+                except (OSError, sqlite3.Error) as error:
+                    log.warning("could not remove leftover cache files: %s", error)
+        return removed
 
     def stats(self) -> dict[str, object]:
         with self._lock:
@@ -258,6 +284,8 @@ class PrefixCache:
                     **self.ram.counters.as_dict(),
                 },
                 "disk": {
+                    "enabled": self.disk.enabled,
+                    "problem": self.disk.problem,
                     **self.disk.sizes(),
                     "budget_bytes": self.disk.budget_bytes,
                     "ttl_seconds": self.disk.ttl_seconds,

@@ -21,8 +21,20 @@ class _Slot:
     pinned: bool
 
 
+def uptime_clock() -> float:
+    """Seconds that keep counting while a laptop sleeps (CLOCK_BOOTTIME), and never go back.
+
+    `time.monotonic` stops during suspend on Linux, so entries would outlive their TTL by
+    every night the laptop slept; the wall clock can go back. Elsewhere: monotonic.
+    """
+    return time.clock_gettime(BOOTTIME) if BOOTTIME is not None else time.monotonic()
+
+
+BOOTTIME = getattr(time, "CLOCK_BOOTTIME", None)
+
+
 class RamTier:
-    def __init__(self, budget_bytes: int, ttl_seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, budget_bytes: int, ttl_seconds: float, clock: Callable[[], float] = uptime_clock) -> None:
         self.budget_bytes = budget_bytes
         self.ttl_seconds = ttl_seconds
         self.counters = TierCounters()

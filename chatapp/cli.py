@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -129,6 +130,9 @@ def run_ask(args: argparse.Namespace, workspace: Workspace) -> int:
     with workspace.open_engine(use_cache=not args.no_cache, sequences=1) as engine:
         record = ask(engine, request, model_path=model_path, model_fingerprint=fingerprint, on_text=_write_stdout)
     _write_stdout("\n")
+    for notice in (engine.cache_problem, engine.cache.problem if engine.cache is not None else None):
+        if notice:
+            print(f"chatapp: warning: {notice}", file=sys.stderr)
     if args.json:
         _write_stdout(json.dumps(record, ensure_ascii=False) + "\n")
     return 0
@@ -151,6 +155,10 @@ def run_chat(workspace: Workspace) -> int:
     workspace.model_path  # fail before the screen opens if the model is missing
     ChatApp(workspace).run()
     return 0
+
+
+ENV_DEBUG = "CHATAPP_DEBUG"
+EXIT_INTERNAL = 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -176,3 +184,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         return 0
+    except Exception as error:  # noqa: BLE001 - a bug or an unforeseen failure: one line, not a traceback
+        if os.environ.get(ENV_DEBUG):
+            raise
+        print(f"chatapp: internal error: {type(error).__name__}: {error} (run with {ENV_DEBUG}=1 for the details, "
+              "and please report it)", file=sys.stderr)
+        return EXIT_INTERNAL

@@ -63,6 +63,11 @@ def ensure_private_dir(path: Path) -> None:
         raise DataDirError(
             f"data folder {path} is not writable; fix its permissions or choose another with --data-dir"
         )
+    if path.stat().st_mode & 0o077:
+        try:
+            path.chmod(PRIVATE_DIR_MODE)  # what is stored here reveals what the user typed
+        except OSError:
+            pass  # not ours to change (another owner): the files inside are still created 0600
 
 
 def open_data_paths(cli_value: str | os.PathLike[str] | None = None) -> DataPaths:

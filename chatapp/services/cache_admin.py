@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from cache import maintenance
+from chatapp.errors import ChatappError
+from chatapp.services.library import open_library
 from chatapp.services.startup import Workspace
 
 
@@ -13,7 +19,8 @@ def cache_stats(workspace: Workspace) -> dict[str, Any]:
     directory = workspace.kv_cache_dir
     settings = workspace.settings
     totals = maintenance.read_totals(directory)
-    usage = maintenance.disk_usage(directory)
+    with _readable_cache(directory):
+        usage = maintenance.disk_usage(directory)
     prompt_tokens = int(totals.get("prompt_tokens", 0))
     reused = int(totals.get("reused_tokens", 0))
     return {
@@ -77,8 +84,28 @@ def _size(count: int) -> str:
 
 
 def prune_cache(workspace: Workspace) -> int:
-    return maintenance.prune(workspace.kv_cache_dir)
+    with _readable_cache(workspace.kv_cache_dir):
+        return maintenance.prune(workspace.kv_cache_dir)
+
+
+@contextlib.contextmanager
+def _readable_cache(directory: Path) -> Iterator[None]:
+    """A cache database that cannot be read is one line with the fix, not a traceback."""
+    try:
+        yield
+    except (sqlite3.Error, OSError) as error:
+        raise ChatappError(
+            f"cannot read the KV cache in {directory} ({error}); `chatapp cache clear` empties it "
+            "(conversations stay), or start chatapp, which sets a damaged cache aside"
+        ) from None
 
 
 def clear_cache(workspace: Workspace) -> int:
-    return maintenance.clear(workspace.kv_cache_dir)
+    """Every cached entry and its files, and the list of pins (they named entries now gone)."""
+    removed = maintenance.clear(workspace.kv_cache_dir)
+    library = open_library(workspace)
+    try:
+        library.pins.clear()
+    finally:
+        library.close()
+    return removed

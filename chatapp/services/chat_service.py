@@ -317,6 +317,12 @@ class ChatService:
                 f"{error.context_tokens:,}; use Q&A mode (Ctrl+T), a shorter document or a larger context_cap (F5)"
             ) from None
 
+    def take_cache_notice(self) -> str | None:
+        """A problem of the cache's disk tier not yet told (disk full, read-only, repaired), once."""
+        engine = self.engine
+        cache = engine.cache if engine is not None else None
+        return cache.take_notice() if cache is not None else None
+
     def record_answer(self, ttft_ms: float) -> None:
         self.figures.ttft_ms.append(ttft_ms)
 

@@ -110,6 +110,7 @@ def kv_cache_factory(directory: Path, model_fingerprint: str, config: CacheConfi
             block_size=config.block_size,
             library_version=llama_cpp.__version__,
             layout_digest=layout.digest().hex(),
+            context_size=info.n_ctx_per_sequence,
         )
         return PrefixCache(directory, namespace, layout, config)
 

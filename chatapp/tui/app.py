@@ -63,6 +63,8 @@ class ChatApp(App[None]):
         self.service.attach_engine(engine)
         if engine.cache_problem:
             self.notify(engine.cache_problem, severity="warning", timeout=15)
+        if notice := self.service.take_cache_notice():
+            self.notify(notice, title="KV cache", severity="warning", timeout=15)
         self.main_screen.engine_ready(engine.info.path.stem)
 
     def _engine_failed(self, reason: str) -> None:

@@ -343,6 +343,8 @@ class MainScreen(Screen[None]):
         await self._reload_branch()
         self._set_state("ready")
         self.warm_ahead(self.query_one(Composer).text)
+        if notice := self.service.take_cache_notice():
+            self.notify(notice, title="KV cache", severity="warning", timeout=15)
 
     async def on_answer_failed(self, message: AnswerFailed) -> None:
         await self._end_stream()

@@ -10,9 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from chatapp import cli
 from chatapp.cli import main
 from chatapp.documents import load_document
 from chatapp.engine.engine import Engine
+from chatapp.model_files import bundled_model_path
+from chatapp.services.library import open_library
+from chatapp.services.startup import open_workspace
 from chatapp.services.conversation import Conversation
 from tests.pdf_factory import write_pdf
 
@@ -104,12 +108,38 @@ def test_errors_are_one_line_with_exit_code_2(data_dir: Path, tmp_path: Path, ca
     expect_error(capsys, ["ask", "hi", "--system-file", str(tmp_path / "none.txt")], "does not exist")
     expect_error(capsys, ["ask", "hi", "--doc", str(long_doc), "--context", "512"], "but a conversation's context holds 512; use a shorter document")
     expect_error(capsys, ["ask", "hi", "--temperature", "-1"], "temperature")
+    truncated = tmp_path / "truncated.gguf"
+    truncated.write_bytes(bundled_model_path().read_bytes()[:300_000])
+    expect_error(capsys, ["ask", "hi", "--model", str(tmp_path)], "is a folder")
+    expect_error(capsys, ["ask", "hi", "--model", str(truncated)], "truncated.gguf")
 
 
 def test_bad_settings_file_is_reported(data_dir: Path, capsys) -> None:
     data_dir.mkdir(parents=True)
     (data_dir / "config.toml").write_text("sequences = 0\n")
     expect_error(capsys, ["ask", "hi"], "sequences: Input should be greater than or equal to 1")
+    for budget in ("cache_ram_mib", "cache_disk_mib"):
+        (data_dir / "config.toml").write_text(f"{budget} = -5\n")
+        expect_error(capsys, ["cache", "stats"], f"{budget}: Input should be greater than or equal to")
+    (data_dir / "config.toml").write_text("no_such_setting = 1\n")
+    expect_error(capsys, ["cache", "stats"], "no_such_setting")
+
+
+def test_a_data_folder_without_write_permission_is_one_line(data_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    data_dir.mkdir(parents=True)
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: False if Path(path) == data_dir else real_access(path, mode))
+    expect_error(capsys, ["cache", "stats"], "is not writable; fix its permissions or choose another with --data-dir")
+
+
+def test_an_unexpected_failure_is_one_line_not_a_traceback(data_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    def broken(*_args: object, **_kwargs: object) -> None:
+        raise RuntimeError("something nobody foresaw")
+
+    monkeypatch.setattr(cli, "cache_stats", broken)
+    assert cli.main(["cache", "stats"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "something nobody foresaw" in err and "Traceback" not in err
 
 
 def test_installed_command_streams_and_prints_json(tmp_path: Path) -> None:
@@ -139,12 +169,21 @@ def test_cache_stats_prune_and_clear(data_dir: Path, capsys) -> None:
     assert "hit rate" in capsys.readouterr().out
     assert main(["cache", "prune"]) == 0
     assert "pruned 0 expired entries" in capsys.readouterr().out
+    library = open_library(open_workspace(str(data_dir)))
+    library.pins.add("persona", "one word", [1, 2, 3])
+    library.close()
+    orphan = data_dir / "cache" / "kv" / "blocks" / "00" / "00" / "left-by-a-crash.val"
+    orphan.parent.mkdir(parents=True, exist_ok=True)
+    orphan.write_bytes(b"kv" * 30_000)
     assert main(["cache", "clear"]) == 0
     assert "removed" in capsys.readouterr().out
     assert main(["cache", "stats", "--json"]) == 0
     cleared = json.loads(capsys.readouterr().out)
     assert cleared["disk"]["entries"] == 0 and cleared["requests"] == 0
-    assert not list((data_dir / "cache" / "kv" / "blocks").rglob("*.val"))
+    assert not list((data_dir / "cache" / "kv").rglob("*.val"))
+    library = open_library(open_workspace(str(data_dir)))
+    assert library.pins.list() == []
+    library.close()
 
 
 def test_bench_is_a_command_and_a_missing_llama_server_is_one_line(capsys) -> None:
@@ -153,3 +192,23 @@ def test_bench_is_a_command_and_a_missing_llama_server_is_one_line(capsys) -> No
     assert code == 2
     assert any("llama-server" in line and "/nonexistent/llama-server" in line for line in err)
     assert not any("Traceback" in line for line in err)
+
+
+def test_a_damaged_conversations_database_is_one_line_with_a_backup(data_dir: Path, capsys) -> None:
+    data_dir.mkdir(parents=True)
+    database = data_dir / "chatapp.sqlite3"
+    database.write_bytes(b"this was a database once" * 50)
+    expect_error(capsys, ["cache", "clear"], "is damaged")
+    backups = list(data_dir.glob("chatapp.sqlite3.corrupt-*"))
+    assert len(backups) == 1 and backups[0].read_bytes() == database.read_bytes()  # copied, never reset
+
+
+def test_a_damaged_cache_database_is_one_line_and_cache_clear_removes_it(data_dir: Path, capsys) -> None:
+    blocks = data_dir / "cache" / "kv" / "blocks"
+    blocks.mkdir(parents=True)
+    (blocks / "cache.db").write_bytes(b"not sqlite at all" * 100)
+    expect_error(capsys, ["cache", "stats"], "`chatapp cache clear` empties it")
+    assert main(["cache", "clear"]) == 0
+    capsys.readouterr()
+    assert main(["cache", "stats", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["disk"]["entries"] == 0

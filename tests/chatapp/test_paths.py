@@ -26,6 +26,14 @@ def test_data_folder_is_created_private(tmp_path: Path) -> None:
     assert stat.S_IMODE(cache.stat().st_mode) == 0o700
 
 
+def test_an_existing_open_data_folder_is_made_private(tmp_path: Path) -> None:
+    folder = tmp_path / "data"
+    folder.mkdir(mode=0o755)
+    folder.chmod(0o755)
+    paths = open_data_paths(folder)
+    assert stat.S_IMODE(paths.root.stat().st_mode) == 0o700
+
+
 def test_a_file_in_the_way_is_a_clear_error(tmp_path: Path) -> None:
     blocker = tmp_path / "data"
     blocker.write_text("not a folder")

@@ -7,7 +7,7 @@ from pathlib import Path
 from textual.widgets import Input, OptionList, TextArea
 
 from chatapp.tui.persona_screen import PersonaScreen
-from tests.tui_support import SCREEN, make_app, send, views, wait_ready, wait_until
+from tests.tui_support import SCREEN, make_app, notifications, send, views, wait_ready, wait_until
 
 
 async def test_create_a_persona_and_use_it_in_a_new_branch(data_dir: Path) -> None:
@@ -61,3 +61,19 @@ async def test_import_and_export_a_persona_file(data_dir: Path, tmp_path: Path) 
         await wait_until(pilot, lambda: any((tmp_path / "out").iterdir()))
         exported = next((tmp_path / "out").iterdir()).read_text(encoding="utf-8")
         assert exported.startswith("# Haiku poet") and "Answer every question as a haiku." in exported
+
+
+async def test_a_persona_file_that_does_not_parse_is_a_notification(data_dir: Path, tmp_path: Path) -> None:
+    source = tmp_path / "broken.md"
+    source.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00")
+    app = make_app(data_dir)
+    async with app.run_test(size=SCREEN) as pilot:
+        await pilot.press("f2")
+        await wait_until(pilot, lambda: isinstance(app.screen, PersonaScreen))
+        before = {p.name for p in app.service.personas.list()}
+        await pilot.click("#import")
+        await wait_until(pilot, lambda: not isinstance(app.screen, PersonaScreen))
+        app.screen.query_one("#dialog-input", Input).value = str(source)
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: any("looks binary" in n for n in notifications(app)))
+        assert {p.name for p in app.service.personas.list()} == before

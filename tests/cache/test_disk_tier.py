@@ -1,0 +1,170 @@
+"""The disk tier under faults: a full or read-only disk, a damaged database, a clock that moves,
+hostile rows, two processes (synthetic states, no model)."""
+
+from __future__ import annotations
+
+import errno
+import multiprocessing
+import os
+import sqlite3
+import time
+from pathlib import Path
+
+import diskcache
+import numpy as np
+import pytest
+
+from cache import maintenance
+from cache.blocks import BlockInfo, payload_checksum
+from cache.disk_tier import CLOCK_SLACK_SECONDS, DiskTier
+from tests.cache.test_prefix_cache import TOKENS, open_cache, restored_state, store_sequence
+
+NAMESPACE = bytes(16)
+TTL = 100.0
+
+
+class Clock:
+    """The wall clock, as diskcache and the tier read it, set by the test."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def block(key: int, payload: bytes, *, pinned: bool = False) -> BlockInfo:
+    tokens = np.arange(4, dtype=np.int32) + key
+    return BlockInfo(key.to_bytes(16, "little"), bytes(16), 0, tokens, len(payload), payload_checksum(payload), pinned)
+
+
+def disk_full(*_args: object, **_kwargs: object) -> None:
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_full_disk_leaves_the_cache_working_in_ram_and_says_so_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = open_cache(tmp_path)
+    monkeypatch.setattr(diskcache.Cache, "set", disk_full)
+    blob = store_sequence(cache, TOKENS)
+    state, matched, tier = restored_state(cache, TOKENS)
+    assert state == blob and matched == len(TOKENS) and tier == "ram"
+    assert cache.disk.enabled is False and "the disk is full" in (cache.problem or "")
+    notice = cache.take_notice()
+    assert notice is not None and "RAM only" in notice
+    assert cache.take_notice() is None  # said once
+    store_sequence(cache, [5, 6, 7, 8, 9])  # later stores do not touch the disk nor fail
+    assert cache.stats()["disk"]["enabled"] is False
+    cache.close()  # no totals written, no error
+
+
+def test_a_read_only_cache_folder_means_ram_only_from_the_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def read_only(*_args: object, **_kwargs: object) -> None:
+        raise sqlite3.OperationalError("attempt to write a readonly database")
+
+    monkeypatch.setattr(diskcache.Cache, "__init__", read_only)
+    cache = open_cache(tmp_path)
+    assert "read-only" in (cache.problem or "")
+    blob = store_sequence(cache, TOKENS)
+    assert restored_state(cache, TOKENS)[0] == blob
+    assert cache.take_notice() and cache.take_notice() is None
+    cache.close()
+
+
+def test_a_damaged_cache_database_is_moved_aside_and_a_new_one_begun(tmp_path: Path) -> None:
+    cache = open_cache(tmp_path)
+    store_sequence(cache, TOKENS)
+    cache.close()
+    (tmp_path / "blocks" / "cache.db").write_bytes(b"this is not sqlite" * 100)
+    for extra in ("cache.db-wal", "cache.db-shm"):
+        (tmp_path / "blocks" / extra).unlink(missing_ok=True)
+    again = open_cache(tmp_path)
+    assert len(again.index) == 0 and again.disk.enabled
+    assert "was damaged" in (again.problem or "") and "moved to blocks.damaged-" in (again.problem or "")
+    assert len(list(tmp_path.glob("blocks.damaged-*"))) == 1
+    blob = store_sequence(again, TOKENS)
+    again.close()
+    third = open_cache(tmp_path)
+    assert restored_state(third, TOKENS)[0] == blob and third.problem is None
+    third.close()
+    maintenance.clear(tmp_path)
+    assert not list(tmp_path.glob("blocks.damaged-*"))  # clear removes what was set aside
+
+
+def test_expired_entries_are_never_served_whichever_way_the_clock_moves(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = Clock(1_000_000.0)
+    monkeypatch.setattr(time, "time", clock)  # diskcache's own clock too
+    tier = DiskTier(tmp_path, 1 << 24, TTL, NAMESPACE, clock=clock)
+    fresh, old, later = block(1, b"a" * 64), block(2, b"b" * 64), block(3, b"c" * 64)
+    for info in (fresh, old, later):
+        assert tier.put(info, b"abc"[info.key[0] - 1 : info.key[0]] * 64)
+    assert tier.get(fresh) is not None
+    clock.now += TTL + 1  # forward past the TTL: expired
+    assert tier.get(old) is None and {info.key for info in tier.load_index()} == set()
+    assert tier.put(later, b"c" * 64)  # stored now, so last used at this time
+    clock.now -= 10 * CLOCK_SLACK_SECONDS  # back: an entry used "in the future" has an unknown age
+    assert tier.get(later) is None
+    assert tier.counters.expirations >= 1
+    clock.now += 10 * CLOCK_SLACK_SECONDS  # the clock comes back: the doubtful entry stays gone
+    assert tier.get(later) is None
+    tier.close()
+
+
+def test_hostile_rows_are_refused_and_never_unpickled_nor_followed_outside(tmp_path: Path) -> None:
+    tier = DiskTier(tmp_path, 1 << 24, TTL, NAMESPACE)
+    outside = tmp_path / "outside.txt"
+    outside.write_bytes(b"x" * 40_000)
+    big, small = block(1, b"p" * 40_000), block(2, b"q" * 100)
+    assert tier.put(big, b"p" * 40_000) and tier.put(small, b"q" * 100)
+    tier.close()
+    with sqlite3.connect(tmp_path / "blocks" / "cache.db") as db:
+        db.execute("UPDATE Cache SET filename = ? WHERE key = ?", (str(outside), big.key.hex()))
+        db.execute("UPDATE Cache SET raw = 0 WHERE key = ?", (small.key.hex(),))
+    tier = DiskTier(tmp_path, 1 << 24, TTL, NAMESPACE)
+    assert tier.get(big) is None and tier.get(small) is None
+    assert outside.read_bytes() == b"x" * 40_000  # neither read as a payload nor deleted
+    assert {info.key for info in tier.load_index()} == set()
+    tier.close()
+
+
+def test_deleting_an_unpinned_record_leaves_a_pinned_copy_alone(tmp_path: Path) -> None:
+    tier = DiskTier(tmp_path, 1 << 24, TTL, NAMESPACE)
+    pinned = block(1, b"z" * 64, pinned=True)
+    assert tier.put(pinned, b"z" * 64)
+    stale = block(1, b"z" * 64)  # another process's out-of-date record of the same block
+    tier.delete(stale)
+    assert tier.get(pinned) == b"z" * 64
+    tier.close()
+
+
+def test_clear_removes_payload_files_no_row_names_and_prune_only_old_ones(tmp_path: Path) -> None:
+    cache = open_cache(tmp_path)
+    store_sequence(cache, TOKENS)
+    cache.close()
+    orphan = tmp_path / "blocks" / "ab" / "cd" / "orphan.val"  # as a process killed before its commit leaves
+    orphan.parent.mkdir(parents=True, exist_ok=True)
+    orphan.write_bytes(b"k" * 50_000)
+    maintenance.prune(tmp_path)
+    assert orphan.exists()  # young: another process may be about to commit its row
+    os.utime(orphan, (time.time() - 3600, time.time() - 3600))
+    maintenance.prune(tmp_path)
+    assert not orphan.exists()
+    orphan.parent.mkdir(parents=True, exist_ok=True)
+    orphan.write_bytes(b"k" * 50_000)
+    maintenance.clear(tmp_path)
+    assert not orphan.exists() and not list((tmp_path / "blocks").rglob("*.val"))
+
+
+def _add_totals_many_times(folder: str, times: int) -> None:
+    for _ in range(times):
+        maintenance.add_totals(Path(folder), {"requests": 1, "ram": {"hits": 2}})
+
+
+def test_two_processes_adding_totals_at_once_lose_nothing(tmp_path: Path) -> None:
+    context = multiprocessing.get_context("spawn")
+    workers = [context.Process(target=_add_totals_many_times, args=(str(tmp_path), 40)) for _ in range(2)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(60)
+        assert worker.exitcode == 0
+    assert maintenance.read_totals(tmp_path) == {"requests": 80, "ram": {"hits": 160}}

@@ -1,0 +1,50 @@
+"""A chat session to kill mid-answer (run as a script by test_crash.py).
+
+    python -m tests.chatapp.services.crash_support MODEL DATA_DIR
+
+Asks one question to the end, then a second one with a long answer; prints "streaming"
+once the second answer has been saved at least once, then keeps streaming until killed.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from chatapp.engine.engine import Engine, EngineConfig
+from chatapp.engine.events import TokenText
+from chatapp.services import answers
+from chatapp.services.library import open_library
+from chatapp.services.startup import open_workspace
+from tests.model_factory import TINY_MODEL_THREADS
+from tests.service_support import make_service, settings
+
+FIRST_QUESTION = "What is a lighthouse?"
+SECOND_QUESTION = "Tell me a very long story about its keeper."
+
+
+def chat_until_killed(model: Path, data_dir: Path) -> None:
+    answers.SAVE_EVERY_S = 0.05  # save often: the kill lands between saves of a long answer
+    workspace = open_workspace(str(data_dir), settings(model, max_tokens=8))
+    library = open_library(workspace)
+    config = EngineConfig(model_path=model, context_cap=4096, sequences=1, threads=TINY_MODEL_THREADS)
+    with Engine(config) as engine:
+        service = make_service(workspace, library, engine)
+        service.new_conversation()
+        first = service.ask(FIRST_QUESTION)
+        for _ in first.events():
+            pass
+        # The second answer runs until the context is full: the kill always lands mid-answer.
+        service.workspace = replace(workspace, settings=workspace.settings.model_copy(update={"max_tokens": 100_000}))
+        second = service.ask(SECOND_QUESTION)
+        seen = 0
+        for event in second.events():
+            if isinstance(event, TokenText):
+                seen += 1
+                if seen == 40:
+                    print("streaming", flush=True)
+
+
+if __name__ == "__main__":
+    chat_until_killed(Path(sys.argv[1]), Path(sys.argv[2]))

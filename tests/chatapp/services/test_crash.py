@@ -1,0 +1,51 @@
+"""The app killed (SIGKILL) in the middle of an answer: after a restart every completed message
+is there, and the partial answer is kept and marked as cut off (the tiny model, in a child process)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from chatapp.services.library import open_library
+from chatapp.services.startup import open_workspace
+from chatapp.store.records import ASSISTANT, USER
+from chatapp.tui.format import STATUS_NOTES
+from tests.chatapp.services.crash_support import FIRST_QUESTION, SECOND_QUESTION
+from tests.model_factory import write_tiny_llama
+from tests.service_support import settings
+
+REPO = Path(__file__).resolve().parents[3]
+KILLS = 3
+
+
+def test_a_kill_mid_answer_keeps_every_message_and_marks_the_partial_one(tmp_path: Path) -> None:
+    model = write_tiny_llama(tmp_path / "tiny.gguf")
+    for kill in range(KILLS):
+        data_dir = tmp_path / f"data-{kill}"
+        child = subprocess.Popen(
+            [sys.executable, "-m", "tests.chatapp.services.crash_support", str(model), str(data_dir)],
+            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        assert child.stdout is not None
+        line = child.stdout.readline()
+        assert line.strip() == "streaming", child.stderr.read() if child.stderr else line
+        time.sleep(0.1 * kill)
+        child.send_signal(signal.SIGKILL)
+        child.wait(30)
+
+        workspace = open_workspace(str(data_dir), settings(model))
+        library = open_library(workspace)
+        try:
+            (conversation,) = library.conversations.list_conversations()
+            messages = [m for m in library.conversations.path(conversation.active_leaf_id) if m.role in (USER, ASSISTANT)]
+            assert [m.role for m in messages] == [USER, ASSISTANT, USER, ASSISTANT]
+            assert [messages[0].content, messages[2].content] == [FIRST_QUESTION, SECOND_QUESTION]
+            assert messages[1].status != "partial" and messages[1].content
+            cut = messages[3]
+            assert cut.status == "partial" and cut.generated_ids and cut.content  # as of its last save (every 2 s)
+            assert STATUS_NOTES[cut.status].startswith("cut off")
+        finally:
+            library.close()
