@@ -21,6 +21,9 @@ class _Slot:
     pinned: bool
 
 
+BOOTTIME = getattr(time, "CLOCK_BOOTTIME", None)
+
+
 def uptime_clock() -> float:
     """Seconds that keep counting while a laptop sleeps (CLOCK_BOOTTIME), and never go back.
 
@@ -28,9 +31,6 @@ def uptime_clock() -> float:
     every night the laptop slept; the wall clock can go back. Elsewhere: monotonic.
     """
     return time.clock_gettime(BOOTTIME) if BOOTTIME is not None else time.monotonic()
-
-
-BOOTTIME = getattr(time, "CLOCK_BOOTTIME", None)
 
 
 class RamTier:
