@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -166,21 +165,17 @@ def test_two_processes_share_one_data_folder(tiny_model: Path, tmp_path: Path) -
     verify_folder(kv, tiny_model, {})
 
 
-@pytest.fixture
-def other_model(tmp_path: Path) -> Iterator[Path]:
-    yield write_tiny_llama(tmp_path / "other.gguf", seed=1)
-
-
 @pytest.mark.parametrize("change", ["model", "context", "flash attention"])
-def test_another_model_or_setting_on_the_folder_never_restores(change: str, tiny_model: Path, other_model: Path, tmp_path: Path) -> None:
+def test_another_model_or_setting_on_the_folder_never_restores(change: str, tiny_model: Path, tmp_path: Path) -> None:
     folder = tmp_path / "kv"
+    model = write_tiny_llama(tmp_path / "other.gguf", seed=1) if change == "model" else tiny_model
     with fault_engine(folder, tiny_model) as first:
         tokens = prompt_pool(first)[0]
         answer(first, tokens)
     options: dict[str, object] = {"context": 512} if change == "context" else {}
     if change == "flash attention":
         options = {"flash_attention": True}
-    with fault_engine(folder, other_model if change == "model" else tiny_model, **options) as second:  # type: ignore[arg-type]
+    with fault_engine(folder, model, **options) as second:  # type: ignore[arg-type]
         if change == "flash attention":
             assert second.info.flash_attention, "this llama.cpp build has no flash attention on CPU"
         assert second.cache is not None and len(second.cache.index) == 0
@@ -191,10 +186,6 @@ def test_another_model_or_setting_on_the_folder_never_restores(change: str, tiny
         assert answer(again, tokens).stats.reuse_tier == "disk"
 
 
-def engine_files(folder: Path) -> Iterator[Path]:
-    yield from folder.rglob("*")
-
-
 def test_cache_files_are_private(tiny_model: Path, tmp_path: Path) -> None:
     old_umask = os.umask(0o077)  # as the app sets it at start-up (chatapp.services.startup.make_new_files_private)
     try:
@@ -203,7 +194,7 @@ def test_cache_files_are_private(tiny_model: Path, tmp_path: Path) -> None:
                 answer(engine, tokens)
     finally:
         os.umask(old_umask)
-    modes = {path.relative_to(tmp_path).as_posix(): path.stat().st_mode & 0o777 for path in engine_files(tmp_path / "kv")}
+    modes = {path.relative_to(tmp_path).as_posix(): path.stat().st_mode & 0o777 for path in (tmp_path / "kv").rglob("*")}
     assert any(name.endswith(".val") for name in modes) and any(name.endswith("cache.db") for name in modes)
     loose = {name: oct(mode) for name, mode in modes.items() if mode not in (0o600, 0o700)}
     assert not loose
