@@ -76,7 +76,7 @@ def verify_folder(folder: Path, model: Path, reference: dict[tuple[int, ...], tu
         return reused
 
 
-def test_damaged_entries_are_detected_dropped_and_recomputed(tiny_model: Path, reference: dict, tmp_path: Path) -> None:
+def test_100_damaged_entries_are_detected_dropped_and_recomputed(tiny_model: Path, reference: dict, tmp_path: Path) -> None:
     """Byte flips and truncations of payloads (files and database rows) while the engine runs, then
     of records (row tags) before a restart: each is refused, and the answer is the cold one."""
     rng = random.Random(7)
@@ -127,7 +127,7 @@ def test_damaged_records_are_refused_after_a_restart(tiny_model: Path, reference
             assert answer(engine, tokens).token_ids == reference[tokens]
 
 
-def test_kills_while_storing_never_leave_a_bad_entry(tiny_model: Path, reference: dict, tmp_path: Path) -> None:
+def test_20_kills_while_storing_never_leave_a_bad_entry(tiny_model: Path, reference: dict, tmp_path: Path) -> None:
     """SIGKILL at random moments of a process that asks and stores without pause."""
     rng = random.Random(3)
     reused_after_kills = 0
@@ -142,7 +142,7 @@ def test_kills_while_storing_never_leave_a_bad_entry(tiny_model: Path, reference
     assert reused_after_kills > 0
 
 
-def test_two_processes_share_one_data_folder(tiny_model: Path, tmp_path: Path) -> None:
+def test_two_processes_share_one_data_folder_for_30_seconds(tiny_model: Path, tmp_path: Path) -> None:
     """Both ask, store, evict and cull in one KV cache folder, and save every message in one database."""
     data_dir = tmp_path / "data"
     kv = data_dir / "cache" / "kv"

@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[3]
 KILLS = 3
 
 
-def test_a_kill_mid_answer_keeps_every_message_and_marks_the_partial_one(tmp_path: Path) -> None:
+def test_3_kills_mid_answer_keep_every_message_and_mark_the_partial_one(tmp_path: Path) -> None:
     model = write_tiny_llama(tmp_path / "tiny.gguf")
     for kill in range(KILLS):
         data_dir = tmp_path / f"data-{kill}"
