@@ -98,6 +98,32 @@ def _open(directory: Path, size_limit: int) -> diskcache.Cache:
     )
 
 
+def remove_orphan_files(store: diskcache.Cache, min_age_seconds: float = 600) -> int:
+    """Delete payload files (*.val) that no row of `store` names; return how many.
+
+    A process killed between writing a payload file and committing its row leaves such a
+    file. Another process writes its file a moment before it commits the row naming it, so
+    only files older than `min_age_seconds` are taken as orphans.
+    """
+    folder = Path(store.directory)
+    cutoff = time.time() - min_age_seconds
+    named = {row[0] for row in store._sql("SELECT filename FROM Cache WHERE filename IS NOT NULL").fetchall()}  # noqa: SLF001
+    orphans = [
+        path for path in folder.rglob("*.val")
+        if str(path.relative_to(folder)) not in named and path.stat().st_mtime <= cutoff
+    ]
+    for path in orphans:
+        path.unlink(missing_ok=True)
+    return len(orphans)
+
+
+def clear_store(store: diskcache.Cache) -> int:
+    """Every row and payload file of one store, orphans included; returns how many rows."""
+    removed = store.clear(retry=True)
+    remove_orphan_files(store, min_age_seconds=0)
+    return removed
+
+
 def _describe(error: BaseException) -> str:
     if isinstance(error, OSError) and error.errno == errno.ENOSPC or "full" in str(error).lower():
         return "the disk is full"
@@ -211,10 +237,10 @@ class DiskTier:
 
     def put(self, info: BlockInfo, payload: bytes) -> bool:
         """Store a block; False when the disk could not take it (the tier may now be off)."""
-        store = self._store(info.pinned) if self.enabled else None
         expire = None if info.pinned else self.ttl_seconds
         stored = self._guarded(
-            lambda: store.set(info.key.hex(), payload, expire=expire, tag=info.encode(self.namespace_id), retry=True), False
+            lambda: self._store(info.pinned).set(info.key.hex(), payload, expire=expire, tag=info.encode(self.namespace_id), retry=True),
+            False,
         )
         if stored:
             with self._lock:
@@ -282,9 +308,7 @@ class DiskTier:
         return removed
 
     def clear(self) -> int:
-        if not self.enabled:
-            return 0
-        return self._guarded(lambda: self._store(False).clear(retry=True) + self._store(True).clear(retry=True), 0)
+        return self._guarded(lambda: clear_store(self._store(False)) + clear_store(self._store(True)), 0)
 
     def sizes(self) -> dict[str, int]:
         """Entries and bytes on disk (all namespaces), pinned included."""

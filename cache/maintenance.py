@@ -13,7 +13,6 @@ import shutil
 import sqlite3
 import tempfile
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,9 @@ try:
 except ImportError:  # Windows
     fcntl = None  # type: ignore[assignment]
 
-from cache.disk_tier import UNLIMITED, _open
+import diskcache
+
+from cache.disk_tier import UNLIMITED, _open, clear_store, remove_orphan_files
 
 TOTALS_FILE = "totals.json"
 LOCK_FILE = ".totals.lock"
@@ -81,35 +82,39 @@ def _add(left: dict[str, Any], right: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+STORES = ("blocks", "pinned")
+
+
+@contextlib.contextmanager
+def _opened(folder: Path) -> Iterator[diskcache.Cache]:
+    store = _open(folder, UNLIMITED)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
 def disk_usage(directory: Path) -> dict[str, int]:
     """Entries and bytes stored (every model and namespace), pinned ones apart."""
     if not (directory / "blocks").exists():
         return {"entries": 0, "bytes": 0, "pinned_entries": 0, "pinned_bytes": 0}
-    blocks, pinned = _open(directory / "blocks", UNLIMITED), _open(directory / "pinned", UNLIMITED)
-    try:
+    with _opened(directory / "blocks") as blocks, _opened(directory / "pinned") as pinned:
         return {
             "entries": len(blocks) + len(pinned),
             "bytes": blocks.volume() + pinned.volume(),
             "pinned_entries": len(pinned),
             "pinned_bytes": pinned.volume(),
         }
-    finally:
-        blocks.close()
-        pinned.close()
 
 
 def prune(directory: Path) -> int:
-    """Drop expired entries now; return how many."""
-    if not (directory / "blocks").exists():
-        return 0
-    blocks = _open(directory / "blocks", UNLIMITED)
-    try:
-        expired = blocks.expire(retry=True)
-    finally:
-        blocks.close()
-    for name in ("blocks", "pinned"):
+    """Drop expired entries (pinned ones never expire) and old orphan files now; return how many entries."""
+    expired = 0
+    for name in STORES:
         if (directory / name).exists():
-            remove_orphan_files(directory / name)
+            with _opened(directory / name) as store:
+                expired += store.expire(retry=True) if name == "blocks" else 0
+                remove_orphan_files(store)
     return expired
 
 
@@ -120,43 +125,17 @@ def clear(directory: Path) -> int:
     committing its row) are removed too, as are folders set aside as damaged.
     """
     removed = 0
-    for name in ("blocks", "pinned"):
+    for name in STORES:
         if not (directory / name).exists():
             continue
         try:
-            store = _open(directory / name, UNLIMITED)
+            with _opened(directory / name) as store:
+                removed += clear_store(store)
         except sqlite3.DatabaseError as error:
             if isinstance(error, sqlite3.OperationalError):
                 raise
             shutil.rmtree(directory / name)  # too damaged to open: nothing in it can be kept anyway
-            continue
-        try:
-            removed += store.clear(retry=True)
-        finally:
-            store.close()
-        remove_orphan_files(directory / name, min_age_seconds=0)
     for damaged in directory.glob("*.damaged-*"):
         shutil.rmtree(damaged, ignore_errors=True)
     (directory / TOTALS_FILE).unlink(missing_ok=True)
     return removed
-
-
-def remove_orphan_files(store_directory: Path, min_age_seconds: float = 600) -> int:
-    """Delete payload files (*.val) that no row of the store's database names; return how many.
-
-    Another process writes a payload file a moment before it commits the row naming it, so
-    only files older than `min_age_seconds` are taken as orphans.
-    """
-    cutoff = time.time() - min_age_seconds
-    store = _open(store_directory, UNLIMITED)
-    try:
-        named = {row[0] for row in store._sql("SELECT filename FROM Cache WHERE filename IS NOT NULL").fetchall()}  # noqa: SLF001
-    finally:
-        store.close()
-    orphans = [
-        path for path in store_directory.rglob("*.val")
-        if str(path.relative_to(store_directory)) not in named and path.stat().st_mtime <= cutoff
-    ]
-    for path in orphans:
-        path.unlink(missing_ok=True)
-    return len(orphans)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import queue
-import sqlite3
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +21,7 @@ from cache.blocks import BlockInfo, payload_checksum
 from cache.disk_tier import DiskTier
 from cache.index import BlockIndex, PrefixMatch
 from cache.keys import as_token_array
-from cache.maintenance import add_totals, remove_orphan_files
+from cache.maintenance import add_totals
 from cache.namespace import Namespace
 from cache.ram_tier import RamTier
 from cache.state_format import KVLayout, StateFormatError, cells_in_position_order, extract_piece, parse_sequence_state
@@ -254,14 +253,7 @@ class PrefixCache:
         with self._lock:
             self.index = BlockIndex(self.config.block_size, self.namespace.seed)
         self.ram.clear()
-        removed = self.disk.clear()
-        if self.disk.enabled:
-            for store in ("blocks", "pinned"):
-                try:
-                    remove_orphan_files(self.disk.directory / store, min_age_seconds=0)
-                except (OSError, sqlite3.Error) as error:
-                    log.warning("could not remove leftover cache files: %s", error)
-        return removed
+        return self.disk.clear()
 
     def stats(self) -> dict[str, object]:
         with self._lock:

@@ -13,11 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from chatapp import __version__
+from chatapp.benchmark.runner import add_arguments as add_bench_arguments
+from chatapp.benchmark.runner import run as run_bench
 from chatapp.documents import load_document
 from chatapp.errors import ChatappError, SettingsError
 from chatapp.services.ask import AskRequest, ask
 from chatapp.services.cache_admin import cache_stats, clear_cache, format_stats, prune_cache
-from chatapp.benchmark.runner import add_arguments as add_bench_arguments
 from chatapp.services.startup import Workspace, make_new_files_private, open_workspace, quiet_native_logs
 
 EXIT_INTERRUPTED = 130
@@ -167,8 +168,6 @@ def main(argv: list[str] | None = None) -> int:
     make_new_files_private()
     try:
         if args.command == "bench":
-            from chatapp.benchmark.runner import run as run_bench  # loads llama_cpp: only when asked
-
             return run_bench(args)
         workspace = open_workspace(args.data_dir, _overrides(args))
         if args.command == "ask":

@@ -25,9 +25,8 @@ import tarfile
 import time
 from pathlib import Path
 
-import platformdirs
+from chatapp.benchmark.llama_server import SERVER_BINARY_NAME, default_build_dir
 
-BINARY_NAME = "llama-server.exe" if sys.platform == "win32" else "llama-server"
 CMAKE_OPTIONS = (
     "-DCMAKE_BUILD_TYPE=Release",
     "-DLLAMA_BUILD_SERVER=ON",
@@ -56,10 +55,6 @@ def installed_version() -> str:
         return importlib.metadata.version("llama-cpp-python")
     except importlib.metadata.PackageNotFoundError as error:
         raise BuildError("llama-cpp-python is not installed in this Python; run `make install` first") from error
-
-
-def default_dest(version: str) -> Path:
-    return Path(platformdirs.user_cache_dir("chatapp", appauthor=False)) / "llama-server" / version
 
 
 def check_tools() -> str:
@@ -130,10 +125,10 @@ def build(cmake: str, llama_src: Path, build_dir: Path, jobs: int) -> Path:
     _run([cmake, "--build", str(build_dir), "--target", "llama-server", "--config", "Release", "-j", str(jobs)],
          "cmake build", stream=True)
     say(f"compiled in {time.monotonic() - started:.0f} s")
-    for candidate in (build_dir / "bin" / BINARY_NAME, build_dir / "bin" / "Release" / BINARY_NAME):
+    for candidate in (build_dir / "bin" / SERVER_BINARY_NAME, build_dir / "bin" / "Release" / SERVER_BINARY_NAME):
         if candidate.is_file():
             return candidate
-    raise BuildError(f"the build finished but {BINARY_NAME} is not under {build_dir / 'bin'}")
+    raise BuildError(f"the build finished but {SERVER_BINARY_NAME} is not under {build_dir / 'bin'}")
 
 
 def _run(command: list[str], what: str, *, stream: bool = False) -> None:
@@ -166,20 +161,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         version = installed_version()
-        dest = (args.dest or default_dest(version)).expanduser()
-        binary = dest / BINARY_NAME
+        dest = (args.dest or default_build_dir(version)).expanduser()
+        binary = dest / SERVER_BINARY_NAME
         if binary.is_file():
             say("already built")
             print(binary)
             return 0
         cmake = check_tools()
-        work = (args.work or default_dest(version).parent / f"{version}-work").expanduser()
+        work = (args.work or default_build_dir(version).parent / f"{version}-work").expanduser()
         say(f"llama-cpp-python {version}; work folder {work}")
         sdist = download_sdist(version, work)
         source = extract(sdist, work, version)
         built = build(cmake, source / "vendor" / "llama.cpp", work / "build", max(1, args.jobs))
         dest.mkdir(parents=True, exist_ok=True)
-        partial = dest / (BINARY_NAME + ".partial")
+        partial = dest / (SERVER_BINARY_NAME + ".partial")
         shutil.copy2(built, partial)
         os.replace(partial, binary)
         say("done")

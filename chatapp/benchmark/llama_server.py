@@ -35,6 +35,7 @@ from typing import Self
 
 import platformdirs
 
+from chatapp.benchmark.memory import proc_status_bytes
 from chatapp.benchmark.peers import PeerAnswer
 from chatapp.benchmark.workloads import Request
 from chatapp.errors import ChatappError
@@ -43,6 +44,7 @@ ENV_BINARY = "CHATAPP_LLAMA_SERVER"
 HOST = "127.0.0.1"
 BUILD_HINT = "build it with `.venv/bin/python scripts/build_llama_server.py` or set $CHATAPP_LLAMA_SERVER"
 STDERR_TAIL_LINES = 15
+SERVER_BINARY_NAME = "llama-server.exe" if sys.platform == "win32" else "llama-server"
 
 
 class LlamaServerError(ChatappError):
@@ -64,8 +66,7 @@ def default_llama_server_path() -> Path:
     env_value = os.environ.get(ENV_BINARY)
     if env_value:
         return Path(env_value).expanduser()
-    name = "llama-server.exe" if sys.platform == "win32" else "llama-server"
-    return default_build_dir() / name
+    return default_build_dir() / SERVER_BINARY_NAME
 
 
 def server_command(
@@ -102,20 +103,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((HOST, 0))
         return int(sock.getsockname()[1])
-
-
-def read_peak_rss(pid: int) -> int | None:
-    """VmHWM (peak resident set) of a live process in bytes; None where /proc cannot tell."""
-    try:
-        text = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return None
-    for line in text.splitlines():
-        if line.startswith("VmHWM:"):
-            parts = line.split()
-            if len(parts) >= 2 and parts[1].isdigit():
-                return int(parts[1]) * 1024
-    return None
 
 
 def _stop_process(process: subprocess.Popen[bytes], timeout_s: float = 5.0) -> None:
@@ -228,7 +215,7 @@ class LlamaServerPeer:
     def peak_rss_bytes(self) -> int | None:
         """The server's peak resident memory so far (Linux VmHWM); None where unknown."""
         if self._process is not None and self._process.poll() is None:
-            current = read_peak_rss(self._process.pid)
+            current = proc_status_bytes("VmHWM", self._process.pid)
             if current is not None:
                 self._peak_rss = max(self._peak_rss or 0, current)
         return self._peak_rss

@@ -20,7 +20,6 @@ import argparse
 import shutil
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -28,8 +27,9 @@ from pathlib import Path
 
 import llama_cpp
 
-from chatapp.benchmark.peers import PEERS, Peer, PeerFactory, PeerSettings
 from chatapp.benchmark.goals import goals_table
+from chatapp.benchmark.memory import RssSampler, folder_bytes
+from chatapp.benchmark.peers import PEERS, Peer, PeerFactory, PeerSettings
 from chatapp.benchmark.report import MIB, table, write_reports
 from chatapp.benchmark.workloads import SCALES, WORKLOAD_NAMES, Scale, Workload, build_workloads
 from chatapp.engine.engine import default_thread_count
@@ -46,49 +46,6 @@ ideal: not a cache but the yardstick: before each request, the longest prefix an
 TTFT: Llama peers, create_completion to the first streamed chunk; chatapp, submission to the first token. B and D
   send requests back to back (throughput); between the others' requests every peer finishes its post-answer work
   off the clock, as while a user reads (wall time includes it)."""
-
-
-def read_rss_bytes() -> int:
-    try:
-        with open("/proc/self/status") as handle:
-            for line in handle:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
-class RssSampler:
-    """The highest VmRSS of this process seen between start and stop (sampled every 10 ms)."""
-
-    def __init__(self, interval_s: float = 0.01) -> None:
-        self.interval_s = interval_s
-        self.start_bytes = self.peak_bytes = read_rss_bytes()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="bench-rss", daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self.peak_bytes = max(self.peak_bytes, read_rss_bytes())
-
-    def __enter__(self) -> RssSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak_bytes = max(self.peak_bytes, read_rss_bytes())
-
-
-def folder_bytes(folder: Path) -> int:
-    """Bytes of every file under `folder` (apparent size)."""
-    total = 0
-    for path in folder.rglob("*"):
-        if path.is_file() and not path.is_symlink():
-            total += path.stat().st_size
-    return total
 
 
 def run_peer_on_workload(

@@ -94,9 +94,10 @@ def test_expired_entries_are_never_served_whichever_way_the_clock_moves(tmp_path
     clock = Clock(1_000_000.0)
     monkeypatch.setattr(time, "time", clock)  # diskcache's own clock too
     tier = DiskTier(tmp_path, 1 << 24, TTL, NAMESPACE, clock=clock)
-    fresh, old, later = block(1, b"a" * 64), block(2, b"b" * 64), block(3, b"c" * 64)
+    payloads = {1: b"a" * 64, 2: b"b" * 64, 3: b"c" * 64}
+    fresh, old, later = (block(key, payload) for key, payload in payloads.items())
     for info in (fresh, old, later):
-        assert tier.put(info, b"abc"[info.key[0] - 1 : info.key[0]] * 64)
+        assert tier.put(info, payloads[info.key[0]])
     assert tier.get(fresh) is not None
     clock.now += TTL + 1  # forward past the TTL: expired
     assert tier.get(old) is None and {info.key for info in tier.load_index()} == set()

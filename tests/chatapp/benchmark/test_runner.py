@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from chatapp.benchmark import runner
+from chatapp.benchmark.memory import RssSampler
 from chatapp.benchmark.peers import PEERS, NoCachePeer, PeerAnswer, PeerSettings
 from chatapp.benchmark.workloads import Request
 
@@ -122,7 +123,7 @@ def test_a_missing_llama_server_binary_is_refused(tiny_model: Path, tmp_path: Pa
 
 
 def test_rss_sampler_sees_an_allocation() -> None:
-    with runner.RssSampler(interval_s=0.001) as rss:
+    with RssSampler(interval_s=0.001) as rss:
         block = bytearray(64 << 20)
         block[::4096] = b"x" * len(block[::4096])
         time.sleep(0.05)
