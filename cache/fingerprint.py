@@ -7,12 +7,13 @@ to hash, so the result is remembered in a small JSON memo keyed by what `stat` r
 
 from __future__ import annotations
 
+import contextlib
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import xxhash
+
+from cache.atomic_file import replace_atomically
 
 CHUNK_BYTES = 8 << 20
 FINGERPRINT_PREFIX = "xxh3-128:"
@@ -45,13 +46,8 @@ def _read_memo(memo_file: Path) -> dict[str, str]:
 def _write_memo(memo_file: Path, memo: dict[str, str]) -> None:
     """Replace the memo atomically so that a crash never leaves half a file."""
     memo_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=memo_file.parent, prefix=".fingerprints.")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            json.dump(memo, stream, indent=0, sort_keys=True)
-        os.replace(temporary, memo_file)
-    except OSError:
-        Path(temporary).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):  # a memo that cannot be written is recomputed next time
+        replace_atomically(memo_file, json.dumps(memo, indent=0, sort_keys=True), durable=False)
 
 
 def file_fingerprint(path: Path, memo_file: Path | None = None) -> str:

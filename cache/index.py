@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cache.blocks import BlockInfo, sort_bytes
-from cache.keys import ROOT_KEY, block_key
+from cache.keys import ROOT_KEY, BlockKey, block_key
 
 _TOKEN_BYTES = 4
 
@@ -38,13 +38,13 @@ class BlockIndex:
     def __init__(self, block_size: int, seed: int) -> None:
         self.block_size = block_size
         self.seed = seed
-        self.entries: dict[bytes, BlockInfo] = {}
-        self._children: dict[bytes, list[tuple[bytes, bytes]]] = {}
+        self.entries: dict[BlockKey, BlockInfo] = {}
+        self._children: dict[BlockKey, list[tuple[bytes, BlockKey]]] = {}
 
     def __len__(self) -> int:
         return len(self.entries)
 
-    def __contains__(self, key: bytes) -> bool:
+    def __contains__(self, key: object) -> bool:
         return key in self.entries
 
     def add(self, info: BlockInfo) -> None:
@@ -53,7 +53,7 @@ class BlockIndex:
         self.entries[info.key] = info
         bisect.insort(self._children.setdefault(info.parent, []), (info.order_key, info.key))
 
-    def remove(self, key: bytes) -> BlockInfo | None:
+    def remove(self, key: BlockKey) -> BlockInfo | None:
         info = self.entries.pop(key, None)
         if info is None:
             return None
@@ -65,10 +65,10 @@ class BlockIndex:
             self._children.pop(info.parent, None)
         return info
 
-    def children(self, parent: bytes) -> list[BlockInfo]:
+    def children(self, parent: BlockKey) -> list[BlockInfo]:
         return [self.entries[key] for _, key in self._children.get(parent, [])]
 
-    def keys_for(self, tokens: np.ndarray) -> list[tuple[bytes, bytes, int, int]]:
+    def keys_for(self, tokens: np.ndarray) -> list[tuple[BlockKey, BlockKey, int, int]]:
         """(key, parent, start, end) of every block of `tokens`, the last one possibly partial."""
         result = []
         parent = ROOT_KEY
@@ -98,7 +98,7 @@ class BlockIndex:
             position += best_length
         return PrefixMatch(tuple(chain), position)
 
-    def _closest_child(self, parent: bytes, wanted: np.ndarray) -> tuple[BlockInfo | None, int]:
+    def _closest_child(self, parent: BlockKey, wanted: np.ndarray) -> tuple[BlockInfo | None, int]:
         siblings = self._children.get(parent)
         if not siblings or wanted.size == 0:
             return None, 0

@@ -8,18 +8,23 @@ size) hashes the same way; its shorter token list gives it a different key.
 
 from __future__ import annotations
 
+from typing import NewType
+
 import numpy as np
 import xxhash
 
-ROOT_KEY = bytes(16)
+# 16 bytes naming a block and, through its chain of parents, every token before its end.
+BlockKey = NewType("BlockKey", bytes)
+
+ROOT_KEY = BlockKey(bytes(16))
 TOKEN_DTYPE = np.dtype("<i4")
 
 
-def block_key(parent: bytes, tokens: np.ndarray, seed: int) -> bytes:
+def block_key(parent: BlockKey, tokens: np.ndarray, seed: int) -> BlockKey:
     """The key of the block holding `tokens` after the block `parent` (ROOT_KEY for the first)."""
     digest = xxhash.xxh3_128(parent, seed=seed)
     digest.update(np.ascontiguousarray(tokens, dtype=TOKEN_DTYPE).data)
-    return digest.digest()
+    return BlockKey(digest.digest())
 
 
 def as_token_array(tokens: object) -> np.ndarray:

@@ -11,20 +11,22 @@ import json
 import os
 import shutil
 import sqlite3
-import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
-
-try:
-    import fcntl
-except ImportError:  # Windows
-    fcntl = None  # type: ignore[assignment]
 
 import diskcache
 
+from cache.atomic_file import replace_atomically
 from cache.disk_tier import UNLIMITED, _open, clear_store, remove_orphan_files
+
+fcntl: ModuleType | None
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None
 
 TOTALS_FILE = "totals.json"
 LOCK_FILE = ".totals.lock"
@@ -49,14 +51,7 @@ def add_totals(directory: Path, session: dict[str, Any]) -> None:
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     with _totals_lock, _file_lock(directory / LOCK_FILE):
         merged = _add(read_totals(directory), session)
-        handle, temporary = tempfile.mkstemp(dir=directory, prefix=".totals.")
-        try:
-            with os.fdopen(handle, "w", encoding="utf-8") as stream:
-                json.dump(merged, stream, indent=1, sort_keys=True)
-            os.replace(temporary, directory / TOTALS_FILE)
-        except OSError:
-            Path(temporary).unlink(missing_ok=True)
-            raise
+        replace_atomically(directory / TOTALS_FILE, json.dumps(merged, indent=1, sort_keys=True), durable=False)
 
 
 @contextlib.contextmanager

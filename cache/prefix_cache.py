@@ -8,6 +8,7 @@ through to disk never hold up the token stream. Thread-safe.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -20,19 +21,18 @@ import numpy as np
 from cache.blocks import BlockInfo, payload_checksum
 from cache.disk_tier import DiskTier
 from cache.index import BlockIndex, PrefixMatch
-from cache.keys import as_token_array
+from cache.keys import BlockKey, as_token_array
 from cache.maintenance import add_totals
 from cache.namespace import Namespace
 from cache.ram_tier import RamTier
 from cache.state_format import KVLayout, StateFormatError, cells_in_position_order, extract_piece, parse_sequence_state
-from cache.stats import RequestCounters
+from cache.stats import CacheStats, RequestCounters
+from cache.tiers import ReuseTier
 
 log = logging.getLogger(__name__)
 
 GIB = 1 << 30
 DAY = 24 * 3600.0
-TIER_RAM = "ram"
-TIER_DISK = "disk"
 
 
 WRITER_NICENESS = 10
@@ -43,10 +43,8 @@ def _lower_this_thread_priority() -> None:
 
     On Linux a thread has its own nice value; elsewhere this does nothing.
     """
-    try:
+    with contextlib.suppress(AttributeError, OSError):
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICENESS)
-    except (AttributeError, OSError):
-        pass
 
 
 @dataclass(frozen=True)
@@ -66,7 +64,7 @@ class FetchedPrefix:
     blocks: tuple[BlockInfo, ...]
     payloads: tuple[bytes, ...]
     matched_tokens: int
-    tier: str
+    tier: ReuseTier
 
     @property
     def tokens(self) -> list[int]:
@@ -74,7 +72,9 @@ class FetchedPrefix:
 
 
 class PrefixCache:
-    def __init__(self, directory: Path, namespace: Namespace, layout: KVLayout, config: CacheConfig = CacheConfig()) -> None:
+    def __init__(
+        self, directory: Path, namespace: Namespace, layout: KVLayout, config: CacheConfig = CacheConfig()
+    ) -> None:
         self.namespace = namespace
         self.layout = layout
         self.config = config
@@ -99,7 +99,7 @@ class PrefixCache:
         """Payloads of `match`'s blocks from RAM, else disk (promoted to RAM); stops at a missing block."""
         blocks: list[BlockInfo] = []
         payloads: list[bytes] = []
-        tier = TIER_RAM
+        tier = ReuseTier.RAM
         for info in match.blocks:
             payload = self.ram.get(info.key)
             if payload is None:
@@ -107,7 +107,7 @@ class PrefixCache:
                 if payload is None:
                     self._forget(info)
                     break
-                tier = TIER_DISK
+                tier = ReuseTier.DISK
                 self.ram.put(info.key, payload, pinned=info.pinned)
             blocks.append(info)
             payloads.append(payload)
@@ -129,7 +129,7 @@ class PrefixCache:
         self._told.add(problem)
         return problem
 
-    def record_request(self, prompt_tokens: int, reused_tokens: int, tier: str) -> None:
+    def record_request(self, prompt_tokens: int, reused_tokens: int, tier: ReuseTier) -> None:
         with self._lock:
             self.requests.requests += 1
             self.requests.prompt_tokens += prompt_tokens
@@ -212,13 +212,15 @@ class PrefixCache:
                 superseded = [
                     sibling
                     for sibling in self.index.children(parent)
-                    if sibling.key != key and sibling.tokens.size < block_tokens.size
-                    and np.array_equal(sibling.tokens, block_tokens[: sibling.tokens.size]) and not sibling.pinned
+                    if sibling.key != key
+                    and sibling.tokens.size < block_tokens.size
+                    and np.array_equal(sibling.tokens, block_tokens[: sibling.tokens.size])
+                    and not sibling.pinned
                 ]
             for sibling in superseded:
                 self._forget(sibling)
 
-    def _covered_by_sibling(self, parent: bytes, tokens: np.ndarray) -> bool:
+    def _covered_by_sibling(self, parent: BlockKey, tokens: np.ndarray) -> bool:
         with self._lock:
             return any(
                 sibling.tokens.size >= tokens.size and np.array_equal(sibling.tokens[: tokens.size], tokens)
@@ -239,7 +241,7 @@ class PrefixCache:
         fetched = self.fetch(match)
         if fetched is None:
             return 0
-        for info, payload in zip(fetched.blocks, fetched.payloads):
+        for info, payload in zip(fetched.blocks, fetched.payloads, strict=True):
             if info.pinned != pinned:
                 self.disk.set_pinned(info, payload, pinned)
                 self.ram.set_pinned(info.key, pinned)
@@ -255,7 +257,7 @@ class PrefixCache:
         self.ram.clear()
         return self.disk.clear()
 
-    def stats(self) -> dict[str, object]:
+    def stats(self) -> CacheStats:
         with self._lock:
             requests = self.requests
             pinned = sum(1 for info in self.index.entries.values() if info.pinned)

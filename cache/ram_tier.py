@@ -11,6 +11,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from cache.keys import BlockKey
 from cache.stats import TierCounters
 
 
@@ -39,7 +40,7 @@ class RamTier:
         self.ttl_seconds = ttl_seconds
         self.counters = TierCounters()
         self._clock = clock
-        self._slots: OrderedDict[bytes, _Slot] = OrderedDict()
+        self._slots: OrderedDict[BlockKey, _Slot] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
 
@@ -50,11 +51,11 @@ class RamTier:
     def __len__(self) -> int:
         return len(self._slots)
 
-    def __contains__(self, key: bytes) -> bool:
+    def __contains__(self, key: BlockKey) -> bool:
         with self._lock:
             return key in self._slots
 
-    def get(self, key: bytes) -> bytes | None:
+    def get(self, key: BlockKey) -> bytes | None:
         now = self._clock()
         with self._lock:
             slot = self._slots.get(key)
@@ -72,7 +73,7 @@ class RamTier:
             self.counters.bytes_read += len(slot.payload)
             return slot.payload
 
-    def put(self, key: bytes, payload: bytes, *, pinned: bool = False) -> None:
+    def put(self, key: BlockKey, payload: bytes, *, pinned: bool = False) -> None:
         """Keep `payload`; evict least recently used unpinned blocks past the budget."""
         if len(payload) > self.budget_bytes and not pinned:
             return
@@ -84,13 +85,13 @@ class RamTier:
             self.counters.bytes_written += len(payload)
             self._evict_over_budget()
 
-    def set_pinned(self, key: bytes, pinned: bool) -> None:
+    def set_pinned(self, key: BlockKey, pinned: bool) -> None:
         with self._lock:
             slot = self._slots.get(key)
             if slot is not None:
                 slot.pinned = pinned
 
-    def discard(self, key: bytes) -> None:
+    def discard(self, key: BlockKey) -> None:
         with self._lock:
             if key in self._slots:
                 self._drop(key)
@@ -110,7 +111,7 @@ class RamTier:
             self._slots.clear()
             self._bytes = 0
 
-    def _drop(self, key: bytes) -> None:
+    def _drop(self, key: BlockKey) -> None:
         slot = self._slots.pop(key)
         self._bytes -= len(slot.payload)
 

@@ -28,7 +28,9 @@ class ResidentSequences:
         best_sequence, best_length = 0, -1
         for sequence, held in enumerate(self.tokens):
             length = common_prefix_length(as_token_array(held), prompt) if held else 0
-            if length > best_length or (length == best_length and self._last_used[sequence] > self._last_used[best_sequence]):
+            if length > best_length or (
+                length == best_length and self._last_used[sequence] > self._last_used[best_sequence]
+            ):
                 best_sequence, best_length = sequence, length
         return best_sequence, max(best_length, 0)
 

@@ -9,6 +9,7 @@ disk tiers: a miss, never a wrong restore.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 
 import numpy as np
@@ -36,7 +37,7 @@ def verify_layout(
         raise StateFormatError("the self-test needs a state of at least 3 cells")
     order = cells_in_position_order(parsed)
     bounds = [0, cells // 3, cells // 3 + 1, cells]
-    pieces = [(end - start, extract_piece(parsed, order, start, end)) for start, end in zip(bounds, bounds[1:])]
+    pieces = [(end - start, extract_piece(parsed, order, start, end)) for start, end in itertools.pairwise(bounds)]
     if not np.array_equal(assemble_state(parsed.layout, pieces, source_sequence), state):
         raise StateFormatError("pieces joined back differ from the original state")
     moved = assemble_state(parsed.layout, pieces, target_sequence)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,6 +45,9 @@ class LayerLayout:
     v_element: int  # bytes per V element when transposed
     v_embd: int  # V elements per cell when transposed
 
+    def v_bytes_per_cell(self, v_trans: bool) -> int:
+        return self.v_element * self.v_embd if v_trans else self.v_row
+
 
 @dataclass(frozen=True)
 class KVLayout:
@@ -55,8 +59,7 @@ class KVLayout:
 
     @property
     def bytes_per_cell(self) -> int:
-        v_cell = (lambda layer: layer.v_element * layer.v_embd) if self.v_trans else (lambda layer: layer.v_row)
-        return sum(layer.k_row + v_cell(layer) for layer in self.layers)
+        return sum(layer.k_row + layer.v_bytes_per_cell(self.v_trans) for layer in self.layers)
 
     def digest(self) -> bytes:
         """16 bytes naming this layout, stored with every piece so a piece never meets another layout."""
@@ -99,9 +102,9 @@ class _Reader:
         return np.frombuffer(self.take(count), dtype=np.uint8).reshape(shape)
 
 
-def parse_sequence_state(blob: bytes | bytearray | memoryview) -> SequenceState:
+def parse_sequence_state(blob: bytes | bytearray | memoryview | np.ndarray) -> SequenceState:
     """Read a one-sequence state; raise StateFormatError on anything unexpected."""
-    reader = _Reader(memoryview(blob).cast("B"))
+    reader = _Reader(memoryview(blob.data if isinstance(blob, np.ndarray) else blob).cast("B"))
     magic, _seq_id, n_stream = reader.unpack("<IiI")
     if magic != STATE_MAGIC:
         raise StateFormatError(f"unknown state magic {magic:#x}")
@@ -178,7 +181,7 @@ def piece_size(layout: KVLayout, n_cells: int) -> int:
     return layout.bytes_per_cell * n_cells
 
 
-def assemble_state(layout: KVLayout, pieces: list[tuple[int, bytes | memoryview]], dest_seq: int) -> np.ndarray:
+def assemble_state(layout: KVLayout, pieces: Sequence[tuple[int, bytes | memoryview]], dest_seq: int) -> np.ndarray:
     """Join pieces (cell count, payload) of consecutive blocks from position 0 into a state."""
     total = sum(n_cells for n_cells, _ in pieces)
     if total == 0:
@@ -196,11 +199,12 @@ def assemble_state(layout: KVLayout, pieces: list[tuple[int, bytes | memoryview]
         size += 12 + total * layer.k_row
         size += (12 + total * layer.v_element * layer.v_embd) if layout.v_trans else (12 + total * layer.v_row)
     out = np.empty(size, dtype=np.uint8)  # every byte is written below: no zero-fill pass
-    struct.pack_into("<IiI", out, 0, STATE_MAGIC, dest_seq, layout.n_stream)
+    header = out.data  # struct writes through the buffer protocol
+    struct.pack_into("<IiI", header, 0, STATE_MAGIC, dest_seq, layout.n_stream)
     offset = struct.calcsize("<IiI")
     out[offset : offset + 4 * stream] = 0  # empty streams before ours: zero counts
     offset += 4 * stream
-    struct.pack_into("<I", out, offset, total)
+    struct.pack_into("<I", header, offset, total)
     offset += 4
     meta = np.empty(total, dtype=CELL_META)
     meta["pos"] = np.arange(total, dtype=np.int32)
@@ -208,18 +212,18 @@ def assemble_state(layout: KVLayout, pieces: list[tuple[int, bytes | memoryview]
     meta["seq_id"] = dest_seq
     out[offset : offset + meta.nbytes] = meta.view(np.uint8)
     offset += meta.nbytes
-    struct.pack_into("<II", out, offset, int(layout.v_trans), len(layout.layers))
+    struct.pack_into("<II", header, offset, int(layout.v_trans), len(layout.layers))
     offset += 8
     cursor = _PieceCursor(pieces)
     for layer in layout.layers:
-        struct.pack_into("<iQ", out, offset, layer.k_type, layer.k_row)
+        struct.pack_into("<iQ", header, offset, layer.k_type, layer.k_row)
         offset = cursor.copy_rows(out, offset + 12, layer.k_row)
     for layer in layout.layers:
         if layout.v_trans:
-            struct.pack_into("<iII", out, offset, layer.v_type, layer.v_element, layer.v_embd)
+            struct.pack_into("<iII", header, offset, layer.v_type, layer.v_element, layer.v_embd)
             offset = cursor.copy_columns(out, offset + 12, layer.v_embd, layer.v_element, total)
         else:
-            struct.pack_into("<iQ", out, offset, layer.v_type, layer.v_row)
+            struct.pack_into("<iQ", header, offset, layer.v_type, layer.v_row)
             offset = cursor.copy_rows(out, offset + 12, layer.v_row)
     out[offset : offset + 4 * (layout.n_stream - stream - 1)] = 0  # empty streams after ours
     offset += 4 * (layout.n_stream - stream - 1)
@@ -231,7 +235,7 @@ def assemble_state(layout: KVLayout, pieces: list[tuple[int, bytes | memoryview]
 class _PieceCursor:
     """Reads consecutive pieces in step: each layer's data comes next in every piece."""
 
-    def __init__(self, pieces: list[tuple[int, bytes | memoryview]]) -> None:
+    def __init__(self, pieces: Sequence[tuple[int, bytes | memoryview]]) -> None:
         self.cells = [n_cells for n_cells, _ in pieces]
         self.views = [np.frombuffer(payload, dtype=np.uint8) for _, payload in pieces]
         self.offsets = [0] * len(pieces)

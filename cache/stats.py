@@ -1,8 +1,20 @@
-"""Counters per tier, and the cache-wide hit rate."""
+"""Counters per tier, the cache-wide hit rate, and the typed figures `PrefixCache.stats()` returns."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
+from typing import TypedDict
+
+from cache.tiers import REUSING_TIERS
+
+
+class TierCounts(TypedDict):
+    hits: int
+    misses: int
+    evictions: int
+    expirations: int
+    bytes_written: int
+    bytes_read: int
 
 
 @dataclass
@@ -14,8 +26,50 @@ class TierCounters:
     bytes_written: int = 0
     bytes_read: int = 0
 
-    def as_dict(self) -> dict[str, int]:
-        return asdict(self)
+    def as_dict(self) -> TierCounts:
+        return TierCounts(
+            hits=self.hits,
+            misses=self.misses,
+            evictions=self.evictions,
+            expirations=self.expirations,
+            bytes_written=self.bytes_written,
+            bytes_read=self.bytes_read,
+        )
+
+
+class DiskSizes(TypedDict):
+    entries: int
+    bytes: int
+    pinned_entries: int
+
+
+class RamStats(TierCounts):
+    entries: int
+    bytes: int
+    budget_bytes: int
+
+
+class DiskStats(TierCounts, DiskSizes):
+    enabled: bool
+    problem: str | None
+    budget_bytes: int
+    ttl_seconds: float
+
+
+class CacheStats(TypedDict):
+    """A snapshot of the whole cache, for the cache screen and `chatapp cache stats`."""
+
+    namespace: str
+    block_size: int
+    index_entries: int
+    pinned_entries: int
+    requests: int
+    prompt_tokens: int
+    reused_tokens: int
+    hit_rate: float
+    reused_by_tier: dict[str, int]
+    ram: RamStats
+    disk: DiskStats
 
 
 @dataclass
@@ -25,7 +79,7 @@ class RequestCounters:
     requests: int = 0
     prompt_tokens: int = 0
     reused_tokens: int = 0
-    reused_by_tier: dict[str, int] = field(default_factory=lambda: {"device": 0, "ram": 0, "disk": 0})
+    reused_by_tier: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REUSING_TIERS, 0))
 
     @property
     def hit_rate(self) -> float:

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
+from cache.atomic_file import replace_atomically
 from chatapp.errors import ChatappError
 
 
 def write_text_atomically(path: Path, text: str, *, what: str, error: type[ChatappError] = ChatappError) -> Path:
-    """Write `text` to a temporary file beside `path`, sync it, then rename it over `path`.
+    """Write a file the user asked for (an export, a persona) in one step, durably, mode 0600.
 
-    `what` names the file for the one-line `error` raised when it cannot be written.
+    `what` names the file for the one-line `error` raised when it cannot be written. What a
+    conversation holds is private, so the file is the user's alone until they share it.
     """
     folder = path.parent
     try:
@@ -24,18 +24,10 @@ def write_text_atomically(path: Path, text: str, *, what: str, error: type[Chata
     if not folder_exists:
         raise error(f"cannot write {what} to {path}: folder {folder} does not exist; create it or choose another")
     try:
-        descriptor, temporary = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
+        replace_atomically(path, text)
     except OSError as problem:
         raise error(
-            f"cannot write {what} to {path}: cannot write in {folder} ({problem.strerror}); choose a folder you can write to"
+            f"cannot write {what} to {path} ({problem.strerror}); check free space and that you can write "
+            f"in {folder}, or choose another path"
         ) from None
-    try:
-        with os.fdopen(descriptor, "w", encoding="utf-8", newline="\n") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    except OSError as problem:
-        Path(temporary).unlink(missing_ok=True)
-        raise error(f"cannot write {what} to {path} ({problem.strerror}); check free space or choose another path") from None
     return path

@@ -29,7 +29,9 @@ def _engine_options() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(add_help=False)
     group = parser.add_argument_group("model and data")
     group.add_argument("--model", metavar="PATH", help="GGUF model file (default: the bundled SmolLM2-135M)")
-    group.add_argument("--data-dir", metavar="DIR", help="where conversations, cache and config live (or $CHATAPP_HOME)")
+    group.add_argument(
+        "--data-dir", metavar="DIR", help="where conversations, cache and config live (or $CHATAPP_HOME)"
+    )
     group.add_argument("--context", type=int, metavar="N", help="largest context per conversation, in tokens")
     group.add_argument("--n-gpu-layers", type=int, metavar="N", help="layers to offload to the GPU (-1: all)")
     group.add_argument(
@@ -101,13 +103,16 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 def _read_system_prompt(args: argparse.Namespace) -> str | None:
     if args.system_file is None:
-        return args.system
+        system: str | None = args.system
+        return system
     try:
         text = args.system_file.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise SettingsError(f"system prompt file {args.system_file} does not exist; check the path") from None
     except (OSError, UnicodeDecodeError) as error:
-        raise SettingsError(f"cannot read system prompt file {args.system_file} ({error}); use a UTF-8 text file") from None
+        raise SettingsError(
+            f"cannot read system prompt file {args.system_file} ({error}); use a UTF-8 text file"
+        ) from None
     return text.strip() or None
 
 
@@ -153,7 +158,7 @@ def run_cache(args: argparse.Namespace, workspace: Workspace) -> int:
 def run_chat(workspace: Workspace) -> int:
     from chatapp.tui.app import ChatApp
 
-    workspace.model_path  # fail before the screen opens if the model is missing
+    _ = workspace.model_path  # resolving it checks the file: fail before the screen opens
     ChatApp(workspace).run()
     return 0
 
@@ -183,9 +188,12 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         return 0
-    except Exception as error:  # noqa: BLE001 - a bug or an unforeseen failure: one line, not a traceback
+    except Exception as error:
         if os.environ.get(ENV_DEBUG):
             raise
-        print(f"chatapp: internal error: {type(error).__name__}: {error} (run with {ENV_DEBUG}=1 for the details, "
-              "and please report it)", file=sys.stderr)
+        print(
+            f"chatapp: internal error: {type(error).__name__}: {error} (run with {ENV_DEBUG}=1 for the details, "
+            "and please report it)",
+            file=sys.stderr,
+        )
         return EXIT_INTERNAL

@@ -6,6 +6,7 @@ of it at once. The folder holds prompts, documents and KV states, so it is priva
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,20 +55,17 @@ def ensure_private_dir(path: Path) -> None:
         path.mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)
     except OSError as error:
         raise DataDirError(
-            f"cannot create data folder {path}: {error.strerror}; "
-            f"choose another with --data-dir or ${ENV_HOME}"
+            f"cannot create data folder {path}: {error.strerror}; choose another with --data-dir or ${ENV_HOME}"
         ) from None
     if not path.is_dir():
         raise DataDirError(f"data folder {path} is not a folder; choose another with --data-dir")
     if not os.access(path, os.W_OK | os.X_OK):
-        raise DataDirError(
-            f"data folder {path} is not writable; fix its permissions or choose another with --data-dir"
-        )
+        raise DataDirError(f"data folder {path} is not writable; fix its permissions or choose another with --data-dir")
     if path.stat().st_mode & 0o077:
-        try:
-            path.chmod(PRIVATE_DIR_MODE)  # what is stored here reveals what the user typed
-        except OSError:
-            pass  # not ours to change (another owner): the files inside are still created 0600
+        # What is stored here reveals what the user typed. A folder that is not ours to change
+        # (another owner) stays as it is: the files inside are still created 0600.
+        with contextlib.suppress(OSError):
+            path.chmod(PRIVATE_DIR_MODE)
 
 
 def open_data_paths(cli_value: str | os.PathLike[str] | None = None) -> DataPaths:

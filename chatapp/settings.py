@@ -23,7 +23,9 @@ class Settings(BaseModel):
     model: Path | None = Field(None, description="GGUF model file; empty means the bundled SmolLM2-135M")
     context_cap: int = Field(8192, ge=256, description="largest context per conversation, in tokens")
     sequences: int = Field(4, ge=1, le=64, description="conversations resident in the llama.cpp context")
-    n_gpu_layers: int = Field(-1, ge=-1, description="layers offloaded to the GPU; -1 means all when the build has a GPU")
+    n_gpu_layers: int = Field(
+        -1, ge=-1, description="layers offloaded to the GPU; -1 means all when the build has a GPU"
+    )
     threads: int | None = Field(None, ge=1, description="CPU threads; empty means one per core")
     flash_attention: bool = Field(
         False,

@@ -12,10 +12,8 @@ one, so a file that would not load back to the same settings never reaches confi
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
-import tempfile
 import textwrap
 import tomllib
 import types
@@ -27,6 +25,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from cache.atomic_file import replace_atomically
 from chatapp.errors import SettingsError
 from chatapp.settings import Settings, describe_validation_error, load_settings
 
@@ -281,42 +280,21 @@ def save_settings(config_file: Path, settings: Settings) -> None:
         Settings.model_validate(tomllib.loads(text))
     except ValidationError as error:
         raise SettingsError(f"not saved: {describe_validation_error(error, str(config_file))}") from None
-    folder = config_file.parent
     fix = "check that its folder exists and is writable, or choose another with --data-dir"
-    temp_name: str | None = None
-    try:
-        fd, temp_name = tempfile.mkstemp(prefix=f".{config_file.name}.", suffix=".tmp", dir=folder)
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
-            os.fchmod(handle.fileno(), CONFIG_FILE_MODE)
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
+
+    def loads_back_the_same(written: Path) -> None:
         try:
-            reread = load_settings(Path(temp_name))
+            reread = load_settings(written)
         except SettingsError as error:
             raise SettingsError(f"{config_file}: not saved, the new file would not load ({error})") from None
         if reread != settings:
             raise SettingsError(f"{config_file}: not saved, the new file would not load back the same settings")
-        os.replace(temp_name, config_file)
-        temp_name = None
+
+    try:
+        replace_atomically(config_file, text, mode=CONFIG_FILE_MODE, check=loads_back_the_same)
     except OSError as error:
         reason = error.strerror or str(error)
         raise SettingsError(f"cannot save settings to {config_file}: {reason}; {fix}") from None
-    finally:
-        if temp_name is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(temp_name)
-    _fsync_folder(folder)
-
-
-def _fsync_folder(folder: Path) -> None:
-    """Make the rename durable where the platform allows it; best effort."""
-    with contextlib.suppress(OSError, AttributeError):
-        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def changed_restart_fields(old: Settings, new: Settings) -> list[str]:

@@ -82,8 +82,17 @@ def download_sdist(version: str, work: Path) -> Path:
     sdist_dir.mkdir(parents=True, exist_ok=True)
     say(f"downloading the llama-cpp-python {version} sdist with pip (from pip's cache when it has it)")
     command = [
-        sys.executable, "-m", "pip", "download", f"llama-cpp-python=={version}",
-        "--no-deps", "--no-binary", ":all:", "-d", str(sdist_dir), "-q",
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        f"llama-cpp-python=={version}",
+        "--no-deps",
+        "--no-binary",
+        ":all:",
+        "-d",
+        str(sdist_dir),
+        "-q",
     ]
     result = subprocess.run(command, check=False, capture_output=True, text=True)
     found = sorted(sdist_dir.glob("*.tar.gz"))
@@ -122,8 +131,11 @@ def build(cmake: str, llama_src: Path, build_dir: Path, jobs: int) -> Path:
     _run([cmake, "-S", str(llama_src), "-B", str(build_dir), *CMAKE_OPTIONS], "cmake configure")
     say(f"building target llama-server with {jobs} jobs (several minutes)")
     started = time.monotonic()
-    _run([cmake, "--build", str(build_dir), "--target", "llama-server", "--config", "Release", "-j", str(jobs)],
-         "cmake build", stream=True)
+    _run(
+        [cmake, "--build", str(build_dir), "--target", "llama-server", "--config", "Release", "-j", str(jobs)],
+        "cmake build",
+        stream=True,
+    )
     say(f"compiled in {time.monotonic() - started:.0f} s")
     for candidate in (build_dir / "bin" / SERVER_BINARY_NAME, build_dir / "bin" / "Release" / SERVER_BINARY_NAME):
         if candidate.is_file():
@@ -138,7 +150,7 @@ def _run(command: list[str], what: str, *, stream: bool = False) -> None:
         tail: list[str] = []
         for line in process.stdout:
             line = line.rstrip()
-            tail = (tail + [line])[-20:]
+            tail = ([*tail, line])[-20:]
             if line.startswith("[") and "%]" in line[:8]:
                 print(f"  {line}", flush=True)
         code = process.wait()

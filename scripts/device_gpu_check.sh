@@ -3,6 +3,8 @@
 # build llama-cpp-python with CUDA from a slimmed sdist, then run the checks.
 # Carried (ignored) paths: .whl/ (cp312 wheels: pydantic, pydantic-core, annotated-types,
 # typing-inspection, typing-extensions, platformdirs, diskcache), .gpu/lcp-slim.tar.gz, .gpu/smollm2-4layers.gguf.
+# The CUDA build (about 4 minutes of device time) comes back in $OUT as llama-cuda.tgz.part-*;
+# put those parts in .gpu/ and the next run unpacks them instead of building.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -10,13 +12,21 @@ repo=$(pwd)
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$repo
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
-tar xzf .gpu/lcp-slim.tar.gz -C /tmp
-start=$(date +%s)
-( cd /tmp/llama_cpp_python-0.3.36 && \
-  CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAVA_BUILD=OFF" CMAKE_BUILD_PARALLEL_LEVEL=16 \
-  python3 -m pip install -v --no-index --no-deps --no-build-isolation --target /tmp/site . ) > "$OUT/build.log" 2>&1
-echo "build rc=$? in $(( $(date +%s) - start )) s" | tee -a "$OUT/gpu.txt"
-tail -3 "$OUT/build.log"
+if ls .gpu/llama-cuda.tgz.part-* >/dev/null 2>&1; then
+  cat .gpu/llama-cuda.tgz.part-* | tar xzf - -C /tmp/site && echo "prebuilt CUDA llama-cpp-python unpacked" | tee -a "$OUT/gpu.txt"
+else
+  tar xzf .gpu/lcp-slim.tar.gz -C /tmp
+  start=$(date +%s)
+  ( cd /tmp/llama_cpp_python-0.3.36 && \
+    CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAVA_BUILD=OFF" CMAKE_BUILD_PARALLEL_LEVEL=16 \
+    python3 -m pip install -v --no-index --no-deps --no-build-isolation --target /tmp/build-site . ) > /tmp/build.log 2>&1
+  rc=$?
+  echo "build rc=$rc in $(( $(date +%s) - start )) s" | tee -a "$OUT/gpu.txt"
+  tail -3 /tmp/build.log
+  if [ $rc -ne 0 ]; then cp /tmp/build.log "$OUT/build.log"; exit 1; fi
+  ( cd /tmp/build-site && tar czf - llama_cpp llama_cpp_python-*.dist-info ) | split -b 15M - "$OUT/llama-cuda.tgz.part-"
+  cp -r /tmp/build-site/. /tmp/site/
+fi
 python3 scripts/gpu_check.py .gpu/smollm2-4layers.gguf --json "$OUT/gpu_check.json" > "$OUT/gpu_check.txt" 2>&1
 echo "gpu_check rc=$?" | tee -a "$OUT/gpu.txt"
 grep -v '^ *[0-9]*,\?$' "$OUT/gpu_check.txt" | tail -60

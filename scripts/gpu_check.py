@@ -9,66 +9,104 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Literal, NotRequired, TypedDict
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from chatapp.engine.engine import Engine, EngineConfig, GenerationRequest  # noqa: E402
-from chatapp.engine.events import STOP_CANCELLED  # noqa: E402
-from chatapp.engine.llama_native import SamplingParams, gpu_offload_supported  # noqa: E402
-from chatapp.engine.prompt import SYSTEM, USER, ChatMessage  # noqa: E402
-from chatapp.services.startup import open_workspace  # noqa: E402
+from chatapp.engine.engine import Engine, EngineConfig, GenerationRequest
+from chatapp.engine.events import GenerationResult
+from chatapp.engine.llama_native import SamplingParams, gpu_offload_supported
+from chatapp.engine.prompt import ChatMessage
+from chatapp.services.startup import open_workspace
+from chatapp.vocabulary import Role, StopReason
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=32)
 PERSONA = "You are a meticulous assistant. " * 40
 LONG_QUESTION = "Summarise: " + "the quick brown fox jumps over the lazy dog. " * 120
 
 
+class CacheReport(TypedDict, total=False):
+    """What check_cache measured; only the first two keys when the cache is off."""
+
+    cache_enabled: bool
+    cache_problem: str | None
+    ram_tier: str
+    ram_reused: int
+    ram_equals_cold: bool
+    disk_tier: str
+    disk_reused: int
+    disk_equals_cold: bool
+
+
+class SideReport(TypedDict):
+    """What check measured on one side (GPU or CPU), then that side's cache checks."""
+
+    info: dict[str, str]
+    cold_prefill_ms: float
+    cold_prefill_tokens: int
+    cold_total_ms: float
+    warm_reused_tokens: int
+    warm_prefill_ms: float
+    warm_equals_cold: bool
+    other_sequence_equals_cold: bool
+    cancelled: bool
+    after_cancel_equals_cold: bool
+    cold_tokens: list[int]
+    cache: NotRequired[CacheReport]
+
+
+RequiredCheck = Literal["other_sequence_equals_cold", "cancelled", "after_cancel_equals_cold"]
+
+
 def prompt(engine: Engine, question: str) -> tuple[int, ...]:
-    messages = [ChatMessage.of(SYSTEM, PERSONA), ChatMessage.of(USER, question)]
+    messages = [ChatMessage.of(Role.SYSTEM, PERSONA), ChatMessage.of(Role.USER, question)]
     return tuple(engine.prompt_builder.build(messages))
 
 
-def generate(engine: Engine, tokens: tuple[int, ...], **options: object):
-    return engine.generate(GenerationRequest(tokens, GREEDY, **options)).wait()
+def generate(
+    engine: Engine, tokens: tuple[int, ...], *, sequence: int | None = None, use_cache: bool = True
+) -> GenerationResult:
+    return engine.generate(GenerationRequest(tokens, GREEDY, sequence=sequence, use_cache=use_cache)).wait()
 
 
-def check(engine: Engine) -> dict[str, object]:
+def check(engine: Engine) -> SideReport:
     """Exactness of live reuse, sequence isolation, cancellation, and prefill speed."""
-    report: dict[str, object] = {"info": {k: str(v) for k, v in vars(engine.info).items()}}
+    info = {k: str(v) for k, v in vars(engine.info).items()}
     long_prompt = prompt(engine, LONG_QUESTION)
     generate(engine, prompt(engine, "warm up"), use_cache=False)
     started = time.perf_counter()
     cold = generate(engine, long_prompt, use_cache=False)
-    report["cold_prefill_ms"] = round(cold.stats.prefill_ms, 2)
-    report["cold_prefill_tokens"] = cold.stats.computed_tokens
-    report["cold_total_ms"] = round((time.perf_counter() - started) * 1000, 2)
+    cold_total_ms = round((time.perf_counter() - started) * 1000, 2)
     generate(engine, prompt(engine, "Something else entirely."), sequence=1, use_cache=False)
     generate(engine, prompt(engine, "A different question."), sequence=0)
     warm = generate(engine, long_prompt, sequence=0)
-    report["warm_reused_tokens"] = warm.stats.reused_tokens
-    report["warm_prefill_ms"] = round(warm.stats.prefill_ms, 2)
-    report["warm_equals_cold"] = warm.token_ids == cold.token_ids
     other = generate(engine, long_prompt, sequence=2, use_cache=False)
-    report["other_sequence_equals_cold"] = other.token_ids == cold.token_ids
     handle = engine.generate(GenerationRequest(long_prompt, GREEDY, sequence=3, use_cache=False))
     handle.cancel()
-    report["cancelled"] = handle.wait().stop_reason == STOP_CANCELLED
+    cancelled = handle.wait().stop_reason == StopReason.CANCELLED
     after_cancel = generate(engine, long_prompt, sequence=3)
-    report["after_cancel_equals_cold"] = after_cancel.token_ids == cold.token_ids
-    report["cold_tokens"] = list(cold.token_ids)
-    return report
+    return {
+        "info": info,
+        "cold_prefill_ms": round(cold.stats.prefill_ms, 2),
+        "cold_prefill_tokens": cold.stats.computed_tokens,
+        "cold_total_ms": cold_total_ms,
+        "warm_reused_tokens": warm.stats.reused_tokens,
+        "warm_prefill_ms": round(warm.stats.prefill_ms, 2),
+        "warm_equals_cold": warm.token_ids == cold.token_ids,
+        "other_sequence_equals_cold": other.token_ids == cold.token_ids,
+        "cancelled": cancelled,
+        "after_cancel_equals_cold": after_cancel.token_ids == cold.token_ids,
+        "cold_tokens": list(cold.token_ids),
+    }
 
 
-def check_cache(model: Path, layers: int, cold_tokens: dict[str, tuple[int, ...]]) -> dict[str, object]:
+def check_cache(model: Path, layers: int, cold_tokens: dict[str, tuple[int, ...]]) -> CacheReport:
     """Restores from RAM and, after a restart, from disk, through the app's own start-up path."""
     home = Path(tempfile.mkdtemp(prefix="chatapp-gpu-"))
     overrides = {"model": str(model), "context_cap": 2048, "sequences": 1, "n_gpu_layers": layers}
     workspace = open_workspace(str(home), overrides)
-    report: dict[str, object] = {}
+    report: CacheReport = {}
     with workspace.open_engine() as engine:
         report["cache_enabled"] = engine.cache is not None
         report["cache_problem"] = engine.cache_problem
@@ -97,25 +135,26 @@ def main() -> int:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     results: dict[str, object] = {"gpu_offload_supported": gpu_offload_supported()}
+    sides: dict[str, SideReport] = {}
     for name, layers in (("gpu", -1), ("cpu", 0)):
         config = EngineConfig(model_path=args.model, context_cap=2048, sequences=4, n_gpu_layers=layers)
         with Engine(config) as engine:
-            results[name] = check(engine)
-            cold = {"long": tuple(results[name]["cold_tokens"])}  # type: ignore[index]
-        results[name]["cache"] = check_cache(args.model, layers, cold)  # type: ignore[index]
-    gpu, cpu = results["gpu"], results["cpu"]
-    results["gpu_tokens_equal_cpu_tokens"] = gpu["cold_tokens"] == cpu["cold_tokens"]  # type: ignore[index]
-    results["prefill_speedup_gpu_over_cpu"] = round(cpu["cold_prefill_ms"] / max(gpu["cold_prefill_ms"], 1e-6), 2)  # type: ignore[index,operator]
+            results[name] = sides[name] = check(engine)
+            cold = {"long": tuple(sides[name]["cold_tokens"])}
+        sides[name]["cache"] = check_cache(args.model, layers, cold)
+    gpu, cpu = sides["gpu"], sides["cpu"]
+    results["gpu_tokens_equal_cpu_tokens"] = gpu["cold_tokens"] == cpu["cold_tokens"]
+    results["prefill_speedup_gpu_over_cpu"] = round(cpu["cold_prefill_ms"] / max(gpu["cold_prefill_ms"], 1e-6), 2)
     text = json.dumps(results, indent=1)
     print(text)
     if args.json:
         args.json.write_text(text)
     # warm_equals_cold is reported, not required: a warm prefill that starts mid-batch runs
     # kernels on other batch shapes, whose rounding differs on many-core CPUs and on CUDA.
-    required = ["other_sequence_equals_cold", "cancelled", "after_cancel_equals_cold"]
-    failed = [f"{side}.{key}" for side in ("gpu", "cpu") for key in required if not results[side][key]]  # type: ignore[index]
+    required: tuple[RequiredCheck, ...] = ("other_sequence_equals_cold", "cancelled", "after_cancel_equals_cold")
+    failed = [f"{side}.{key}" for side in ("gpu", "cpu") for key in required if not sides[side][key]]
     for side in ("gpu", "cpu"):
-        cache = results[side]["cache"]  # type: ignore[index]
+        cache = sides[side]["cache"]
         if not cache.get("cache_enabled") or cache.get("ram_tier") != "ram" or cache.get("disk_tier") != "disk":
             failed.append(f"{side}.cache")
     if failed:

@@ -31,7 +31,9 @@ def truncate(source: Path, target: Path, layers: int) -> None:
         writer.add_key_value(field.name, value, value_type, sub_type=sub_type)
     kept = [tensor for tensor in reader.tensors if _layer_of(tensor.name) < layers]
     for tensor in kept:
-        writer.add_tensor_info(tensor.name, tensor.data.shape, tensor.data.dtype, tensor.data.nbytes, tensor.tensor_type)
+        writer.add_tensor_info(
+            tensor.name, tensor.data.shape, tensor.data.dtype, tensor.data.nbytes, tensor.tensor_type
+        )
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()

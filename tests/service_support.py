@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from chatapp.engine.engine import Engine
+from chatapp.engine.gate import Step, StepGate
 from chatapp.services.chat_service import ChatService
 from chatapp.services.library import Library
+from chatapp.services.startup import Workspace
 
 # Greedy and short: reproducible answers, a fast run on two cores (one llama.cpp thread).
 SERVICE_SETTINGS = {"temperature": 0.0, "context_cap": 1024, "sequences": 2, "max_tokens": 12, "threads": 1}
+# The `hold` fixture: arm the shared engine's gate for the rest of the test.
+Hold = Callable[[Step, int], StepGate]
 
 
 def settings(model_path: Path, **overrides: object) -> dict[str, object]:
     return {**SERVICE_SETTINGS, "model": str(model_path), **overrides}
 
 
-def make_service(workspace, library: Library, engine: Engine | None) -> ChatService:  # type: ignore[no-untyped-def]
+def make_service(workspace: Workspace, library: Library, engine: Engine | None) -> ChatService:
     service = ChatService(workspace, library.conversations, library.personas, library.pins)
     if engine is not None:
         service.attach_engine(engine)

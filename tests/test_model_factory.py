@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from chatapp.engine.engine import Engine, EngineConfig, GenerationRequest
-from chatapp.engine.events import STOP_LENGTH
 from chatapp.engine.llama_native import NativeModel, SamplingParams
-from chatapp.engine.prompt import USER, ChatMessage
+from chatapp.engine.prompt import ChatMessage
 from chatapp.model_files import bundled_model_path
+from chatapp.vocabulary import Role, StopReason
 from tests.model_factory import TINY_MODEL_THREADS, tokenizer_fields, write_tiny_llama
 
 GREEDY_16 = SamplingParams(temperature=0, max_tokens=16)
@@ -21,7 +21,9 @@ N_LAYER = 2
 
 @pytest.fixture(scope="session")
 def tiny_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_llama(tmp_path_factory.mktemp("tiny-model") / "tiny.gguf", n_layer=N_LAYER, n_ctx_train=N_CTX_TRAIN)
+    return write_tiny_llama(
+        tmp_path_factory.mktemp("tiny-model") / "tiny.gguf", n_layer=N_LAYER, n_ctx_train=N_CTX_TRAIN
+    )
 
 
 @pytest.fixture(scope="session")
@@ -32,7 +34,7 @@ def tiny_engine(tiny_model_path: Path) -> Iterator[Engine]:
 
 
 def prompt_for(engine: Engine, question: str) -> tuple[int, ...]:
-    return tuple(engine.prompt_builder.build([ChatMessage.of(USER, question)]))
+    return tuple(engine.prompt_builder.build([ChatMessage.of(Role.USER, question)]))
 
 
 def greedy(engine: Engine, prompt: tuple[int, ...]):
@@ -61,14 +63,19 @@ def test_loads_with_the_real_tokenizer_and_chat_template(tiny_engine: Engine) ->
     info = tiny_engine.info
     assert info.n_ctx_train == N_CTX_TRAIN
     assert tiny_engine.model.n_layer == N_LAYER
-    assert info.n_ctx_per_sequence == 512 and info.n_sequences == 2
+    assert info.n_ctx_per_sequence == 512
+    assert info.n_sequences == 2
     assert info.name.startswith("tiny-random-llama")
     bundled = NativeModel(bundled_model_path(), vocab_only=True)
     try:
         text = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
-        assert tiny_engine.tokenize(text, parse_special=True) == bundled.tokenize(text, add_special=False, parse_special=True)
-        assert tiny_engine.model.chat_template() == bundled.chat_template()
-        assert "<|im_start|>" in tiny_engine.model.chat_template()
+        assert tiny_engine.tokenize(text, parse_special=True) == bundled.tokenize(
+            text, add_special=False, parse_special=True
+        )
+        template = tiny_engine.model.chat_template()
+        assert template == bundled.chat_template()
+        assert template is not None
+        assert "<|im_start|>" in template
         assert (tiny_engine.model.bos_id, tiny_engine.model.eos_id) == (bundled.bos_id, bundled.eos_id)
     finally:
         bundled.close()
@@ -78,8 +85,10 @@ def test_greedy_generation_is_deterministic_and_not_degenerate(tiny_engine: Engi
     prompt = prompt_for(tiny_engine, "What is the capital of France?")
     first = greedy(tiny_engine, prompt)
     second = greedy(tiny_engine, prompt)
-    assert first.stop_reason == STOP_LENGTH and len(first.token_ids) == 16
-    assert first.token_ids == second.token_ids and first.text == second.text
+    assert first.stop_reason == StopReason.LENGTH
+    assert len(first.token_ids) == 16
+    assert first.token_ids == second.token_ids
+    assert first.text == second.text
     assert len(set(first.token_ids)) > 1
 
 

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
+from textual.pilot import Pilot
+from textual.worker import WorkerState
+
+from chatapp.engine.engine import Engine
 from chatapp.services.startup import open_workspace
 from chatapp.tui.app import ChatApp
 from chatapp.tui.chat_log import ChatLog
@@ -21,7 +26,8 @@ def make_app(data_dir: Path, **overrides: object) -> ChatApp:
     return ChatApp(open_workspace(str(data_dir), {**TEST_SETTINGS, **overrides}))
 
 
-async def wait_until(pilot, condition, timeout: float = 90.0) -> None:  # type: ignore[no-untyped-def]
+async def wait_until(pilot: Pilot[None], condition: Callable[[], object], timeout: float = 600.0) -> None:
+    """Pause until `condition` holds. The timeout only guards against a hang: nothing here races the app."""
     waited = 0.0
     while not condition():
         assert waited < timeout, "timed out waiting for the app"
@@ -29,20 +35,38 @@ async def wait_until(pilot, condition, timeout: float = 90.0) -> None:  # type: 
         waited += 0.02
 
 
-async def wait_ready(pilot, app: ChatApp) -> None:  # type: ignore[no-untyped-def]
+def engine_of(app: ChatApp) -> Engine:
+    """The app's engine, for a test that holds it at a step (`engine_of(app).holding(...)`)."""
+    engine = app.service.engine
+    assert engine is not None, "the model is not loaded yet: wait_ready first"
+    return engine
+
+
+async def wait_ready(pilot: Pilot[None], app: ChatApp) -> None:
     await wait_until(pilot, lambda: app.service.ready)
     await wait_idle(pilot, app)
 
 
-async def wait_idle(pilot, app: ChatApp) -> None:  # type: ignore[no-untyped-def]
-    """No answer running and the engine has nothing queued (warm-ups included)."""
-    await wait_until(pilot, lambda: not app.main_screen.answering)
-    if app.engine is not None:
-        await pilot.pause(0.05)
-        await wait_until(pilot, lambda: app.service.prewarmer is None or not app.service.prewarmer.busy)
+SCREEN_WORKERS = ("answer", "warm", "document")
 
 
-async def send(pilot, app: ChatApp, text: str) -> None:  # type: ignore[no-untyped-def]
+def idle(app: ChatApp) -> bool:
+    """No answer, document read or warm-up under way: not on the screen, its workers, or the engine."""
+    screen = app.main_screen
+    working = any(
+        worker.group in SCREEN_WORKERS and worker.state in (WorkerState.PENDING, WorkerState.RUNNING)
+        for worker in app.workers
+    )
+    prewarmer = app.service.prewarmer
+    return not (screen.answering or screen.reading_document or working or (prewarmer is not None and prewarmer.busy))
+
+
+async def wait_idle(pilot: Pilot[None], app: ChatApp) -> None:
+    """Until the app is idle: every answer and warm-up started so far has ended and been shown."""
+    await wait_until(pilot, lambda: idle(app))
+
+
+async def send(pilot: Pilot[None], app: ChatApp, text: str) -> None:
     composer = app.main_screen.query_one(Composer)
     composer.focus()
     composer.text = text

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from chatapp.benchmark.workloads import BACK
 
@@ -53,11 +54,12 @@ def _median(values: list[float]) -> float:
     return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
-def busy_s(run: dict) -> float:
-    return sum(request["total_ms"] + request.get("settle_ms", 0.0) for request in run["requests"]) / 1000
+def busy_s(run: dict[str, Any]) -> float:
+    milliseconds: float = sum(request["total_ms"] + request.get("settle_ms", 0.0) for request in run["requests"])
+    return milliseconds / 1000
 
 
-def _ttft(run: dict, chosen: Callable[[int, dict], bool]) -> float:
+def _ttft(run: dict[str, Any], chosen: Callable[[int, dict[str, Any]], bool]) -> float:
     return _median([request["ttft_ms"] for index, request in enumerate(run["requests"]) if chosen(index, request)])
 
 
@@ -69,23 +71,35 @@ def _at_least(goal: str, measure: str, value: float, limit: float) -> Verdict:
     return Verdict(goal, measure, value, f">= {limit:g}", value >= limit)
 
 
-def goal_verdicts(runs: Iterable[dict]) -> list[Verdict]:
+def goal_verdicts(runs: Iterable[dict[str, Any]]) -> list[Verdict]:
     by_key = {(run["workload"], run["peer"]): run for run in runs}
 
-    def run_of(workload: str, peer: str) -> dict | None:
+    def run_of(workload: str, peer: str) -> dict[str, Any] | None:
         return by_key.get((workload, peer))
 
     verdicts: list[Verdict] = []
-    back = lambda index, request: request["label"].startswith(BACK)  # noqa: E731
-    after_restart = lambda index, request: bool(request.get("after_restart"))  # noqa: E731
-    first = lambda index, request: index == 0  # noqa: E731
-    every = lambda index, request: True  # noqa: E731
+
+    def back(index: int, request: dict[str, Any]) -> bool:
+        return bool(request["label"].startswith(BACK))
+
+    def after_restart(index: int, request: dict[str, Any]) -> bool:
+        return bool(request.get("after_restart"))
+
+    def first(index: int, request: dict[str, Any]) -> bool:
+        return index == 0
+
+    def every(index: int, request: dict[str, Any]) -> bool:
+        return True
 
     chatapp, ideal, server = run_of("A", CHATAPP), run_of("A", IDEAL), run_of("A", SERVER)
     if chatapp and ideal:
-        verdicts.append(_at_most("A", "TTFT after switching back / ideal", _ttft(chatapp, back) / _ttft(ideal, back), 1.05))
+        verdicts.append(
+            _at_most("A", "TTFT after switching back / ideal", _ttft(chatapp, back) / _ttft(ideal, back), 1.05)
+        )
     if chatapp and server:
-        verdicts.append(_at_most("A", "TTFT after switching back / llama-server", _ttft(chatapp, back) / _ttft(server, back), 1.0))
+        verdicts.append(
+            _at_most("A", "TTFT after switching back / llama-server", _ttft(chatapp, back) / _ttft(server, back), 1.0)
+        )
 
     chatapp, no_cache = run_of("B", CHATAPP), run_of("B", "no-cache")
     if chatapp and no_cache:
@@ -93,9 +107,15 @@ def goal_verdicts(runs: Iterable[dict]) -> list[Verdict]:
 
     warm, typed, ideal = run_of("C", WARM), run_of("C", TYPED), run_of("C", IDEAL)
     if warm and ideal:
-        verdicts.append(_at_most("C", "first question TTFT, warm-ahead / question alone", _ttft(warm, first) / _ttft(ideal, first), 1.1))
+        verdicts.append(
+            _at_most(
+                "C", "first question TTFT, warm-ahead / question alone", _ttft(warm, first) / _ttft(ideal, first), 1.1
+            )
+        )
     if typed and ideal:
-        verdicts.append(_at_most("C", "TTFT after Enter, typed / question alone", _ttft(typed, every) / _ttft(ideal, every), 0.3))
+        verdicts.append(
+            _at_most("C", "TTFT after Enter, typed / question alone", _ttft(typed, every) / _ttft(ideal, every), 0.3)
+        )
 
     chatapp = run_of("D", CHATAPP)
     llama_runs = [run for name in LLAMA_CPP_PYTHON if (run := run_of("D", name))]
@@ -108,8 +128,14 @@ def goal_verdicts(runs: Iterable[dict]) -> list[Verdict]:
 
     chatapp, ideal = run_of("E", CHATAPP), run_of("E", IDEAL)
     if chatapp and ideal:
-        verdicts.append(_at_most("E", "TTFT after restart / ideal", _ttft(chatapp, after_restart) / _ttft(ideal, after_restart), 1.15))
-    others = [run for (workload, name), run in by_key.items() if workload == "E" and name not in (CHATAPP, WARM, TYPED, IDEAL)]
+        verdicts.append(
+            _at_most(
+                "E", "TTFT after restart / ideal", _ttft(chatapp, after_restart) / _ttft(ideal, after_restart), 1.15
+            )
+        )
+    others = [
+        run for (workload, name), run in by_key.items() if workload == "E" and name not in (CHATAPP, WARM, TYPED, IDEAL)
+    ]
     if chatapp and others:
         worst_ratio = min(_ttft(run, after_restart) for run in others) / _ttft(chatapp, after_restart)
         verdicts.append(_at_least("E", "TTFT after restart, fastest other peer / chatapp", worst_ratio, 8.0))
@@ -119,6 +145,8 @@ def goal_verdicts(runs: Iterable[dict]) -> list[Verdict]:
 def goals_table(verdicts: list[Verdict]) -> str:
     lines = ["Goals (ratios from this run)"]
     for verdict in verdicts:
-        lines.append(f"  {verdict.goal}  {verdict.measure:52} {verdict.value:7.2f}  {verdict.target:7}  "
-                     f"{'met' if verdict.met else 'MISSED'}")
+        lines.append(
+            f"  {verdict.goal}  {verdict.measure:52} {verdict.value:7.2f}  {verdict.target:7}  "
+            f"{'met' if verdict.met else 'MISSED'}"
+        )
     return "\n".join(lines)

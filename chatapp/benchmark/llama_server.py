@@ -31,7 +31,7 @@ import time
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
 import platformdirs
 
@@ -83,15 +83,24 @@ def server_command(
     """The command line that starts the server; `context` is per slot (per conversation)."""
     command = [
         str(binary),
-        "--host", HOST,
-        "--port", str(port),
-        "-m", str(model),
-        "-c", str(context * slots),
-        "-np", str(slots),
-        "-t", str(threads),
-        "-tb", str(threads),
-        "--cache-ram", str(cache_ram_mib),
-        "-fa", "off",
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "-m",
+        str(model),
+        "-c",
+        str(context * slots),
+        "-np",
+        str(slots),
+        "-t",
+        str(threads),
+        "-tb",
+        str(threads),
+        "--cache-ram",
+        str(cache_ram_mib),
+        "-fa",
+        "off",
         "--no-webui",
     ]
     if batch is not None:
@@ -145,17 +154,28 @@ class LlamaServerPeer:
             raise LlamaServerError(f"llama-server binary is not executable: {self.binary}")
         if not self.model.is_file():
             raise LlamaServerError(f"model file not found: {self.model}")
-        self._log = tempfile.TemporaryFile(prefix="llama-server-", suffix=".log")  # noqa: SIM115 (closed in close())
+        # Lives as long as the server process (closed in close()), so no `with` block.
+        self._log = tempfile.TemporaryFile(prefix="llama-server-", suffix=".log")  # noqa: SIM115
         self.port = free_port()
         self.command = server_command(
-            self.binary, self.model, port=self.port, context=context, threads=threads,
-            cache_ram_mib=cache_ram_mib, slots=slots, batch=batch,
+            self.binary,
+            self.model,
+            port=self.port,
+            context=context,
+            threads=threads,
+            cache_ram_mib=cache_ram_mib,
+            slots=slots,
+            batch=batch,
         )
         # LLAMA_ARG_* variables would silently change the server's settings.
         env = {key: value for key, value in os.environ.items() if not key.startswith("LLAMA_ARG_")}
         try:
             self._process = subprocess.Popen(
-                self.command, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, env=env,
+                self.command,
+                stdin=subprocess.DEVNULL,
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                env=env,
             )
         except OSError as error:
             self._log.close()
@@ -184,9 +204,7 @@ class LlamaServerPeer:
                 return
             last = f"HTTP {status} {body.strip()[:200]}" if status else body
             if time.monotonic() > deadline:
-                raise LlamaServerError(
-                    f"llama-server not healthy after {timeout_s:.0f} s ({last}): {self.log_tail()}"
-                )
+                raise LlamaServerError(f"llama-server not healthy after {timeout_s:.0f} s ({last}): {self.log_tail()}")
             time.sleep(0.1)
 
     def _get(self, path: str) -> tuple[int, str]:
@@ -241,26 +259,29 @@ class LlamaServerPeer:
         return None
 
     def settle(self) -> None:
-        """Nothing to wait for: the server copies a slot's prompt to its RAM cache when a later request takes the slot."""
+        """Nothing to wait for: the server copies a slot's prompt "
+        "to its RAM cache when a later request takes the slot."""
 
     def ask(self, prompt_tokens: Sequence[int], max_tokens: int) -> PeerAnswer:
         if self._process is None:
             raise LlamaServerError(f"{self.name} is closed")
-        body = json.dumps({
-            "prompt": [int(token) for token in prompt_tokens],
-            "n_predict": int(max_tokens),
-            "temperature": 0,
-            "top_k": 1,
-            "stream": True,
-            "cache_prompt": True,
-            "return_tokens": True,
-        }).encode()
+        body = json.dumps(
+            {
+                "prompt": [int(token) for token in prompt_tokens],
+                "n_predict": int(max_tokens),
+                "temperature": 0,
+                "top_k": 1,
+                "stream": True,
+                "cache_prompt": True,
+                "return_tokens": True,
+            }
+        ).encode()
         connection = http.client.HTTPConnection(HOST, self.port, timeout=self.request_timeout_s)
         texts: list[str] = []
         tokens: list[int] = []
         saw_tokens = False
         ttft_ms: float | None = None
-        final: dict | None = None
+        final: dict[str, Any] | None = None
         try:
             started = time.perf_counter()
             connection.request("POST", "/completion", body=body, headers={"Content-Type": "application/json"})

@@ -96,7 +96,15 @@ class PeerSettings:
         return self.model_fingerprint or hash_file(self.model_path)
 
 
-PeerFactory = Callable[[PeerSettings, Path], Peer]
+class PeerFactory(Protocol):
+    """A peer class, or anything that makes a peer from the settings and its folder and has a name."""
+
+    @property
+    def name(self) -> str: ...
+
+    def __call__(self, settings: PeerSettings, folder: Path) -> Peer: ...
+
+
 T = TypeVar("T")
 
 
@@ -146,9 +154,9 @@ class _LlamaPeer:
 
         def counting_eval(tokens: Sequence[int]) -> None:
             self._evaluated += len(tokens)
-            return original_eval(tokens)
+            original_eval(tokens)
 
-        self.llm.eval = counting_eval  # type: ignore[method-assign]
+        self.llm.eval = counting_eval
         cache = self.make_cache(settings, folder)
         if cache is not None:
             self.llm.set_cache(cache)
@@ -189,7 +197,7 @@ class _LlamaPeer:
                 if ttft_ms is None:
                     ttft_ms = (time.perf_counter() - started) * 1000
                     computed = self._evaluated  # the prompt's evals all come before the first token
-                pieces.append(chunk["choices"][0]["text"])  # type: ignore[index]
+                pieces.append(chunk["choices"][0]["text"])
             total_ms = (time.perf_counter() - started) * 1000
         if ttft_ms is None:  # nothing streamed (an immediate end of generation)
             ttft_ms, computed = total_ms, self._evaluated
@@ -242,7 +250,9 @@ class IdealPeer(_LlamaPeer):
 
     def make_live(self, request: Request) -> None:
         known = max(0, min(request.known_prefix, len(request.tokens) - FRESH_TOKENS))
-        held = common_prefix_length(as_token_array(self.llm.input_ids[: self.llm.n_tokens]), as_token_array(request.tokens[:known]))
+        held = common_prefix_length(
+            as_token_array(self.llm.input_ids[: self.llm.n_tokens]), as_token_array(request.tokens[:known])
+        )
         if held < known:
             self.llm.reset()
             if known:
@@ -260,7 +270,9 @@ class LlamaDiskCachePeer(_LlamaPeer):
     name = "llama-disk"
 
     def make_cache(self, settings: PeerSettings, folder: Path) -> llama_cpp.BaseLlamaCache | None:
-        return llama_cpp.LlamaDiskCache(cache_dir=str(folder / "llama-disk-cache"), capacity_bytes=settings.disk_budget_bytes)
+        return llama_cpp.LlamaDiskCache(
+            cache_dir=str(folder / "llama-disk-cache"), capacity_bytes=settings.disk_budget_bytes
+        )
 
     def _close(self) -> None:
         cache = self.llm.cache
@@ -401,6 +413,7 @@ class ChatappTypedPeer(ChatappWarmAheadPeer):
     def ask(self, prompt_tokens: Sequence[int], max_tokens: int) -> PeerAnswer:
         answer = super().ask(prompt_tokens, max_tokens)
         return replace(answer, ttft_ms=answer.ttft_ms + self._lag_ms, total_ms=answer.total_ms + self._lag_ms)
+
 
 PEERS: dict[str, PeerFactory] = {
     "no-cache": NoCachePeer,

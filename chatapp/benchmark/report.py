@@ -15,6 +15,7 @@ import math
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 from xml.sax.saxutils import escape
 
 from chatapp.benchmark.goals import IDEAL, Verdict, goal_verdicts
@@ -42,7 +43,7 @@ def ratio(value: float, base: float) -> float:
     return value / base if base and not math.isnan(base) and not math.isnan(value) else math.nan
 
 
-def summarize_run(run: dict) -> dict:
+def summarize_run(run: dict[str, Any]) -> dict[str, Any]:
     """Figures for one peer on one workload."""
     requests = run["requests"]
     ttfts = [request["ttft_ms"] for request in requests]
@@ -63,20 +64,22 @@ def summarize_run(run: dict) -> dict:
     }
 
 
-def summarize(runs: list[dict]) -> list[dict]:
+def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per peer and workload figures, with TTFT-median and computed-token ratios to the others.
 
     `ttft_vs_no_cache`: median TTFT / the no-cache peer's; `ttft_vs_best_other`: median TTFT /
     the lowest median TTFT among the other peers on the same workload (below 1: this peer wins).
     """
     rows = [summarize_run(run) for run in runs]
-    by_workload: dict[str, list[dict]] = {}
+    by_workload: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
         by_workload.setdefault(row["workload"], []).append(row)
     for group in by_workload.values():
         base = next((row for row in group if row["peer"] == NO_CACHE), None)
         for row in group:
-            others = [other for other in group if other["peer"] != IDEAL and _family(other["peer"]) != _family(row["peer"])]
+            others = [
+                other for other in group if other["peer"] != IDEAL and _family(other["peer"]) != _family(row["peer"])
+            ]
             best = min(others, key=lambda other: other["ttft_median_ms"], default=None)
             row["ttft_vs_no_cache"] = ratio(row["ttft_median_ms"], base["ttft_median_ms"]) if base else math.nan
             row["computed_vs_no_cache"] = ratio(row["computed_tokens"], base["computed_tokens"]) if base else math.nan
@@ -90,14 +93,15 @@ def _family(peer: str) -> str:
     return peer.split("+")[0]
 
 
-def mismatches(runs: list[dict], reference_peer: str | None = None) -> list[dict]:
+def mismatches(runs: list[dict[str, Any]], reference_peer: str | None = None) -> list[dict[str, Any]]:
     """Requests whose answer text differs from the reference peer's (the first peer by default)."""
     if not runs:
         return []
     reference_peer = reference_peer or runs[0]["peer"]
     reference = {
         (run["workload"], index): request["text"]
-        for run in runs if run["peer"] == reference_peer
+        for run in runs
+        if run["peer"] == reference_peer
         for index, request in enumerate(run["requests"])
     }
     found = []
@@ -107,10 +111,17 @@ def mismatches(runs: list[dict], reference_peer: str | None = None) -> list[dict
         for index, request in enumerate(run["requests"]):
             expected = reference.get((run["workload"], index))
             if expected is not None and request["text"] != expected:
-                found.append({
-                    "peer": run["peer"], "workload": run["workload"], "request": index, "label": request["label"],
-                    "reference_peer": reference_peer, "expected": expected, "got": request["text"],
-                })
+                found.append(
+                    {
+                        "peer": run["peer"],
+                        "workload": run["workload"],
+                        "request": index,
+                        "label": request["label"],
+                        "reference_peer": reference_peer,
+                        "expected": expected,
+                        "got": request["text"],
+                    }
+                )
     return found
 
 
@@ -118,7 +129,7 @@ def _fmt(value: float, spec: str) -> str:
     return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
 
 
-def table(rows: list[dict]) -> str:
+def table(rows: list[dict[str, Any]]) -> str:
     header = (
         f"{'wl':2} {'peer':13} {'n':>3} {'TTFT med':>9} {'p95':>8} {'computed/prompt':>17} {'hit':>5} "
         f"{'wall s':>7} {'peak RSS':>9} {'disk':>9} {'x no-cache':>10} {'x best other':>18}"
@@ -150,9 +161,22 @@ def _json_safe(value: object) -> object:
     return value
 
 
-def write_json(path: Path, meta: dict, runs: list[dict], rows: list[dict], found: list[dict], verdicts: Sequence[Verdict] = ()) -> Path:
+def write_json(
+    path: Path,
+    meta: dict[str, Any],
+    runs: list[dict[str, Any]],
+    rows: list[dict[str, Any]],
+    found: list[dict[str, Any]],
+    verdicts: Sequence[Verdict] = (),
+) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    document = {"meta": meta, "summary": rows, "goals": [verdict.as_dict() for verdict in verdicts], "mismatches": found, "runs": runs}
+    document = {
+        "meta": meta,
+        "summary": rows,
+        "goals": [verdict.as_dict() for verdict in verdicts],
+        "mismatches": found,
+        "runs": runs,
+    }
     path.write_text(json.dumps(_json_safe(document), indent=1))
     return path
 
@@ -160,7 +184,7 @@ def write_json(path: Path, meta: dict, runs: list[dict], rows: list[dict], found
 PALETTE = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7"]
 
 
-def svg_chart(rows: list[dict], title: str = "Median time to first token (ms), per workload and peer") -> str:
+def svg_chart(rows: list[dict[str, Any]], title: str = "Median time to first token (ms), per workload and peer") -> str:
     """Grouped bars: one group per workload, one bar per peer (median TTFT); self-contained SVG."""
     workloads = list(dict.fromkeys(row["workload"] for row in rows))
     peers = list(dict.fromkeys(row["peer"] for row in rows))
@@ -192,28 +216,36 @@ def svg_chart(rows: list[dict], title: str = "Median time to first token (ms), p
             h = plot_height * value / top
             x = x0 + number * bar
             parts.append(
-                f'<rect x="{x:.1f}" y="{base_y - h:.1f}" width="{bar - 2}" height="{h:.1f}" fill="{PALETTE[number % len(PALETTE)]}">'
+                f'<rect x="{x:.1f}" y="{base_y - h:.1f}" width="{bar - 2}" '
+                f'height="{h:.1f}" fill="{PALETTE[number % len(PALETTE)]}">'
                 f"<title>{escape(peer)} on {escape(workload)}: {value:.0f} ms</title></rect>"
             )
         parts.append(
-            f'<text x="{x0 + len(peers) * bar / 2:.1f}" y="{base_y + 18}" text-anchor="middle">{escape(workload)}</text>'
+            f'<text x="{x0 + len(peers) * bar / 2:.1f}" y="{base_y + 18}" '
+            f'text-anchor="middle">{escape(workload)}</text>'
         )
     parts.append(f'<line x1="{left}" y1="{base_y}" x2="{width - 180}" y2="{base_y}" stroke="black"/>')
     for number, peer in enumerate(peers):
         y = 50 + number * 20
-        parts.append(f'<rect x="{width - 170}" y="{y - 10}" width="12" height="12" fill="{PALETTE[number % len(PALETTE)]}"/>')
+        parts.append(
+            f'<rect x="{width - 170}" y="{y - 10}" width="12" height="12" fill="{PALETTE[number % len(PALETTE)]}"/>'
+        )
         parts.append(f'<text x="{width - 152}" y="{y}">{escape(peer)}</text>')
     parts.append("</svg>")
     return "\n".join(parts)
 
 
 def write_reports(
-    out: Path, meta: dict, runs: list[dict], reference_peer: str | None = None
-) -> tuple[list[dict], list[dict], list[Verdict], dict[str, Path]]:
+    out: Path,
+    meta: dict[str, Any],
+    runs: list[dict[str, Any]],
+    reference_peer: str | None = None,
+    more_verdicts: Sequence[Verdict] = (),
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[Verdict], dict[str, Path]]:
     """Summaries, mismatches, goal verdicts, and the files written: bench.json and ttft.svg in `out`."""
     rows = summarize(runs)
     found = mismatches(runs, reference_peer)
-    verdicts = goal_verdicts(runs)
+    verdicts = [*goal_verdicts(runs), *more_verdicts]
     out.mkdir(parents=True, exist_ok=True)
     files = {"json": write_json(out / "bench.json", meta, runs, rows, found, verdicts), "svg": out / "ttft.svg"}
     files["svg"].write_text(svg_chart(rows))

@@ -22,20 +22,32 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import llama_cpp
 
+from chatapp.benchmark.cache_figures import (
+    FIGURE_NAMES,
+    LookupFigures,
+    StorageFigures,
+    cache_figure_verdicts,
+    figures_record,
+    figures_table,
+    measure_lookup,
+    measure_storage,
+)
 from chatapp.benchmark.goals import goals_table
 from chatapp.benchmark.memory import RssSampler, folder_bytes
 from chatapp.benchmark.peers import PEERS, Peer, PeerFactory, PeerSettings
 from chatapp.benchmark.report import MIB, table, write_reports
-from chatapp.benchmark.workloads import SCALES, WORKLOAD_NAMES, Scale, Workload, build_workloads
+from chatapp.benchmark.workloads import SCALES, WORKLOAD_NAMES, PromptKit, Scale, Workload, build_workloads
 from chatapp.engine.engine import default_thread_count
 from chatapp.model_files import resolve_model_path
 
 SERVER_PEER = "llama-server"
+ALL_NAMES = (*WORKLOAD_NAMES, *FIGURE_NAMES)
 SKIP_SERVER = "llama-server: skipped (not built; run scripts/build_llama_server.py or pass --llama-server PATH)"
 
 
@@ -49,9 +61,14 @@ TTFT: Llama peers, create_completion to the first streamed chunk; chatapp, submi
 
 
 def run_peer_on_workload(
-    name: str, factory: PeerFactory, settings: PeerSettings, workload: Workload, folder: Path, max_tokens: int,
+    name: str,
+    factory: PeerFactory,
+    settings: PeerSettings,
+    workload: Workload,
+    folder: Path,
+    max_tokens: int,
     log: Callable[[str], None] = lambda message: None,
-) -> dict:
+) -> dict[str, Any]:
     """One fresh peer instance (two for a restart workload) over one workload; the raw result."""
     folder.mkdir(parents=True, exist_ok=True)
     requests = []
@@ -72,22 +89,38 @@ def run_peer_on_workload(
                 if not workload.back_to_back:
                     peer.settle()
                 settle_ms = (time.perf_counter() - settle_started) * 1000
-                requests.append({
-                    "label": request.label, "ttft_ms": answer.ttft_ms, "total_ms": answer.total_ms,
-                    "settle_ms": settle_ms, "prompt_tokens": answer.prompt_tokens, "computed_tokens": answer.computed_tokens,
-                    "text": answer.text, "token_ids": list(answer.token_ids) if answer.token_ids is not None else None,
-                    "after_restart": workload.restart_before is not None and index >= workload.restart_before,
-                    "known_prefix": request.known_prefix, **({"prepare": prepared} if prepared else {}),
-                })
-                log(f"{name} {workload.name} {index + 1}/{len(workload.requests)} {request.label}: ttft {answer.ttft_ms:.0f} ms, "
-                    f"computed {answer.computed_tokens}/{answer.prompt_tokens}")
+                requests.append(
+                    {
+                        "label": request.label,
+                        "ttft_ms": answer.ttft_ms,
+                        "total_ms": answer.total_ms,
+                        "settle_ms": settle_ms,
+                        "prompt_tokens": answer.prompt_tokens,
+                        "computed_tokens": answer.computed_tokens,
+                        "text": answer.text,
+                        "token_ids": list(answer.token_ids) if answer.token_ids is not None else None,
+                        "after_restart": workload.restart_before is not None and index >= workload.restart_before,
+                        "known_prefix": request.known_prefix,
+                        **({"prepare": prepared} if prepared else {}),
+                    }
+                )
+                log(
+                    f"{name} {workload.name} {index + 1}/{len(workload.requests)} "
+                    f"{request.label}: ttft {answer.ttft_ms:.0f} ms, "
+                    f"computed {answer.computed_tokens}/{answer.prompt_tokens}"
+                )
         finally:
             extra_peak = max(extra_peak, _server_peak(peer))
             peer.close()
         wall_s = time.perf_counter() - started
     return {
-        "peer": name, "workload": workload.name, "wall_s": wall_s, "start_rss_bytes": rss.start_bytes,
-        "peak_rss_bytes": rss.peak_bytes + extra_peak, "disk_bytes": folder_bytes(folder), "requests": requests,
+        "peer": name,
+        "workload": workload.name,
+        "wall_s": wall_s,
+        "start_rss_bytes": rss.start_bytes,
+        "peak_rss_bytes": rss.peak_bytes + extra_peak,
+        "disk_bytes": folder_bytes(folder),
+        "requests": requests,
     }
 
 
@@ -97,22 +130,30 @@ def _server_peak(peer: Peer) -> int:
     if callable(reader):
         try:
             return int(reader() or 0)
-        except Exception:  # noqa: BLE001 - a figure we can do without
+        except Exception:
             return 0
     return 0
 
 
-def llama_server_factory(binary: Path, cache_ram_mib: int) -> PeerFactory:
-    """Imported only when asked for: the server peer lives in its own module."""
-    from chatapp.benchmark.llama_server import LlamaServerPeer
+@dataclass(frozen=True)
+class LlamaServerFactory:
+    """Starts llama-server peers; the server peer's module is imported only when one is made."""
 
-    def make(settings: PeerSettings, folder: Path) -> Peer:
+    binary: Path
+    cache_ram_mib: int
+    name: str = SERVER_PEER
+
+    def __call__(self, settings: PeerSettings, folder: Path) -> Peer:
+        from chatapp.benchmark.llama_server import LlamaServerPeer
+
         return LlamaServerPeer(
-            binary, settings.model_path, context=settings.context, threads=settings.threads,
-            cache_ram_mib=cache_ram_mib, batch=settings.n_batch,
+            self.binary,
+            settings.model_path,
+            context=settings.context,
+            threads=settings.threads,
+            cache_ram_mib=self.cache_ram_mib,
+            batch=settings.n_batch,
         )
-
-    return make
 
 
 def find_llama_server(explicit: str | None) -> Path | None:
@@ -122,26 +163,53 @@ def find_llama_server(explicit: str | None) -> Path | None:
         from chatapp.benchmark.llama_server import default_llama_server_path
 
         path = default_llama_server_path()
-    except Exception:  # noqa: BLE001 - the server peer is optional
+    except Exception:
         return None
     return path if path.is_file() else None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quick", action="store_true", help="smaller workloads, for a first look (minutes, not the full run)")
+    parser.add_argument(
+        "--quick", action="store_true", help="smaller workloads, for a first look (minutes, not the full run)"
+    )
     parser.add_argument("--scale", choices=sorted(SCALES), help=argparse.SUPPRESS)
-    parser.add_argument("--workloads", default=",".join(WORKLOAD_NAMES), help="which workloads, e.g. A,C (default: all of A-E)")
-    parser.add_argument("--peers", default=",".join(PEERS),
-                        help=f"which peers, in order (default: {','.join(PEERS)}; the first is the reference for the answers)")
-    parser.add_argument("--out", default="bench-results", help="folder for bench.json and ttft.svg (default ./bench-results)")
+    parser.add_argument(
+        "--workloads",
+        default=",".join(ALL_NAMES),
+        help="which workloads, e.g. A,C (default: all: the peers on A-E, then chatapp's cache figures L "
+        "(lookup among many conversations) and S (storage of conversations on one persona))",
+    )
+    parser.add_argument(
+        "--peers",
+        default=",".join(PEERS),
+        help=f"which peers, in order (default: {','.join(PEERS)}; the first is the reference for the answers)",
+    )
+    parser.add_argument(
+        "--out", default="bench-results", help="folder for bench.json and ttft.svg (default ./bench-results)"
+    )
     parser.add_argument("--model", help="GGUF model (default: the bundled model)")
     parser.add_argument("--threads", type=int, help="CPU threads for every peer (default: one per core)")
-    parser.add_argument("--context", type=int, help="context per conversation for every peer (default: 8192, quick 2048)")
+    parser.add_argument(
+        "--context", type=int, help="context per conversation for every peer (default: 8192, quick 2048)"
+    )
     parser.add_argument("--max-tokens", type=int, help="answer length for every request (default: 32, quick 8)")
-    parser.add_argument("--ram-budget-mib", type=int, default=512, help="RAM budget for every peer: chatapp's RAM tier, LlamaRAMCache, llama-server --cache-ram (default 512)")
-    parser.add_argument("--disk-budget-mib", type=int, default=4096, help="disk cache budget for chatapp and LlamaDiskCache")
-    parser.add_argument("--llama-server", metavar="PATH", help="llama-server binary (default: the one scripts/build_llama_server.py builds)")
-    parser.add_argument("--allow-mismatch", action="store_true", help="report peers whose answers differ, without failing")
+    parser.add_argument(
+        "--ram-budget-mib",
+        type=int,
+        default=512,
+        help="RAM budget for every peer: chatapp's RAM tier, LlamaRAMCache, llama-server --cache-ram (default 512)",
+    )
+    parser.add_argument(
+        "--disk-budget-mib", type=int, default=4096, help="disk cache budget for chatapp and LlamaDiskCache"
+    )
+    parser.add_argument(
+        "--llama-server",
+        metavar="PATH",
+        help="llama-server binary (default: the one scripts/build_llama_server.py builds)",
+    )
+    parser.add_argument(
+        "--allow-mismatch", action="store_true", help="report peers whose answers differ, without failing"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the peers' cache folders (in --out/work)")
 
 
@@ -156,57 +224,86 @@ def run(args: argparse.Namespace) -> int:
     max_tokens = args.max_tokens or scale.max_tokens
     threads = args.threads or default_thread_count()
     workload_names = tuple(name.strip().upper() for name in args.workloads.split(",") if name.strip())
-    unknown = [name for name in workload_names if name not in WORKLOAD_NAMES]
+    unknown = [name for name in workload_names if name not in ALL_NAMES]
     peer_names = [name.strip() for name in args.peers.split(",") if name.strip()]
     unknown += [name for name in peer_names if name not in PEERS and name != SERVER_PEER]
     if unknown:
-        print(f"chatapp bench: unknown workload or peer: {', '.join(unknown)} (workloads {','.join(WORKLOAD_NAMES)}; "
-              f"peers {','.join([*PEERS, SERVER_PEER])})", file=sys.stderr)
+        print(
+            f"chatapp bench: unknown workload or peer: {', '.join(unknown)} (workloads {','.join(ALL_NAMES)}; "
+            f"peers {','.join([*PEERS, SERVER_PEER])})",
+            file=sys.stderr,
+        )
         return 2
     factories: dict[str, PeerFactory] = {name: PEERS[name] for name in peer_names if name in PEERS}
     server = find_llama_server(args.llama_server)
     if args.llama_server and (server is None or not server.is_file()):
-        print(f"chatapp bench: --llama-server {args.llama_server}: no such file (build it with "
-              "scripts/build_llama_server.py)", file=sys.stderr)
+        print(
+            f"chatapp bench: --llama-server {args.llama_server}: no such file (build it with "
+            "scripts/build_llama_server.py)",
+            file=sys.stderr,
+        )
         return 2
     if server is not None and (SERVER_PEER in peer_names or args.peers == ",".join(PEERS)):
-        try:
-            factories[SERVER_PEER] = llama_server_factory(server, args.ram_budget_mib)
-        except ImportError as error:
-            print(f"llama-server: skipped ({error})", file=sys.stderr)
+        factories[SERVER_PEER] = LlamaServerFactory(server, args.ram_budget_mib)
     elif server is None:
         print(SKIP_SERVER, file=sys.stderr)
 
     settings = PeerSettings(
-        model_path=model_path, context=context, threads=threads, ram_budget_bytes=args.ram_budget_mib * MIB,
+        model_path=model_path,
+        context=context,
+        threads=threads,
+        ram_budget_bytes=args.ram_budget_mib * MIB,
         disk_budget_bytes=args.disk_budget_mib * MIB,
     )
     out = Path(args.out)
     started = time.perf_counter()
-    _log(f"bench: model {model_path.name}, scale {scale.name}, context {context}, threads {threads}, "
-         f"max_tokens {max_tokens}, peers {','.join(factories)}, workloads {','.join(workload_names)}")
+    _log(
+        f"bench: model {model_path.name}, scale {scale.name}, context {context}, threads {threads}, "
+        f"max_tokens {max_tokens}, peers {','.join(factories)}, workloads {','.join(workload_names)}"
+    )
     from cache.fingerprint import hash_file
 
     settings = replace(settings, model_fingerprint=hash_file(model_path))
-    workloads = build_workloads(model_path, scale, workload_names)
+    workloads = build_workloads(model_path, scale, tuple(name for name in workload_names if name in WORKLOAD_NAMES))
     for workload in workloads:
-        _log(f"workload {workload.name}: {len(workload.requests)} requests, {workload.prompt_tokens:,} prompt tokens "
-             f"(longest {max(len(r.tokens) for r in workload.requests):,})")
+        _log(
+            f"workload {workload.name}: {len(workload.requests)} requests, {workload.prompt_tokens:,} prompt tokens "
+            f"(longest {max(len(r.tokens) for r in workload.requests):,})"
+        )
     out.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="work-", dir=out)) if args.keep else Path(tempfile.mkdtemp(prefix="chatapp-bench-"))
-    runs: list[dict] = []
+    work = (
+        Path(tempfile.mkdtemp(prefix="work-", dir=out))
+        if args.keep
+        else Path(tempfile.mkdtemp(prefix="chatapp-bench-"))
+    )
+    runs: list[dict[str, Any]] = []
+    lookup: LookupFigures | None = None
+    storage: StorageFigures | None = None
 
-    def meta(complete: bool) -> dict:
+    def meta(complete: bool) -> dict[str, Any]:
         return {
-            "model": str(model_path), "scale": scale.name, "context": context, "threads": threads, "max_tokens": max_tokens,
-            "peers": list(factories), "workloads": list(workload_names), "llama_cpp_python": llama_cpp.__version__,
-            "elapsed_s": time.perf_counter() - started, "complete": complete,
+            "model": str(model_path),
+            "scale": scale.name,
+            "context": context,
+            "threads": threads,
+            "max_tokens": max_tokens,
+            "peers": list(factories),
+            "workloads": list(workload_names),
+            "llama_cpp_python": llama_cpp.__version__,
+            "elapsed_s": time.perf_counter() - started,
+            "complete": complete,
             "rss": "in-process VmRSS sampled every 10 ms (llama-server: plus its process's peak)",
-            "ttft": "Llama peers: create_completion call to first streamed chunk; chatapp: engine's figure from submission "
-                    "to the first sampled token (chatapp+typed: plus any warm-up still running when Enter is pressed)",
-            "between_requests": "B and D back to back; otherwise each peer settles off the clock (chatapp: the answer's "
-                                "recompute and cache store; Llama peers save inside the call); wall time includes it",
+            "ttft": (
+                "Llama peers: create_completion call to first streamed chunk; chatapp: engine's figure from "
+                "submission to the first sampled token (chatapp+typed: plus any warm-up still running when Enter "
+                "is pressed)"
+            ),
+            "between_requests": (
+                "B and D back to back; otherwise each peer settles off the clock (chatapp: the answer's "
+                "recompute and cache store; Llama peers save inside the call); wall time includes it"
+            ),
             "work_folder": str(work) if args.keep else None,
+            "cache_figures": figures_record(lookup, storage),
         }
 
     reference = next(iter(factories), None)
@@ -215,28 +312,65 @@ def run(args: argparse.Namespace) -> int:
             for name, factory in factories.items():
                 if getattr(factory, "drafts_only", False) and not any(request.draft for request in workload.requests):
                     continue  # warm-ahead and type-ahead need to know how the app builds the prompt (C)
-                runs.append(run_peer_on_workload(name, factory, settings, workload, work / name / workload.name, max_tokens, _log))
-            write_reports(out, meta(complete=False), runs, reference_peer=reference)  # a long run keeps what it measured
+                runs.append(
+                    run_peer_on_workload(
+                        name, factory, settings, workload, work / name / workload.name, max_tokens, _log
+                    )
+                )
+            # A long run keeps what it measured.
+            write_reports(out, meta(complete=False), runs, reference_peer=reference)
+        if "L" in workload_names:
+            _log(f"L: lookup among {scale.lookup_conversations:,} conversations")
+            lookup = measure_lookup(scale.lookup_conversations)
+        if "S" in workload_names:
+            _log(f"S: storage of {scale.storage_conversations} conversations on one persona")
+            kit = PromptKit(model_path)
+            try:
+                storage = measure_storage(
+                    settings,
+                    kit,
+                    work / "storage",
+                    conversations=scale.storage_conversations,
+                    persona_tokens=scale.system,
+                    question_tokens=scale.question,
+                    max_tokens=max_tokens,
+                )
+            finally:
+                kit.close()
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     elapsed = time.perf_counter() - started
-    rows, found, verdicts, files = write_reports(out, meta(complete=True), runs, reference_peer=reference)
-    print(f"chatapp bench: {scale.name} scale, model {model_path.name}, context {context}, threads {threads}, "
-          f"max_tokens {max_tokens}, {elapsed:.0f} s")
-    print(table(rows))
-    print(NOTES)
+    rows, found, verdicts, files = write_reports(
+        out, meta(complete=True), runs, reference_peer=reference, more_verdicts=cache_figure_verdicts(lookup, storage)
+    )
+    print(
+        f"chatapp bench: {scale.name} scale, model {model_path.name}, context {context}, threads {threads}, "
+        f"max_tokens {max_tokens}, {elapsed:.0f} s"
+    )
+    if rows:
+        print(table(rows))
+        print(NOTES)
+    if lookup is not None or storage is not None:
+        print()
+        print(figures_table(lookup, storage))
     if verdicts:
         print()
         print(goals_table(verdicts))
     print(f"wrote {files['json']} and {files['svg']}")
     if found:
         stream = sys.stdout if args.allow_mismatch else sys.stderr
-        print(f"{'warning' if args.allow_mismatch else 'FAILED'}: {len(found)} answer(s) differ from "
-              f"{found[0]['reference_peer']}'s at temperature 0:", file=stream)
+        print(
+            f"{'warning' if args.allow_mismatch else 'FAILED'}: {len(found)} answer(s) differ from "
+            f"{found[0]['reference_peer']}'s at temperature 0:",
+            file=stream,
+        )
         for item in found:
-            print(f"  peer {item['peer']}, workload {item['workload']}, request {item['request'] + 1} ({item['label']}): "
-                  f"expected {item['expected']!r}, got {item['got']!r}", file=stream)
+            print(
+                f"  peer {item['peer']}, workload {item['workload']}, request {item['request'] + 1} ({item['label']}): "
+                f"expected {item['expected']!r}, got {item['got']!r}",
+                file=stream,
+            )
         if not args.allow_mismatch:
             return 2
     return 0

@@ -26,9 +26,10 @@ from cache.keys import as_token_array, common_prefix_length
 from chatapp.documents import Document
 from chatapp.engine.chat_template import FALLBACK_CHATML, ChatTemplate
 from chatapp.engine.llama_native import NativeModel
-from chatapp.engine.prompt import ASSISTANT, SYSTEM, USER, ChatMessage, PromptBuilder
+from chatapp.engine.prompt import ChatMessage, PromptBuilder
 from chatapp.services.conversation import document_block, question_message
 from chatapp.services.warmup import draft_prompt_tokens
+from chatapp.vocabulary import Role
 
 WORKLOAD_NAMES = ("A", "B", "C", "D", "E")
 BACK = "back:"  # A: a request to a persona asked before, after another one (goal A's requests)
@@ -53,20 +54,66 @@ class Scale:
     max_tokens: int  # answer length asked of every peer
     context: int  # context per sequence (every peer)
     sessions: int = 5  # D: conversations (the first three cover the three personas and two documents)
+    lookup_conversations: int = 10_000  # L: conversations in the index a lookup searches
+    storage_conversations: int = 50  # S: conversations on one persona stored through the engine
 
 
 SCALES = {
-    "full": Scale("full", system=2000, question=200, fewshot_total=500, fewshot_question=100, fewshot_requests=20,
-                  document=5000, document_questions=10, persona=1000, doc_small=1500, turns=3, answer=120,
-                  max_tokens=32, context=8192),
+    "full": Scale(
+        "full",
+        system=2000,
+        question=200,
+        fewshot_total=500,
+        fewshot_question=100,
+        fewshot_requests=20,
+        document=5000,
+        document_questions=10,
+        persona=1000,
+        doc_small=1500,
+        turns=3,
+        answer=120,
+        max_tokens=32,
+        context=8192,
+    ),
     # A first look in under two minutes on two cores (nine peers, five workloads): prompts of a
     # few hundred tokens, so its ratios say more about fixed costs than about the cache.
-    "quick": Scale("quick", system=40, question=10, fewshot_total=48, fewshot_question=8, fewshot_requests=3,
-                   document=120, document_questions=2, persona=30, doc_small=40, turns=1, answer=8,
-                   max_tokens=2, context=512, sessions=3),
-    "tiny": Scale("tiny", system=60, question=10, fewshot_total=48, fewshot_question=8, fewshot_requests=3,
-                  document=80, document_questions=2, persona=30, doc_small=40, turns=2, answer=8,
-                  max_tokens=4, context=512),
+    "quick": Scale(
+        "quick",
+        system=40,
+        question=10,
+        fewshot_total=48,
+        fewshot_question=8,
+        fewshot_requests=3,
+        document=120,
+        document_questions=2,
+        persona=30,
+        doc_small=40,
+        turns=1,
+        answer=8,
+        max_tokens=2,
+        context=512,
+        sessions=3,
+        lookup_conversations=1000,
+        storage_conversations=5,
+    ),
+    "tiny": Scale(
+        "tiny",
+        system=60,
+        question=10,
+        fewshot_total=48,
+        fewshot_question=8,
+        fewshot_requests=3,
+        document=80,
+        document_questions=2,
+        persona=30,
+        doc_small=40,
+        turns=2,
+        answer=8,
+        max_tokens=4,
+        context=512,
+        lookup_conversations=200,
+        storage_conversations=3,
+    ),
 }
 
 
@@ -168,7 +215,12 @@ PERSONA_SECTIONS = {
         "Keep track of what the user already told you in this conversation and do not ask again.",
     ],
 }
-DOMAINS = [("Ada", "legal compliance"), ("Bruno", "travel planning"), ("Chloe", "tax and accounting"), ("Dario", "IT support")]
+DOMAINS = [
+    ("Ada", "legal compliance"),
+    ("Bruno", "travel planning"),
+    ("Chloe", "tax and accounting"),
+    ("Dario", "IT support"),
+]
 QUESTION_SENTENCES = [
     "Last week our team moved the quarterly review from Tuesday to Thursday because of the holiday.",
     "The client, a bakery chain with fourteen shops, asked us to double-check their supplier contracts.",
@@ -194,8 +246,16 @@ QUESTION_ENDINGS = [
     "How do I explain this to my manager in two or three sentences?",
     "Is there a quick check I can run to see how bad the situation is?",
 ]
-REPORT_SUBJECTS = ["the Lyon warehouse", "the spring ticket backlog", "supplier contract renewals", "the new payroll system",
-                   "the Grenoble office move", "customer refunds", "the annual audit", "laptop replacements"]
+REPORT_SUBJECTS = [
+    "the Lyon warehouse",
+    "the spring ticket backlog",
+    "supplier contract renewals",
+    "the new payroll system",
+    "the Grenoble office move",
+    "customer refunds",
+    "the annual audit",
+    "laptop replacements",
+]
 REPORT_SENTENCES = [
     "In {month}, {subject} accounted for {n} hours of work across {m} teams.",
     "The main delay on {subject} came from approvals that waited {m} days on average.",
@@ -209,10 +269,28 @@ REPORT_SENTENCES = [
 MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October"]
 FEWSHOT_LABELS = ["billing", "shipping", "account", "technical", "other"]
 FEWSHOT_OPENERS = ["My", "Our", "The", "This week the", "Yesterday the", "Since Monday the"]
-FEWSHOT_OBJECTS = ["invoice", "parcel", "password reset", "printer driver", "delivery address", "card payment",
-                   "login page", "refund", "VPN client", "order number"]
-FEWSHOT_PROBLEMS = ["shows the wrong amount", "has not arrived", "keeps failing", "crashes on start",
-                    "was charged twice", "cannot be changed", "times out after a minute", "is missing"]
+FEWSHOT_OBJECTS = [
+    "invoice",
+    "parcel",
+    "password reset",
+    "printer driver",
+    "delivery address",
+    "card payment",
+    "login page",
+    "refund",
+    "VPN client",
+    "order number",
+]
+FEWSHOT_PROBLEMS = [
+    "shows the wrong amount",
+    "has not arrived",
+    "keeps failing",
+    "crashes on start",
+    "was charged twice",
+    "cannot be changed",
+    "times out after a minute",
+    "is missing",
+]
 
 
 class TextMaker:
@@ -267,9 +345,15 @@ class TextMaker:
                 paragraph += 1
                 sentences = []
                 for _ in range(rng.randint(3, 5)):
-                    sentences.append(rng.choice(REPORT_SENTENCES).format(
-                        month=rng.choice(MONTHS), subject=rng.choice(REPORT_SUBJECTS),
-                        n=rng.randint(2, 400), m=rng.randint(2, 30), k=rng.randint(1, 9)))
+                    sentences.append(
+                        rng.choice(REPORT_SENTENCES).format(
+                            month=rng.choice(MONTHS),
+                            subject=rng.choice(REPORT_SUBJECTS),
+                            n=rng.randint(2, 400),
+                            m=rng.randint(2, 30),
+                            k=rng.randint(1, 9),
+                        )
+                    )
                 yield f"\n{paragraph}. " + " ".join(sentences) + "\n"
 
         return self._grow(head, pieces(), target)
@@ -346,12 +430,12 @@ def _conversation_prompts(
     kit: PromptKit, persona: str | None, document: Document | None, questions: list[str], answers: list[str]
 ) -> list[tuple[int, ...]]:
     """The prompt of each turn of one conversation (turn i sees the earlier questions and answers)."""
-    messages = [ChatMessage.of(SYSTEM, persona)] if persona else []
+    messages = [ChatMessage.of(Role.SYSTEM, persona)] if persona else []
     prompts = []
     for turn, question in enumerate(questions):
-        messages.append(question_message(question, document) if turn == 0 else ChatMessage.of(USER, question))
+        messages.append(question_message(question, document) if turn == 0 else ChatMessage.of(Role.USER, question))
         prompts.append(kit.build(messages))
-        messages.append(ChatMessage.of(ASSISTANT, answers[turn]))
+        messages.append(ChatMessage.of(Role.ASSISTANT, answers[turn]))
     return prompts
 
 
@@ -360,25 +444,44 @@ def workload_a(kit: PromptKit, scale: Scale) -> Workload:
     p1, p2 = t.persona(1, scale.system), t.persona(2, scale.system)
 
     def ask(persona: str, seed: int) -> tuple[int, ...]:
-        return kit.build([ChatMessage.of(SYSTEM, persona), ChatMessage.of(USER, t.question(seed, scale.question))])
+        return kit.build(
+            [ChatMessage.of(Role.SYSTEM, persona), ChatMessage.of(Role.USER, t.question(seed, scale.question))]
+        )
 
-    plan = [("P1 q1", p1, 1), ("P1 q2", p1, 2), ("P1 q3", p1, 3), ("switch: P2 q4", p2, 4), ("P2 q5", p2, 5),
-            (f"{BACK} P1 q6", p1, 6), (f"{BACK} P2 q7", p2, 7), (f"{BACK} P1 q8", p1, 8)]
-    return Workload("A", "long system prompt; switch persona and back",
-                    with_known_prefixes(kit, [Request(label, ask(persona, seed)) for label, persona, seed in plan]))
+    plan = [
+        ("P1 q1", p1, 1),
+        ("P1 q2", p1, 2),
+        ("P1 q3", p1, 3),
+        ("switch: P2 q4", p2, 4),
+        ("P2 q5", p2, 5),
+        (f"{BACK} P1 q6", p1, 6),
+        (f"{BACK} P2 q7", p2, 7),
+        (f"{BACK} P1 q8", p1, 8),
+    ]
+    return Workload(
+        "A",
+        "long system prompt; switch persona and back",
+        with_known_prefixes(kit, [Request(label, ask(persona, seed)) for label, persona, seed in plan]),
+    )
 
 
 def workload_b(kit: PromptKit, scale: Scale) -> Workload:
     t = kit.texts
-    messages = [ChatMessage.of(SYSTEM, "Classify each customer message into one category: " + ", ".join(FEWSHOT_LABELS) + ".")]
+    messages = [
+        ChatMessage.of(
+            Role.SYSTEM, "Classify each customer message into one category: " + ", ".join(FEWSHOT_LABELS) + "."
+        )
+    ]
     for example in range(8):
         text, label = t.fewshot_example(example, scale.fewshot_total // 8)
-        messages += [ChatMessage.of(USER, text), ChatMessage.of(ASSISTANT, label)]
+        messages += [ChatMessage.of(Role.USER, text), ChatMessage.of(Role.ASSISTANT, label)]
     requests = []
     for number in range(scale.fewshot_requests):
-        question = ChatMessage.of(USER, t.question(100 + number, scale.fewshot_question))
+        question = ChatMessage.of(Role.USER, t.question(100 + number, scale.fewshot_question))
         requests.append(Request(f"q{number + 1}", kit.build([*messages, question])))
-    return Workload("B", "eight few-shot examples, then short questions", with_known_prefixes(kit, requests), back_to_back=True)
+    return Workload(
+        "B", "eight few-shot examples, then short questions", with_known_prefixes(kit, requests), back_to_back=True
+    )
 
 
 def workload_c(kit: PromptKit, scale: Scale) -> Workload:
@@ -388,8 +491,8 @@ def workload_c(kit: PromptKit, scale: Scale) -> Workload:
     requests = []
     for number in range(scale.document_questions):
         question = t.question(200 + number, scale.question)
-        messages = [ChatMessage.of(SYSTEM, persona), question_message(question, document)]
-        draft = Draft((ChatMessage.of(SYSTEM, persona),), (document_block(document),), question)
+        messages = [ChatMessage.of(Role.SYSTEM, persona), question_message(question, document)]
+        draft = Draft((ChatMessage.of(Role.SYSTEM, persona),), (document_block(document),), question)
         requests.append(Request(f"q{number + 1}", kit.build(messages), draft=draft))
     return Workload("C", "one long document, several questions", with_known_prefixes(kit, requests))
 
@@ -405,11 +508,15 @@ def workload_d(kit: PromptKit, scale: Scale, seed: int = 4) -> Workload:
     for number, (persona, document) in enumerate(plans):
         questions = [t.question(300 + 10 * number + turn, scale.question) for turn in range(scale.turns)]
         answers = [t.answer(300 + 10 * number + turn, scale.answer) for turn in range(scale.turns)]
-        prompts = _conversation_prompts(kit, personas[persona], documents[document] if document is not None else None, questions, answers)
+        prompts = _conversation_prompts(
+            kit, personas[persona], documents[document] if document is not None else None, questions, answers
+        )
         conversations.append([Request(f"c{number + 1} t{turn + 1}", prompt) for turn, prompt in enumerate(prompts)])
         if number < 2:  # a branch: the last question edited
             edited = [*questions[:-1], t.question(900 + number, scale.question)]
-            branch = _conversation_prompts(kit, personas[persona], documents[document] if document is not None else None, edited, answers)
+            branch = _conversation_prompts(
+                kit, personas[persona], documents[document] if document is not None else None, edited, answers
+            )
             conversations.append([Request(f"c{number + 1} branch t{scale.turns}", branch[-1])])
     # Interleave: a seeded shuffle of which conversation speaks next, each in its own order
     # (a branch after the turns it branches from).
@@ -418,12 +525,20 @@ def workload_d(kit: PromptKit, scale: Scale, seed: int = 4) -> Workload:
     queues = [list(conversation) for conversation in conversations]
     pending = {index: 0 for index in range(len(queues))}
     while any(pending[index] < len(queue) for index, queue in enumerate(queues)):
-        ready = [index for index, queue in enumerate(queues) if pending[index] < len(queue) and _branch_ready(index, pending, queues)]
+        ready = [
+            index
+            for index, queue in enumerate(queues)
+            if pending[index] < len(queue) and _branch_ready(index, pending, queues)
+        ]
         index = rng.choice(ready)
         order.append(queues[index][pending[index]])
         pending[index] += 1
-    return Workload("D", "three personas, two documents, branching conversations, interleaved", with_known_prefixes(kit, order),
-                    back_to_back=True)
+    return Workload(
+        "D",
+        "three personas, two documents, branching conversations, interleaved",
+        with_known_prefixes(kit, order),
+        back_to_back=True,
+    )
 
 
 def _branch_ready(index: int, pending: dict[int, int], queues: list[list[Request]]) -> bool:
@@ -454,8 +569,12 @@ def workload_e(kit: PromptKit, scale: Scale) -> Workload:
         requests.append(Request(f"after restart: c{number + 1} t{turns}", prompts[turns - 1]))
     fresh = _conversation_prompts(kit, persona, document, [t.question(590, scale.question)], [""])[0]
     requests.append(Request("after restart: new conversation, same persona and document", fresh))
-    return Workload("E", "restart: a new instance on the same folders continues the conversations",
-                    with_known_prefixes(kit, requests), restart)
+    return Workload(
+        "E",
+        "restart: a new instance on the same folders continues the conversations",
+        with_known_prefixes(kit, requests),
+        restart,
+    )
 
 
 BUILDERS = {"A": workload_a, "B": workload_b, "C": workload_c, "D": workload_d, "E": workload_e}

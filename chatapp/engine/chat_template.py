@@ -45,6 +45,7 @@ class ChatTemplate:
     # Templates that print today's date would change a prompt's beginning at midnight and
     # defeat the cache: the date is fixed when the template is loaded.
     today: datetime.datetime = field(default_factory=datetime.datetime.now)
+    _compiled: jinja2.Template = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, loader=None)
@@ -59,7 +60,7 @@ class ChatTemplate:
     def render(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool) -> str:
         """The template's text for `messages`; TemplateRenderError when it refuses them."""
         try:
-            return self._compiled.render(  # type: ignore[attr-defined]
+            return self._compiled.render(
                 messages=messages,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token,

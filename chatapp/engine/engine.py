@@ -13,10 +13,12 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Iterator
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from cache.llama_state import read_sequence_state, write_sequence_state
 from cache.prefix_cache import PrefixCache
@@ -24,16 +26,13 @@ from cache.selftest import verify_layout
 from cache.state_format import KVLayout, StateFormatError
 from chatapp.engine.chat_template import FALLBACK_CHATML, ChatTemplate
 from chatapp.engine.events import (
-    STOP_CANCELLED,
-    STOP_CONTEXT,
-    STOP_END,
-    STOP_LENGTH,
-    STOP_PREFILLED,
     GenerationResult,
     GenerationStats,
     PrefillProgress,
     TokenText,
 )
+from chatapp.engine.gate import Step, StepGate
+from chatapp.engine.kv_placement import KVPlacer, Placement
 from chatapp.engine.llama_native import (
     DecodeAborted,
     NativeContext,
@@ -42,9 +41,9 @@ from chatapp.engine.llama_native import (
     SamplingParams,
     gpu_offload_supported,
 )
-from chatapp.engine.kv_placement import TIER_NONE, KVPlacer, Placement
 from chatapp.engine.prompt import PromptBuilder
 from chatapp.errors import ContextOverflowError
+from chatapp.vocabulary import ReuseTier, StopReason
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +91,7 @@ class GenerationRequest:
     """One answer to compute: the full prompt tokens, sampling, and the sequence to use.
 
     `prefill_only` computes the prompt's KV ahead of the real request (warming up while the
-    user types) and samples nothing: it ends with STOP_PREFILLED and is left out of the
+    user types) and samples nothing: it ends with StopReason.PREFILLED and is left out of the
     cache's hit rate. `store=False` keeps the KV resident but hands nothing to the cache's
     RAM and disk tiers, so half-typed drafts do not fill the disk.
     """
@@ -111,13 +110,11 @@ CacheFactory = Callable[[KVLayout, ModelInfo], PrefixCache]
 class GenerationHandle:
     """The caller's side of a running request: its events, its result, and a cancel button."""
 
-    _DONE = object()
-
     def __init__(self, request: GenerationRequest) -> None:
         self.request = request
         self.submitted_at = time.perf_counter()
         self.cancel_event = threading.Event()
-        self._events: queue.Queue[object] = queue.Queue()
+        self._events: queue.Queue[PrefillProgress | TokenText | None] = queue.Queue()  # None: the end
         self._result: GenerationResult | None = None
         self._error: BaseException | None = None
         self._drained = False
@@ -140,10 +137,10 @@ class GenerationHandle:
         """Progress and text events until the request ends; raises if it failed."""
         while not self._drained:
             event = self._events.get()
-            if event is self._DONE:
+            if event is None:
                 self._drained = True
                 break
-            yield event  # type: ignore[misc]
+            yield event
         if self._error is not None:
             raise self._error
 
@@ -160,7 +157,7 @@ class GenerationHandle:
 
     def _finish(self, result: GenerationResult | None, error: BaseException | None = None) -> None:
         self._result, self._error = result, error
-        self._events.put(self._DONE)
+        self._events.put(None)
         self._finished.set()
 
 
@@ -180,12 +177,17 @@ class Engine:
         self._closing_lock = threading.Lock()  # also guards the two fields below
         self._waiting_requests = 0  # generation requests queued and not yet taken by the engine thread
         self._rebatch_job: GenerationHandle | None = None  # the answer recompute running now, if any
+        self._gate: StepGate | None = None  # tests only: see hold()
         self._thread = threading.Thread(target=self._run, name="chatapp-engine", daemon=True)
         self._thread.start()
-        self._loaded.wait()
-        if self._load_error is not None:
+        if (error := self._wait_until_loaded()) is not None:
             self._thread.join()
-            raise self._load_error
+            raise error
+
+    def _wait_until_loaded(self) -> BaseException | None:
+        """Block until the engine thread has loaded the model; the error if it could not."""
+        self._loaded.wait()
+        return self._load_error
 
     # Public API, safe from any thread.
     def generate(self, request: GenerationRequest) -> GenerationHandle:
@@ -227,6 +229,21 @@ class Engine:
         reached.wait()
         if self.cache is not None:
             self.cache.flush()
+
+    @contextmanager
+    def holding(self, step: Step, after: int) -> Iterator[StepGate]:
+        """For tests: hold the engine thread right after the `after`-th step of that kind (see gate.py).
+
+        Inside the block the gate holds once, until released or the held request is cancelled;
+        leaving the block releases it and disarms it.
+        """
+        gate = StepGate(step, after)
+        self._gate = gate
+        try:
+            yield gate
+        finally:
+            gate.release()
+            self._gate = None
 
     def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = False) -> list[int]:
         return self.model.tokenize(text, add_special=add_special, parse_special=parse_special)
@@ -320,14 +337,16 @@ class Engine:
 
     def _open_cache(self, factory: CacheFactory) -> PrefixCache | None:
         """Verify the state format on a few real tokens, then open the cache for this layout."""
-        probe = self.model.tokenize("chatapp cache self-test: the quick brown fox", add_special=False, parse_special=False)
+        probe = self.model.tokenize(
+            "chatapp cache self-test: the quick brown fox", add_special=False, parse_special=False
+        )
         source, target = 0, min(1, self.info.n_sequences - 1)
         try:
             self.context.decode(probe, start_pos=0, sequence=source, logits_for_last=False)
             state = read_sequence_state(self.context.pointer, source)
             self.context.remove(source, 0, -1)
 
-            def restore_and_read_back(moved):  # type: ignore[no-untyped-def]
+            def restore_and_read_back(moved: np.ndarray) -> np.ndarray | None:
                 if not write_sequence_state(self.context.pointer, target, moved):
                     return None
                 return read_sequence_state(self.context.pointer, target)
@@ -341,6 +360,11 @@ class Engine:
             self.context.remove(source, 0, -1)
             self.context.remove(target, 0, -1)
         return factory(layout, self.info)
+
+    def _reach(self, step: Step, handle: GenerationHandle) -> None:
+        gate = self._gate
+        if gate is not None:
+            gate.reached(step, handle.cancel_event)
 
     def _active_request_cancelled(self) -> bool:
         active = self._active
@@ -399,7 +423,9 @@ class Engine:
         prompt_length = len(answered.request.prompt_tokens)
         if len(live) <= prompt_length:
             return
-        job = GenerationHandle(GenerationRequest(tuple(live), answered.request.sampling, sequence=sequence, prefill_only=True))
+        job = GenerationHandle(
+            GenerationRequest(tuple(live), answered.request.sampling, sequence=sequence, prefill_only=True)
+        )
         self._active = job
         with self._closing_lock:
             self._rebatch_job = job
@@ -423,8 +449,8 @@ class Engine:
     def _untouched_result(handle: GenerationHandle) -> GenerationResult:
         elapsed_ms = (time.perf_counter() - handle.submitted_at) * 1000
         prompt_tokens = len(handle.request.prompt_tokens)
-        stats = GenerationStats(prompt_tokens, 0, prompt_tokens, TIER_NONE, 0, elapsed_ms, elapsed_ms, 0.0)
-        return GenerationResult(text="", token_ids=(), stop_reason=STOP_CANCELLED, stats=stats)
+        stats = GenerationStats(prompt_tokens, 0, prompt_tokens, ReuseTier.NONE, 0, elapsed_ms, elapsed_ms, 0.0)
+        return GenerationResult(text="", token_ids=(), stop_reason=StopReason.CANCELLED, stats=stats)
 
     def _generate(self, handle: GenerationHandle, placement: Placement) -> GenerationResult:
         request = handle.request
@@ -439,7 +465,7 @@ class Engine:
         pieces: list[str] = []
         first_token_at: float | None = None
         if stop_reason is None and request.prefill_only:
-            stop_reason = STOP_PREFILLED
+            stop_reason = StopReason.PREFILLED
         elif stop_reason is None:
             stop_reason, first_token_at = self._decode_answer(handle, sequence, live, generated, pieces)
         finished_at = time.perf_counter()
@@ -458,8 +484,8 @@ class Engine:
 
     def _prefill(
         self, handle: GenerationHandle, sequence: int, prompt: list[int], live: list[int], *, need_logits: bool = True
-    ) -> str | None:
-        """Evaluate the prompt tokens not yet in `live`, in batches; STOP_CANCELLED if cancelled.
+    ) -> StopReason | None:
+        """Evaluate the prompt tokens not yet in `live`, in batches; StopReason.CANCELLED if cancelled.
 
         `live` grows by each batch once it is in the KV, so after a cancel it still lists
         exactly what the sequence holds and the next request reuses those batches.
@@ -468,7 +494,7 @@ class Engine:
         start = len(live)
         while start < len(prompt):
             if handle.cancel_event.is_set():
-                return STOP_CANCELLED
+                return StopReason.CANCELLED
             # Batches end at multiples of n_batch, as in a cold run: kernels round differently
             # for different batch shapes, so a warm prefill that batches alike stays closer to cold.
             # A one-token batch takes other kernels (matrix-vector) whose KV is not bit-identical
@@ -487,39 +513,42 @@ class Engine:
                 # llama.cpp may keep the micro-batches it finished: drop the whole batch.
                 if not self.context.remove(sequence, start, -1):
                     self.placer.forget(sequence)
-                return STOP_CANCELLED
+                return StopReason.CANCELLED
             live.extend(chunk)
             start += len(chunk)
             handle._emit(PrefillProgress(done=start, total=len(prompt)))
+            if handle is not self._rebatch_job:  # the recompute after an answer is the engine's own work
+                self._reach(Step.BATCH, handle)
         return None
 
     def _decode_answer(
         self, handle: GenerationHandle, sequence: int, live: list[int], generated: list[int], pieces: list[str]
-    ) -> tuple[str, float | None]:
+    ) -> tuple[StopReason, float | None]:
         """Sample and evaluate answer tokens until a stop; returns the reason and first-token time."""
         request = handle.request
         limit = self.context.shape.n_ctx_per_sequence
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         sampler = NativeSampler(request.sampling)
         first_token_at: float | None = None
-        stop_reason = STOP_CANCELLED
+        stop_reason = StopReason.CANCELLED
         try:
             while not handle.cancel_event.is_set():
                 token = sampler.sample(self.context)
                 if first_token_at is None:
                     first_token_at = time.perf_counter()
                 if self.model.is_end_of_generation(token):
-                    stop_reason = STOP_END
+                    stop_reason = StopReason.END
                     break
                 generated.append(token)
                 text = decoder.decode(self.model.token_bytes(token))
                 pieces.append(text)
                 handle._emit(TokenText(text=text, token_id=token))
+                self._reach(Step.TOKEN, handle)
                 if len(generated) >= request.sampling.max_tokens:
-                    stop_reason = STOP_LENGTH
+                    stop_reason = StopReason.LENGTH
                     break
                 if len(live) >= limit:
-                    stop_reason = STOP_CONTEXT
+                    stop_reason = StopReason.CONTEXT
                     break
                 try:
                     self.context.decode([token], start_pos=len(live), sequence=sequence, logits_for_last=True)
@@ -534,4 +563,3 @@ class Engine:
                 pieces.append(tail)
                 handle._emit(TokenText(text=tail, token_id=-1))
         return stop_reason, first_token_at
-

@@ -4,11 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-STOP_END = "end"  # the model ended its answer
-STOP_LENGTH = "length"  # max_tokens reached
-STOP_CONTEXT = "context"  # the conversation's context is full
-STOP_CANCELLED = "cancelled"  # the caller cancelled
-STOP_PREFILLED = "prefilled"  # a prefill-only request computed its prompt (no answer asked)
+from chatapp.vocabulary import ReuseTier, StopReason
 
 
 @dataclass(frozen=True)
@@ -34,7 +30,7 @@ class GenerationStats:
     prompt_tokens: int
     reused_tokens: int
     computed_tokens: int
-    reuse_tier: str
+    reuse_tier: ReuseTier
     generated_tokens: int
     ttft_ms: float
     total_ms: float
@@ -53,5 +49,5 @@ class GenerationResult:
 
     text: str
     token_ids: tuple[int, ...]
-    stop_reason: str
+    stop_reason: StopReason
     stats: GenerationStats

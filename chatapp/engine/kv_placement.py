@@ -13,17 +13,17 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from cache.index import PrefixMatch
 from cache.keys import as_token_array
 from cache.llama_state import read_sequence_state, write_sequence_state
 from cache.prefix_cache import PrefixCache
 from cache.resident import ResidentSequences
 from cache.state_format import StateFormatError, assemble_state
 from chatapp.engine.llama_native import NativeContext
+from chatapp.vocabulary import ReuseTier
 
 log = logging.getLogger(__name__)
 
-TIER_NONE = "none"
-TIER_DEVICE = "device"
 # Restoring costs a copy; prefer what is resident unless the cache has clearly more.
 RESTORE_MARGIN_TOKENS = 8
 # With logits, the last prompt tokens are always evaluated, and never one alone: llama.cpp
@@ -36,7 +36,7 @@ FRESH_TOKENS = 2
 class Placement:
     sequence: int
     reused_tokens: int
-    tier: str
+    tier: ReuseTier
 
 
 class KVPlacer:
@@ -54,7 +54,7 @@ class KVPlacer:
         limit = max(0, len(prompt) - FRESH_TOKENS) if need_logits else len(prompt)
         if not use_cache:
             target = self.resident.least_recently_used() if sequence is None else sequence
-            return self._keep(target, 0, TIER_NONE)
+            return self._keep(target, 0, ReuseTier.NONE)
         array = as_token_array(prompt)
         if sequence is None:
             resident_sequence, resident_length = self.resident.best_match(array)
@@ -63,7 +63,7 @@ class KVPlacer:
         resident_length = min(resident_length, limit)
         if not need_logits and resident_length == len(prompt):
             self.resident.touch(resident_sequence)  # nothing to compute, nothing to cut
-            return Placement(resident_sequence, resident_length, TIER_DEVICE)
+            return Placement(resident_sequence, resident_length, ReuseTier.DEVICE)
         if self.cache is not None:
             match = self.cache.lookup(array)
             if min(match.matched_tokens, limit) > resident_length + RESTORE_MARGIN_TOKENS:
@@ -74,26 +74,30 @@ class KVPlacer:
                 if target == resident_sequence:
                     resident_length = 0  # the failed restore emptied it
         if resident_length > 0:
-            return self._keep(resident_sequence, resident_length, TIER_DEVICE)
+            return self._keep(resident_sequence, resident_length, ReuseTier.DEVICE)
         target = self.resident.least_recently_used() if sequence is None else sequence
-        return self._keep(target, 0, TIER_NONE)
+        return self._keep(target, 0, ReuseTier.NONE)
 
-    def _keep(self, sequence: int, length: int, tier: str) -> Placement:
+    def _keep(self, sequence: int, length: int, tier: ReuseTier) -> Placement:
         if not self.context.remove(sequence, length, -1):
             # llama.cpp cannot cut this sequence (a recurrent or sliding-window memory): start over.
             self.forget(sequence)
             length = 0
         self.resident.truncate(sequence, length)
         self.resident.touch(sequence)
-        return Placement(sequence, length, tier if length else TIER_NONE)
+        return Placement(sequence, length, tier if length else ReuseTier.NONE)
 
-    def _restore(self, sequence: int, match, limit: int) -> Placement | None:
+    def _restore(self, sequence: int, match: PrefixMatch, limit: int) -> Placement | None:
         assert self.cache is not None
         fetched = self.cache.fetch(match)
         if fetched is None:
             return None
         try:
-            state = assemble_state(self.cache.layout, list(zip((b.tokens.size for b in fetched.blocks), fetched.payloads)), sequence)
+            state = assemble_state(
+                self.cache.layout,
+                list(zip((b.tokens.size for b in fetched.blocks), fetched.payloads, strict=True)),
+                sequence,
+            )
         except StateFormatError as error:
             log.warning("cannot assemble a cached prefix: %s", error)
             return None

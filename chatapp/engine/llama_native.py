@@ -28,7 +28,6 @@ _init_lock = threading.Lock()
 _initialised = False
 
 
-@llama_cpp.llama_log_callback
 def _route_llama_log(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
     """Send llama.cpp's log to Python logging: never to the terminal, where it would tear the TUI."""
     global _last_level
@@ -41,13 +40,17 @@ def _route_llama_log(level: int, text: bytes, _user_data: ctypes.c_void_p) -> No
         llama_logger.log(python_level, message)
 
 
+# Kept at module level: llama.cpp holds the pointer for the life of the process.
+_LOG_CALLBACK = llama_cpp.llama_log_callback(_route_llama_log)
+
+
 def initialise_llama() -> None:
     """Route llama.cpp's log and initialise its backends, once per process."""
     global _initialised
     with _init_lock:
         if _initialised:
             return
-        llama_cpp.llama_log_set(_route_llama_log, ctypes.c_void_p(0))
+        llama_cpp.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
         llama_cpp.llama_backend_init()
         _initialised = True
 
@@ -227,7 +230,9 @@ class NativeContext:
         count = len(tokens)
         abortable = count > 1
         if abortable != self._abort_installed:
-            llama_cpp.llama_set_abort_callback(self.pointer, self._abort_callback if abortable else self._no_abort_callback, None)
+            llama_cpp.llama_set_abort_callback(
+                self.pointer, self._abort_callback if abortable else self._no_abort_callback, None
+            )
             self._abort_installed = abortable
         if not 0 < count <= self.shape.n_batch:
             raise ValueError(f"decode takes 1..{self.shape.n_batch} tokens, got {count}")

@@ -22,15 +22,14 @@ import logging
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from chatapp.engine.chat_template import ChatTemplate, TemplateRenderError
+from chatapp.vocabulary import Role
 
 log = logging.getLogger(__name__)
+K = TypeVar("K")
 
-SYSTEM = "system"
-USER = "user"
-ASSISTANT = "assistant"
 # Remembered tokenizations: histories (by their messages) and long content parts (documents).
 MEMO_ENTRIES = 16
 LONG_TEXT_CHARACTERS = 2000
@@ -42,12 +41,12 @@ CONTENT_SENTINEL = "\x00chatapp-content\x00"
 class ChatMessage:
     """One message. `parts` are tokenized separately; `generated_ids` are the model's own tokens."""
 
-    role: str
+    role: Role
     parts: tuple[str, ...]
     generated_ids: tuple[int, ...] | None = None
 
     @classmethod
-    def of(cls, role: str, *parts: str) -> ChatMessage:
+    def of(cls, role: Role, *parts: str) -> ChatMessage:
         return cls(role=role, parts=tuple(parts))
 
     @property
@@ -55,7 +54,7 @@ class ChatMessage:
         return "".join(self.parts)
 
     def as_template_input(self) -> dict[str, str]:
-        return {"role": self.role, "content": self.content}
+        return {"role": self.role.value, "content": self.content}
 
 
 class Tokenizer(Protocol):
@@ -103,9 +102,11 @@ class PromptBuilder:
     def message_tokens(self, history: list[ChatMessage], message: ChatMessage) -> list[int]:
         """The tokens `message` adds after `history` (BOS aside)."""
         before = self._render_history(history)
-        sentinel_segment = self._segment(before, history, replace(message, parts=(CONTENT_SENTINEL,), generated_ids=None))
-        prefix, found, suffix = sentinel_segment.partition(CONTENT_SENTINEL)
-        found = bool(found) and CONTENT_SENTINEL not in suffix
+        sentinel_segment = self._segment(
+            before, history, replace(message, parts=(CONTENT_SENTINEL,), generated_ids=None)
+        )
+        prefix, sentinel, suffix = sentinel_segment.partition(CONTENT_SENTINEL)
+        found = bool(sentinel) and CONTENT_SENTINEL not in suffix
         if message.generated_ids is not None:
             closing = suffix if found else ""
             return (
@@ -154,12 +155,12 @@ class PromptBuilder:
         if with_header.startswith(without):
             return with_header[len(without) :]
         log.warning("chat template's generation prompt does not extend the history; using the assistant prefix")
-        probe = self._segment(without, history, ChatMessage.of(ASSISTANT, CONTENT_SENTINEL))
+        probe = self._segment(without, history, ChatMessage.of(Role.ASSISTANT, CONTENT_SENTINEL))
         return probe.partition(CONTENT_SENTINEL)[0]
 
     def _accepts_system_messages(self) -> bool:
         """Some templates (Gemma's, Mistral's) refuse a system role."""
-        probe = [{"role": SYSTEM, "content": "s"}, {"role": USER, "content": "u"}]
+        probe = [{"role": Role.SYSTEM.value, "content": "s"}, {"role": Role.USER.value, "content": "u"}]
         try:
             self.template.render(probe, add_generation_prompt=True)
         except TemplateRenderError:
@@ -168,13 +169,13 @@ class PromptBuilder:
 
     def _fold_system_messages(self, messages: list[ChatMessage]) -> list[ChatMessage]:
         """Without a system role, the persona becomes the first part of the first user message."""
-        if self.supports_system or not messages or messages[0].role != SYSTEM:
+        if self.supports_system or not messages or messages[0].role != Role.SYSTEM:
             return messages
         persona, rest = messages[0], messages[1:]
-        if rest and rest[0].role == USER:
+        if rest and rest[0].role == Role.USER:
             first = rest[0]
             return [replace(first, parts=(persona.content + "\n\n", *first.parts)), *rest[1:]]
-        return [ChatMessage.of(USER, persona.content), *rest]
+        return [ChatMessage.of(Role.USER, persona.content), *rest]
 
     def _render_history(self, history: list[ChatMessage]) -> str:
         try:
@@ -218,7 +219,7 @@ class PromptBuilder:
             self._remember(self._history_memo, tuple(messages), tuple(tokens))
         return tokens
 
-    def _remember(self, memo: OrderedDict, key: object, value: tuple[int, ...]) -> None:  # type: ignore[type-arg]
+    def _remember(self, memo: OrderedDict[K, tuple[int, ...]], key: K, value: tuple[int, ...]) -> None:
         with self._memo_lock:
             memo[key] = value
             memo.move_to_end(key)

@@ -9,81 +9,61 @@ status and figures replace the draft.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import Any
 
 from chatapp.engine.engine import GenerationHandle
-from chatapp.engine.events import STOP_CANCELLED, STOP_CONTEXT, STOP_LENGTH, GenerationResult, PrefillProgress, TokenText
-from chatapp.engine.prompt import ASSISTANT
+from chatapp.engine.events import GenerationResult
+from chatapp.records import MessageRecord
+from chatapp.services.streams import AnswerText, EngineStream, stats_record
 from chatapp.store.conversations import ConversationStore
-from chatapp.store.records import MessageRecord
+from chatapp.vocabulary import MessageStatus, Role
 
 SAVE_EVERY_S = 2.0
-STATUS_COMPLETE = "complete"
-STATUS_STOPPED = "stopped"
-STATUS_CUT_OFF = "cut_off"
-STATUS_PARTIAL = "partial"
-STATUS_BY_STOP = {STOP_CANCELLED: STATUS_STOPPED, STOP_LENGTH: STATUS_CUT_OFF, STOP_CONTEXT: STATUS_CUT_OFF}
 
 
-def stats_record(result: GenerationResult, *, ms_digits: int = 1) -> dict[str, Any]:
-    """The figures of an answer: kept with it in the database, printed by `ask --json`."""
-    stats = result.stats
-    return {
-        "prompt_tokens": stats.prompt_tokens,
-        "reused_tokens": stats.reused_tokens,
-        "computed_tokens": stats.computed_tokens,
-        "reuse_tier": stats.reuse_tier,
-        "generated_tokens": stats.generated_tokens,
-        "ttft_ms": round(stats.ttft_ms, ms_digits),
-        "total_ms": round(stats.total_ms, ms_digits),
-        "decode_tokens_per_s": round(stats.decode_tokens_per_s, 2),
-        "stop_reason": result.stop_reason,
-    }
+class AnswerJob(EngineStream):
+    """Iterate `events()` on a worker thread; `cancel()` from anywhere; then read `answer`.
 
+    `on_end` hears of the result once it is saved (the service keeps the session's figures).
+    """
 
-class AnswerJob:
-    """Iterate `events()` on a worker thread; `cancel()` from anywhere; then read `answer`."""
-
-    def __init__(self, store: ConversationStore, handle: GenerationHandle, question: MessageRecord) -> None:
+    def __init__(
+        self,
+        store: ConversationStore,
+        handle: GenerationHandle,
+        question: MessageRecord,
+        on_end: Callable[[GenerationResult], None] | None = None,
+    ) -> None:
+        super().__init__(handle)
         self.store = store
-        self.handle = handle
         self.question = question
         self.answer: MessageRecord | None = None
-        self.result: GenerationResult | None = None
+        self._on_end_callback = on_end
+        self._pieces: list[str] = []
+        self._token_ids: list[int] = []
+        self._saved_at = time.monotonic()
 
-    def cancel(self) -> None:
-        self.handle.cancel()
+    def _on_text(self, text: AnswerText) -> None:
+        self._pieces.append(text.text)
+        if text.token_id >= 0:
+            self._token_ids.append(text.token_id)
+        if self.answer is None or time.monotonic() - self._saved_at > SAVE_EVERY_S:
+            self._save("".join(self._pieces), self._token_ids, MessageStatus.PARTIAL, None)
+            self._saved_at = time.monotonic()
 
-    def events(self) -> Iterator[PrefillProgress | TokenText]:
-        pieces: list[str] = []
-        token_ids: list[int] = []
-        saved_at = time.monotonic()
-        for event in self.handle.events():
-            if isinstance(event, TokenText):
-                pieces.append(event.text)
-                if event.token_id >= 0:
-                    token_ids.append(event.token_id)
-                if self.answer is None or time.monotonic() - saved_at > SAVE_EVERY_S:
-                    self._save("".join(pieces), token_ids, STATUS_PARTIAL, None)
-                    saved_at = time.monotonic()
-            yield event
-        result = self.handle.wait()
-        self.result = result
-        self._save(result.text, list(result.token_ids), STATUS_BY_STOP.get(result.stop_reason, STATUS_COMPLETE), stats_record(result))
+    def _on_end(self, result: GenerationResult) -> None:
+        status = MessageStatus.after(result.stop_reason)
+        self._save(result.text, list(result.token_ids), status, stats_record(result))
+        if self._on_end_callback is not None:
+            self._on_end_callback(result)
 
-    def wait(self) -> GenerationResult:
-        for _ in self.events():
-            pass
-        assert self.result is not None
-        return self.result
-
-    def _save(self, text: str, token_ids: list[int], status: str, stats: dict[str, Any] | None) -> None:
+    def _save(self, text: str, token_ids: list[int], status: MessageStatus, stats: dict[str, Any] | None) -> None:
         if self.answer is None:
             self.answer = self.store.add_message(
                 self.question.conversation_id,
                 self.question.id,
-                ASSISTANT,
+                Role.ASSISTANT,
                 text,
                 generated_ids=tuple(token_ids),
                 stats=stats,

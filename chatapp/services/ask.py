@@ -12,12 +12,11 @@ from typing import Any
 
 from chatapp.documents import Document
 from chatapp.engine.engine import Engine
-from chatapp.engine.events import TokenText
 from chatapp.engine.llama_native import SamplingParams
 from chatapp.errors import ContextOverflowError, DocumentError
-from chatapp.services.answers import stats_record
 from chatapp.services.chat import ChatSession
 from chatapp.services.conversation import Conversation, document_block
+from chatapp.services.streams import AnswerText, stats_record
 
 
 @dataclass(frozen=True)
@@ -54,7 +53,7 @@ def ask(
             "use a shorter document or a larger --context (context_cap in config.toml)"
         ) from None
     for event in reply.events():
-        if isinstance(event, TokenText) and event.text:
+        if isinstance(event, AnswerText) and event.text:
             on_text(event.text)
     result = reply.result
     assert result is not None

@@ -10,9 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from chatapp.documents import Document
-from chatapp.engine.prompt import ASSISTANT, SYSTEM, ChatMessage
+from chatapp.engine.prompt import ChatMessage
+from chatapp.records import ConversationRecord, DocumentRecord, MessageRecord
 from chatapp.services.conversation import question_message
-from chatapp.store.records import ConversationRecord, DocumentRecord, MessageRecord
+from chatapp.vocabulary import Role
 
 
 @dataclass(frozen=True)
@@ -57,11 +58,13 @@ def prompt_messages(root: MessageRecord, document: Document | None, path: list[M
     The first question carries the document, so the same persona and document always
     begin with the same tokens, whatever is asked.
     """
-    messages = [ChatMessage.of(SYSTEM, root.content)] if root.content else []
+    messages = [ChatMessage.of(Role.SYSTEM, root.content)] if root.content else []
     first_question = True
     for record in path:
-        if record.role == ASSISTANT:
-            messages.append(ChatMessage(role=ASSISTANT, parts=(record.content,), generated_ids=record.generated_ids or ()))
+        if record.role == Role.ASSISTANT:
+            messages.append(
+                ChatMessage(role=Role.ASSISTANT, parts=(record.content,), generated_ids=record.generated_ids or ())
+            )
         else:
             messages.append(question_message(record.content, document if first_question else None))
             first_question = False

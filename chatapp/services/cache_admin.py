@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from cache import maintenance
+from cache.tiers import REUSING_TIERS
 from chatapp.errors import ChatappError
 from chatapp.services.library import open_library
 from chatapp.services.startup import Workspace
@@ -29,7 +30,7 @@ def cache_stats(workspace: Workspace) -> dict[str, Any]:
         "prompt_tokens": prompt_tokens,
         "reused_tokens": reused,
         "hit_rate": round(reused / prompt_tokens, 4) if prompt_tokens else 0.0,
-        "reused_by_tier": totals.get("reused_by_tier", {"device": 0, "ram": 0, "disk": 0}),
+        "reused_by_tier": totals.get("reused_by_tier", dict.fromkeys(REUSING_TIERS, 0)),
         "device": {"sequences": settings.sequences, "tokens_per_sequence": settings.context_cap},
         "ram": {"budget_bytes": settings.cache_ram_mib << 20, **_counters(totals.get("ram"))},
         "disk": {
@@ -51,7 +52,10 @@ def format_stats(stats: dict[str, Any]) -> str:
     """A short human-readable report."""
     ram, disk = stats["ram"], stats["disk"]
     by_tier = stats["reused_by_tier"]
-    header = f"{'tier':<6} {'entries':>8} {'bytes':>10} {'budget':>10} {'hits':>8} {'misses':>8} {'evicted':>8} {'expired':>8} {'written':>10} {'read':>10}"
+    header = (
+        f"{'tier':<6} {'entries':>8} {'bytes':>10} {'budget':>10} {'hits':>8} {'misses':>8} "
+        f"{'evicted':>8} {'expired':>8} {'written':>10} {'read':>10}"
+    )
     rows = [
         f"KV cache in {stats['directory']}",
         header,
@@ -60,7 +64,8 @@ def format_stats(stats: dict[str, Any]) -> str:
         f"device: {stats['device']['sequences']} sequences of up to {stats['device']['tokens_per_sequence']:,} tokens, "
         "resident in the llama.cpp context while the app runs",
         f"pinned: {disk['pinned_entries']:,} entries, {_size(disk['pinned_bytes'])}",
-        f"hit rate: {stats['hit_rate']:.1%} ({stats['reused_tokens']:,} of {stats['prompt_tokens']:,} prompt tokens reused "
+        f"hit rate: {stats['hit_rate']:.1%} ({stats['reused_tokens']:,} "
+        f"of {stats['prompt_tokens']:,} prompt tokens reused "
         f"over {stats['requests']:,} requests: device {by_tier.get('device', 0):,}, ram {by_tier.get('ram', 0):,}, "
         f"disk {by_tier.get('disk', 0):,})",
     ]
@@ -70,7 +75,8 @@ def format_stats(stats: dict[str, Any]) -> str:
 def _row(name: str, entries: str, size: str, tier: dict[str, Any]) -> str:
     return (
         f"{name:<6} {entries:>8} {size:>10} {_size(tier['budget_bytes']):>10} {tier['hits']:>8,} {tier['misses']:>8,} "
-        f"{tier['evictions']:>8,} {tier['expirations']:>8,} {_size(tier['bytes_written']):>10} {_size(tier['bytes_read']):>10}"
+        f"{tier['evictions']:>8,} {tier['expirations']:>8,} "
+        f"{_size(tier['bytes_written']):>10} {_size(tier['bytes_read']):>10}"
     )
 
 

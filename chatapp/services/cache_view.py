@@ -7,23 +7,25 @@ These calls wait for the engine and the disk: run them off the UI thread.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from chatapp.engine.engine import GenerationRequest
+from cache.prefix_cache import PrefixCache
+from chatapp.engine.engine import Engine, GenerationRequest
 from chatapp.engine.llama_native import SamplingParams
-from chatapp.engine.prompt import SYSTEM, ChatMessage
+from chatapp.engine.prompt import ChatMessage
 from chatapp.errors import ChatappError
+from chatapp.records import PersonaRecord, PinRecord
 from chatapp.services import cache_admin
 from chatapp.services.branches import as_document
 from chatapp.services.chat_service import ChatService
-from chatapp.store.pins import PinRecord
-from chatapp.store.records import PersonaRecord
+from chatapp.vocabulary import Role
 
 
 @dataclass(frozen=True)
 class CacheOverview:
-    stats: dict[str, Any]
+    stats: Mapping[str, Any]
     live: bool  # figures of the running cache (else read from the folder)
     pins: list[PinRecord]
     ttft_ms: list[float]
@@ -41,7 +43,9 @@ class CacheService:
         if engine is not None and engine.cache is not None:
             stats = engine.cache.stats()
             return CacheOverview(stats, True, pins, list(self.chat.figures.ttft_ms), problem)
-        return CacheOverview(cache_admin.cache_stats(self.chat.workspace), False, pins, list(self.chat.figures.ttft_ms), problem)
+        return CacheOverview(
+            cache_admin.cache_stats(self.chat.workspace), False, pins, list(self.chat.figures.ttft_ms), problem
+        )
 
     def pin_persona(self, persona: PersonaRecord) -> int:
         return self._pin_persona_prompt(persona.name, persona.prompt)
@@ -55,7 +59,7 @@ class CacheService:
 
     def _pin_persona_prompt(self, name: str, prompt: str) -> int:
         builder = self._engine().prompt_builder
-        tokens = builder.build([ChatMessage.of(SYSTEM, prompt)], add_generation_prompt=False)
+        tokens = builder.build([ChatMessage.of(Role.SYSTEM, prompt)], add_generation_prompt=False)
         return self._pin("persona", name, tokens)
 
     def pin_document(self) -> int:
@@ -99,12 +103,12 @@ class CacheService:
         self.chat.pins.add(kind, label, tokens)
         return count
 
-    def _engine(self):  # type: ignore[no-untyped-def]
+    def _engine(self) -> Engine:
         if self.chat.engine is None:
             raise ChatappError("the model is still loading; try again in a moment")
         return self.chat.engine
 
-    def _cache(self):  # type: ignore[no-untyped-def]
+    def _cache(self) -> PrefixCache:
         engine = self._engine()
         if engine.cache is None:
             raise ChatappError(engine.cache_problem or "the KV cache is off in this session")

@@ -1,48 +1,34 @@
 """A chat session: send a message, stream the answer, keep the conversation append-only.
 
-Used by the TUI and by `chatapp ask`. It turns the conversation into prompt tokens,
+Used by `chatapp ask` and the benchmark. It turns the conversation into prompt tokens,
 submits them to the engine, and records the answer with its exact token ids so that
 the next prompt extends this one token for token.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 from chatapp.engine.engine import Engine, GenerationHandle, GenerationRequest
-from chatapp.engine.events import GenerationResult, PrefillProgress, TokenText
+from chatapp.engine.events import GenerationResult
 from chatapp.engine.llama_native import SamplingParams
 from chatapp.errors import ChatappError
 from chatapp.services.conversation import Conversation
+from chatapp.services.streams import EngineStream
 
 
-class Reply:
-    """An answer being generated. Iterate `events()`, then read `result`; `cancel()` any time."""
+class Reply(EngineStream):
+    """An answer being generated; when it ends it joins the conversation (a failure takes the question back)."""
 
     def __init__(self, session: ChatSession, handle: GenerationHandle) -> None:
+        super().__init__(handle)
         self._session = session
-        self._handle = handle
-        self.result: GenerationResult | None = None
 
-    def events(self) -> Iterator[PrefillProgress | TokenText]:
-        """Stream progress and text; when it ends, the answer joins the conversation."""
-        try:
-            yield from self._handle.events()
-        except BaseException:
-            self._session.conversation.drop_last()
-            raise
-        self.result = self._handle.wait()
-        self._session.conversation.add_answer(self.result.text, self.result.token_ids)
+    def _on_end(self, result: GenerationResult) -> None:
+        self._session.conversation.add_answer(result.text, result.token_ids)
 
-    def wait(self) -> GenerationResult:
-        for _ in self.events():
-            pass
-        assert self.result is not None
-        return self.result
-
-    def cancel(self) -> None:
-        self._handle.cancel()
+    def _on_failure(self) -> None:
+        self._session.conversation.drop_last()
 
 
 @dataclass

@@ -7,23 +7,28 @@ and `edit` return an `AnswerJob` whose events a worker thread consumes.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from chatapp.documents import Document, load_document
 from chatapp.engine.engine import Engine, GenerationHandle, GenerationRequest
-from chatapp.engine.prompt import ASSISTANT, USER, ChatMessage
+from chatapp.engine.events import GenerationResult
+from chatapp.engine.prompt import ChatMessage
 from chatapp.errors import ChatappError, ContextOverflowError, DocumentError
+from chatapp.records import ConversationRecord, DocumentRecord, MessageRecord, PersonaRecord
 from chatapp.services.answers import AnswerJob
 from chatapp.services.branches import BranchMessage, BranchView, as_document, prompt_messages
 from chatapp.services.conversation import document_block, question_message
 from chatapp.services.export import branch_to_json, branch_to_markdown, write_export
+from chatapp.services.personas import PersonaService
 from chatapp.services.startup import Workspace
+from chatapp.services.streams import EngineStream
 from chatapp.services.warmup import Prewarmer, draft_prompt_tokens
 from chatapp.store.conversations import ConversationStore
 from chatapp.store.personas import PersonaStore
 from chatapp.store.pins import PinStore
-from chatapp.store.records import ConversationRecord, DocumentRecord, MessageRecord, PersonaRecord
+from chatapp.vocabulary import Role
 
 NEW_TITLE = "New conversation"
 TITLE_CHARACTERS = 60
@@ -57,25 +62,64 @@ class ChatService:
     """Conversations as trees of branches, answered by the engine, warmed ahead of time."""
 
     def __init__(
-        self, workspace: Workspace, conversations: ConversationStore, personas: PersonaStore, pins: PinStore | None = None
+        self,
+        workspace: Workspace,
+        conversations: ConversationStore,
+        personas: PersonaStore,
+        pins: PinStore | None = None,
     ) -> None:
         self.workspace = workspace
         self.conversations = conversations
-        self.personas = personas
+        self.personas = PersonaService(personas)
         self.pins = pins
         self.engine: Engine | None = None
         self.prewarmer: Prewarmer | None = None
         self.conversation_id: int | None = None
         self.figures = SessionFigures()
         self._prefix_tokens: dict[tuple[str, int], int] = {}  # (persona prompt, document id) → tokens
+        self._engine_lock = threading.Lock()  # attach and close may come from different threads
+        self._closed = False
+
+    # The model.
+    def load_model(self) -> None:
+        """Load the model and open its KV cache: slow, so call it off the UI thread.
+
+        A ChatappError names the problem and the fix. If the service was closed meanwhile
+        (the user quit while the model loaded), the model is closed again at once.
+        """
+        self.attach_engine(self.workspace.open_engine())
 
     def attach_engine(self, engine: Engine) -> None:
-        self.engine = engine
-        self.prewarmer = Prewarmer(engine)
+        with self._engine_lock:
+            if self._closed:
+                engine.close()
+                return
+            self.engine = engine
+            self.prewarmer = Prewarmer(engine)
+
+    def close(self) -> None:
+        """Stop what runs and free the model (the conversations database is the library's to close)."""
+        with self._engine_lock:
+            self._closed = True
+            engine, self.engine, self.prewarmer = self.engine, None, None
+        if engine is not None:
+            engine.close()
 
     @property
     def ready(self) -> bool:
         return self.engine is not None
+
+    def model_label(self) -> str:
+        """The loaded model's file name, for the status line."""
+        return self.engine.info.path.stem if self.engine is not None else "no model"
+
+    def startup_notices(self) -> list[str]:
+        """What the user should hear once after loading: the cache being off, a repaired disk tier."""
+        engine = self.engine
+        notices = [engine.cache_problem] if engine is not None and engine.cache_problem else []
+        if notice := self.take_cache_notice():
+            notices.append(notice)
+        return notices
 
     def context_size(self) -> int | None:
         """Tokens one conversation's context holds (None until the model is loaded)."""
@@ -114,8 +158,12 @@ class ChatService:
         leaf_id = conversation.active_leaf_id
         if leaf_id is None:
             roots = self.conversations.roots(conversation.id)
-            root = roots[-1] if roots else self.conversations.add_root(
-                conversation.id, persona_name=None, persona_prompt="", document_id=None
+            root = (
+                roots[-1]
+                if roots
+                else self.conversations.add_root(
+                    conversation.id, persona_name=None, persona_prompt="", document_id=None
+                )
             )
             leaf_id = root.id
         path = self.conversations.path(leaf_id)
@@ -196,7 +244,8 @@ class ChatService:
         view = self.view()
         if view.conversation.id != prepared.conversation_id or view.root.id != prepared.root_id:
             raise ChatappError(
-                f"{prepared.document.name} was not attached: the conversation or persona changed while it was read; attach it again"
+                f"{prepared.document.name} was not attached: the conversation "
+                "or persona changed while it was read; attach it again"
             )
         record = self.conversations.add_document(prepared.document.name, prepared.document.text, prepared.source_path)
         self._prefix_tokens[(view.root.content, record.id)] = prepared.tokens
@@ -256,14 +305,14 @@ class ChatService:
         if view.conversation.qa_mode:
             return view.root
         leaf = view.leaf
-        if leaf.role == USER and leaf.parent_id is not None:
+        if leaf.role == Role.USER and leaf.parent_id is not None:
             return self.conversations.get_message(leaf.parent_id)
         return leaf
 
     def edit(self, message_id: int, text: str) -> AnswerJob:
         """Ask an edited version of a question: a sibling branch beside the original."""
         original = self.conversations.get_message(message_id)
-        if original.role != USER or original.parent_id is None:
+        if original.role != Role.USER or original.parent_id is None:
             raise ChatappError("only your own messages can be edited; pick a message of yours")
         view = self.view()
         if original.conversation_id != view.conversation.id:
@@ -273,13 +322,17 @@ class ChatService:
     def regenerate(self, message_id: int) -> AnswerJob:
         """Answer a question again (given the question or one of its answers): a sibling answer."""
         message = self.conversations.get_message(message_id)
-        question = self.conversations.get_message(message.parent_id) if message.role == ASSISTANT and message.parent_id else message
-        if question.role != USER:
+        question = (
+            self.conversations.get_message(message.parent_id)
+            if message.role == Role.ASSISTANT and message.parent_id
+            else message
+        )
+        if question.role != Role.USER:
             raise ChatappError("there is no question to answer again here; ask one first")
         path = self.conversations.path(question.id)
         document = self._root_document(path[0])
         messages = prompt_messages(path[0], document, path[1:])
-        return AnswerJob(self.conversations, self._generate(messages, document), question)
+        return AnswerJob(self.conversations, self._generate(messages, document), question, self._answered)
 
     def _ask(self, view: BranchView, parent: MessageRecord, text: str) -> AnswerJob:
         if not text.strip():
@@ -287,17 +340,17 @@ class ChatService:
         path = self.conversations.path(parent.id)
         document = self._root_document(path[0])
         history = prompt_messages(path[0], document, path[1:])
-        first_question = not any(record.role == USER for record in path)
+        first_question = not any(record.role == Role.USER for record in path)
         messages = [*history, question_message(text, document if first_question else None)]
         handle = self._generate(messages, document)
         try:
-            question = self.conversations.add_message(view.conversation.id, parent.id, USER, text)
+            question = self.conversations.add_message(view.conversation.id, parent.id, Role.USER, text)
             if view.conversation.title == NEW_TITLE:
                 self.conversations.rename(view.conversation.id, title_from(text))
         except BaseException:
             handle.cancel()  # the question could not be saved: no answer nobody will see
             raise
-        return AnswerJob(self.conversations, handle, question)
+        return AnswerJob(self.conversations, handle, question, self._answered)
 
     def _generate(self, messages: list[ChatMessage], document: Document | None) -> GenerationHandle:
         engine = self._engine()
@@ -323,14 +376,14 @@ class ChatService:
         cache = engine.cache if engine is not None else None
         return cache.take_notice() if cache is not None else None
 
-    def record_answer(self, ttft_ms: float) -> None:
-        self.figures.ttft_ms.append(ttft_ms)
+    def _answered(self, result: GenerationResult) -> None:
+        self.figures.ttft_ms.append(result.stats.ttft_ms)
 
     def _root_document(self, root: MessageRecord) -> Document | None:
         return as_document(self.conversations.get_document(root.document_id)) if root.document_id else None
 
     # Warm-ahead and type-ahead.
-    def warm_ahead(self, draft: str = "") -> GenerationHandle | None:
+    def warm_ahead(self, draft: str = "") -> EngineStream | None:
         """Compute the start of the next question's prompt while the user types.
 
         With an empty draft this is the persona, document and history (kept in the cache
@@ -345,13 +398,14 @@ class ChatService:
         tokens = self.next_question_tokens(path[0], document, path[1:], draft)
         if len(tokens) >= self.engine.info.n_ctx_per_sequence:
             return None
-        return self.prewarmer.warm(tokens, store=not draft.strip())
+        handle = self.prewarmer.warm(tokens, store=not draft.strip())
+        return EngineStream(handle) if handle is not None else None
 
     def next_question_tokens(
         self, root: MessageRecord, document: Document | None, history: list[MessageRecord], draft: str
     ) -> list[int]:
         engine = self._engine()
-        first_question = not any(record.role == USER for record in history)
+        first_question = not any(record.role == Role.USER for record in history)
         parts_before = (document_block(document),) if document is not None and first_question else ()
         messages = prompt_messages(root, document, history)
         return draft_prompt_tokens(engine.prompt_builder, messages, parts_before, draft)

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from chatapp.documents import Document
-from chatapp.engine.prompt import ASSISTANT, SYSTEM, USER, ChatMessage
+from chatapp.engine.prompt import ChatMessage
+from chatapp.vocabulary import Role
 
 DOCUMENT_TEMPLATE = '<document name="{name}">\n{text}\n</document>\n\n'
 
@@ -23,8 +24,8 @@ def document_block(document: Document) -> str:
 def question_message(text: str, document: Document | None) -> ChatMessage:
     """A user message; the document, when given, is its first content part."""
     if document is not None:
-        return ChatMessage.of(USER, document_block(document), text)
-    return ChatMessage.of(USER, text)
+        return ChatMessage.of(Role.USER, document_block(document), text)
+    return ChatMessage.of(Role.USER, text)
 
 
 @dataclass
@@ -37,14 +38,14 @@ class Conversation:
 
     def add_user(self, text: str) -> ChatMessage:
         """Append a user message; the first one carries the document, if any."""
-        is_first_question = not any(message.role == USER for message in self.messages)
+        is_first_question = not any(message.role == Role.USER for message in self.messages)
         message = question_message(text, self.document if is_first_question else None)
         self.messages.append(message)
         return message
 
     def add_answer(self, text: str, token_ids: tuple[int, ...]) -> ChatMessage:
         """Append the model's answer with its exact token ids."""
-        message = ChatMessage(role=ASSISTANT, parts=(text,), generated_ids=token_ids)
+        message = ChatMessage(role=Role.ASSISTANT, parts=(text,), generated_ids=token_ids)
         self.messages.append(message)
         return message
 
@@ -53,5 +54,5 @@ class Conversation:
 
     def prompt_messages(self) -> list[ChatMessage]:
         """Everything the prompt is built from, persona first."""
-        persona = [ChatMessage.of(SYSTEM, self.system_prompt)] if self.system_prompt else []
+        persona = [ChatMessage.of(Role.SYSTEM, self.system_prompt)] if self.system_prompt else []
         return persona + self.messages

@@ -15,22 +15,21 @@ from typing import Any
 
 from chatapp.atomic_write import write_text_atomically
 from chatapp.errors import ChatappError
-from chatapp.store.records import (
-    ASSISTANT,
-    CUT_OFF,
-    PARTIAL,
-    STOPPED,
-    SYSTEM,
-    USER,
+from chatapp.records import (
     ConversationRecord,
     DocumentRecord,
     MessageRecord,
 )
+from chatapp.vocabulary import MessageStatus, Role
 
 FORMAT = "chatapp.branch"
 VERSION = 1
-_HEADINGS = {USER: "You", ASSISTANT: "Assistant"}
-_NOTES = {STOPPED: "(answer stopped)", CUT_OFF: "(answer cut off)", PARTIAL: "(answer incomplete)"}
+_HEADINGS = {Role.USER: "You", Role.ASSISTANT: "Assistant"}
+_NOTES = {
+    MessageStatus.STOPPED: "(answer stopped)",
+    MessageStatus.CUT_OFF: "(answer cut off)",
+    MessageStatus.PARTIAL: "(answer incomplete)",
+}
 
 
 def branch_to_markdown(
@@ -48,7 +47,7 @@ def branch_to_markdown(
     for message in messages:
         parts.append(f"## {_HEADINGS[message.role]}")
         parts.append(message.content.strip() or "*(empty)*")
-        note = _NOTES.get(message.status) if message.role == ASSISTANT else None
+        note = _NOTES.get(message.status) if message.role == Role.ASSISTANT else None
         if note:
             parts.append(f"*{note}*")
     return "\n\n".join(parts) + "\n"
@@ -88,7 +87,7 @@ def write_export(text_or_dict: str | dict[str, Any], path: Path) -> Path:
 
 
 def _split(path: list[MessageRecord]) -> tuple[MessageRecord | None, list[MessageRecord]]:
-    root = path[0] if path and path[0].role == SYSTEM else None
+    root = path[0] if path and path[0].role == Role.SYSTEM else None
     return root, [message for message in path if message.role in _HEADINGS]
 
 

@@ -14,8 +14,9 @@ from collections.abc import Sequence
 
 from chatapp.engine.engine import Engine, GenerationHandle, GenerationRequest
 from chatapp.engine.llama_native import SamplingParams
-from chatapp.engine.prompt import USER, ChatMessage, PromptBuilder
+from chatapp.engine.prompt import ChatMessage, PromptBuilder
 from chatapp.errors import ContextOverflowError
+from chatapp.vocabulary import Role
 
 # Nothing is sampled; the request type still wants sampling settings.
 _NO_SAMPLING = SamplingParams(temperature=0.0, max_tokens=1)
@@ -34,10 +35,12 @@ def settled_text(draft: str) -> str:
     return ""
 
 
-def draft_prompt_tokens(builder: PromptBuilder, messages: list[ChatMessage], parts_before: tuple[str, ...], draft: str) -> list[int]:
+def draft_prompt_tokens(
+    builder: PromptBuilder, messages: list[ChatMessage], parts_before: tuple[str, ...], draft: str
+) -> list[int]:
     """What to warm while `draft` is typed after `messages` (`parts_before`: e.g. the document block)."""
     settled = settled_text(draft)
-    tokens = builder.draft_tokens(messages, ChatMessage.of(USER, *parts_before, settled))
+    tokens = builder.draft_tokens(messages, ChatMessage.of(Role.USER, *parts_before, settled))
     # The token at the boundary may merge with what is typed next: leave it to the real request.
     return tokens[:-1] if settled else tokens
 

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from chatapp.store.conversations import ConversationStore
-from chatapp.store.database import SCHEMA_VERSION, open_database
-from chatapp.store.personas import PersonaStore, bundled_personas_dir
-from chatapp.store.records import (
+from chatapp.records import (
     ConversationRecord,
     DocumentRecord,
     MessageRecord,
     PersonaRecord,
 )
+from chatapp.store.conversations import ConversationStore
+from chatapp.store.database import SCHEMA_VERSION, open_database
+from chatapp.store.personas import PersonaStore, bundled_personas_dir
 
 __all__ = [
     "SCHEMA_VERSION",

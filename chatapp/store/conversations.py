@@ -18,21 +18,26 @@ from collections.abc import Iterable
 from typing import Any
 
 from chatapp.errors import StoreError
-from chatapp.store.database import connection_lock, transaction
-from chatapp.store.records import (
-    ASSISTANT,
-    COMPLETE,
-    STATUSES,
-    SYSTEM,
-    USER,
+from chatapp.records import (
     ConversationRecord,
     DocumentRecord,
     MessageRecord,
 )
+from chatapp.store.database import connection_lock, transaction
+from chatapp.vocabulary import MessageStatus, Role
 
 _MESSAGE_FIELDS = (
-    "id", "conversation_id", "parent_id", "role", "content", "created_at", "generated_ids", "stats", "status",
-    "persona_name", "document_id",
+    "id",
+    "conversation_id",
+    "parent_id",
+    "role",
+    "content",
+    "created_at",
+    "generated_ids",
+    "stats",
+    "status",
+    "persona_name",
+    "document_id",
 )
 _MESSAGE_COLUMNS = ", ".join(_MESSAGE_FIELDS)
 _CONVERSATION_COLUMNS = "id, title, created_at, updated_at, active_leaf_id, qa_mode"
@@ -83,7 +88,7 @@ class ConversationStore:
                     f"SELECT {_CONVERSATION_COLUMNS} FROM conversations AS c "
                     f"WHERE instr({_FOLD}(c.title), :needle) > 0 OR EXISTS ("
                     f"  SELECT 1 FROM messages AS m WHERE m.conversation_id = c.id "
-                    f"  AND m.role != 'system' AND instr({_FOLD}(m.content), :needle) > 0)"
+                    f"  AND m.role != '{Role.SYSTEM.value}' AND instr({_FOLD}(m.content), :needle) > 0)"
                     f"{order}",
                     {"needle": needle},
                 )
@@ -140,7 +145,7 @@ class ConversationStore:
             cursor = db.execute(
                 "INSERT INTO messages (conversation_id, parent_id, role, content, created_at, "
                 "persona_name, document_id) VALUES (?, NULL, ?, ?, ?, ?, ?)",
-                (conversation_id, SYSTEM, persona_prompt, now, persona_name, document_id),
+                (conversation_id, Role.SYSTEM.value, persona_prompt, now, persona_name, document_id),
             )
             message_id = _lastrowid(cursor)
             self._touch(db, conversation_id, now, active_leaf_id=message_id)
@@ -150,15 +155,15 @@ class ConversationStore:
         self,
         conversation_id: int,
         parent_id: int,
-        role: str,
+        role: Role,
         content: str,
         *,
         generated_ids: Iterable[int] | None = None,
         stats: dict[str, Any] | None = None,
-        status: str = COMPLETE,
+        status: MessageStatus = MessageStatus.COMPLETE,
     ) -> MessageRecord:
         """Add a user or assistant message under `parent_id` and make it the active leaf."""
-        if role not in (USER, ASSISTANT):
+        if role not in (Role.USER, Role.ASSISTANT):
             raise StoreError(
                 f"a message's role must be 'user' or 'assistant', not {role!r}; use add_root for a persona"
             )
@@ -190,7 +195,7 @@ class ConversationStore:
         content: str | None = None,
         generated_ids: Iterable[int] | None = None,
         stats: dict[str, Any] | None = None,
-        status: str | None = None,
+        status: MessageStatus | None = None,
     ) -> MessageRecord:
         """Change the given fields (None leaves a field as it is); used to finish a partial answer."""
         changes: dict[str, Any] = {}
@@ -205,7 +210,7 @@ class ConversationStore:
         with transaction(self._connection) as db:
             message = self._message(db, message_id)
             if changes:
-                if message.role == SYSTEM:
+                if message.role is Role.SYSTEM:
                     raise StoreError(
                         f"message {message_id} is a persona root and cannot be edited; start a new branch instead"
                     )
@@ -240,9 +245,7 @@ class ConversationStore:
     def children(self, message_id: int) -> list[MessageRecord]:
         with transaction(self._connection, write=False) as db:
             self._message(db, message_id)
-            rows = db.execute(
-                f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE parent_id = ? ORDER BY id", (message_id,)
-            )
+            rows = db.execute(f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE parent_id = ? ORDER BY id", (message_id,))
             return [_message_record(row) for row in rows]
 
     def roots(self, conversation_id: int) -> list[MessageRecord]:
@@ -376,10 +379,19 @@ def _check_title(title: str) -> str:
     return title
 
 
-def _check_status(status: str) -> str:
-    if status not in STATUSES:
-        raise StoreError(f"unknown message status {status!r}; use one of {', '.join(STATUSES)}")
-    return status
+def _check_status(status: str) -> MessageStatus:
+    try:
+        return MessageStatus(status)
+    except ValueError:
+        known = ", ".join(MessageStatus)
+        raise StoreError(f"unknown message status {status!r}; use one of {known}") from None
+
+
+def _check_role(role: str) -> Role:
+    try:
+        return Role(role)
+    except ValueError:
+        raise StoreError(f"a message in the database has an unknown role {role!r}; the file is damaged") from None
 
 
 def _ids_to_json(ids: Iterable[int] | None) -> str | None:
@@ -401,18 +413,29 @@ def _stats_to_json(stats: dict[str, Any] | None) -> str | None:
 
 
 def _message_record(row: tuple[Any, ...]) -> MessageRecord:
-    (message_id, conversation_id, parent_id, role, content, created_at, ids_json, stats_json, status,
-     persona_name, document_id) = row
+    (
+        message_id,
+        conversation_id,
+        parent_id,
+        role,
+        content,
+        created_at,
+        ids_json,
+        stats_json,
+        status,
+        persona_name,
+        document_id,
+    ) = row
     return MessageRecord(
         id=message_id,
         conversation_id=conversation_id,
         parent_id=parent_id,
-        role=role,
+        role=_check_role(role),
         content=content,
         created_at=created_at,
         generated_ids=tuple(json.loads(ids_json)) if ids_json is not None else None,
         stats=json.loads(stats_json) if stats_json is not None else None,
-        status=status,
+        status=_check_status(status),
         persona_name=persona_name,
         document_id=document_id,
     )

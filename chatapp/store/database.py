@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from chatapp.errors import StoreError
 
@@ -103,7 +104,7 @@ assert len(MIGRATIONS) == SCHEMA_VERSION
 class _LockedConnection(sqlite3.Connection):
     """A connection that carries the lock every store on it shares."""
 
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.chatapp_lock = threading.RLock()
 
@@ -115,6 +116,11 @@ _FALLBACK_LOCK = threading.RLock()
 def connection_lock(connection: sqlite3.Connection) -> threading.RLock:
     """The lock that serialises all use of `connection` across threads and stores."""
     return getattr(connection, "chatapp_lock", _FALLBACK_LOCK)
+
+
+def _roll_back(connection: sqlite3.Connection) -> None:
+    if connection.in_transaction:
+        connection.execute("ROLLBACK")
 
 
 @contextmanager
@@ -133,13 +139,11 @@ def transaction(connection: sqlite3.Connection, *, write: bool = True) -> Iterat
             try:
                 yield connection
             except BaseException:
-                if connection.in_transaction:
-                    connection.execute("ROLLBACK")
+                _roll_back(connection)
                 raise
             connection.execute("COMMIT")
         except sqlite3.Error as error:
-            if connection.in_transaction:
-                connection.execute("ROLLBACK")
+            _roll_back(connection)
             raise StoreError(
                 f"the conversations database failed ({error}); "
                 "check free disk space and that no other program holds the file"
@@ -151,9 +155,7 @@ def open_database(path: Path) -> sqlite3.Connection:
     path = Path(path)
     created = _create_private_file(path)
     try:
-        connection = sqlite3.connect(
-            path, check_same_thread=False, isolation_level=None, factory=_LockedConnection
-        )
+        connection = sqlite3.connect(path, check_same_thread=False, isolation_level=None, factory=_LockedConnection)
     except sqlite3.Error as error:
         raise _open_error(path, error) from None
     try:
@@ -220,8 +222,7 @@ def _migrate(connection: sqlite3.Connection, path: Path) -> None:
 
 def _open_error(path: Path, error: sqlite3.Error) -> StoreError:
     return StoreError(
-        f"cannot open database {path} ({error}); check the file's permissions "
-        "and that no other program holds it"
+        f"cannot open database {path} ({error}); check the file's permissions and that no other program holds it"
     )
 
 
@@ -242,8 +243,7 @@ def _damaged(connection: sqlite3.Connection, path: Path, reason: str) -> StoreEr
             "copy it somewhere safe, then move it away to start a fresh database"
         )
     return StoreError(
-        f"database {path} is damaged ({reason}); a copy was saved as {backup}; "
-        "move it away to start a fresh database"
+        f"database {path} is damaged ({reason}); a copy was saved as {backup}; move it away to start a fresh database"
     )
 
 

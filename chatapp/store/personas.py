@@ -18,8 +18,8 @@ from typing import Any
 
 from chatapp.atomic_write import write_text_atomically
 from chatapp.errors import PersonaError
+from chatapp.records import PersonaRecord
 from chatapp.store.database import transaction
-from chatapp.store.records import PersonaRecord
 
 MAX_NAME_LENGTH = 80
 MAX_FILE_BYTES = 1 << 20  # a prompt is text for a context window, not a book
@@ -52,7 +52,7 @@ def parse_persona_text(text: str, stem: str) -> PersonaText:
 
 
 def name_from_stem(stem: str) -> str:
-    """"code-reviewer" → "Code reviewer"."""
+    """ "code-reviewer" → "Code reviewer"."""
     words = " ".join(re.sub(r"[-_]", " ", stem).split())
     return words[:1].upper() + words[1:]
 
@@ -138,7 +138,9 @@ class PersonaStore:
         path = Path(path).expanduser()
         if path.is_dir():
             path = path / f"{slug(record.name)}.md"
-        write_text_atomically(path, persona_markdown(record.name, record.prompt), what="the persona", error=PersonaError)
+        write_text_atomically(
+            path, persona_markdown(record.name, record.prompt), what="the persona", error=PersonaError
+        )
         return path
 
     # --- helpers -----------------------------------------------------------------------
@@ -259,5 +261,3 @@ def _record(row: tuple[Any, ...]) -> PersonaRecord:
     return PersonaRecord(
         id=persona_id, name=name, prompt=prompt, bundled=bool(bundled), created_at=created_at, updated_at=updated_at
     )
-
-

@@ -6,33 +6,25 @@ user recognises, with the exact tokens needed to unpin it later.
 
 from __future__ import annotations
 
+import builtins
 import json
 import sqlite3
 import time
-from dataclasses import dataclass
 
+from chatapp.records import PinRecord
 from chatapp.store.database import transaction
-
-
-@dataclass(frozen=True)
-class PinRecord:
-    id: int
-    kind: str  # "persona" | "document"
-    label: str
-    tokens: tuple[int, ...]
-    created_at: float
 
 
 class PinStore:
     def __init__(self, connection: sqlite3.Connection) -> None:
         self._connection = connection
 
-    def list(self) -> list[PinRecord]:
+    def list(self) -> builtins.list[PinRecord]:
         with transaction(self._connection, write=False) as db:
             rows = db.execute("SELECT id, kind, label, tokens, created_at FROM pins ORDER BY created_at, id").fetchall()
         return [PinRecord(row[0], row[1], row[2], tuple(int(t) for t in json.loads(row[3])), row[4]) for row in rows]
 
-    def add(self, kind: str, label: str, tokens: list[int]) -> PinRecord:
+    def add(self, kind: str, label: str, tokens: builtins.list[int]) -> PinRecord:
         """Remember a pin; pinning the same prefix again replaces the old entry."""
         encoded = json.dumps([int(t) for t in tokens])
         now = time.time()

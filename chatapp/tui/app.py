@@ -4,13 +4,13 @@ and hosts the main screen and its dialogs."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from textual import work
 from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
 
-from chatapp.engine.engine import Engine
 from chatapp.errors import ChatappError
 from chatapp.services.cache_view import CacheService
 from chatapp.services.chat_service import ChatService
@@ -38,7 +38,6 @@ class ChatApp(App[None]):
         self.library = library or open_library(workspace)
         self.service = ChatService(workspace, self.library.conversations, self.library.personas, self.library.pins)
         self.cache_service = CacheService(self.service)
-        self.engine: Engine | None = None
         self.main_screen = MainScreen(self.service)
 
     def on_mount(self) -> None:
@@ -49,31 +48,25 @@ class ChatApp(App[None]):
     def load_engine(self) -> None:
         """Load the model in a worker thread; conversations can be browsed meanwhile."""
         try:
-            engine = self.workspace.open_engine()
+            self.service.load_model()
         except ChatappError as error:
             self.call_from_thread(self._engine_failed, str(error))
             return
-        self.call_from_thread(self._engine_ready, engine)
+        self.call_from_thread(self._engine_ready)
 
-    def _engine_ready(self, engine: Engine) -> None:
-        if self._exit:
-            engine.close()
+    def _engine_ready(self) -> None:
+        if not self.service.ready:  # the app is closing: the service closed the model again
             return
-        self.engine = engine
-        self.service.attach_engine(engine)
-        if engine.cache_problem:
-            self.notify(engine.cache_problem, severity="warning", timeout=15)
-        if notice := self.service.take_cache_notice():
+        for notice in self.service.startup_notices():
             self.notify(notice, title="KV cache", severity="warning", timeout=15)
-        self.main_screen.engine_ready(engine.info.path.stem)
+        self.main_screen.engine_ready(self.service.model_label())
 
     def _engine_failed(self, reason: str) -> None:
         self.notify(reason, title="Cannot load the model", severity="error", timeout=30)
         self.main_screen.engine_failed(reason)
 
     def on_unmount(self) -> None:
-        if self.engine is not None:
-            self.engine.close()
+        self.service.close()
         self.library.close()
 
     # Screens.
@@ -115,7 +108,7 @@ class ChatApp(App[None]):
         if not isinstance(self.screen, HelpScreen):
             self.push_screen(HelpScreen())
 
-    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+    def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
         """Every action of the table in the command palette, with its key."""
         yield from super().get_system_commands(screen)
         for command in commands.COMMANDS:

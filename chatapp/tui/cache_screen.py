@@ -3,6 +3,8 @@ prefixes (pin or unpin the persona or document), prune and clear, and first-toke
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -75,7 +77,8 @@ class CacheScreen(ModalScreen[None]):
         hit_rate = float(stats.get("hit_rate", 0.0))
         source = "this session" if overview.live else "all sessions (model not loaded)"
         summary = (
-            f"Hit rate {hit_rate:.0%} of prompt tokens over {_count(int(stats.get('requests', 0)), 'answer')} ({source})"
+            f"Hit rate {hit_rate:.0%} of prompt tokens over "
+            f"{_count(int(stats.get('requests', 0)), 'answer')} ({source})"
             f"  ·  reused {int(stats.get('reused_tokens', 0)):,} of {int(stats.get('prompt_tokens', 0)):,} tokens"
         )
         if overview.problem:
@@ -99,7 +102,9 @@ class CacheScreen(ModalScreen[None]):
         self.query_one(Sparkline).data = overview.ttft_ms or [0.0]
         if overview.ttft_ms:
             low, high, last = min(overview.ttft_ms), max(overview.ttft_ms), overview.ttft_ms[-1]
-            self.query_one("#ttft-range", Label).update(f"{_count(len(overview.ttft_ms), 'answer')} · min {low:,.0f} · max {high:,.0f} · last {last:,.0f}")
+            self.query_one("#ttft-range", Label).update(
+                f"{_count(len(overview.ttft_ms), 'answer')} · min {low:,.0f} · max {high:,.0f} · last {last:,.0f}"
+            )
         else:
             self.query_one("#ttft-range", Label).update("no answers yet in this session")
         pins = self.query_one("#pins", OptionList)
@@ -144,7 +149,7 @@ class CacheScreen(ModalScreen[None]):
         self.app.push_screen(Confirm("Clear every cached prefix (RAM and disk, pins too)?", yes="Clear"), decided)
 
     @work(thread=True, exclusive=True, group="cache-op")
-    def _run(self, operation, message: str) -> None:  # type: ignore[no-untyped-def]
+    def _run(self, operation: Callable[[], int], message: str) -> None:
         self.app.call_from_thread(self.notify, "Working…", timeout=2)
         try:
             count = operation()

@@ -7,14 +7,15 @@ from textual.containers import VerticalScroll
 from chatapp.services.branches import BranchView
 from chatapp.tui.format import answer_footnote
 from chatapp.tui.widgets import MessageView
+from chatapp.vocabulary import Role
 
 
 class ChatLog(VerticalScroll):
     """Shows a branch. Alt+Up/Down move the selection; actions apply to the selected message
     (the last one when nothing is selected)."""
 
-    def __init__(self, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
         self.selected_index: int | None = None
 
     @property
@@ -27,11 +28,13 @@ class ChatLog(VerticalScroll):
         widgets = []
         for message in view.messages:
             record = message.record
-            widget = MessageView(record.role, record.content, message_id=record.id, position=message.position, siblings=message.siblings)
+            widget = MessageView(
+                record.role, record.content, message_id=record.id, position=message.position, siblings=message.siblings
+            )
             widgets.append(widget)
         if widgets:
             await self.mount_all(widgets)
-        for widget, message in zip(widgets, view.messages):
+        for widget, message in zip(widgets, view.messages, strict=True):
             widget.set_footnote(answer_footnote(message.record))
         self.selected_index = None
         self._mark_selection()
@@ -40,14 +43,16 @@ class ChatLog(VerticalScroll):
     async def refresh_versions(self, view: BranchView) -> bool:
         """Update ids, "2/3" labels and texts in place after an answer; False if the views no longer match."""
         widgets = self.views
-        if len(widgets) != len(view.messages) or any(w.role != m.record.role for w, m in zip(widgets, view.messages)):
+        if len(widgets) != len(view.messages) or any(
+            w.role != m.record.role for w, m in zip(widgets, view.messages, strict=True)
+        ):
             return False
-        for widget, message in zip(widgets, view.messages):
+        for widget, message in zip(widgets, view.messages, strict=True):
             if widget.text != message.record.content:  # the saved text is the truth
                 await widget.body.update(message.record.content)
             widget.message_id = message.record.id
             widget.position, widget.version_count = message.position, message.siblings
-            widget.query_one(".versions").update(widget._version_text())  # type: ignore[attr-defined]
+            widget.show_versions()
             widget.set_footnote(answer_footnote(message.record))
         return True
 
@@ -58,7 +63,7 @@ class ChatLog(VerticalScroll):
         self.selected_index = None
         self._mark_selection()
 
-    async def add(self, role: str, text: str = "") -> MessageView:
+    async def add(self, role: Role, text: str = "") -> MessageView:
         widget = MessageView(role, text)
         await self.mount(widget)
         self.scroll_end(animate=False)

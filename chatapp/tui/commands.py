@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 
 
 @dataclass(frozen=True)
@@ -24,29 +24,167 @@ class Command:
 
 COMMANDS: tuple[Command, ...] = (
     Command("chat.stop", "escape", "stop", "Stop", "Stop the answer or the warm-up; cancel editing", footer=True),
-    Command("chat.new", "ctrl+n", "new_conversation", "New conversation", "Start a conversation with the current persona", footer=True, priority=True),
-    Command("chat.regenerate", "ctrl+r", "regenerate", "Regenerate answer", "Answer the selected question again, as a sibling answer", priority=True),
-    Command("chat.edit", "ctrl+g", "edit_question", "Edit question", "Edit the selected question; Enter sends it as a new branch", priority=True),
-    Command("chat.select_previous", "alt+up", "select(-1)", "Select previous message", "Move the selection to the message above", priority=True),
-    Command("chat.select_next", "alt+down", "select(1)", "Select next message", "Move the selection to the message below", priority=True),
-    Command("chat.sibling_previous", "alt+left", "sibling(-1)", "Previous sibling", "Show the previous version of the selected message (2/3 → 1/3)", priority=True),
-    Command("chat.sibling_next", "alt+right", "sibling(1)", "Next sibling", "Show the next version of the selected message (1/3 → 2/3)", priority=True),
-    Command("chat.copy", "alt+c", "copy_message", "Copy message", "Copy the selected message to the clipboard", priority=True),
-    Command("chat.copy_code", "alt+k", "copy_code", "Copy code block", "Copy the last code block of the selected message", priority=True),
-    Command("chat.qa_mode", "ctrl+t", "toggle_qa_mode", "Q&A mode", "Ask each question as a fresh branch from the persona and document", footer=True, priority=True),
-    Command("chat.attach", "ctrl+o", "attach_document", "Attach document", "Attach a .txt, .md or .pdf file; questions reuse its KV", footer=True, priority=True),
-    Command("chat.detach", "alt+o", "detach_document", "Detach document", "Continue without the document, in a new branch", priority=True),
-    Command("chat.search", "ctrl+f", "search", "Search conversations", "Filter conversations by title and text", priority=True),
-    Command("chat.sidebar", "ctrl+b", "toggle_sidebar", "Toggle sidebar", "Show or hide the conversations and the branch tree", priority=True),
+    Command(
+        "chat.new",
+        "ctrl+n",
+        "new_conversation",
+        "New conversation",
+        "Start a conversation with the current persona",
+        footer=True,
+        priority=True,
+    ),
+    Command(
+        "chat.regenerate",
+        "ctrl+r",
+        "regenerate",
+        "Regenerate answer",
+        "Answer the selected question again, as a sibling answer",
+        priority=True,
+    ),
+    Command(
+        "chat.edit",
+        "ctrl+g",
+        "edit_question",
+        "Edit question",
+        "Edit the selected question; Enter sends it as a new branch",
+        priority=True,
+    ),
+    Command(
+        "chat.select_previous",
+        "alt+up",
+        "select(-1)",
+        "Select previous message",
+        "Move the selection to the message above",
+        priority=True,
+    ),
+    Command(
+        "chat.select_next",
+        "alt+down",
+        "select(1)",
+        "Select next message",
+        "Move the selection to the message below",
+        priority=True,
+    ),
+    Command(
+        "chat.sibling_previous",
+        "alt+left",
+        "sibling(-1)",
+        "Previous sibling",
+        "Show the previous version of the selected message (2/3 → 1/3)",
+        priority=True,
+    ),
+    Command(
+        "chat.sibling_next",
+        "alt+right",
+        "sibling(1)",
+        "Next sibling",
+        "Show the next version of the selected message (1/3 → 2/3)",
+        priority=True,
+    ),
+    Command(
+        "chat.copy",
+        "alt+c",
+        "copy_message",
+        "Copy message",
+        "Copy the selected message to the clipboard",
+        priority=True,
+    ),
+    Command(
+        "chat.copy_code",
+        "alt+k",
+        "copy_code",
+        "Copy code block",
+        "Copy the last code block of the selected message",
+        priority=True,
+    ),
+    Command(
+        "chat.qa_mode",
+        "ctrl+t",
+        "toggle_qa_mode",
+        "Q&A mode",
+        "Ask each question as a fresh branch from the persona and document",
+        footer=True,
+        priority=True,
+    ),
+    Command(
+        "chat.attach",
+        "ctrl+o",
+        "attach_document",
+        "Attach document",
+        "Attach a .txt, .md or .pdf file; questions reuse its KV",
+        footer=True,
+        priority=True,
+    ),
+    Command(
+        "chat.detach",
+        "alt+o",
+        "detach_document",
+        "Detach document",
+        "Continue without the document, in a new branch",
+        priority=True,
+    ),
+    Command(
+        "chat.search",
+        "ctrl+f",
+        "search",
+        "Search conversations",
+        "Filter conversations by title and text",
+        priority=True,
+    ),
+    Command(
+        "chat.sidebar",
+        "ctrl+b",
+        "toggle_sidebar",
+        "Toggle sidebar",
+        "Show or hide the conversations and the branch tree",
+        priority=True,
+    ),
     Command("chat.tree", "f3", "focus_tree", "Branch tree", "Jump to any branch of this conversation", priority=True),
-    Command("chat.composer", "f6", "focus_composer", "Message box", "Move the cursor back to the message box", priority=True),
-    Command("chat.rename", "alt+r", "rename", "Rename conversation", "Give the open conversation a new title", priority=True),
-    Command("chat.export", "alt+x", "export", "Export branch", "Save the open branch as Markdown or JSON", priority=True),
-    Command("chat.delete", "alt+delete", "delete_conversation", "Delete conversation", "Delete the open conversation (asks first)", priority=True),
-    Command("app.personas", "f2", "personas", "Personas", "Create, edit, import, export and pick personas", footer=True, priority=True),
-    Command("app.cache", "f4", "cache", "Cache", "Cache tiers, hit rate, pinned prefixes, prune and clear", footer=True, priority=True),
-    Command("app.settings", "f5", "settings", "Settings", "Model, context, GPU layers, sampling and cache budgets", footer=True, priority=True),
-    Command("app.help", "f1", "help", "Help", "This list of keys", footer=True, priority=True),
+    Command(
+        "chat.composer", "f6", "focus_composer", "Message box", "Move the cursor back to the message box", priority=True
+    ),
+    Command(
+        "chat.rename", "alt+r", "rename", "Rename conversation", "Give the open conversation a new title", priority=True
+    ),
+    Command(
+        "chat.export", "alt+x", "export", "Export branch", "Save the open branch as Markdown or JSON", priority=True
+    ),
+    Command(
+        "chat.delete",
+        "alt+delete",
+        "delete_conversation",
+        "Delete conversation",
+        "Delete the open conversation (asks first)",
+        priority=True,
+    ),
+    Command(
+        "app.personas",
+        "f2",
+        "app.personas",
+        "Personas",
+        "Create, edit, import, export and pick personas",
+        footer=True,
+        priority=True,
+    ),
+    Command(
+        "app.cache",
+        "f4",
+        "app.cache",
+        "Cache",
+        "Cache tiers, hit rate, pinned prefixes, prune and clear",
+        footer=True,
+        priority=True,
+    ),
+    Command(
+        "app.settings",
+        "f5",
+        "app.settings",
+        "Settings",
+        "Model, context, GPU layers, sampling and cache budgets",
+        footer=True,
+        priority=True,
+    ),
+    Command("app.help", "f1", "app.help", "Help", "This list of keys", footer=True, priority=True),
 )
 
 # Keys that belong to widgets, listed in help for completeness.
@@ -61,7 +199,7 @@ WIDGET_KEYS: tuple[tuple[str, str], ...] = (
 )
 
 
-def bindings() -> list[Binding]:
+def bindings() -> list[BindingType]:
     return [
         Binding(c.key, c.action, c.title, show=c.footer, id=c.id, priority=c.priority, tooltip=c.help) for c in COMMANDS
     ]

@@ -24,8 +24,8 @@ class Composer(TextArea):
     class EditLast(Message):
         """Up was pressed in an empty box: the user wants to edit the last question."""
 
-    def __init__(self, **kwargs: object) -> None:
-        super().__init__(soft_wrap=True, show_line_numbers=False, tab_behavior="focus", **kwargs)  # type: ignore[arg-type]
+    def __init__(self, *, id: str | None = None, placeholder: str = "") -> None:
+        super().__init__(soft_wrap=True, show_line_numbers=False, tab_behavior="focus", id=id, placeholder=placeholder)
 
     async def _on_key(self, event: events.Key) -> None:
         if event.key == "enter":

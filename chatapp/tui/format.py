@@ -4,23 +4,28 @@ from __future__ import annotations
 
 from typing import Any
 
-from chatapp.store.records import MessageRecord
+from chatapp.records import MessageRecord
+from chatapp.vocabulary import MessageStatus, ReuseTier, Role
 
-TIER_NAMES = {"device": "the live context", "ram": "RAM", "disk": "disk"}
-STATUS_NOTES = {"stopped": "stopped", "cut_off": "cut off at a limit", "partial": "cut off: the app closed while answering"}
+TIER_NAMES = {ReuseTier.DEVICE: "the live context", ReuseTier.RAM: "RAM", ReuseTier.DISK: "disk"}
+STATUS_NOTES = {
+    MessageStatus.STOPPED: "stopped",
+    MessageStatus.CUT_OFF: "cut off at a limit",
+    MessageStatus.PARTIAL: "cut off: the app closed while answering",
+}
 
 
 def reuse_text(stats: dict[str, Any]) -> str:
     """'reused 2,000 of 2,210 prompt tokens from disk'."""
     reused, prompt = int(stats.get("reused_tokens", 0)), int(stats.get("prompt_tokens", 0))
     text = f"reused {reused:,} of {prompt:,} prompt tokens"
-    tier = stats.get("reuse_tier", "none")
+    tier = stats.get("reuse_tier", ReuseTier.NONE)
     return text + (f" from {TIER_NAMES.get(tier, tier)}" if reused else "")
 
 
 def answer_footnote(record: MessageRecord) -> str:
     """The line under an answer: cache result, first-token time, length, and how it ended."""
-    if record.role != "assistant":
+    if record.role is not Role.ASSISTANT:
         return ""
     parts = []
     stats = record.stats or {}
@@ -34,7 +39,7 @@ def answer_footnote(record: MessageRecord) -> str:
     return "; ".join(parts[:2]) + (" · " + " · ".join(parts[2:]) if len(parts) > 2 else "")
 
 
-SHORT_TIER_NAMES = {"device": "context", "ram": "RAM", "disk": "disk"}
+SHORT_TIER_NAMES = {ReuseTier.DEVICE: "context", ReuseTier.RAM: "RAM", ReuseTier.DISK: "disk"}
 
 
 def speed_fields(stats: dict[str, Any]) -> tuple[str, ...]:
@@ -43,6 +48,6 @@ def speed_fields(stats: dict[str, Any]) -> tuple[str, ...]:
     if stats.get("decode_tokens_per_s"):
         fields.append(f"{float(stats['decode_tokens_per_s']):.1f} tok/s")
     reused, prompt = int(stats.get("reused_tokens", 0)), int(stats.get("prompt_tokens", 0))
-    tier = stats.get("reuse_tier", "none")
+    tier = stats.get("reuse_tier", ReuseTier.NONE)
     fields.append(f"cache {reused:,}/{prompt:,}" + (f" from {SHORT_TIER_NAMES.get(tier, tier)}" if reused else ""))
     return tuple(fields)

@@ -19,7 +19,9 @@ class HelpScreen(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog wide"):
-            yield Label("Keys  ·  every action is also in the command palette (Ctrl+P)  ·  Esc closes", classes="dialog-title")
+            yield Label(
+                "Keys  ·  every action is also in the command palette (Ctrl+P)  ·  Esc closes", classes="dialog-title"
+            )
             yield DataTable(id="keys", cursor_type="row", zebra_stripes=True)
 
     def on_mount(self) -> None:

@@ -2,38 +2,44 @@
 
 It holds no model or cache logic. It calls the `ChatService` (app services) and shows
 what comes back. Answers and warm-ups run in worker threads; their events arrive here
-as Textual messages, so the screen never blocks.
+as Textual messages, so the screen never blocks. The answer in flight is one
+`AnswerFlight`; the status line redraws itself from reactive attributes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from textual import on, work
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Label, Markdown
-from textual.widgets.markdown import MarkdownStream
+from textual.widgets import Footer, Header, Input, Label, Markdown
 from textual.worker import get_current_worker
 
-from chatapp.engine.events import PrefillProgress, TokenText
 from chatapp.errors import ChatappError
 from chatapp.paths import user_path
+from chatapp.records import PersonaRecord
 from chatapp.services.answers import AnswerJob
 from chatapp.services.branches import BranchView
-from chatapp.services.chat_service import ChatService
+from chatapp.services.chat_service import ChatService, PreparedDocument
+from chatapp.services.streams import AnswerText as TextEvent
+from chatapp.services.streams import PromptProgress
 from chatapp.services.warmup import settled_text
 from chatapp.tui import commands
+from chatapp.tui.answer_flight import AnswerFlight, FlightState
 from chatapp.tui.chat_log import ChatLog
 from chatapp.tui.composer import Composer
 from chatapp.tui.dialogs import Confirm, TextPrompt
-from chatapp.tui.format import speed_fields
 from chatapp.tui.messages import AnswerFailed, AnswerFinished, AnswerText, PrefillAdvanced, WarmProgress
 from chatapp.tui.sidebar import BranchTree, ConversationList, Sidebar
 from chatapp.tui.widgets import MessageView, PrefillRow, StatusLine, last_code_block
+from chatapp.vocabulary import Role
 
 PROGRESS_FROM_TOKENS = 256  # shorter prefills finish before a bar would help
+T = TypeVar("T")
 
 
 class MainScreen(Screen[None]):
@@ -43,23 +49,26 @@ class MainScreen(Screen[None]):
         super().__init__()
         self.service = service
         self.branch: BranchView | None = None
-        self.model_label = "loading model…"
-        self.job: AnswerJob | None = None
-        self.answering = False
-        self._stop_requested = False
-        self._pending_text = ""
-        self._pending_views: list[MessageView] = []
-        self._stream: MarkdownStream | None = None
-        self._streamed = 0
+        self.flight: AnswerFlight | None = None  # the answer being produced, from Enter to its end
         self._editing: int | None = None
-        self._edit_in_flight: int | None = None
         self._draft_before_edit = ""
         self._attaching = False
         self._model_failed = False
         self._settled = ""
-        self._last_stats: dict | None = None
-        self._context_used = 0
-        self._state = "loading model…"
+
+    @property
+    def answering(self) -> bool:
+        """Whether an answer is in flight (set before any await: a second Enter cannot start another)."""
+        return self.flight is not None
+
+    @property
+    def reading_document(self) -> bool:
+        """Whether a document is being read and attached (sending waits for it)."""
+        return self._attaching
+
+    @property
+    def status(self) -> StatusLine:
+        return self.query_one(StatusLine)
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
@@ -84,19 +93,19 @@ class MainScreen(Screen[None]):
             return
         await self._show_branch()
         self.refresh_conversations()
-        self.show_status()
 
     # Called by the app.
     def engine_ready(self, model_label: str) -> None:
-        self.model_label = model_label
-        self._set_state("ready")
+        self.status.model = model_label
+        self.status.context_size = self.service.context_size()
+        self.status.state = "ready"
         self._update_branch_info()
         self.warm_ahead("")
 
     def engine_failed(self, reason: str) -> None:
         self._model_failed = True
-        self.model_label = "no model"
-        self._set_state("no model loaded: " + reason)
+        self.status.model = "no model"
+        self.status.state = "no model loaded: " + reason
 
     # Rendering.
     async def _show_branch(self) -> None:
@@ -112,8 +121,10 @@ class MainScreen(Screen[None]):
             self.query_one(BranchTree).show(self.service.tree(), active, self.service.document_names())
         except ChatappError as error:
             self.notify(str(error), severity="error")
-        last = next((m.record for m in reversed(self.branch.messages) if m.record.stats), None)
-        self._context_used = int(last.stats.get("prompt_tokens", 0) + last.stats.get("generated_tokens", 0)) if last and last.stats else 0
+        figures = next((m.record.stats for m in reversed(self.branch.messages) if m.record.stats), None)
+        used = int(figures.get("prompt_tokens", 0) + figures.get("generated_tokens", 0)) if figures else 0
+        self.status.context_used = used
+        self.status.persona = self.branch.persona_name or "no persona"
         self.sub_title = self.branch.conversation.title
 
     def _update_branch_info(self) -> None:
@@ -131,34 +142,19 @@ class MainScreen(Screen[None]):
         self.query_one("#branch-info", Label).update("  ·  ".join(fields))
 
     def refresh_conversations(self, query: str | None = None) -> None:
-        search = self.query_one("#search").value if query is None else query  # type: ignore[attr-defined]
+        search = self.query_one("#search", Input).value if query is None else query
         current = self.branch.conversation.id if self.branch else None
         conversations = self._try(self.service.list_conversations, search)
         if conversations is not None:
             self.query_one(ConversationList).show(conversations, current)
 
-    def _try(self, operation, *args):  # type: ignore[no-untyped-def]
+    def _try(self, operation: Callable[..., T], *args: object) -> T | None:
         """Run a service call; a ChatappError (a locked database, say) becomes a notification."""
         try:
             return operation(*args)
         except ChatappError as error:
             self.notify(str(error), severity="error", timeout=10)
             return None
-
-    def show_status(self) -> None:
-        fields = [self._state, self.model_label]
-        if self.branch is not None:
-            fields.append(self.branch.persona_name or "no persona")
-        size = self.service.context_size()
-        if size is not None:
-            fields.append(f"context {self._context_used:,}/{size:,}")
-        if self._last_stats:
-            fields.extend(speed_fields(self._last_stats))
-        self.query_one(StatusLine).show(*fields)
-
-    def _set_state(self, state: str) -> None:
-        self._state = state
-        self.show_status()
 
     # Sidebar.
     @on(Sidebar.SearchChanged)
@@ -182,7 +178,7 @@ class MainScreen(Screen[None]):
     def _delete_from_list(self, event: ConversationList.DeleteRequested) -> None:
         self._confirm_delete(event.conversation_id)
 
-    async def _run_view_change(self, change) -> None:  # type: ignore[no-untyped-def]
+    async def _run_view_change(self, change: Callable[[], BranchView]) -> None:
         try:
             self.branch = change()
         except ChatappError as error:
@@ -193,7 +189,6 @@ class MainScreen(Screen[None]):
         self.query_one(PrefillRow).hide()
         await self._show_branch()
         self.refresh_conversations()
-        self.show_status()
         self.warm_ahead(self.query_one(Composer).text)
 
     def _refuse_while_answering(self) -> bool:
@@ -212,22 +207,24 @@ class MainScreen(Screen[None]):
         if not self._model_ready() or self._refuse_while_answering():
             self._give_back(event.text)
             return
-        self.answering = True  # before any await: a second Enter must not start a second answer
-        log = self.query_one(ChatLog)
-        editing = self._edit_in_flight = self._editing
+        editing = self._editing
         self._editing = None
+        flight = self.flight = AnswerFlight(views=[], draft=event.text, edited_id=editing)  # before any await
+        log = self.query_one(ChatLog)
         if editing is not None:
             widget = next((w for w in log.views if w.message_id == editing), None)
             await log.cut_after(log.index_of(widget) - 1 if widget else len(log.views) - 1)
         elif self.branch is not None and self.branch.conversation.qa_mode:
             await log.cut_after(-1)
-        elif log.views and log.views[-1].role == "user":
+        elif log.views and log.views[-1].role is Role.USER:
             await log.cut_after(len(log.views) - 2)  # an unanswered question is replaced
-        question = await log.add("user", text)
-        await self._start_answer([question], event.text, lambda: self.service.edit(editing, text) if editing else self.service.ask(text))
+        flight.views.append(await log.add(Role.USER, text))
         if editing is not None:
+            await self._start_answer(flight, lambda: self.service.edit(editing, text))
             self._give_back(self._draft_before_edit)  # the draft the edit had put aside
             self._draft_before_edit = ""
+        else:
+            await self._start_answer(flight, lambda: self.service.ask(text))
 
     async def action_regenerate(self) -> None:
         if self._refuse_while_answering() or not self._model_ready():
@@ -237,16 +234,16 @@ class MainScreen(Screen[None]):
         if selected is None or selected.message_id is None:
             self.notify("Nothing to answer again yet: ask a question first.", severity="warning")
             return
-        self.answering = True  # before any await: a second Ctrl+R must not start a second answer
-        question_index = log.index_of(selected) - (1 if selected.role == "assistant" else 0)
         message_id = selected.message_id
+        flight = self.flight = AnswerFlight(views=[], draft="")  # before any await
+        question_index = log.index_of(selected) - (1 if selected.role is Role.ASSISTANT else 0)
         await log.cut_after(question_index)
-        await self._start_answer([], "", lambda: self.service.regenerate(message_id))
+        await self._start_answer(flight, lambda: self.service.regenerate(message_id))
 
     def action_edit_question(self) -> None:
         log = self.query_one(ChatLog)
         selected = log.selected
-        if selected is not None and selected.role == "assistant":
+        if selected is not None and selected.role is Role.ASSISTANT:
             index = log.index_of(selected)
             selected = log.views[index - 1] if index > 0 else None
         if selected is None or selected.message_id is None:
@@ -256,7 +253,7 @@ class MainScreen(Screen[None]):
 
     @on(Composer.EditLast)
     def _edit_last(self) -> None:
-        questions = [w for w in self.query_one(ChatLog).views if w.role == "user" and w.message_id is not None]
+        questions = [w for w in self.query_one(ChatLog).views if w.role is Role.USER and w.message_id is not None]
         if questions:
             self._begin_edit(questions[-1])
 
@@ -270,26 +267,25 @@ class MainScreen(Screen[None]):
         composer.move_cursor(composer.document.end)
         composer.focus()
         self._editing = question.message_id
-        self._set_state("editing a question: Enter sends it as a new branch, Esc cancels")
+        self.status.state = "editing a question: Enter sends it as a new branch, Esc cancels"
 
     def _cancel_edit(self) -> None:
         self._editing = None
         composer = self.query_one(Composer)
         composer.text = self._draft_before_edit
         self._draft_before_edit = ""
-        self._set_state("ready" if self.service.ready else self._state)
+        if self.service.ready:
+            self.status.state = "ready"
 
-    async def _start_answer(self, pending: list[MessageView], text: str, start) -> None:  # type: ignore[no-untyped-def]
-        self.answering, self._stop_requested, self.job = True, False, None
-        self._pending_text, self._streamed = text, 0
-        answer = await self.query_one(ChatLog).add("assistant")
-        self._pending_views = [*pending, answer]
-        self._stream = Markdown.get_stream(answer.body)
-        self._set_state("thinking…")
-        self.run_answer(start)
+    async def _start_answer(self, flight: AnswerFlight, start: Callable[[], AnswerJob]) -> None:
+        answer = await self.query_one(ChatLog).add(Role.ASSISTANT)
+        flight.views.append(answer)
+        flight.stream = Markdown.get_stream(answer.body)
+        self.status.state = "thinking…"
+        self.run_answer(flight, start)
 
     @work(thread=True, exclusive=True, group="answer")
-    def run_answer(self, start) -> None:  # type: ignore[no-untyped-def]
+    def run_answer(self, flight: AnswerFlight, start: Callable[[], AnswerJob]) -> None:
         """Worker thread: start the answer and forward its events to the screen."""
         try:
             job = start()
@@ -299,70 +295,71 @@ class MainScreen(Screen[None]):
         except Exception as error:  # the engine failing must not take the screen down
             self.post_message(AnswerFailed(f"the model failed: {error}", started=False))
             return
-        self.job = job
-        if self._stop_requested:
-            job.cancel()
+        flight.started(job)
         try:
             for event in job.events():
-                if isinstance(event, TokenText):
+                if isinstance(event, TextEvent):
                     if event.text:
                         self.post_message(AnswerText(event.text))
-                elif isinstance(event, PrefillProgress):
+                elif isinstance(event, PromptProgress):
                     self.post_message(PrefillAdvanced(event.done, event.total))
         except Exception as error:
             self.post_message(AnswerFailed(f"the answer failed: {error}", started=True))
             return
-        assert job.result is not None
-        self.post_message(AnswerFinished(job.result))
+        self.post_message(AnswerFinished(job.outcome()))
 
     async def on_answer_text(self, message: AnswerText) -> None:
-        if self._stream is not None:
-            await self._stream.write(message.text)
-        self._streamed += 1
-        if self._streamed == 1:
+        flight = self.flight
+        if flight is None:
+            return
+        if flight.stream is not None:
+            await flight.stream.write(message.text)
+        flight.text_arrived()
+        if flight.tokens == 1:
             self.query_one(PrefillRow).hide()
-        if self._streamed % 8 == 1:
-            self._set_state(f"answering: {self._streamed} tokens")
+        if flight.tokens % 8 == 1 and flight.state is not FlightState.STOPPING:
+            self.status.state = f"answering: {flight.tokens} tokens"
 
     def on_prefill_advanced(self, message: PrefillAdvanced) -> None:
         if message.total >= PROGRESS_FROM_TOKENS:
             self.query_one(PrefillRow).show_progress("reading the prompt", message.done, message.total)
 
     async def on_answer_finished(self, message: AnswerFinished) -> None:
-        await self._end_stream()
-        result = message.result
-        job = self.job
-        self.job = None
-        self.service.record_answer(result.stats.ttft_ms)
-        if job is not None and job.answer is not None:
-            self._last_stats = job.answer.stats
-        if not result.text and self._pending_views and self._pending_views[-1].is_attached:
-            await self._pending_views[-1].body.update("*(no answer: stopped)*")
-        self._edit_in_flight = None
-        self._pending_views = []
+        flight = await self._close_stream()
+        outcome = message.outcome
+        self.status.last_answer = outcome.figures
+        if flight is not None and not outcome.text and flight.views and flight.views[-1].is_attached:
+            await flight.views[-1].body.update("*(no answer: stopped)*")
         await self._reload_branch()
-        self._set_state("ready")
+        self.status.state = "ready"
+        self.flight = None  # the answer is over only now that the screen shows it as saved
         self.warm_ahead(self.query_one(Composer).text)
         if notice := self.service.take_cache_notice():
             self.notify(notice, title="KV cache", severity="warning", timeout=15)
 
     async def on_answer_failed(self, message: AnswerFailed) -> None:
-        await self._end_stream()
-        self.job = None
-        if not message.started:
+        flight = await self._close_stream()
+        if flight is not None and not message.started:
             # Nothing was asked: take the message back off the screen and into the box.
-            for view in self._pending_views:
+            for view in flight.views:
                 if view.is_attached:
                     await view.remove()
-            if self._edit_in_flight is not None:
-                self._editing = self._edit_in_flight  # still an edit when sent again
-            if self._pending_text:
-                self._give_back(self._pending_text)
-        self._edit_in_flight = None
-        self._pending_views = []
+            if flight.edited_id is not None:
+                self._editing = flight.edited_id  # still an edit when sent again
+            self._give_back(flight.draft)
         await self._reload_branch()
         self.notify(message.reason, severity="error", timeout=10)
-        self._set_state("ready")
+        self.status.state = "ready"
+        self.flight = None
+
+    async def _close_stream(self) -> AnswerFlight | None:
+        """The answer ended: hide its progress and finish writing its text."""
+        self.query_one(PrefillRow).hide()
+        flight = self.flight
+        if flight is not None and flight.stream is not None:
+            await flight.stream.stop()
+            flight.stream = None
+        return flight
 
     async def _reload_branch(self) -> None:
         try:
@@ -375,13 +372,6 @@ class MainScreen(Screen[None]):
         else:
             self._after_branch_change()
         self.refresh_conversations()
-
-    async def _end_stream(self) -> None:
-        self.query_one(PrefillRow).hide()
-        if self._stream is not None:
-            await self._stream.stop()
-            self._stream = None
-        self.answering = False
 
     def _give_back(self, text: str) -> None:
         """Put text back in the box; what the user typed meanwhile is kept after it."""
@@ -403,13 +393,12 @@ class MainScreen(Screen[None]):
 
     # Stop.
     def action_stop(self) -> None:
-        if self.answering:
-            self._stop_requested = True
-            if self.job is not None:
-                self.job.cancel()
-            if self._streamed == 0:
+        flight = self.flight
+        if flight is not None:
+            if flight.tokens == 0:
                 self.service.stop_warming()  # the answer may be waiting for a long warm-up: stop both
-            self._set_state("stopping…")
+            flight.stop()
+            self.status.state = "stopping…"
         elif self._editing is not None:
             self._cancel_edit()
         else:
@@ -434,13 +423,13 @@ class MainScreen(Screen[None]):
         """Worker thread: queue the warm-up and report its progress while it is long."""
         worker = get_current_worker()
         try:
-            handle = self.service.warm_ahead(draft)
-            if handle is None:
+            warm_up = self.service.warm_ahead(draft)
+            if warm_up is None:
                 return
-            for event in handle.events():
+            for event in warm_up.events():
                 if worker.is_cancelled:
                     return
-                if isinstance(event, PrefillProgress) and event.total >= PROGRESS_FROM_TOKENS:
+                if isinstance(event, PromptProgress) and event.total >= PROGRESS_FROM_TOKENS:
                     self.post_message(WarmProgress(event.done, event.total))
         except Exception:  # warming is an optimisation: the answer itself will say what is wrong
             return
@@ -450,7 +439,7 @@ class MainScreen(Screen[None]):
     def on_warm_progress(self, message: WarmProgress) -> None:
         """Show a long warm-up; an answer sent meanwhile waits for it, so keep showing it then."""
         row = self.query_one(PrefillRow)
-        streaming = self.answering and self._streamed > 0
+        streaming = self.flight is not None and self.flight.tokens > 0
         if message.done < 0 or message.done >= message.total:
             if not self.answering:
                 row.hide()
@@ -469,7 +458,8 @@ class MainScreen(Screen[None]):
             self.notify("This message has no other versions.", severity="information")
             return
         index = self.query_one(ChatLog).index_of(selected)
-        await self._run_view_change(lambda: self.service.switch_sibling(selected.message_id, step))
+        message_id = selected.message_id
+        await self._run_view_change(lambda: self.service.switch_sibling(message_id, step))
         log = self.query_one(ChatLog)
         if index < len(log.views):
             log.selected_index = index
@@ -500,11 +490,10 @@ class MainScreen(Screen[None]):
         await self._run_view_change(lambda: self.service.new_conversation(persona))
         self.query_one(Composer).focus()
 
-    def _current_persona(self):  # type: ignore[no-untyped-def]
+    def _current_persona(self) -> PersonaRecord | None:
         if self.branch is None or not self.branch.persona_name:
             return None
-        personas = self._try(self.service.personas.list) or []
-        return next((p for p in personas if p.name == self.branch.persona_name), None)
+        return self._try(self.service.personas.named, self.branch.persona_name)
 
     def action_rename(self) -> None:
         if self.branch is None:
@@ -532,11 +521,15 @@ class MainScreen(Screen[None]):
         if self._refuse_while_answering():
             return
 
+        def delete_and_open_another() -> BranchView:
+            self.service.delete(conversation_id)
+            return self.service.open_latest_or_new()
+
         async def decided(yes: bool | None) -> None:
             if not yes:
                 return
             if self.branch is not None and self.branch.conversation.id == conversation_id:
-                await self._run_view_change(lambda: (self.service.delete(conversation_id), self.service.open_latest_or_new())[1])
+                await self._run_view_change(delete_and_open_another)
             else:
                 self._try(self.service.delete, conversation_id)
                 self.refresh_conversations()
@@ -566,7 +559,12 @@ class MainScreen(Screen[None]):
         if self.branch is None or self._refuse_while_answering():
             return
         on = not self.branch.conversation.qa_mode
-        await self._run_view_change(lambda: (self.service.set_qa_mode(on), self.service.view())[1])
+
+        def toggle() -> BranchView:
+            self.service.set_qa_mode(on)
+            return self.service.view()
+
+        await self._run_view_change(toggle)
         self.notify("Q&A mode on: each question starts from the persona and document." if on else "Q&A mode off.")
 
     # Documents.
@@ -581,13 +579,19 @@ class MainScreen(Screen[None]):
                 except ChatappError as error:
                     self.notify(str(error), severity="error", timeout=10)
 
-        self.app.push_screen(TextPrompt("Attach a document", placeholder="path to a .txt, .md or .pdf file",
-                                        hint="Its text goes after the persona; every question reuses its KV."), chosen)
+        self.app.push_screen(
+            TextPrompt(
+                "Attach a document",
+                placeholder="path to a .txt, .md or .pdf file",
+                hint="Its text goes after the persona; every question reuses its KV.",
+            ),
+            chosen,
+        )
 
     def attach(self, path: Path) -> None:
         """Read the document off the UI thread; sending waits until it is attached."""
         self._attaching = True
-        self._set_state(f"reading {path.name}…")
+        self.status.state = f"reading {path.name}…"
         self.read_document(path)
 
     @work(thread=True, exclusive=True, group="document")
@@ -604,13 +608,16 @@ class MainScreen(Screen[None]):
 
     def _document_failed(self, reason: str) -> None:
         self._attaching = False
-        self._set_state("ready")
+        self.status.state = "ready"
         self.notify(reason, severity="error", timeout=12)
 
-    async def _document_read(self, prepared) -> None:  # type: ignore[no-untyped-def]
-        self._attaching = False
-        self._set_state("ready")
+    def _document_read(self, prepared: PreparedDocument) -> None:
+        self.call_later(self._attach_read_document, prepared)
+
+    async def _attach_read_document(self, prepared: PreparedDocument) -> None:
+        self.status.state = "ready"
         await self._run_view_change(lambda: self.service.attach_prepared(prepared))
+        self._attaching = False  # only now: sending waits until the branch with the document is open
         if self.branch is not None and self.branch.document is not None:
             self.notify(f"{prepared.document.name} attached: {prepared.tokens:,} tokens with the persona.")
 
@@ -638,20 +645,7 @@ class MainScreen(Screen[None]):
     def action_focus_composer(self) -> None:
         self.query_one(Composer).focus()
 
-    # Other screens (the app owns them).
-    def action_personas(self) -> None:
-        self.app.action_personas()  # type: ignore[attr-defined]
-
-    def action_cache(self) -> None:
-        self.app.action_cache()  # type: ignore[attr-defined]
-
-    def action_settings(self) -> None:
-        self.app.action_settings()  # type: ignore[attr-defined]
-
-    def action_help(self) -> None:
-        self.app.action_help()  # type: ignore[attr-defined]
-
-    async def use_persona(self, persona) -> None:  # type: ignore[no-untyped-def]
+    async def use_persona(self, persona: PersonaRecord | None) -> None:
         if self._refuse_while_answering():
             return
         await self._run_view_change(lambda: self.service.set_persona(persona))

@@ -1,4 +1,4 @@
-"""Textual messages that carry engine events from worker threads to the screen."""
+"""Textual messages that carry an answer's or a warm-up's events from worker threads to the screen."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from textual.message import Message
 
-from chatapp.engine.events import GenerationResult
+from chatapp.services.streams import AnswerOutcome
 
 
 @dataclass
@@ -36,7 +36,7 @@ class WarmProgress(Message):
 class AnswerFinished(Message):
     """The answer ended (completed, stopped, or cut by its limits)."""
 
-    result: GenerationResult
+    outcome: AnswerOutcome
 
 
 @dataclass

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from textual import on
 from textual.app import ComposeResult
@@ -15,11 +17,12 @@ from textual.widgets.option_list import Option
 
 from chatapp.errors import ChatappError
 from chatapp.paths import user_path
-from chatapp.store.personas import PersonaStore
-from chatapp.store.records import PersonaRecord
+from chatapp.records import PersonaRecord
+from chatapp.services.personas import PersonaService
 from chatapp.tui.dialogs import Confirm, TextPrompt
 
 NO_PERSONA = "none"
+T = TypeVar("T")
 
 
 class PersonaScreen(ModalScreen["PersonaScreen.Choice | None"]):
@@ -35,7 +38,7 @@ class PersonaScreen(ModalScreen["PersonaScreen.Choice | None"]):
     class Choice:
         persona: PersonaRecord | None
 
-    def __init__(self, personas: PersonaStore, current_name: str | None) -> None:
+    def __init__(self, personas: PersonaService, current_name: str | None) -> None:
         super().__init__(classes="dialog-screen")
         self.personas = personas
         self.current_name = current_name
@@ -43,7 +46,10 @@ class PersonaScreen(ModalScreen["PersonaScreen.Choice | None"]):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog wide"):
-            yield Label("Personas  ·  Enter or Ctrl+U uses the highlighted one  ·  Ctrl+S saves  ·  Esc closes", classes="dialog-title")
+            yield Label(
+                "Personas  ·  Enter or Ctrl+U uses the highlighted one  ·  Ctrl+S saves  ·  Esc closes",
+                classes="dialog-title",
+            )
             with Horizontal(id="persona-body"):
                 yield OptionList(id="persona-list")
                 with Vertical(id="persona-editor"):
@@ -66,7 +72,7 @@ class PersonaScreen(ModalScreen["PersonaScreen.Choice | None"]):
         options = self.query_one("#persona-list", OptionList)
         options.clear_options()
         options.add_option(Option("(no persona)", id=NO_PERSONA))
-        records = self._attempt(self.personas.list) or []
+        records = self._attempt(self.personas.all) or []
         for record in records:
             options.add_option(Option(record.name, id=str(record.id)))
         chosen = next((r for r in records if r.id == select_id or (select_id is None and r.name == select_name)), None)
@@ -94,8 +100,8 @@ class PersonaScreen(ModalScreen["PersonaScreen.Choice | None"]):
     def action_close(self) -> None:
         self.dismiss(None)
 
-    def _attempt(self, operation):  # type: ignore[no-untyped-def]
-        """Run a store call; its one-line error becomes a notification."""
+    def _attempt(self, operation: Callable[[], T]) -> T | None:
+        """Run a service call; its one-line error becomes a notification."""
         try:
             return operation()
         except ChatappError as error:
@@ -106,13 +112,12 @@ class PersonaScreen(ModalScreen["PersonaScreen.Choice | None"]):
     def action_save(self) -> None:
         name = self.query_one("#persona-name", Input).value
         prompt = self.query_one("#persona-prompt", TextArea).text
-        if self.editing is None:
-            saved = self._attempt(lambda: self.personas.create(name, prompt))
-        else:
-            editing = self.editing
-            saved = self._attempt(lambda: self.personas.update(editing.id, name=name, prompt=prompt))
+        editing = self.editing
+        saved = self._attempt(lambda: self.personas.save(editing, name, prompt))
         if saved is not None:
-            self.notify(f"Saved persona “{saved.name}”. Conversations using the old text keep it; pick it again to switch.")
+            self.notify(
+                f"Saved persona “{saved.name}”. Conversations using the old text keep it; pick it again to switch."
+            )
             self.reload(select_id=saved.id)
 
     @on(Button.Pressed, "#new")
@@ -128,7 +133,7 @@ class PersonaScreen(ModalScreen["PersonaScreen.Choice | None"]):
             self.notify("Highlight a persona to duplicate.", severity="warning")
             return
         editing = self.editing
-        copy = self._attempt(lambda: self.personas.duplicate(editing.id))
+        copy = self._attempt(lambda: self.personas.duplicate(editing))
         if copy is not None:
             self.reload(select_id=copy.id)
 
@@ -139,8 +144,12 @@ class PersonaScreen(ModalScreen["PersonaScreen.Choice | None"]):
             return
         editing = self.editing
 
+        def delete_it() -> PersonaRecord:
+            self.personas.delete(editing)
+            return editing
+
         def decided(yes: bool | None) -> None:
-            if yes and self._attempt(lambda: self.personas.delete(editing.id) or editing) is not None:
+            if yes and self._attempt(delete_it) is not None:
                 self.reload()
 
         self.app.push_screen(Confirm(f"Delete the persona “{editing.name}”? Conversations keep their copy."), decided)
@@ -154,8 +163,14 @@ class PersonaScreen(ModalScreen["PersonaScreen.Choice | None"]):
                     self.notify(f"Imported persona “{record.name}”.")
                     self.reload(select_id=record.id)
 
-        self.app.push_screen(TextPrompt("Import a persona from a file", placeholder="path to a .md or .txt file",
-                                        hint="The first line '# Name' names it; otherwise the file name does."), chosen)
+        self.app.push_screen(
+            TextPrompt(
+                "Import a persona from a file",
+                placeholder="path to a .md or .txt file",
+                hint="The first line '# Name' names it; otherwise the file name does.",
+            ),
+            chosen,
+        )
 
     @on(Button.Pressed, "#export")
     def export(self) -> None:
@@ -167,7 +182,7 @@ class PersonaScreen(ModalScreen["PersonaScreen.Choice | None"]):
         def chosen(path: str | None) -> None:
             if path:
                 try:
-                    written = self.personas.export(editing.id, user_path(path))
+                    written = self.personas.export(editing, user_path(path))
                 except ChatappError as error:
                     self.notify(str(error), severity="error", timeout=10)
                     return

@@ -12,7 +12,14 @@ from textual.widgets import Button, Input, Label
 from chatapp.errors import SettingsError
 from chatapp.services.startup import Workspace
 from chatapp.settings import Settings
-from chatapp.settings_file import changed_restart_fields, field_errors, format_value, parse_values, save_settings, setting_fields
+from chatapp.settings_file import (
+    changed_restart_fields,
+    field_errors,
+    format_value,
+    parse_values,
+    save_settings,
+    setting_fields,
+)
 
 
 class SettingsScreen(ModalScreen[Settings | None]):
@@ -32,14 +39,20 @@ class SettingsScreen(ModalScreen[Settings | None]):
     def compose(self) -> ComposeResult:
         current = self.saved  # the file alone: one-off command-line options must not become permanent
         with Vertical(classes="dialog wide"):
-            yield Label(f"Settings  ·  {self.workspace.paths.config_file}  ·  Ctrl+S saves  ·  Esc closes", classes="dialog-title")
+            yield Label(
+                f"Settings  ·  {self.workspace.paths.config_file}  ·  Ctrl+S saves  ·  Esc closes",
+                classes="dialog-title",
+            )
             with VerticalScroll(id="settings-fields"):
                 for field in self.fields:
                     with Vertical(classes="setting"):
                         restart = "  (after a restart)" if field.restart_needed else ""
                         yield Label(f"{field.label}{restart}", classes="setting-label")
-                        yield Input(format_value(field, getattr(current, field.name)), placeholder=format_value(field, field.default) or "empty",
-                                    id=f"setting-{field.name}")
+                        yield Input(
+                            format_value(field, getattr(current, field.name)),
+                            placeholder=format_value(field, field.default) or "empty",
+                            id=f"setting-{field.name}",
+                        )
                         yield Label(field.description, classes="setting-help")
                         yield Label("", classes="setting-error", id=f"error-{field.name}")
             with Horizontal(classes="dialog-buttons"):

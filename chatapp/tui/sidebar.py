@@ -13,8 +13,10 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import Input, Label, OptionList, Tree
 from textual.widgets.option_list import Option
+from textual.widgets.tree import TreeNode
 
-from chatapp.store.records import ConversationRecord, MessageRecord
+from chatapp.records import ConversationRecord, MessageRecord
+from chatapp.vocabulary import Role
 
 SNIPPET = 34
 
@@ -58,10 +60,12 @@ class ConversationList(OptionList):
 class BranchTree(Tree[int]):
     """Every message of the conversation; the open branch is bold. Enter jumps to a branch."""
 
-    def show(self, messages: list[MessageRecord], active_path: set[int], documents: dict[int, str] | None = None) -> None:
+    def show(
+        self, messages: list[MessageRecord], active_path: set[int], documents: dict[int, str] | None = None
+    ) -> None:
         self.clear()
         self.root.expand()
-        nodes = {}
+        nodes: dict[int, TreeNode[int]] = {}
         for record in messages:
             parent = nodes.get(record.parent_id, self.root) if record.parent_id is not None else self.root
             label = Text(_label(record, documents or {}), style="bold" if record.id in active_path else "dim")
@@ -74,11 +78,11 @@ class BranchTree(Tree[int]):
 
 
 def _label(record: MessageRecord, documents: dict[int, str]) -> str:
-    if record.role == "system":
+    if record.role is Role.SYSTEM:
         persona = record.persona_name or ("custom persona" if record.content else "no persona")
         document = documents.get(record.document_id) if record.document_id is not None else None
         return "◆ " + persona + (f" + {document}" if document else "")
-    prefix = "You: " if record.role == "user" else "AI: "
+    prefix = "You: " if record.role is Role.USER else "AI: "
     return prefix + snippet(record.content or "(empty)", 28)
 
 

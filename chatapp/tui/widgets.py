@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
-from textual.widgets import Label, Markdown, ProgressBar, Static
+from textual.reactive import reactive
+from textual.widget import Widget
+from textual.widgets import Label, Markdown, ProgressBar
 
-ROLE_TITLES = {"user": "You", "assistant": "Assistant", "system": "Persona"}
+from chatapp.tui.format import speed_fields
+from chatapp.vocabulary import Role
+
+ROLE_TITLES = {Role.USER: "You", Role.ASSISTANT: "Assistant", Role.SYSTEM: "Persona"}
 CODE_BLOCK = re.compile(r"```[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
 
 
@@ -21,8 +27,10 @@ def last_code_block(markdown: str) -> str | None:
 class MessageView(Vertical):
     """A message: who wrote it and which version it is ("2/3"), its Markdown body, and a footnote."""
 
-    def __init__(self, role: str, text: str = "", *, message_id: int | None = None, position: int = 1, siblings: int = 1) -> None:
-        super().__init__(classes=f"message {role}")
+    def __init__(
+        self, role: Role, text: str = "", *, message_id: int | None = None, position: int = 1, siblings: int = 1
+    ) -> None:
+        super().__init__(classes=f"message {role.value}")
         self.role = role
         self.message_id = message_id
         self.position, self.version_count = position, siblings
@@ -30,10 +38,14 @@ class MessageView(Vertical):
 
     def compose(self) -> ComposeResult:
         with Horizontal(classes="message-head"):
-            yield Label(ROLE_TITLES.get(self.role, self.role), classes="role")
+            yield Label(ROLE_TITLES[self.role], classes="role")
             yield Label(self._version_text(), classes="versions")
         yield Markdown(self._initial_text, classes="body")
         yield Label("", classes="footnote")
+
+    def show_versions(self) -> None:
+        """Update "‹ 2/3 ›" after `position` or `version_count` changed."""
+        self.query_one(".versions", Label).update(self._version_text())
 
     def _version_text(self) -> str:
         return f"‹ {self.position}/{self.version_count} ›" if self.version_count > 1 else ""
@@ -51,11 +63,26 @@ class MessageView(Vertical):
         self.query_one(".footnote", Label).update(text)
 
 
-class StatusLine(Static):
-    """One line at the bottom: model, persona, context use, speed, cache result, and what is happening."""
+class StatusLine(Widget):
+    """One line at the bottom: what is happening, model, persona, context use, speed, cache result.
 
-    def show(self, *fields: str) -> None:
-        self.update("  ·  ".join(field for field in fields if field))
+    Each part is a reactive attribute: the screen sets what changed and Textual redraws the line.
+    """
+
+    state: reactive[str] = reactive("loading model…")
+    model: reactive[str] = reactive("loading model…")
+    persona: reactive[str] = reactive("")
+    context_used: reactive[int] = reactive(0)
+    context_size: reactive[int | None] = reactive(None)
+    last_answer: reactive[dict[str, Any] | None] = reactive(None)  # the figures of the last answer
+
+    def render(self) -> str:
+        fields = [self.state, self.model, self.persona]
+        if self.context_size is not None:
+            fields.append(f"context {self.context_used:,}/{self.context_size:,}")
+        if self.last_answer:
+            fields.extend(speed_fields(self.last_answer))
+        return "  ·  ".join(field for field in fields if field)
 
 
 class PrefillRow(Horizontal):

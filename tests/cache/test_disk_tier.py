@@ -17,6 +17,7 @@ import pytest
 from cache import maintenance
 from cache.blocks import BlockInfo, payload_checksum
 from cache.disk_tier import CLOCK_SLACK_SECONDS, DiskTier
+from cache.keys import ROOT_KEY, BlockKey
 from tests.cache.test_prefix_cache import TOKENS, open_cache, restored_state, store_sequence
 
 NAMESPACE = bytes(16)
@@ -35,29 +36,39 @@ class Clock:
 
 def block(key: int, payload: bytes, *, pinned: bool = False) -> BlockInfo:
     tokens = np.arange(4, dtype=np.int32) + key
-    return BlockInfo(key.to_bytes(16, "little"), bytes(16), 0, tokens, len(payload), payload_checksum(payload), pinned)
+    return BlockInfo(
+        BlockKey(key.to_bytes(16, "little")), ROOT_KEY, 0, tokens, len(payload), payload_checksum(payload), pinned
+    )
 
 
 def disk_full(*_args: object, **_kwargs: object) -> None:
     raise OSError(errno.ENOSPC, "No space left on device")
 
 
-def test_a_full_disk_leaves_the_cache_working_in_ram_and_says_so_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_full_disk_leaves_the_cache_working_in_ram_and_says_so_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     cache = open_cache(tmp_path)
     monkeypatch.setattr(diskcache.Cache, "set", disk_full)
     blob = store_sequence(cache, TOKENS)
     state, matched, tier = restored_state(cache, TOKENS)
-    assert state == blob and matched == len(TOKENS) and tier == "ram"
-    assert cache.disk.enabled is False and "the disk is full" in (cache.problem or "")
+    assert state == blob
+    assert matched == len(TOKENS)
+    assert tier == "ram"
+    assert cache.disk.enabled is False
+    assert "the disk is full" in (cache.problem or "")
     notice = cache.take_notice()
-    assert notice is not None and "RAM only" in notice
+    assert notice is not None
+    assert "RAM only" in notice
     assert cache.take_notice() is None  # said once
     store_sequence(cache, [5, 6, 7, 8, 9])  # later stores do not touch the disk nor fail
     assert cache.stats()["disk"]["enabled"] is False
     cache.close()  # no totals written, no error
 
 
-def test_a_read_only_cache_folder_means_ram_only_from_the_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_read_only_cache_folder_means_ram_only_from_the_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def read_only(*_args: object, **_kwargs: object) -> None:
         raise sqlite3.OperationalError("attempt to write a readonly database")
 
@@ -66,7 +77,8 @@ def test_a_read_only_cache_folder_means_ram_only_from_the_start(tmp_path: Path, 
     assert "read-only" in (cache.problem or "")
     blob = store_sequence(cache, TOKENS)
     assert restored_state(cache, TOKENS)[0] == blob
-    assert cache.take_notice() and cache.take_notice() is None
+    assert cache.take_notice()
+    assert cache.take_notice() is None
     cache.close()
 
 
@@ -78,19 +90,24 @@ def test_a_damaged_cache_database_is_moved_aside_and_a_new_one_begun(tmp_path: P
     for extra in ("cache.db-wal", "cache.db-shm"):
         (tmp_path / "blocks" / extra).unlink(missing_ok=True)
     again = open_cache(tmp_path)
-    assert len(again.index) == 0 and again.disk.enabled
-    assert "was damaged" in (again.problem or "") and "moved to blocks.damaged-" in (again.problem or "")
+    assert len(again.index) == 0
+    assert again.disk.enabled
+    assert "was damaged" in (again.problem or "")
+    assert "moved to blocks.damaged-" in (again.problem or "")
     assert len(list(tmp_path.glob("blocks.damaged-*"))) == 1
     blob = store_sequence(again, TOKENS)
     again.close()
     third = open_cache(tmp_path)
-    assert restored_state(third, TOKENS)[0] == blob and third.problem is None
+    assert restored_state(third, TOKENS)[0] == blob
+    assert third.problem is None
     third.close()
     maintenance.clear(tmp_path)
     assert not list(tmp_path.glob("blocks.damaged-*"))  # clear removes what was set aside
 
 
-def test_expired_entries_are_never_served_whichever_way_the_clock_moves(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_expired_entries_are_never_served_whichever_way_the_clock_moves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     clock = Clock(1_000_000.0)
     monkeypatch.setattr(time, "time", clock)  # diskcache's own clock too
     tier = DiskTier(tmp_path, 1 << 24, TTL, NAMESPACE, clock=clock)
@@ -100,7 +117,8 @@ def test_expired_entries_are_never_served_whichever_way_the_clock_moves(tmp_path
         assert tier.put(info, payloads[info.key[0]])
     assert tier.get(fresh) is not None
     clock.now += TTL + 1  # forward past the TTL: expired
-    assert tier.get(old) is None and {info.key for info in tier.load_index()} == set()
+    assert tier.get(old) is None
+    assert {info.key for info in tier.load_index()} == set()
     assert tier.put(later, b"c" * 64)  # stored now, so last used at this time
     clock.now -= 10 * CLOCK_SLACK_SECONDS  # back: an entry used "in the future" has an unknown age
     assert tier.get(later) is None
@@ -115,13 +133,15 @@ def test_hostile_rows_are_refused_and_never_unpickled_nor_followed_outside(tmp_p
     outside = tmp_path / "outside.txt"
     outside.write_bytes(b"x" * 40_000)
     big, small = block(1, b"p" * 40_000), block(2, b"q" * 100)
-    assert tier.put(big, b"p" * 40_000) and tier.put(small, b"q" * 100)
+    assert tier.put(big, b"p" * 40_000)
+    assert tier.put(small, b"q" * 100)
     tier.close()
     with sqlite3.connect(tmp_path / "blocks" / "cache.db") as db:
         db.execute("UPDATE Cache SET filename = ? WHERE key = ?", (str(outside), big.key.hex()))
         db.execute("UPDATE Cache SET raw = 0 WHERE key = ?", (small.key.hex(),))
     tier = DiskTier(tmp_path, 1 << 24, TTL, NAMESPACE)
-    assert tier.get(big) is None and tier.get(small) is None
+    assert tier.get(big) is None
+    assert tier.get(small) is None
     assert outside.read_bytes() == b"x" * 40_000  # neither read as a payload nor deleted
     assert {info.key for info in tier.load_index()} == set()
     tier.close()
@@ -152,7 +172,8 @@ def test_clear_removes_payload_files_no_row_names_and_prune_only_old_ones(tmp_pa
     orphan.parent.mkdir(parents=True, exist_ok=True)
     orphan.write_bytes(b"k" * 50_000)
     maintenance.clear(tmp_path)
-    assert not orphan.exists() and not list((tmp_path / "blocks").rglob("*.val"))
+    assert not orphan.exists()
+    assert not list((tmp_path / "blocks").rglob("*.val"))
 
 
 def _add_totals_many_times(folder: str, times: int) -> None:

@@ -31,9 +31,11 @@ def test_full_blocks_then_the_longest_partial_match() -> None:
     index = BlockIndex(BLOCK, SEED)
     store(index, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10])  # blocks [1-4] [5-8] partial [9,10]
     match = index.longest_prefix(as_token_array([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]))
-    assert match.matched_tokens == 10 and len(match.blocks) == 3
+    assert match.matched_tokens == 10
+    assert len(match.blocks) == 3
     diverging = index.longest_prefix(as_token_array([1, 2, 3, 4, 5, 6, 99, 8]))
-    assert diverging.matched_tokens == 6 and diverging.stored_tokens == 8  # restore [5-8], cut after 6
+    assert diverging.matched_tokens == 6
+    assert diverging.stored_tokens == 8
     ends_inside = index.longest_prefix(as_token_array([1, 2, 3, 4, 5]))
     assert ends_inside.matched_tokens == 5
     assert index.longest_prefix(as_token_array([2, 2])).matched_tokens == 0
@@ -45,7 +47,8 @@ def test_the_closest_sibling_wins_among_many() -> None:
         store(index, [first, 1, 2, 3])
         store(index, [first, 1, 5])
     match = index.longest_prefix(as_token_array([17, 1, 5, 8]))
-    assert match.matched_tokens == 3 and match.blocks[0].tokens.tolist() == [17, 1, 5]
+    assert match.matched_tokens == 3
+    assert match.blocks[0].tokens.tolist() == [17, 1, 5]
 
 
 def test_removal_keeps_the_index_consistent() -> None:
@@ -54,7 +57,8 @@ def test_removal_keeps_the_index_consistent() -> None:
     last = index.longest_prefix(as_token_array([1, 2, 3, 4, 5])).blocks[-1]
     index.remove(last.key)
     assert index.longest_prefix(as_token_array([1, 2, 3, 4, 5])).matched_tokens == 4
-    assert last.key not in index and len(index) == 1
+    assert last.key not in index
+    assert len(index) == 1
 
 
 def test_lookup_among_ten_thousand_conversations_finds_the_longest_match() -> None:

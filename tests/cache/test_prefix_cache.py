@@ -37,7 +37,7 @@ def store_sequence(cache: PrefixCache, tokens: list[int], seed: int = 0) -> byte
 def restored_state(cache: PrefixCache, prompt: list[int]) -> tuple[bytes, int, str]:
     fetched = cache.fetch(cache.lookup(np.asarray(prompt)))
     assert fetched is not None
-    pieces = [(block.tokens.size, payload) for block, payload in zip(fetched.blocks, fetched.payloads)]
+    pieces = [(block.tokens.size, payload) for block, payload in zip(fetched.blocks, fetched.payloads, strict=True)]
     return assemble_state(LAYOUT, pieces, 0).tobytes(), fetched.matched_tokens, fetched.tier
 
 
@@ -47,8 +47,10 @@ TOKENS = list(range(100, 111))  # 11 tokens: blocks of 4, 4 and a partial 3
 def test_a_stored_sequence_comes_back_byte_for_byte(tmp_path: Path) -> None:
     cache = open_cache(tmp_path)
     blob = store_sequence(cache, TOKENS)
-    state, matched, tier = restored_state(cache, TOKENS + [999])
-    assert state == blob and matched == 11 and tier == "ram"
+    state, matched, tier = restored_state(cache, [*TOKENS, 999])
+    assert state == blob
+    assert matched == 11
+    assert tier == "ram"
     cache.close()
 
 
@@ -59,7 +61,9 @@ def test_after_a_restart_blocks_come_from_disk(tmp_path: Path) -> None:
     again = open_cache(tmp_path)
     assert len(again.index) == 3  # rebuilt from the records alone
     state, matched, tier = restored_state(again, TOKENS)
-    assert state == blob and matched == 11 and tier == "disk"
+    assert state == blob
+    assert matched == 11
+    assert tier == "disk"
     assert restored_state(again, TOKENS)[2] == "ram"  # promoted
     again.close()
 
@@ -68,7 +72,7 @@ def test_shared_prefixes_are_stored_once_and_partials_superseded(tmp_path: Path)
     cache = open_cache(tmp_path)
     store_sequence(cache, TOKENS[:6])  # one full block, one partial of 2
     store_sequence(cache, TOKENS)  # the same prefix, longer: the partial is superseded
-    store_sequence(cache, TOKENS[:8] + [7, 7, 7])  # shares two full blocks
+    store_sequence(cache, [*TOKENS[:8], 7, 7, 7])  # shares two full blocks
     sizes = sorted(info.tokens.size for info in cache.index.entries.values())
     assert sizes == [3, 3, 4, 4]
     cache.close()
@@ -80,13 +84,15 @@ def test_namespaces_never_share_entries(tmp_path: Path) -> None:
     first.close()
     for other in (namespace("model-b"), namespace("model-a", type_k=8)):
         cache = open_cache(tmp_path, other)
-        assert len(cache.index) == 0 and cache.lookup(np.asarray(TOKENS)).matched_tokens == 0
+        assert len(cache.index) == 0
+        assert cache.lookup(np.asarray(TOKENS)).matched_tokens == 0
         cache.close()
 
 
 def payload_file(folder: Path, key: bytes) -> Path:
     """Where diskcache keeps this block's payload."""
     database = sqlite3.connect(folder / "blocks" / "cache.db")
+    filename: str  # sqlite3 rows are untyped
     (filename,) = database.execute("SELECT filename FROM Cache WHERE key = ?", (key.hex(),)).fetchone()
     database.close()
     return folder / "blocks" / filename
@@ -113,8 +119,10 @@ def test_a_damaged_payload_is_dropped_and_never_restored(tmp_path: Path, damage,
     if block == 0:
         assert fetched is None  # nothing before the damage to restore
     else:  # the intact first block only, byte for byte
-        assert fetched is not None and [b.key for b in fetched.blocks] == [stored[0].key]
-        assert fetched.matched_tokens == 4 and fetched.payloads[0] == blob_piece(blob, 0, 4)
+        assert fetched is not None
+        assert [b.key for b in fetched.blocks] == [stored[0].key]
+        assert fetched.matched_tokens == 4
+        assert fetched.payloads[0] == blob_piece(blob, 0, 4)
     assert stored[block].key not in again.index  # dropped, so it is recomputed next time
     again.close()
 
@@ -146,12 +154,16 @@ def test_pinned_blocks_survive_clearing_pressure_and_stats_count(tmp_path: Path)
     assert all(info.pinned for info in cache.index.entries.values())
     restored_state(cache, TOKENS)
     stats = cache.stats()
-    assert stats["pinned_entries"] == 3 and stats["ram"]["hits"] >= 3
-    assert stats["disk"]["entries"] == 3 and stats["disk"]["pinned_entries"] == 3
+    assert stats["pinned_entries"] == 3
+    assert stats["ram"]["hits"] >= 3
+    assert stats["disk"]["entries"] == 3
+    assert stats["disk"]["pinned_entries"] == 3
     cache.close()
     again = open_cache(tmp_path)
-    assert all(info.pinned for info in again.index.entries.values()) and len(again.index) == 3
-    assert again.clear() == 3 and len(again.index) == 0
+    assert all(info.pinned for info in again.index.entries.values())
+    assert len(again.index) == 3
+    assert again.clear() == 3
+    assert len(again.index) == 0
     again.close()
 
 
@@ -168,6 +180,6 @@ def test_tiny_sequences_store_and_miss_cleanly(tmp_path: Path, bad_tokens: list[
     cache = open_cache(tmp_path)
     if bad_tokens:
         store_sequence(cache, bad_tokens)
-        assert cache.lookup(np.asarray(bad_tokens + [1])).matched_tokens == 1
+        assert cache.lookup(np.asarray([*bad_tokens, 1])).matched_tokens == 1
     assert cache.lookup(np.asarray([42, 43])).matched_tokens == 0
     cache.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import struct
 
 import numpy as np
@@ -20,7 +21,7 @@ from tests.cache.state_factory import make_state, small_layout, sorted_by_positi
 def pieces_of(blob: bytes, bounds: list[int]) -> list[tuple[int, bytes]]:
     state = parse_sequence_state(blob)
     order = cells_in_position_order(state)
-    return [(end - start, extract_piece(state, order, start, end)) for start, end in zip(bounds, bounds[1:])]
+    return [(end - start, extract_piece(state, order, start, end)) for start, end in itertools.pairwise(bounds)]
 
 
 @pytest.mark.parametrize("v_trans", [False, True])
@@ -29,7 +30,8 @@ def test_split_and_join_reproduces_the_state(v_trans: bool, sequence: int) -> No
     layout = small_layout(v_trans, n_stream=4)
     blob, _ = make_state(layout, list(range(23)), seq_id=sequence, stream=sequence, seed=sequence)
     parsed = parse_sequence_state(blob)
-    assert parsed.layout == layout and parsed.n_cells == 23
+    assert parsed.layout == layout
+    assert parsed.n_cells == 23
     joined = assemble_state(layout, pieces_of(blob, [0, 8, 16, 17, 23]), dest_seq=sequence)
     assert joined.tobytes() == blob
 
@@ -45,7 +47,7 @@ def test_cells_out_of_position_order_are_sorted(v_trans: bool) -> None:
 
 def test_pieces_move_to_another_sequence() -> None:
     layout = small_layout(False, n_stream=3)
-    blob, data = make_state(layout, list(range(5)), seq_id=0, stream=0)
+    blob, _ = make_state(layout, list(range(5)), seq_id=0, stream=0)
     moved = assemble_state(layout, pieces_of(blob, [0, 5]), dest_seq=2)
     expected, _ = make_state(layout, list(range(5)), seq_id=2, stream=2)  # same seed: same bytes
     assert moved.tobytes() == expected
@@ -54,8 +56,9 @@ def test_pieces_move_to_another_sequence() -> None:
 def test_a_piece_holds_only_its_cells() -> None:
     layout = small_layout(True)
     blob, data = make_state(layout, list(range(10)), seq_id=0, stream=0)
-    (count, piece), = pieces_of(blob, [4, 6])
-    assert count == 2 and len(piece) == layout.bytes_per_cell * 2
+    ((count, piece),) = pieces_of(blob, [4, 6])
+    assert count == 2
+    assert len(piece) == layout.bytes_per_cell * 2
     first_layer_keys = np.frombuffer(piece[: 2 * layout.layers[0].k_row], dtype=np.uint8)
     assert np.array_equal(first_layer_keys, data["keys"][0][4:6].ravel())
 

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,9 +16,9 @@ from chatapp.cli import main
 from chatapp.documents import load_document
 from chatapp.engine.engine import Engine
 from chatapp.model_files import bundled_model_path
+from chatapp.services.conversation import Conversation
 from chatapp.services.library import open_library
 from chatapp.services.startup import open_workspace
-from chatapp.services.conversation import Conversation
 from tests.pdf_factory import write_pdf
 
 JSON_FIELDS = {
@@ -35,7 +36,7 @@ JSON_FIELDS = {
 QUICK = ["--max-tokens", "8", "--temperature", "0", "--context", "1024"]
 
 
-def ask_json(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[dict, str]:
+def ask_json(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[dict[str, Any], str]:
     assert main(["ask", *args, *QUICK, "--json"]) == 0
     lines = capsys.readouterr().out.splitlines()
     return json.loads(lines[-1]), "\n".join(lines[:-1])
@@ -47,7 +48,8 @@ def test_ask_json_has_every_field(data_dir: Path, capsys: pytest.CaptureFixture[
         assert isinstance(record[name], kind), name
     assert streamed == record["answer"] != ""
     assert record["reused_tokens"] + record["computed_tokens"] == record["prompt_tokens"]
-    assert record["reuse_tier"] == "none" and record["reused_tokens"] == 0
+    assert record["reuse_tier"] == "none"
+    assert record["reused_tokens"] == 0
     assert record["generated_tokens"] == 8
     assert record["model"].endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
     assert record["model_fingerprint"].startswith("xxh3-128:")
@@ -67,10 +69,11 @@ def test_a_second_question_about_a_document_reuses_it_from_disk(
         conversation = Conversation(system_prompt="Be brief.", document=load_document(doc))
         conversation.add_user(question)
         prompts.append(engine.prompt_builder.build(conversation.prompt_messages()))
-    shared = next(index for index, (a, b) in enumerate(zip(*prompts)) if a != b)
+    shared = next(index for index, (a, b) in enumerate(zip(*prompts, strict=False)) if a != b)
     assert shared > 250  # persona and document
     assert first["reuse_tier"] == "none"
-    assert second["reuse_tier"] == "disk" and second["reused_tokens"] == shared
+    assert second["reuse_tier"] == "disk"
+    assert second["reused_tokens"] == shared
 
 
 def test_system_prompt_from_file_and_pdf_document(data_dir: Path, tmp_path: Path, capsys) -> None:
@@ -84,13 +87,15 @@ def test_system_prompt_from_file_and_pdf_document(data_dir: Path, tmp_path: Path
 
 def test_no_cache_computes_everything(data_dir: Path, capsys) -> None:
     record, _ = ask_json(capsys, "Hello", "--no-cache")
-    assert record["computed_tokens"] == record["prompt_tokens"] and record["reuse_tier"] == "none"
+    assert record["computed_tokens"] == record["prompt_tokens"]
+    assert record["reuse_tier"] == "none"
 
 
 def expect_error(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
     assert main(argv) == 2
     error = capsys.readouterr().err
-    assert error.startswith("chatapp: error: ") and message in error
+    assert error.startswith("chatapp: error: ")
+    assert message in error
     assert error.count("\n") == 1  # one line, no traceback
 
 
@@ -106,7 +111,11 @@ def test_errors_are_one_line_with_exit_code_2(data_dir: Path, tmp_path: Path, ca
     expect_error(capsys, ["ask", "hi", "--doc", str(tmp_path / "none.txt")], "does not exist")
     expect_error(capsys, ["ask", "hi", "--doc", str(empty_doc)], "is empty")
     expect_error(capsys, ["ask", "hi", "--system-file", str(tmp_path / "none.txt")], "does not exist")
-    expect_error(capsys, ["ask", "hi", "--doc", str(long_doc), "--context", "512"], "but a conversation's context holds 512; use a shorter document")
+    expect_error(
+        capsys,
+        ["ask", "hi", "--doc", str(long_doc), "--context", "512"],
+        "but a conversation's context holds 512; use a shorter document",
+    )
     expect_error(capsys, ["ask", "hi", "--temperature", "-1"], "temperature")
     truncated = tmp_path / "truncated.gguf"
     truncated.write_bytes(bundled_model_path().read_bytes()[:300_000])
@@ -125,21 +134,27 @@ def test_bad_settings_file_is_reported(data_dir: Path, capsys) -> None:
     expect_error(capsys, ["cache", "stats"], "no_such_setting")
 
 
-def test_a_data_folder_without_write_permission_is_one_line(data_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+def test_a_data_folder_without_write_permission_is_one_line(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
     data_dir.mkdir(parents=True)
     real_access = os.access
     monkeypatch.setattr(os, "access", lambda path, mode: False if Path(path) == data_dir else real_access(path, mode))
     expect_error(capsys, ["cache", "stats"], "is not writable; fix its permissions or choose another with --data-dir")
 
 
-def test_an_unexpected_failure_is_one_line_not_a_traceback(data_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+def test_an_unexpected_failure_is_one_line_not_a_traceback(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
     def broken(*_args: object, **_kwargs: object) -> None:
         raise RuntimeError("something nobody foresaw")
 
     monkeypatch.setattr(cli, "cache_stats", broken)
     assert cli.main(["cache", "stats"]) == 1
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "something nobody foresaw" in err and "Traceback" not in err
+    assert err.count("\n") == 1
+    assert "something nobody foresaw" in err
+    assert "Traceback" not in err
 
 
 def test_installed_command_streams_and_prints_json(tmp_path: Path) -> None:
@@ -160,10 +175,13 @@ def test_cache_stats_prune_and_clear(data_dir: Path, capsys) -> None:
     ask_json(capsys, "Name a fruit.", "--system", "You answer in one word.")
     assert main(["cache", "stats", "--json"]) == 0
     stats = json.loads(capsys.readouterr().out)
-    assert stats["requests"] == 2 and stats["reused_tokens"] > 0
+    assert stats["requests"] == 2
+    assert stats["reused_tokens"] > 0
     assert stats["reused_by_tier"]["disk"] == stats["reused_tokens"]
     assert 0 < stats["hit_rate"] < 1
-    assert stats["disk"]["entries"] >= 1 and stats["disk"]["bytes"] > 0 and stats["disk"]["hits"] >= 1
+    assert stats["disk"]["entries"] >= 1
+    assert stats["disk"]["bytes"] > 0
+    assert stats["disk"]["hits"] >= 1
     assert stats["ram"]["budget_bytes"] == 2048 << 20
     assert main(["cache", "stats"]) == 0
     assert "hit rate" in capsys.readouterr().out
@@ -179,7 +197,8 @@ def test_cache_stats_prune_and_clear(data_dir: Path, capsys) -> None:
     assert "removed" in capsys.readouterr().out
     assert main(["cache", "stats", "--json"]) == 0
     cleared = json.loads(capsys.readouterr().out)
-    assert cleared["disk"]["entries"] == 0 and cleared["requests"] == 0
+    assert cleared["disk"]["entries"] == 0
+    assert cleared["requests"] == 0
     assert not list((data_dir / "cache" / "kv").rglob("*.val"))
     library = open_library(open_workspace(str(data_dir)))
     assert library.pins.list() == []
@@ -187,7 +206,9 @@ def test_cache_stats_prune_and_clear(data_dir: Path, capsys) -> None:
 
 
 def test_bench_is_a_command_and_a_missing_llama_server_is_one_line(capsys) -> None:
-    code = main(["bench", "--scale", "tiny", "--llama-server", "/nonexistent/llama-server", "--out", "/nonexistent-out"])
+    code = main(
+        ["bench", "--scale", "tiny", "--llama-server", "/nonexistent/llama-server", "--out", "/nonexistent-out"]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2
     assert any("llama-server" in line and "/nonexistent/llama-server" in line for line in err)
@@ -200,7 +221,8 @@ def test_a_damaged_conversations_database_is_one_line_with_a_backup(data_dir: Pa
     database.write_bytes(b"this was a database once" * 50)
     expect_error(capsys, ["cache", "clear"], "is damaged")
     backups = list(data_dir.glob("chatapp.sqlite3.corrupt-*"))
-    assert len(backups) == 1 and backups[0].read_bytes() == database.read_bytes()  # copied, never reset
+    assert len(backups) == 1
+    assert backups[0].read_bytes() == database.read_bytes()
 
 
 def test_a_damaged_cache_database_is_one_line_and_cache_clear_removes_it(data_dir: Path, capsys) -> None:

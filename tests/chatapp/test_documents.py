@@ -22,7 +22,8 @@ def test_text_is_normalised_so_the_same_content_gives_the_same_prompt(tmp_path: 
 
 def test_pdf_text_is_extracted(tmp_path: Path) -> None:
     document = load_document(write_pdf(tmp_path / "report.pdf", ["Quarterly report", "Revenue grew"]))
-    assert "Quarterly report" in document.text and "Revenue grew" in document.text
+    assert "Quarterly report" in document.text
+    assert "Revenue grew" in document.text
 
 
 @pytest.mark.parametrize(
@@ -40,7 +41,8 @@ def test_bad_documents_get_one_clear_line(tmp_path: Path, name: str, content: by
     path.write_bytes(content)
     with pytest.raises(DocumentError, match=message) as caught:
         load_document(path)
-    assert "\n" not in str(caught.value) and str(path) in str(caught.value)
+    assert "\n" not in str(caught.value)
+    assert str(path) in str(caught.value)
 
 
 def test_pdf_without_text_layer(tmp_path: Path) -> None:

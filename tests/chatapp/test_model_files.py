@@ -14,7 +14,8 @@ from chatapp.model_files import bundled_model_path, check_gguf_file, resolve_mod
 
 def test_bundled_model_is_found_without_its_plugin_host() -> None:
     path = bundled_model_path()
-    assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and path.stat().st_size > 90_000_000
+    assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert path.stat().st_size > 90_000_000
     assert resolve_model_path(None) == path.resolve()
 
 

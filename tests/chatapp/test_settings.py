@@ -12,7 +12,9 @@ from chatapp.settings import load_settings
 
 def test_defaults_without_a_file(tmp_path: Path) -> None:
     settings = load_settings(tmp_path / "config.toml")
-    assert settings.context_cap == 8192 and settings.sequences == 4 and settings.model is None
+    assert settings.context_cap == 8192
+    assert settings.sequences == 4
+    assert settings.model is None
 
 
 def test_file_values_and_command_line_overrides(tmp_path: Path) -> None:
@@ -20,7 +22,8 @@ def test_file_values_and_command_line_overrides(tmp_path: Path) -> None:
     config.write_text('temperature = 0.2\ncontext_cap = 4096\nmodel = "/models/x.gguf"\n', encoding="utf-8")
     settings = load_settings(config, {"temperature": 0.0, "seed": None})
     assert settings.temperature == 0.0  # the command line wins
-    assert settings.context_cap == 4096 and settings.model == Path("/models/x.gguf")
+    assert settings.context_cap == 4096
+    assert settings.model == Path("/models/x.gguf")
     assert settings.seed is None
 
 
@@ -38,7 +41,8 @@ def test_invalid_files_name_the_key_and_the_reason(tmp_path: Path, content: str,
     config.write_text(content, encoding="utf-8")
     with pytest.raises(SettingsError, match=message) as caught:
         load_settings(config)
-    assert str(config) in str(caught.value) and "\n" not in str(caught.value)
+    assert str(config) in str(caught.value)
+    assert "\n" not in str(caught.value)
 
 
 def test_invalid_command_line_value(tmp_path: Path) -> None:

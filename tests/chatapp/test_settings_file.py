@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import stat
 import tempfile
 import tomllib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -66,7 +69,7 @@ def test_fields_follow_the_settings_model() -> None:
     assert all(item.default == Settings.model_fields[item.name].default for item in fields)
     assert all(item.description and "\n" not in item.description for item in fields)
     assert len({item.label for item in fields}) == len(fields)
-    assert RESTART_FIELDS <= set(Settings.model_fields)
+    assert set(Settings.model_fields) >= RESTART_FIELDS
 
 
 def test_labels_kinds_and_restart_flags() -> None:
@@ -75,8 +78,12 @@ def test_labels_kinds_and_restart_flags() -> None:
     assert field("temperature").description == Settings.model_fields["temperature"].description
     assert field("top_p").description  # pydantic has none; a sensible one is supplied
     kinds = {item.name: item.kind for item in setting_fields()}
-    assert kinds["model"] == "path" and kinds["threads"] == "optional-int" and kinds["seed"] == "optional-int"
-    assert kinds["context_cap"] == "int" and kinds["temperature"] == "float" and kinds["flash_attention"] == "bool"
+    assert kinds["model"] == "path"
+    assert kinds["threads"] == "optional-int"
+    assert kinds["seed"] == "optional-int"
+    assert kinds["context_cap"] == "int"
+    assert kinds["temperature"] == "float"
+    assert kinds["flash_attention"] == "bool"
     restart = {item.name for item in setting_fields() if item.restart_needed}
     assert restart == {
         "model", "context_cap", "sequences", "n_gpu_layers", "threads", "flash_attention",
@@ -136,7 +143,8 @@ def test_bool_words(text: str, value: bool) -> None:
 def test_bad_values_give_the_label_and_the_reason(texts: dict[str, str], message: str) -> None:
     with pytest.raises(SettingsError) as caught:
         parse_values(texts)
-    assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
+    assert str(caught.value).startswith(message)
+    assert "\n" not in str(caught.value)
     assert list(field_errors(texts)) == list(texts)
 
 
@@ -171,7 +179,8 @@ def test_file_round_trip_of_every_kind(tmp_path: Path) -> None:
     assert load_settings(config) == EVERYTHING
     assert load_settings(config).model == ODD_PATH
     text = config.read_text(encoding="utf-8")
-    assert text.startswith("# ") and "naïve 模型 🦙" in text  # readable, not \u-escaped
+    assert text.startswith("# ")
+    assert "naïve 模型 🦙" in text
     assert leftovers(tmp_path) == []
 
 
@@ -206,19 +215,44 @@ def test_file_mode_is_0600(tmp_path: Path) -> None:
     assert stat.S_IMODE(config.stat().st_mode) == 0o600
 
 
-@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root writes into read-only folders")
-def test_read_only_folder_leaves_the_old_file(tmp_path: Path) -> None:
-    config = tmp_path / "config.toml"
-    config.write_text("sequences = 8\n", encoding="utf-8")
-    tmp_path.chmod(0o500)
+NOBODY = 65534  # root ignores file modes: as root, the write is tried as this user
+
+
+@contextmanager
+def read_only_folder() -> Iterator[Path]:
+    """A folder its writer cannot write in, entered as that writer (as "nobody" when the tests run as root)."""
+    outer = Path(tempfile.mkdtemp())
+    folder = outer / "settings"
+    folder.mkdir()
+    (folder / "config.toml").write_text("sequences = 8\n", encoding="utf-8")
+    as_root = os.geteuid() == 0
+    if as_root:
+        outer.chmod(0o755)
+        for path in (folder, folder / "config.toml"):
+            os.chown(path, NOBODY, NOBODY)
+    folder.chmod(0o500)
     try:
+        if as_root:
+            os.seteuid(NOBODY)
+        try:
+            yield folder
+        finally:
+            if as_root:
+                os.seteuid(0)
+    finally:
+        folder.chmod(0o700)
+        shutil.rmtree(outer)
+
+
+def test_read_only_folder_leaves_the_old_file() -> None:
+    with read_only_folder() as folder:
+        config = folder / "config.toml"
         with pytest.raises(SettingsError) as caught:
             save_settings(config, EVERYTHING)
-    finally:
-        tmp_path.chmod(0o700)
-    assert str(config) in str(caught.value) and "writable" in str(caught.value)
-    assert config.read_text(encoding="utf-8") == "sequences = 8\n"
-    assert leftovers(tmp_path) == []
+        assert config.read_text(encoding="utf-8") == "sequences = 8\n"
+        assert leftovers(folder) == []
+    assert str(config) in str(caught.value)
+    assert "writable" in str(caught.value)
 
 
 @pytest.mark.parametrize(
@@ -242,14 +276,17 @@ def test_io_errors_leave_the_old_file(
     with pytest.raises(SettingsError) as caught:
         save_settings(config, EVERYTHING)
     message = str(caught.value)
-    assert str(config) in message and error.strerror in message and "\n" not in message
+    assert str(config) in message
+    assert error.strerror is not None
+    assert error.strerror in message
+    assert "\n" not in message
     assert config.read_text(encoding="utf-8") == "sequences = 8\n"
     assert leftovers(tmp_path) == []
 
 
 def test_missing_folder_names_the_file(tmp_path: Path) -> None:
     config = tmp_path / "gone" / "config.toml"
-    with pytest.raises(SettingsError, match="cannot save settings to .*config.toml: No such file"):
+    with pytest.raises(SettingsError, match=r"cannot save settings to .*config.toml: No such file"):
         save_settings(config, EVERYTHING)
 
 
@@ -259,7 +296,8 @@ def test_invalid_settings_leave_the_old_file(tmp_path: Path) -> None:
     bad = Settings.model_construct(temperature=99.0)  # skips validation
     with pytest.raises(SettingsError, match="temperature: Input should be less than or equal to 5") as caught:
         save_settings(config, bad)
-    assert str(config) in str(caught.value) and "\n" not in str(caught.value)
+    assert str(config) in str(caught.value)
+    assert "\n" not in str(caught.value)
     assert config.read_text(encoding="utf-8") == "sequences = 8\n"
     assert leftovers(tmp_path) == []
 
@@ -267,7 +305,7 @@ def test_invalid_settings_leave_the_old_file(tmp_path: Path) -> None:
 def test_unencodable_path_is_refused_before_writing(tmp_path: Path) -> None:
     config = tmp_path / "config.toml"
     config.write_text("sequences = 8\n", encoding="utf-8")
-    with pytest.raises(SettingsError, match="^Model: cannot save this value"):
+    with pytest.raises(SettingsError, match=r"^Model: cannot save this value"):
         save_settings(config, Settings(model=Path("/models/\udcff.gguf")))
     assert config.read_text(encoding="utf-8") == "sequences = 8\n"
     assert leftovers(tmp_path) == []

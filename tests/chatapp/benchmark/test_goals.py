@@ -2,22 +2,40 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from chatapp.benchmark.goals import busy_s, goal_verdicts, goals_table
 
 
-def run(workload: str, peer: str, ttfts: list[float], labels: list[str] | None = None, *, total_ms: float = 100.0,
-        after_restart: int | None = None) -> dict:
+def run(
+    workload: str,
+    peer: str,
+    ttfts: list[float],
+    labels: list[str] | None = None,
+    *,
+    total_ms: float = 100.0,
+    after_restart: int | None = None,
+) -> dict[str, Any]:
     labels = labels or [f"q{index}" for index in range(len(ttfts))]
-    return {"workload": workload, "peer": peer, "requests": [
-        {"label": label, "ttft_ms": ttft, "total_ms": total_ms, "settle_ms": 10.0,
-         "after_restart": after_restart is not None and index >= after_restart}
-        for index, (label, ttft) in enumerate(zip(labels, ttfts))
-    ]}
+    return {
+        "workload": workload,
+        "peer": peer,
+        "requests": [
+            {
+                "label": label,
+                "ttft_ms": ttft,
+                "total_ms": total_ms,
+                "settle_ms": 10.0,
+                "after_restart": after_restart is not None and index >= after_restart,
+            }
+            for index, (label, ttft) in enumerate(zip(labels, ttfts, strict=True))
+        ],
+    }
 
 
-def verdicts_by_measure(runs: list[dict]) -> dict[str, tuple[float, bool]]:
+def verdicts_by_measure(runs: list[dict[str, Any]]) -> dict[str, tuple[float, bool]]:
     return {f"{v.goal} {v.measure}": (v.value, v.met) for v in goal_verdicts(runs)}
 
 
@@ -29,44 +47,53 @@ def test_a_uses_only_the_requests_after_switching_back() -> None:
         run("A", "llama-server", [700, 1, 130, 130, 130], labels),
     ]
     found = verdicts_by_measure(runs)
-    assert found["A TTFT after switching back / ideal"] == (pytest.approx(1.2), False)
-    assert found["A TTFT after switching back / llama-server"] == (pytest.approx(120 / 130), True)
+    assert found["A TTFT after switching back / ideal"] == pytest.approx((1.2, False))
+    assert found["A TTFT after switching back / llama-server"] == pytest.approx((120 / 130, True))
 
 
 def test_b_and_d_compare_busy_time() -> None:
     runs = [
-        run("B", "no-cache", [1, 1], total_ms=990.0), run("B", "chatapp", [1, 1], total_ms=290.0),
-        run("D", "llama-ram", [1], total_ms=640.0), run("D", "no-cache", [1], total_ms=990.0),
-        run("D", "chatapp", [1], total_ms=190.0), run("D", "llama-server", [1], total_ms=250.0),
+        run("B", "no-cache", [1, 1], total_ms=990.0),
+        run("B", "chatapp", [1, 1], total_ms=290.0),
+        run("D", "llama-ram", [1], total_ms=640.0),
+        run("D", "no-cache", [1], total_ms=990.0),
+        run("D", "chatapp", [1], total_ms=190.0),
+        run("D", "llama-server", [1], total_ms=250.0),
     ]
     assert busy_s(runs[0]) == pytest.approx(2.0)  # time to the last token plus settling, over requests
     found = verdicts_by_measure(runs)
-    assert found["B throughput / no cache"] == (pytest.approx(2.0 / 0.6), False)
-    assert found["D busy time, best llama-cpp-python peer / chatapp"] == (pytest.approx(0.65 / 0.2), True)
-    assert found["D busy time, llama-server / chatapp"] == (pytest.approx(0.26 / 0.2), False)
+    assert found["B throughput / no cache"] == pytest.approx((2.0 / 0.6, False))
+    assert found["D busy time, best llama-cpp-python peer / chatapp"] == pytest.approx((0.65 / 0.2, True))
+    assert found["D busy time, llama-server / chatapp"] == pytest.approx((0.26 / 0.2, False))
 
 
 def test_c_warm_ahead_uses_the_first_question_and_typed_every_one() -> None:
     runs = [
-        run("C", "chatapp+warm", [105, 500, 500]), run("C", "chatapp+typed", [30, 31, 90]),
+        run("C", "chatapp+warm", [105, 500, 500]),
+        run("C", "chatapp+typed", [30, 31, 90]),
         run("C", "ideal", [100, 100, 100]),
     ]
     found = verdicts_by_measure(runs)
-    assert found["C first question TTFT, warm-ahead / question alone"] == (pytest.approx(1.05), True)
-    assert found["C TTFT after Enter, typed / question alone"] == (pytest.approx(0.31), False)
+    assert found["C first question TTFT, warm-ahead / question alone"] == pytest.approx((1.05, True))
+    assert found["C TTFT after Enter, typed / question alone"] == pytest.approx((0.31, False))
 
 
 def test_e_compares_only_requests_after_the_restart_and_every_other_peer() -> None:
     runs = [
-        run("E", "chatapp", [900, 100, 110], after_restart=1), run("E", "ideal", [900, 100, 100], after_restart=1),
-        run("E", "llama-disk", [1, 840, 840], after_restart=1), run("E", "no-cache", [1, 2000, 2000], after_restart=1),
+        run("E", "chatapp", [900, 100, 110], after_restart=1),
+        run("E", "ideal", [900, 100, 100], after_restart=1),
+        run("E", "llama-disk", [1, 840, 840], after_restart=1),
+        run("E", "no-cache", [1, 2000, 2000], after_restart=1),
     ]
     found = verdicts_by_measure(runs)
-    assert found["E TTFT after restart / ideal"] == (pytest.approx(1.05), True)
-    assert found["E TTFT after restart, fastest other peer / chatapp"] == (pytest.approx(8.0), True)
+    assert found["E TTFT after restart / ideal"] == pytest.approx((1.05, True))
+    assert found["E TTFT after restart, fastest other peer / chatapp"] == pytest.approx((8.0, True))
 
 
 def test_goals_whose_peers_did_not_run_are_left_out() -> None:
     assert goal_verdicts([run("A", "chatapp", [1.0])]) == []
-    table = goals_table(goal_verdicts([run("B", "no-cache", [1], total_ms=90.0), run("B", "chatapp", [1], total_ms=90.0)]))
-    assert "B" in table and "MISSED" in table
+    table = goals_table(
+        goal_verdicts([run("B", "no-cache", [1], total_ms=90.0), run("B", "chatapp", [1], total_ms=90.0)])
+    )
+    assert "B" in table
+    assert "MISSED" in table

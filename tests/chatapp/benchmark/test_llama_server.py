@@ -17,6 +17,9 @@ from chatapp.benchmark.llama_server import (
     server_command,
 )
 
+# Starts llama-server processes.
+pytestmark = pytest.mark.slow
+
 posix_only = pytest.mark.skipif(sys.platform == "win32", reason="fake servers are shell scripts")
 
 
@@ -34,7 +37,13 @@ def _model(tmp_path: Path) -> Path:
 
 def test_command_line() -> None:
     command = server_command(
-        Path("/bin/llama-server"), Path("/m.gguf"), port=8123, context=1024, threads=2, cache_ram_mib=256, slots=2,
+        Path("/bin/llama-server"),
+        Path("/m.gguf"),
+        port=8123,
+        context=1024,
+        threads=2,
+        cache_ram_mib=256,
+        slots=2,
     )
     assert command[0] == "/bin/llama-server"
     joined = " ".join(command)
@@ -122,20 +131,24 @@ def test_real_server_rejects_a_bad_model_quickly(server_binary: Path, tmp_path: 
 def test_real_server_answers_and_reuses_its_cache(server_binary: Path, model_path: Path, vocab) -> None:
     prompt = vocab.tokenize(
         "<|im_start|>user\nName three colours of the rainbow.<|im_end|>\n<|im_start|>assistant\n",
-        add_special=True, parse_special=True,
+        add_special=True,
+        parse_special=True,
     )
     with LlamaServerPeer(server_binary, model_path, context=1024, threads=2, cache_ram_mib=64) as peer:
         cold = peer.ask(prompt, 8)
         warm = peer.ask(prompt, 8)
         again = peer.ask(prompt, 8)
         rss = peer.peak_rss_bytes()
-    assert cold.text and warm.text
-    assert cold.token_ids and vocab.detokenize(list(cold.token_ids)) == cold.text
+    assert cold.text
+    assert warm.text
+    assert cold.token_ids
+    assert vocab.detokenize(list(cold.token_ids)) == cold.text
     # The same prompt from the server's cache gives the same answer every time. (It need not
     # equal the cold answer: the server recomputes the last prompt token alone, and a batch of
     # one rounds differently from the cold batch of 16; llama-cpp-python's `Llama.generate`
     # does the same, and on this prompt both turn "1. Red: ..." into "The rainbow ...".)
-    assert warm.text == again.text and warm.token_ids == again.token_ids
+    assert warm.text == again.text
+    assert warm.token_ids == again.token_ids
     assert cold.prompt_tokens == warm.prompt_tokens == len(prompt)
     assert cold.computed_tokens == len(prompt)
     assert warm.computed_tokens < cold.computed_tokens
@@ -143,6 +156,7 @@ def test_real_server_answers_and_reuses_its_cache(server_binary: Path, model_pat
     for answer in (cold, warm, again):
         assert 0 < answer.ttft_ms <= answer.total_ms
     if sys.platform.startswith("linux"):
-        assert rss is not None and rss > 50 * 1024 * 1024
+        assert rss is not None
+        assert rss > 50 * 1024 * 1024
     with pytest.raises(LlamaServerError, match="closed"):
         peer.ask(prompt, 4)

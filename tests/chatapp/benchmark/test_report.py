@@ -6,22 +6,45 @@ import json
 import math
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from chatapp.benchmark.report import mismatches, percentile, summarize, svg_chart, table, write_reports
 
 
-def request(ttft: float, computed: int, prompt: int = 100, text: str = "ok") -> dict:
-    return {"label": "q", "ttft_ms": ttft, "total_ms": ttft + 10, "prompt_tokens": prompt, "computed_tokens": computed, "text": text}
+def request(ttft: float, computed: int, prompt: int = 100, text: str = "ok") -> dict[str, Any]:
+    return {
+        "label": "q",
+        "ttft_ms": ttft,
+        "total_ms": ttft + 10,
+        "prompt_tokens": prompt,
+        "computed_tokens": computed,
+        "text": text,
+    }
 
 
-def run(peer: str, workload: str, ttfts: list[float], computed: list[int], texts: list[str] | None = None) -> dict:
+def run(
+    peer: str, workload: str, ttfts: list[float], computed: list[int], texts: list[str] | None = None
+) -> dict[str, Any]:
     texts = texts or ["ok"] * len(ttfts)
     return {
-        "peer": peer, "workload": workload, "wall_s": 1.5, "peak_rss_bytes": 200 << 20, "start_rss_bytes": 100 << 20,
-        "disk_bytes": 3 << 20, "requests": [request(t, c, text=x) for t, c, x in zip(ttfts, computed, texts)],
+        "peer": peer,
+        "workload": workload,
+        "wall_s": 1.5,
+        "peak_rss_bytes": 200 << 20,
+        "start_rss_bytes": 100 << 20,
+        "disk_bytes": 3 << 20,
+        "requests": [request(t, c, text=x) for t, c, x in zip(ttfts, computed, texts, strict=True)],
     }
+
+
+def title_text(element: ET.Element) -> str:
+    """The text of an SVG element's <title> child."""
+    title = element.find("{http://www.w3.org/2000/svg}title")
+    assert title is not None
+    assert title.text is not None
+    return title.text
 
 
 def test_percentile_interpolates_between_ranks() -> None:
@@ -59,7 +82,8 @@ def test_ratios_are_per_workload_and_nan_without_a_baseline() -> None:
     runs = [run("no-cache", "A", [100], [100]), run("chatapp", "A", [10], [10]), run("chatapp", "B", [20], [20])]
     rows = summarize(runs)
     b = next(row for row in rows if row["workload"] == "B")
-    assert math.isnan(b["ttft_vs_no_cache"]) and math.isnan(b["ttft_vs_best_other"])
+    assert math.isnan(b["ttft_vs_no_cache"])
+    assert math.isnan(b["ttft_vs_best_other"])
     assert "chatapp" in table(rows)
 
 
@@ -71,21 +95,32 @@ def test_mismatches_name_peer_workload_and_request() -> None:
     ]
     found = mismatches(runs)
     assert [(item["peer"], item["workload"], item["request"]) for item in found] == [("chatapp", "A", 1)]
-    assert found[0]["expected"] == "b" and found[0]["got"] == "B!"
+    assert found[0]["expected"] == "b"
+    assert found[0]["got"] == "B!"
 
 
 def test_json_and_svg_are_written_and_parse(tmp_path: Path) -> None:
-    runs = [run("no-cache", "A", [100, 200], [100, 100]), run("chatapp", "A", [20, 30], [100, 10]),
-            run("no-cache", "C", [300, 300], [100, 100]), run("chatapp", "C", [10, 5], [100, 1])]
-    rows, found, verdicts, files = write_reports(tmp_path, {"scale": "test"}, runs)
+    runs = [
+        run("no-cache", "A", [100, 200], [100, 100]),
+        run("chatapp", "A", [20, 30], [100, 10]),
+        run("no-cache", "C", [300, 300], [100, 100]),
+        run("chatapp", "C", [10, 5], [100, 1]),
+    ]
+    _rows, _found, _verdicts, files = write_reports(tmp_path, {"scale": "test"}, runs)
     saved = json.loads(files["json"].read_text())
     assert saved["meta"] == {"scale": "test"}
-    assert len(saved["summary"]) == 4 and saved["mismatches"] == [] and len(saved["runs"]) == 4
+    assert len(saved["summary"]) == 4
+    assert saved["mismatches"] == []
+    assert len(saved["runs"]) == 4
     root = ET.fromstring(files["svg"].read_text())
     assert root.tag == "{http://www.w3.org/2000/svg}svg"
-    bars = [rect for rect in root.iter("{http://www.w3.org/2000/svg}rect") if rect.find("{http://www.w3.org/2000/svg}title") is not None]
+    bars = [
+        rect
+        for rect in root.iter("{http://www.w3.org/2000/svg}rect")
+        if rect.find("{http://www.w3.org/2000/svg}title") is not None
+    ]
     assert len(bars) == 4  # one per peer and workload
-    heights = {bar.find("{http://www.w3.org/2000/svg}title").text.split(":")[0]: float(bar.get("height")) for bar in bars}
+    heights = {title_text(bar).split(":")[0]: float(bar.attrib["height"]) for bar in bars}
     assert heights["no-cache on C"] == pytest.approx(300)  # the tallest bar fills the plot
     assert heights["no-cache on A"] == pytest.approx(150)
 

@@ -19,45 +19,77 @@ import sqlite3
 import sys
 import time
 from pathlib import Path
+from typing import TypedDict
 
 from cache.fingerprint import hash_file
 from cache.prefix_cache import CacheConfig
 from chatapp.engine.engine import Engine, EngineConfig, GenerationRequest
+from chatapp.engine.events import GenerationResult
 from chatapp.engine.llama_native import SamplingParams
-from chatapp.engine.prompt import SYSTEM, USER, ChatMessage
+from chatapp.engine.prompt import ChatMessage
 from chatapp.services.library import open_library
 from chatapp.services.startup import kv_cache_factory, open_workspace
-from chatapp.store.records import ASSISTANT as ASSISTANT_ROLE
-from chatapp.store.records import USER as USER_ROLE
+from chatapp.vocabulary import Role
 from tests.model_factory import TINY_MODEL_THREADS
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6)
+MIN_REQUESTS = 10  # what the two-process test counts on, whatever the machine's speed
 BLOCK = 128  # 128 tokens of the tiny model's KV: 32 KiB, so full blocks are files, partial ones rows
 PERSONAS = [
     "You are a careful archivist. Quote sources, give dates as 2024-03-15, keep answers short. " * 9,
     "You are a ship's navigator. Speak of tides, stars and charts; never guess a position. " * 9,
 ]
-QUESTIONS = ["Where is the map?", "What year was it?", "Who signed the letter?", "How far is the port?",
-             "Which star is brightest?", "Why did the tide turn?"]
+QUESTIONS = [
+    "Where is the map?",
+    "What year was it?",
+    "Who signed the letter?",
+    "How far is the port?",
+    "Which star is brightest?",
+    "Why did the tide turn?",
+]
 
 
-def fault_engine(folder: Path, model: Path, *, context: int = 1024, ram_bytes: int = 64 << 20, disk_bytes: int = 1 << 30,
-                 flash_attention: bool = False, sequences: int = 1) -> Engine:
+class FaultEngineOptions(TypedDict, total=False):
+    """The keyword options of fault_engine, for a test that picks some of them per case."""
+
+    context: int
+    ram_bytes: int
+    disk_bytes: int
+    flash_attention: bool
+    sequences: int
+
+
+def fault_engine(
+    folder: Path,
+    model: Path,
+    *,
+    context: int = 1024,
+    ram_bytes: int = 64 << 20,
+    disk_bytes: int = 1 << 30,
+    flash_attention: bool = False,
+    sequences: int = 1,
+) -> Engine:
     config = CacheConfig(block_size=BLOCK, ram_budget_bytes=ram_bytes, disk_budget_bytes=disk_bytes, ttl_seconds=3600)
-    engine_config = EngineConfig(model_path=model, context_cap=context, sequences=sequences, threads=TINY_MODEL_THREADS,
-                                 flash_attention=flash_attention)
+    engine_config = EngineConfig(
+        model_path=model,
+        context_cap=context,
+        sequences=sequences,
+        threads=TINY_MODEL_THREADS,
+        flash_attention=flash_attention,
+    )
     return Engine(engine_config, kv_cache_factory(folder, hash_file(model), config))
 
 
 def prompt_pool(engine: Engine) -> list[tuple[int, ...]]:
     return [
-        tuple(engine.prompt_builder.build([ChatMessage.of(SYSTEM, persona), ChatMessage.of(USER, question)]))
-        for persona in PERSONAS for question in QUESTIONS
+        tuple(engine.prompt_builder.build([ChatMessage.of(Role.SYSTEM, persona), ChatMessage.of(Role.USER, question)]))
+        for persona in PERSONAS
+        for question in QUESTIONS
     ]
 
 
-def answer(engine: Engine, tokens: tuple[int, ...], **options: object):  # type: ignore[no-untyped-def]
-    return engine.generate(GenerationRequest(tokens, GREEDY, **options)).wait()
+def answer(engine: Engine, tokens: tuple[int, ...], *, use_cache: bool = True) -> GenerationResult:
+    return engine.generate(GenerationRequest(tokens, GREEDY, use_cache=use_cache)).wait()
 
 
 def cold_answers(engine: Engine, prompts: list[tuple[int, ...]]) -> dict[tuple[int, ...], tuple[int, ...]]:
@@ -94,13 +126,17 @@ def damage_row(store: Path, key_hex: str, rng: random.Random) -> str:
 
 
 def ask_for(model: Path, folder: Path, seconds: float, seed: int, data_dir: Path | None = None) -> int:
-    """Ask for `seconds`; with `data_dir`, the cache is its cache folder and every question and
-    answer is also saved in its conversations database, as the app does."""
+    """Ask for `seconds`, and at least MIN_REQUESTS times however slow the machine; with `data_dir`,
+    the cache is its cache folder and every question and answer is also saved in its conversations
+    database, as the app does."""
     rng = random.Random(seed)
     library = open_library(open_workspace(str(data_dir), {"model": str(model)})) if data_dir else None
     conversation = library.conversations.create_conversation(f"asker {seed}") if library else None
-    root = (library.conversations.add_root(conversation.id, persona_name=None, persona_prompt="", document_id=None)
-            if library and conversation else None)
+    root = (
+        library.conversations.add_root(conversation.id, persona_name=None, persona_prompt="", document_id=None)
+        if library and conversation
+        else None
+    )
     # Small budgets (a few prompts' worth): blocks are evicted from RAM and culled on disk all the time.
     with fault_engine(folder, model, ram_bytes=128 << 10, disk_bytes=256 << 10) as engine:
         prompts = prompt_pool(engine)
@@ -108,15 +144,18 @@ def ask_for(model: Path, folder: Path, seconds: float, seed: int, data_dir: Path
         print("ready", flush=True)
         requests = mismatches = 0
         deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline or requests < MIN_REQUESTS:
             tokens = rng.choice(prompts)
             requests += 1
             result = answer(engine, tokens)
             mismatches += result.token_ids != reference[tokens]
             if library is not None and conversation is not None and root is not None:
-                question = library.conversations.add_message(conversation.id, root.id, USER_ROLE, f"prompt {prompts.index(tokens)}")
-                library.conversations.add_message(conversation.id, question.id, ASSISTANT_ROLE, result.text,
-                                                  generated_ids=result.token_ids)
+                question = library.conversations.add_message(
+                    conversation.id, root.id, Role.USER, f"prompt {prompts.index(tokens)}"
+                )
+                library.conversations.add_message(
+                    conversation.id, question.id, Role.ASSISTANT, result.text, generated_ids=result.token_ids
+                )
     if library is not None:
         library.close()
     print(json.dumps({"requests": requests, "mismatches": mismatches}), flush=True)

@@ -35,19 +35,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+from cache.keys import as_token_array
+from chatapp.engine.engine import Engine, EngineConfig, GenerationRequest
+from chatapp.engine.kv_placement import FRESH_TOKENS, RESTORE_MARGIN_TOKENS
+from chatapp.engine.llama_native import SamplingParams
+from chatapp.engine.prompt import ChatMessage
+from chatapp.vocabulary import Role, StopReason
+from tests.cache_support import cached_engine
+from tests.model_factory import TINY_MODEL_THREADS, write_tiny_llama
 
-from cache.keys import as_token_array  # noqa: E402
-from chatapp.engine.engine import Engine, EngineConfig, GenerationRequest  # noqa: E402
-from chatapp.engine.events import STOP_END, STOP_LENGTH  # noqa: E402
-from chatapp.engine.kv_placement import FRESH_TOKENS, RESTORE_MARGIN_TOKENS  # noqa: E402
-from chatapp.engine.llama_native import SamplingParams  # noqa: E402
-from chatapp.engine.prompt import ASSISTANT, SYSTEM, USER, ChatMessage  # noqa: E402
-from tests.cache_support import cached_engine  # noqa: E402
-from tests.model_factory import TINY_MODEL_THREADS, write_tiny_llama  # noqa: E402
+# Hundreds of random conversation trees on the tiny model: a minute on two cores.
+pytestmark = pytest.mark.slow
 
 EXAMPLES = int(os.environ.get("CHATAPP_PROPERTY_EXAMPLES", "200"))
 CONTEXT = 1024  # tokens per sequence; the longest example prompt stays well below it
@@ -151,7 +152,7 @@ def cold_engine(engines: dict[int, Engine], model: Path, sequences: int) -> Engi
 
 def common_prefix(left: tuple[int, ...], right: tuple[int, ...]) -> int:
     length = 0
-    for a, b in zip(left, right):
+    for a, b in zip(left, right, strict=False):
         if a != b:
             break
         length += 1
@@ -160,9 +161,9 @@ def common_prefix(left: tuple[int, ...], right: tuple[int, ...]) -> int:
 
 def evaluated_tokens(prompt: tuple[int, ...], answer: tuple[int, ...], stop_reason: str) -> tuple[int, ...]:
     """What the sequence holds after an answer: the last sampled token is only decoded if another follows."""
-    if stop_reason == STOP_END:
+    if stop_reason == StopReason.END:
         return prompt + answer
-    assert stop_reason == STOP_LENGTH, stop_reason
+    assert stop_reason == StopReason.LENGTH, stop_reason
     return prompt + answer[:-1]
 
 
@@ -184,8 +185,12 @@ class Replay:
 
     def open(self) -> None:
         self.engine = cached_engine(
-            self.folder, self.model, block_size=self.plan.block_size, context=CONTEXT,
-            sequences=self.plan.sequences, threads=TINY_MODEL_THREADS,
+            self.folder,
+            self.model,
+            block_size=self.plan.block_size,
+            context=CONTEXT,
+            sequences=self.plan.sequences,
+            threads=TINY_MODEL_THREADS,
         )
         assert self.engine.cache is not None, self.engine.cache_problem
         self.uncached = []
@@ -198,10 +203,13 @@ class Replay:
 
     def wait_until_stored(self, held: tuple[int, ...]) -> None:
         """Wait until the blocks of the answer just given, and every earlier one, are stored."""
-        assert self.engine is not None and self.engine.cache is not None
+        assert self.engine is not None
+        assert self.engine.cache is not None
         self.engine.flush_cache()
         stored = self.engine.cache.lookup(as_token_array(held)).matched_tokens
-        assert stored == len(held), f"only {stored} of the answer's {len(held)} tokens were stored\n" + "\n".join(self.log)
+        assert stored == len(held), f"only {stored} of the answer's {len(held)} tokens were stored\n" + "\n".join(
+            self.log
+        )
 
     def ask(self, messages: list[ChatMessage], step: Step) -> Node:
         assert self.engine is not None
@@ -209,7 +217,9 @@ class Replay:
         sampling = SamplingParams(temperature=0.0, max_tokens=step.max_tokens)
         sequence = None if step.sequence is None else step.sequence % self.plan.sequences
         cold = self.cold.generate(GenerationRequest(prompt, sampling, use_cache=False)).wait()
-        warm = self.engine.generate(GenerationRequest(prompt, sampling, sequence=sequence, use_cache=step.use_cache)).wait()
+        warm = self.engine.generate(
+            GenerationRequest(prompt, sampling, sequence=sequence, use_cache=step.use_cache)
+        ).wait()
         stats = warm.stats
         self.log.append(
             f"{step.kind}: {len(prompt)} prompt tokens, reused {stats.reused_tokens} ({stats.reuse_tier}), "
@@ -229,12 +239,15 @@ class Replay:
         assert (stats.reuse_tier == "none") == (stats.reused_tokens == 0), history
         held = evaluated_tokens(prompt, warm.token_ids, warm.stop_reason)
         if not step.use_cache:
-            assert stats.reused_tokens == 0 and stats.reuse_tier == "none", history
+            assert stats.reused_tokens == 0, history
+            assert stats.reuse_tier == "none", history
             self.uncached.append(held)
         else:
             limit = len(prompt) - FRESH_TOKENS
             known = max((common_prefix(prompt, tokens) for tokens in [*self.stored, *self.uncached]), default=0)
-            assert stats.reused_tokens <= min(known, limit), f"reused more than any computed prefix shares ({known})\n{history}"
+            assert stats.reused_tokens <= min(known, limit), (
+                f"reused more than any computed prefix shares ({known})\n{history}"
+            )
             shared = min(max((common_prefix(prompt, tokens) for tokens in self.stored), default=0), limit)
             if self.stored_flushed == len(self.stored):
                 assert stats.reused_tokens >= shared - RESTORE_MARGIN_TOKENS, (
@@ -244,7 +257,7 @@ class Replay:
             if step.flush:
                 self.wait_until_stored(held)
                 self.stored_flushed = len(self.stored)
-        node = Node([*messages, ChatMessage(ASSISTANT, (warm.text,), warm.token_ids)], step.max_tokens)
+        node = Node([*messages, ChatMessage(Role.ASSISTANT, (warm.text,), warm.token_ids)], step.max_tokens)
         self.nodes.append(node)
         return node
 
@@ -263,15 +276,18 @@ def run_plan(plan: Plan, model: Path, cold: Engine) -> None:
                 replay.open()
                 continue
             if not replay.nodes or step.kind == "new":
-                messages = [ChatMessage.of(SYSTEM, PERSONAS[step.persona]), ChatMessage.of(USER, step.question)]
+                messages = [
+                    ChatMessage.of(Role.SYSTEM, PERSONAS[step.persona]),
+                    ChatMessage.of(Role.USER, step.question),
+                ]
                 replay.ask(messages, step)
                 continue
             node = replay.nodes[step.node % len(replay.nodes)]
             if step.kind == "continue":
-                replay.ask([*node.messages, ChatMessage.of(USER, step.question)], step)
+                replay.ask([*node.messages, ChatMessage.of(Role.USER, step.question)], step)
             elif step.kind == "branch":  # another question after one of the node's earlier turns
                 turns = step.turn % node.turns
-                replay.ask([*node.up_to(turns), ChatMessage.of(USER, step.question)], step)
+                replay.ask([*node.up_to(turns), ChatMessage.of(Role.USER, step.question)], step)
             elif step.kind == "repeat":  # regenerate the node's last answer
                 again = replay.ask(node.messages[:-1], step)
                 if step.max_tokens == node.max_tokens:
@@ -280,7 +296,7 @@ def run_plan(plan: Plan, model: Path, cold: Engine) -> None:
                 persona = PERSONAS[step.persona]
                 if persona == node.messages[0].content:
                     persona = PERSONAS[(step.persona + 1) % len(PERSONAS)]
-                replay.ask([ChatMessage.of(SYSTEM, persona), *node.messages[1:-1]], step)
+                replay.ask([ChatMessage.of(Role.SYSTEM, persona), *node.messages[1:-1]], step)
             else:
                 raise AssertionError(step.kind)
     finally:

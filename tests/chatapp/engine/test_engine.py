@@ -4,22 +4,32 @@ from __future__ import annotations
 
 import pytest
 
-from chatapp.engine.engine import Engine, GenerationRequest, GenerationResult
-from chatapp.engine.events import STOP_CANCELLED, STOP_LENGTH, PrefillProgress, TokenText
+from chatapp.engine.engine import Engine, GenerationRequest
+from chatapp.engine.events import GenerationResult, PrefillProgress, TokenText
+from chatapp.engine.gate import Step
 from chatapp.engine.llama_native import DecodeAborted, NativeContext, NativeModel, SamplingParams
-from chatapp.engine.prompt import SYSTEM, USER, ChatMessage
+from chatapp.engine.prompt import ChatMessage
 from chatapp.errors import ContextOverflowError
+from chatapp.vocabulary import Role, StopReason
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24)
 
 
 def prompt_for(engine: Engine, question: str, persona: str | None = None) -> tuple[int, ...]:
-    messages = ([ChatMessage.of(SYSTEM, persona)] if persona else []) + [ChatMessage.of(USER, question)]
+    messages = ([ChatMessage.of(Role.SYSTEM, persona)] if persona else []) + [ChatMessage.of(Role.USER, question)]
     return tuple(engine.prompt_builder.build(messages))
 
 
-def run(engine: Engine, prompt: tuple[int, ...], sampling: SamplingParams = GREEDY, **options: object):
-    return engine.generate(GenerationRequest(prompt_tokens=prompt, sampling=sampling, **options)).wait()
+def run(
+    engine: Engine,
+    prompt: tuple[int, ...],
+    sampling: SamplingParams = GREEDY,
+    *,
+    sequence: int | None = None,
+    use_cache: bool = True,
+) -> GenerationResult:
+    request = GenerationRequest(prompt_tokens=prompt, sampling=sampling, sequence=sequence, use_cache=use_cache)
+    return engine.generate(request).wait()
 
 
 def test_answer_streams_token_by_token(engine: Engine) -> None:
@@ -30,20 +40,24 @@ def test_answer_streams_token_by_token(engine: Engine) -> None:
     assert len(texts) == result.stats.generated_tokens > 1
     assert "".join(event.text for event in texts) == result.text
     assert [event.token_id for event in texts] == list(result.token_ids)
-    assert isinstance(events[0], PrefillProgress) and events[0].done == events[0].total == result.stats.prompt_tokens
+    assert isinstance(events[0], PrefillProgress)
+    assert events[0].done == events[0].total == result.stats.prompt_tokens
 
 
 def test_greedy_is_reproducible_and_reports_consistent_stats(engine: Engine) -> None:
     prompt = prompt_for(engine, "What is the capital of France?")
     first = run(engine, prompt, use_cache=False)
     second = run(engine, prompt, use_cache=False)
-    assert first.token_ids == second.token_ids and first.text == second.text
+    assert first.token_ids == second.token_ids
+    assert first.text == second.text
     stats = first.stats
     assert stats.prompt_tokens == len(prompt)
     assert stats.reused_tokens + stats.computed_tokens == stats.prompt_tokens
-    assert stats.reused_tokens == 0 and stats.reuse_tier == "none"
+    assert stats.reused_tokens == 0
+    assert stats.reuse_tier == "none"
     assert 0 < stats.ttft_ms <= stats.total_ms
-    assert first.stop_reason == STOP_LENGTH and stats.generated_tokens == GREEDY.max_tokens
+    assert first.stop_reason == StopReason.LENGTH
+    assert stats.generated_tokens == GREEDY.max_tokens
 
 
 def test_reusing_the_live_prefix_gives_the_same_answer(engine: Engine) -> None:
@@ -51,7 +65,8 @@ def test_reusing_the_live_prefix_gives_the_same_answer(engine: Engine) -> None:
     cold = run(engine, prompt_for(engine, "Why is the sky blue?", persona), use_cache=False)
     run(engine, prompt_for(engine, "Why is grass green?", persona), use_cache=False)
     warm = run(engine, prompt_for(engine, "Why is the sky blue?", persona))
-    assert warm.stats.reused_tokens > 10 and warm.stats.reuse_tier == "device"
+    assert warm.stats.reused_tokens > 10
+    assert warm.stats.reuse_tier == "device"
     assert warm.stats.computed_tokens == warm.stats.prompt_tokens - warm.stats.reused_tokens
     assert warm.token_ids == cold.token_ids
 
@@ -61,7 +76,9 @@ def test_seeded_sampling_is_reproducible(engine: Engine) -> None:
     sampling = SamplingParams(temperature=1.2, top_p=0.95, seed=1234, max_tokens=16)
     first = run(engine, prompt, sampling, use_cache=False)
     second = run(engine, prompt, sampling, use_cache=False)
-    other_seed = run(engine, prompt, SamplingParams(temperature=1.2, top_p=0.95, seed=99, max_tokens=16), use_cache=False)
+    other_seed = run(
+        engine, prompt, SamplingParams(temperature=1.2, top_p=0.95, seed=99, max_tokens=16), use_cache=False
+    )
     assert first.token_ids == second.token_ids
     assert other_seed.token_ids != first.token_ids
 
@@ -75,18 +92,15 @@ def test_sequences_do_not_disturb_each_other(engine: Engine) -> None:
 
 
 def test_cancel_during_answer_keeps_what_was_generated(engine: Engine) -> None:
-    handle = engine.generate(
-        GenerationRequest(prompt_for(engine, "Write a long story."), SamplingParams(temperature=0, max_tokens=500))
-    )
-    seen = 0
-    for event in handle.events():
-        if isinstance(event, TokenText):
-            seen += 1
-            if seen == 3:
-                handle.cancel()
-    result = handle.wait()
-    assert result.stop_reason == STOP_CANCELLED
-    assert 3 <= result.stats.generated_tokens < 500
+    with engine.holding(Step.TOKEN, after=3) as gate:  # the answer cannot end before the cancel
+        handle = engine.generate(
+            GenerationRequest(prompt_for(engine, "Write a long story."), SamplingParams(temperature=0, max_tokens=500))
+        )
+        assert gate.wait_until_holding()
+        handle.cancel()
+        result = handle.wait()
+    assert result.stop_reason == StopReason.CANCELLED
+    assert result.stats.generated_tokens == 3
 
 
 def test_cancel_during_prefill_then_the_sequence_is_still_exact(engine: Engine) -> None:
@@ -94,13 +108,14 @@ def test_cancel_during_prefill_then_the_sequence_is_still_exact(engine: Engine) 
     prompt = prompt_for(engine, long_question)
     assert len(prompt) > engine.context.shape.n_batch  # more than one batch
     reference = run(engine, prompt, use_cache=False, sequence=1)
-    handle = engine.generate(GenerationRequest(prompt, GREEDY, use_cache=False, sequence=0))
-    for event in handle.events():
-        if isinstance(event, PrefillProgress):
-            handle.cancel()
-    cancelled = handle.wait()
-    assert cancelled.stop_reason == STOP_CANCELLED and cancelled.stats.generated_tokens == 0
-    assert 0 < len(engine.placer.resident.tokens[0]) < len(prompt)  # a partial prefill stays live
+    with engine.holding(Step.BATCH, after=1) as gate:  # held after the first batch
+        handle = engine.generate(GenerationRequest(prompt, GREEDY, use_cache=False, sequence=0))
+        assert gate.wait_until_holding()
+        handle.cancel()
+        cancelled = handle.wait()
+    assert cancelled.stop_reason == StopReason.CANCELLED
+    assert cancelled.stats.generated_tokens == 0
+    assert engine.placer.resident.tokens[0] == list(prompt[: engine.context.shape.n_batch])  # a partial prefill stays
     after = run(engine, prompt, sequence=0)  # continues from the partial prefill
     assert 0 < after.stats.reused_tokens < len(prompt) - 2
     assert after.token_ids == reference.token_ids
@@ -109,14 +124,16 @@ def test_cancel_during_prefill_then_the_sequence_is_still_exact(engine: Engine) 
 def test_cancel_between_prefill_batches(engine: Engine) -> None:
     prompt = prompt_for(engine, "Repeat: " + "lorem ipsum dolor sit amet " * 90)
     assert len(prompt) > engine.context.shape.n_batch
-    handle = engine.generate(GenerationRequest(prompt, GREEDY, use_cache=False))
     progress = []
-    for event in handle.events():
-        if isinstance(event, PrefillProgress):
-            progress.append(event.done)
-            handle.cancel()  # from the caller's thread, while the engine works
-    result = handle.wait()
-    assert result.stop_reason == STOP_CANCELLED and result.stats.generated_tokens == 0
+    with engine.holding(Step.BATCH, after=1):
+        handle = engine.generate(GenerationRequest(prompt, GREEDY, use_cache=False))
+        for event in handle.events():
+            if isinstance(event, PrefillProgress):
+                progress.append(event.done)
+                handle.cancel()  # from the caller's thread, while the engine is held after the batch
+        result = handle.wait()
+    assert result.stop_reason == StopReason.CANCELLED
+    assert result.stats.generated_tokens == 0
     assert progress == [engine.context.shape.n_batch]  # no batch ran after the cancel
 
 
@@ -160,7 +177,8 @@ def test_a_follow_up_that_continues_the_live_answer_equals_a_cold_run(engine: En
     engine.flush_cache()  # the user reads the answer: the engine recomputes it meanwhile
     warm = run(engine, prompt, FOLLOW_UP_SAMPLING, sequence=0)
     cold = run(engine, prompt, FOLLOW_UP_SAMPLING, sequence=1, use_cache=False)
-    assert warm.stats.reuse_tier == "device" and warm.stats.reused_tokens > len(first_prompt) + answer.stats.generated_tokens // 2
+    assert warm.stats.reuse_tier == "device"
+    assert warm.stats.reused_tokens > len(first_prompt) + answer.stats.generated_tokens // 2
     assert warm.token_ids == cold.token_ids
 
 
@@ -179,13 +197,13 @@ FOLLOW_UP_SAMPLING = SamplingParams(temperature=0.0, max_tokens=64)
 
 def _question_and_follow_up(engine: Engine, question: str) -> tuple[tuple[int, ...], GenerationResult, tuple[int, ...]]:
     """Ask `question` in sequence 0; the first prompt, its answer, and a follow-up prompt continuing it."""
-    first = [ChatMessage.of(SYSTEM, "You are helpful."), ChatMessage.of(USER, question)]
+    first = [ChatMessage.of(Role.SYSTEM, "You are helpful."), ChatMessage.of(Role.USER, question)]
     first_prompt = tuple(engine.prompt_builder.build(first))
     answer = run(engine, first_prompt, FOLLOW_UP_SAMPLING, sequence=0)
     assert answer.stats.generated_tokens > 2
     follow_up = [
         *first,
-        ChatMessage(role="assistant", parts=(answer.text,), generated_ids=answer.token_ids),
-        ChatMessage.of(USER, "Now say it differently, in more detail."),
+        ChatMessage(role=Role.ASSISTANT, parts=(answer.text,), generated_ids=answer.token_ids),
+        ChatMessage.of(Role.USER, "Now say it differently, in more detail."),
     ]
     return first_prompt, answer, tuple(engine.prompt_builder.build(follow_up))

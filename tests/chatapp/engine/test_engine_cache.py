@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 
 from chatapp.engine.engine import Engine, GenerationRequest
+from chatapp.engine.events import GenerationResult
 from chatapp.engine.kv_placement import FRESH_TOKENS
 from chatapp.engine.llama_native import SamplingParams
-from chatapp.engine.prompt import SYSTEM, USER, ChatMessage
+from chatapp.engine.prompt import ChatMessage
+from chatapp.vocabulary import Role
 from tests.cache_support import cached_engine
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
@@ -18,11 +20,13 @@ PERSONA = "You are a patient tutor. You explain one idea at a time, with a short
 
 
 def prompt(engine: Engine, question: str, persona: str = PERSONA) -> tuple[int, ...]:
-    return tuple(engine.prompt_builder.build([ChatMessage.of(SYSTEM, persona), ChatMessage.of(USER, question)]))
+    return tuple(
+        engine.prompt_builder.build([ChatMessage.of(Role.SYSTEM, persona), ChatMessage.of(Role.USER, question)])
+    )
 
 
-def answer(engine: Engine, tokens: tuple[int, ...], **options: object):
-    return engine.generate(GenerationRequest(tokens, GREEDY, **options)).wait()
+def answer(engine: Engine, tokens: tuple[int, ...], *, use_cache: bool = True) -> GenerationResult:
+    return engine.generate(GenerationRequest(tokens, GREEDY, use_cache=use_cache)).wait()
 
 
 @pytest.fixture
@@ -52,7 +56,8 @@ def test_resident_conversation_is_answered_in_place(cached: Engine) -> None:
     first = prompt(cached, "What is a noun?")
     answer(cached, first)
     again = answer(cached, first)
-    assert again.stats.reuse_tier == "device" and again.stats.reused_tokens == len(first) - FRESH_TOKENS
+    assert again.stats.reuse_tier == "device"
+    assert again.stats.reused_tokens == len(first) - FRESH_TOKENS
 
 
 def test_restore_from_ram_equals_cold(cached: Engine, engine: Engine) -> None:
@@ -66,14 +71,17 @@ def test_restore_from_ram_equals_cold(cached: Engine, engine: Engine) -> None:
     assert warm.token_ids == cold.token_ids
 
 
-def test_restore_after_a_restart_comes_from_disk_and_equals_cold(tmp_path: Path, model_path: Path, engine: Engine) -> None:
+def test_restore_after_a_restart_comes_from_disk_and_equals_cold(
+    tmp_path: Path, model_path: Path, engine: Engine
+) -> None:
     with cached_engine(tmp_path / "kv", model_path) as first:
         target = prompt(first, "What is an adjective?")
         cold = cold_answer(engine, target)
         answer(first, target)
     with cached_engine(tmp_path / "kv", model_path) as second:
         warm = answer(second, target)
-    assert warm.stats.reuse_tier == "disk" and warm.stats.reused_tokens == len(target) - FRESH_TOKENS
+    assert warm.stats.reuse_tier == "disk"
+    assert warm.stats.reused_tokens == len(target) - FRESH_TOKENS
     assert warm.token_ids == cold.token_ids
 
 
@@ -82,11 +90,12 @@ def test_a_cut_inside_a_block_reuses_every_shared_token(cached: Engine, engine: 
     answer(cached, base)
     push_out(cached)
     variant = prompt(cached, "Explain the word 'although' with an example sentence.")
-    shared = next(i for i, (a, b) in enumerate(zip(base, variant)) if a != b)
+    shared = next(i for i, (a, b) in enumerate(zip(base, variant, strict=False)) if a != b)
     assert shared % 16 != 0  # diverges inside a block
     cold = cold_answer(engine, variant)
     warm = answer(cached, variant)
-    assert warm.stats.reused_tokens == shared and warm.stats.reuse_tier == "ram"
+    assert warm.stats.reused_tokens == shared
+    assert warm.stats.reuse_tier == "ram"
     assert warm.token_ids == cold.token_ids
 
 
@@ -98,7 +107,8 @@ def test_a_long_prefix_assembled_from_many_blocks_equals_cold(cached: Engine, en
     answer(cached, target)
     push_out(cached)
     warm = answer(cached, target)
-    assert warm.stats.reuse_tier == "ram" and warm.stats.reused_tokens == len(target) - FRESH_TOKENS
+    assert warm.stats.reuse_tier == "ram"
+    assert warm.stats.reused_tokens == len(target) - FRESH_TOKENS
     assert warm.token_ids == cold.token_ids
 
 
@@ -108,7 +118,8 @@ def test_no_cache_requests_neither_look_up_nor_store(cached: Engine) -> None:
     second = answer(cached, target, use_cache=False)
     assert first.stats.reused_tokens == second.stats.reused_tokens == 0
     flush(cached)
-    assert cached.cache is not None and len(cached.cache.index) == 0
+    assert cached.cache is not None
+    assert len(cached.cache.index) == 0
 
 
 def test_stats_count_reuse_per_tier(cached: Engine) -> None:
@@ -117,7 +128,8 @@ def test_stats_count_reuse_per_tier(cached: Engine) -> None:
     answer(cached, target)
     assert cached.cache is not None
     stats = cached.cache.stats()
-    assert stats["requests"] == 2 and stats["reused_by_tier"]["device"] == len(target) - FRESH_TOKENS
+    assert stats["requests"] == 2
+    assert stats["reused_by_tier"]["device"] == len(target) - FRESH_TOKENS
     assert 0.4 < stats["hit_rate"] < 0.6
 
 

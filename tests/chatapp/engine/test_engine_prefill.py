@@ -6,10 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from chatapp.engine.engine import Engine, GenerationRequest
-from chatapp.engine.events import STOP_CANCELLED, STOP_PREFILLED, PrefillProgress
+from chatapp.engine.engine import Engine, GenerationHandle, GenerationRequest
+from chatapp.engine.events import GenerationResult, PrefillProgress
+from chatapp.engine.gate import Step
 from chatapp.engine.llama_native import SamplingParams
-from chatapp.engine.prompt import SYSTEM, USER, ChatMessage
+from chatapp.engine.prompt import ChatMessage
+from chatapp.vocabulary import Role, StopReason
 from tests.cache_support import cached_engine
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
@@ -17,20 +19,29 @@ PERSONA = "You are a patient tutor. You explain one idea at a time, with a short
 
 
 def prompt(engine: Engine, question: str, persona: str = PERSONA) -> tuple[int, ...]:
-    return tuple(engine.prompt_builder.build([ChatMessage.of(SYSTEM, persona), ChatMessage.of(USER, question)]))
+    return tuple(
+        engine.prompt_builder.build([ChatMessage.of(Role.SYSTEM, persona), ChatMessage.of(Role.USER, question)])
+    )
 
 
 def draft(engine: Engine, typed: str, persona: str = PERSONA) -> tuple[int, ...]:
     """A question being typed: its prompt up to its text, without the closing and the header."""
-    return tuple(engine.prompt_builder.draft_tokens([ChatMessage.of(SYSTEM, persona)], ChatMessage.of(USER, typed)))
+    return tuple(
+        engine.prompt_builder.draft_tokens([ChatMessage.of(Role.SYSTEM, persona)], ChatMessage.of(Role.USER, typed))
+    )
 
 
-def answer(engine: Engine, tokens: tuple[int, ...], **options: object):
-    return engine.generate(GenerationRequest(tokens, GREEDY, **options)).wait()
+def answer(
+    engine: Engine, tokens: tuple[int, ...], *, sequence: int | None = None, use_cache: bool = True
+) -> GenerationResult:
+    return engine.generate(GenerationRequest(tokens, GREEDY, sequence=sequence, use_cache=use_cache)).wait()
 
 
-def prefill(engine: Engine, tokens: tuple[int, ...], **options: object):
-    return engine.generate(GenerationRequest(tokens, GREEDY, prefill_only=True, **options))
+def prefill(
+    engine: Engine, tokens: tuple[int, ...], *, sequence: int | None = None, use_cache: bool = True, store: bool = True
+) -> GenerationHandle:
+    request = GenerationRequest(tokens, GREEDY, sequence=sequence, use_cache=use_cache, prefill_only=True, store=store)
+    return engine.generate(request)
 
 
 @pytest.fixture
@@ -42,20 +53,27 @@ def cached(tmp_path: Path, model_path: Path):
 def test_the_real_request_reuses_every_warmed_token_and_answers_as_cold(cached: Engine, engine: Engine) -> None:
     target = prompt(cached, "What is a noun? Give two examples from a cookery book.")
     warmed = draft(cached, "What is a noun? Give two examples from a cookery ")[:-1]
-    assert target[: len(warmed)] == warmed and len(target) - len(warmed) > 4  # the last word, closing and header left
+    assert target[: len(warmed)] == warmed
+    assert len(target) - len(warmed) > 4
     cold = answer(engine, target, use_cache=False)
     handle = prefill(cached, warmed)
     events = list(handle.events())
     result = handle.wait()
-    assert result.stop_reason == STOP_PREFILLED and result.text == "" and result.token_ids == ()
-    assert result.stats.computed_tokens == len(warmed) and result.stats.generated_tokens == 0
-    assert events and all(isinstance(event, PrefillProgress) for event in events)
+    assert result.stop_reason == StopReason.PREFILLED
+    assert result.text == ""
+    assert result.token_ids == ()
+    assert result.stats.computed_tokens == len(warmed)
+    assert result.stats.generated_tokens == 0
+    assert events
+    assert all(isinstance(event, PrefillProgress) for event in events)
     assert events[-1] == PrefillProgress(done=len(warmed), total=len(warmed))
     warm = answer(cached, target)
-    assert warm.stats.reuse_tier == "device" and warm.stats.reused_tokens == len(warmed)
+    assert warm.stats.reuse_tier == "device"
+    assert warm.stats.reused_tokens == len(warmed)
     assert warm.token_ids == cold.token_ids
     cached.flush_cache()
-    assert cached.cache is not None and cached.cache.stats()["requests"] == 1  # the warm-up is not counted
+    assert cached.cache is not None
+    assert cached.cache.stats()["requests"] == 1
 
 
 def test_warming_what_is_resident_computes_nothing_and_cuts_nothing(cached: Engine) -> None:
@@ -65,8 +83,9 @@ def test_warming_what_is_resident_computes_nothing_and_cuts_nothing(cached: Engi
     held = max(len(tokens) for tokens in cached.placer.resident.tokens)
     assert held > len(target)  # the prompt and most of the answer
     again = prefill(cached, target).wait()  # every token may be reused: no logits are needed
-    assert again.stop_reason == STOP_PREFILLED
-    assert again.stats.reused_tokens == len(target) and again.stats.computed_tokens == 0
+    assert again.stop_reason == StopReason.PREFILLED
+    assert again.stats.reused_tokens == len(target)
+    assert again.stats.computed_tokens == 0
     shorter = prefill(cached, target[:20]).wait()
     assert shorter.stats.reused_tokens == 20
     # The answer after the prompt is still resident: the warm-ups did not cut the sequence.
@@ -80,15 +99,16 @@ def test_a_cancelled_long_warm_up_keeps_its_finished_batches_exactly(engine: Eng
     batch = engine.context.shape.n_batch
     assert batch < len(target) < engine.info.n_ctx_per_sequence - GREEDY.max_tokens  # two batches, room to answer
     reference = answer(engine, target, use_cache=False, sequence=1)
-    handle = prefill(engine, target, sequence=0, use_cache=False)
-    for event in handle.events():
-        if isinstance(event, PrefillProgress):
-            handle.cancel()
-    cancelled = handle.wait()
-    assert cancelled.stop_reason == STOP_CANCELLED
+    with engine.holding(Step.BATCH, after=1) as gate:
+        handle = prefill(engine, target, sequence=0, use_cache=False)
+        assert gate.wait_until_holding()
+        handle.cancel()
+        cancelled = handle.wait()
+    assert cancelled.stop_reason == StopReason.CANCELLED
     assert engine.placer.resident.tokens[0] == list(target[:batch])  # the first batch, exactly
     after = answer(engine, target, sequence=0)
-    assert after.stats.reused_tokens == batch and after.stats.reuse_tier == "device"
+    assert after.stats.reused_tokens == batch
+    assert after.stats.reuse_tier == "device"
     assert after.token_ids == reference.token_ids
 
 
@@ -96,12 +116,19 @@ def test_a_warm_up_cancelled_while_queued_touches_no_sequence(engine: Engine) ->
     answer(engine, prompt(engine, "What is a preposition?"), sequence=1, use_cache=False)
     engine.flush_cache()  # the engine thread is done with the answer
     held = list(engine.placer.resident.tokens[1])
-    busy = engine.generate(GenerationRequest(prompt(engine, "Write a long story."), SamplingParams(temperature=0, max_tokens=60), sequence=0))
-    queued = prefill(engine, prompt(engine, "Something else entirely."), sequence=1)
-    queued.cancel()
+    with engine.holding(Step.TOKEN, after=1) as gate:  # the answer runs until the warm-up is cancelled
+        busy = engine.generate(
+            GenerationRequest(
+                prompt(engine, "Write a long story."), SamplingParams(temperature=0, max_tokens=60), sequence=0
+            )
+        )
+        queued = prefill(engine, prompt(engine, "Something else entirely."), sequence=1)
+        assert gate.wait_until_holding()
+        queued.cancel()
     result = queued.wait()
     busy.wait()
-    assert result.stop_reason == STOP_CANCELLED and result.stats.reused_tokens == 0
+    assert result.stop_reason == StopReason.CANCELLED
+    assert result.stats.reused_tokens == 0
     assert engine.placer.resident.tokens[1] == held
 
 
@@ -127,24 +154,31 @@ def test_drafts_stay_out_of_the_cache_tiers_unless_asked(cached: Engine) -> None
 
 def test_warming_one_token_at_a_time_still_answers_as_cold(cached: Engine, engine: Engine) -> None:
     """Typing adds a token per word; a one-token batch alone would not give a cold run's KV."""
-    longer = SamplingParams(temperature=0.0, max_tokens=24)  # (with such batches, this answer parts from cold at its 15th token)
-    target = prompt(cached, "Which is heavier, a kilogram of feathers or a kilogram of iron, and why do people get it wrong?")
+    longer = SamplingParams(
+        temperature=0.0, max_tokens=24
+    )  # (with such batches, this answer parts from cold at its 15th token)
+    target = prompt(
+        cached, "Which is heavier, a kilogram of feathers or a kilogram of iron, and why do people get it wrong?"
+    )
     cold = engine.generate(GenerationRequest(target, longer, use_cache=False)).wait()
     for end in range(len(target) - 24, len(target) - 4):
         result = prefill(cached, target[:end], store=False).wait()
-        assert result.stop_reason == STOP_PREFILLED
+        assert result.stop_reason == StopReason.PREFILLED
     assert cached.placer.resident.tokens[0] == list(target[: len(target) - 5])
     warm = cached.generate(GenerationRequest(target, longer)).wait()
-    assert warm.stats.reused_tokens == len(target) - 5 and warm.stats.reuse_tier == "device"
+    assert warm.stats.reused_tokens == len(target) - 5
+    assert warm.stats.reuse_tier == "device"
     assert warm.token_ids == cold.token_ids
 
 
 def test_a_warm_up_ending_just_before_a_batch_boundary_answers_as_cold(engine: Engine) -> None:
-    target = prompt(engine, "Summarise this: " + "The museum opens at nine and closes at five, except on Mondays. " * 45)
+    target = prompt(
+        engine, "Summarise this: " + "The museum opens at nine and closes at five, except on Mondays. " * 45
+    )
     batch = engine.context.shape.n_batch
     assert batch + 8 < len(target) < engine.info.n_ctx_per_sequence - GREEDY.max_tokens
     reference = answer(engine, target, use_cache=False, sequence=1)
-    assert prefill(engine, target[: batch - 1], sequence=0, use_cache=False).wait().stop_reason == STOP_PREFILLED
+    assert prefill(engine, target[: batch - 1], sequence=0, use_cache=False).wait().stop_reason == StopReason.PREFILLED
     handle = engine.generate(GenerationRequest(target, GREEDY, sequence=0))
     progress = [event.done for event in handle.events() if isinstance(event, PrefillProgress)]
     warm = handle.wait()

@@ -13,7 +13,8 @@ import pytest
 
 from chatapp.engine.chat_template import ChatTemplate
 from chatapp.engine.llama_native import NativeModel
-from chatapp.engine.prompt import ASSISTANT, SYSTEM, USER, ChatMessage, PromptBuilder
+from chatapp.engine.prompt import ChatMessage, PromptBuilder
+from chatapp.vocabulary import Role
 
 TEMPLATES = Path(__file__).parent / "templates"
 OTHER_FAMILIES = {
@@ -31,7 +32,8 @@ QUESTIONS = ["What is the capital of France?", "Show me some code.", "Is that al
 
 def smollm_template(vocab: NativeModel) -> ChatTemplate:
     source = vocab.chat_template()
-    assert source is not None and "<|im_start|>" in source
+    assert source is not None
+    assert "<|im_start|>" in source
     return ChatTemplate(source, vocab.token_text(vocab.bos_id), vocab.token_text(vocab.eos_id))
 
 
@@ -49,15 +51,15 @@ def run_conversation(builder: PromptBuilder, vocab: NativeModel, opening: list[C
     messages = list(opening)
     previous: list[int] | None = None
     previous_generated: list[int] = []
-    for question, answer in zip(QUESTIONS, ANSWERS):
-        messages.append(ChatMessage.of(USER, question))
+    for question, answer in zip(QUESTIONS, ANSWERS, strict=True):
+        messages.append(ChatMessage.of(Role.USER, question))
         prompt = builder.build(messages)
         if previous is not None:
             expected = previous + previous_generated
             assert prompt[: len(expected)] == expected
             assert len(prompt) > len(expected)
         generated = vocab.tokenize(answer, add_special=False, parse_special=False)
-        messages.append(ChatMessage(ASSISTANT, (answer,), tuple(generated)))
+        messages.append(ChatMessage(Role.ASSISTANT, (answer,), tuple(generated)))
         previous, previous_generated = prompt, generated
 
 
@@ -70,7 +72,7 @@ def test_prompts_only_grow(vocab: NativeModel, family: str) -> None:
 @pytest.mark.parametrize("family", ["smollm2", *OTHER_FAMILIES])
 def test_prompts_only_grow_with_a_persona(vocab: NativeModel, family: str) -> None:
     builder = PromptBuilder(all_templates(vocab)[family], vocab)
-    run_conversation(builder, vocab, [ChatMessage.of(SYSTEM, "You are a terse assistant.")])
+    run_conversation(builder, vocab, [ChatMessage.of(Role.SYSTEM, "You are a terse assistant.")])
 
 
 @pytest.mark.parametrize("family", ["smollm2", "llama3", "gemma2", "mistral"])
@@ -79,32 +81,33 @@ def test_prompt_text_is_what_the_template_renders(vocab: NativeModel, family: st
     template = all_templates(vocab)[family]
     builder = PromptBuilder(template, vocab)
     messages: list[ChatMessage] = []
-    for question, answer in zip(QUESTIONS, ANSWERS):
-        messages.append(ChatMessage.of(USER, question))
+    for question, answer in zip(QUESTIONS, ANSWERS, strict=True):
+        messages.append(ChatMessage.of(Role.USER, question))
         text = vocab.detokenize(builder.build(messages), special=True)
         rendered = template.render([m.as_template_input() for m in messages], add_generation_prompt=True)
         assert text == rendered
         # The stored answer is what the model generated: here, its tokens as a model would.
         generated = vocab.tokenize(answer.strip(), add_special=False, parse_special=False)
-        messages.append(ChatMessage(ASSISTANT, (answer.strip(),), tuple(generated)))
+        messages.append(ChatMessage(Role.ASSISTANT, (answer.strip(),), tuple(generated)))
 
 
 def test_document_tokens_do_not_depend_on_the_question(vocab: NativeModel) -> None:
     builder = PromptBuilder(smollm_template(vocab), vocab)
-    persona = ChatMessage.of(SYSTEM, "You analyse documents.")
+    persona = ChatMessage.of(Role.SYSTEM, "You analyse documents.")
     document = '<document name="notes.txt">\nThe meeting is at noon.\n</document>\n\n'
-    first = builder.build([persona, ChatMessage.of(USER, document, "When is the meeting?")])
-    second = builder.build([persona, ChatMessage.of(USER, document, "Where is it?")])
-    shared = builder.build([persona], add_generation_prompt=False) + builder.message_tokens(
-        [persona], ChatMessage.of(USER, document, "")
-    )[:-2]  # all but the closing `<|im_end|>\n` of the probe
+    first = builder.build([persona, ChatMessage.of(Role.USER, document, "When is the meeting?")])
+    second = builder.build([persona, ChatMessage.of(Role.USER, document, "Where is it?")])
+    shared = (
+        builder.build([persona], add_generation_prompt=False)
+        + builder.message_tokens([persona], ChatMessage.of(Role.USER, document, ""))[:-2]
+    )  # all but the closing `<|im_end|>\n` of the probe
     assert first[: len(shared)] == shared == second[: len(shared)]
     assert first != second
 
 
 def test_typed_special_tokens_stay_text(vocab: NativeModel) -> None:
     builder = PromptBuilder(smollm_template(vocab), vocab)
-    prompt = builder.build([ChatMessage.of(USER, "say <|im_end|> please")])
+    prompt = builder.build([ChatMessage.of(Role.USER, "say <|im_end|> please")])
     im_end = vocab.tokenize("<|im_end|>", add_special=False, parse_special=True)
     assert len(im_end) == 1
     # Only the template's own markers are the special token: one after the default system, one after the user.
@@ -115,21 +118,23 @@ def test_persona_folds_into_first_question_without_a_system_role(vocab: NativeMo
     builder = PromptBuilder(family_template("gemma2"), vocab)
     assert not builder.supports_system
     text = vocab.detokenize(
-        builder.build([ChatMessage.of(SYSTEM, "Be brief."), ChatMessage.of(USER, "Hi")]), special=True
+        builder.build([ChatMessage.of(Role.SYSTEM, "Be brief."), ChatMessage.of(Role.USER, "Hi")]), special=True
     )
     assert text == "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\n"
 
 
 def test_answer_keeps_generated_ids_even_when_text_would_tokenize_differently(vocab: NativeModel) -> None:
     builder = PromptBuilder(smollm_template(vocab), vocab)
-    question = [ChatMessage.of(USER, "Spell it.")]
+    question = [ChatMessage.of(Role.USER, "Spell it.")]
     # " hello" as two tokens, the way a sampler may produce it, not as the tokenizer would.
     odd_split = vocab.tokenize(" hel", add_special=False, parse_special=False) + vocab.tokenize(
         "lo", add_special=False, parse_special=False
     )
     assert odd_split != vocab.tokenize(" hello", add_special=False, parse_special=False)
     first = builder.build(question)
-    second = builder.build([*question, ChatMessage(ASSISTANT, (" hello",), tuple(odd_split)), ChatMessage.of(USER, "Again")])
+    second = builder.build(
+        [*question, ChatMessage(Role.ASSISTANT, (" hello",), tuple(odd_split)), ChatMessage.of(Role.USER, "Again")]
+    )
     assert second[: len(first) + len(odd_split)] == first + odd_split
 
 
@@ -156,10 +161,14 @@ REALISTIC_SENTENCES = [
 
 def openings(vocab: NativeModel) -> list[list[ChatMessage]]:
     """Conversations the draft may follow: nothing, a persona, and a persona with one exchange."""
-    persona = ChatMessage.of(SYSTEM, "You are a terse assistant.")
+    persona = ChatMessage.of(Role.SYSTEM, "You are a terse assistant.")
     answer = "The meeting is at noon."
     generated = tuple(vocab.tokenize(answer, add_special=False, parse_special=False))
-    return [[], [persona], [persona, ChatMessage.of(USER, DOCUMENT, "When?"), ChatMessage(ASSISTANT, (answer,), generated)]]
+    return [
+        [],
+        [persona],
+        [persona, ChatMessage.of(Role.USER, DOCUMENT, "When?"), ChatMessage(Role.ASSISTANT, (answer,), generated)],
+    ]
 
 
 def settled_prefixes(text: str) -> list[str]:
@@ -172,14 +181,14 @@ def test_an_empty_draft_is_a_prefix_of_the_prompt_sent(vocab: NativeModel, famil
     builder = PromptBuilder(all_templates(vocab)[family], vocab)
     for messages in openings(vocab):
         for parts_before in [(), (DOCUMENT,)]:
-            draft = builder.draft_tokens(messages, ChatMessage.of(USER, *parts_before, ""))
-            assert draft[:1] == builder.build(messages + [ChatMessage.of(USER, "x")])[:1]  # BOS and all
+            draft = builder.draft_tokens(messages, ChatMessage.of(Role.USER, *parts_before, ""))
+            assert draft[:1] == builder.build([*messages, ChatMessage.of(Role.USER, "x")])[:1]  # BOS and all
             for text in SENT_TEXTS:
-                sent = builder.build(messages + [ChatMessage.of(USER, *parts_before, text)])
+                sent = builder.build([*messages, ChatMessage.of(Role.USER, *parts_before, text)])
                 assert sent[: len(draft)] == draft, (messages, parts_before, text)
                 assert len(sent) > len(draft)
             if parts_before:  # the document itself is warmed, not only what precedes it
-                assert len(draft) > len(builder.draft_tokens(messages, ChatMessage.of(USER, "")))
+                assert len(draft) > len(builder.draft_tokens(messages, ChatMessage.of(Role.USER, "")))
 
 
 @pytest.mark.parametrize("family", ["smollm2", *OTHER_FAMILIES])
@@ -188,9 +197,9 @@ def test_a_settled_draft_but_its_last_token_is_a_prefix_of_the_prompt_sent(vocab
     for messages in openings(vocab):
         for parts_before in [(), (DOCUMENT,)]:
             for sentence in REALISTIC_SENTENCES:
-                sent = builder.build(messages + [ChatMessage.of(USER, *parts_before, sentence)])
+                sent = builder.build([*messages, ChatMessage.of(Role.USER, *parts_before, sentence)])
                 for settled in settled_prefixes(sentence):
-                    draft = builder.draft_tokens(messages, ChatMessage.of(USER, *parts_before, settled))[:-1]
+                    draft = builder.draft_tokens(messages, ChatMessage.of(Role.USER, *parts_before, settled))[:-1]
                     assert sent[: len(draft)] == draft, (family, settled)
 
 
@@ -199,28 +208,28 @@ def test_a_draft_stops_at_the_end_of_its_content(vocab: NativeModel) -> None:
     template = smollm_template(vocab)
     builder = PromptBuilder(template, vocab)
     for messages in openings(vocab):
-        draft = ChatMessage.of(USER, DOCUMENT, "When is the meeting? ")
-        rendered = template.render([m.as_template_input() for m in messages + [draft]], add_generation_prompt=False)
+        draft = ChatMessage.of(Role.USER, DOCUMENT, "When is the meeting? ")
+        rendered = template.render([m.as_template_input() for m in [*messages, draft]], add_generation_prompt=False)
         text = vocab.detokenize(builder.draft_tokens(messages, draft), special=True)
         assert text == rendered[: rendered.rindex(draft.content) + len(draft.content)]
 
 
 def test_a_draft_folds_the_persona_without_a_system_role(vocab: NativeModel) -> None:
     builder = PromptBuilder(family_template("gemma2"), vocab)
-    persona = ChatMessage.of(SYSTEM, "Be brief.")
-    draft = builder.draft_tokens([persona], ChatMessage.of(USER, DOCUMENT, "When is "))
+    persona = ChatMessage.of(Role.SYSTEM, "Be brief.")
+    draft = builder.draft_tokens([persona], ChatMessage.of(Role.USER, DOCUMENT, "When is "))
     assert vocab.detokenize(draft, special=True) == "<bos><start_of_turn>user\nBe brief.\n\n" + DOCUMENT + "When is "
-    sent = builder.build([persona, ChatMessage.of(USER, DOCUMENT, "When is the meeting?")])
+    sent = builder.build([persona, ChatMessage.of(Role.USER, DOCUMENT, "When is the meeting?")])
     assert sent[: len(draft) - 1] == draft[:-1]
 
 
 def test_trimming_templates_keep_the_document_tokens_whatever_follows(vocab: NativeModel) -> None:
     """`| trim` cuts the message's ends only: the document part keeps its own tokens."""
     builder = PromptBuilder(family_template("llama3"), vocab)
-    document_only = builder.draft_tokens([], ChatMessage.of(USER, DOCUMENT, ""))
+    document_only = builder.draft_tokens([], ChatMessage.of(Role.USER, DOCUMENT, ""))
     for text in ["Where?", "Where?\n\n", "Where? "]:
-        assert builder.build([ChatMessage.of(USER, DOCUMENT, text)])[: len(document_only)] == document_only
-    text = vocab.detokenize(builder.build([ChatMessage.of(USER, DOCUMENT, "Where? \n")]), special=True)
+        assert builder.build([ChatMessage.of(Role.USER, DOCUMENT, text)])[: len(document_only)] == document_only
+    text = vocab.detokenize(builder.build([ChatMessage.of(Role.USER, DOCUMENT, "Where? \n")]), special=True)
     assert text.endswith(DOCUMENT + "Where?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n")
 
 
@@ -238,21 +247,24 @@ def test_a_template_that_refuses_messages_gives_a_one_line_user_error() -> None:
         template.render([{"role": "user", "content": "hi"}], add_generation_prompt=True)
     assert isinstance(raised.value, TemplateRenderError)
     message = str(raised.value)
-    assert "\n" not in message and "Conversation roles must alternate" in message and "start a new branch" in message
+    assert "\n" not in message
+    assert "Conversation roles must alternate" in message
+    assert "start a new branch" in message
 
 
 def test_remembered_histories_give_the_tokens_of_a_fresh_build(vocab) -> None:
     """The memo must never change a prompt: a second builder with nothing remembered agrees."""
-    from chatapp.engine.chat_template import ChatTemplate
-    from chatapp.engine.prompt import ASSISTANT, PromptBuilder
 
     template = ChatTemplate(source=vocab.chat_template(), bos_token="", eos_token="")
     warm, fresh = PromptBuilder(template, vocab), PromptBuilder(template, vocab)
     document = "Lighthouse log. " * 200  # long enough to be remembered as text
-    turns = [ChatMessage.of(SYSTEM, "Be brief."), ChatMessage.of(USER, document, "Who keeps it?")]
+    turns = [ChatMessage.of(Role.SYSTEM, "Be brief."), ChatMessage.of(Role.USER, document, "Who keeps it?")]
     first = warm.build(turns)
-    turns += [ChatMessage(role=ASSISTANT, parts=("A keeper.",), generated_ids=(1, 2, 3)), ChatMessage.of(USER, "Since when?")]
+    turns += [
+        ChatMessage(role=Role.ASSISTANT, parts=("A keeper.",), generated_ids=(1, 2, 3)),
+        ChatMessage.of(Role.USER, "Since when?"),
+    ]
     assert warm.build(turns) == fresh.build(turns)
     assert warm.build(turns[:2]) == first == fresh.build(turns[:2])
-    edited = [*turns[:-1], ChatMessage.of(USER, "Until when?")]
+    edited = [*turns[:-1], ChatMessage.of(Role.USER, "Until when?")]
     assert warm.build(edited) == fresh.build(edited) != warm.build(turns)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ import pytest
 from chatapp.engine.engine import Engine
 from chatapp.services.library import Library, open_library
 from chatapp.services.startup import Workspace, open_workspace
-from tests.service_support import settings
+from tests.service_support import Hold, settings
 
 
 @pytest.fixture(scope="module")
@@ -21,6 +22,16 @@ def shared_engine(tmp_path_factory: pytest.TempPathFactory, model_path: Path) ->
     assert engine.cache is not None, engine.cache_problem
     yield engine
     engine.close()
+
+
+@pytest.fixture
+def hold(shared_engine: Engine) -> Iterator[Hold]:
+    """`hold(Step.TOKEN, after=3)`: the shared engine stops after the third answer token until a cancel.
+
+    Released at the end of the test, so a test that forgets cannot stall the next one.
+    """
+    with ExitStack() as stack:
+        yield lambda step, after: stack.enter_context(shared_engine.holding(step, after))
 
 
 @pytest.fixture

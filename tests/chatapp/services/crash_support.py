@@ -3,7 +3,8 @@
     python -m tests.chatapp.services.crash_support MODEL DATA_DIR
 
 Asks one question to the end, then a second one with a long answer; prints "streaming"
-once the second answer has been saved at least once, then keeps streaming until killed.
+once the second answer has been saved at least once. The engine holds that answer after
+its 60th token, so however fast the machine, the kill always lands mid-answer.
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from chatapp.engine.engine import Engine, EngineConfig
-from chatapp.engine.events import TokenText
+from chatapp.engine.gate import Step
 from chatapp.services import answers
 from chatapp.services.library import open_library
 from chatapp.services.startup import open_workspace
+from chatapp.services.streams import AnswerText
 from tests.model_factory import TINY_MODEL_THREADS
 from tests.service_support import make_service, settings
 
@@ -35,15 +37,16 @@ def chat_until_killed(model: Path, data_dir: Path) -> None:
         first = service.ask(FIRST_QUESTION)
         for _ in first.events():
             pass
-        # The second answer runs until the context is full: the kill always lands mid-answer.
+        # The second answer could run until the context is full; it is held after 60 tokens.
         service.workspace = replace(workspace, settings=workspace.settings.model_copy(update={"max_tokens": 100_000}))
-        second = service.ask(SECOND_QUESTION)
-        seen = 0
-        for event in second.events():
-            if isinstance(event, TokenText):
-                seen += 1
-                if seen == 40:
-                    print("streaming", flush=True)
+        with engine.holding(Step.TOKEN, after=60):
+            second = service.ask(SECOND_QUESTION)
+            seen = 0
+            for event in second.events():
+                if isinstance(event, AnswerText):
+                    seen += 1
+                    if seen == 40:
+                        print("streaming", flush=True)
 
 
 if __name__ == "__main__":

@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 
 from chatapp.engine.engine import Engine
-from chatapp.engine.events import STOP_CANCELLED, STOP_LENGTH, TokenText
+from chatapp.engine.gate import Step
 from chatapp.services import answers
-from chatapp.services.answers import STATUS_BY_STOP, stats_record
 from chatapp.services.chat_service import ChatService
 from chatapp.services.library import Library, open_library
 from chatapp.services.startup import Workspace, open_workspace
-from chatapp.store.records import ASSISTANT
-from tests.service_support import make_service, settings
+from chatapp.services.streams import AnswerText, stats_record
+from chatapp.vocabulary import MessageStatus, Role, StopReason
+from tests.service_support import Hold, make_service, settings
 
 LONG_ANSWER = "Tell me a very long story about a lighthouse keeper."
 
@@ -36,54 +36,65 @@ def opened(data_dir: Path, model_path: Path, shared_engine: Engine) -> Iterator[
 
 
 def test_the_answer_is_saved_partial_on_the_first_token_and_refreshed_while_it_streams(
-    opened: tuple[ChatService, Library], monkeypatch: pytest.MonkeyPatch
+    opened: tuple[ChatService, Library], hold: Hold, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     service, _ = opened
     monkeypatch.setattr(answers, "SAVE_EVERY_S", -1.0)  # save on every token
     service.new_conversation()
+    hold(Step.TOKEN, 5)  # the answer cannot end before the cancel
     job = service.ask(LONG_ANSWER)
-    assert job.answer is None
+    before_streaming = job.answer  # read into a local: asserting on job.answer would narrow it for good
+    assert before_streaming is None
     texts: list[str] = []
     ids: list[int] = []
     for event in job.events():
-        if not isinstance(event, TokenText):
+        if not isinstance(event, AnswerText):
             continue
         texts.append(event.text)
         ids.append(event.token_id)
         assert job.answer is not None
         saved = service.conversations.get_message(job.answer.id)
-        assert (saved.role, saved.parent_id, saved.status) == (ASSISTANT, job.question.id, "partial")
+        assert (saved.role, saved.parent_id, saved.status) == (Role.ASSISTANT, job.question.id, "partial")
         assert saved.content == "".join(texts)
         assert saved.generated_ids == tuple(ids)
         assert saved.stats is None
         if len(texts) == 5:
             job.cancel()
-    assert job.result is not None and job.result.stop_reason == STOP_CANCELLED
+    assert job.result is not None
+    assert job.result.stop_reason == StopReason.CANCELLED
+    assert job.answer is not None
     final = service.conversations.get_message(job.answer.id)
-    assert final.status == "stopped" and final.content == job.result.text and final.stats == stats_record(job.result)
+    assert final.status == "stopped"
+    assert final.content == job.result.text
+    assert final.stats == stats_record(job.result)
     assert len(service.conversations.children(job.question.id)) == 1, "one message, updated in place"
 
 
-def test_stopping_mid_answer_keeps_what_was_said(opened: tuple[ChatService, Library]) -> None:
+def test_stopping_mid_answer_keeps_what_was_said(opened: tuple[ChatService, Library], hold: Hold) -> None:
     service, _ = opened
     service.new_conversation()
+    hold(Step.TOKEN, 3)
     job = service.ask(LONG_ANSWER)
     seen: list[str] = []
     for event in job.events():
-        if isinstance(event, TokenText):
+        if isinstance(event, AnswerText):
             seen.append(event.text)
             if len(seen) == 3:
                 job.cancel()
     result = job.result
-    assert result is not None and result.stop_reason == STOP_CANCELLED
-    assert 3 <= len(result.token_ids) < 200
-    answer = service.conversations.get_message(job.answer.id)  # type: ignore[union-attr]
+    assert result is not None
+    assert result.stop_reason == StopReason.CANCELLED
+    assert len(result.token_ids) == 3
+    assert job.answer is not None
+    answer = service.conversations.get_message(job.answer.id)
     assert answer.status == "stopped"
     assert answer.content == result.text == "".join(seen) != ""
     assert answer.generated_ids == result.token_ids
-    assert answer.stats is not None and answer.stats["generated_tokens"] == len(result.token_ids)
+    assert answer.stats is not None
+    assert answer.stats["generated_tokens"] == len(result.token_ids)
     view = service.view()
-    assert view.leaf.id == answer.id and view.leaf.status == "stopped"
+    assert view.leaf.id == answer.id
+    assert view.leaf.status == "stopped"
     # The conversation goes on after a stopped answer, with its exact ids in the next prompt.
     following = service.ask("Go on.")
     prompt = list(following.handle.request.prompt_tokens)
@@ -94,14 +105,15 @@ def test_stopping_mid_answer_keeps_what_was_said(opened: tuple[ChatService, Libr
 
 
 def test_an_answer_abandoned_after_the_first_token_stays_saved_as_partial(
-    opened: tuple[ChatService, Library], data_dir: Path, model_path: Path, shared_engine: Engine
+    opened: tuple[ChatService, Library], data_dir: Path, model_path: Path, shared_engine: Engine, hold: Hold
 ) -> None:
     """What a killed app leaves behind: the first token's save, never finished."""
     service, library = opened
     conversation_id = service.new_conversation().conversation.id
+    hold(Step.TOKEN, 1)
     job = service.ask(LONG_ANSWER)
     events = job.events()
-    first = next(event for event in events if isinstance(event, TokenText))
+    first = next(event for event in events if isinstance(event, AnswerText))
     # The reader stops here (the app is killed); the engine is stopped and drained behind it.
     job.cancel()
     job.handle.wait()
@@ -119,7 +131,7 @@ def test_an_answer_abandoned_after_the_first_token_stays_saved_as_partial(
         assert saved.content == first.text != ""
         assert saved.generated_ids == (first.token_id,)
         assert view.leaf.id == answer_id
-        assert [m.record.role for m in view.messages] == ["user", ASSISTANT]
+        assert [m.record.role for m in view.messages] == ["user", Role.ASSISTANT]
     finally:
         library.close()
 
@@ -130,11 +142,15 @@ def test_an_answer_that_reaches_max_tokens_is_cut_off(data_dir: Path, model_path
         service.new_conversation()
         job = service.ask(LONG_ANSWER)
         result = job.wait()
-        assert result.stop_reason == STOP_LENGTH and len(result.token_ids) == 12
-        answer = service.conversations.get_message(job.answer.id)  # type: ignore[union-attr]
-        assert answer.status == "cut_off" == STATUS_BY_STOP[STOP_LENGTH]
-        assert answer.content == result.text and answer.generated_ids == result.token_ids
+        assert result.stop_reason == StopReason.LENGTH
+        assert len(result.token_ids) == 12
+        assert job.answer is not None
+        answer = service.conversations.get_message(job.answer.id)
+        assert answer.status is MessageStatus.CUT_OFF is MessageStatus.after(StopReason.LENGTH)
+        assert answer.content == result.text
+        assert answer.generated_ids == result.token_ids
         assert answer.stats == stats_record(result)
-        assert answer.stats is not None and answer.stats["prompt_tokens"] == len(job.handle.request.prompt_tokens)
+        assert answer.stats is not None
+        assert answer.stats["prompt_tokens"] == len(job.handle.request.prompt_tokens)
     finally:
         library.close()

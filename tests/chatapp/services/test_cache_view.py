@@ -9,13 +9,14 @@ import pytest
 
 from cache.keys import as_token_array
 from chatapp.engine.engine import Engine
-from chatapp.engine.prompt import SYSTEM, ChatMessage
+from chatapp.engine.prompt import ChatMessage
 from chatapp.errors import ChatappError
 from chatapp.services.branches import as_document
 from chatapp.services.cache_view import CacheService
 from chatapp.services.chat_service import ChatService
 from chatapp.services.library import Library
 from chatapp.services.startup import Workspace
+from chatapp.vocabulary import Role
 from tests.service_support import make_service
 
 PERSONA_NAME = "Concise assistant"
@@ -30,12 +31,13 @@ def chat(workspace: Workspace, library: Library, shared_engine: Engine) -> ChatS
 
 def pinned_entries(engine: Engine) -> int:
     assert engine.cache is not None
-    return int(engine.cache.stats()["pinned_entries"])  # type: ignore[call-overload]
+    return int(engine.cache.stats()["pinned_entries"])
 
 
 def test_pin_persona_stores_and_pins_its_prefix_and_unpin_releases_it(chat: ChatService, library: Library) -> None:
     engine = chat.engine
-    assert engine is not None and engine.cache is not None
+    assert engine is not None
+    assert engine.cache is not None
     cache_view = CacheService(chat)
     persona = library.personas.get_by_name(PERSONA_NAME)
     assert pinned_entries(engine) == 0
@@ -44,12 +46,14 @@ def test_pin_persona_stores_and_pins_its_prefix_and_unpin_releases_it(chat: Chat
     assert pinned_entries(engine) == count
     pins = library.pins.list()
     assert [(pin.kind, pin.label) for pin in pins] == [("persona", PERSONA_NAME)]
-    expected = engine.prompt_builder.build([ChatMessage.of(SYSTEM, persona.prompt)], add_generation_prompt=False)
+    expected = engine.prompt_builder.build([ChatMessage.of(Role.SYSTEM, persona.prompt)], add_generation_prompt=False)
     assert list(pins[0].tokens) == expected
     # The pinned blocks cover the whole prefix: a lookup finds all of it.
     assert engine.cache.lookup(as_token_array(expected)).matched_tokens == len(expected)
     overview = cache_view.overview()
-    assert overview.live and overview.pins == pins and overview.problem is None
+    assert overview.live
+    assert overview.pins == pins
+    assert overview.problem is None
     assert overview.stats["pinned_entries"] == count
 
     # Pinning the same persona again keeps one entry.
@@ -71,37 +75,45 @@ def test_pin_document_needs_a_document_and_pins_persona_and_document(
     chat.new_conversation(library.personas.get_by_name(PERSONA_NAME))
     with pytest.raises(ChatappError, match="no document"):
         cache_view.pin_document()
-    assert library.pins.list() == [] and pinned_entries(engine) == 0
+    assert library.pins.list() == []
+    assert pinned_entries(engine) == 0
 
     path = tmp_path / "minutes.txt"
     path.write_text("\n".join(f"Item {n}: budget line {n * 7} is revisited in week {n + 2}." for n in range(1, 8)))
     view, tokens = chat.attach_document(path)
     count = cache_view.pin_document()
-    assert count > 0 and pinned_entries(engine) == count
+    assert count > 0
+    assert pinned_entries(engine) == count
     (pin,) = library.pins.list()
-    assert pin.kind == "document" and "minutes.txt" in pin.label and PERSONA_NAME in pin.label
+    assert pin.kind == "document"
+    assert "minutes.txt" in pin.label
+    assert PERSONA_NAME in pin.label
     assert list(pin.tokens) == chat.next_question_tokens(view.root, as_document(view.document), [], "")
     assert len(pin.tokens) == tokens
 
 
 def test_clear_empties_the_index_and_the_pins(chat: ChatService, library: Library) -> None:
     engine = chat.engine
-    assert engine is not None and engine.cache is not None
+    assert engine is not None
+    assert engine.cache is not None
     cache_view = CacheService(chat)
     chat.new_conversation()
     chat.ask("Name a fruit.").wait()
     cache_view.pin_persona(library.personas.get_by_name(PERSONA_NAME))
     engine.flush_cache()
-    stored = int(engine.cache.stats()["index_entries"])  # type: ignore[call-overload]
-    assert stored > 0 and pinned_entries(engine) > 0
+    stored = int(engine.cache.stats()["index_entries"])
+    assert stored > 0
+    assert pinned_entries(engine) > 0
     assert cache_view.prune() == 0, "nothing has expired"
     assert engine.cache.stats()["index_entries"] == stored
 
     assert cache_view.clear() == stored
     stats = engine.cache.stats()
-    assert stats["index_entries"] == 0 and stats["pinned_entries"] == 0
-    assert stats["disk"]["entries"] == 0  # type: ignore[index]
-    assert library.pins.list() == [] and cache_view.overview().pins == []
+    assert stats["index_entries"] == 0
+    assert stats["pinned_entries"] == 0
+    assert stats["disk"]["entries"] == 0
+    assert library.pins.list() == []
+    assert cache_view.overview().pins == []
 
 
 def test_without_an_engine_pins_are_refused(workspace: Workspace, library: Library) -> None:
@@ -121,7 +133,7 @@ def test_overview_reads_the_folder_until_the_engine_is_attached(workspace: Works
         prompt_tokens = earlier.ask("Name a fruit.").wait().stats.prompt_tokens
         engine.flush_cache()
         assert engine.cache is not None
-        stored = int(engine.cache.stats()["index_entries"])  # type: ignore[call-overload]
+        stored = int(engine.cache.stats()["index_entries"])
         assert stored > 0
     finally:
         engine.close()
@@ -129,9 +141,12 @@ def test_overview_reads_the_folder_until_the_engine_is_attached(workspace: Works
     chat = make_service(workspace, library, None)
     cache_view = CacheService(chat)
     before = cache_view.overview()
-    assert not before.live and before.problem is None and before.pins == []
+    assert not before.live
+    assert before.problem is None
+    assert before.pins == []
     assert before.stats["directory"] == str(workspace.kv_cache_dir)
-    assert before.stats["requests"] == 1 and before.stats["prompt_tokens"] == prompt_tokens
+    assert before.stats["requests"] == 1
+    assert before.stats["prompt_tokens"] == prompt_tokens
     assert before.stats["disk"]["entries"] == stored
 
     engine = workspace.open_engine(sequences=1)
@@ -141,7 +156,7 @@ def test_overview_reads_the_folder_until_the_engine_is_attached(workspace: Works
         assert after.live
         assert after.stats["index_entries"] == stored, "the running cache found the earlier session's blocks"
         assert after.stats["requests"] == 0, "a running cache counts this session's requests"
-        chat.record_answer(12.5)
+        chat.figures.ttft_ms.append(12.5)  # what an answer adds when it ends
         assert cache_view.overview().ttft_ms == [12.5]
     finally:
         engine.close()

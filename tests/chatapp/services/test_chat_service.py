@@ -11,21 +11,23 @@ import pytest
 
 from chatapp.documents import Document, load_document
 from chatapp.engine.engine import Engine
-from chatapp.engine.events import STOP_END, STOP_PREFILLED
 from chatapp.engine.kv_placement import FRESH_TOKENS
-from chatapp.engine.prompt import ASSISTANT, SYSTEM, USER, ChatMessage
+from chatapp.engine.prompt import ChatMessage
 from chatapp.errors import ChatappError, DocumentError
+from chatapp.records import MessageRecord
+from chatapp.services.answers import AnswerJob
 from chatapp.services.branches import as_document, prompt_messages
 from chatapp.services.chat_service import NEW_TITLE, TITLE_CHARACTERS, ChatService, title_from
 from chatapp.services.conversation import document_block, question_message
 from chatapp.services.library import Library, open_library
 from chatapp.services.startup import Workspace, open_workspace
-from chatapp.store.records import MessageRecord
+from chatapp.vocabulary import Role, StopReason
 from tests.service_support import make_service, settings
 
 PERSONA_NAME = "Concise assistant"
 DOCUMENT_TEXT = "\n".join(
-    f"Item {n}: the committee reviewed budget line {n * 7} and agreed to revisit it in week {n + 2}." for n in range(1, 6)
+    f"Item {n}: the committee reviewed budget line {n * 7} and agreed to revisit it in week {n + 2}."
+    for n in range(1, 6)
 )
 QUESTION = "Which budget lines did the committee agree to revisit, and in which weeks?"
 
@@ -50,7 +52,9 @@ def document_file(tmp_path: Path) -> Path:
 def unique_document(folder: Path, topic: str) -> Path:
     """A document no other test has asked about, so nothing of it is in the shared engine yet."""
     path = folder / f"{topic}.txt"
-    lines = [f"Note {n}: the {topic} survey counted {n * 13} sites and revisits them in month {n + 1}." for n in range(1, 6)]
+    lines = [
+        f"Note {n}: the {topic} survey counted {n * 13} sites and revisits them in month {n + 1}." for n in range(1, 6)
+    ]
     path.write_text("\n".join(lines), encoding="utf-8")
     return path
 
@@ -60,7 +64,7 @@ def occurrences(haystack: Sequence[int], needle: Sequence[int]) -> int:
     return sum(1 for start in range(len(haystack) - len(needle) + 1) if haystack[start : start + len(needle)] == needle)
 
 
-def sent_prompt(job) -> list[int]:  # type: ignore[no-untyped-def]
+def sent_prompt(job: AnswerJob) -> list[int]:
     """The prompt tokens the job's request actually sent to the engine."""
     return list(job.handle.request.prompt_tokens)
 
@@ -78,21 +82,27 @@ def test_title_is_the_first_line_of_the_first_question_shortened() -> None:
     assert title_from("  Hello there\nsecond line") == "Hello there"
     assert title_from("   ") == NEW_TITLE
     long = title_from("word " * 40)
-    assert len(long) == TITLE_CHARACTERS and long.endswith("…")
+    assert len(long) == TITLE_CHARACTERS
+    assert long.endswith("…")
 
 
 # Asking.
 def test_ask_saves_the_answer_with_its_ids_and_figures_and_the_next_ask_continues(service: ChatService) -> None:
     view = service.new_conversation()
-    assert view.conversation.title == NEW_TITLE and view.messages == ()
+    assert view.conversation.title == NEW_TITLE
+    assert view.messages == ()
     first = service.ask("What is 2+2?")
-    assert first.question.role == USER and first.question.parent_id == view.root.id
+    assert first.question.role == Role.USER
+    assert first.question.parent_id == view.root.id
     result = first.wait()
-    assert result.stop_reason == STOP_END, "a short greedy answer that ends by itself"
-    answer = service.conversations.get_message(first.answer.id)  # type: ignore[union-attr]
-    assert answer.role == ASSISTANT and answer.parent_id == first.question.id
+    assert result.stop_reason == StopReason.END, "a short greedy answer that ends by itself"
+    assert first.answer is not None
+    answer = service.conversations.get_message(first.answer.id)
+    assert answer.role == Role.ASSISTANT
+    assert answer.parent_id == first.question.id
     assert answer.content == result.text != ""
-    assert answer.generated_ids == result.token_ids and len(answer.generated_ids) > 0
+    assert answer.generated_ids == result.token_ids
+    assert len(answer.generated_ids) > 0
     assert answer.status == "complete"
     assert answer.stats is not None
     assert answer.stats["prompt_tokens"] == result.stats.prompt_tokens == len(sent_prompt(first))
@@ -109,11 +119,12 @@ def test_ask_saves_the_answer_with_its_ids_and_figures_and_the_next_ask_continue
     assert second.question.parent_id == answer.id
     second_result = second.wait()
     assert second_result.stats.reused_tokens >= result.stats.prompt_tokens
-    assert second.answer is not None and second.answer.stats is not None
+    assert second.answer is not None
+    assert second.answer.stats is not None
     assert second.answer.stats["reused_tokens"] == second_result.stats.reused_tokens
     view = service.view()
     assert view.conversation.title == "What is 2+2?", "only the first question names the conversation"
-    assert [m.record.role for m in view.messages] == [USER, ASSISTANT, USER, ASSISTANT]
+    assert [m.record.role for m in view.messages] == [Role.USER, Role.ASSISTANT, Role.USER, Role.ASSISTANT]
     assert view.leaf.id == second.answer.id
 
 
@@ -153,18 +164,19 @@ def test_prompts_rebuilt_after_a_restart_are_the_ones_sent_live(
     try:
         restarted = make_service(workspace, reopened, shared_engine)
         view = restarted.open(conversation_id)
-        assert [m.record.id for m in view.messages][-1] == third.answer.id  # type: ignore[union-attr]
-        for job, prompt in zip((first, second, third), live):
+        assert third.answer is not None
+        assert [m.record.id for m in view.messages][-1] == third.answer.id
+        for job, prompt in zip((first, second, third), live, strict=True):
             assert branch_prompt(restarted, job.question.id) == prompt
         # The next question's prompt after the restart extends the last live prompt and answer.
         path = restarted.conversations.path(view.leaf.id)
         document = as_document(view.document)
         assert restarted.engine is not None
         next_prompt = restarted.engine.prompt_builder.build(
-            prompt_messages(path[0], document, path[1:]) + [question_message("One more question.", None)]
+            [*prompt_messages(path[0], document, path[1:]), question_message("One more question.", None)]
         )
-        assert next_prompt[: len(live[2]) + len(third.answer.generated_ids or ())] == live[2] + list(  # type: ignore[union-attr]
-            third.answer.generated_ids or ()  # type: ignore[union-attr]
+        assert next_prompt[: len(live[2]) + len(third.answer.generated_ids or ())] == live[2] + list(
+            third.answer.generated_ids or ()
         )
         # Regenerating a saved question sends exactly the prompt it was first asked with.
         again = restarted.regenerate(second.question.id)
@@ -185,7 +197,8 @@ def test_edit_makes_a_sibling_branch_that_switch_sibling_and_jump_to_move_betwee
     q2 = service.ask("Name a colour.")
     q2.wait()
     a1, a2 = q1.answer, q2.answer
-    assert a1 is not None and a2 is not None
+    assert a1 is not None
+    assert a2 is not None
 
     edited = service.edit(q2.question.id, "Name an animal.")
     assert edited.question.parent_id == q2.question.parent_id == a1.id
@@ -195,8 +208,11 @@ def test_edit_makes_a_sibling_branch_that_switch_sibling_and_jump_to_move_betwee
     view = service.view()
     assert [m.record.id for m in view.messages] == [q1.question.id, a1.id, edited.question.id, edited.answer.id]
     question = view.message(edited.question.id)
-    assert question is not None and (question.position, question.siblings) == (2, 2)
-    assert view.message(q1.question.id).siblings == 1  # type: ignore[union-attr]
+    assert question is not None
+    assert (question.position, question.siblings) == (2, 2)
+    first_question = view.message(q1.question.id)
+    assert first_question is not None
+    assert first_question.siblings == 1
     # The edited question's prompt is its branch's: the first turn, then the edited question.
     assert sent_prompt(edited) == branch_prompt(service, edited.question.id) != sent_prompt(q2)
     assert sent_prompt(edited)[: len(sent_prompt(q1)) + len(a1.generated_ids or ())] == sent_prompt(q1) + list(
@@ -206,7 +222,8 @@ def test_edit_makes_a_sibling_branch_that_switch_sibling_and_jump_to_move_betwee
     back = service.switch_sibling(edited.question.id, -1)
     assert [m.record.id for m in back.messages] == [q1.question.id, a1.id, q2.question.id, a2.id]
     original = back.message(q2.question.id)
-    assert original is not None and (original.position, original.siblings) == (1, 2)
+    assert original is not None
+    assert (original.position, original.siblings) == (1, 2)
     assert back.leaf.content == a2.content
     assert service.view().leaf.id == a2.id, "the switch is saved as the active leaf"
     # Stepping past either end stays on the last sibling.
@@ -226,7 +243,7 @@ def test_edit_makes_a_sibling_branch_that_switch_sibling_and_jump_to_move_betwee
     assert first_edit.question.parent_id == root.id
     first_edit.wait()
     view = service.view()
-    assert [m.record.role for m in view.messages] == [USER, ASSISTANT]
+    assert [m.record.role for m in view.messages] == [Role.USER, Role.ASSISTANT]
     assert (view.messages[0].position, view.messages[0].siblings) == (2, 2)
 
     with pytest.raises(ChatappError, match="only your own messages"):
@@ -246,12 +263,14 @@ def test_regenerate_from_the_answer_or_the_question_adds_sibling_answers(service
     assert from_answer.question.id == asked.question.id
     assert sent_prompt(from_answer) == sent_prompt(asked)
     again = from_answer.wait()
-    assert from_answer.answer is not None and from_answer.answer.parent_id == asked.question.id
+    assert from_answer.answer is not None
+    assert from_answer.answer.parent_id == asked.question.id
     assert from_answer.answer.id != first.id
 
     from_question = service.regenerate(asked.question.id)
     third = from_question.wait()
-    assert from_question.answer is not None and from_question.answer.parent_id == asked.question.id
+    assert from_question.answer is not None
+    assert from_question.answer.parent_id == asked.question.id
 
     # Greedy sampling: the same prompt gives the same answer, token for token.
     assert again.text == third.text == original.text
@@ -268,31 +287,40 @@ def test_regenerate_from_the_answer_or_the_question_adds_sibling_answers(service
 
 
 # Personas and documents start new roots.
-def test_set_persona_starts_a_root_and_returning_reuses_the_existing_one(service: ChatService, library: Library) -> None:
+def test_set_persona_starts_a_root_and_returning_reuses_the_existing_one(
+    service: ChatService, library: Library
+) -> None:
     plain = service.new_conversation()
     asked = service.ask("Name a fruit.")
     asked.wait()
     persona = library.personas.get_by_name(PERSONA_NAME)
 
     view = service.set_persona(persona)
-    assert view.root.id != plain.root.id and view.root.parent_id is None
+    assert view.root.id != plain.root.id
+    assert view.root.parent_id is None
     assert (view.root_position, view.root_count) == (2, 2)
-    assert view.root.content == persona.prompt and view.persona_name == persona.name
+    assert view.root.content == persona.prompt
+    assert view.persona_name == persona.name
     assert view.messages == ()
     with_persona = service.ask("Name a colour.")
     with_persona.wait()
-    persona_tokens = service.engine.prompt_builder.build(  # type: ignore[union-attr]
-        [ChatMessage.of(SYSTEM, persona.prompt)], add_generation_prompt=False
+    assert service.engine is not None
+    persona_tokens = service.engine.prompt_builder.build(
+        [ChatMessage.of(Role.SYSTEM, persona.prompt)], add_generation_prompt=False
     )
     assert sent_prompt(with_persona)[: len(persona_tokens)] == persona_tokens
     assert with_persona.question.parent_id == view.root.id
 
     back = service.set_persona(None)
-    assert back.root.id == plain.root.id and (back.root_position, back.root_count) == (1, 2)
-    assert back.leaf.id == asked.answer.id  # type: ignore[union-attr]
+    assert back.root.id == plain.root.id
+    assert (back.root_position, back.root_count) == (1, 2)
+    assert asked.answer is not None
+    assert back.leaf.id == asked.answer.id
     again = service.set_persona(persona)
-    assert again.root.id == view.root.id and again.root_count == 2
-    assert again.leaf.id == with_persona.answer.id  # type: ignore[union-attr]
+    assert again.root.id == view.root.id
+    assert again.root_count == 2
+    assert with_persona.answer is not None
+    assert again.leaf.id == with_persona.answer.id
     assert len(service.conversations.roots(plain.conversation.id)) == 2
 
 
@@ -303,13 +331,17 @@ def test_attach_document_puts_it_in_the_first_question_only(
     start = service.new_conversation(persona)
     assert start.document is None
     view, tokens = service.attach_document(document_file)
-    assert view.document is not None and view.document.name == "minutes.txt" and view.document.text == DOCUMENT_TEXT
-    assert view.root.document_id == view.document.id and view.root.content == persona.prompt
+    assert view.document is not None
+    assert view.document.name == "minutes.txt"
+    assert view.document.text == DOCUMENT_TEXT
+    assert view.root.document_id == view.document.id
+    assert view.root.content == persona.prompt
     assert (view.root_position, view.root_count) == (1, 1), "the root left without a question is dropped"
     document = Document("minutes.txt", DOCUMENT_TEXT)
     assert tokens == service.prefix_tokens(view.root, document) == service.document_tokens(view.document)
 
-    block = service.engine.tokenize(document_block(document))  # type: ignore[union-attr]
+    assert service.engine is not None
+    block = service.engine.tokenize(document_block(document))
     first = service.ask(QUESTION)
     first.wait()
     second = service.ask("And which one comes last?")
@@ -326,13 +358,17 @@ def test_attach_document_puts_it_in_the_first_question_only(
 
     # Another persona keeps the document; attaching it again (same text) returns to its root.
     switched = service.set_persona(None)
-    assert switched.root.content == "" and switched.persona_name is None and switched.root_count == 2
-    assert switched.document is not None and switched.document.id == view.document.id
+    assert switched.root.content == ""
+    assert switched.persona_name is None
+    assert switched.root_count == 2
+    assert switched.document is not None
+    assert switched.document.id == view.document.id
     assert service.set_persona(persona).root.id == view.root.id
     assert service.attach_document(document_file)[0].root.id == view.root.id
     # Detaching returns to the persona's root without a document.
     detached = service.detach_document()
-    assert detached.root.content == persona.prompt and detached.document is None
+    assert detached.root.content == persona.prompt
+    assert detached.document is None
     # Roots nobody asked under are dropped when left: the first (persona only) and the no-persona one.
     assert len(service.conversations.roots(start.conversation.id)) == 2
 
@@ -347,15 +383,19 @@ def test_qa_mode_asks_every_question_from_the_root(service: ChatService, documen
     second = service.ask("Which item mentions week 5?")
     second.wait()
     assert first.question.parent_id == second.question.parent_id == view.root.id
-    block = service.engine.tokenize(document_block(as_document(view.document)))  # type: ignore[union-attr, arg-type]
+    document = as_document(view.document)
+    assert document is not None
+    assert service.engine is not None
+    block = service.engine.tokenize(document_block(document))
     assert occurrences(sent_prompt(first), block) == occurrences(sent_prompt(second), block) == 1
     assert sent_prompt(first)[:tokens] == sent_prompt(second)[:tokens]
     view = service.view()
-    assert [m.record.id for m in view.messages] == [second.question.id, second.answer.id]  # type: ignore[union-attr]
+    assert second.answer is not None
+    assert [m.record.id for m in view.messages] == [second.question.id, second.answer.id]
     assert (view.messages[0].position, view.messages[0].siblings) == (2, 2)
     service.set_qa_mode(False)
     third = service.ask("Thanks.")
-    assert third.question.parent_id == second.answer.id  # type: ignore[union-attr]
+    assert third.question.parent_id == second.answer.id
     third.wait()
 
 
@@ -377,13 +417,16 @@ def test_a_document_that_does_not_fit_is_refused_with_both_numbers(service: Chat
     path = tmp_path / "report.txt"
     path.write_text("The river report lists one more finding for the audit. " * 200, encoding="utf-8")
     tokens = service.prefix_tokens(view.root, load_document(path))
-    limit = service.engine.info.n_ctx_per_sequence  # type: ignore[union-attr]
+    assert service.engine is not None
+    limit = service.engine.info.n_ctx_per_sequence
     assert tokens > limit == 1024
     with pytest.raises(DocumentError) as raised:
         service.attach_document(path)
-    assert f"{tokens:,} tokens" in str(raised.value) and f"{limit:,}" in str(raised.value)
+    assert f"{tokens:,} tokens" in str(raised.value)
+    assert f"{limit:,}" in str(raised.value)
     after = service.view()
-    assert after.document is None and after.root_count == 1, "a refused document starts no branch"
+    assert after.document is None, "a refused document starts no branch"
+    assert after.root_count == 1, "a refused document starts no branch"
 
     # A document that fits, but leaves no room for the question: refused when asked, not saved.
     path.write_text(long_text(service, view.root, limit - 2), encoding="utf-8")
@@ -391,18 +434,23 @@ def test_a_document_that_does_not_fit_is_refused_with_both_numbers(service: Chat
     assert limit - 8 <= fitted < limit
     with pytest.raises(DocumentError) as raised:
         service.ask("What does the report say about the audit findings, in detail?")
-    assert f"{limit:,}" in str(raised.value) and "Q&A mode" in str(raised.value)
-    assert service.view().messages == () and service.view().root.id == attached.root.id
+    assert f"{limit:,}" in str(raised.value)
+    assert "Q&A mode" in str(raised.value)
+    assert service.view().messages == ()
+    assert service.view().root.id == attached.root.id
 
 
 def test_a_branch_too_long_for_the_context_is_refused_without_a_document(service: ChatService) -> None:
     service.new_conversation()
-    limit = service.engine.info.n_ctx_per_sequence  # type: ignore[union-attr]
+    assert service.engine is not None
+    limit = service.engine.info.n_ctx_per_sequence
     with pytest.raises(ChatappError) as raised:
         service.ask("Please summarise this. " + "The river report lists one more finding for the audit. " * 120)
     assert not isinstance(raised.value, DocumentError)
-    assert f"holds {limit:,}" in str(raised.value) and "new conversation" in str(raised.value)
-    assert service.view().messages == () and service.view().conversation.title == NEW_TITLE
+    assert f"holds {limit:,}" in str(raised.value)
+    assert "new conversation" in str(raised.value)
+    assert service.view().messages == ()
+    assert service.view().conversation.title == NEW_TITLE
 
 
 def test_a_document_longer_than_a_small_context_is_refused(
@@ -422,10 +470,13 @@ def test_a_document_longer_than_a_small_context_is_refused(
         with pytest.raises(DocumentError) as raised:
             service.attach_document(path)
         assert "notes.md" in str(raised.value)
-        assert f"{tokens:,} tokens" in str(raised.value) and "holds 256" in str(raised.value)
+        assert f"{tokens:,} tokens" in str(raised.value)
+        assert "holds 256" in str(raised.value)
         # The short one fits, and the view shows it.
         attached, fitted = service.attach_document(document_file)
-        assert fitted < 256 and attached.document is not None and attached.document.name == "minutes.txt"
+        assert fitted < 256
+        assert attached.document is not None
+        assert attached.document.name == "minutes.txt"
     finally:
         engine.close()
         library.close()
@@ -436,15 +487,16 @@ def test_warm_ahead_computes_the_persona_and_document_before_the_question(
     service: ChatService, library: Library, tmp_path: Path
 ) -> None:
     service.new_conversation(library.personas.get_by_name(PERSONA_NAME))
-    view, tokens = service.attach_document(unique_document(tmp_path, "wetland"))
+    _, tokens = service.attach_document(unique_document(tmp_path, "wetland"))
     handle = service.warm_ahead("")
     assert handle is not None
-    assert handle.wait().stop_reason == STOP_PREFILLED
-    assert len(handle.request.prompt_tokens) == tokens and handle.request.store
+    assert handle.wait().stop_reason == StopReason.PREFILLED
+    assert len(handle.handle.request.prompt_tokens) == tokens
+    assert handle.handle.request.store
     assert service.warm_ahead("") is None, "nothing new to warm"
     asked = service.ask(QUESTION)
     result = asked.wait()
-    assert sent_prompt(asked)[:tokens] == list(handle.request.prompt_tokens)
+    assert sent_prompt(asked)[:tokens] == list(handle.handle.request.prompt_tokens)
     assert result.stats.reuse_tier == "device"
     assert result.stats.reused_tokens >= tokens
 
@@ -460,9 +512,11 @@ def test_type_ahead_sends_the_same_prompt_and_gets_the_cold_answer(
     service.warm_ahead("")
     assert service.prewarmer is not None
     service.prewarmer.wait()
-    cache = service.engine.cache  # type: ignore[union-attr]
+    engine = service.engine
+    assert engine is not None
+    cache = engine.cache
     assert cache is not None
-    service.engine.flush_cache()  # type: ignore[union-attr]
+    engine.flush_cache()
     stored_before_typing = set(cache.index.entries)
     # The question typed one character at a time; the app warms ahead on every keystroke.
     drafts = 0
@@ -470,7 +524,7 @@ def test_type_ahead_sends_the_same_prompt_and_gets_the_cold_answer(
         drafts += service.warm_ahead(typed_question[:end]) is not None
     assert drafts >= typed_question.count(" ") - 2, "each settled word is warmed"
     service.prewarmer.wait()
-    service.engine.flush_cache()  # type: ignore[union-attr]
+    engine.flush_cache()
     assert set(cache.index.entries) == stored_before_typing, "drafts stay out of the RAM and disk tiers"
     typed = service.ask(typed_question)
     typed_result = typed.wait()
@@ -504,7 +558,8 @@ def test_document_tokens_follow_the_persona_of_the_open_branch(
     assert with_persona.document is not None
     assert service.document_tokens(with_persona.document) == tokens
     without_persona = service.set_persona(None)  # keeps the document, drops the persona's prompt
-    assert without_persona.document is not None and without_persona.document.id == with_persona.document.id
+    assert without_persona.document is not None
+    assert without_persona.document.id == with_persona.document.id
     expected = service.prefix_tokens(without_persona.root, as_document(without_persona.document))
     assert expected < tokens
     assert service.document_tokens(without_persona.document) == expected
@@ -519,7 +574,8 @@ def test_a_document_read_for_one_conversation_is_not_attached_to_another(
     second = service.new_conversation()
     with pytest.raises(ChatappError, match="was not attached"):
         service.attach_prepared(prepared)
-    assert service.view().document is None and service.view().conversation.id == second.conversation.id
+    assert service.view().document is None
+    assert service.view().conversation.id == second.conversation.id
     service.open(first.conversation.id)
     assert service.attach_prepared(prepared).document is not None
 
@@ -539,10 +595,10 @@ def test_picking_the_persona_in_use_stays_on_the_branch_on_screen(service: ChatS
 
 def test_a_question_left_unanswered_is_replaced_not_followed(service: ChatService) -> None:
     view = service.new_conversation()
-    unanswered = service.conversations.add_message(view.conversation.id, view.root.id, USER, "Lost question?")
+    unanswered = service.conversations.add_message(view.conversation.id, view.root.id, Role.USER, "Lost question?")
     assert service.view().leaf.id == unanswered.id
     job = service.ask("Name a colour.")
     job.wait()
     assert job.question.parent_id == view.root.id, "a sibling of the unanswered question"
     roles = [m.record.role for m in service.view().messages]
-    assert roles == [USER, ASSISTANT]
+    assert roles == [Role.USER, Role.ASSISTANT]

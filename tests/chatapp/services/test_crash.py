@@ -9,13 +9,18 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from chatapp.services.library import open_library
 from chatapp.services.startup import open_workspace
-from chatapp.store.records import ASSISTANT, USER
 from chatapp.tui.format import STATUS_NOTES
+from chatapp.vocabulary import Role
 from tests.chatapp.services.crash_support import FIRST_QUESTION, SECOND_QUESTION
 from tests.model_factory import write_tiny_llama
 from tests.service_support import settings
+
+# A child process per kill.
+pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[3]
 KILLS = 3
@@ -27,7 +32,10 @@ def test_3_kills_mid_answer_keep_every_message_and_mark_the_partial_one(tmp_path
         data_dir = tmp_path / f"data-{kill}"
         child = subprocess.Popen(
             [sys.executable, "-m", "tests.chatapp.services.crash_support", str(model), str(data_dir)],
-            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         assert child.stdout is not None
         line = child.stdout.readline()
@@ -40,12 +48,20 @@ def test_3_kills_mid_answer_keep_every_message_and_mark_the_partial_one(tmp_path
         library = open_library(workspace)
         try:
             (conversation,) = library.conversations.list_conversations()
-            messages = [m for m in library.conversations.path(conversation.active_leaf_id) if m.role in (USER, ASSISTANT)]
-            assert [m.role for m in messages] == [USER, ASSISTANT, USER, ASSISTANT]
+            assert conversation.active_leaf_id is not None
+            messages = [
+                m
+                for m in library.conversations.path(conversation.active_leaf_id)
+                if m.role in (Role.USER, Role.ASSISTANT)
+            ]
+            assert [m.role for m in messages] == [Role.USER, Role.ASSISTANT, Role.USER, Role.ASSISTANT]
             assert [messages[0].content, messages[2].content] == [FIRST_QUESTION, SECOND_QUESTION]
-            assert messages[1].status != "partial" and messages[1].content
+            assert messages[1].status != "partial"
+            assert messages[1].content
             cut = messages[3]
-            assert cut.status == "partial" and cut.generated_ids and cut.content  # as of its last save (every 2 s)
+            assert cut.status == "partial"
+            assert cut.generated_ids
+            assert cut.content
             assert STATUS_NOTES[cut.status].startswith("cut off")
         finally:
             library.close()

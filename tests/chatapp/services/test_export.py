@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from chatapp.errors import ChatappError
+from chatapp.records import ConversationRecord, DocumentRecord, MessageRecord
 from chatapp.services.export import branch_to_json, branch_to_markdown, write_export
 from chatapp.store.conversations import ConversationStore
 from chatapp.store.database import open_database
-from chatapp.store.records import ConversationRecord, DocumentRecord, MessageRecord
+from chatapp.vocabulary import MessageStatus, Role
 
 DOCUMENT_TEXT = "SECRET-BODY " * 100
 Branch = tuple[ConversationRecord, list[MessageRecord], DocumentRecord]
@@ -34,17 +35,23 @@ def branch(connection: sqlite3.Connection) -> Branch:
     document = store.add_document("report.txt", DOCUMENT_TEXT, "/home/me/report.txt")
     conversation = store.create_conversation("Quarterly report")
     root = store.add_root(
-        conversation.id, persona_name="Analyst", persona_prompt="Answer from the document.\nQuote it.",
+        conversation.id,
+        persona_name="Analyst",
+        persona_prompt="Answer from the document.\nQuote it.",
         document_id=document.id,
     )
-    question = store.add_message(conversation.id, root.id, "user", "What grew?")
-    store.add_message(conversation.id, question.id, "assistant", "DISCARDED ANSWER")
+    question = store.add_message(conversation.id, root.id, Role.USER, "What grew?")
+    store.add_message(conversation.id, question.id, Role.ASSISTANT, "DISCARDED ANSWER")
     answer = store.add_message(
-        conversation.id, question.id, "assistant", "Revenue grew.",
-        generated_ids=[1, 2, 3], stats={"tokens": 3, "rate": float("inf")},
+        conversation.id,
+        question.id,
+        Role.ASSISTANT,
+        "Revenue grew.",
+        generated_ids=[1, 2, 3],
+        stats={"tokens": 3, "rate": float("inf")},
     )
-    follow_up = store.add_message(conversation.id, answer.id, "user", "By how much?")
-    stopped = store.add_message(conversation.id, follow_up.id, "assistant", "By", status="stopped")
+    follow_up = store.add_message(conversation.id, answer.id, Role.USER, "By how much?")
+    stopped = store.add_message(conversation.id, follow_up.id, Role.ASSISTANT, "By", status=MessageStatus.STOPPED)
     return store.get_conversation(conversation.id), store.path(stopped.id), document
 
 
@@ -57,7 +64,8 @@ def test_markdown_has_title_persona_document_size_and_the_exchange(branch: Branc
     assert f"**Document:** report.txt ({len(DOCUMENT_TEXT):,} characters)" in text
     assert "SECRET-BODY" not in text
     assert "DISCARDED ANSWER" not in text
-    assert text.count("## You") == 2 and text.count("## Assistant") == 2
+    assert text.count("## You") == 2
+    assert text.count("## Assistant") == 2
     assert text.index("What grew?") < text.index("Revenue grew.") < text.index("By how much?")
     assert text.rstrip().endswith("By\n\n*(answer stopped)*")
 
@@ -66,23 +74,27 @@ def test_markdown_notes_a_cut_off_answer_and_omits_an_empty_persona(connection: 
     store = ConversationStore(connection)
     conversation = store.create_conversation("Plain")
     root = store.add_root(conversation.id, persona_name=None, persona_prompt="", document_id=None)
-    question = store.add_message(conversation.id, root.id, "user", "Tell me a long story")
-    answer = store.add_message(conversation.id, question.id, "assistant", "Once upon", status="cut_off")
+    question = store.add_message(conversation.id, root.id, Role.USER, "Tell me a long story")
+    answer = store.add_message(conversation.id, question.id, Role.ASSISTANT, "Once upon", status=MessageStatus.CUT_OFF)
     text = branch_to_markdown(conversation, store.path(answer.id), None)
     assert "*(answer cut off)*" in text
-    assert "Persona" not in text and "Document" not in text
+    assert "Persona" not in text
+    assert "Document" not in text
 
 
 def test_json_has_the_documented_shape(branch: Branch) -> None:
     conversation, path, document = branch
     before = time.time()
     data = branch_to_json(conversation, path, document)
-    assert data["format"] == "chatapp.branch" and data["version"] == 1
+    assert data["format"] == "chatapp.branch"
+    assert data["version"] == 1
     assert data["title"] == "Quarterly report"
     assert before <= data["exported_at"] <= time.time()
     assert data["persona"] == {"name": "Analyst", "prompt": "Answer from the document.\nQuote it."}
     assert data["document"] == {
-        "name": "report.txt", "source_path": "/home/me/report.txt", "characters": len(DOCUMENT_TEXT)
+        "name": "report.txt",
+        "source_path": "/home/me/report.txt",
+        "characters": len(DOCUMENT_TEXT),
     }
     assert [(m["role"], m["content"], m["status"]) for m in data["messages"]] == [
         ("user", "What grew?", "complete"),
@@ -102,7 +114,8 @@ def test_write_export_writes_json_and_text_and_replaces_atomically(branch: Branc
     data["title"] = "Café ☕"
     json_path = write_export(data, tmp_path / "out.json")
     written = json_path.read_text(encoding="utf-8")
-    assert "Café ☕" in written and '\n  "format": "chatapp.branch"' in written
+    assert "Café ☕" in written
+    assert '\n  "format": "chatapp.branch"' in written
     assert json.loads(written) == data
 
     markdown_path = tmp_path / "out.md"

@@ -9,11 +9,12 @@ import pytest
 
 from chatapp.documents import Document
 from chatapp.engine.engine import Engine, GenerationHandle, GenerationRequest
-from chatapp.engine.events import STOP_CANCELLED, STOP_PREFILLED
+from chatapp.engine.gate import Step
 from chatapp.engine.llama_native import SamplingParams
-from chatapp.engine.prompt import SYSTEM, USER, ChatMessage
+from chatapp.engine.prompt import ChatMessage
 from chatapp.services.conversation import Conversation, document_block
 from chatapp.services.warmup import Prewarmer, draft_prompt_tokens, settled_text
+from chatapp.vocabulary import Role, StopReason
 from tests.cache_support import cached_engine
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16)
@@ -21,7 +22,8 @@ PERSONA = "You are a careful assistant. You answer questions about the document 
 DOCUMENT = Document(
     name="minutes.txt",
     text="\n".join(
-        f"Item {n}: the committee reviewed budget line {n * 7} and agreed to revisit it in week {n + 2}." for n in range(1, 16)
+        f"Item {n}: the committee reviewed budget line {n * 7} and agreed to revisit it in week {n + 2}."
+        for n in range(1, 16)
     ),
 )
 QUESTION = (
@@ -51,20 +53,21 @@ def test_settled_text_ends_at_the_last_whitespace(draft: str, settled: str) -> N
 
 def test_draft_prompt_drops_the_token_at_the_settled_boundary(engine: Engine) -> None:
     builder = engine.prompt_builder
-    persona = [ChatMessage.of(SYSTEM, PERSONA)]
+    persona = [ChatMessage.of(Role.SYSTEM, PERSONA)]
     parts = (document_block(DOCUMENT),)
     empty = draft_prompt_tokens(builder, persona, parts, "Whi")  # nothing settled: nothing dropped
-    assert empty == builder.draft_tokens(persona, ChatMessage.of(USER, *parts, ""))
+    assert empty == builder.draft_tokens(persona, ChatMessage.of(Role.USER, *parts, ""))
     typed = draft_prompt_tokens(builder, persona, parts, "Which budget li")
-    assert typed == builder.draft_tokens(persona, ChatMessage.of(USER, *parts, "Which budget "))[:-1]
-    sent = builder.build(persona + [ChatMessage.of(USER, *parts, QUESTION)])
-    assert len(empty) < len(typed) and sent[: len(typed)] == typed
+    assert typed == builder.draft_tokens(persona, ChatMessage.of(Role.USER, *parts, "Which budget "))[:-1]
+    sent = builder.build([*persona, ChatMessage.of(Role.USER, *parts, QUESTION)])
+    assert len(empty) < len(typed)
+    assert sent[: len(typed)] == typed
 
 
 def long_prompt(engine: Engine, topic: str) -> tuple[int, ...]:
     """About 900 tokens: two prefill batches, so the warm-up is still running when the next call comes."""
     text = f"Notes on {topic}: " + f"the {topic} report lists one more finding for the audit. " * 70
-    tokens = engine.prompt_builder.draft_tokens([], ChatMessage.of(USER, text))
+    tokens = engine.prompt_builder.draft_tokens([], ChatMessage.of(Role.USER, text))
     assert engine.context.shape.n_batch < len(tokens) < engine.info.n_ctx_per_sequence - 64
     return tuple(tokens)
 
@@ -76,14 +79,16 @@ def finished(handle: GenerationHandle | None) -> str:
 
 def test_nothing_new_is_not_warmed_again(engine: Engine) -> None:
     prewarmer = Prewarmer(engine)
-    tokens = tuple(engine.prompt_builder.draft_tokens([ChatMessage.of(SYSTEM, PERSONA)], ChatMessage.of(USER, "How ")))
+    tokens = tuple(
+        engine.prompt_builder.draft_tokens([ChatMessage.of(Role.SYSTEM, PERSONA)], ChatMessage.of(Role.USER, "How "))
+    )
     first = prewarmer.warm(tokens, store=False)
     assert first is not None
     assert prewarmer.warm(tokens, store=False) is None
     assert prewarmer.warm(tokens[:-2], store=False) is None  # a backspace adds nothing
-    assert finished(first) == STOP_PREFILLED
+    assert finished(first) == StopReason.PREFILLED
     longer = prewarmer.warm(tokens + tuple(engine.tokenize(" many")), store=False)
-    assert finished(longer) == STOP_PREFILLED
+    assert finished(longer) == StopReason.PREFILLED
     assert not prewarmer.busy
 
 
@@ -91,15 +96,18 @@ def test_an_edit_to_earlier_text_cancels_the_running_warm_up(engine: Engine) -> 
     prewarmer = Prewarmer(engine)
     original = long_prompt(engine, "rivers")
     edited = long_prompt(engine, "lakes")
-    stale = prewarmer.warm(original, store=False)
-    assert prewarmer.busy
-    fresh = prewarmer.warm(edited, store=False)
-    assert finished(stale) == STOP_CANCELLED
-    assert finished(fresh) == STOP_PREFILLED
+    with engine.holding(Step.BATCH, after=1) as gate:  # the first warm-up is still running at the edit
+        stale = prewarmer.warm(original, store=False)
+        assert gate.wait_until_holding()
+        assert prewarmer.busy
+        fresh = prewarmer.warm(edited, store=False)
+        assert finished(stale) == StopReason.CANCELLED
+    assert finished(fresh) == StopReason.PREFILLED
     # Extending the text is not an edit: the running warm-up is the start of the next one.
     extending = prewarmer.warm(original, store=False)
     extended = prewarmer.warm(original + tuple(engine.tokenize(" More.")), store=False)
-    assert finished(extending) == STOP_PREFILLED and finished(extended) == STOP_PREFILLED
+    assert finished(extending) == StopReason.PREFILLED
+    assert finished(extended) == StopReason.PREFILLED
 
 
 def test_before_send_keeps_only_warm_ups_that_start_the_prompt(engine: Engine) -> None:
@@ -107,16 +115,23 @@ def test_before_send_keeps_only_warm_ups_that_start_the_prompt(engine: Engine) -
     useful = long_prompt(engine, "forests")
     handle = prewarmer.warm(useful, store=False)
     prewarmer.before_send(useful + tuple(engine.tokenize(" Question?")))
-    assert finished(handle) == STOP_PREFILLED
+    assert finished(handle) == StopReason.PREFILLED
     useless = long_prompt(engine, "deserts")
-    handle = prewarmer.warm(useless, store=False)
-    prewarmer.before_send(long_prompt(engine, "oceans"))
-    assert finished(handle) == STOP_CANCELLED
+    with engine.holding(Step.BATCH, after=1) as gate:
+        handle = prewarmer.warm(useless, store=False)
+        assert gate.wait_until_holding()
+        prewarmer.before_send(long_prompt(engine, "oceans"))
+        assert finished(handle) == StopReason.CANCELLED
     assert not prewarmer.busy
-    # What was cancelled may be warmed again.
-    again = prewarmer.warm(useless, store=False)
-    prewarmer.cancel()
-    assert finished(again) == STOP_CANCELLED
+    # What was cancelled may be warmed again (here queued behind an answer, then cancelled).
+    with engine.holding(Step.TOKEN, after=1) as gate:
+        blocker = engine.generate(GenerationRequest(long_prompt(engine, "hills"), SamplingParams(max_tokens=2)))
+        again = prewarmer.warm(useless, store=False)
+        assert again is not None
+        assert gate.wait_until_holding()
+        prewarmer.cancel()
+    assert finished(again) == StopReason.CANCELLED  # ended by the engine once the answer before it is done
+    blocker.wait()
     assert prewarmer.warm(useless, store=False) is not None
     prewarmer.wait()
     assert not prewarmer.busy
@@ -149,7 +164,9 @@ def test_typing_with_warm_ups_sends_the_same_prompt_and_gets_the_cold_answer(
         assert len(warm_engine.cache.index) == blocks_before_typing  # drafts stay out of RAM and disk
         conversation.add_user(QUESTION)
         prompt = tuple(builder.build(conversation.prompt_messages()))
-        at_once = tuple(builder.build([ChatMessage.of(SYSTEM, PERSONA), ChatMessage.of(USER, *parts_before, QUESTION)]))
+        at_once = tuple(
+            builder.build([ChatMessage.of(Role.SYSTEM, PERSONA), ChatMessage.of(Role.USER, *parts_before, QUESTION)])
+        )
         assert prompt == at_once
         prewarmer.before_send(prompt)
         typed = warm_engine.generate(GenerationRequest(prompt, GREEDY)).wait()

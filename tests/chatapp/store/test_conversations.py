@@ -5,13 +5,15 @@ from __future__ import annotations
 import sqlite3
 import threading
 from pathlib import Path
+from typing import cast
 
 import pytest
 
 from chatapp.errors import StoreError
+from chatapp.records import MessageRecord
 from chatapp.store.conversations import ConversationStore
 from chatapp.store.database import open_database
-from chatapp.store.records import MessageRecord
+from chatapp.vocabulary import MessageStatus, Role
 
 
 @pytest.fixture
@@ -31,18 +33,19 @@ def _ids(messages: list[MessageRecord]) -> list[int]:
 
 def test_a_conversation_starts_with_a_persona_root_that_is_the_active_leaf(store: ConversationStore) -> None:
     conversation_id, root = _start(store)
-    assert root.role == "system" and root.parent_id is None
+    assert root.role == "system"
+    assert root.parent_id is None
     assert (root.persona_name, root.content, root.document_id) == ("Helper", "Be helpful.", None)
     assert store.get_conversation(conversation_id).active_leaf_id == root.id
 
 
 def test_editing_and_regenerating_make_siblings_and_keep_every_answer(store: ConversationStore) -> None:
     conversation_id, root = _start(store)
-    question = store.add_message(conversation_id, root.id, "user", "What is 2+2?")
-    first = store.add_message(conversation_id, question.id, "assistant", "5")
-    regenerated = store.add_message(conversation_id, question.id, "assistant", "4")
-    edited = store.add_message(conversation_id, root.id, "user", "What is 3+3?")
-    edited_answer = store.add_message(conversation_id, edited.id, "assistant", "6")
+    question = store.add_message(conversation_id, root.id, Role.USER, "What is 2+2?")
+    first = store.add_message(conversation_id, question.id, Role.ASSISTANT, "5")
+    regenerated = store.add_message(conversation_id, question.id, Role.ASSISTANT, "4")
+    edited = store.add_message(conversation_id, root.id, Role.USER, "What is 3+3?")
+    edited_answer = store.add_message(conversation_id, edited.id, Role.ASSISTANT, "6")
 
     assert _ids(store.siblings(first.id)) == [first.id, regenerated.id]
     assert _ids(store.siblings(regenerated.id)) == [first.id, regenerated.id]
@@ -57,10 +60,10 @@ def test_editing_and_regenerating_make_siblings_and_keep_every_answer(store: Con
 
 def test_latest_leaf_follows_the_newest_child_down(store: ConversationStore) -> None:
     conversation_id, root = _start(store)
-    question = store.add_message(conversation_id, root.id, "user", "q")
-    old_answer = store.add_message(conversation_id, question.id, "assistant", "old")
-    new_answer = store.add_message(conversation_id, question.id, "assistant", "new")
-    follow_up = store.add_message(conversation_id, old_answer.id, "user", "more on the old one")
+    question = store.add_message(conversation_id, root.id, Role.USER, "q")
+    old_answer = store.add_message(conversation_id, question.id, Role.ASSISTANT, "old")
+    new_answer = store.add_message(conversation_id, question.id, Role.ASSISTANT, "new")
+    follow_up = store.add_message(conversation_id, old_answer.id, Role.USER, "more on the old one")
     assert store.latest_leaf(question.id).id == new_answer.id
     assert store.latest_leaf(root.id).id == new_answer.id
     assert store.latest_leaf(old_answer.id).id == follow_up.id
@@ -70,9 +73,7 @@ def test_latest_leaf_follows_the_newest_child_down(store: ConversationStore) -> 
 def test_a_new_persona_starts_a_sibling_root(store: ConversationStore) -> None:
     conversation_id, first_root = _start(store)
     document = store.add_document("notes.txt", "Some notes.", "/home/me/notes.txt")
-    second_root = store.add_root(
-        conversation_id, persona_name=None, persona_prompt="", document_id=document.id
-    )
+    second_root = store.add_root(conversation_id, persona_name=None, persona_prompt="", document_id=document.id)
     assert _ids(store.roots(conversation_id)) == [first_root.id, second_root.id]
     assert _ids(store.siblings(second_root.id)) == [first_root.id, second_root.id]
     assert store.get_message(second_root.id).document_id == document.id
@@ -84,9 +85,9 @@ def test_active_leaf_and_qa_mode_survive_reopening_the_file(db_path: Path) -> No
     connection = open_database(db_path)
     store = ConversationStore(connection)
     conversation_id, root = _start(store)
-    question = store.add_message(conversation_id, root.id, "user", "q")
-    first = store.add_message(conversation_id, question.id, "assistant", "a1")
-    store.add_message(conversation_id, question.id, "assistant", "a2")
+    question = store.add_message(conversation_id, root.id, Role.USER, "q")
+    first = store.add_message(conversation_id, question.id, Role.ASSISTANT, "a1")
+    store.add_message(conversation_id, question.id, Role.ASSISTANT, "a2")
     store.set_active_leaf(conversation_id, first.id)
     store.set_qa_mode(conversation_id, True)
     connection.close()
@@ -102,16 +103,18 @@ def test_active_leaf_and_qa_mode_survive_reopening_the_file(db_path: Path) -> No
 
 def test_a_partial_answer_is_finished_with_its_token_ids_and_stats(store: ConversationStore) -> None:
     conversation_id, root = _start(store)
-    question = store.add_message(conversation_id, root.id, "user", "q")
-    partial = store.add_message(conversation_id, question.id, "assistant", "Hel", status="partial")
-    assert partial.status == "partial" and partial.generated_ids is None and partial.stats is None
+    question = store.add_message(conversation_id, root.id, Role.USER, "q")
+    partial = store.add_message(conversation_id, question.id, Role.ASSISTANT, "Hel", status=MessageStatus.PARTIAL)
+    assert partial.status == "partial"
+    assert partial.generated_ids is None
+    assert partial.stats is None
 
     finished = store.update_message(
         partial.id,
         content="Hello!",
         generated_ids=[15043, 29991],
         stats={"tokens": 2, "rate": float("inf"), "cached": {"tier": "ram"}},
-        status="stopped",
+        status=MessageStatus.STOPPED,
     )
     assert finished == store.get_message(partial.id)
     assert finished.content == "Hello!"
@@ -125,30 +128,30 @@ def test_stored_token_ids_and_stats_are_json_text_not_pickles(
     store: ConversationStore, connection: sqlite3.Connection
 ) -> None:
     conversation_id, root = _start(store)
-    answer = store.add_message(conversation_id, root.id, "assistant", "a", generated_ids=[1, 2, 3], stats={"n": 3})
+    answer = store.add_message(conversation_id, root.id, Role.ASSISTANT, "a", generated_ids=[1, 2, 3], stats={"n": 3})
     row = connection.execute("SELECT generated_ids, stats FROM messages WHERE id = ?", (answer.id,)).fetchone()
     assert row == ("[1,2,3]", '{"n":3}')
 
 
-@pytest.mark.parametrize("status", ["complete", "stopped", "cut_off", "partial"])
-def test_every_status_is_stored(store: ConversationStore, status: str) -> None:
+@pytest.mark.parametrize("status", list(MessageStatus))
+def test_every_status_is_stored(store: ConversationStore, status: MessageStatus) -> None:
     conversation_id, root = _start(store)
-    assert store.add_message(conversation_id, root.id, "assistant", "a", status=status).status == status
+    assert store.add_message(conversation_id, root.id, Role.ASSISTANT, "a", status=status).status == status
 
 
 def test_wrong_messages_are_refused_with_one_line(store: ConversationStore) -> None:
     conversation_id, root = _start(store)
     other_id, other_root = _start(store, "Other")
     with pytest.raises(StoreError, match=f"belongs to conversation {other_id}"):
-        store.add_message(conversation_id, other_root.id, "user", "q")
+        store.add_message(conversation_id, other_root.id, Role.USER, "q")
     with pytest.raises(StoreError, match="role must be 'user' or 'assistant'"):
-        store.add_message(conversation_id, root.id, "system", "q")
+        store.add_message(conversation_id, root.id, Role.SYSTEM, "q")
     with pytest.raises(StoreError, match="unknown message status"):
-        store.add_message(conversation_id, root.id, "assistant", "a", status="done")
+        store.add_message(conversation_id, root.id, Role.ASSISTANT, "a", status=cast(MessageStatus, "done"))
     with pytest.raises(StoreError, match="message 999 does not exist"):
         store.get_message(999)
     with pytest.raises(StoreError, match="conversation 999 does not exist"):
-        store.add_message(999, root.id, "user", "q")
+        store.add_message(999, root.id, Role.USER, "q")
     with pytest.raises(StoreError, match="belongs to conversation"):
         store.set_active_leaf(conversation_id, other_root.id)
     with pytest.raises(StoreError, match="persona root"):
@@ -162,14 +165,14 @@ def test_the_list_is_newest_activity_first(store: ConversationStore) -> None:
     first_id, first_root = _start(store, "First")
     second_id, _ = _start(store, "Second")
     assert [c.id for c in store.list_conversations()] == [second_id, first_id]
-    store.add_message(first_id, first_root.id, "user", "bump")
+    store.add_message(first_id, first_root.id, Role.USER, "bump")
     assert [c.id for c in store.list_conversations()] == [first_id, second_id]
 
 
 def test_search_matches_titles_and_messages_ignoring_case(store: ConversationStore) -> None:
     title_id, _ = _start(store, "Trip to Zürich")
     message_id, root = _start(store, "Untitled")
-    store.add_message(message_id, root.id, "user", "How do I parse a CSV file in Python?")
+    store.add_message(message_id, root.id, Role.USER, "How do I parse a CSV file in Python?")
     _start(store, "Something else")
 
     assert [c.id for c in store.list_conversations("ZÜRICH")] == [title_id]
@@ -180,7 +183,7 @@ def test_search_matches_titles_and_messages_ignoring_case(store: ConversationSto
 
 def test_search_treats_wildcards_literally_and_skips_persona_prompts(store: ConversationStore) -> None:
     percent_id, root = _start(store, "Rates")
-    store.add_message(percent_id, root.id, "assistant", "It grew 5% this year, see file_1.")
+    store.add_message(percent_id, root.id, Role.ASSISTANT, "It grew 5% this year, see file_1.")
     _start(store, "Growth 5 percent")
     assert [c.id for c in store.list_conversations("5%")] == [percent_id]
     assert [c.id for c in store.list_conversations("file_1")] == [percent_id]
@@ -206,8 +209,8 @@ def test_delete_removes_the_messages_but_keeps_shared_documents(
     kept_id, _ = _start(store, "Kept")
     conversation = store.create_conversation("Gone")
     root = store.add_root(conversation.id, persona_name=None, persona_prompt="", document_id=document.id)
-    question = store.add_message(conversation.id, root.id, "user", "q")
-    store.add_message(conversation.id, question.id, "assistant", "a")
+    question = store.add_message(conversation.id, root.id, Role.USER, "q")
+    store.add_message(conversation.id, question.id, Role.ASSISTANT, "a")
 
     store.delete(conversation.id)
     assert [c.id for c in store.list_conversations()] == [kept_id]
@@ -240,8 +243,8 @@ def test_threads_can_add_messages_at_the_same_time(store: ConversationStore) -> 
         try:
             parent = root.id
             for turn in range(20):
-                parent = store.add_message(conversation_id, parent, "user", f"thread {number} turn {turn}").id
-        except BaseException as error:  # noqa: BLE001 - reported below
+                parent = store.add_message(conversation_id, parent, Role.USER, f"thread {number} turn {turn}").id
+        except BaseException as error:
             errors.append(error)
 
     threads = [threading.Thread(target=worker, args=(number,)) for number in range(4)]
@@ -265,7 +268,7 @@ def test_only_an_unused_root_that_is_not_open_can_be_discarded(tmp_path: Path) -
         assert not store.discard_unused_root(first.id), "the only root stays"
         second = store.add_root(conversation.id, persona_name="P", persona_prompt="p", document_id=None)
         assert not store.discard_unused_root(second.id), "the open root stays"
-        question = store.add_message(conversation.id, second.id, "user", "q")
+        question = store.add_message(conversation.id, second.id, Role.USER, "q")
         store.set_active_leaf(conversation.id, first.id)
         assert not store.discard_unused_root(second.id), "a root with messages stays"
         assert not store.discard_unused_root(question.id), "only roots are discarded"

@@ -35,7 +35,7 @@ def test_a_new_database_is_private_wal_with_foreign_keys_and_the_current_schema(
         assert connection.execute("PRAGMA foreign_keys").fetchone()[0] == 1
         assert connection.execute("PRAGMA busy_timeout").fetchone()[0] == 5000
         assert connection.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
-        assert TABLES <= _tables(connection)
+        assert _tables(connection) >= TABLES
     finally:
         connection.close()
 
@@ -47,7 +47,7 @@ def test_an_empty_file_is_version_0_and_is_migrated(tmp_path: Path) -> None:
     connection.close()
     assert _user_version(path) == SCHEMA_VERSION
     with sqlite3.connect(path) as plain:
-        assert TABLES <= _tables(plain)
+        assert _tables(plain) >= TABLES
 
 
 def test_reopening_keeps_the_data_and_does_not_migrate_again(tmp_path: Path) -> None:
@@ -130,7 +130,8 @@ def test_a_file_that_is_not_a_database_is_copied_aside_and_never_reset(tmp_path:
     assert backups[0].read_bytes() == original
     assert path.read_bytes() == original
     message = str(raised.value)
-    assert f"{path} is damaged" in message and str(backups[0]) in message
+    assert f"{path} is damaged" in message
+    assert str(backups[0]) in message
     assert "move it away to start a fresh database" in message
     assert stat.S_IMODE(backups[0].stat().st_mode) == 0o600
 

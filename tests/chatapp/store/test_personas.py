@@ -76,7 +76,8 @@ def test_the_shipped_personas_are_the_four_useful_ones(connection: sqlite3.Conne
     for persona in personas:
         assert 60 <= len(persona.prompt.split()) <= 150, persona.name
     analyst = next(p for p in personas if p.name == "Document analyst")
-    assert "quot" in analyst.prompt and "does not say" in analyst.prompt
+    assert "quot" in analyst.prompt
+    assert "does not say" in analyst.prompt
 
 
 def test_the_file_format_uses_a_heading_or_the_file_name() -> None:
@@ -102,7 +103,8 @@ def test_export_then_import_round_trips(store: PersonaStore, tmp_path: Path) -> 
         other_connection.close()
 
     named = store.export(original.id, tmp_path / "chosen name.md")
-    assert named.name == "chosen name.md" and named.read_text(encoding="utf-8") == exported.read_text(encoding="utf-8")
+    assert named.name == "chosen name.md"
+    assert named.read_text(encoding="utf-8") == exported.read_text(encoding="utf-8")
 
 
 def test_importing_a_taken_name_adds_a_suffix(store: PersonaStore, tmp_path: Path) -> None:
@@ -167,7 +169,8 @@ def test_update_renames_and_changes_the_prompt(store: PersonaStore) -> None:
     sage = store.create("Sage", "Be wise.")
     store.create("Jester", "Be funny.")
     renamed = store.update(sage.id, name="SAGE")
-    assert renamed.name == "SAGE" and renamed.prompt == "Be wise."
+    assert renamed.name == "SAGE"
+    assert renamed.prompt == "Be wise."
     assert store.update(sage.id, prompt=" Be wiser. ").prompt == "Be wiser."
     assert store.get_by_name("sage").prompt == "Be wiser."
     with pytest.raises(PersonaError, match="already exists"):
@@ -182,7 +185,8 @@ def test_duplicates_are_numbered(store: PersonaStore) -> None:
     first = store.duplicate(sage.id)
     second = store.duplicate(sage.id)
     assert (first.name, second.name) == ("Sage (copy)", "Sage (copy 2)")
-    assert first.prompt == "Be wise." and not first.bundled
+    assert first.prompt == "Be wise."
+    assert not first.bundled
     long = store.create("z" * 80, "Long.")
     assert len(store.duplicate(long.id).name) == 80
 

@@ -8,7 +8,7 @@ from textual.widgets import DataTable, OptionList, Sparkline
 
 from chatapp.tui.cache_screen import CacheScreen, size_text
 from chatapp.tui.dialogs import Confirm
-from tests.tui_support import SCREEN, make_app, notifications, send, wait_ready, wait_until
+from tests.tui_support import SCREEN, engine_of, make_app, notifications, send, wait_ready, wait_until
 
 
 def test_sizes_are_written_for_people() -> None:
@@ -21,11 +21,13 @@ async def test_tiers_pins_and_clear(data_dir: Path) -> None:
     app = make_app(data_dir)
     async with app.run_test(size=SCREEN) as pilot:
         await wait_ready(pilot, app)
-        persona = app.service.personas.get_by_name("Concise assistant")
+        persona = app.library.personas.get_by_name("Concise assistant")
         await app.main_screen.use_persona(persona)
         await send(pilot, app, "Name a colour.")
         await send(pilot, app, "Name another.")
-        app.engine.flush_cache()
+        engine = engine_of(app)
+        assert engine.cache is not None
+        engine.flush_cache()
         await pilot.press("f4")
         await wait_until(pilot, lambda: isinstance(app.screen, CacheScreen))
         screen = app.screen
@@ -33,17 +35,22 @@ async def test_tiers_pins_and_clear(data_dir: Path) -> None:
         assert [table.get_row_at(i)[0] for i in range(table.row_count)] == ["Live context", "RAM", "Disk"]
         assert int(table.get_row_at(2)[1].replace(",", "")) > 0, "the answers' blocks are on disk"
         assert int(table.get_row_at(0)[4].replace(",", "")) > 0, "the second answer reused the first from the context"
-        assert len(screen.query_one(Sparkline).data) == 2
+        first_tokens = screen.query_one(Sparkline).data
+        assert first_tokens is not None
+        assert len(first_tokens) == 2
         assert "Hit rate" in str(screen.query_one("#cache-summary").render())
 
         await pilot.click("#pin-persona")
         await wait_until(pilot, lambda: any("Pinned the persona" in n for n in notifications(app)))
-        await wait_until(pilot, lambda: "Concise assistant" in str(screen.query_one("#pins", OptionList).get_option_at_index(0).prompt))
-        assert app.engine.cache.stats()["pinned_entries"] > 0
+        await wait_until(
+            pilot,
+            lambda: "Concise assistant" in str(screen.query_one("#pins", OptionList).get_option_at_index(0).prompt),
+        )
+        assert engine.cache.stats()["pinned_entries"] > 0
 
         await pilot.click("#clear")
         await wait_until(pilot, lambda: isinstance(app.screen, Confirm))
         await pilot.click("#yes")
         await wait_until(pilot, lambda: any("Cleared" in n for n in notifications(app)))
         await wait_until(pilot, lambda: screen.query_one("#pins", OptionList).get_option_at_index(0).id == "none")
-        assert app.engine.cache.stats()["index_entries"] == 0
+        assert engine.cache.stats()["index_entries"] == 0

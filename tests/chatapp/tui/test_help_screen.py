@@ -14,7 +14,8 @@ from tests.tui_support import SCREEN, make_app, wait_until
 def test_every_command_has_a_unique_key_and_id() -> None:
     assert len({c.id for c in COMMANDS}) == len(COMMANDS)
     assert len({c.key for c in COMMANDS}) == len(COMMANDS)
-    assert display_key("ctrl+n") == "Ctrl+N" and display_key("alt+left") == "Alt+Left"
+    assert display_key("ctrl+n") == "Ctrl+N"
+    assert display_key("alt+left") == "Alt+Left"
 
 
 async def test_help_lists_every_key_and_the_palette_every_action(data_dir: Path) -> None:

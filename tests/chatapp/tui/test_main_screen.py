@@ -4,24 +4,41 @@ regenerate, move between sibling answers, edit into a branch, the tree, export, 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
-from textual.widgets import Markdown
+import pytest
+from textual.await_complete import AwaitComplete
+from textual.widgets import Input, Markdown
+from textual.widgets.tree import TreeNode
 
+from chatapp.engine.gate import Step
 from chatapp.tui.chat_log import ChatLog
 from chatapp.tui.composer import Composer
 from chatapp.tui.dialogs import TextPrompt
 from chatapp.tui.sidebar import BranchTree, ConversationList
 from chatapp.tui.widgets import StatusLine, last_code_block
-from tests.tui_support import SCREEN, answers, footnote, make_app, notifications, send, views, wait_idle, wait_ready, wait_until
+from tests.tui_support import (
+    SCREEN,
+    answers,
+    engine_of,
+    footnote,
+    make_app,
+    notifications,
+    send,
+    views,
+    wait_idle,
+    wait_ready,
+    wait_until,
+)
 
 
-async def test_an_answer_streams_in_and_is_saved(data_dir: Path, monkeypatch) -> None:
+async def test_an_answer_streams_in_and_is_saved(data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     appended: list[str] = []
     original_append = Markdown.append
 
-    def recording_append(self: Markdown, fragment: str):  # type: ignore[no-untyped-def]
+    def recording_append(self: Markdown, fragment: str) -> AwaitComplete:
         appended.append(fragment)
         return original_append(self, fragment)
 
@@ -35,9 +52,13 @@ async def test_an_answer_streams_in_and_is_saved(data_dir: Path, monkeypatch) ->
         assert len(appended) >= 3, "the answer should arrive piece by piece"
         assert "".join(appended) == answer.text != ""
         note = footnote(answer)
-        assert "30 tokens" in note and "first token" in note and "prompt tokens" in note
+        assert "30 tokens" in note
+        assert "first token" in note
+        assert "prompt tokens" in note
         status = str(app.main_screen.query_one(StatusLine).render())
-        assert "SmolLM2-135M-Instruct" in status and "tok/s" in status and "first token" in status
+        assert "SmolLM2-135M-Instruct" in status
+        assert "tok/s" in status
+        assert "first token" in status
         saved = app.service.view()
         assert [m.record.role for m in saved.messages] == ["user", "assistant"]
         assert saved.messages[1].record.content == answer.text
@@ -50,16 +71,20 @@ async def test_stop_regenerate_and_move_between_sibling_answers(data_dir: Path) 
         await wait_ready(pilot, app)
         composer = app.main_screen.query_one(Composer)
         composer.text = "Tell me a very long story about a lighthouse keeper."
-        await pilot.press("enter")
-        await wait_until(pilot, lambda: answers(app) != [] and len(answers(app)[0].text) > 10)
-        await pilot.press("escape")
-        await wait_idle(pilot, app)
+        with engine_of(app).holding(Step.TOKEN, after=10) as gate:  # ten tokens said, then held until Esc
+            await pilot.press("enter")
+            await wait_until(pilot, gate.holding.is_set)
+            await wait_until(pilot, lambda: answers(app) != [] and len(answers(app)[0].text) > 10)
+            await pilot.press("escape")
+            await wait_idle(pilot, app)
         stopped = answers(app)[0]
         assert "stopped" in footnote(stopped)
         stopped_text = stopped.text
         assert app.service.view().messages[-1].record.status == "stopped"
 
-        app.workspace = app.service.workspace = replace(app.workspace, settings=app.workspace.settings.model_copy(update={"max_tokens": 8}))
+        app.workspace = app.service.workspace = replace(
+            app.workspace, settings=app.workspace.settings.model_copy(update={"max_tokens": 8})
+        )
         await pilot.press("ctrl+r")
         await wait_until(pilot, lambda: len(answers(app)) == 1 and answers(app)[0].version_count == 2)
         await wait_idle(pilot, app)
@@ -67,7 +92,8 @@ async def test_stop_regenerate_and_move_between_sibling_answers(data_dir: Path) 
         regenerated = answers(app)[0]
         assert (regenerated.position, regenerated.version_count) == (2, 2)
         regenerated_text = regenerated.text
-        assert regenerated_text != stopped_text and regenerated_text
+        assert regenerated_text != stopped_text
+        assert regenerated_text
 
         await pilot.press("alt+left")
         await wait_until(pilot, lambda: answers(app)[0].position == 1)
@@ -91,14 +117,16 @@ async def test_editing_a_question_makes_a_branch_and_the_tree_switches_back(data
         await wait_until(pilot, lambda: len(views(app)) == 2 and views(app)[0].version_count == 2)
         await wait_idle(pilot, app)
         question = views(app)[0]
-        assert question.text == "Name a vegetable." and (question.position, question.version_count) == (2, 2)
+        assert question.text == "Name a vegetable."
+        assert (question.position, question.version_count) == (2, 2)
         assert len(views(app)) == 2
 
         tree = app.main_screen.query_one(BranchTree)
         node = next(n for n in _nodes(tree.root) if n.data == first_question)
         tree.select_node(node)
         await wait_until(pilot, lambda: bool(views(app)) and views(app)[0].message_id == first_question)
-        assert views(app)[0].text == "Name a fruit." and views(app)[0].position == 1
+        assert views(app)[0].text == "Name a fruit."
+        assert views(app)[0].position == 1
         assert len(views(app)) == 2, "the old branch comes back with its answer"
 
 
@@ -112,7 +140,7 @@ async def test_export_and_restart_find_everything_again(data_dir: Path, tmp_path
         await pilot.press("alt+x")
         await wait_until(pilot, lambda: isinstance(app.screen, TextPrompt))
         target = tmp_path / "branch.json"
-        app.screen.query_one("#dialog-input").value = str(target)  # type: ignore[attr-defined]
+        app.screen.query_one("#dialog-input", Input).value = str(target)
         await pilot.press("enter")
         await wait_until(pilot, lambda: target.exists())
         exported = json.loads(target.read_text())
@@ -131,6 +159,7 @@ async def test_export_and_restart_find_everything_again(data_dir: Path, tmp_path
         await wait_ready(pilot, again)
         await send(pilot, again, "And at night?")
         stats = again.service.view().messages[-1].record.stats
+        assert stats is not None
         assert stats["prompt_tokens"] - stats["reused_tokens"] < 16, "after a restart the KV comes back from disk"
 
 
@@ -162,7 +191,7 @@ async def test_a_model_that_cannot_load_is_a_notification_not_a_crash(data_dir: 
         assert app.main_screen.query_one(ChatLog).views == []
 
 
-def _nodes(node):  # type: ignore[no-untyped-def]
+def _nodes(node: TreeNode[int]) -> Iterator[TreeNode[int]]:
     yield node
     for child in node.children:
         yield from _nodes(child)
@@ -182,7 +211,9 @@ async def test_copy_a_message_and_its_code_block(data_dir: Path) -> None:
         await pilot.press("alt+down")
         await pilot.press("alt+k")
         if "```" in answers(app)[0].text:
-            assert app.clipboard and app.clipboard in answers(app)[0].text and "```" not in app.clipboard
+            assert app.clipboard
+            assert app.clipboard in answers(app)[0].text
+            assert "```" not in app.clipboard
         else:
             assert any("no code block" in n for n in notifications(app))
 

@@ -4,15 +4,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+from textual.pilot import Pilot
 from textual.widgets import Input
 
+from chatapp.tui.app import ChatApp
 from chatapp.tui.dialogs import TextPrompt
 from tests.tui_support import SCREEN, make_app, notifications, send, views, wait_idle, wait_ready, wait_until
 
-NOTES = "\n".join(f"Line {n}: the lighthouse at Cape {n} was built in {1800 + n} and painted red and white." for n in range(1, 13))
+NOTES = "\n".join(
+    f"Line {n}: the lighthouse at Cape {n} was built in {1800 + n} and painted red and white." for n in range(1, 13)
+)
 
 
-async def attach(pilot, app, path: Path) -> None:  # type: ignore[no-untyped-def]
+async def attach(pilot: Pilot[None], app: ChatApp, path: Path) -> None:
     await pilot.press("ctrl+o")
     await wait_until(pilot, lambda: isinstance(app.screen, TextPrompt))
     app.screen.query_one("#dialog-input", Input).value = str(path)
@@ -28,9 +33,13 @@ async def test_questions_about_a_document_reuse_its_tokens(data_dir: Path, tmp_p
         await attach(pilot, app, document)
         await wait_until(pilot, lambda: app.service.view().document is not None)
         info = str(app.main_screen.query_one("#branch-info").render())
-        assert "Document: lighthouses.txt" in info and "of 1,024 tokens" in info
-        document_tokens = app.service.document_tokens(app.service.view().document)
-        assert document_tokens is not None and document_tokens > 200
+        assert "Document: lighthouses.txt" in info
+        assert "of 1,024 tokens" in info
+        attached = app.service.view().document
+        assert attached is not None
+        document_tokens = app.service.document_tokens(attached)
+        assert document_tokens is not None
+        assert document_tokens > 200
 
         await pilot.press("ctrl+t")
         await wait_until(pilot, lambda: app.service.view().conversation.qa_mode)
@@ -42,6 +51,7 @@ async def test_questions_about_a_document_reuse_its_tokens(data_dir: Path, tmp_p
         assert branch.messages[0].record.content == "What colours are the lighthouses?"
         assert (branch.messages[0].position, branch.messages[0].siblings) == (2, 2)
         stats = branch.messages[1].record.stats
+        assert stats is not None
         assert stats["reused_tokens"] >= document_tokens, "the second question reuses the whole document"
         assert len(views(app)) == 2
 
@@ -55,7 +65,8 @@ async def test_a_document_that_does_not_fit_names_both_numbers(data_dir: Path, t
         await attach(pilot, app, document)
         await wait_until(pilot, lambda: any("context holds" in n for n in notifications(app)))
         message = next(n for n in notifications(app) if "context holds" in n)
-        assert "long.txt" in message and "512" in message
+        assert "long.txt" in message
+        assert "512" in message
         assert app.service.view().document is None
 
 
@@ -68,20 +79,24 @@ async def test_an_unreadable_document_is_a_notification(data_dir: Path, tmp_path
         assert app.service.view().document is None
 
 
-async def test_a_long_warm_up_shows_its_progress(data_dir: Path, tmp_path: Path, monkeypatch) -> None:
+async def test_a_long_warm_up_shows_its_progress(
+    data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from chatapp.tui.main_screen import MainScreen
     from chatapp.tui.widgets import PrefillRow
 
     shown: list[str] = []
     original = PrefillRow.show_progress
 
-    def recording(self, what: str, done: int, total: int) -> None:  # type: ignore[no-untyped-def]
+    def recording(self: PrefillRow, what: str, done: int, total: int) -> None:
         shown.append(f"{what} {done}/{total}")
         original(self, what, done, total)
 
     monkeypatch.setattr(PrefillRow, "show_progress", recording)
     document = tmp_path / "notes.txt"
-    document.write_text(NOTES + "\n" + NOTES.replace("Cape", "Point"), encoding="utf-8")  # more than one 512-token batch
+    document.write_text(
+        NOTES + "\n" + NOTES.replace("Cape", "Point"), encoding="utf-8"
+    )  # more than one 512-token batch
     app = make_app(data_dir)
     async with app.run_test(size=SCREEN) as pilot:
         await wait_ready(pilot, app)

@@ -6,12 +6,26 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 from textual.widgets import Input
 
+from chatapp.engine.gate import Step
 from chatapp.errors import StoreError
+from chatapp.records import ConversationRecord
 from chatapp.tui.composer import Composer
 from chatapp.tui.dialogs import TextPrompt
-from tests.tui_support import SCREEN, answers, make_app, notifications, send, views, wait_idle, wait_ready, wait_until
+from tests.tui_support import (
+    SCREEN,
+    answers,
+    engine_of,
+    make_app,
+    notifications,
+    send,
+    views,
+    wait_idle,
+    wait_ready,
+    wait_until,
+)
 
 
 async def test_two_quick_regenerates_start_one_answer(data_dir: Path) -> None:
@@ -19,13 +33,17 @@ async def test_two_quick_regenerates_start_one_answer(data_dir: Path) -> None:
     async with app.run_test(size=SCREEN) as pilot:
         await wait_ready(pilot, app)
         await send(pilot, app, "Name a bird.")
-        app.workspace = app.service.workspace = replace(app.workspace, settings=app.workspace.settings.model_copy(update={"max_tokens": 300}))
-        # Two presses handled back to back (pilot.press would wait for the first answer to end).
-        await app.main_screen.run_action("regenerate")
-        await app.main_screen.run_action("regenerate")
-        await pilot.press("escape")
-        await wait_until(pilot, lambda: bool(answers(app)) and answers(app)[0].version_count >= 2)
-        await wait_idle(pilot, app)
+        app.workspace = app.service.workspace = replace(
+            app.workspace, settings=app.workspace.settings.model_copy(update={"max_tokens": 300})
+        )
+        with engine_of(app).holding(Step.TOKEN, after=1) as gate:  # the first regenerate runs until Esc
+            # Two presses handled back to back (pilot.press would wait for the first answer to end).
+            await app.main_screen.run_action("regenerate")
+            await app.main_screen.run_action("regenerate")
+            await wait_until(pilot, gate.holding.is_set)
+            await pilot.press("escape")
+            await wait_until(pilot, lambda: bool(answers(app)) and answers(app)[0].version_count >= 2)
+            await wait_idle(pilot, app)
         question = app.service.view().messages[0].record
         assert len(app.service.conversations.children(question.id)) == 2, "one regenerate, not two"
         assert any("still running" in n for n in notifications(app))
@@ -46,7 +64,8 @@ async def test_an_edit_keeps_the_draft_and_is_dropped_when_the_conversation_chan
         await pilot.press("ctrl+g")
         await pilot.press("ctrl+n")
         await wait_until(pilot, lambda: app.service.view().messages == ())
-        assert composer.text == "half-typed draft" and app.main_screen._editing is None
+        assert composer.text == "half-typed draft"
+        assert app.main_screen._editing is None
         await send(pilot, app, "Name a flower.")
         branch = app.service.view()
         assert [m.record.content for m in branch.messages if m.record.role == "user"] == ["Name a flower."]
@@ -73,7 +92,8 @@ async def test_a_failed_edit_is_still_an_edit_when_sent_again(data_dir: Path) ->
         await wait_until(pilot, lambda: views(app) and views(app)[0].version_count == 2)
         await wait_idle(pilot, app)
         edited = app.service.view().messages[0].record
-        assert edited.content == "Name a lake." and edited.parent_id == first_question.parent_id
+        assert edited.content == "Name a lake."
+        assert edited.parent_id == first_question.parent_id
 
 
 async def test_actions_that_change_the_branch_wait_for_the_answer(data_dir: Path) -> None:
@@ -81,14 +101,16 @@ async def test_actions_that_change_the_branch_wait_for_the_answer(data_dir: Path
     async with app.run_test(size=SCREEN) as pilot:
         await wait_ready(pilot, app)
         app.main_screen.query_one(Composer).text = "Tell me a long story about a lighthouse."
-        await pilot.press("enter")
-        await wait_until(pilot, lambda: app.main_screen.answering)
-        await pilot.press("ctrl+t")
-        assert not app.service.view().conversation.qa_mode
-        assert any("still running" in n for n in notifications(app))
-        await pilot.press("escape")
-        await wait_idle(pilot, app)
-        assert answers(app) and "stopped" in str(answers(app)[0].query_one(".footnote").render())
+        with engine_of(app).holding(Step.TOKEN, after=1) as gate:  # the answer runs until Esc
+            await pilot.press("enter")
+            await wait_until(pilot, gate.holding.is_set)
+            await pilot.press("ctrl+t")
+            assert not app.service.view().conversation.qa_mode
+            assert any("still running" in n for n in notifications(app))
+            await pilot.press("escape")
+            await wait_idle(pilot, app)
+        assert answers(app)
+        assert "stopped" in str(answers(app)[0].query_one(".footnote").render())
 
 
 async def test_a_path_that_cannot_be_a_path_is_a_notification(data_dir: Path) -> None:
@@ -99,16 +121,18 @@ async def test_a_path_that_cannot_be_a_path_is_a_notification(data_dir: Path) ->
         await wait_until(pilot, lambda: isinstance(app.screen, TextPrompt))
         app.screen.query_one("#dialog-input", Input).value = "~no-such-user-here/x.md"
         await pilot.press("enter")
-        await wait_until(pilot, lambda: any("cannot use the path" in n or "does not exist" in n for n in notifications(app)))
+        await wait_until(
+            pilot, lambda: any("cannot use the path" in n or "does not exist" in n for n in notifications(app))
+        )
         assert app.is_running
 
 
-async def test_a_database_error_is_a_notification(data_dir: Path, monkeypatch) -> None:
+async def test_a_database_error_is_a_notification(data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     app = make_app(data_dir)
     async with app.run_test(size=SCREEN) as pilot:
         await wait_ready(pilot, app)
 
-        def locked(query: str = "") -> list:  # type: ignore[type-arg]
+        def locked(query: str = "") -> list[ConversationRecord]:
             raise StoreError("the conversations database failed (database is locked); close the other program")
 
         monkeypatch.setattr(app.service, "list_conversations", locked)

@@ -18,21 +18,25 @@ async def test_create_a_persona_and_use_it_in_a_new_branch(data_dir: Path) -> No
         await pilot.press("f2")
         await wait_until(pilot, lambda: isinstance(app.screen, PersonaScreen))
         screen = app.screen
-        listed = [str(screen.query_one(OptionList).get_option_at_index(i).prompt) for i in range(screen.query_one(OptionList).option_count)]
+        listed = [
+            str(screen.query_one(OptionList).get_option_at_index(i).prompt)
+            for i in range(screen.query_one(OptionList).option_count)
+        ]
         assert {"Concise assistant", "Code reviewer", "Document analyst", "Translator"} <= set(listed)
 
         await pilot.click("#new")
         screen.query_one("#persona-name", Input).value = "Pirate"
         screen.query_one("#persona-prompt", TextArea).text = "You are a pirate. Answer like one."
         await pilot.press("ctrl+s")
-        await wait_until(pilot, lambda: any(p.name == "Pirate" for p in app.service.personas.list()))
+        await wait_until(pilot, lambda: any(p.name == "Pirate" for p in app.service.personas.all()))
         await pilot.press("ctrl+u")
         await wait_until(pilot, lambda: not isinstance(app.screen, PersonaScreen))
         await wait_until(pilot, lambda: app.service.view().persona_name == "Pirate")
 
         branch = app.service.view()
         assert branch.root.content == "You are a pirate. Answer like one."
-        assert branch.messages == () and views(app) == [], "a new persona starts a new branch from the root"
+        assert branch.messages == (), "a new persona starts a new branch from the root"
+        assert views(app) == [], "a new persona starts a new branch from the root"
         assert branch.root_count == 2
         assert "Persona: Pirate" in str(app.main_screen.query_one("#branch-info").render())
         await send(pilot, app, "Who are you?")
@@ -50,9 +54,11 @@ async def test_import_and_export_a_persona_file(data_dir: Path, tmp_path: Path) 
         await wait_until(pilot, lambda: not isinstance(app.screen, PersonaScreen))
         app.screen.query_one("#dialog-input", Input).value = str(source)
         await pilot.press("enter")
-        await wait_until(pilot, lambda: any(p.name == "Haiku poet" for p in app.service.personas.list()))
+        await wait_until(pilot, lambda: any(p.name == "Haiku poet" for p in app.service.personas.all()))
         screen = app.screen
-        assert isinstance(screen, PersonaScreen) and screen.editing is not None and screen.editing.name == "Haiku poet"
+        assert isinstance(screen, PersonaScreen)
+        assert screen.editing is not None
+        assert screen.editing.name == "Haiku poet"
         await pilot.click("#export")
         await wait_until(pilot, lambda: not isinstance(app.screen, PersonaScreen))
         app.screen.query_one("#dialog-input", Input).value = str(tmp_path / "out")
@@ -60,7 +66,8 @@ async def test_import_and_export_a_persona_file(data_dir: Path, tmp_path: Path) 
         await pilot.press("enter")
         await wait_until(pilot, lambda: any((tmp_path / "out").iterdir()))
         exported = next((tmp_path / "out").iterdir()).read_text(encoding="utf-8")
-        assert exported.startswith("# Haiku poet") and "Answer every question as a haiku." in exported
+        assert exported.startswith("# Haiku poet")
+        assert "Answer every question as a haiku." in exported
 
 
 async def test_a_persona_file_that_does_not_parse_is_a_notification(data_dir: Path, tmp_path: Path) -> None:
@@ -70,10 +77,10 @@ async def test_a_persona_file_that_does_not_parse_is_a_notification(data_dir: Pa
     async with app.run_test(size=SCREEN) as pilot:
         await pilot.press("f2")
         await wait_until(pilot, lambda: isinstance(app.screen, PersonaScreen))
-        before = {p.name for p in app.service.personas.list()}
+        before = {p.name for p in app.service.personas.all()}
         await pilot.click("#import")
         await wait_until(pilot, lambda: not isinstance(app.screen, PersonaScreen))
         app.screen.query_one("#dialog-input", Input).value = str(source)
         await pilot.press("enter")
         await wait_until(pilot, lambda: any("looks binary" in n for n in notifications(app)))
-        assert {p.name for p in app.service.personas.list()} == before
+        assert {p.name for p in app.service.personas.all()} == before

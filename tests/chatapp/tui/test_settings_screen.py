@@ -7,9 +7,9 @@ from pathlib import Path
 
 from textual.widgets import Input, Label
 
-from chatapp.tui.settings_screen import SettingsScreen
 from chatapp.services.startup import open_workspace
 from chatapp.tui.app import ChatApp
+from chatapp.tui.settings_screen import SettingsScreen
 from tests.tui_support import SCREEN, notifications, wait_until
 
 
@@ -34,8 +34,10 @@ async def test_invalid_values_are_explained_and_valid_ones_saved(data_dir: Path)
         await pilot.press("ctrl+s")
         await wait_until(pilot, lambda: not isinstance(app.screen, SettingsScreen))
         saved = tomllib.loads(app.workspace.paths.config_file.read_text())
-        assert saved["temperature"] == 0.3 and saved["cache_ram_mib"] == 256
-        assert "context_cap" not in saved and "threads" not in saved, "command-line options stay one-off"
+        assert saved["temperature"] == 0.3
+        assert saved["cache_ram_mib"] == 256
+        assert "context_cap" not in saved, "command-line options stay one-off"
+        assert "threads" not in saved, "command-line options stay one-off"
         assert app.workspace.settings.context_cap == 1024, "and still apply to this run"
         assert app.workspace.settings.temperature == 0.3
         assert app.service.workspace.sampling().temperature == 0.3

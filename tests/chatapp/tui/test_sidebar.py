@@ -6,6 +6,7 @@ from pathlib import Path
 
 from textual.widgets import Input
 
+from chatapp.tui.app import ChatApp
 from chatapp.tui.dialogs import Confirm, TextPrompt
 from chatapp.tui.sidebar import ConversationList, age, snippet
 from tests.tui_support import SCREEN, make_app, send, wait_ready, wait_until
@@ -13,12 +14,14 @@ from tests.tui_support import SCREEN, make_app, send, wait_ready, wait_until
 
 def test_ages_and_snippets_are_short() -> None:
     assert age(1000.0, now=1030.0) == "just now"
-    assert age(0.0, now=5 * 60) == "5 min" and age(0.0, now=3 * 3600) == "3 h" and age(0.0, now=2 * 86400) == "2 d"
+    assert age(0.0, now=5 * 60) == "5 min"
+    assert age(0.0, now=3 * 3600) == "3 h"
+    assert age(0.0, now=2 * 86400) == "2 d"
     assert snippet("a  b\nc") == "a b c"
     assert snippet("x" * 50, 10) == "x" * 9 + "…"
 
 
-def listed_titles(app) -> list[str]:  # type: ignore[no-untyped-def]
+def listed_titles(app: ChatApp) -> list[str]:
     options = app.main_screen.query_one(ConversationList)
     return [str(options.get_option_at_index(i).prompt).rsplit("  ", 1)[0] for i in range(options.option_count)]
 

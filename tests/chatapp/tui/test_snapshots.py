@@ -6,10 +6,13 @@ import re
 from pathlib import Path
 
 import pytest
+from textual.pilot import Pilot
+from textual.widgets import Input, Label, TextArea
 
 from chatapp.services.library import open_library
 from chatapp.services.startup import open_workspace
 from chatapp.tui.app import ChatApp
+from chatapp.vocabulary import Role
 from tests.tui_support import SCREEN, TEST_SETTINGS, wait_idle, wait_ready, wait_until
 
 ANSWER = """Three tips:
@@ -21,8 +24,17 @@ ANSWER = """Three tips:
 print("hello")
 ```
 """
-STATS = {"prompt_tokens": 212, "reused_tokens": 196, "computed_tokens": 16, "reuse_tier": "disk",
-         "generated_tokens": 41, "ttft_ms": 93.0, "total_ms": 700.0, "decode_tokens_per_s": 70.1, "stop_reason": "end"}
+STATS = {
+    "prompt_tokens": 212,
+    "reused_tokens": 196,
+    "computed_tokens": 16,
+    "reuse_tier": "disk",
+    "generated_tokens": 41,
+    "ttft_ms": 93.0,
+    "total_ms": 700.0,
+    "decode_tokens_per_s": 70.1,
+    "stop_reason": "end",
+}
 
 
 def seeded_app(data_dir: Path) -> ChatApp:
@@ -33,14 +45,17 @@ def seeded_app(data_dir: Path) -> ChatApp:
     persona = library.personas.get_by_name("Concise assistant")
     conversation = store.create_conversation("Writing tips")
     root = store.add_root(conversation.id, persona_name=persona.name, persona_prompt=persona.prompt, document_id=None)
-    question = store.add_message(conversation.id, root.id, "user", "How do I write clearly?")
-    store.add_message(conversation.id, question.id, "assistant", "Write short sentences.", generated_ids=(1, 2), stats=STATS)
-    store.add_message(conversation.id, question.id, "assistant", ANSWER, generated_ids=(3, 4), stats=STATS)
+    question = store.add_message(conversation.id, root.id, Role.USER, "How do I write clearly?")
+    store.add_message(
+        conversation.id, question.id, Role.ASSISTANT, "Write short sentences.", generated_ids=(1, 2), stats=STATS
+    )
+    store.add_message(conversation.id, question.id, Role.ASSISTANT, ANSWER, generated_ids=(3, 4), stats=STATS)
     return ChatApp(workspace, library)
 
 
-async def settle(pilot) -> None:  # type: ignore[no-untyped-def]
+async def settle(pilot: Pilot[None]) -> None:
     app = pilot.app
+    assert isinstance(app, ChatApp)
     await wait_ready(pilot, app)
     await wait_idle(pilot, app)
     app.clear_notifications()
@@ -48,11 +63,13 @@ async def settle(pilot) -> None:  # type: ignore[no-untyped-def]
     steady(pilot)
 
 
-def steady(pilot) -> None:  # type: ignore[no-untyped-def]
+def steady(pilot: Pilot[None]) -> None:
     """No blinking cursors, and no temporary folder names, in the picture."""
-    for widget in pilot.app.screen.query("Input, TextArea"):
-        widget.cursor_blink = False
-    for label in pilot.app.screen.query(".dialog-title"):
+    for field in pilot.app.screen.query(Input):
+        field.cursor_blink = False
+    for area in pilot.app.screen.query(TextArea):
+        area.cursor_blink = False
+    for label in pilot.app.screen.query(".dialog-title").results(Label):
         text = str(label.render())
         if "/" in text:
             label.update(re.sub(r"/\S+/config\.toml", "DATA/config.toml", text))
@@ -68,7 +85,7 @@ def test_main_screen(snap_compare, seeded: ChatApp) -> None:
 
 
 def test_persona_screen(snap_compare, seeded: ChatApp) -> None:
-    async def open_personas(pilot) -> None:  # type: ignore[no-untyped-def]
+    async def open_personas(pilot: Pilot[None]) -> None:
         await settle(pilot)
         await pilot.press("f2")
         await wait_until(pilot, lambda: type(pilot.app.screen).__name__ == "PersonaScreen")
@@ -79,7 +96,7 @@ def test_persona_screen(snap_compare, seeded: ChatApp) -> None:
 
 
 def test_help_screen(snap_compare, seeded: ChatApp) -> None:
-    async def open_help(pilot) -> None:  # type: ignore[no-untyped-def]
+    async def open_help(pilot: Pilot[None]) -> None:
         await settle(pilot)
         await pilot.press("f1")
         await pilot.pause(0.2)
@@ -89,7 +106,7 @@ def test_help_screen(snap_compare, seeded: ChatApp) -> None:
 
 
 def test_settings_screen(snap_compare, seeded: ChatApp) -> None:
-    async def open_settings(pilot) -> None:  # type: ignore[no-untyped-def]
+    async def open_settings(pilot: Pilot[None]) -> None:
         await settle(pilot)
         await pilot.press("f5")
         await pilot.pause(0.2)

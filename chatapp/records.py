@@ -1,7 +1,8 @@
-"""What the stores hand out: immutable snapshots of rows.
+"""What the stores hand out and the services pass on: immutable snapshots of rows.
 
 Records are frozen so that a UI holding one cannot mistake it for a live row; to change
-something, ask the store and use the record it returns.
+something, ask a service and use the record it returns. They live outside the store so
+that the screens can read them without reaching into the database layer.
 """
 
 from __future__ import annotations
@@ -9,16 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-SYSTEM = "system"
-USER = "user"
-ASSISTANT = "assistant"
-ROLES = (SYSTEM, USER, ASSISTANT)
-
-COMPLETE = "complete"
-STOPPED = "stopped"  # the user stopped the answer
-CUT_OFF = "cut_off"  # the answer hit the token or context limit
-PARTIAL = "partial"  # saved while streaming; finished later with update_message
-STATUSES = (COMPLETE, STOPPED, CUT_OFF, PARTIAL)
+from chatapp.vocabulary import MessageStatus, Role
 
 
 @dataclass(frozen=True)
@@ -28,12 +20,12 @@ class MessageRecord:
     id: int
     conversation_id: int
     parent_id: int | None  # None only for a root
-    role: str  # "system" (roots only), "user", "assistant"
+    role: Role  # SYSTEM for roots only
     content: str  # for a root: the persona prompt ("" when none)
     created_at: float  # time.time()
     generated_ids: tuple[int, ...] | None = None  # assistant: the model's exact token ids
     stats: dict[str, Any] | None = field(default=None, hash=False)  # assistant: figures of the answer
-    status: str = COMPLETE
+    status: MessageStatus = MessageStatus.COMPLETE
     persona_name: str | None = None  # roots only
     document_id: int | None = None  # roots only: the document this branch is about
 
@@ -75,3 +67,14 @@ class PersonaRecord:
     bundled: bool
     created_at: float
     updated_at: float
+
+
+@dataclass(frozen=True)
+class PinRecord:
+    """A prefix the user keeps out of eviction: a persona, or a persona with a document."""
+
+    id: int
+    kind: str  # "persona" | "document"
+    label: str
+    tokens: tuple[int, ...]
+    created_at: float

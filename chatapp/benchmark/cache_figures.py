@@ -1,0 +1,236 @@
+"""Figures of the cache's structure, beside the peers: lookup cost and storage overhead.
+
+- Lookup (L): an index holding many conversations that share one persona; how long finding
+  the longest stored prefix takes for a follow-up, for a new question on the persona, and for
+  a prompt that matches nothing. No model is needed: this is the index a running app holds.
+- Storage (S): conversations sharing one persona asked through chatapp's engine into a fresh
+  cache folder; the folder's bytes against the KV bytes of the distinct tokens stored (every
+  prompt and answer, shared prefixes counted once). Overheads are partial blocks, records and
+  the database.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cache.blocks import BlockInfo
+from cache.index import BlockIndex
+from cache.keys import as_token_array
+from chatapp.benchmark.goals import Verdict
+from chatapp.benchmark.memory import folder_bytes
+from chatapp.benchmark.peers import ChatappPeer, PeerSettings
+from chatapp.benchmark.workloads import PromptKit
+from chatapp.engine.prompt import ChatMessage
+from chatapp.vocabulary import Role
+
+FIGURE_NAMES = ("L", "S")  # chosen with --workloads beside the peer workloads A-E
+LOOKUP_TARGET_MS = 1.0  # p99 of one lookup among all the conversations
+STORAGE_TARGET = 1.3  # folder bytes / KV bytes of the distinct tokens stored
+VOCABULARY = 49152  # token ids drawn for the lookup index (any vocabulary size would do)
+LOOKUPS = 2000
+
+
+@dataclass(frozen=True)
+class LookupFigures:
+    conversations: int
+    blocks: int
+    build_s: float
+    follow_up: dict[str, float]  # a stored conversation plus new tokens
+    new_question: dict[str, float]  # the persona plus a new question
+    no_match: dict[str, float]  # random tokens
+    hashing_ms: float  # block keys of one whole prompt (what the store side does after each answer)
+
+
+@dataclass(frozen=True)
+class StorageFigures:
+    conversations: int
+    distinct_tokens: int
+    kv_bytes_per_token: int
+    distinct_kv_bytes: int
+    folder_bytes: int
+    stored_payload_bytes: int
+    blocks: int
+
+    @property
+    def ratio(self) -> float:
+        return self.folder_bytes / self.distinct_kv_bytes if self.distinct_kv_bytes else float("nan")
+
+
+def measure_lookup(
+    conversations: int, *, persona_tokens: int = 2000, question_tokens: int = 200, block_size: int = 64
+) -> LookupFigures:
+    """Build an index of `conversations` persona + question prompts, then time lookups in it."""
+    rng = np.random.default_rng(7)
+    persona = rng.integers(0, VOCABULARY, persona_tokens, dtype=np.int32)
+    index = BlockIndex(block_size, seed=12345)
+    started = time.perf_counter()
+    stored = []
+    for _ in range(conversations):
+        tokens = np.concatenate([persona, rng.integers(0, VOCABULARY, question_tokens, dtype=np.int32)])
+        stored.append(tokens)
+        for key, parent, start, end in index.keys_for(tokens):
+            if key not in index:
+                index.add(BlockInfo(key, parent, start, tokens[start:end].copy(), 0, 0))
+    build_s = time.perf_counter() - started
+
+    def timed(prompts: list[np.ndarray]) -> dict[str, float]:
+        times, matched = [], []
+        for prompt in (p.tolist() for p in prompts):  # lookups start from a token list, as the engine's do
+            began = time.perf_counter()
+            match = index.longest_prefix(as_token_array(prompt))
+            times.append((time.perf_counter() - began) * 1000)
+            matched.append(match.matched_tokens)
+        times.sort()
+        return {
+            "median_ms": times[len(times) // 2],
+            "p99_ms": times[int(len(times) * 0.99)],
+            "max_ms": times[-1],
+            "median_matched_tokens": float(np.median(matched)),
+        }
+
+    def extra() -> np.ndarray:
+        return rng.integers(0, VOCABULARY, question_tokens, dtype=np.int32)
+
+    follow_up = timed([np.concatenate([stored[i * 37 % conversations], extra()]) for i in range(LOOKUPS)])
+    new_question = timed([np.concatenate([persona, extra()]) for _ in range(LOOKUPS)])
+    no_match = timed(
+        [rng.integers(0, VOCABULARY, persona_tokens + question_tokens, dtype=np.int32) for _ in range(LOOKUPS)]
+    )
+    sample = stored[: min(200, conversations)]
+    began = time.perf_counter()
+    for tokens in sample:
+        index.keys_for(tokens)
+    hashing_ms = (time.perf_counter() - began) * 1000 / len(sample)
+    return LookupFigures(conversations, len(index), build_s, follow_up, new_question, no_match, hashing_ms)
+
+
+def distinct_tokens(sequences: list[tuple[int, ...]]) -> int:
+    """Distinct prefix positions over all sequences: the size of their token trie."""
+    total = 0
+    arrays = [as_token_array(sequence) for sequence in sequences]
+    for number, array in enumerate(arrays):
+        shared = 0
+        for earlier in arrays[:number]:
+            limit = min(earlier.size, array.size)
+            differ = np.flatnonzero(earlier[:limit] != array[:limit])
+            shared = max(shared, int(differ[0]) if differ.size else limit)
+        total += array.size - shared
+    return total
+
+
+def measure_storage(
+    settings: PeerSettings,
+    kit: PromptKit,
+    folder: Path,
+    *,
+    conversations: int,
+    persona_tokens: int,
+    question_tokens: int,
+    max_tokens: int,
+) -> StorageFigures:
+    """Ask `conversations` questions on one persona through chatapp, then weigh its cache folder."""
+    persona = kit.texts.persona(4, persona_tokens)
+    prompts = [
+        kit.build(
+            [
+                ChatMessage.of(Role.SYSTEM, persona),
+                ChatMessage.of(Role.USER, kit.texts.question(1000 + number, question_tokens)),
+            ]
+        )
+        for number in range(conversations)
+    ]
+    peer = ChatappPeer(settings, folder)
+    sequences = []
+    try:
+        for prompt in prompts:
+            answer = peer.ask(prompt, max_tokens)
+            sequences.append(prompt + tuple(answer.token_ids or ()))
+        peer.settle()
+        cache = peer.engine.cache
+        assert cache is not None
+        per_token = cache.layout.bytes_per_cell
+        payload = sum(info.payload_size for info in cache.index.entries.values())
+        blocks = len(cache.index)
+    finally:
+        peer.close()
+    distinct = distinct_tokens(sequences)
+    return StorageFigures(
+        conversations=conversations,
+        distinct_tokens=distinct,
+        kv_bytes_per_token=per_token,
+        distinct_kv_bytes=distinct * per_token,
+        folder_bytes=folder_bytes(folder),
+        stored_payload_bytes=payload,
+        blocks=blocks,
+    )
+
+
+def cache_figure_verdicts(lookup: LookupFigures | None, storage: StorageFigures | None) -> list[Verdict]:
+    """The structure goals: a lookup well under a millisecond, storage close to the KV bytes themselves."""
+    verdicts = []
+    if lookup is not None:
+        worst = max(lookup.follow_up["p99_ms"], lookup.new_question["p99_ms"], lookup.no_match["p99_ms"])
+        verdicts.append(
+            Verdict(
+                "L",
+                f"p99 lookup among {lookup.conversations:,} conversations (ms)",
+                worst,
+                f"<= {LOOKUP_TARGET_MS:g}",
+                worst <= LOOKUP_TARGET_MS,
+            )
+        )
+    if storage is not None:
+        verdicts.append(
+            Verdict(
+                "S",
+                f"folder bytes / distinct KV bytes, {storage.conversations} conversations",
+                storage.ratio,
+                f"<= {STORAGE_TARGET:g}",
+                storage.ratio <= STORAGE_TARGET,
+            )
+        )
+    return verdicts
+
+
+def figures_record(lookup: LookupFigures | None, storage: StorageFigures | None) -> dict[str, Any]:
+    """For bench.json."""
+    record: dict[str, Any] = {}
+    if lookup is not None:
+        record["lookup"] = asdict(lookup)
+    if storage is not None:
+        record["storage"] = {**asdict(storage), "ratio": storage.ratio}
+    return record
+
+
+def figures_table(lookup: LookupFigures | None, storage: StorageFigures | None) -> str:
+    """A few lines for the terminal."""
+    lines = []
+    if lookup is not None:
+        lines.append(
+            f"L  lookup among {lookup.conversations:,} conversations ({lookup.blocks:,} blocks, built in "
+            f"{lookup.build_s:.1f} s): median / p99 ms"
+        )
+        for name, figures in (
+            ("follow-up of a stored conversation", lookup.follow_up),
+            ("new question on the shared persona", lookup.new_question),
+            ("nothing matches", lookup.no_match),
+        ):
+            lines.append(
+                f"     {name:36} {figures['median_ms']:7.3f} / {figures['p99_ms']:7.3f}  "
+                f"(matched {figures['median_matched_tokens']:,.0f} tokens)"
+            )
+        lines.append(f"     block keys of one prompt (store side) {lookup.hashing_ms:7.3f} ms")
+    if storage is not None:
+        mib = 1 << 20
+        lines.append(
+            f"S  storage, {storage.conversations} conversations on one persona: {storage.distinct_tokens:,} distinct "
+            f"tokens x {storage.kv_bytes_per_token:,} B = {storage.distinct_kv_bytes / mib:.1f} MiB; folder "
+            f"{storage.folder_bytes / mib:.1f} MiB ({storage.ratio:.3f}x), payloads "
+            f"{storage.stored_payload_bytes / mib:.1f} MiB in {storage.blocks:,} blocks"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,122 @@
+"""A running engine request as the services hand it out: events in the app's terms, an end, a cancel.
+
+One shape for everything a caller follows (an answer saved to a conversation, a one-off reply
+for `chatapp ask`, a warm-up): iterate `events()` on a worker thread, `cancel()` from any
+thread, `wait()` for the end. Subclasses say what happens on each piece of text, at the end,
+and when the request fails; the callers (the screens above all) see only these event types,
+never the engine's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from chatapp.engine.engine import GenerationHandle
+from chatapp.engine.events import GenerationResult, PrefillProgress, TokenText
+from chatapp.vocabulary import StopReason
+
+
+@dataclass(frozen=True)
+class PromptProgress:
+    """Prompt tokens computed so far (for a progress bar while a long prompt is read)."""
+
+    done: int
+    total: int
+
+
+@dataclass(frozen=True)
+class AnswerText:
+    """New text of the answer (empty while a character is incomplete) and the token that made it.
+
+    `token_id` is -1 for text the decoder released at the end without a new token.
+    """
+
+    text: str
+    token_id: int
+
+
+StreamEvent = PromptProgress | AnswerText
+
+
+@dataclass(frozen=True)
+class AnswerOutcome:
+    """How an answer ended, in words the screens can show."""
+
+    text: str
+    stop_reason: StopReason
+    figures: dict[str, Any]  # stats_record(): tokens reused and computed, tier, timings
+
+
+def stats_record(result: GenerationResult, *, ms_digits: int = 1) -> dict[str, Any]:
+    """The figures of an answer: kept with it in the database, printed by `ask --json`."""
+    stats = result.stats
+    return {
+        "prompt_tokens": stats.prompt_tokens,
+        "reused_tokens": stats.reused_tokens,
+        "computed_tokens": stats.computed_tokens,
+        "reuse_tier": stats.reuse_tier.value,
+        "generated_tokens": stats.generated_tokens,
+        "ttft_ms": round(stats.ttft_ms, ms_digits),
+        "total_ms": round(stats.total_ms, ms_digits),
+        "decode_tokens_per_s": round(stats.decode_tokens_per_s, 2),
+        "stop_reason": result.stop_reason.value,
+    }
+
+
+class EngineStream:
+    """Follows one engine request; `result` is set once `events()` is exhausted."""
+
+    def __init__(self, handle: GenerationHandle) -> None:
+        self.handle = handle
+        self.result: GenerationResult | None = None
+
+    @property
+    def done(self) -> bool:
+        """Whether the engine has finished with the request (its events may still be unread)."""
+        return self.handle.done
+
+    def cancel(self) -> None:
+        """Stop as soon as possible; what was said so far is kept."""
+        self.handle.cancel()
+
+    def events(self) -> Iterator[StreamEvent]:
+        """Progress and text until the request ends; raises what the engine raised."""
+        try:
+            for event in self.handle.events():
+                if isinstance(event, TokenText):
+                    text = AnswerText(event.text, event.token_id)
+                    self._on_text(text)
+                    yield text
+                elif isinstance(event, PrefillProgress):
+                    yield PromptProgress(event.done, event.total)
+            result = self.handle.wait()
+        except BaseException:
+            self._on_failure()
+            raise
+        self.result = result
+        self._on_end(result)
+
+    def wait(self) -> GenerationResult:
+        """Follow the request to its end and return its result."""
+        for _ in self.events():
+            pass
+        assert self.result is not None
+        return self.result
+
+    def outcome(self) -> AnswerOutcome:
+        """How the request ended (after `events()` or `wait()`)."""
+        if self.result is None:
+            raise RuntimeError("the request has not ended yet: read its events first")
+        return AnswerOutcome(self.result.text, self.result.stop_reason, stats_record(self.result))
+
+    # What subclasses add.
+    def _on_text(self, text: AnswerText) -> None:
+        """Each piece of answer text, on the reading thread."""
+
+    def _on_end(self, result: GenerationResult) -> None:
+        """The request ended (completed, stopped or cut off)."""
+
+    def _on_failure(self) -> None:
+        """The request failed or its reader stopped reading."""

@@ -1,0 +1,50 @@
+"""The app's words for roles, message statuses, stop reasons and reuse tiers: one enum each.
+
+Every layer uses these (the store saves their values, the engine reports them, the screens
+show them), so they live in a module of their own that imports nothing of the app. They are
+StrEnums: a member equals its saved string, so rows and JSON written before them still read.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from cache.tiers import ReuseTier
+
+__all__ = ["MessageStatus", "ReuseTier", "Role", "StopReason"]
+
+
+class Role(StrEnum):
+    """Who wrote a message; a conversation's roots (persona and document) are SYSTEM."""
+
+    SYSTEM = "system"
+    USER = "user"
+    ASSISTANT = "assistant"
+
+
+class StopReason(StrEnum):
+    """Why a generation ended."""
+
+    END = "end"  # the model ended its answer
+    LENGTH = "length"  # max_tokens reached
+    CONTEXT = "context"  # the conversation's context is full
+    CANCELLED = "cancelled"  # the caller cancelled
+    PREFILLED = "prefilled"  # a prefill-only request computed its prompt (no answer asked)
+
+
+class MessageStatus(StrEnum):
+    """How a saved answer ended."""
+
+    COMPLETE = "complete"
+    STOPPED = "stopped"  # the user stopped it
+    CUT_OFF = "cut_off"  # it hit the token or context limit
+    PARTIAL = "partial"  # saved while streaming and never finished (the app closed)
+
+    @classmethod
+    def after(cls, reason: StopReason) -> MessageStatus:
+        """The status of an answer that ended for `reason`."""
+        if reason is StopReason.CANCELLED:
+            return cls.STOPPED
+        if reason in (StopReason.LENGTH, StopReason.CONTEXT):
+            return cls.CUT_OFF
+        return cls.COMPLETE

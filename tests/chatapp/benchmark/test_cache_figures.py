@@ -1,0 +1,71 @@
+"""The cache figures of `chatapp bench`: lookup among many conversations (L) and storage (S)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from chatapp.benchmark import runner
+from chatapp.benchmark.cache_figures import distinct_tokens, measure_lookup, measure_storage
+from chatapp.benchmark.peers import PeerSettings
+from chatapp.benchmark.workloads import PromptKit
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.model_factory import write_tiny_llama
+
+    return write_tiny_llama(tmp_path_factory.mktemp("model") / "tiny.gguf")
+
+
+def test_distinct_tokens_count_shared_prefixes_once() -> None:
+    assert distinct_tokens([(1, 2, 3), (1, 2, 4), (1, 5), (1, 2, 3)]) == 3 + 1 + 1 + 0
+    assert distinct_tokens([]) == 0
+
+
+def test_lookups_find_what_each_kind_of_prompt_shares_with_the_index() -> None:
+    figures = measure_lookup(40, persona_tokens=128, question_tokens=16, block_size=16)
+    # The persona's 8 blocks are shared; each conversation adds its own last block.
+    assert figures.blocks == 128 // 16 + 40
+    assert figures.follow_up["median_matched_tokens"] == 128 + 16
+    assert figures.new_question["median_matched_tokens"] == 128
+    assert figures.no_match["median_matched_tokens"] == 0
+    assert 0 < figures.new_question["median_ms"] <= figures.new_question["p99_ms"] <= figures.new_question["max_ms"]
+
+
+@pytest.mark.slow
+def test_storage_weighs_the_folder_against_the_distinct_tokens(tiny_model: Path, tmp_path: Path) -> None:
+    kit = PromptKit(tiny_model)
+    try:
+        figures = measure_storage(
+            PeerSettings(model_path=tiny_model, context=512, threads=1, block_size=16),
+            kit,
+            tmp_path / "storage",
+            conversations=3,
+            persona_tokens=60,
+            question_tokens=10,
+            max_tokens=4,
+        )
+    finally:
+        kit.close()
+    assert figures.distinct_tokens > 60  # the persona once, then each question and answer
+    assert figures.distinct_kv_bytes == figures.distinct_tokens * figures.kv_bytes_per_token
+    assert figures.stored_payload_bytes >= figures.distinct_kv_bytes, "every distinct token is stored"
+    assert figures.folder_bytes >= figures.stored_payload_bytes
+    assert figures.ratio == figures.folder_bytes / figures.distinct_kv_bytes
+
+
+@pytest.mark.slow
+def test_the_bench_reports_the_figures_with_their_goals(
+    tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--scale", "tiny", "--model", str(tiny_model), "--threads", "1", "--workloads", "L,S"]
+    assert runner.main([*argv, "--peers", "chatapp", "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert "L  lookup among 200 conversations" in printed
+    assert "S  storage, 3 conversations on one persona" in printed
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert set(report["meta"]["cache_figures"]) == {"lookup", "storage"}
+    assert {goal["goal"] for goal in report["goals"]} == {"L", "S"}
