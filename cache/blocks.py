@@ -17,7 +17,8 @@ import xxhash
 from cache.keys import BlockKey
 
 META_MAGIC = b"CKVB"
-META_VERSION = 1
+META_VERSION = 1  # a block of full-attention KV (records of this version predate checkpoints)
+CHECKPOINT_VERSION = 2  # a checkpoint: the uncuttable sections (SWA window, recurrent state) at one position
 _META_HEAD = struct.Struct(
     "<4sH16s16s16sIIQQ?"
 )  # magic, version, namespace, key, parent, start, n_tokens, size, checksum, pinned
@@ -39,7 +40,13 @@ def payload_checksum(payload: bytes | memoryview) -> int:
 
 @dataclass
 class BlockInfo:
-    """A stored block: its key, its parent's key, where it starts, and its tokens."""
+    """A stored entry: a block, or a checkpoint.
+
+    A block holds the full-attention KV of `tokens`, at positions start..end, after the block
+    `parent`. A checkpoint holds the state of the uncuttable sections at position `end`;
+    `parent` is then its anchor, the last block boundary at or before `end` (the key of the
+    prefix up to `start`), and `tokens` are the prompt tokens between the anchor and `end`.
+    """
 
     key: BlockKey
     parent: BlockKey
@@ -48,6 +55,7 @@ class BlockInfo:
     payload_size: int
     checksum: int
     pinned: bool = False
+    checkpoint: bool = False
     order_key: bytes = field(default=b"", repr=False)
 
     def __post_init__(self) -> None:
@@ -61,7 +69,7 @@ class BlockInfo:
     def encode(self, namespace_id: bytes) -> bytes:
         head = _META_HEAD.pack(
             META_MAGIC,
-            META_VERSION,
+            CHECKPOINT_VERSION if self.checkpoint else META_VERSION,
             namespace_id,
             self.key,
             self.parent,
@@ -85,11 +93,12 @@ class BlockInfo:
         magic, version, namespace, key, parent, start, n_tokens, size, checksum, pinned = _META_HEAD.unpack(
             body[: _META_HEAD.size]
         )
-        if magic != META_MAGIC or version != META_VERSION:
+        if magic != META_MAGIC or version not in (META_VERSION, CHECKPOINT_VERSION):
             raise RecordError("unknown record format")
         if namespace != namespace_id:
             raise RecordError("record from another namespace")
         tokens = np.frombuffer(body[_META_HEAD.size :], dtype="<i4").astype(np.int32)
         if tokens.size != n_tokens:
             raise RecordError("record token count mismatch")
-        return cls(BlockKey(key), BlockKey(parent), start, tokens, size, checksum, pinned)
+        checkpoint = version == CHECKPOINT_VERSION
+        return cls(BlockKey(key), BlockKey(parent), start, tokens, size, checksum, pinned, checkpoint)

@@ -5,6 +5,10 @@ miss, the parent's children (full or partial blocks that continue the same prefi
 kept sorted by their tokens, so the child sharing the longest run of tokens with the
 prompt is found by binary search: it is the neighbour of the prompt's insertion point.
 That gives token-exact reuse without scanning entries.
+
+Checkpoints (the SWA window or recurrent state at one position) hang off their anchor, the
+last block boundary at or before their position: a lookup walks the prompt's block keys and
+looks at the few checkpoints anchored at each.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from cache.blocks import BlockInfo, sort_bytes
 from cache.keys import ROOT_KEY, BlockKey, block_key
 
 _TOKEN_BYTES = 4
+_CHECKPOINT_SALT = 0x636B7074  # "ckpt": checkpoint keys never equal block keys
 
 
 @dataclass(frozen=True)
@@ -38,22 +43,39 @@ class BlockIndex:
     def __init__(self, block_size: int, seed: int) -> None:
         self.block_size = block_size
         self.seed = seed
-        self.entries: dict[BlockKey, BlockInfo] = {}
+        self.entries: dict[BlockKey, BlockInfo] = {}  # blocks
+        self.checkpoints: dict[BlockKey, BlockInfo] = {}
         self._children: dict[BlockKey, list[tuple[bytes, BlockKey]]] = {}
+        self._anchored: dict[BlockKey, list[BlockKey]] = {}
 
     def __len__(self) -> int:
-        return len(self.entries)
+        return len(self.entries) + len(self.checkpoints)
 
     def __contains__(self, key: object) -> bool:
-        return key in self.entries
+        return key in self.entries or key in self.checkpoints
+
+    def everything(self) -> list[BlockInfo]:
+        """Every block and checkpoint."""
+        return [*self.entries.values(), *self.checkpoints.values()]
 
     def add(self, info: BlockInfo) -> None:
-        if info.key in self.entries:
+        if info.key in self:
+            return
+        if info.checkpoint:
+            self.checkpoints[info.key] = info
+            self._anchored.setdefault(info.parent, []).append(info.key)
             return
         self.entries[info.key] = info
         bisect.insort(self._children.setdefault(info.parent, []), (info.order_key, info.key))
 
     def remove(self, key: BlockKey) -> BlockInfo | None:
+        checkpoint = self.checkpoints.pop(key, None)
+        if checkpoint is not None:
+            anchored = self._anchored.get(checkpoint.parent, [])
+            anchored.remove(key)
+            if not anchored:
+                self._anchored.pop(checkpoint.parent, None)
+            return checkpoint
         info = self.entries.pop(key, None)
         if info is None:
             return None
@@ -78,6 +100,33 @@ class BlockIndex:
             result.append((key, parent, start, end))
             parent = key
         return result
+
+    def checkpoint_key(self, tokens: np.ndarray) -> tuple[BlockKey, BlockKey, int]:
+        """(key, anchor, anchor position) of a checkpoint after `tokens`."""
+        anchor_position = int(tokens.size) - int(tokens.size) % self.block_size
+        anchor = ROOT_KEY
+        for start in range(0, anchor_position, self.block_size):
+            anchor = block_key(anchor, tokens[start : start + self.block_size], self.seed)
+        key = block_key(anchor, tokens[anchor_position:], self.seed ^ _CHECKPOINT_SALT)
+        return key, anchor, anchor_position
+
+    def deepest_checkpoint(self, prompt: np.ndarray, limit: int) -> BlockInfo | None:
+        """The checkpoint at the largest position <= `limit` whose tokens are a prefix of `prompt`."""
+        best: BlockInfo | None = None
+        parent, position = ROOT_KEY, 0
+        limit = min(limit, int(prompt.size))
+        while position <= limit:
+            for key in self._anchored.get(parent, ()):
+                info = self.checkpoints[key]
+                end = position + int(info.tokens.size)
+                longer = best is None or end > best.end
+                if end <= limit and longer and np.array_equal(prompt[position:end], info.tokens):
+                    best = info
+            if position + self.block_size > limit:
+                break
+            parent = block_key(parent, prompt[position : position + self.block_size], self.seed)
+            position += self.block_size
+        return best
 
     def longest_prefix(self, prompt: np.ndarray) -> PrefixMatch:
         """The stored blocks that cover the longest prefix of `prompt`, token-exact."""

@@ -15,12 +15,20 @@ from cache.state_format import StateFormatError
 _BYTE_POINTER = ctypes.POINTER(ctypes.c_uint8)
 
 
-def read_sequence_state(context_pointer: object, sequence: int) -> np.ndarray:
-    """A copy of `sequence`'s state (header, cell positions, K and V of every layer)."""
-    size = int(llama_cpp.llama_state_seq_get_size(context_pointer, sequence))
+PARTIAL_ONLY = 1  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: only the SWA and recurrent sections
+
+
+def read_sequence_state(context_pointer: object, sequence: int, *, partial: bool = False) -> np.ndarray:
+    """A copy of `sequence`'s state: every section, or with `partial` only the uncuttable ones."""
+    flags = PARTIAL_ONLY if partial else 0
+    size = int(llama_cpp.llama_state_seq_get_size_ext(context_pointer, sequence, flags))
+    if size == 0:
+        raise StateFormatError("llama.cpp could not measure the sequence state")
     buffer = np.empty(size, dtype=np.uint8)
     written = int(
-        llama_cpp.llama_state_seq_get_data(context_pointer, buffer.ctypes.data_as(_BYTE_POINTER), size, sequence)
+        llama_cpp.llama_state_seq_get_data_ext(
+            context_pointer, buffer.ctypes.data_as(_BYTE_POINTER), size, sequence, flags
+        )
     )
     if written != size:
         raise StateFormatError(f"llama.cpp wrote {written} of {size} state bytes")

@@ -29,16 +29,32 @@ except ImportError:  # Windows
     fcntl = None
 
 TOTALS_FILE = "totals.json"
+MEMORY_FILE = "memory.json"  # how the last model that used this folder keeps its state
 LOCK_FILE = ".totals.lock"
 _totals_lock = threading.Lock()
 
 
 def read_totals(directory: Path) -> dict[str, Any]:
+    return _read_json(directory / TOTALS_FILE)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    """A small JSON object the cache keeps beside its stores; {} when missing or unreadable."""
     try:
-        data = json.loads((directory / TOTALS_FILE).read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def remember_memory(directory: Path, description: dict[str, Any]) -> None:
+    """Note the memory kind of the model now using the folder, for `cache stats` without a model."""
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    replace_atomically(directory / MEMORY_FILE, json.dumps(description, sort_keys=True), durable=False)
+
+
+def read_memory(directory: Path) -> dict[str, Any]:
+    return _read_json(directory / MEMORY_FILE)
 
 
 def add_totals(directory: Path, session: dict[str, Any]) -> None:
@@ -133,4 +149,5 @@ def clear(directory: Path) -> int:
     for damaged in directory.glob("*.damaged-*"):
         shutil.rmtree(damaged, ignore_errors=True)
     (directory / TOTALS_FILE).unlink(missing_ok=True)
+    (directory / MEMORY_FILE).unlink(missing_ok=True)
     return removed

@@ -1,9 +1,12 @@
-"""The prefix cache: find the longest stored prefix of a prompt, fetch its blocks, store new ones.
+"""The prefix cache: find the longest restorable prefix of a prompt, fetch it, store new state.
 
-Blocks live in RAM (LRU, TTL) and on disk (diskcache, LRU, TTL), found through one
-in-memory index. Storing runs on a background thread: the caller hands over a copy of
-a sequence's state and returns at once; slicing it into blocks, hashing, and writing
-through to disk never hold up the token stream. Thread-safe.
+Blocks of full-attention KV and checkpoints (a model's uncuttable sections at one position:
+its sliding window, its recurrent state) live in RAM (LRU, TTL) and on disk (diskcache,
+LRU, TTL), found through one in-memory index. A prefix is restorable where its blocks are
+stored and, for a model with uncuttable sections, a checkpoint sits exactly at its end.
+Storing runs on a background thread: the caller hands over a copy of a sequence's state and
+returns at once; slicing it into blocks, hashing, and writing through to disk never hold up
+the token stream. Thread-safe.
 """
 
 from __future__ import annotations
@@ -20,12 +23,19 @@ import numpy as np
 
 from cache.blocks import BlockInfo, payload_checksum
 from cache.disk_tier import DiskTier
-from cache.index import BlockIndex, PrefixMatch
+from cache.index import BlockIndex
 from cache.keys import BlockKey, as_token_array
-from cache.maintenance import add_totals
+from cache.maintenance import add_totals, remember_memory
 from cache.namespace import Namespace
 from cache.ram_tier import RamTier
-from cache.state_format import KVLayout, StateFormatError, cells_in_position_order, extract_piece, parse_sequence_state
+from cache.state_format import (
+    MemoryLayout,
+    StateFormatError,
+    checkpoint_payload,
+    extract_piece,
+    parse_state,
+    read_checkpoint,
+)
 from cache.stats import CacheStats, RequestCounters
 from cache.tiers import ReuseTier
 
@@ -58,22 +68,37 @@ class CacheConfig:
 
 
 @dataclass(frozen=True)
+class CachedPrefix:
+    """What a lookup found: the longest prefix of the prompt the cache can restore.
+
+    `blocks` cover positions [0, tokens) (the last may reach further: it is trimmed at
+    assembly); `checkpoint` sits at exactly `tokens` (None for models that need none).
+    """
+
+    tokens: int
+    blocks: tuple[BlockInfo, ...]
+    checkpoint: BlockInfo | None
+
+
+@dataclass(frozen=True)
 class FetchedPrefix:
-    """Payloads of the blocks to restore, how many tokens of them match, and the slowest tier used."""
+    """The payloads of a cached prefix, its length, and the slowest tier they came from."""
 
     blocks: tuple[BlockInfo, ...]
     payloads: tuple[bytes, ...]
-    matched_tokens: int
+    tokens: int
+    checkpoint: bytes | None
     tier: ReuseTier
+    prompt_tokens: tuple[int, ...]  # the prefix itself
 
     @property
-    def tokens(self) -> list[int]:
-        return [int(token) for block in self.blocks for token in block.tokens]
+    def pieces(self) -> list[tuple[int, bytes]]:
+        return [(block.tokens.size, payload) for block, payload in zip(self.blocks, self.payloads, strict=True)]
 
 
 class PrefixCache:
     def __init__(
-        self, directory: Path, namespace: Namespace, layout: KVLayout, config: CacheConfig = CacheConfig()
+        self, directory: Path, namespace: Namespace, layout: MemoryLayout, config: CacheConfig = CacheConfig()
     ) -> None:
         self.namespace = namespace
         self.layout = layout
@@ -86,35 +111,77 @@ class PrefixCache:
         self._told: set[str] = set()
         for info in self.disk.load_index():
             self.index.add(info)
-        self._queue: queue.Queue[tuple[np.ndarray, np.ndarray] | None] = queue.Queue()
+        try:
+            remember_memory(directory, {"kind": layout.kind.value, "window": layout.window})
+        except OSError as error:  # a figure for `cache stats`; the disk tier says what is wrong
+            log.warning("could not note the model's memory kind: %s", error)
+        self._queue: queue.Queue[tuple[np.ndarray, np.ndarray, bool] | None] = queue.Queue()
         self._writer = threading.Thread(target=self._write_loop, name="chatapp-cache-writer", daemon=True)
         self._writer.start()
 
     # Lookup and restore (engine thread).
-    def lookup(self, prompt: np.ndarray) -> PrefixMatch:
+    def lookup(self, prompt: np.ndarray, limit: int | None = None) -> CachedPrefix:
+        """The longest prefix of `prompt`, at most `limit` tokens, the cache can restore."""
+        array = as_token_array(prompt)
+        limit = int(array.size) if limit is None else min(limit, int(array.size))
+        kind = self.layout.kind
         with self._lock:
-            return self.index.longest_prefix(as_token_array(prompt))
+            match = self.index.longest_prefix(array) if kind.has_base else None
+            covered = min(match.matched_tokens, limit) if match is not None else limit
+            if not kind.needs_checkpoints:
+                assert match is not None
+                return CachedPrefix(covered, match.blocks, None)
+            checkpoint = self.index.deepest_checkpoint(array, covered)
+        if checkpoint is None:
+            return CachedPrefix(0, (), None)
+        end = checkpoint.end
+        blocks = tuple(block for block in match.blocks if block.start < end) if match is not None else ()
+        return CachedPrefix(end, blocks, checkpoint)
 
-    def fetch(self, match: PrefixMatch) -> FetchedPrefix | None:
-        """Payloads of `match`'s blocks from RAM, else disk (promoted to RAM); stops at a missing block."""
+    def fetch(self, found: CachedPrefix, prompt: np.ndarray) -> FetchedPrefix | None:
+        """The payloads of a lookup's prefix from RAM, else disk (promoted to RAM).
+
+        A missing block shortens a plain model's prefix to the blocks before it; a model
+        that needs its checkpoint gets nothing unless every block and the checkpoint are there.
+        """
+        if found.tokens == 0:
+            return None
         blocks: list[BlockInfo] = []
         payloads: list[bytes] = []
         tier = ReuseTier.RAM
-        for info in match.blocks:
-            payload = self.ram.get(info.key)
+        wanted = [*found.blocks, *((found.checkpoint,) if found.checkpoint is not None else ())]
+        for info in wanted:
+            payload, from_disk = self._payload(info)
             if payload is None:
-                payload = self.disk.get(info)
-                if payload is None:
-                    self._forget(info)
-                    break
+                if self.layout.kind.needs_checkpoints:
+                    return None
+                break
+            if from_disk:
                 tier = ReuseTier.DISK
-                self.ram.put(info.key, payload, pinned=info.pinned)
             blocks.append(info)
             payloads.append(payload)
-        if not blocks:
+        checkpoint = payloads.pop() if found.checkpoint is not None else None
+        if found.checkpoint is not None:
+            blocks.pop()
+        tokens = (
+            min(found.tokens, blocks[-1].end) if blocks and not self.layout.kind.needs_checkpoints else found.tokens
+        )
+        if tokens == 0 or (self.layout.kind.has_base and not blocks):
             return None
-        matched = min(match.matched_tokens, blocks[-1].end)
-        return FetchedPrefix(tuple(blocks), tuple(payloads), matched, tier)
+        prefix = tuple(int(token) for token in as_token_array(prompt)[:tokens])
+        return FetchedPrefix(tuple(blocks), tuple(payloads), tokens, checkpoint, tier, prefix)
+
+    def _payload(self, info: BlockInfo) -> tuple[bytes | None, bool]:
+        """An entry's payload and whether it came from disk; a lost entry is forgotten."""
+        payload = self.ram.get(info.key)
+        if payload is not None:
+            return payload, False
+        payload = self.disk.get(info)
+        if payload is None:
+            self._forget(info)
+            return None, False
+        self.ram.put(info.key, payload, pinned=info.pinned)
+        return payload, True
 
     @property
     def problem(self) -> str | None:
@@ -139,14 +206,27 @@ class PrefixCache:
 
     # Storing (engine thread hands over; the writer thread works).
     def has_new_blocks(self, tokens: list[int]) -> bool:
-        """Whether `tokens` hold any block not stored yet (cheap: hashes only)."""
+        """Whether `tokens` hold any block (or, where the model needs one, a checkpoint at their end)
+        not stored yet (cheap: hashes only)."""
         array = as_token_array(tokens)
         with self._lock:
-            return any(key not in self.index for key, _, _, _ in self.index.keys_for(array))
+            if self.layout.kind.needs_checkpoints and self.index.checkpoint_key(array)[0] not in self.index:
+                return True
+            return self.layout.kind.has_base and any(
+                key not in self.index for key, _, _, _ in self.index.keys_for(array)
+            )
+
+    def has_checkpoint(self, tokens: list[int]) -> bool:
+        with self._lock:
+            return self.index.checkpoint_key(as_token_array(tokens))[0] in self.index
 
     def store(self, tokens: list[int], state: np.ndarray) -> None:
-        """Keep the blocks of a sequence holding `tokens`, whose state was just read."""
-        self._queue.put((as_token_array(tokens).copy(), state))
+        """Keep the blocks (and checkpoint) of a sequence holding `tokens`, whose full state was just read."""
+        self._queue.put((as_token_array(tokens).copy(), state, False))
+
+    def store_checkpoint(self, tokens: list[int], payload: bytes) -> None:
+        """Keep a checkpoint (`checkpoint_payload` of a state read after `tokens`)."""
+        self._queue.put((as_token_array(tokens).copy(), np.frombuffer(payload, dtype=np.uint8), True))
 
     def flush(self) -> None:
         """Wait until everything handed to `store` is in RAM and on disk."""
@@ -187,23 +267,31 @@ class PrefixCache:
                 self._queue.task_done()
         self._queue.task_done()
 
-    def _store_now(self, tokens: np.ndarray, state_bytes: np.ndarray) -> None:
+    def _store_now(self, tokens: np.ndarray, data: np.ndarray, is_checkpoint: bool) -> None:
+        kind = self.layout.kind
         try:
-            state = parse_sequence_state(state_bytes)
+            if is_checkpoint:
+                read_checkpoint(self.layout, data.data, int(tokens.size))  # refuse what would not restore
+                self._store_checkpoint(tokens, data.tobytes())
+                return
+            state = parse_state(data, kind)
+            if state.layout(kind, self.layout.window) != self.layout or state.n_cells != tokens.size:
+                raise StateFormatError("the state does not match its tokens or this cache's layout")
+            if kind.needs_checkpoints:
+                self._store_checkpoint(tokens, checkpoint_payload(state))
+            if state.base is None:
+                return
+            order, _first = state.base.order()
         except StateFormatError as error:
             log.warning("not storing a sequence: %s", error)
             return
-        if state.n_cells != tokens.size or state.layout != self.layout:
-            log.warning("not storing a sequence whose state does not match its tokens or layout")
-            return
-        order = cells_in_position_order(state)
         with self._lock:
             planned = [entry for entry in self.index.keys_for(tokens) if entry[0] not in self.index]
         for key, parent, start, end in planned:
             block_tokens = tokens[start:end].copy()
             if end - start < self.config.block_size and self._covered_by_sibling(parent, block_tokens):
                 continue  # a longer stored block already holds these tokens
-            payload = extract_piece(state, order, start, end)
+            payload = extract_piece(state.base, order, start, end)
             info = BlockInfo(key, parent, start, block_tokens, len(payload), payload_checksum(payload))
             self.ram.put(key, payload)
             self.disk.put(info, payload)
@@ -220,6 +308,18 @@ class PrefixCache:
             for sibling in superseded:
                 self._forget(sibling)
 
+    def _store_checkpoint(self, tokens: np.ndarray, payload: bytes) -> None:
+        with self._lock:
+            key, anchor, anchor_position = self.index.checkpoint_key(tokens)
+            if key in self.index:
+                return
+        tail = tokens[anchor_position:].copy()
+        info = BlockInfo(key, anchor, anchor_position, tail, len(payload), payload_checksum(payload), checkpoint=True)
+        self.ram.put(key, payload)
+        self.disk.put(info, payload)
+        with self._lock:
+            self.index.add(info)
+
     def _covered_by_sibling(self, parent: BlockKey, tokens: np.ndarray) -> bool:
         with self._lock:
             return any(
@@ -235,17 +335,22 @@ class PrefixCache:
 
     # Maintenance.
     def pin(self, tokens: list[int], pinned: bool = True) -> int:
-        """Pin (or unpin) the stored blocks of this prefix so LRU and TTL pass over them."""
+        """Pin (or unpin) the stored blocks of this prefix, and its deepest checkpoint, so LRU and TTL
+        pass over them; how many entries."""
         self.flush()
-        match = self.lookup(as_token_array(tokens))
-        fetched = self.fetch(match)
+        array = as_token_array(tokens)
+        found = self.lookup(array)
+        fetched = self.fetch(found, array)
         if fetched is None:
             return 0
-        for info, payload in zip(fetched.blocks, fetched.payloads, strict=True):
+        entries = list(zip(fetched.blocks, fetched.payloads, strict=True))
+        if found.checkpoint is not None and fetched.checkpoint is not None:
+            entries.append((found.checkpoint, fetched.checkpoint))
+        for info, payload in entries:
             if info.pinned != pinned:
                 self.disk.set_pinned(info, payload, pinned)
                 self.ram.set_pinned(info.key, pinned)
-        return len(fetched.blocks)
+        return len(entries)
 
     def prune(self) -> int:
         return self.ram.prune() + self.disk.prune()
@@ -260,7 +365,7 @@ class PrefixCache:
     def stats(self) -> CacheStats:
         with self._lock:
             requests = self.requests
-            pinned = sum(1 for info in self.index.entries.values() if info.pinned)
+            pinned = sum(1 for info in self.index.everything() if info.pinned)
             return {
                 "namespace": self.namespace.id,
                 "block_size": self.config.block_size,
@@ -276,6 +381,12 @@ class PrefixCache:
                     "bytes": self.ram.bytes_used,
                     "budget_bytes": self.ram.budget_bytes,
                     **self.ram.counters.as_dict(),
+                },
+                "memory": {
+                    "kind": self.layout.kind.value,
+                    "window": self.layout.window,
+                    "checkpoints": len(self.index.checkpoints),
+                    "checkpoint_bytes": sum(info.payload_size for info in self.index.checkpoints.values()),
                 },
                 "disk": {
                     "enabled": self.disk.enabled,

@@ -52,4 +52,4 @@ class ResidentSequences:
         del self.tokens[sequence][length:]
 
     def replace(self, sequence: int, tokens: list[int]) -> None:
-        self.tokens[sequence] = list(tokens)
+        self.tokens[sequence][:] = tokens  # the same list: callers may hold it as the sequence's live tokens

@@ -1,10 +1,11 @@
 """Start-up check that this llama.cpp writes states in the layout `state_format` expects.
 
-The format is internal to llama.cpp and changes between versions. Before the cache
-trusts it, a real state is cut into pieces and joined back (it must reproduce the
-original bytes), and the joined state is restored into another sequence and read back
-(llama.cpp must accept it and hold the same cells). Any difference disables the RAM and
-disk tiers: a miss, never a wrong restore.
+The format is internal to llama.cpp and changes between versions. Before the cache trusts
+it, a real state is parsed section by section, its full-attention KV cut into pieces and
+joined back with its checkpoint (it must reproduce the original bytes), the partial state
+llama.cpp writes on its own must hold the same checkpoint, and the joined state is restored
+into another sequence and read back (llama.cpp must accept it and hold the same bytes). Any
+difference disables the RAM and disk tiers: a miss, never a wrong restore.
 """
 
 from __future__ import annotations
@@ -15,35 +16,56 @@ from collections.abc import Callable
 import numpy as np
 
 from cache.state_format import (
-    KVLayout,
+    MemoryKind,
+    MemoryLayout,
     StateFormatError,
     assemble_state,
-    cells_in_position_order,
+    checkpoint_payload,
     extract_piece,
-    parse_sequence_state,
+    parse_state,
 )
 
 
 def verify_layout(
+    kind: MemoryKind,
+    window: int,
     state: np.ndarray,
+    partial_state: np.ndarray | None,
     source_sequence: int,
     target_sequence: int,
     restore_and_read_back: Callable[[np.ndarray], np.ndarray | None],
-) -> KVLayout:
-    """Return the layout of `state` once split, merge and restore have been verified."""
-    parsed = parse_sequence_state(state)
+) -> MemoryLayout:
+    """Return the layout of `state` once parsing, split, merge and restore have been verified.
+
+    `partial_state` is the same sequence read with the partial-only flag (None for plain KV).
+    """
+    parsed = parse_state(state, kind)
     cells = parsed.n_cells
     if cells < 3:
         raise StateFormatError("the self-test needs a state of at least 3 cells")
-    order = cells_in_position_order(parsed)
-    bounds = [0, cells // 3, cells // 3 + 1, cells]
-    pieces = [(end - start, extract_piece(parsed, order, start, end)) for start, end in itertools.pairwise(bounds)]
-    if not np.array_equal(assemble_state(parsed.layout, pieces, source_sequence), state):
+    layout = parsed.layout(kind, window)
+    checkpoint = checkpoint_payload(parsed) if kind.needs_checkpoints else None
+    if kind.needs_checkpoints:
+        if partial_state is None:
+            raise StateFormatError("no partial state to compare the checkpoint with")
+        if checkpoint_payload(parse_state(partial_state, kind, partial=True)) != checkpoint:
+            raise StateFormatError("the partial state differs from the full state's uncuttable sections")
+    pieces: list[tuple[int, bytes]] = []
+    if parsed.base is not None:
+        order, first = parsed.base.order()
+        if first != 0:
+            raise StateFormatError("the full-attention cells do not start at position 0")
+        bounds = [0, cells // 3, cells // 3 + 1, cells]
+        pieces = [
+            (end - start, extract_piece(parsed.base, order, start, end)) for start, end in itertools.pairwise(bounds)
+        ]
+    joined = assemble_state(layout, pieces, source_sequence, cells=cells, checkpoint=checkpoint)
+    if not np.array_equal(joined, state):
         raise StateFormatError("pieces joined back differ from the original state")
-    moved = assemble_state(parsed.layout, pieces, target_sequence)
+    moved = assemble_state(layout, pieces, target_sequence, cells=cells, checkpoint=checkpoint)
     read_back = restore_and_read_back(moved)
     if read_back is None:
         raise StateFormatError("llama.cpp refused a state assembled from pieces")
     if not np.array_equal(read_back, moved):
         raise StateFormatError("a restored state reads back differently")
-    return parsed.layout
+    return layout

@@ -1,20 +1,30 @@
-"""Cutting llama.cpp sequence states into per-block pieces, and joining pieces back.
+"""Reading llama.cpp sequence states by section, cutting them into pieces, and joining pieces back.
 
-`llama_state_seq_get_data` (llama-cpp-python 0.3.36) writes, for one sequence:
+`llama_state_seq_get_data` (llama-cpp-python 0.3.36) writes u32 magic 0xaf143cd8 and i32
+seq_id, then the sections of the model's memory:
 
-    u32 magic 0xaf143cd8, i32 seq_id, u32 n_stream,
-    per stream: u32 cell_count, and when it is not 0:
-        per cell: i32 pos, u32 n_seq_id (1), i32 seq_id
-        u32 v_trans, u32 n_layer
-        per layer K: i32 type, u64 row bytes, one row per cell
-        per layer V: as K when v_trans is 0; else i32 type, u32 element bytes,
-                     u32 n_embd_v_gqa, then n_embd_v_gqa rows of cell_count elements
+    plain attention (Llama, Qwen, SmolLM2)   [KV]
+    interleaved sliding window (Gemma 3)     [KV of the full-attention layers][KV of the SWA layers]
+    recurrent (Mamba, RWKV)                  [R]
+    hybrid (LFM2, Qwen3.5, Granite-H)        [KV][R]
+    hybrid with sliding window               [KV][SWA KV][R]
 
-A block's piece is its cells' K rows and V rows (or V element columns) for every layer.
-Pieces of consecutive blocks, joined in position order under a fresh header, make a
-state that `llama_state_seq_set_data` restores. Everything is numpy slicing into
-preallocated buffers: the data moves at memory speed. Any mismatch with this layout
-raises StateFormatError, which callers treat as a cache miss.
+A KV section: u32 n_stream; per stream u32 cell_count and, when it is not 0, per cell i32
+pos, u32 n_seq_id (1), i32 seq_id, then u32 v_trans, u32 n_layer, per layer K (i32 type,
+u64 row bytes, one row per cell), then per layer V (as K when v_trans is 0; else i32 type,
+u32 element bytes, u32 n_embd_v_gqa and that many rows of one element per cell). An SWA
+section holds only the cells not masked for the sequence's last position: its window.
+
+An R section: u32 cell_count (1 for a sequence), i32 pos (the last position), u32 n_seq_id
+(0 when one sequence is written), then the recurrent state rows of every recurrent layer.
+It names no sequence, so it moves between sequences as it is; it is kept as opaque bytes.
+
+The full-attention KV of a prefix is cut into per-block pieces (a piece is its cells' K and
+V rows for every layer). What cannot be cut, the SWA window and the recurrent state, is a
+*checkpoint*: the state of those sections at one position, kept whole. A prefix of c tokens
+is restored from pieces covering [0, c) and, when the model has such sections, a checkpoint
+at exactly c. Everything is numpy slicing into preallocated buffers. Any mismatch raises
+StateFormatError, which callers treat as a cache miss.
 """
 
 from __future__ import annotations
@@ -23,15 +33,56 @@ import hashlib
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 
 import numpy as np
 
 STATE_MAGIC = 0xAF143CD8
+HEADER = struct.Struct("<Ii")  # magic, seq_id
 CELL_META = np.dtype([("pos", "<i4"), ("n_seq_id", "<u4"), ("seq_id", "<i4")])
+RECURRENT_HEAD = struct.Struct("<IiI")  # cell_count (1), pos, n_seq_id (0)
+CHECKPOINT_HEAD = struct.Struct("<IiI")  # window cells, first window position, recurrent bytes
 
 
 class StateFormatError(ValueError):
     """The bytes are not a sequence state in the layout this module knows."""
+
+
+class MemoryKind(StrEnum):
+    """How a model's memory is made, which decides the sections of its sequence states."""
+
+    PLAIN = "plain"
+    ISWA = "iswa"
+    RECURRENT = "recurrent"
+    HYBRID = "hybrid"
+    HYBRID_ISWA = "hybrid-iswa"
+
+    @classmethod
+    def of(cls, *, recurrent: bool, hybrid: bool, window: int) -> MemoryKind:
+        """The kind llama.cpp builds for a model with these properties."""
+        if hybrid:
+            return cls.HYBRID_ISWA if window > 0 else cls.HYBRID
+        if recurrent:
+            return cls.RECURRENT
+        return cls.ISWA if window > 0 else cls.PLAIN
+
+    @property
+    def has_base(self) -> bool:
+        """A KV section of full-attention layers, cut into per-block pieces."""
+        return self is not MemoryKind.RECURRENT
+
+    @property
+    def has_window(self) -> bool:
+        return self in (MemoryKind.ISWA, MemoryKind.HYBRID_ISWA)
+
+    @property
+    def has_recurrent(self) -> bool:
+        return self in (MemoryKind.RECURRENT, MemoryKind.HYBRID, MemoryKind.HYBRID_ISWA)
+
+    @property
+    def needs_checkpoints(self) -> bool:
+        """Whether a prefix can only be restored where a checkpoint was taken."""
+        return self is not MemoryKind.PLAIN
 
 
 @dataclass(frozen=True)
@@ -51,7 +102,7 @@ class LayerLayout:
 
 @dataclass(frozen=True)
 class KVLayout:
-    """What every state of one context shares: streams, V orientation, per-layer sizes."""
+    """What every KV section of one cache shares: streams, V orientation, per-layer sizes."""
 
     n_stream: int
     v_trans: bool
@@ -61,15 +112,47 @@ class KVLayout:
     def bytes_per_cell(self) -> int:
         return sum(layer.k_row + layer.v_bytes_per_cell(self.v_trans) for layer in self.layers)
 
+    def section_size(self, cells: int) -> int:
+        """Bytes of a section holding `cells` cells of one sequence."""
+        size = 4 + 4 * self.n_stream
+        if cells:
+            size += cells * CELL_META.itemsize + 8 + 24 * len(self.layers) + cells * self.bytes_per_cell
+        return size
+
+
+@dataclass(frozen=True)
+class MemoryLayout:
+    """Everything the cache must know about a context's states: kind, window, section layouts."""
+
+    kind: MemoryKind
+    window: int  # n_swa: tokens an SWA layer attends to (0 when none)
+    base: KVLayout | None
+    swa: KVLayout | None
+    recurrent_size: int  # bytes of the R section (0 when none)
+
+    @property
+    def bytes_per_cell(self) -> int:
+        """Bytes of full-attention KV per token (what blocks store)."""
+        return self.base.bytes_per_cell if self.base is not None else 0
+
+    @property
+    def window_bytes_per_cell(self) -> int:
+        return self.swa.bytes_per_cell if self.swa is not None else 0
+
     def digest(self) -> bytes:
-        """16 bytes naming this layout, stored with every piece so a piece never meets another layout."""
-        text = repr((self.v_trans, self.layers)).encode()
+        """16 bytes naming this layout, stored with every entry so an entry never meets another layout."""
+        if self.kind is MemoryKind.PLAIN and self.base is not None:
+            # As before memory kinds existed: caches written then stay valid.
+            return hashlib.blake2b(repr((self.base.v_trans, self.base.layers)).encode(), digest_size=16).digest()
+        base = (self.base.v_trans, self.base.layers) if self.base else None
+        swa = (self.swa.v_trans, self.swa.layers) if self.swa else None
+        text = repr((self.kind.value, self.window, base, swa, self.recurrent_size)).encode()
         return hashlib.blake2b(text, digest_size=16).digest()
 
 
 @dataclass
-class SequenceState:
-    """A parsed state: positions of its cells and zero-copy views of their K and V data."""
+class KVSection:
+    """A parsed KV section: positions of its cells and zero-copy views of their K and V data."""
 
     layout: KVLayout
     positions: np.ndarray  # int32, one per cell, in cell order
@@ -79,6 +162,39 @@ class SequenceState:
     @property
     def n_cells(self) -> int:
         return int(self.positions.size)
+
+    def order(self) -> tuple[np.ndarray, int]:
+        """Cell indices in position order and the first position; positions must be consecutive."""
+        order = np.argsort(self.positions, kind="stable")
+        first = int(self.positions[order[0]]) if self.n_cells else 0
+        if not np.array_equal(self.positions[order], np.arange(first, first + self.n_cells, dtype=np.int32)):
+            raise StateFormatError("the section's positions are not consecutive")
+        return order, first
+
+
+@dataclass
+class ParsedState:
+    """A sequence state by section (None or empty where the model has no such section)."""
+
+    base: KVSection | None
+    swa: KVSection | None
+    recurrent: bytes
+
+    @property
+    def n_cells(self) -> int:
+        """Tokens the sequence holds: its full-attention cells, or its recurrent position + 1."""
+        if self.base is not None:
+            return self.base.n_cells
+        return recurrent_position(self.recurrent) + 1 if self.recurrent else 0
+
+    def layout(self, kind: MemoryKind, window: int) -> MemoryLayout:
+        return MemoryLayout(
+            kind,
+            window,
+            self.base.layout if self.base is not None else None,
+            self.swa.layout if self.swa is not None else None,
+            len(self.recurrent),
+        )
 
 
 class _Reader:
@@ -101,16 +217,44 @@ class _Reader:
         count = int(np.prod(shape))
         return np.frombuffer(self.take(count), dtype=np.uint8).reshape(shape)
 
+    @property
+    def left(self) -> int:
+        return len(self.data) - self.offset
 
-def parse_sequence_state(blob: bytes | bytearray | memoryview | np.ndarray) -> SequenceState:
-    """Read a one-sequence state; raise StateFormatError on anything unexpected."""
-    reader = _Reader(memoryview(blob.data if isinstance(blob, np.ndarray) else blob).cast("B"))
-    magic, _seq_id, n_stream = reader.unpack("<IiI")
+
+def _bytes_view(blob: bytes | bytearray | memoryview | np.ndarray) -> memoryview:
+    return memoryview(blob.data if isinstance(blob, np.ndarray) else blob).cast("B")
+
+
+def parse_state(
+    blob: bytes | bytearray | memoryview | np.ndarray, kind: MemoryKind, *, partial: bool = False
+) -> ParsedState:
+    """Read a one-sequence state of a memory of `kind`; StateFormatError on anything unexpected.
+
+    `partial`: the state was read with LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY (no full-attention section).
+    """
+    reader = _Reader(_bytes_view(blob))
+    magic, _seq_id = reader.unpack("<Ii")
     if magic != STATE_MAGIC:
         raise StateFormatError(f"unknown state magic {magic:#x}")
+    base = _parse_kv_section(reader) if kind.has_base and not partial else None
+    swa = _parse_kv_section(reader) if kind.has_window else None
+    recurrent = b""
+    if kind.has_recurrent:
+        recurrent = bytes(reader.take(reader.left))
+        recurrent_position(recurrent)  # checks its head
+    if reader.left:
+        raise StateFormatError(f"{reader.left} unexpected bytes after the state")
+    if kind is MemoryKind.PLAIN and partial:
+        raise StateFormatError("a plain KV cache has no partial state")
+    return ParsedState(base, swa, recurrent)
+
+
+def _parse_kv_section(reader: _Reader) -> KVSection:
+    (n_stream,) = reader.unpack("<I")
     if not 0 < n_stream <= 4096:
         raise StateFormatError(f"implausible stream count {n_stream}")
-    parsed: SequenceState | None = None
+    parsed: KVSection | None = None
     for _stream in range(n_stream):
         (cell_count,) = reader.unpack("<I")
         if cell_count == 0:
@@ -118,14 +262,12 @@ def parse_sequence_state(blob: bytes | bytearray | memoryview | np.ndarray) -> S
         if parsed is not None:
             raise StateFormatError("a sequence state with cells in two streams")
         parsed = _parse_stream(reader, n_stream, cell_count)
-    if reader.offset != len(reader.data):
-        raise StateFormatError(f"{len(reader.data) - reader.offset} unexpected bytes after the state")
     if parsed is None:
-        return SequenceState(KVLayout(n_stream, False, ()), np.empty(0, np.int32), [], [])
+        return KVSection(KVLayout(n_stream, False, ()), np.empty(0, np.int32), [], [])
     return parsed
 
 
-def _parse_stream(reader: _Reader, n_stream: int, cell_count: int) -> SequenceState:
+def _parse_stream(reader: _Reader, n_stream: int, cell_count: int) -> KVSection:
     meta = np.frombuffer(reader.take(cell_count * CELL_META.itemsize), dtype=CELL_META)
     if not np.all(meta["n_seq_id"] == 1):
         raise StateFormatError("cells shared by several sequences")
@@ -148,29 +290,37 @@ def _parse_stream(reader: _Reader, n_stream: int, cell_count: int) -> SequenceSt
             values.append(reader.array((cell_count, v_row)))
             layers.append(LayerLayout(k_type, k_row, v_type, v_row, 0, 0))
     layout = KVLayout(n_stream, bool(v_trans), tuple(layers))
-    return SequenceState(layout, meta["pos"].copy(), keys, values)
+    return KVSection(layout, meta["pos"].copy(), keys, values)
 
 
-def cells_in_position_order(state: SequenceState) -> np.ndarray:
-    """Cell indices sorted by position; the positions must be exactly 0..n-1."""
-    order = np.argsort(state.positions, kind="stable")
-    if not np.array_equal(state.positions[order], np.arange(state.n_cells, dtype=np.int32)):
-        raise StateFormatError("the sequence's positions are not 0..n-1")
-    return order
+def recurrent_position(section: bytes | memoryview) -> int:
+    """The last position an R section holds (-1 when it holds nothing)."""
+    if len(section) < 4:
+        raise StateFormatError("a recurrent section without its cell count")
+    (cell_count,) = struct.unpack_from("<I", section)
+    if cell_count == 0:
+        return -1
+    if cell_count != 1 or len(section) < RECURRENT_HEAD.size + 8:
+        raise StateFormatError(f"a recurrent section with {cell_count} cells")
+    _count, position, n_seq_id = RECURRENT_HEAD.unpack_from(section)
+    s_trans, n_layer = struct.unpack_from("<II", section, RECURRENT_HEAD.size)
+    if n_seq_id != 0 or s_trans not in (0, 1) or not 0 < n_layer <= 4096 or position < 0:
+        raise StateFormatError("a recurrent section in a layout this version does not know")
+    return int(position)
 
 
-def extract_piece(state: SequenceState, order: np.ndarray, start: int, end: int) -> bytes:
-    """The K and V data of the cells at positions [start, end), as one bytes object."""
-    if not 0 <= start < end <= state.n_cells:
-        raise StateFormatError(f"block {start}..{end} is outside the state's {state.n_cells} cells")
+def extract_piece(section: KVSection, order: np.ndarray, start: int, end: int) -> bytes:
+    """The K and V data of the cells at order[start:end] (positions first + start .. first + end)."""
+    if not 0 <= start < end <= section.n_cells:
+        raise StateFormatError(f"cells {start}..{end} are outside the section's {section.n_cells} cells")
     cells = order[start:end]
     contiguous = bool(cells[-1] - cells[0] == end - start - 1 and np.all(np.diff(cells) == 1))
     first, last = int(cells[0]), int(cells[-1]) + 1
     parts: list[np.ndarray] = []
-    for keys in state.keys:
+    for keys in section.keys:
         parts.append(keys[first:last] if contiguous else keys[cells])
-    for values in state.values:
-        if state.layout.v_trans:
+    for values in section.values:
+        if section.layout.v_trans:
             parts.append(values[:, first:last] if contiguous else values[:, cells])
         else:
             parts.append(values[first:last] if contiguous else values[cells])
@@ -181,40 +331,144 @@ def piece_size(layout: KVLayout, n_cells: int) -> int:
     return layout.bytes_per_cell * n_cells
 
 
-def assemble_state(layout: KVLayout, pieces: Sequence[tuple[int, bytes | memoryview]], dest_seq: int) -> np.ndarray:
-    """Join pieces (cell count, payload) of consecutive blocks from position 0 into a state."""
-    total = sum(n_cells for n_cells, _ in pieces)
-    if total == 0:
-        raise StateFormatError("nothing to assemble")
+# Checkpoints: the sections that cannot be cut (SWA window, recurrent state) at one position.
+
+
+def checkpoint_payload(state: ParsedState) -> bytes:
+    """The uncuttable sections of `state`, in a form that restores into any sequence."""
+    window = b""
+    cells, first = 0, 0
+    if state.swa is not None and state.swa.n_cells:
+        order, first = state.swa.order()
+        cells = state.swa.n_cells
+        window = extract_piece(state.swa, order, 0, cells)
+    return CHECKPOINT_HEAD.pack(cells, first, len(state.recurrent)) + window + state.recurrent
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A decoded checkpoint payload: the window's cells from `first`, and the R section."""
+
+    window_cells: int
+    first: int
+    window: memoryview
+    recurrent: memoryview
+
+
+def read_checkpoint(layout: MemoryLayout, payload: bytes | memoryview, end: int) -> Checkpoint:
+    """Decode a checkpoint that must hold the state of a prefix of `end` tokens."""
+    view = memoryview(payload).cast("B")
+    if len(view) < CHECKPOINT_HEAD.size:
+        raise StateFormatError("a checkpoint without its head")
+    cells, first, recurrent_size = CHECKPOINT_HEAD.unpack_from(view)
+    window_size = layout.window_bytes_per_cell * cells
+    if CHECKPOINT_HEAD.size + window_size + recurrent_size != len(view):
+        raise StateFormatError("a checkpoint of the wrong size")
+    if layout.kind.has_window and (cells == 0 or first + cells != end):
+        raise StateFormatError(f"a checkpoint whose window ends at {first + cells}, not {end}")
+    if recurrent_size != layout.recurrent_size:
+        raise StateFormatError("a checkpoint whose recurrent state has another size")
+    window = view[CHECKPOINT_HEAD.size : CHECKPOINT_HEAD.size + window_size]
+    recurrent = view[CHECKPOINT_HEAD.size + window_size :]
+    if layout.kind.has_recurrent and recurrent_position(recurrent) != end - 1:
+        raise StateFormatError(f"a checkpoint whose recurrent state is not at position {end - 1}")
+    return Checkpoint(cells, first, window, recurrent)
+
+
+# Assembly.
+
+
+def assemble_state(
+    layout: MemoryLayout,
+    pieces: Sequence[tuple[int, bytes | memoryview]],
+    dest_seq: int,
+    *,
+    cells: int | None = None,
+    checkpoint: bytes | memoryview | None = None,
+) -> np.ndarray:
+    """A state of `cells` tokens (default: all the pieces') for `dest_seq`, ready for llama.cpp.
+
+    `pieces` are (cell count, payload) of consecutive blocks of full-attention KV from
+    position 0; the last one may hold more cells than needed. A model with uncuttable
+    sections needs the `checkpoint` taken at exactly `cells` tokens.
+    """
+    available = sum(n_cells for n_cells, _ in pieces)
+    total = available if cells is None else cells
+    if total <= 0 or (total > available and layout.kind.has_base):
+        raise StateFormatError(f"cannot assemble {total} cells from pieces of {available}")
+    restored = read_checkpoint(layout, checkpoint, total) if layout.kind.needs_checkpoints and checkpoint else None
+    if layout.kind.needs_checkpoints and restored is None:
+        raise StateFormatError("this model's state needs a checkpoint at the prefix's end")
+    size = HEADER.size
+    if layout.base is not None:
+        size += layout.base.section_size(total)
+    if layout.swa is not None and restored is not None:
+        size += layout.swa.section_size(restored.window_cells)
+    if restored is not None:
+        size += len(restored.recurrent)
+    out = np.empty(size, dtype=np.uint8)  # every byte is written below: no zero-fill pass
+    HEADER.pack_into(out.data, 0, STATE_MAGIC, dest_seq)
+    offset = HEADER.size
+    if layout.base is not None:
+        offset = _write_kv_section(out, offset, layout.base, _trim(pieces, total), 0, dest_seq)
+    if layout.swa is not None and restored is not None:
+        window = [(restored.window_cells, restored.window)]
+        offset = _write_kv_section(out, offset, layout.swa, window, restored.first, dest_seq)
+    if restored is not None and len(restored.recurrent):
+        out[offset : offset + len(restored.recurrent)] = np.frombuffer(restored.recurrent, dtype=np.uint8)
+        offset += len(restored.recurrent)
+    if offset != size:
+        raise StateFormatError(f"assembled {offset} bytes, expected {size}")
+    return out
+
+
+def _trim(pieces: Sequence[tuple[int, bytes | memoryview]], total: int) -> list[tuple[int, int, bytes | memoryview]]:
+    """(cells to use, cells in the piece, payload) for the pieces that hold the first `total` cells."""
+    used: list[tuple[int, int, bytes | memoryview]] = []
+    left = total
     for n_cells, payload in pieces:
+        if left <= 0:
+            break
+        used.append((min(n_cells, left), n_cells, payload))
+        left -= n_cells
+    return used
+
+
+def _write_kv_section(
+    out: np.ndarray,
+    offset: int,
+    layout: KVLayout,
+    pieces: Sequence[tuple[int, int, bytes | memoryview]] | Sequence[tuple[int, bytes | memoryview]],
+    first_position: int,
+    dest_seq: int,
+) -> int:
+    """Write a KV section of `pieces` (cells at first_position..) for `dest_seq`; the offset after it."""
+    normal = [(piece[0], piece[0], piece[1]) if len(piece) == 2 else piece for piece in pieces]
+    for _use, n_cells, payload in normal:
         if len(payload) != piece_size(layout, n_cells):
             raise StateFormatError(f"a piece of {n_cells} cells has {len(payload)} bytes")
+    total = sum(use for use, _, _ in normal)
     # Streams are written in order, each as its cell count then its cells. With one stream
     # per sequence (kv_unified off) the cells go in the destination sequence's slot.
     stream = dest_seq if layout.n_stream > 1 else 0
     if not 0 <= stream < layout.n_stream:
         raise StateFormatError(f"sequence {dest_seq} has no stream among {layout.n_stream}")
-    size = struct.calcsize("<IiI") + 4 * layout.n_stream + total * CELL_META.itemsize + 8
-    for layer in layout.layers:
-        size += 12 + total * layer.k_row
-        size += (12 + total * layer.v_element * layer.v_embd) if layout.v_trans else (12 + total * layer.v_row)
-    out = np.empty(size, dtype=np.uint8)  # every byte is written below: no zero-fill pass
-    header = out.data  # struct writes through the buffer protocol
-    struct.pack_into("<IiI", header, 0, STATE_MAGIC, dest_seq, layout.n_stream)
-    offset = struct.calcsize("<IiI")
+    header = out.data
+    struct.pack_into("<I", header, offset, layout.n_stream)
+    offset += 4
     out[offset : offset + 4 * stream] = 0  # empty streams before ours: zero counts
     offset += 4 * stream
     struct.pack_into("<I", header, offset, total)
     offset += 4
     meta = np.empty(total, dtype=CELL_META)
-    meta["pos"] = np.arange(total, dtype=np.int32)
+    meta["pos"] = np.arange(first_position, first_position + total, dtype=np.int32)
     meta["n_seq_id"] = 1
     meta["seq_id"] = dest_seq
     out[offset : offset + meta.nbytes] = meta.view(np.uint8)
     offset += meta.nbytes
     struct.pack_into("<II", header, offset, int(layout.v_trans), len(layout.layers))
     offset += 8
-    cursor = _PieceCursor(pieces)
+    cursor = _PieceCursor(normal)
     for layer in layout.layers:
         struct.pack_into("<iQ", header, offset, layer.k_type, layer.k_row)
         offset = cursor.copy_rows(out, offset + 12, layer.k_row)
@@ -226,18 +480,20 @@ def assemble_state(layout: KVLayout, pieces: Sequence[tuple[int, bytes | memoryv
             struct.pack_into("<iQ", header, offset, layer.v_type, layer.v_row)
             offset = cursor.copy_rows(out, offset + 12, layer.v_row)
     out[offset : offset + 4 * (layout.n_stream - stream - 1)] = 0  # empty streams after ours
-    offset += 4 * (layout.n_stream - stream - 1)
-    if offset != size:
-        raise StateFormatError(f"assembled {offset} bytes, expected {size}")
-    return out
+    return offset + 4 * (layout.n_stream - stream - 1)
 
 
 class _PieceCursor:
-    """Reads consecutive pieces in step: each layer's data comes next in every piece."""
+    """Reads consecutive pieces in step: each layer's data comes next in every piece.
 
-    def __init__(self, pieces: Sequence[tuple[int, bytes | memoryview]]) -> None:
-        self.cells = [n_cells for n_cells, _ in pieces]
-        self.views = [np.frombuffer(payload, dtype=np.uint8) for _, payload in pieces]
+    A piece may hold more cells than are used (a restore that ends inside a block): each
+    layer's rows (or, for transposed V, each element row) of the unused cells are skipped.
+    """
+
+    def __init__(self, pieces: Sequence[tuple[int, int, bytes | memoryview]]) -> None:
+        self.used = [use for use, _, _ in pieces]
+        self.cells = [n_cells for _, n_cells, _ in pieces]
+        self.views = [np.frombuffer(payload, dtype=np.uint8) for _, _, payload in pieces]
         self.offsets = [0] * len(pieces)
 
     def _take(self, index: int, length: int) -> np.ndarray:
@@ -247,9 +503,10 @@ class _PieceCursor:
 
     def copy_rows(self, out: np.ndarray, offset: int, row_bytes: int) -> int:
         """One row per cell, pieces one after another; returns the offset after them."""
-        for index, n_cells in enumerate(self.cells):
-            length = n_cells * row_bytes
-            out[offset : offset + length] = self._take(index, length)
+        for index, (use, n_cells) in enumerate(zip(self.used, self.cells, strict=True)):
+            rows = self._take(index, n_cells * row_bytes)
+            length = use * row_bytes
+            out[offset : offset + length] = rows[:length]
             offset += length
         return offset
 
@@ -258,8 +515,9 @@ class _PieceCursor:
         width_total = total * element
         target = out[offset : offset + rows * width_total].reshape(rows, width_total)
         column = 0
-        for index, n_cells in enumerate(self.cells):
-            width = n_cells * element
-            target[:, column : column + width] = self._take(index, rows * width).reshape(rows, width)
+        for index, (use, n_cells) in enumerate(zip(self.used, self.cells, strict=True)):
+            width = use * element
+            block = self._take(index, rows * n_cells * element).reshape(rows, n_cells * element)
+            target[:, column : column + width] = block[:, :width]
             column += width
         return offset + rows * width_total

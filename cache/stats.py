@@ -56,6 +56,15 @@ class DiskStats(TierCounts, DiskSizes):
     ttl_seconds: float
 
 
+class MemoryStats(TypedDict):
+    """How the model's state is cached: its memory kind, window and checkpoints."""
+
+    kind: str
+    window: int
+    checkpoints: int
+    checkpoint_bytes: int
+
+
 class CacheStats(TypedDict):
     """A snapshot of the whole cache, for the cache screen and `chatapp cache stats`."""
 
@@ -70,6 +79,7 @@ class CacheStats(TypedDict):
     reused_by_tier: dict[str, int]
     ram: RamStats
     disk: DiskStats
+    memory: MemoryStats
 
 
 @dataclass

@@ -40,6 +40,19 @@ class Settings(BaseModel):
     cache_ram_mib: int = Field(2048, ge=0, description="RAM tier budget, in MiB")
     cache_disk_mib: int = Field(10240, ge=0, description="disk tier budget, in MiB")
     cache_ttl_days: float = Field(7.0, gt=0, description="cached blocks unused this long expire")
+    swa_full: bool = Field(
+        True,
+        description="sliding-window models (Gemma 3, gpt-oss): keep every token's window KV, so a conversation "
+        "can be cut anywhere in place; off saves memory (about one window per conversation) and rewinds to "
+        "checkpoints instead; answers are exact either way",
+    )
+    checkpoint_every_blocks: int = Field(
+        16,
+        ge=1,
+        le=4096,
+        description="sliding-window and recurrent models: keep the state every this many cache blocks of a long "
+        "prompt, besides the persona, document and turn ends (smaller: reuse nearer any point, more storage)",
+    )
 
     @field_validator("model", mode="before")
     @classmethod

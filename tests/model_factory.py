@@ -1,11 +1,13 @@
-"""Writing a tiny random-weight llama GGUF model for tests.
+"""Writing tiny random-weight GGUF models for tests: llama, and gemma3, LFM2 and Mamba.
 
 The model has the bundled SmolLM2 model's real tokenizer and ChatML chat template (every
 `tokenizer.*` key is copied, vocabulary 49,152), but only a few small layers of random
 weights. llama.cpp loads it in milliseconds and answers a short request in a few more, so
 property-based tests can run thousands of real decodes, restores and cuts. Its answers are
 gibberish, but they are deterministic and depend on the whole prompt, which is what tests
-of caching and reuse need.
+of caching and reuse need. The other kinds give llama.cpp's other memories the same tests:
+gemma3 a KV cache in two parts (interleaved sliding-window attention), LFM2 a KV cache and
+recurrent state (hybrid), Mamba recurrent state only.
 
 Load it with one thread (`EngineConfig(threads=1)`, or TINY_MODEL_THREADS): its matrices
 are too small to share out, and with two threads llama.cpp's spinning thread barriers turn
@@ -21,6 +23,7 @@ from __future__ import annotations
 import functools
 import mmap
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,10 +34,10 @@ import numpy as np
 from chatapp.model_files import bundled_model_path
 
 TINY_MODEL_THREADS = 1
-ARCH = gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.LLAMA]  # "llama"
 TOKENIZER_PREFIX = "tokenizer."
 RMS_NORM_EPS = 1e-5
 ROPE_FREQ_BASE = 10_000.0
+T = gguf.MODEL_TENSOR
 
 # Standard deviations of the random weights, chosen by measurement. RMS norm precedes every
 # matrix product, so only ratios and the output scale matter:
@@ -49,6 +52,27 @@ ROPE_FREQ_BASE = 10_000.0
 EMBEDDING_STD = 1.0
 LAYER_STD = 0.3
 OUTPUT_STD = 0.35
+# The other kinds, measured with 24 chat prompts that differ in one name 24 tokens before
+# the end (seeds 0..2; a pair "changes" when its 16-token greedy answers differ):
+# - gemma3 multiplies the embeddings by sqrt(n_embd): 1 / sqrt(64) gives them llama's scale;
+# - gemma3 and LFM2 normalise each query and key head, which at norm weights of 1 makes
+#   attention logits about 6 times flatter than llama's: gemma3's first answer token then
+#   changed in 17% of pairs, LFM2's in none. At 2.5 (llama's spread again) all pairs change,
+#   the first token in 78..100% (gemma3) and 9..87% (LFM2), and all pairs still change
+#   with the name 276 tokens back, far beyond gemma3's sliding window;
+# - LFM2's convolution projections at 0.15 (kernel 1.0) keep its convolution layers from
+#   drowning its attention layers: at 0.3 the first token changed in 26% of pairs;
+# - Mamba's output grows with the product of its conv, x and dt scales: at 0.7, 0.3, 0.3
+#   or 1.0, 0.2, 0.3 some prompts gave NaN logits (one token repeated). At 0.5, 0.2, 0.05,
+#   still finite with all three 1.5 times as large, all pairs change (the first token in
+#   30..87%); the state forgets, though: with the name 276 tokens back, 0..48% change.
+GEMMA3_EMBEDDING_STD = 0.125
+QK_NORM_WEIGHT = 2.5
+LFM2_CONV_STD = 1.0
+LFM2_PROJ_STD = 0.15
+MAMBA_CONV_STD = 0.5
+MAMBA_X_STD = 0.2
+MAMBA_DT_STD = 0.05
 
 _SCALAR_FORMATS = {
     gguf.GGUFValueType.UINT8: "<B",
@@ -92,67 +116,264 @@ def write_tiny_llama(
     F32), so the file is about 4 * 49,152 * n_embd bytes (the embeddings and the output
     projection) plus 1.9 MB, mostly the tokenizer: 14.5 MB with the defaults.
     """
-    if n_embd % n_head or n_head % n_head_kv:
+    head_dim = _head_dim(n_embd, n_head, [n_head_kv])
+    model = _TinyModel.start(
+        path, gguf.MODEL_ARCH.LLAMA, n_layer, n_embd, n_ff, n_head, n_head_kv, n_ctx_train=n_ctx_train, seed=seed
+    )
+    model.writer.add_rope_dimension_count(head_dim)
+    model.writer.add_rope_freq_base(ROPE_FREQ_BASE)
+    model.writer.add_layer_norm_rms_eps(RMS_NORM_EPS)
+    for layer in range(n_layer):
+        model.norm(T.ATTN_NORM, layer)
+        model.attention(layer, n_head * head_dim, n_head_kv * head_dim)
+        model.norm(T.FFN_NORM, layer)
+        model.feed_forward(layer, n_ff)
+    return model.finish(T.OUTPUT_NORM)
+
+
+def write_tiny_gemma3(
+    path: Path,
+    *,
+    n_layer: int = 4,
+    n_embd: int = 64,
+    n_head: int = 4,
+    n_head_kv: int = 2,
+    n_ff: int = 128,
+    sliding_window: int = 16,
+    sliding_window_pattern: int = 2,
+    n_ctx_train: int = 4096,
+    seed: int = 0,
+) -> Path:
+    """Write a random-weight gemma3 model, with interleaved sliding-window attention, to `path`.
+
+    Of every `sliding_window_pattern` layers the last has full attention and the others see
+    only the last `sliding_window` positions, so llama.cpp gives the model a KV cache in two
+    parts (iSWA). gemma3's own default pattern, 6, would make every layer of a 4-layer model
+    a sliding-window one. The full-attention layers carry tokens older than the window to
+    the answer. Same tokenizer, ChatML template, determinism and size as `write_tiny_llama`.
+    """
+    head_dim = _head_dim(n_embd, n_head, [n_head_kv])
+    model = _TinyModel.start(
+        path,
+        gguf.MODEL_ARCH.GEMMA3,
+        n_layer,
+        n_embd,
+        n_ff,
+        n_head,
+        n_head_kv,
+        n_ctx_train=n_ctx_train,
+        seed=seed,
+        embedding_std=GEMMA3_EMBEDDING_STD,
+    )
+    writer = model.writer
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_layer_norm_rms_eps(RMS_NORM_EPS)
+    writer.add_rope_freq_base(ROPE_FREQ_BASE)
+    writer.add_rope_freq_base_swa(ROPE_FREQ_BASE)
+    writer.add_sliding_window(sliding_window)
+    writer.add_sliding_window_pattern(sliding_window_pattern)
+    for layer in range(n_layer):
+        model.norm(T.ATTN_NORM, layer)
+        model.attention(layer, n_head * head_dim, n_head_kv * head_dim, qk_norm_size=head_dim)
+        model.norm(T.ATTN_POST_NORM, layer)
+        model.norm(T.FFN_PRE_NORM, layer)
+        model.feed_forward(layer, n_ff)
+        model.norm(T.FFN_POST_NORM, layer)
+    return model.finish(T.OUTPUT_NORM)
+
+
+def write_tiny_lfm2(
+    path: Path,
+    *,
+    n_head_kv: Sequence[int] = (0, 2, 0, 2),
+    n_embd: int = 64,
+    n_head: int = 4,
+    n_ff: int = 128,
+    l_cache: int = 3,
+    n_ctx_train: int = 4096,
+    seed: int = 0,
+) -> Path:
+    """Write a random-weight LFM2 model, a hybrid of short convolutions and attention, to `path`.
+
+    `n_head_kv` has one KV head count per layer (so it sets the layer count too); 0 makes a
+    short-convolution layer, whose state llama.cpp keeps in recurrent memory, so the model
+    has both a KV cache and recurrent state. `l_cache` is the convolution's length in tokens.
+    Same tokenizer, ChatML template, determinism and size as `write_tiny_llama`.
+    """
+    n_layer = len(n_head_kv)
+    head_dim = _head_dim(n_embd, n_head, [count for count in n_head_kv if count])
+    model = _TinyModel.start(
+        path, gguf.MODEL_ARCH.LFM2, n_layer, n_embd, n_ff, n_head, list(n_head_kv), n_ctx_train=n_ctx_train, seed=seed
+    )
+    model.writer.add_rope_freq_base(ROPE_FREQ_BASE)
+    model.writer.add_layer_norm_rms_eps(RMS_NORM_EPS)
+    model.writer.add_shortconv_l_cache(l_cache)
+    for layer, kv_heads in enumerate(n_head_kv):
+        model.norm(T.ATTN_NORM, layer)
+        if kv_heads:
+            model.attention(layer, n_head * head_dim, kv_heads * head_dim, qk_norm_size=head_dim)
+        else:
+            model.convolution(T.SHORTCONV_CONV, layer, (n_embd, l_cache), LFM2_CONV_STD)
+            model.matrix(T.SHORTCONV_INPROJ, 3 * n_embd, n_embd, LFM2_PROJ_STD, layer)
+            model.matrix(T.SHORTCONV_OUTPROJ, n_embd, n_embd, LFM2_PROJ_STD, layer)
+        model.norm(T.FFN_NORM, layer)
+        model.feed_forward(layer, n_ff)
+    return model.finish(T.TOKEN_EMBD_NORM)  # LFM2's final norm has this name
+
+
+def write_tiny_mamba(
+    path: Path,
+    *,
+    n_layer: int = 2,
+    n_embd: int = 64,
+    d_state: int = 16,
+    d_conv: int = 4,
+    dt_rank: int = 4,
+    n_ctx_train: int = 4096,
+    seed: int = 0,
+) -> Path:
+    """Write a random-weight Mamba (1) model, purely recurrent, to `path`.
+
+    The inner size is 2 * n_embd, which llama.cpp requires. A and the time steps follow
+    Mamba's initialisation rather than noise (A = -1..-d_state, steps 0.001..0.1), so that
+    the state decays slowly and remembers earlier tokens. Same tokenizer, ChatML template,
+    determinism and size as `write_tiny_llama`.
+    """
+    d_inner = 2 * n_embd
+    model = _TinyModel.start(path, gguf.MODEL_ARCH.MAMBA, n_layer, n_embd, 0, 0, 0, n_ctx_train=n_ctx_train, seed=seed)
+    writer = model.writer
+    writer.add_ssm_conv_kernel(d_conv)
+    writer.add_ssm_inner_size(d_inner)
+    writer.add_ssm_state_size(d_state)
+    writer.add_ssm_time_step_rank(dt_rank)
+    writer.add_layer_norm_rms_eps(RMS_NORM_EPS)
+    a = -np.tile(np.arange(1, d_state + 1, dtype=np.float32), (d_inner, 1))  # stored as A, not log(-A)
+    for layer in range(n_layer):
+        model.norm(T.ATTN_NORM, layer)
+        model.matrix(T.SSM_IN, 2 * d_inner, n_embd, LAYER_STD, layer)
+        model.convolution(T.SSM_CONV1D, layer, (d_inner, d_conv), MAMBA_CONV_STD)
+        model.add(T.SSM_CONV1D, np.zeros(d_inner, dtype=np.float32), layer, "bias")
+        model.matrix(T.SSM_X, dt_rank + 2 * d_state, d_inner, MAMBA_X_STD, layer)
+        model.matrix(T.SSM_DT, d_inner, dt_rank, MAMBA_DT_STD, layer)
+        time_steps = np.exp(model.rng.uniform(np.log(0.001), np.log(0.1), d_inner))
+        model.add(T.SSM_DT, (time_steps + np.log(-np.expm1(-time_steps))).astype(np.float32), layer, "bias")
+        model.add(T.SSM_A, a, layer, None)  # no ".weight" in llama.cpp's names for A and D
+        model.add(T.SSM_D, np.ones(d_inner, dtype=np.float32), layer, None)
+        model.matrix(T.SSM_OUT, n_embd, d_inner, LAYER_STD, layer)
+    return model.finish(T.OUTPUT_NORM)
+
+
+@dataclass(frozen=True)
+class _TinyModel:
+    """A tiny model's GGUF file while it is written: what every architecture shares.
+
+    The weights are drawn from one generator seeded by the caller, in the order they are
+    added, so the same arguments always give the same bytes. numpy shapes are ggml's
+    reversed: a ggml tensor {n_in, n_out} is a numpy (n_out, n_in).
+    """
+
+    path: Path
+    writer: gguf.GGUFWriter
+    rng: np.random.Generator
+    tokenizer: tuple[MetadataField, ...]
+    n_vocab: int
+    n_embd: int
+
+    @classmethod
+    def start(
+        cls,
+        path: Path,
+        arch: gguf.MODEL_ARCH,
+        n_layer: int,
+        n_embd: int,
+        n_ff: int,
+        n_head: int,
+        n_head_kv: int | Sequence[int],
+        *,
+        n_ctx_train: int,
+        seed: int,
+        embedding_std: float = EMBEDDING_STD,
+    ) -> _TinyModel:
+        """Add the metadata keys every architecture has, and the token embeddings."""
+        tokenizer = tokenizer_fields(bundled_model_path())
+        n_vocab = next(len(field.value) for field in tokenizer if field.key == gguf.Keys.Tokenizer.LIST)
+        arch_name = gguf.MODEL_ARCH_NAMES[arch]
+        writer = gguf.GGUFWriter(path, arch_name)
+        writer.add_type(gguf.GGUFType.MODEL)
+        writer.add_name(f"tiny-random-{arch_name}-{n_layer}x{n_embd}-seed{seed}")
+        writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+        writer.add_vocab_size(n_vocab)
+        writer.add_context_length(n_ctx_train)
+        writer.add_embedding_length(n_embd)
+        writer.add_block_count(n_layer)
+        writer.add_feed_forward_length(n_ff)
+        writer.add_head_count(n_head)
+        writer.add_head_count_kv(n_head_kv)
+        model = cls(path, writer, np.random.default_rng(seed), tokenizer, n_vocab, n_embd)
+        model.matrix(T.TOKEN_EMBD, n_vocab, n_embd, embedding_std)
+        return model
+
+    def finish(self, final_norm: gguf.MODEL_TENSOR) -> Path:
+        """Add the final norm, the output projection and the tokenizer keys; write the file."""
+        self.norm(final_norm)
+        self.matrix(T.OUTPUT, self.n_vocab, self.n_embd, OUTPUT_STD)
+        writer = self.writer
+        for field in self.tokenizer:
+            writer.add_key_value(field.key, field.value, field.type, field.sub_type)
+        try:
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_tensors_to_file()
+        finally:
+            writer.close()
+        return self.path
+
+    def add(
+        self, tensor: gguf.MODEL_TENSOR, data: np.ndarray, layer: int | None, suffix: str | None = "weight"
+    ) -> None:
+        base = gguf.TENSOR_NAMES[tensor]
+        name = base.format(bid=layer) if layer is not None else base
+        self.writer.add_tensor(f"{name}.{suffix}" if suffix else name, data)
+
+    def matrix(self, tensor: gguf.MODEL_TENSOR, n_out: int, n_in: int, std: float, layer: int | None = None) -> None:
+        """An F16 matrix of normal noise."""
+        noise = self.rng.standard_normal((n_out, n_in), dtype=np.float32) * np.float32(std)
+        self.add(tensor, noise.astype(np.float16), layer)
+
+    def convolution(self, tensor: gguf.MODEL_TENSOR, layer: int, shape: tuple[int, int], std: float) -> None:
+        """A convolution kernel of normal noise, F32: ggml's ssm_conv asserts it (F16 aborts the process)."""
+        self.add(tensor, self.rng.standard_normal(shape, dtype=np.float32) * np.float32(std), layer)
+
+    def norm(self, tensor: gguf.MODEL_TENSOR, layer: int | None = None, size: int = 0, value: float = 1.0) -> None:
+        """An RMS norm's F32 weight, all `value`, of n_embd elements unless `size` says otherwise."""
+        self.add(tensor, np.full(size or self.n_embd, value, dtype=np.float32), layer)
+
+    def attention(self, layer: int, n_q: int, n_kv: int, *, qk_norm_size: int = 0) -> None:
+        """The query, key, value and output projections; with `qk_norm_size`, per-head Q/K norms."""
+        self.matrix(T.ATTN_Q, n_q, self.n_embd, LAYER_STD, layer)
+        self.matrix(T.ATTN_K, n_kv, self.n_embd, LAYER_STD, layer)
+        self.matrix(T.ATTN_V, n_kv, self.n_embd, LAYER_STD, layer)
+        self.matrix(T.ATTN_OUT, self.n_embd, n_q, LAYER_STD, layer)
+        if qk_norm_size:
+            self.norm(T.ATTN_Q_NORM, layer, qk_norm_size, QK_NORM_WEIGHT)
+            self.norm(T.ATTN_K_NORM, layer, qk_norm_size, QK_NORM_WEIGHT)
+
+    def feed_forward(self, layer: int, n_ff: int) -> None:
+        """A gated feed-forward block: gate, up and down projections."""
+        self.matrix(T.FFN_GATE, n_ff, self.n_embd, LAYER_STD, layer)
+        self.matrix(T.FFN_UP, n_ff, self.n_embd, LAYER_STD, layer)
+        self.matrix(T.FFN_DOWN, self.n_embd, n_ff, LAYER_STD, layer)
+
+
+def _head_dim(n_embd: int, n_head: int, kv_heads: Sequence[int]) -> int:
+    """The attention head dimension, once the head counts are checked to fit together."""
+    if n_embd % n_head or any(count <= 0 or n_head % count for count in kv_heads):
         raise ValueError("n_embd must be a multiple of n_head, and n_head a multiple of n_head_kv")
     head_dim = n_embd // n_head
     if head_dim % 2:
         raise ValueError("the head dimension (n_embd / n_head) must be even for RoPE")
-    tokenizer = tokenizer_fields(bundled_model_path())
-    n_vocab = next(len(field.value) for field in tokenizer if field.key == gguf.Keys.Tokenizer.LIST)
-
-    writer = gguf.GGUFWriter(path, ARCH)
-    writer.add_type(gguf.GGUFType.MODEL)
-    writer.add_name(f"tiny-random-llama-{n_layer}x{n_embd}-seed{seed}")
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-    writer.add_vocab_size(n_vocab)
-    writer.add_context_length(n_ctx_train)
-    writer.add_embedding_length(n_embd)
-    writer.add_block_count(n_layer)
-    writer.add_feed_forward_length(n_ff)
-    writer.add_head_count(n_head)
-    writer.add_head_count_kv(n_head_kv)
-    writer.add_rope_dimension_count(head_dim)
-    writer.add_rope_freq_base(ROPE_FREQ_BASE)
-    writer.add_layer_norm_rms_eps(RMS_NORM_EPS)
-    for field in tokenizer:
-        writer.add_key_value(field.key, field.value, field.type, field.sub_type)
-
-    # numpy shapes are ggml's reversed: a ggml tensor {n_in, n_out} is a numpy (n_out, n_in).
-    rng = np.random.default_rng(seed)
-
-    def matrix(n_out: int, n_in: int, std: float) -> np.ndarray:
-        return (rng.standard_normal((n_out, n_in), dtype=np.float32) * np.float32(std)).astype(np.float16)
-
-    def norm() -> np.ndarray:
-        return np.ones(n_embd, dtype=np.float32)
-
-    def name(tensor: gguf.MODEL_TENSOR, layer: int | None = None) -> str:
-        base = gguf.TENSOR_NAMES[tensor]
-        return (base.format(bid=layer) if layer is not None else base) + ".weight"
-
-    T = gguf.MODEL_TENSOR
-    n_q, n_kv = n_head * head_dim, n_head_kv * head_dim
-    writer.add_tensor(name(T.TOKEN_EMBD), matrix(n_vocab, n_embd, EMBEDDING_STD))
-    for layer in range(n_layer):
-        writer.add_tensor(name(T.ATTN_NORM, layer), norm())
-        writer.add_tensor(name(T.ATTN_Q, layer), matrix(n_q, n_embd, LAYER_STD))
-        writer.add_tensor(name(T.ATTN_K, layer), matrix(n_kv, n_embd, LAYER_STD))
-        writer.add_tensor(name(T.ATTN_V, layer), matrix(n_kv, n_embd, LAYER_STD))
-        writer.add_tensor(name(T.ATTN_OUT, layer), matrix(n_embd, n_q, LAYER_STD))
-        writer.add_tensor(name(T.FFN_NORM, layer), norm())
-        writer.add_tensor(name(T.FFN_GATE, layer), matrix(n_ff, n_embd, LAYER_STD))
-        writer.add_tensor(name(T.FFN_UP, layer), matrix(n_ff, n_embd, LAYER_STD))
-        writer.add_tensor(name(T.FFN_DOWN, layer), matrix(n_embd, n_ff, LAYER_STD))
-    writer.add_tensor(name(T.OUTPUT_NORM), norm())
-    writer.add_tensor(name(T.OUTPUT), matrix(n_vocab, n_embd, OUTPUT_STD))
-
-    try:
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-    finally:
-        writer.close()
-    return path
+    return head_dim
 
 
 def tokenizer_fields(model: Path) -> tuple[MetadataField, ...]:

@@ -47,7 +47,7 @@ async def wait_ready(pilot: Pilot[None], app: ChatApp) -> None:
     await wait_idle(pilot, app)
 
 
-SCREEN_WORKERS = ("answer", "warm", "document")
+SCREEN_WORKERS = ("engine", "answer", "warm", "document")
 
 
 def idle(app: ChatApp) -> bool:
@@ -67,12 +67,23 @@ async def wait_idle(pilot: Pilot[None], app: ChatApp) -> None:
 
 
 async def send(pilot: Pilot[None], app: ChatApp, text: str) -> None:
+    """Type `text` and press Enter, then wait until its answer ended (or the app refused it) and all settled.
+
+    An answer that starts is counted by the service when it ends; a refusal is a new
+    notification. Neither depends on how fast the answer is, or on Q&A mode replacing views.
+    """
     composer = app.main_screen.query_one(Composer)
     composer.focus()
     composer.text = text
-    count = len(answers(app))
+    answered = len(app.service.figures.ttft_ms)
+    shown_before = {notification.identity for notification in app._notifications}
+
+    def answered_or_refused() -> bool:
+        refused = any(notification.identity not in shown_before for notification in app._notifications)
+        return len(app.service.figures.ttft_ms) > answered or refused
+
     await pilot.press("enter")
-    await wait_until(pilot, lambda: len(answers(app)) > count or bool(app._notifications))
+    await wait_until(pilot, answered_or_refused)
     await wait_idle(pilot, app)
 
 

@@ -311,9 +311,11 @@ class ChatappPeer:
         )
         if self.engine.cache is None:
             raise RuntimeError(f"chatapp's cache did not open: {self.engine.cache_problem}")
+        self._boundaries: tuple[int, ...] = ()
 
     def ask(self, prompt_tokens: Sequence[int], max_tokens: int) -> PeerAnswer:
-        request = GenerationRequest(tuple(prompt_tokens), SamplingParams(temperature=0.0, max_tokens=max_tokens))
+        sampling = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+        request = GenerationRequest(tuple(prompt_tokens), sampling, checkpoints=self._boundaries)
         result = self.engine.generate(request).wait()
         stats = result.stats
         return PeerAnswer(
@@ -326,6 +328,8 @@ class ChatappPeer:
         )
 
     def prepare(self, request: Request) -> dict[str, float] | None:
+        """The request's boundaries, as the app names them (used by models whose state cannot be cut)."""
+        self._boundaries = request.boundaries if self.engine.takes_checkpoints else ()
         return None
 
     def settle(self) -> None:
@@ -355,6 +359,7 @@ class ChatappWarmAheadPeer(ChatappPeer):
     drafts_only = True  # run on workloads whose requests say how the app builds them
 
     def prepare(self, request: Request) -> dict[str, float] | None:
+        super().prepare(request)
         if request.draft is None:
             return None
         started = time.perf_counter()

@@ -27,6 +27,7 @@ from chatapp.documents import Document
 from chatapp.engine.chat_template import FALLBACK_CHATML, ChatTemplate
 from chatapp.engine.llama_native import NativeModel
 from chatapp.engine.prompt import ChatMessage, PromptBuilder
+from chatapp.services.boundaries import reuse_boundaries
 from chatapp.services.conversation import document_block, question_message
 from chatapp.services.warmup import draft_prompt_tokens
 from chatapp.vocabulary import Role
@@ -138,6 +139,9 @@ class Request:
     # earlier request, or the warm-ahead prefix (persona, document) when the request has a draft.
     known_prefix: int = 0
     draft: Draft | None = None
+    # Where a later prompt is likely to leave this one (persona, document, history ends), as the
+    # app names them: a model whose state cannot be cut is checkpointed there.
+    boundaries: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -401,12 +405,15 @@ class PromptKit:
         )
         self.builder = PromptBuilder(template, self.model)
         self.texts = TextMaker(self.tokenize)
+        self.boundaries: dict[tuple[int, ...], tuple[int, ...]] = {}  # by prompt, as `build` made them
 
     def tokenize(self, text: str) -> list[int]:
         return self.model.tokenize(text, add_special=False, parse_special=False)
 
     def build(self, messages: list[ChatMessage]) -> tuple[int, ...]:
-        return tuple(self.builder.build(messages))
+        tokens = tuple(self.builder.build(messages))
+        self.boundaries[tokens] = reuse_boundaries(self.builder, messages)
+        return tokens
 
     def close(self) -> None:
         self.model.close()
@@ -583,6 +590,15 @@ BUILDERS = {"A": workload_a, "B": workload_b, "C": workload_c, "D": workload_d, 
 def build_workloads(model_path: Path, scale: Scale, names: tuple[str, ...] = WORKLOAD_NAMES) -> list[Workload]:
     kit = PromptKit(model_path)
     try:
-        return [BUILDERS[name](kit, scale) for name in names]
+        built = [BUILDERS[name](kit, scale) for name in names]
+        return [
+            replace(
+                workload,
+                requests=tuple(
+                    replace(request, boundaries=kit.boundaries.get(request.tokens, ())) for request in workload.requests
+                ),
+            )
+            for workload in built
+        ]
     finally:
         kit.close()

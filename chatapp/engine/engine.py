@@ -3,6 +3,10 @@
 The UI and the CLI never touch llama.cpp. They submit a `GenerationRequest` and read
 events from its `GenerationHandle` (prefill progress, token text), which they may cancel
 at any time; the engine thread does all model work, so a long prefill never blocks them.
+
+For a model whose state cannot be cut (a sliding window, a recurrent state) the prefill
+also ends batches at checkpoint positions and keeps the uncuttable state there: for this
+session's rewinds (kv_placement.py) and, where it is worth it, in the cache.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import numpy as np
 from cache.llama_state import read_sequence_state, write_sequence_state
 from cache.prefix_cache import PrefixCache
 from cache.selftest import verify_layout
-from cache.state_format import KVLayout, StateFormatError
+from cache.state_format import MemoryKind, MemoryLayout, StateFormatError
 from chatapp.engine.chat_template import FALLBACK_CHATML, ChatTemplate
 from chatapp.engine.events import (
     GenerationResult,
@@ -32,7 +36,7 @@ from chatapp.engine.events import (
     TokenText,
 )
 from chatapp.engine.gate import Step, StepGate
-from chatapp.engine.kv_placement import KVPlacer, Placement
+from chatapp.engine.kv_placement import FRESH_TOKENS, KVPlacer, Placement
 from chatapp.engine.llama_native import (
     DecodeAborted,
     NativeContext,
@@ -69,6 +73,12 @@ class EngineConfig:
     # batches gives logits up to 0.8 apart), which would make restored prefixes inexact.
     flash_attention: bool = False
     n_batch: int = 512
+    # Sliding-window models: a full-size window cache keeps every cell (cuts anywhere); off, about
+    # one window per sequence (less memory; a cut behind the window rewinds to a checkpoint).
+    swa_full: bool = True
+    # Models with uncuttable state (sliding window, recurrent): a checkpoint every this many
+    # prompt tokens, besides the prompt's end and the boundaries a request names.
+    checkpoint_interval: int = 1024
 
 
 @dataclass(frozen=True)
@@ -84,6 +94,9 @@ class ModelInfo:
     flash_attention: bool
     gpu_layers: int
     threads: int
+    memory_kind: MemoryKind = MemoryKind.PLAIN
+    window: int = 0  # tokens a sliding-window layer attends to (0: none)
+    swa_full: bool = True
 
 
 @dataclass(frozen=True)
@@ -93,7 +106,9 @@ class GenerationRequest:
     `prefill_only` computes the prompt's KV ahead of the real request (warming up while the
     user types) and samples nothing: it ends with StopReason.PREFILLED and is left out of the
     cache's hit rate. `store=False` keeps the KV resident but hands nothing to the cache's
-    RAM and disk tiers, so half-typed drafts do not fill the disk.
+    RAM and disk tiers, so half-typed drafts do not fill the disk. `checkpoints` are prompt
+    positions where reuse is likely to start (the end of the persona, of a document, of
+    the history): a model whose state cannot be cut is checkpointed there.
     """
 
     prompt_tokens: tuple[int, ...]
@@ -102,9 +117,26 @@ class GenerationRequest:
     use_cache: bool = True  # False: no lookup, no store; the whole prompt is computed
     prefill_only: bool = False
     store: bool = True
+    checkpoints: tuple[int, ...] = ()
 
 
-CacheFactory = Callable[[KVLayout, ModelInfo], PrefixCache]
+CacheFactory = Callable[[MemoryLayout, ModelInfo], PrefixCache]
+
+
+def _batch_end(start: int, length: int, batch: int, checkpoints: frozenset[int]) -> int:
+    """Where the batch from `start` ends.
+
+    Batches end at multiples of n_batch, as in a cold run: kernels round differently for
+    different batch shapes, so a warm prefill that batches alike stays closer to cold. They
+    also end at checkpoint positions. A one-token batch takes other kernels (matrix-vector)
+    whose KV is not bit-identical to a cold run's: a cold run never has one mid-prompt, so a
+    checkpoint that would make one is skipped.
+    """
+    end = min(length, max((start // batch + 1) * batch, start + 2))
+    for position in sorted(checkpoints):
+        if start + 2 <= position < end and length - position != 1:
+            return position
+    return end
 
 
 class GenerationHandle:
@@ -237,6 +269,8 @@ class Engine:
         Inside the block the gate holds once, until released or the held request is cancelled;
         leaving the block releases it and disarms it.
         """
+        if self._gate is not None:
+            raise RuntimeError("a test gate is already armed on this engine; leave its block first")
         gate = StepGate(step, after)
         self._gate = gate
         try:
@@ -244,6 +278,11 @@ class Engine:
         finally:
             gate.release()
             self._gate = None
+
+    @property
+    def takes_checkpoints(self) -> bool:
+        """Whether this model's state is checkpointed (so requests should name their boundaries)."""
+        return self.placer.takes_checkpoints
 
     def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = False) -> list[int]:
         return self.model.tokenize(text, add_special=add_special, parse_special=parse_special)
@@ -307,6 +346,7 @@ class Engine:
                 n_threads=threads,
                 n_batch=config.n_batch,
                 flash_attention=config.flash_attention,
+                swa_full=config.swa_full,
                 should_abort=self._active_request_cancelled,
             )
         except BaseException:
@@ -323,6 +363,9 @@ class Engine:
             flash_attention=shape.flash_attention,
             gpu_layers=min(layers, self.model.n_layer + 1),
             threads=threads,
+            memory_kind=self.model.memory_kind,
+            window=self.model.window,
+            swa_full=shape.swa_full,
         )
         template_source = self.model.chat_template() or FALLBACK_CHATML
         self.chat_template = ChatTemplate(
@@ -331,19 +374,27 @@ class Engine:
             eos_token=self.model.token_text(self.model.eos_id),
         )
         self.prompt_builder = PromptBuilder(self.chat_template, self.model)
-        if self._cache_factory is not None:
-            self.cache = self._open_cache(self._cache_factory)
-        self.placer = KVPlacer(self.context, self.cache)
+        self.layout = self._verify_state_format()
+        if self._cache_factory is not None and self.layout is not None:
+            self.cache = self._cache_factory(self.layout, self.info)
+        self.placer = KVPlacer(self.context, self.cache, self.model.memory_kind, self.layout)
 
-    def _open_cache(self, factory: CacheFactory) -> PrefixCache | None:
-        """Verify the state format on a few real tokens, then open the cache for this layout."""
+    def _verify_state_format(self) -> MemoryLayout | None:
+        """Verify the state format on a few real tokens; None (and `cache_problem`) when it fails.
+
+        Without a verified layout there is no cache, and no rewind of an uncuttable sequence.
+        """
         probe = self.model.tokenize(
             "chatapp cache self-test: the quick brown fox", add_special=False, parse_special=False
         )
         source, target = 0, min(1, self.info.n_sequences - 1)
+        kind = self.model.memory_kind
         try:
             self.context.decode(probe, start_pos=0, sequence=source, logits_for_last=False)
             state = read_sequence_state(self.context.pointer, source)
+            partial = (
+                read_sequence_state(self.context.pointer, source, partial=True) if kind.needs_checkpoints else None
+            )
             self.context.remove(source, 0, -1)
 
             def restore_and_read_back(moved: np.ndarray) -> np.ndarray | None:
@@ -351,7 +402,7 @@ class Engine:
                     return None
                 return read_sequence_state(self.context.pointer, target)
 
-            layout = verify_layout(state, source, target, restore_and_read_back)
+            return verify_layout(kind, self.model.window, state, partial, source, target, restore_and_read_back)
         except (StateFormatError, RuntimeError) as error:
             self.cache_problem = f"KV cache disabled: this llama.cpp's state format failed the self-test ({error})"
             log.warning(self.cache_problem)
@@ -359,7 +410,6 @@ class Engine:
         finally:
             self.context.remove(source, 0, -1)
             self.context.remove(target, 0, -1)
-        return factory(layout, self.info)
 
     def _reach(self, step: Step, handle: GenerationHandle) -> None:
         gate = self._gate
@@ -432,10 +482,8 @@ class Engine:
             if self._waiting_requests:
                 job.cancel()
         try:
-            if not self.context.remove(sequence, prompt_length, -1):
-                self.placer.forget(sequence)
+            if self.placer.cut(sequence, prompt_length) == 0:
                 return
-            del live[prompt_length:]
             self._prefill(job, sequence, list(job.request.prompt_tokens), live, need_logits=False)
         except BaseException as error:  # the answer is delivered; a failure here only costs reuse
             log.warning("could not recompute the answer's KV: %s", error)
@@ -459,7 +507,14 @@ class Engine:
         live = self.placer.resident.tokens[sequence]
         reused = placement.reused_tokens
         prefill_started = time.perf_counter()
-        stop_reason = self._prefill(handle, sequence, prompt, live, need_logits=not request.prefill_only)
+        stop_reason = self._prefill(
+            handle,
+            sequence,
+            prompt,
+            live,
+            need_logits=not request.prefill_only,
+            checkpoints=self._checkpoint_positions(request),
+        )
         prefill_ms = (time.perf_counter() - prefill_started) * 1000
         generated: list[int] = []
         pieces: list[str] = []
@@ -483,43 +538,86 @@ class Engine:
         return GenerationResult(text="".join(pieces), token_ids=tuple(generated), stop_reason=stop_reason, stats=stats)
 
     def _prefill(
-        self, handle: GenerationHandle, sequence: int, prompt: list[int], live: list[int], *, need_logits: bool = True
+        self,
+        handle: GenerationHandle,
+        sequence: int,
+        prompt: list[int],
+        live: list[int],
+        *,
+        need_logits: bool = True,
+        checkpoints: frozenset[int] = frozenset(),
     ) -> StopReason | None:
         """Evaluate the prompt tokens not yet in `live`, in batches; StopReason.CANCELLED if cancelled.
 
         `live` grows by each batch once it is in the KV, so after a cancel it still lists
-        exactly what the sequence holds and the next request reuses those batches.
+        exactly what the sequence holds and the next request reuses those batches. A batch
+        also ends at each position in `checkpoints`, where the uncuttable state is kept.
         """
         batch = self.context.shape.n_batch
         start = len(live)
         while start < len(prompt):
             if handle.cancel_event.is_set():
                 return StopReason.CANCELLED
-            # Batches end at multiples of n_batch, as in a cold run: kernels round differently
-            # for different batch shapes, so a warm prefill that batches alike stays closer to cold.
-            # A one-token batch takes other kernels (matrix-vector) whose KV is not bit-identical
-            # to a cold run's: a cold run never has one mid-prompt, so neither do we.
-            end = min(len(prompt), max((start // batch + 1) * batch, start + 2))
-            if end - start == 1 and start > 0 and not need_logits and self.context.remove(sequence, start - 1, -1):
+            end = _batch_end(start, len(prompt), batch, checkpoints)
+            if end - start == 1 and start > 0 and not need_logits:
                 # A warm-up's last token alone (typing adds one word at a time): evaluate it
                 # again with the one before, so that later requests build on exact KV.
-                start -= 1
-                del live[start:]
+                start = self.placer.cut(sequence, start - 1)
+                continue
             chunk = prompt[start:end]
             is_last = start + len(chunk) == len(prompt)
             try:
                 self.context.decode(chunk, start_pos=start, sequence=sequence, logits_for_last=is_last and need_logits)
             except DecodeAborted:
-                # llama.cpp may keep the micro-batches it finished: drop the whole batch.
-                if not self.context.remove(sequence, start, -1):
-                    self.placer.forget(sequence)
+                # llama.cpp may keep the micro-batches it finished: drop the whole batch (a recurrent
+                # state updated in place by a stopped batch is rewound to a checkpoint).
+                self.placer.recover(sequence, start)
                 return StopReason.CANCELLED
             live.extend(chunk)
             start += len(chunk)
+            if start in checkpoints:
+                self._take_checkpoint(handle, sequence, live)
             handle._emit(PrefillProgress(done=start, total=len(prompt)))
             if handle is not self._rebatch_job:  # the recompute after an answer is the engine's own work
                 self._reach(Step.BATCH, handle)
         return None
+
+    def _checkpoint_positions(self, request: GenerationRequest) -> frozenset[int]:
+        """Where a prefill of `request` keeps the uncuttable state (empty for a plain KV cache).
+
+        The boundaries the request names, every `checkpoint_interval` tokens, and the prompt's
+        end go to the cache; the end of an answered prompt less the tokens every answer
+        evaluates again is kept for this session's rewinds only (a regenerate starts there).
+        """
+        if not request.use_cache or not self.placer.takes_checkpoints:
+            return frozenset()
+        length = len(request.prompt_tokens)
+        positions = {*self._stored_checkpoints(request), length if request.prefill_only else length - FRESH_TOKENS}
+        return frozenset(position for position in positions if 0 < position <= length)
+
+    def _stored_checkpoints(self, request: GenerationRequest) -> set[int]:
+        """The checkpoints of `request` worth keeping beyond this session."""
+        length = len(request.prompt_tokens)
+        interval = max(self.config.checkpoint_interval, 2)
+        positions = {*request.checkpoints, *range(interval, length, interval)}
+        if request.prefill_only:
+            positions.add(length)  # a warm-up ends where the next question begins
+        return positions
+
+    def _take_checkpoint(self, handle: GenerationHandle, sequence: int, live: list[int]) -> None:
+        """Keep the uncuttable state at the end of `live`: for rewinds, and in the cache when allowed."""
+        try:
+            partial = read_sequence_state(self.context.pointer, sequence, partial=True)
+        except StateFormatError as error:
+            log.warning("cannot take a checkpoint: %s", error)
+            return
+        payload = self.placer.remember_checkpoint(sequence, len(live), partial)
+        request = handle.request
+        cache = self.cache if request.use_cache and request.store else None
+        if cache is None or payload is None or len(live) not in self._stored_checkpoints(request):
+            return
+        if not cache.has_checkpoint(live):
+            cache.store_checkpoint(list(live), payload)
 
     def _decode_answer(
         self, handle: GenerationHandle, sequence: int, live: list[int], generated: list[int], pieces: list[str]

@@ -14,6 +14,7 @@ import threading
 from enum import StrEnum
 
 POLL_SECONDS = 0.005  # how often a held step looks at its request's cancel flag
+HOLD_TIMEOUT_SECONDS = 120.0  # a test waiting for a step that never comes fails instead of hanging
 
 
 class Step(StrEnum):
@@ -27,7 +28,8 @@ class StepGate:
     """Hold the engine thread right after its `after`-th step of one kind, until released.
 
     The gate holds at most once: after it is released (or the held request is cancelled)
-    every later step passes. `holding` is set while the engine thread waits in it.
+    every later step passes. `holding` is set while the engine thread waits in it; `reached`
+    is set when it first held and stays set, so a test polling for it cannot miss it.
     """
 
     def __init__(self, step: Step, after: int) -> None:
@@ -37,15 +39,16 @@ class StepGate:
         self.after = after
         self.passed = 0
         self.holding = threading.Event()
+        self.reached_step = threading.Event()
         self._released = threading.Event()
 
     def release(self) -> None:
         """Let the held request (and every later one) go on."""
         self._released.set()
 
-    def wait_until_holding(self, timeout: float | None = None) -> bool:
-        """Block until the engine thread is held here (for tests that are not async)."""
-        return self.holding.wait(timeout)
+    def wait_until_holding(self, timeout: float = HOLD_TIMEOUT_SECONDS) -> bool:
+        """Block until the engine thread is held here (for tests that are not async); False on timeout."""
+        return self.reached_step.wait(timeout)
 
     def reached(self, step: Step, cancelled: threading.Event) -> None:
         """Engine thread: count a step; hold there when it is the chosen one."""
@@ -55,6 +58,7 @@ class StepGate:
         if self.passed < self.after:
             return
         self.holding.set()
+        self.reached_step.set()
         try:
             while not self._released.wait(POLL_SECONDS):
                 if cancelled.is_set():

@@ -2,10 +2,17 @@
 
 Runs on the engine thread. For each request it compares the longest prefix already
 resident in some sequence (tier "device": answered in place, nothing copied) with the
-longest prefix stored in the cache (tiers "ram" and "disk": restored into a free or
-least recently used sequence), takes the longer, and cuts the sequence at the first
-token that differs. After the answer, the sequence's new blocks are handed to the
-cache. Any failure to restore is a miss that leaves the sequence empty.
+longest prefix the cache can restore (tiers "ram" and "disk": restored into a free or
+least recently used sequence), takes the longer, and makes the sequence hold exactly
+that prefix. After the answer, the sequence's new blocks are handed to the cache. Any
+failure to restore is a miss that leaves the sequence empty.
+
+Making a sequence hold a shorter prefix of what it holds is a cut. A plain KV cache cuts
+anywhere. A sliding-window cache cuts only where the window before the cut is still there
+(always, with a full-size window cache). A recurrent state cannot be cut at all: the
+sequence is instead rebuilt from its own full-attention KV up to a checkpoint this session
+took (the recurrent state and window at that position) — a rewind. Where no checkpoint
+is close enough, the prefix is restored from the cache or computed again.
 """
 
 from __future__ import annotations
@@ -13,12 +20,21 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from cache.index import PrefixMatch
+import numpy as np
+
 from cache.keys import as_token_array
 from cache.llama_state import read_sequence_state, write_sequence_state
-from cache.prefix_cache import PrefixCache
+from cache.prefix_cache import FetchedPrefix, PrefixCache
 from cache.resident import ResidentSequences
-from cache.state_format import StateFormatError, assemble_state
+from cache.state_format import (
+    MemoryKind,
+    MemoryLayout,
+    StateFormatError,
+    assemble_state,
+    checkpoint_payload,
+    extract_piece,
+    parse_state,
+)
 from chatapp.engine.llama_native import NativeContext
 from chatapp.vocabulary import ReuseTier
 
@@ -30,6 +46,8 @@ RESTORE_MARGIN_TOKENS = 8
 # computes a one-token batch with matrix-vector kernels whose results differ from a larger
 # batch's, so a re-asked prompt evaluated from its last token could answer unlike a cold run.
 FRESH_TOKENS = 2
+# Checkpoints this session keeps per sequence for rewinds (the newest ones).
+SESSION_CHECKPOINTS = 8
 
 
 @dataclass(frozen=True)
@@ -40,13 +58,23 @@ class Placement:
 
 
 class KVPlacer:
-    def __init__(self, context: NativeContext, cache: PrefixCache | None) -> None:
+    def __init__(
+        self, context: NativeContext, cache: PrefixCache | None, kind: MemoryKind, layout: MemoryLayout | None
+    ) -> None:
         self.context = context
         self.cache = cache
+        self.kind = kind
+        self.layout = layout  # None when the state format is not understood: no rewinds, no checkpoints
         self.resident = ResidentSequences(context.shape.n_sequences)
+        self._window = layout.window if layout is not None else 0
+        self._checkpoints: list[dict[int, bytes]] = [{} for _ in range(context.shape.n_sequences)]
+
+    @property
+    def takes_checkpoints(self) -> bool:
+        return self.layout is not None and self.kind.needs_checkpoints
 
     def place(self, prompt: list[int], sequence: int | None, use_cache: bool, *, need_logits: bool = True) -> Placement:
-        """Choose the sequence, restore or keep the longest known prefix, cut the rest.
+        """Choose the sequence, restore or keep the longest known prefix, drop the rest.
 
         Without `need_logits` (a prefill-only warm-up) every prompt token may be reused, and a
         sequence that already holds the whole prompt is kept as it is, longer tail included.
@@ -64,55 +92,151 @@ class KVPlacer:
         if not need_logits and resident_length == len(prompt):
             self.resident.touch(resident_sequence)  # nothing to compute, nothing to cut
             return Placement(resident_sequence, resident_length, ReuseTier.DEVICE)
+        keepable = self._keepable(resident_sequence, resident_length)
         if self.cache is not None:
-            match = self.cache.lookup(array)
-            if min(match.matched_tokens, limit) > resident_length + RESTORE_MARGIN_TOKENS:
+            found = self.cache.lookup(array, limit)
+            if found.tokens > keepable + RESTORE_MARGIN_TOKENS:
                 target = self.resident.least_recently_used() if sequence is None else sequence
-                restored = self._restore(target, match, limit)
-                if restored is not None and restored.reused_tokens > resident_length:
+                fetched = self.cache.fetch(found, array)
+                restored = self._restore(target, fetched) if fetched is not None else None
+                if restored is not None and restored.reused_tokens > keepable:
                     return restored
                 if target == resident_sequence:
-                    resident_length = 0  # the failed restore emptied it
-        if resident_length > 0:
+                    keepable = 0  # the failed restore emptied it
+        if keepable > 0:
             return self._keep(resident_sequence, resident_length, ReuseTier.DEVICE)
         target = self.resident.least_recently_used() if sequence is None else sequence
         return self._keep(target, 0, ReuseTier.NONE)
 
-    def _keep(self, sequence: int, length: int, tier: ReuseTier) -> Placement:
-        if not self.context.remove(sequence, length, -1):
-            # llama.cpp cannot cut this sequence (a recurrent or sliding-window memory): start over.
-            self.forget(sequence)
-            length = 0
-        self.resident.truncate(sequence, length)
-        self.resident.touch(sequence)
-        return Placement(sequence, length, tier if length else ReuseTier.NONE)
+    # Cutting and rewinding a resident sequence.
+    def _keepable(self, sequence: int, length: int) -> int:
+        """How much of `length` the sequence can keep in place (a cut, or a rewind to a checkpoint)."""
+        held = len(self.resident.tokens[sequence])
+        if length == held or self.kind is MemoryKind.PLAIN or self._window_intact(sequence, length):
+            return length
+        return self._session_checkpoint(sequence, length) or 0
 
-    def _restore(self, sequence: int, match: PrefixMatch, limit: int) -> Placement | None:
-        assert self.cache is not None
-        fetched = self.cache.fetch(match)
-        if fetched is None:
+    def _window_intact(self, sequence: int, length: int) -> bool:
+        """Whether a cut at `length` keeps every cell the next token attends to."""
+        if self.kind is not MemoryKind.ISWA:
+            return False  # a recurrent state cannot be cut
+        oldest = self.context.min_position(sequence)
+        return 0 <= oldest <= max(0, length - self._window)
+
+    def _session_checkpoint(self, sequence: int, length: int) -> int | None:
+        """The position of the newest checkpoint this session holds for `sequence` at or before `length`."""
+        positions = [position for position in self._checkpoints[sequence] if position <= length]
+        return max(positions) if positions else None
+
+    def _keep(self, sequence: int, length: int, tier: ReuseTier) -> Placement:
+        kept = self.cut(sequence, length)
+        self.resident.touch(sequence)
+        return Placement(sequence, kept, tier if kept else ReuseTier.NONE)
+
+    def cut(self, sequence: int, length: int) -> int:
+        """Make `sequence` hold its first `length` tokens (or fewer); how many it holds after."""
+        held = len(self.resident.tokens[sequence])
+        if length >= held:
+            return held
+        if length > 0 and self.kind is not MemoryKind.PLAIN and not self._window_intact(sequence, length):
+            return self._rewind(sequence, length)
+        if not self.context.remove(sequence, length, -1):
+            # llama.cpp cannot cut this sequence: start over.
+            self.forget(sequence)
+            return 0
+        self.resident.truncate(sequence, length)
+        self._drop_checkpoints_after(sequence, length)
+        return length
+
+    def recover(self, sequence: int, length: int) -> int:
+        """After a stopped decode: make `sequence` hold its first `length` tokens exactly (or fewer).
+
+        The stopped batch's cells are dropped; a window it may have pushed out, or a recurrent
+        state it updated in place, is rebuilt from a checkpoint. How many tokens it holds after.
+        """
+        if self.kind.has_recurrent:
+            return self._rewind(sequence, length)
+        if not self.context.remove(sequence, length, -1):
+            self.forget(sequence)
+            return 0
+        if self.kind.has_window and length > 0 and not self._window_intact(sequence, length):
+            return self._rewind(sequence, length)
+        return length
+
+    def _rewind(self, sequence: int, length: int) -> int:
+        """Rebuild `sequence` up to its newest checkpoint at or before `length`; 0 when there is none."""
+        position = self._session_checkpoint(sequence, length)
+        if position is None or self.layout is None or position == 0:
+            self.forget(sequence)
+            return 0
+        try:
+            state = parse_state(read_sequence_state(self.context.pointer, sequence), self.kind)
+            pieces: list[tuple[int, bytes]] = []
+            if state.base is not None:
+                order, _first = state.base.order()
+                pieces = [(position, extract_piece(state.base, order, 0, position))]
+            rebuilt = assemble_state(
+                self.layout, pieces, sequence, cells=position, checkpoint=self._checkpoints[sequence][position]
+            )
+        except StateFormatError as error:
+            log.warning("cannot rewind a sequence: %s", error)
+            self.forget(sequence)
+            return 0
+        if not write_sequence_state(self.context.pointer, sequence, rebuilt):
+            log.warning("llama.cpp refused a rewound sequence; computing it instead")
+            self.forget(sequence)
+            return 0
+        self.resident.truncate(sequence, position)
+        self._drop_checkpoints_after(sequence, position)
+        return position
+
+    # Checkpoints.
+    def remember_checkpoint(self, sequence: int, position: int, partial_state: np.ndarray) -> bytes | None:
+        """Keep the uncuttable sections of `sequence` at `position` for rewinds; the checkpoint payload."""
+        if not self.takes_checkpoints:
             return None
         try:
+            payload = checkpoint_payload(parse_state(partial_state, self.kind, partial=True))
+        except StateFormatError as error:
+            log.warning("cannot take a checkpoint: %s", error)
+            return None
+        kept = self._checkpoints[sequence]
+        kept[position] = payload
+        while len(kept) > SESSION_CHECKPOINTS:
+            del kept[min(kept)]
+        return payload
+
+    def _drop_checkpoints_after(self, sequence: int, length: int) -> None:
+        kept = self._checkpoints[sequence]
+        for position in [position for position in kept if position > length]:
+            del kept[position]
+
+    # Restoring from the cache.
+    def _restore(self, sequence: int, fetched: FetchedPrefix) -> Placement | None:
+        assert self.cache is not None
+        try:
             state = assemble_state(
-                self.cache.layout,
-                list(zip((b.tokens.size for b in fetched.blocks), fetched.payloads, strict=True)),
-                sequence,
+                self.cache.layout, fetched.pieces, sequence, cells=fetched.tokens, checkpoint=fetched.checkpoint
             )
         except StateFormatError as error:
             log.warning("cannot assemble a cached prefix: %s", error)
             return None
-        self.resident.replace(sequence, [])
+        self.forget(sequence)
         if not write_sequence_state(self.context.pointer, sequence, state):
             log.warning("llama.cpp refused a cached prefix; computing it instead")
             self.context.remove(sequence, 0, -1)
             return None
-        self.resident.replace(sequence, fetched.tokens)
-        return self._keep(sequence, min(fetched.matched_tokens, limit), fetched.tier)
+        self.resident.replace(sequence, list(fetched.prompt_tokens))
+        if fetched.checkpoint is not None and self.takes_checkpoints:
+            self._checkpoints[sequence][fetched.tokens] = fetched.checkpoint
+        self.resident.touch(sequence)
+        return Placement(sequence, fetched.tokens, fetched.tier)
 
     def forget(self, sequence: int) -> None:
         """Empty a sequence whose contents are in doubt."""
         self.context.remove(sequence, 0, -1)
         self.resident.replace(sequence, [])
+        self._checkpoints[sequence].clear()
 
     def save(self, sequence: int) -> None:
         """Hand the sequence's new blocks to the cache (reads its state; the rest is background work)."""

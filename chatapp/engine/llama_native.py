@@ -17,6 +17,7 @@ from pathlib import Path
 
 import llama_cpp
 
+from cache.state_format import MemoryKind
 from chatapp.errors import ModelError
 
 llama_logger = logging.getLogger("chatapp.llama")
@@ -88,6 +89,16 @@ class NativeModel:
         self.bos_id = int(llama_cpp.llama_vocab_bos(self.vocab))
         self.eos_id = int(llama_cpp.llama_vocab_eos(self.vocab))
         self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
+        self.window = max(0, int(llama_cpp.llama_model_n_swa(pointer))) if not vocab_only else 0
+        self.memory_kind = (
+            MemoryKind.of(
+                recurrent=bool(llama_cpp.llama_model_is_recurrent(pointer)),
+                hybrid=bool(llama_cpp.llama_model_is_hybrid(pointer)),
+                window=self.window,
+            )
+            if not vocab_only
+            else MemoryKind.PLAIN
+        )
         self._piece_buffer = ctypes.create_string_buffer(256)
         self._piece_lock = threading.Lock()
 
@@ -157,6 +168,7 @@ class ContextShape:
     n_batch: int
     flash_attention: bool
     n_threads: int
+    swa_full: bool = True
 
 
 class DecodeAborted(Exception):
@@ -175,6 +187,7 @@ class NativeContext:
         n_threads: int,
         n_batch: int = 512,
         flash_attention: bool = False,
+        swa_full: bool = True,
         should_abort: Callable[[], bool] = lambda: False,
     ) -> None:
         self.model = model
@@ -192,6 +205,10 @@ class NativeContext:
             params.n_threads = n_threads
             params.n_threads_batch = n_threads
             params.kv_unified = False
+            # A full-size sliding-window cache keeps every cell, so a cut anywhere stays exact;
+            # off, it holds about one window per sequence (less memory, fewer cuts in place).
+            params.swa_full = swa_full
+            params.n_rs_seq = 0  # no recurrent rollback: a rollback after a later decode is silently wrong
             params.flash_attn_type = (
                 llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if use_flash else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
             )
@@ -211,6 +228,7 @@ class NativeContext:
             n_batch=int(llama_cpp.llama_n_batch(self.pointer)),
             flash_attention=use_flash,
             n_threads=n_threads,
+            swa_full=swa_full,
         )
         self._batch = llama_cpp.llama_batch_init(self.shape.n_batch, 0, 1)
 
@@ -258,6 +276,10 @@ class NativeContext:
     def max_position(self, sequence: int) -> int:
         """The largest position held by `sequence`, or -1 when it is empty."""
         return int(llama_cpp.llama_memory_seq_pos_max(self.memory, sequence))
+
+    def min_position(self, sequence: int) -> int:
+        """The smallest position `sequence` still holds (for a sliding window: its oldest cell), -1 when empty."""
+        return int(llama_cpp.llama_memory_seq_pos_min(self.memory, sequence))
 
 
 @dataclass(frozen=True)

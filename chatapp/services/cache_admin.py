@@ -14,6 +14,31 @@ from chatapp.errors import ChatappError
 from chatapp.services.library import open_library
 from chatapp.services.startup import Workspace
 
+MEMORY_KIND_NAMES = {
+    "plain": "plain KV cache",
+    "iswa": "sliding window",
+    "recurrent": "recurrent state",
+    "hybrid": "attention + recurrent state",
+    "hybrid-iswa": "sliding window + recurrent state",
+}
+
+
+def describe_memory(kind: str, window: int, interval_tokens: int) -> str:
+    """What reuse a model's memory allows, in one line (the cache screen, `cache stats`)."""
+    if kind == "plain":
+        return "plain KV cache: any cached prefix is restored, token-exact, and cut anywhere"
+    parts = []
+    if kind in ("iswa", "hybrid-iswa"):
+        parts.append(f"the {window:,}-token window")
+    if kind in ("recurrent", "hybrid", "hybrid-iswa"):
+        parts.append("the recurrent state")
+    what = " and ".join(parts)
+    blocks = "" if kind == "recurrent" else "full-attention KV in blocks; "
+    return (
+        f"{MEMORY_KIND_NAMES.get(kind, kind)}: {blocks}{what} checkpointed at persona, document and turn ends and "
+        f"every {interval_tokens:,} tokens; a cached prefix resumes at the last checkpoint it shares"
+    )
+
 
 def cache_stats(workspace: Workspace) -> dict[str, Any]:
     """Sizes and budgets per tier, and lifetime counters summed over every session."""
@@ -24,7 +49,17 @@ def cache_stats(workspace: Workspace) -> dict[str, Any]:
         usage = maintenance.disk_usage(directory)
     prompt_tokens = int(totals.get("prompt_tokens", 0))
     reused = int(totals.get("reused_tokens", 0))
+    memory = maintenance.read_memory(directory)
     return {
+        "memory": {
+            "kind": str(memory.get("kind", "unknown")),
+            "window": int(memory.get("window", 0)),
+            "description": describe_memory(
+                str(memory.get("kind", "unknown")), int(memory.get("window", 0)), checkpoint_interval(workspace)
+            )
+            if memory
+            else "no model has used this cache folder yet",
+        },
         "directory": str(directory),
         "requests": int(totals.get("requests", 0)),
         "prompt_tokens": prompt_tokens,
@@ -58,6 +93,7 @@ def format_stats(stats: dict[str, Any]) -> str:
     )
     rows = [
         f"KV cache in {stats['directory']}",
+        f"memory of the last model used: {stats['memory']['description']}",
         header,
         _row("ram", "-", "-", ram),
         _row("disk", f"{disk['entries']:,}", _size(disk["bytes"]), disk),
@@ -87,6 +123,11 @@ def _size(count: int) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return f"{count} B"
+
+
+def checkpoint_interval(workspace: Workspace) -> int:
+    """Tokens between checkpoints of a long prompt, from the settings."""
+    return workspace.settings.checkpoint_every_blocks * workspace.settings.cache_block_size
 
 
 def prune_cache(workspace: Workspace) -> int:

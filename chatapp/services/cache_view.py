@@ -30,6 +30,7 @@ class CacheOverview:
     pins: list[PinRecord]
     ttft_ms: list[float]
     problem: str | None
+    memory: str  # what reuse the model's memory allows
 
 
 class CacheService:
@@ -40,11 +41,16 @@ class CacheService:
         engine = self.chat.engine
         pins = self.chat.pins.list() if self.chat.pins else []
         problem = engine.cache_problem if engine is not None else None
+        interval = cache_admin.checkpoint_interval(self.chat.workspace)
         if engine is not None and engine.cache is not None:
             stats = engine.cache.stats()
-            return CacheOverview(stats, True, pins, list(self.chat.figures.ttft_ms), problem)
+            memory = cache_admin.describe_memory(stats["memory"]["kind"], stats["memory"]["window"], interval)
+            if count := stats["memory"]["checkpoints"]:
+                memory += f" ({count:,} checkpoint{'' if count == 1 else 's'} stored)"
+            return CacheOverview(stats, True, pins, list(self.chat.figures.ttft_ms), problem, memory)
+        offline = cache_admin.cache_stats(self.chat.workspace)
         return CacheOverview(
-            cache_admin.cache_stats(self.chat.workspace), False, pins, list(self.chat.figures.ttft_ms), problem
+            offline, False, pins, list(self.chat.figures.ttft_ms), problem, offline["memory"]["description"]
         )
 
     def pin_persona(self, persona: PersonaRecord) -> int:

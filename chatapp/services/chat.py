@@ -13,6 +13,7 @@ from chatapp.engine.engine import Engine, GenerationHandle, GenerationRequest
 from chatapp.engine.events import GenerationResult
 from chatapp.engine.llama_native import SamplingParams
 from chatapp.errors import ChatappError
+from chatapp.services.boundaries import reuse_boundaries
 from chatapp.services.conversation import Conversation
 from chatapp.services.streams import EngineStream
 
@@ -47,13 +48,17 @@ class ChatSession:
             raise ChatappError("the message is empty; type something first")
         self.conversation.add_user(text)
         try:
-            prompt = self.engine.prompt_builder.build(self.conversation.prompt_messages())
+            messages = self.conversation.prompt_messages()
+            builder = self.engine.prompt_builder
+            prompt = builder.build(messages)
+            checkpoints = reuse_boundaries(builder, messages) if self.engine.takes_checkpoints else ()
             handle = self.engine.generate(
                 GenerationRequest(
                     prompt_tokens=tuple(prompt),
                     sampling=self.sampling,
                     sequence=self.sequence,
                     use_cache=self.use_cache,
+                    checkpoints=checkpoints,
                 )
             )
         except BaseException:

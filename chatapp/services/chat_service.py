@@ -18,6 +18,7 @@ from chatapp.engine.prompt import ChatMessage
 from chatapp.errors import ChatappError, ContextOverflowError, DocumentError
 from chatapp.records import ConversationRecord, DocumentRecord, MessageRecord, PersonaRecord
 from chatapp.services.answers import AnswerJob
+from chatapp.services.boundaries import reuse_boundaries
 from chatapp.services.branches import BranchMessage, BranchView, as_document, prompt_messages
 from chatapp.services.conversation import document_block, question_message
 from chatapp.services.export import branch_to_json, branch_to_markdown, write_export
@@ -94,6 +95,8 @@ class ChatService:
             if self._closed:
                 engine.close()
                 return
+            if self.engine is not None:
+                raise RuntimeError("a model is already attached to this chat service")
             self.engine = engine
             self.prewarmer = Prewarmer(engine)
 
@@ -126,9 +129,15 @@ class ChatService:
         return self.engine.info.n_ctx_per_sequence if self.engine is not None else None
 
     def _engine(self) -> Engine:
-        if self.engine is None:
-            raise ChatappError("the model is still loading; try again in a moment")
-        return self.engine
+        return self._running()[0]
+
+    def _running(self) -> tuple[Engine, Prewarmer]:
+        """The engine and its prewarmer, read together (a worker thread may race `close`)."""
+        with self._engine_lock:
+            engine, prewarmer = self.engine, self.prewarmer
+        if engine is None or prewarmer is None:
+            raise ChatappError("the model is not loaded (still loading, or closing); try again in a moment")
+        return engine, prewarmer
 
     # Conversations.
     def list_conversations(self, query: str = "") -> list[ConversationRecord]:
@@ -353,12 +362,13 @@ class ChatService:
         return AnswerJob(self.conversations, handle, question, self._answered)
 
     def _generate(self, messages: list[ChatMessage], document: Document | None) -> GenerationHandle:
-        engine = self._engine()
+        engine, prewarmer = self._running()
         prompt = engine.prompt_builder.build(messages)
-        if self.prewarmer is not None:
-            self.prewarmer.before_send(prompt)
+        prewarmer.before_send(prompt)
+        checkpoints = reuse_boundaries(engine.prompt_builder, messages) if engine.takes_checkpoints else ()
+        request = GenerationRequest(tuple(prompt), self.workspace.sampling(), checkpoints=checkpoints)
         try:
-            return engine.generate(GenerationRequest(prompt_tokens=tuple(prompt), sampling=self.workspace.sampling()))
+            return engine.generate(request)
         except ContextOverflowError as error:
             if document is None:
                 raise ChatappError(
@@ -390,15 +400,19 @@ class ChatService:
         for later); with a draft it is also the settled part of what is being typed (kept
         only in the context: half-typed questions are not worth disk space).
         """
-        if self.engine is None or self.prewarmer is None or self.conversation_id is None:
+        if self.conversation_id is None:
             return None
+        try:
+            engine, prewarmer = self._running()
+        except ChatappError:
+            return None  # nothing to warm without a model
         view = self.view()
         path = self.conversations.path(self._question_parent(view).id)
         document = self._root_document(path[0])
         tokens = self.next_question_tokens(path[0], document, path[1:], draft)
-        if len(tokens) >= self.engine.info.n_ctx_per_sequence:
+        if len(tokens) >= engine.info.n_ctx_per_sequence:
             return None
-        handle = self.prewarmer.warm(tokens, store=not draft.strip())
+        handle = prewarmer.warm(tokens, store=not draft.strip())
         return EngineStream(handle) if handle is not None else None
 
     def next_question_tokens(
@@ -411,8 +425,9 @@ class ChatService:
         return draft_prompt_tokens(engine.prompt_builder, messages, parts_before, draft)
 
     def stop_warming(self) -> None:
-        if self.prewarmer is not None:
-            self.prewarmer.cancel()
+        prewarmer = self.prewarmer
+        if prewarmer is not None:
+            prewarmer.cancel()
 
     # Export.
     def export_name(self) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from chatapp.errors import PersonaError
 from chatapp.records import PersonaRecord
 from chatapp.store.personas import PersonaStore
 
@@ -24,8 +25,11 @@ class PersonaService:
         return self._store.get(persona_id)
 
     def named(self, name: str) -> PersonaRecord | None:
-        """The persona called `name` (ignoring case), or None."""
-        return next((persona for persona in self.all() if persona.name.casefold() == name.casefold()), None)
+        """The persona called `name` (as the store matches names), or None."""
+        try:
+            return self._store.get_by_name(name)
+        except PersonaError:
+            return None
 
     def save(self, editing: PersonaRecord | None, name: str, prompt: str) -> PersonaRecord:
         """Create a persona from the editor, or update the one being edited."""

@@ -14,7 +14,7 @@ import llama_cpp
 from cache.fingerprint import file_fingerprint
 from cache.namespace import Namespace
 from cache.prefix_cache import CacheConfig, PrefixCache
-from cache.state_format import KVLayout
+from cache.state_format import MemoryLayout
 from chatapp.engine.engine import CacheFactory, Engine, EngineConfig, ModelInfo
 from chatapp.engine.llama_native import SamplingParams
 from chatapp.model_files import resolve_model_path
@@ -63,6 +63,8 @@ class Workspace:
             n_gpu_layers=settings.n_gpu_layers,
             threads=settings.threads,
             flash_attention=settings.flash_attention,
+            swa_full=settings.swa_full,
+            checkpoint_interval=settings.checkpoint_every_blocks * settings.cache_block_size,
         )
 
     @property
@@ -100,12 +102,13 @@ class Workspace:
 def kv_cache_factory(directory: Path, model_fingerprint: str, config: CacheConfig) -> CacheFactory:
     """A factory the engine calls with the verified KV layout to open the cache in `directory`."""
 
-    def open_cache(layout: KVLayout, info: ModelInfo) -> PrefixCache:
-        first = layout.layers[0]
+    def open_cache(layout: MemoryLayout, info: ModelInfo) -> PrefixCache:
+        sections = layout.base or layout.swa
+        first = sections.layers[0] if sections is not None and sections.layers else None
         namespace = Namespace(
             model_fingerprint=model_fingerprint,
-            type_k=first.k_type,
-            type_v=first.v_type,
+            type_k=first.k_type if first is not None else -1,
+            type_v=first.v_type if first is not None else -1,
             flash_attention=info.flash_attention,
             block_size=config.block_size,
             library_version=llama_cpp.__version__,

@@ -31,12 +31,15 @@ class AnswerFlight:
 
     `views` (the question, when new, and the answer's placeholder) are taken off the screen,
     and `draft` is given back to the message box, if the answer never starts. `edited_id` is
-    the question being edited: it stays an edit if sending fails.
+    the question being edited: it stays an edit if sending fails. `set_aside` is what the box
+    held before the edit began: it comes back once the edit has started (or, if the edit
+    never starts, it is set aside again).
     """
 
     views: list[MessageView]
     draft: str
     edited_id: int | None = None
+    set_aside: str = ""
     stream: MarkdownStream | None = None
     tokens: int = 0
     _job: AnswerJob | None = None

@@ -10,7 +10,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Button, DataTable, Label, OptionList, Sparkline
+from textual.widgets import Button, DataTable, Label, OptionList, Sparkline, Static
 from textual.widgets.option_list import Option
 
 from chatapp.errors import ChatappError
@@ -45,6 +45,7 @@ class CacheScreen(ModalScreen[None]):
         with Vertical(classes="dialog wide"):
             yield Label("KV cache  ·  R refreshes  ·  Esc closes", classes="dialog-title")
             yield Label("", id="cache-summary")
+            yield Static("", id="cache-memory")
             yield DataTable(id="tiers", cursor_type="none")
             yield Label("Time to first token this session (ms)", classes="sidebar-title")
             yield Sparkline([], id="ttft")
@@ -81,6 +82,7 @@ class CacheScreen(ModalScreen[None]):
             f"{_count(int(stats.get('requests', 0)), 'answer')} ({source})"
             f"  ·  reused {int(stats.get('reused_tokens', 0)):,} of {int(stats.get('prompt_tokens', 0)):,} tokens"
         )
+        self.query_one("#cache-memory", Static).update(f"Model memory: {overview.memory}")
         if overview.problem:
             summary += f"  ·  {overview.problem}"
         self.query_one("#cache-summary", Label).update(summary)

@@ -30,10 +30,18 @@ from chatapp.services.streams import PromptProgress
 from chatapp.services.warmup import settled_text
 from chatapp.tui import commands
 from chatapp.tui.answer_flight import AnswerFlight, FlightState
+from chatapp.tui.attempt import attempt
 from chatapp.tui.chat_log import ChatLog
 from chatapp.tui.composer import Composer
 from chatapp.tui.dialogs import Confirm, TextPrompt
-from chatapp.tui.messages import AnswerFailed, AnswerFinished, AnswerText, PrefillAdvanced, WarmProgress
+from chatapp.tui.messages import (
+    AnswerFailed,
+    AnswerFinished,
+    AnswerStarted,
+    AnswerText,
+    PrefillAdvanced,
+    WarmProgress,
+)
 from chatapp.tui.sidebar import BranchTree, ConversationList, Sidebar
 from chatapp.tui.widgets import MessageView, PrefillRow, StatusLine, last_code_block
 from chatapp.vocabulary import Role
@@ -132,11 +140,12 @@ class MainScreen(Screen[None]):
             return
         branch = self.branch
         fields = [f"Persona: {branch.persona_name or 'none'}"]
-        if branch.document is not None:
-            tokens = self._try(self.service.document_tokens, branch.document)
+        document = branch.document
+        if document is not None:
+            tokens = attempt(self, lambda: self.service.document_tokens(document))
             size = self.service.context_size()
             amount = f" ({tokens:,} of {size:,} tokens)" if tokens is not None and size else ""
-            fields.append(f"Document: {branch.document.name}{amount}")
+            fields.append(f"Document: {document.name}{amount}")
         if branch.conversation.qa_mode:
             fields.append("Q&A mode: each question starts from the document")
         self.query_one("#branch-info", Label).update("  ·  ".join(fields))
@@ -144,17 +153,9 @@ class MainScreen(Screen[None]):
     def refresh_conversations(self, query: str | None = None) -> None:
         search = self.query_one("#search", Input).value if query is None else query
         current = self.branch.conversation.id if self.branch else None
-        conversations = self._try(self.service.list_conversations, search)
+        conversations = attempt(self, lambda: self.service.list_conversations(search))
         if conversations is not None:
             self.query_one(ConversationList).show(conversations, current)
-
-    def _try(self, operation: Callable[..., T], *args: object) -> T | None:
-        """Run a service call; a ChatappError (a locked database, say) becomes a notification."""
-        try:
-            return operation(*args)
-        except ChatappError as error:
-            self.notify(str(error), severity="error", timeout=10)
-            return None
 
     # Sidebar.
     @on(Sidebar.SearchChanged)
@@ -210,6 +211,8 @@ class MainScreen(Screen[None]):
         editing = self._editing
         self._editing = None
         flight = self.flight = AnswerFlight(views=[], draft=event.text, edited_id=editing)  # before any await
+        if editing is not None:
+            flight.set_aside, self._draft_before_edit = self._draft_before_edit, ""
         log = self.query_one(ChatLog)
         if editing is not None:
             widget = next((w for w in log.views if w.message_id == editing), None)
@@ -221,8 +224,6 @@ class MainScreen(Screen[None]):
         flight.views.append(await log.add(Role.USER, text))
         if editing is not None:
             await self._start_answer(flight, lambda: self.service.edit(editing, text))
-            self._give_back(self._draft_before_edit)  # the draft the edit had put aside
-            self._draft_before_edit = ""
         else:
             await self._start_answer(flight, lambda: self.service.ask(text))
 
@@ -281,12 +282,16 @@ class MainScreen(Screen[None]):
         answer = await self.query_one(ChatLog).add(Role.ASSISTANT)
         flight.views.append(answer)
         flight.stream = Markdown.get_stream(answer.body)
-        self.status.state = "thinking…"
+        if flight.state is not FlightState.STOPPING:
+            self.status.state = "thinking…"
         self.run_answer(flight, start)
 
     @work(thread=True, exclusive=True, group="answer")
     def run_answer(self, flight: AnswerFlight, start: Callable[[], AnswerJob]) -> None:
         """Worker thread: start the answer and forward its events to the screen."""
+        if flight.state is FlightState.STOPPING:
+            self.post_message(AnswerFailed("", started=False))  # Esc came first: nothing is asked
+            return
         try:
             job = start()
         except ChatappError as error:
@@ -296,6 +301,7 @@ class MainScreen(Screen[None]):
             self.post_message(AnswerFailed(f"the model failed: {error}", started=False))
             return
         flight.started(job)
+        self.post_message(AnswerStarted())
         try:
             for event in job.events():
                 if isinstance(event, TextEvent):
@@ -307,6 +313,12 @@ class MainScreen(Screen[None]):
             self.post_message(AnswerFailed(f"the answer failed: {error}", started=True))
             return
         self.post_message(AnswerFinished(job.outcome()))
+
+    def on_answer_started(self, message: AnswerStarted) -> None:
+        flight = self.flight
+        if flight is not None and flight.set_aside:
+            self._give_back(flight.set_aside)  # the draft the edit had put aside
+            flight.set_aside = ""
 
     async def on_answer_text(self, message: AnswerText) -> None:
         flight = self.flight
@@ -346,9 +358,11 @@ class MainScreen(Screen[None]):
                     await view.remove()
             if flight.edited_id is not None:
                 self._editing = flight.edited_id  # still an edit when sent again
+                self._draft_before_edit = flight.set_aside
             self._give_back(flight.draft)
         await self._reload_branch()
-        self.notify(message.reason, severity="error", timeout=10)
+        if message.reason:
+            self.notify(message.reason, severity="error", timeout=10)
         self.status.state = "ready"
         self.flight = None
 
@@ -395,7 +409,7 @@ class MainScreen(Screen[None]):
     def action_stop(self) -> None:
         flight = self.flight
         if flight is not None:
-            if flight.tokens == 0:
+            if flight.state in (FlightState.STARTING, FlightState.READING):
                 self.service.stop_warming()  # the answer may be waiting for a long warm-up: stop both
             flight.stop()
             self.status.state = "stopping…"
@@ -439,7 +453,7 @@ class MainScreen(Screen[None]):
     def on_warm_progress(self, message: WarmProgress) -> None:
         """Show a long warm-up; an answer sent meanwhile waits for it, so keep showing it then."""
         row = self.query_one(PrefillRow)
-        streaming = self.flight is not None and self.flight.tokens > 0
+        streaming = self.flight is not None and self.flight.state is FlightState.ANSWERING
         if message.done < 0 or message.done >= message.total:
             if not self.answering:
                 row.hide()
@@ -491,9 +505,10 @@ class MainScreen(Screen[None]):
         self.query_one(Composer).focus()
 
     def _current_persona(self) -> PersonaRecord | None:
-        if self.branch is None or not self.branch.persona_name:
+        name = self.branch.persona_name if self.branch is not None else None
+        if not name:
             return None
-        return self._try(self.service.personas.named, self.branch.persona_name)
+        return attempt(self, lambda: self.service.personas.named(name))
 
     def action_rename(self) -> None:
         if self.branch is None:
@@ -531,10 +546,10 @@ class MainScreen(Screen[None]):
             if self.branch is not None and self.branch.conversation.id == conversation_id:
                 await self._run_view_change(delete_and_open_another)
             else:
-                self._try(self.service.delete, conversation_id)
+                attempt(self, lambda: self.service.delete(conversation_id))
                 self.refresh_conversations()
 
-        listed = self._try(self.service.list_conversations) or []
+        listed = attempt(self, self.service.list_conversations) or []
         title = next((c.title for c in listed if c.id == conversation_id), "this conversation")
         self.app.push_screen(Confirm(f"Delete “{title}” and all its branches?"), decided)
 

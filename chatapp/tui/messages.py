@@ -33,6 +33,11 @@ class WarmProgress(Message):
 
 
 @dataclass
+class AnswerStarted(Message):
+    """The question was saved and its answer is being computed."""
+
+
+@dataclass
 class AnswerFinished(Message):
     """The answer ended (completed, stopped, or cut by its limits)."""
 
@@ -41,7 +46,10 @@ class AnswerFinished(Message):
 
 @dataclass
 class AnswerFailed(Message):
-    """The answer failed; `started` says whether the question was saved before it did."""
+    """The answer failed; `started` says whether the question was saved before it did.
+
+    An empty reason: the user stopped it before it started (nothing to tell).
+    """
 
     reason: str
     started: bool

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -19,6 +18,7 @@ from chatapp.errors import ChatappError
 from chatapp.paths import user_path
 from chatapp.records import PersonaRecord
 from chatapp.services.personas import PersonaService
+from chatapp.tui.attempt import attempt
 from chatapp.tui.dialogs import Confirm, TextPrompt
 
 NO_PERSONA = "none"
@@ -72,7 +72,7 @@ class PersonaScreen(ModalScreen["PersonaScreen.Choice | None"]):
         options = self.query_one("#persona-list", OptionList)
         options.clear_options()
         options.add_option(Option("(no persona)", id=NO_PERSONA))
-        records = self._attempt(self.personas.all) or []
+        records = attempt(self, self.personas.all) or []
         for record in records:
             options.add_option(Option(record.name, id=str(record.id)))
         chosen = next((r for r in records if r.id == select_id or (select_id is None and r.name == select_name)), None)
@@ -87,7 +87,7 @@ class PersonaScreen(ModalScreen["PersonaScreen.Choice | None"]):
     @on(OptionList.OptionHighlighted, "#persona-list")
     def _highlighted(self, event: OptionList.OptionHighlighted) -> None:
         option_id = event.option.id
-        self._edit(None if option_id == NO_PERSONA else self._attempt(lambda: self.personas.get(int(option_id or 0))))
+        self._edit(None if option_id == NO_PERSONA else attempt(self, lambda: self.personas.get(int(option_id or 0))))
 
     @on(OptionList.OptionSelected, "#persona-list")
     def _selected(self) -> None:
@@ -100,20 +100,12 @@ class PersonaScreen(ModalScreen["PersonaScreen.Choice | None"]):
     def action_close(self) -> None:
         self.dismiss(None)
 
-    def _attempt(self, operation: Callable[[], T]) -> T | None:
-        """Run a service call; its one-line error becomes a notification."""
-        try:
-            return operation()
-        except ChatappError as error:
-            self.notify(str(error), severity="error", timeout=10)
-            return None
-
     @on(Button.Pressed, "#save")
     def action_save(self) -> None:
         name = self.query_one("#persona-name", Input).value
         prompt = self.query_one("#persona-prompt", TextArea).text
         editing = self.editing
-        saved = self._attempt(lambda: self.personas.save(editing, name, prompt))
+        saved = attempt(self, lambda: self.personas.save(editing, name, prompt))
         if saved is not None:
             self.notify(
                 f"Saved persona “{saved.name}”. Conversations using the old text keep it; pick it again to switch."
@@ -133,7 +125,7 @@ class PersonaScreen(ModalScreen["PersonaScreen.Choice | None"]):
             self.notify("Highlight a persona to duplicate.", severity="warning")
             return
         editing = self.editing
-        copy = self._attempt(lambda: self.personas.duplicate(editing))
+        copy = attempt(self, lambda: self.personas.duplicate(editing))
         if copy is not None:
             self.reload(select_id=copy.id)
 
@@ -149,7 +141,7 @@ class PersonaScreen(ModalScreen["PersonaScreen.Choice | None"]):
             return editing
 
         def decided(yes: bool | None) -> None:
-            if yes and self._attempt(delete_it) is not None:
+            if yes and attempt(self, delete_it) is not None:
                 self.reload()
 
         self.app.push_screen(Confirm(f"Delete the persona “{editing.name}”? Conversations keep their copy."), decided)
@@ -158,7 +150,7 @@ class PersonaScreen(ModalScreen["PersonaScreen.Choice | None"]):
     def import_file(self) -> None:
         def chosen(path: str | None) -> None:
             if path:
-                record = self._attempt(lambda: self.personas.import_file(user_path(path)))
+                record = attempt(self, lambda: self.personas.import_file(user_path(path)))
                 if record is not None:
                     self.notify(f"Imported persona “{record.name}”.")
                     self.reload(select_id=record.id)

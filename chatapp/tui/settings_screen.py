@@ -10,9 +10,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label
 
 from chatapp.errors import SettingsError
-from chatapp.services.startup import Workspace
-from chatapp.settings import Settings
-from chatapp.settings_file import (
+from chatapp.services.settings_form import (
     changed_restart_fields,
     field_errors,
     format_value,
@@ -20,6 +18,8 @@ from chatapp.settings_file import (
     save_settings,
     setting_fields,
 )
+from chatapp.services.startup import Workspace
+from chatapp.settings import Settings
 
 
 class SettingsScreen(ModalScreen[Settings | None]):

@@ -12,10 +12,11 @@ import pytest
 
 from cache.namespace import Namespace
 from cache.prefix_cache import CacheConfig, PrefixCache
-from cache.state_format import assemble_state
+from cache.state_format import MemoryKind, MemoryLayout, assemble_state, extract_piece, parse_state
 from tests.cache.state_factory import make_state, small_layout
 
-LAYOUT = small_layout(v_trans=False, scale=512)  # pieces over 32 KiB: stored as files
+KV_LAYOUT = small_layout(v_trans=False, scale=512)  # pieces over 32 KiB: stored as files
+LAYOUT = MemoryLayout(MemoryKind.PLAIN, 0, KV_LAYOUT, None, 0)
 CONFIG = CacheConfig(block_size=4, ram_budget_bytes=1 << 20, disk_budget_bytes=1 << 24, ttl_seconds=3600)
 
 
@@ -28,17 +29,20 @@ def open_cache(folder: Path, space: Namespace | None = None) -> PrefixCache:
 
 
 def store_sequence(cache: PrefixCache, tokens: list[int], seed: int = 0) -> bytes:
-    blob, _ = make_state(LAYOUT, list(range(len(tokens))), seq_id=0, stream=0, seed=seed)
+    blob, _ = make_state(KV_LAYOUT, list(range(len(tokens))), seq_id=0, stream=0, seed=seed)
     cache.store(tokens, np.frombuffer(blob, dtype=np.uint8))
     cache.flush()
     return blob
 
 
 def restored_state(cache: PrefixCache, prompt: list[int]) -> tuple[bytes, int, str]:
-    fetched = cache.fetch(cache.lookup(np.asarray(prompt)))
+    found = cache.lookup(np.asarray(prompt))
+    assert found.checkpoint is None  # plain models need none
+    fetched = cache.fetch(found, np.asarray(prompt))
     assert fetched is not None
-    pieces = [(block.tokens.size, payload) for block, payload in zip(fetched.blocks, fetched.payloads, strict=True)]
-    return assemble_state(LAYOUT, pieces, 0).tobytes(), fetched.matched_tokens, fetched.tier
+    assert fetched.prompt_tokens == tuple(prompt[: fetched.tokens])
+    state = assemble_state(LAYOUT, fetched.pieces, 0, cells=fetched.tokens)
+    return state.tobytes(), fetched.tokens, fetched.tier
 
 
 TOKENS = list(range(100, 111))  # 11 tokens: blocks of 4, 4 and a partial 3
@@ -85,7 +89,7 @@ def test_namespaces_never_share_entries(tmp_path: Path) -> None:
     for other in (namespace("model-b"), namespace("model-a", type_k=8)):
         cache = open_cache(tmp_path, other)
         assert len(cache.index) == 0
-        assert cache.lookup(np.asarray(TOKENS)).matched_tokens == 0
+        assert cache.lookup(np.asarray(TOKENS)).tokens == 0
         cache.close()
 
 
@@ -115,23 +119,22 @@ def test_a_damaged_payload_is_dropped_and_never_restored(tmp_path: Path, damage,
     cache.close()
     damage(payload_file(tmp_path, stored[block].key))
     again = open_cache(tmp_path)
-    fetched = again.fetch(again.lookup(np.asarray(TOKENS)))
+    fetched = again.fetch(again.lookup(np.asarray(TOKENS)), np.asarray(TOKENS))
     if block == 0:
         assert fetched is None  # nothing before the damage to restore
     else:  # the intact first block only, byte for byte
         assert fetched is not None
         assert [b.key for b in fetched.blocks] == [stored[0].key]
-        assert fetched.matched_tokens == 4
+        assert fetched.tokens == 4
         assert fetched.payloads[0] == blob_piece(blob, 0, 4)
     assert stored[block].key not in again.index  # dropped, so it is recomputed next time
     again.close()
 
 
 def blob_piece(blob: bytes, start: int, end: int) -> bytes:
-    from cache.state_format import cells_in_position_order, extract_piece, parse_sequence_state
-
-    state = parse_sequence_state(blob)
-    return extract_piece(state, cells_in_position_order(state), start, end)
+    base = parse_state(blob, MemoryKind.PLAIN).base
+    assert base is not None
+    return extract_piece(base, base.order()[0], start, end)
 
 
 def test_pickled_values_are_refused(tmp_path: Path) -> None:
@@ -143,7 +146,7 @@ def test_pickled_values_are_refused(tmp_path: Path) -> None:
     database.commit()
     database.close()
     again = open_cache(tmp_path)
-    assert again.fetch(again.lookup(np.asarray(TOKENS))) is None
+    assert again.fetch(again.lookup(np.asarray(TOKENS)), np.asarray(TOKENS)) is None
     again.close()
 
 
@@ -180,6 +183,8 @@ def test_tiny_sequences_store_and_miss_cleanly(tmp_path: Path, bad_tokens: list[
     cache = open_cache(tmp_path)
     if bad_tokens:
         store_sequence(cache, bad_tokens)
-        assert cache.lookup(np.asarray([*bad_tokens, 1])).matched_tokens == 1
-    assert cache.lookup(np.asarray([42, 43])).matched_tokens == 0
+        assert cache.lookup(np.asarray([*bad_tokens, 1])).tokens == 1
+        assert restored_state(cache, [*bad_tokens, 1])[1] == 1
+    assert cache.lookup(np.asarray([42, 43])).tokens == 0
+    assert cache.fetch(cache.lookup(np.asarray([42, 43])), np.asarray([42, 43])) is None
     cache.close()

@@ -1,27 +1,63 @@
-"""Cutting states into block pieces and joining them back, on synthetic states."""
+"""Cutting states into block pieces and joining them back, on synthetic states of every memory kind."""
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import struct
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 
 from cache.state_format import (
+    CHECKPOINT_HEAD,
+    KVLayout,
+    MemoryKind,
+    MemoryLayout,
+    ParsedState,
     StateFormatError,
     assemble_state,
-    cells_in_position_order,
+    checkpoint_payload,
     extract_piece,
-    parse_sequence_state,
+    parse_state,
+    read_checkpoint,
+    recurrent_position,
 )
-from tests.cache.state_factory import make_state, small_layout, sorted_by_position
+from tests.cache.state_factory import (
+    SyntheticModel,
+    SyntheticSequence,
+    make_state,
+    recurrent_section,
+    small_layout,
+    sorted_by_position,
+    synthetic_model,
+    write_state,
+)
+
+PLAIN = MemoryKind.PLAIN
+CHECKPOINTED = [MemoryKind.ISWA, MemoryKind.RECURRENT, MemoryKind.HYBRID, MemoryKind.HYBRID_ISWA]
+WITH_KV = [MemoryKind.ISWA, MemoryKind.HYBRID, MemoryKind.HYBRID_ISWA]
 
 
-def pieces_of(blob: bytes, bounds: list[int]) -> list[tuple[int, bytes]]:
-    state = parse_sequence_state(blob)
-    order = cells_in_position_order(state)
-    return [(end - start, extract_piece(state, order, start, end)) for start, end in itertools.pairwise(bounds)]
+def plain(layout: KVLayout) -> MemoryLayout:
+    return MemoryLayout(PLAIN, 0, layout, None, 0)
+
+
+def pieces_of(blob: bytes, bounds: list[int], kind: MemoryKind = PLAIN) -> list[tuple[int, bytes]]:
+    """Pieces of the full-attention cells between consecutive bounds."""
+    base = parse_state(blob, kind).base
+    assert base is not None
+    order, first = base.order()
+    assert first == 0
+    return [(end - start, extract_piece(base, order, start, end)) for start, end in itertools.pairwise(bounds)]
+
+
+def checkpoint_of(blob: bytes, kind: MemoryKind, *, partial: bool = False) -> bytes:
+    return checkpoint_payload(parse_state(blob, kind, partial=partial))
+
+
+# Plain KV, as before memory kinds.
 
 
 @pytest.mark.parametrize("v_trans", [False, True])
@@ -29,11 +65,22 @@ def pieces_of(blob: bytes, bounds: list[int]) -> list[tuple[int, bytes]]:
 def test_split_and_join_reproduces_the_state(v_trans: bool, sequence: int) -> None:
     layout = small_layout(v_trans, n_stream=4)
     blob, _ = make_state(layout, list(range(23)), seq_id=sequence, stream=sequence, seed=sequence)
-    parsed = parse_sequence_state(blob)
-    assert parsed.layout == layout
+    parsed = parse_state(blob, PLAIN)
+    assert parsed.layout(PLAIN, 0) == plain(layout)
     assert parsed.n_cells == 23
-    joined = assemble_state(layout, pieces_of(blob, [0, 8, 16, 17, 23]), dest_seq=sequence)
+    assert parsed.swa is None
+    assert parsed.recurrent == b""
+    joined = assemble_state(plain(layout), pieces_of(blob, [0, 8, 16, 17, 23]), dest_seq=sequence)
     assert joined.tobytes() == blob
+    assert assemble_state(plain(layout), pieces_of(blob, [0, 23]), sequence, cells=23).tobytes() == blob
+
+
+def test_a_unified_cache_keeps_every_sequence_in_stream_zero() -> None:
+    layout = small_layout(False, n_stream=1)
+    blob, _ = make_state(layout, list(range(6)), seq_id=0, stream=0)
+    moved = assemble_state(plain(layout), pieces_of(blob, [0, 3, 6]), dest_seq=5)
+    expected, _ = make_state(layout, list(range(6)), seq_id=5, stream=0)
+    assert moved.tobytes() == expected
 
 
 @pytest.mark.parametrize("v_trans", [False, True])
@@ -41,14 +88,14 @@ def test_cells_out_of_position_order_are_sorted(v_trans: bool) -> None:
     layout = small_layout(v_trans)
     positions = [3, 0, 4, 1, 2, 6, 5]
     blob, data = make_state(layout, positions, seq_id=1, stream=1)
-    joined = assemble_state(layout, pieces_of(blob, [0, 2, 7]), dest_seq=1)
+    joined = assemble_state(plain(layout), pieces_of(blob, [0, 2, 7]), dest_seq=1)
     assert joined.tobytes() == sorted_by_position(layout, positions, 1, 1, data)
 
 
 def test_pieces_move_to_another_sequence() -> None:
     layout = small_layout(False, n_stream=3)
     blob, _ = make_state(layout, list(range(5)), seq_id=0, stream=0)
-    moved = assemble_state(layout, pieces_of(blob, [0, 5]), dest_seq=2)
+    moved = assemble_state(plain(layout), pieces_of(blob, [0, 5]), dest_seq=2)
     expected, _ = make_state(layout, list(range(5)), seq_id=2, stream=2)  # same seed: same bytes
     assert moved.tobytes() == expected
 
@@ -61,6 +108,36 @@ def test_a_piece_holds_only_its_cells() -> None:
     assert len(piece) == layout.bytes_per_cell * 2
     first_layer_keys = np.frombuffer(piece[: 2 * layout.layers[0].k_row], dtype=np.uint8)
     assert np.array_equal(first_layer_keys, data["keys"][0][4:6].ravel())
+    # Transposed V: each element row holds the two cells side by side.
+    keys_size = sum(2 * layer.k_row for layer in layout.layers)
+    first_values = np.frombuffer(piece[keys_size : keys_size + 2 * layout.layers[0].v_embd * 2], dtype=np.uint8)
+    assert np.array_equal(first_values, data["values"][0][:, 4:6].ravel())
+
+
+@pytest.mark.parametrize("v_trans", [False, True])
+@pytest.mark.parametrize("cells", [1, 3, 4, 5, 7, 8, 9, 10])
+def test_assembling_fewer_cells_trims_the_last_piece(v_trans: bool, cells: int) -> None:
+    """Pieces of 4, 4 and 3 cells restore any shorter prefix: as if the state had only those cells."""
+    model = SyntheticModel(PLAIN, base=small_layout(v_trans))
+    sequence = SyntheticSequence(model, 11, seed=cells)
+    pieces = pieces_of(sequence.state(11), [0, 4, 8, 11])
+    covering = pieces[: (cells + 3) // 4]  # the last of these holds more cells than needed, or exactly
+    expected = sequence.state(cells)
+    assert assemble_state(model.layout, covering, 0, cells=cells).tobytes() == expected
+    assert assemble_state(model.layout, pieces, 0, cells=cells).tobytes() == expected  # later pieces unused
+    moved = assemble_state(model.layout, covering, 1, cells=cells).tobytes()
+    assert moved == sequence.state(cells, seq_id=1)
+
+
+def test_more_cells_than_the_pieces_hold_are_refused() -> None:
+    layout = small_layout(False)
+    blob, _ = make_state(layout, list(range(6)), seq_id=0, stream=0)
+    with pytest.raises(StateFormatError, match="cannot assemble"):
+        assemble_state(plain(layout), pieces_of(blob, [0, 6]), 0, cells=7)
+    with pytest.raises(StateFormatError, match="cannot assemble"):
+        assemble_state(plain(layout), [], 0)
+    with pytest.raises(StateFormatError, match="cannot assemble"):
+        assemble_state(plain(layout), pieces_of(blob, [0, 6]), 0, cells=0)
 
 
 def corrupt(blob: bytes, offset: int, value: bytes) -> bytes:
@@ -75,19 +152,303 @@ def corrupt(blob: bytes, offset: int, value: bytes) -> bytes:
         lambda blob: blob + b"\x00",  # trailing bytes
         lambda blob: corrupt(blob, 20, struct.pack("<I", 2)),  # a cell shared by two sequences
         lambda blob: corrupt(blob, 8, struct.pack("<I", 0)),  # no streams
+        lambda blob: corrupt(blob, 12, struct.pack("<I", 1 << 30)),  # more cells than bytes
     ],
+    ids=["magic", "truncated", "trailing", "shared-cell", "no-streams", "huge-count"],
 )
-def test_surprises_are_format_errors(damage) -> None:
+def test_surprises_are_format_errors(damage: Callable[[bytes], bytes]) -> None:
     layout = small_layout(False)
     blob, _ = make_state(layout, list(range(4)), seq_id=0, stream=0)
+    parse_state(blob, PLAIN)  # the undamaged state parses
     with pytest.raises(StateFormatError):
-        parse_sequence_state(damage(blob))
+        parse_state(damage(blob), PLAIN)
+
+
+def test_cells_in_two_streams_are_refused() -> None:
+    layout = small_layout(False, n_stream=2)
+    blob, data = make_state(layout, [0, 1], seq_id=0, stream=0)
+    second = write_state(layout, [2, 3], 0, 1, data["keys"], data["values"])
+    # Stream 0's count and cells, then stream 1's count and cells instead of its zero count.
+    two_streams = blob[:-4] + second[16:]
+    parse_state(blob, PLAIN)
+    parse_state(second, PLAIN)
+    with pytest.raises(StateFormatError, match="two streams"):
+        parse_state(two_streams, PLAIN)
 
 
 def test_gaps_in_positions_and_wrong_piece_sizes_are_refused() -> None:
     layout = small_layout(False)
     blob, _ = make_state(layout, [0, 1, 3], seq_id=0, stream=0)
+    base = parse_state(blob, PLAIN).base
+    assert base is not None
     with pytest.raises(StateFormatError, match="positions"):
-        cells_in_position_order(parse_sequence_state(blob))
+        base.order()
     with pytest.raises(StateFormatError, match="piece"):
-        assemble_state(layout, [(2, b"\x00" * 5)], dest_seq=0)
+        assemble_state(plain(layout), [(2, b"\x00" * 5)], dest_seq=0)
+    with pytest.raises(StateFormatError, match="outside"):
+        extract_piece(base, np.arange(3), 2, 4)
+
+
+def test_a_sequence_without_a_stream_is_refused() -> None:
+    layout = small_layout(False, n_stream=2)
+    blob, _ = make_state(layout, [0, 1], seq_id=0, stream=0)
+    with pytest.raises(StateFormatError, match="no stream"):
+        assemble_state(plain(layout), pieces_of(blob, [0, 2]), dest_seq=2)
+
+
+def test_a_plain_cache_has_no_partial_state() -> None:
+    layout = small_layout(False)
+    blob, _ = make_state(layout, [0, 1], seq_id=0, stream=0)
+    with pytest.raises(StateFormatError, match="partial"):
+        parse_state(struct.pack("<Ii", *struct.unpack_from("<Ii", blob)), PLAIN, partial=True)
+
+
+def test_the_plain_layout_digest_is_the_one_caches_were_written_with() -> None:
+    """Plain models name their layout as before memory kinds existed, so their stored caches stay valid."""
+    layout = small_layout(True)
+    legacy = hashlib.blake2b(repr((layout.v_trans, layout.layers)).encode(), digest_size=16).digest()
+    assert plain(layout).digest() == legacy
+    digests = {
+        plain(layout).digest(),
+        plain(small_layout(False)).digest(),
+        *(synthetic_model(kind, v_trans=True).layout.digest() for kind in CHECKPOINTED),
+        synthetic_model(MemoryKind.ISWA, v_trans=True, window=4).layout.digest(),
+        synthetic_model(MemoryKind.HYBRID, v_trans=True, recurrent_rows=41).layout.digest(),
+    }
+    assert len(digests) == 8  # every layout its own
+
+
+def test_memory_kinds() -> None:
+    of = MemoryKind.of
+    assert of(recurrent=False, hybrid=False, window=0) is MemoryKind.PLAIN
+    assert of(recurrent=False, hybrid=False, window=512) is MemoryKind.ISWA
+    assert of(recurrent=True, hybrid=False, window=0) is MemoryKind.RECURRENT
+    assert of(recurrent=True, hybrid=True, window=0) is MemoryKind.HYBRID
+    assert of(recurrent=True, hybrid=True, window=512) is MemoryKind.HYBRID_ISWA
+    assert [kind.has_base for kind in MemoryKind] == [True, True, False, True, True]
+    assert [kind.has_window for kind in MemoryKind] == [False, True, False, False, True]
+    assert [kind.has_recurrent for kind in MemoryKind] == [False, False, True, True, True]
+    assert [kind.needs_checkpoints for kind in MemoryKind] == [False, True, True, True, True]
+
+
+# Sliding-window, recurrent and hybrid states.
+
+LENGTH = 11
+
+
+def sequence_of(kind: MemoryKind, v_trans: bool = False, seed: int = 0, **options: int) -> SyntheticSequence:
+    return SyntheticSequence(synthetic_model(kind, v_trans=v_trans, **options), LENGTH, seed=seed)
+
+
+@pytest.mark.parametrize("v_trans", [False, True])
+@pytest.mark.parametrize("kind", CHECKPOINTED)
+def test_each_kind_is_parsed_by_section(kind: MemoryKind, v_trans: bool) -> None:
+    sequence = sequence_of(kind, v_trans)
+    model = sequence.model
+    parsed = parse_state(sequence.state(LENGTH, seq_id=1), kind)
+    assert parsed.layout(kind, model.window) == model.layout
+    assert parsed.n_cells == LENGTH
+    if kind.has_base:
+        assert parsed.base is not None
+        assert parsed.base.positions.tolist() == list(range(LENGTH))
+        assert parsed.base.layout == model.base
+    else:
+        assert parsed.base is None
+    if kind.has_window:
+        assert parsed.swa is not None
+        assert parsed.swa.positions.tolist() == [8, 9, 10]
+        assert parsed.swa.layout == model.swa
+    else:
+        assert parsed.swa is None
+    if kind.has_recurrent:
+        assert len(parsed.recurrent) == model.recurrent_size
+        assert recurrent_position(parsed.recurrent) == LENGTH - 1
+        assert parsed.recurrent.endswith(sequence.recurrent[LENGTH - 1].tobytes())
+    else:
+        assert parsed.recurrent == b""
+
+    partial = parse_state(sequence.partial(LENGTH, seq_id=1), kind, partial=True)
+    assert partial.base is None
+    assert partial.recurrent == parsed.recurrent
+    if kind.has_window:
+        assert partial.swa is not None
+        assert partial.swa.positions.tolist() == [8, 9, 10]
+
+
+@pytest.mark.parametrize("kind", CHECKPOINTED)
+def test_the_checkpoint_of_a_full_state_equals_that_of_the_partial_state(kind: MemoryKind) -> None:
+    sequence = sequence_of(kind)
+    for n in (1, 2, 3, 4, 7, LENGTH):
+        full = checkpoint_of(sequence.state(n), kind)
+        assert full == checkpoint_of(sequence.partial(n), kind, partial=True)
+        assert full == checkpoint_of(sequence.partial(n, shuffle=True), kind, partial=True)  # cell order
+        assert full == checkpoint_of(sequence.state(n, seq_id=1), kind)  # the sequence it was read from
+        cells, first, recurrent_size = CHECKPOINT_HEAD.unpack_from(full)
+        assert cells == (min(n, 3) if kind.has_window else 0)
+        assert first == (max(0, n - 3) if kind.has_window else 0)
+        assert recurrent_size == sequence.model.recurrent_size
+    assert checkpoint_of(sequence.state(5), kind) != checkpoint_of(sequence.state(6), kind)
+
+
+@pytest.mark.parametrize("v_trans", [False, True])
+@pytest.mark.parametrize("kind", CHECKPOINTED)
+@pytest.mark.parametrize("shuffle", [False, True], ids=["ordered", "shuffled"])
+def test_pieces_and_a_checkpoint_reproduce_the_full_state(kind: MemoryKind, v_trans: bool, shuffle: bool) -> None:
+    sequence = sequence_of(kind, v_trans, n_stream=4)
+    layout = sequence.model.layout
+    source = sequence.state(LENGTH, seq_id=1, shuffle=shuffle)
+    pieces = pieces_of(source, [0, 4, 8, LENGTH], kind) if kind.has_base else []
+    checkpoint = checkpoint_of(source, kind)
+    joined = assemble_state(layout, pieces, 1, cells=LENGTH, checkpoint=checkpoint)
+    assert joined.tobytes() == sequence.state(LENGTH, seq_id=1)  # == source when its cells were in order
+    if not shuffle:
+        assert joined.tobytes() == source
+    for target in (0, 3):  # every KV section moves to the target sequence's stream
+        moved = assemble_state(layout, pieces, target, cells=LENGTH, checkpoint=checkpoint)
+        assert moved.tobytes() == sequence.state(LENGTH, seq_id=target)
+        assert parse_state(moved, kind).n_cells == LENGTH
+
+
+@pytest.mark.parametrize("kind", [MemoryKind.ISWA, MemoryKind.HYBRID_ISWA])
+def test_a_window_in_another_stream_slot_restores_into_the_sequence_stream(kind: MemoryKind) -> None:
+    sequence = sequence_of(kind, n_stream=4)
+    source = sequence.state(LENGTH, seq_id=1, stream=1, swa_stream=3)
+    parsed = parse_state(source, kind)
+    assert parsed.swa is not None
+    assert parsed.swa.positions.tolist() == [8, 9, 10]
+    checkpoint = checkpoint_payload(parsed)
+    assert checkpoint == checkpoint_of(sequence.partial(LENGTH, seq_id=2, swa_stream=0), kind, partial=True)
+    joined = assemble_state(
+        sequence.model.layout, pieces_of(source, [0, 8, LENGTH], kind), 2, cells=LENGTH, checkpoint=checkpoint
+    )
+    assert joined.tobytes() == sequence.state(LENGTH, seq_id=2)
+
+
+@pytest.mark.parametrize("v_trans", [False, True])
+@pytest.mark.parametrize("kind", CHECKPOINTED)
+@pytest.mark.parametrize("cells", [1, 2, 4, 6, 9])
+def test_a_shorter_prefix_comes_from_longer_pieces_and_its_own_checkpoint(
+    kind: MemoryKind, v_trans: bool, cells: int
+) -> None:
+    sequence = sequence_of(kind, v_trans, seed=cells)
+    pieces = pieces_of(sequence.state(LENGTH), [0, 4, 8, LENGTH], kind) if kind.has_base else []
+    covering = pieces[: (cells + 3) // 4]
+    checkpoint = checkpoint_of(sequence.partial(cells), kind, partial=True)
+    joined = assemble_state(sequence.model.layout, covering, 0, cells=cells, checkpoint=checkpoint)
+    assert joined.tobytes() == sequence.state(cells)
+
+
+def test_a_window_shorter_than_the_model_window_restores() -> None:
+    sequence = sequence_of(MemoryKind.ISWA, window=5)
+    checkpoint = checkpoint_of(sequence.partial(2), MemoryKind.ISWA, partial=True)
+    assert CHECKPOINT_HEAD.unpack_from(checkpoint) == (2, 0, 0)
+    pieces = pieces_of(sequence.state(2), [0, 2], MemoryKind.ISWA)
+    assert assemble_state(sequence.model.layout, pieces, 0, checkpoint=checkpoint).tobytes() == sequence.state(2)
+
+
+@pytest.mark.parametrize("kind", CHECKPOINTED)
+def test_a_missing_checkpoint_is_refused(kind: MemoryKind) -> None:
+    sequence = sequence_of(kind)
+    pieces = pieces_of(sequence.state(LENGTH), [0, LENGTH], kind) if kind.has_base else []
+    for missing in (None, b""):
+        with pytest.raises(StateFormatError, match="needs a checkpoint"):
+            assemble_state(sequence.model.layout, pieces, 0, cells=LENGTH, checkpoint=missing)
+
+
+@pytest.mark.parametrize("kind", CHECKPOINTED)
+def test_a_checkpoint_at_another_position_is_refused(kind: MemoryKind) -> None:
+    sequence = sequence_of(kind)
+    layout = sequence.model.layout
+    checkpoint = checkpoint_of(sequence.state(6), kind)
+    assert read_checkpoint(layout, checkpoint, 6).first == (3 if kind.has_window else 0)
+    pieces = pieces_of(sequence.state(LENGTH), [0, LENGTH], kind) if kind.has_base else []
+    for end in (5, 7):
+        expected = "window ends" if kind.has_window else "recurrent state is not at"
+        with pytest.raises(StateFormatError, match=expected):
+            read_checkpoint(layout, checkpoint, end)
+        with pytest.raises(StateFormatError, match=expected):
+            assemble_state(layout, pieces, 0, cells=end, checkpoint=checkpoint)
+
+
+def test_a_window_and_a_recurrent_state_of_different_positions_are_refused() -> None:
+    kind = MemoryKind.HYBRID_ISWA
+    sequence = sequence_of(kind)
+    at_six, at_five = parse_state(sequence.state(6), kind), parse_state(sequence.state(5), kind)
+    mixed = checkpoint_payload(ParsedState(None, at_six.swa, at_five.recurrent))
+    with pytest.raises(StateFormatError, match="recurrent state is not at position 5"):
+        read_checkpoint(sequence.model.layout, mixed, 6)
+    mixed = checkpoint_payload(ParsedState(None, at_five.swa, at_six.recurrent))
+    with pytest.raises(StateFormatError, match="window ends at 5"):
+        read_checkpoint(sequence.model.layout, mixed, 6)
+
+
+@pytest.mark.parametrize("kind", CHECKPOINTED)
+def test_a_checkpoint_of_the_wrong_size_is_refused(kind: MemoryKind) -> None:
+    sequence = sequence_of(kind)
+    layout = sequence.model.layout
+    checkpoint = checkpoint_of(sequence.state(6), kind)
+    for damaged in (checkpoint[:-1], checkpoint + b"\x00", checkpoint[: CHECKPOINT_HEAD.size - 1]):
+        with pytest.raises(StateFormatError, match=r"wrong size|without its head"):
+            read_checkpoint(layout, damaged, 6)
+    if kind.has_recurrent:  # another model's recurrent state: consistent in itself, but not this size
+        other = sequence_of(kind, recurrent_rows=48)
+        with pytest.raises(StateFormatError, match="another size"):
+            read_checkpoint(layout, checkpoint_of(other.state(6), kind), 6)
+    if kind.has_window:  # a window of another model's layers
+        other = sequence_of(kind, scale=2)
+        with pytest.raises(StateFormatError, match="wrong size"):
+            read_checkpoint(layout, checkpoint_of(other.state(6), kind), 6)
+
+
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        (recurrent_section(3, 2, b"x" * 40, cell_count=2), "2 cells"),
+        (recurrent_section(3, 2, b"x" * 40, n_seq_id=1), "does not know"),
+        (recurrent_section(-2, 2, b"x" * 40), "does not know"),
+        (recurrent_section(3, 0, b"x" * 40), "does not know"),
+        (b"\x01\x00", "without its cell count"),
+        (recurrent_section(3, 2, b"")[:-4], "1 cells"),
+    ],
+    ids=["two-cells", "seq-ids", "negative-position", "no-layers", "no-count", "short-head"],
+)
+def test_surprising_recurrent_sections_are_refused(section: bytes, message: str) -> None:
+    kind = MemoryKind.RECURRENT
+    good = sequence_of(kind).state(4)
+    parse_state(good, kind)
+    with pytest.raises(StateFormatError, match=message):
+        parse_state(good[:8] + section, kind)
+
+
+@pytest.mark.parametrize("kind", CHECKPOINTED)
+def test_surprises_in_other_kinds_are_format_errors(kind: MemoryKind) -> None:
+    sequence = sequence_of(kind)
+    full, partial = sequence.state(6), sequence.partial(6)
+    with pytest.raises(StateFormatError, match="magic"):
+        parse_state(corrupt(full, 0, b"\x00\x00\x00\x00"), kind)
+    for blob, is_partial in ((full, False), (partial, True)):
+        for damaged in (blob[:-1], blob + b"\x00"):
+            if kind.has_recurrent:
+                # The recurrent section is opaque bytes to the end: its size gives the damage away.
+                parsed = parse_state(damaged, kind, partial=is_partial)
+                assert len(parsed.recurrent) != sequence.model.recurrent_size
+                if not is_partial:
+                    assert parsed.layout(kind, sequence.model.window) != sequence.model.layout
+            else:
+                with pytest.raises(StateFormatError):
+                    parse_state(damaged, kind, partial=is_partial)
+    if kind is MemoryKind.ISWA:  # one KV section where two are expected, and the other way round
+        with pytest.raises(StateFormatError):
+            parse_state(partial, kind)
+        with pytest.raises(StateFormatError):
+            parse_state(full, kind, partial=True)
+    if kind.has_recurrent and kind.has_base:  # a state without its recurrent section
+        with pytest.raises(StateFormatError):
+            parse_state(full[: len(full) - sequence.model.recurrent_size], kind)
+
+
+def test_an_empty_recurrent_sequence_holds_nothing() -> None:
+    sequence = sequence_of(MemoryKind.RECURRENT)
+    parsed = parse_state(sequence.state(0), MemoryKind.RECURRENT)
+    assert parsed.n_cells == 0
+    assert recurrent_position(parsed.recurrent) == -1

@@ -183,8 +183,11 @@ def test_cache_stats_prune_and_clear(data_dir: Path, capsys) -> None:
     assert stats["disk"]["bytes"] > 0
     assert stats["disk"]["hits"] >= 1
     assert stats["ram"]["budget_bytes"] == 2048 << 20
+    assert stats["memory"]["kind"] == "plain"  # the bundled model's memory, noted by the cache
     assert main(["cache", "stats"]) == 0
-    assert "hit rate" in capsys.readouterr().out
+    report = capsys.readouterr().out
+    assert "hit rate" in report
+    assert "memory of the last model used: plain KV cache" in report
     assert main(["cache", "prune"]) == 0
     assert "pruned 0 expired entries" in capsys.readouterr().out
     library = open_library(open_workspace(str(data_dir)))
@@ -199,6 +202,7 @@ def test_cache_stats_prune_and_clear(data_dir: Path, capsys) -> None:
     cleared = json.loads(capsys.readouterr().out)
     assert cleared["disk"]["entries"] == 0
     assert cleared["requests"] == 0
+    assert cleared["memory"]["description"] == "no model has used this cache folder yet"
     assert not list((data_dir / "cache" / "kv").rglob("*.val"))
     library = open_library(open_workspace(str(data_dir)))
     assert library.pins.list() == []

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import stat
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -16,9 +15,6 @@ from chatapp.benchmark.llama_server import (
     default_llama_server_path,
     server_command,
 )
-
-# Starts llama-server processes.
-pytestmark = pytest.mark.slow
 
 posix_only = pytest.mark.skipif(sys.platform == "win32", reason="fake servers are shell scripts")
 
@@ -86,22 +82,20 @@ def test_missing_model(tmp_path: Path) -> None:
 @posix_only
 def test_server_that_exits_reports_its_output(tmp_path: Path) -> None:
     binary = _script(tmp_path / "server", 'echo "error: failed to load model" >&2; exit 3')
-    started = time.monotonic()
+    # A start timeout far beyond the test's own: only noticing the exit can end this call.
     with pytest.raises(LlamaServerError, match="exited with code 3") as caught:
-        LlamaServerPeer(binary, _model(tmp_path), context=256, threads=1, cache_ram_mib=0)
-    assert time.monotonic() - started < 5
+        LlamaServerPeer(binary, _model(tmp_path), context=256, threads=1, cache_ram_mib=0, start_timeout_s=100_000)
     assert "failed to load model" in str(caught.value)
     assert "model.gguf" in str(caught.value)
 
 
 @posix_only
+@pytest.mark.slow
 def test_server_never_healthy_times_out_and_is_stopped(tmp_path: Path) -> None:
     pid_file = tmp_path / "pid"
     binary = _script(tmp_path / "server", f'echo $$ > "{pid_file}"; echo "loading forever"; exec sleep 60')
-    started = time.monotonic()
     with pytest.raises(LlamaServerError, match="not healthy after 1 s") as caught:
         LlamaServerPeer(binary, _model(tmp_path), context=256, threads=1, cache_ram_mib=0, start_timeout_s=1)
-    assert time.monotonic() - started < 10
     assert "loading forever" in str(caught.value)
     pid = int(pid_file.read_text())
     assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
@@ -118,16 +112,16 @@ def server_binary() -> Path:
     return binary
 
 
+@pytest.mark.slow
 def test_real_server_rejects_a_bad_model_quickly(server_binary: Path, tmp_path: Path) -> None:
     bad = tmp_path / "not-a-model.gguf"
     bad.write_bytes(b"this is not a gguf file" * 10)
-    started = time.monotonic()
     with pytest.raises(LlamaServerError, match="exited with code") as caught:
-        LlamaServerPeer(server_binary, bad, context=256, threads=1, cache_ram_mib=0)
-    assert time.monotonic() - started < 15
+        LlamaServerPeer(server_binary, bad, context=256, threads=1, cache_ram_mib=0, start_timeout_s=100_000)
     assert "not-a-model.gguf" in str(caught.value)
 
 
+@pytest.mark.slow
 def test_real_server_answers_and_reuses_its_cache(server_binary: Path, model_path: Path, vocab) -> None:
     prompt = vocab.tokenize(
         "<|im_start|>user\nName three colours of the rainbow.<|im_end|>\n<|im_start|>assistant\n",

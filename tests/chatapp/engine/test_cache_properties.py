@@ -17,10 +17,16 @@ For every answer:
   stored before (anything more would be a wrong restore), and, once every earlier store has
   finished, at least that prefix less the engine's restore margin.
 
+It runs on a tiny model of each memory kind: plain KV (llama), interleaved sliding window
+(gemma3), hybrid attention and short convolutions (LFM2) and recurrent (Mamba). Where the
+state cannot be cut, reuse lands on checkpoints (the prompt's end less the tokens every
+answer evaluates again, and each stored answer's end), and the lower bound is the deepest
+of those the prompt shares.
+
 Over the whole session the device, RAM and disk tiers must each have served some request
 (checked by the last test of this module).
 
-CHATAPP_PROPERTY_EXAMPLES sets the number of examples (default 200).
+CHATAPP_PROPERTY_EXAMPLES sets the number of examples per kind (default 100).
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ import shutil
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,18 +45,32 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cache.keys import as_token_array
+from cache.state_format import MemoryKind
 from chatapp.engine.engine import Engine, EngineConfig, GenerationRequest
 from chatapp.engine.kv_placement import FRESH_TOKENS, RESTORE_MARGIN_TOKENS
 from chatapp.engine.llama_native import SamplingParams
 from chatapp.engine.prompt import ChatMessage
+from chatapp.services.boundaries import reuse_boundaries
 from chatapp.vocabulary import Role, StopReason
 from tests.cache_support import cached_engine
-from tests.model_factory import TINY_MODEL_THREADS, write_tiny_llama
+from tests.model_factory import (
+    TINY_MODEL_THREADS,
+    write_tiny_gemma3,
+    write_tiny_lfm2,
+    write_tiny_llama,
+    write_tiny_mamba,
+)
 
 # Hundreds of random conversation trees on the tiny model: a minute on two cores.
 pytestmark = pytest.mark.slow
 
-EXAMPLES = int(os.environ.get("CHATAPP_PROPERTY_EXAMPLES", "200"))
+EXAMPLES = int(os.environ.get("CHATAPP_PROPERTY_EXAMPLES", "100"))
+WRITERS: dict[MemoryKind, Callable[[Path], Path]] = {
+    MemoryKind.PLAIN: write_tiny_llama,
+    MemoryKind.ISWA: write_tiny_gemma3,
+    MemoryKind.HYBRID: write_tiny_lfm2,
+    MemoryKind.RECURRENT: write_tiny_mamba,
+}
 CONTEXT = 1024  # tokens per sequence; the longest example prompt stays well below it
 
 PERSONAS = (
@@ -124,11 +144,11 @@ plans = st.builds(
 )
 
 
-@pytest.fixture(scope="module")
-def tiny_model() -> Iterator[Path]:
+@pytest.fixture(scope="module", params=list(WRITERS), ids=str)
+def tiny_model(request: pytest.FixtureRequest) -> Iterator[Path]:
     folder = Path(tempfile.mkdtemp(prefix="chatapp-prop-model-"))
     try:
-        yield write_tiny_llama(folder / "tiny.gguf")
+        yield WRITERS[request.param](folder / "tiny.gguf")
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -177,8 +197,14 @@ class Replay:
     cold: Engine
     engine: Engine | None = None
     nodes: list[Node] = field(default_factory=list)
-    stored: list[tuple[int, ...]] = field(default_factory=list)  # handed to the cache
-    stored_flushed: int = 0  # how many of `stored` are known to be written
+    stored: list[tuple[int, ...]] = field(default_factory=list)  # handed to the cache (maybe in part)
+    # Known to be stored whole: an answer whose store was waited for before the next request
+    # (a request that comes first stops the answer's recompute, and less of it is stored).
+    confirmed: list[tuple[int, ...]] = field(default_factory=list)
+    # Where the engine kept checkpoints (models whose state cannot be cut): known to be written,
+    # and taken during prefills since the last wait for the cache.
+    checkpoints: list[tuple[int, ...]] = field(default_factory=list)
+    pending_checkpoints: list[tuple[int, ...]] = field(default_factory=list)
     # What this engine computed without the cache: still resident, so reusable in place.
     uncached: list[tuple[int, ...]] = field(default_factory=list)
     log: list[str] = field(default_factory=list)
@@ -199,14 +225,15 @@ class Replay:
         if self.engine is not None:
             self.engine.close()  # flushes the background stores
             self.engine = None
-            self.stored_flushed = len(self.stored)
+            self.checkpoints += self.pending_checkpoints
+            self.pending_checkpoints = []
 
     def wait_until_stored(self, held: tuple[int, ...]) -> None:
         """Wait until the blocks of the answer just given, and every earlier one, are stored."""
         assert self.engine is not None
         assert self.engine.cache is not None
         self.engine.flush_cache()
-        stored = self.engine.cache.lookup(as_token_array(held)).matched_tokens
+        stored = self.engine.cache.lookup(as_token_array(held)).tokens
         assert stored == len(held), f"only {stored} of the answer's {len(held)} tokens were stored\n" + "\n".join(
             self.log
         )
@@ -217,8 +244,9 @@ class Replay:
         sampling = SamplingParams(temperature=0.0, max_tokens=step.max_tokens)
         sequence = None if step.sequence is None else step.sequence % self.plan.sequences
         cold = self.cold.generate(GenerationRequest(prompt, sampling, use_cache=False)).wait()
+        boundaries = reuse_boundaries(self.engine.prompt_builder, messages) if self.engine.takes_checkpoints else ()
         warm = self.engine.generate(
-            GenerationRequest(prompt, sampling, sequence=sequence, use_cache=step.use_cache)
+            GenerationRequest(prompt, sampling, sequence=sequence, use_cache=step.use_cache, checkpoints=boundaries)
         ).wait()
         stats = warm.stats
         self.log.append(
@@ -248,15 +276,23 @@ class Replay:
             assert stats.reused_tokens <= min(known, limit), (
                 f"reused more than any computed prefix shares ({known})\n{history}"
             )
-            shared = min(max((common_prefix(prompt, tokens) for tokens in self.stored), default=0), limit)
-            if self.stored_flushed == len(self.stored):
-                assert stats.reused_tokens >= shared - RESTORE_MARGIN_TOKENS, (
-                    f"reused {stats.reused_tokens} of {shared} shared tokens\n{history}"
+            shared = min(max((common_prefix(prompt, tokens) for tokens in self.confirmed), default=0), limit)
+            if self.engine.takes_checkpoints:
+                shared = max(
+                    (len(point) for point in self.checkpoints if len(point) <= limit and prompt[: len(point)] == point),
+                    default=0,
                 )
+            assert stats.reused_tokens >= shared - RESTORE_MARGIN_TOKENS, (
+                f"reused {stats.reused_tokens} of {shared} shared tokens\n{history}"
+            )
             self.stored.append(held)
+            # The boundaries this prefill passed were checkpointed (those before its start were reused).
+            self.pending_checkpoints += [prompt[:boundary] for boundary in boundaries if boundary > stats.reused_tokens]
             if step.flush:
                 self.wait_until_stored(held)
-                self.stored_flushed = len(self.stored)
+                self.confirmed.append(held)
+                self.checkpoints += [held, *self.pending_checkpoints]
+                self.pending_checkpoints = []
         node = Node([*messages, ChatMessage(Role.ASSISTANT, (warm.text,), warm.token_ids)], step.max_tokens)
         self.nodes.append(node)
         return node

@@ -139,4 +139,4 @@ def test_flush_waits_for_the_answer_just_given(cached: Engine) -> None:
         target = prompt(cached, f"Question number {index}: what is a clause?")
         answer(cached, target)
         cached.flush_cache()
-        assert cached.cache.lookup(np.asarray(target)).matched_tokens == len(target)
+        assert cached.cache.lookup(np.asarray(target)).tokens == len(target)

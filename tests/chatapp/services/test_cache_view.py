@@ -49,7 +49,7 @@ def test_pin_persona_stores_and_pins_its_prefix_and_unpin_releases_it(chat: Chat
     expected = engine.prompt_builder.build([ChatMessage.of(Role.SYSTEM, persona.prompt)], add_generation_prompt=False)
     assert list(pins[0].tokens) == expected
     # The pinned blocks cover the whole prefix: a lookup finds all of it.
-    assert engine.cache.lookup(as_token_array(expected)).matched_tokens == len(expected)
+    assert engine.cache.lookup(as_token_array(expected)).tokens == len(expected)
     overview = cache_view.overview()
     assert overview.live
     assert overview.pins == pins
@@ -148,6 +148,7 @@ def test_overview_reads_the_folder_until_the_engine_is_attached(workspace: Works
     assert before.stats["requests"] == 1
     assert before.stats["prompt_tokens"] == prompt_tokens
     assert before.stats["disk"]["entries"] == stored
+    assert before.memory.startswith("plain KV cache: any cached prefix")
 
     engine = workspace.open_engine(sequences=1)
     try:
@@ -156,6 +157,8 @@ def test_overview_reads_the_folder_until_the_engine_is_attached(workspace: Works
         assert after.live
         assert after.stats["index_entries"] == stored, "the running cache found the earlier session's blocks"
         assert after.stats["requests"] == 0, "a running cache counts this session's requests"
+        assert after.stats["memory"]["kind"] == "plain"
+        assert after.memory == before.memory
         chat.figures.ttft_ms.append(12.5)  # what an answer adds when it ends
         assert cache_view.overview().ttft_ms == [12.5]
     finally:

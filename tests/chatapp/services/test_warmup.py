@@ -125,7 +125,9 @@ def test_before_send_keeps_only_warm_ups_that_start_the_prompt(engine: Engine) -
     assert not prewarmer.busy
     # What was cancelled may be warmed again (here queued behind an answer, then cancelled).
     with engine.holding(Step.TOKEN, after=1) as gate:
-        blocker = engine.generate(GenerationRequest(long_prompt(engine, "hills"), SamplingParams(max_tokens=2)))
+        blocker = engine.generate(
+            GenerationRequest(long_prompt(engine, "hills"), SamplingParams(temperature=0.0, max_tokens=2))
+        )
         again = prewarmer.warm(useless, store=False)
         assert again is not None
         assert gate.wait_until_holding()

@@ -9,8 +9,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from textual.await_complete import AwaitComplete
-from textual.widgets import Input, Markdown
+from textual.widgets import Input
+from textual.widgets.markdown import MarkdownStream
 from textual.widgets.tree import TreeNode
 
 from chatapp.engine.gate import Step
@@ -35,14 +35,14 @@ from tests.tui_support import (
 
 
 async def test_an_answer_streams_in_and_is_saved(data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    appended: list[str] = []
-    original_append = Markdown.append
+    appended: list[str] = []  # what the screen streamed into the answer, piece by piece
+    original_write = MarkdownStream.write
 
-    def recording_append(self: Markdown, fragment: str) -> AwaitComplete:
+    async def recording_write(self: MarkdownStream, fragment: str) -> None:
         appended.append(fragment)
-        return original_append(self, fragment)
+        await original_write(self, fragment)
 
-    monkeypatch.setattr(Markdown, "append", recording_append)
+    monkeypatch.setattr(MarkdownStream, "write", recording_write)
     app = make_app(data_dir, max_tokens=30)
     async with app.run_test(size=SCREEN) as pilot:
         await wait_ready(pilot, app)
@@ -73,7 +73,7 @@ async def test_stop_regenerate_and_move_between_sibling_answers(data_dir: Path) 
         composer.text = "Tell me a very long story about a lighthouse keeper."
         with engine_of(app).holding(Step.TOKEN, after=10) as gate:  # ten tokens said, then held until Esc
             await pilot.press("enter")
-            await wait_until(pilot, gate.holding.is_set)
+            await wait_until(pilot, gate.reached_step.is_set)
             await wait_until(pilot, lambda: answers(app) != [] and len(answers(app)[0].text) > 10)
             await pilot.press("escape")
             await wait_idle(pilot, app)

@@ -32,6 +32,7 @@ async def test_questions_about_a_document_reuse_its_tokens(data_dir: Path, tmp_p
         await wait_ready(pilot, app)
         await attach(pilot, app, document)
         await wait_until(pilot, lambda: app.service.view().document is not None)
+        await wait_idle(pilot, app)  # the screen shows the document's branch before Ctrl+T
         info = str(app.main_screen.query_one("#branch-info").render())
         assert "Document: lighthouses.txt" in info
         assert "of 1,024 tokens" in info

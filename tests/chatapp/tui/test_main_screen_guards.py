@@ -40,7 +40,7 @@ async def test_two_quick_regenerates_start_one_answer(data_dir: Path) -> None:
             # Two presses handled back to back (pilot.press would wait for the first answer to end).
             await app.main_screen.run_action("regenerate")
             await app.main_screen.run_action("regenerate")
-            await wait_until(pilot, gate.holding.is_set)
+            await wait_until(pilot, gate.reached_step.is_set)
             await pilot.press("escape")
             await wait_until(pilot, lambda: bool(answers(app)) and answers(app)[0].version_count >= 2)
             await wait_idle(pilot, app)
@@ -103,7 +103,7 @@ async def test_actions_that_change_the_branch_wait_for_the_answer(data_dir: Path
         app.main_screen.query_one(Composer).text = "Tell me a long story about a lighthouse."
         with engine_of(app).holding(Step.TOKEN, after=1) as gate:  # the answer runs until Esc
             await pilot.press("enter")
-            await wait_until(pilot, gate.holding.is_set)
+            await wait_until(pilot, gate.reached_step.is_set)
             await pilot.press("ctrl+t")
             assert not app.service.view().conversation.qa_mode
             assert any("still running" in n for n in notifications(app))

