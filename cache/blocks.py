@@ -19,6 +19,7 @@ from cache.keys import BlockKey
 META_MAGIC = b"CKVB"
 META_VERSION = 1  # a block of full-attention KV (records of this version predate checkpoints)
 CHECKPOINT_VERSION = 2  # a checkpoint: the uncuttable sections (SWA window, recurrent state) at one position
+DELTA_VERSION = 3  # a checkpoint stored as the window cells it adds to another (whose key ends the record)
 _META_HEAD = struct.Struct(
     "<4sH16s16s16sIIQQ?"
 )  # magic, version, namespace, key, parent, start, n_tokens, size, checksum, pinned
@@ -46,6 +47,8 @@ class BlockInfo:
     `parent`. A checkpoint holds the state of the uncuttable sections at position `end`;
     `parent` is then its anchor, the last block boundary at or before `end` (the key of the
     prefix up to `start`), and `tokens` are the prompt tokens between the anchor and `end`.
+    A delta checkpoint `extends` an earlier checkpoint on the same tokens: it holds only the
+    window cells after that one's end, and restores only while that one is stored.
     """
 
     key: BlockKey
@@ -56,6 +59,7 @@ class BlockInfo:
     checksum: int
     pinned: bool = False
     checkpoint: bool = False
+    extends: BlockKey | None = None
     order_key: bytes = field(default=b"", repr=False)
 
     def __post_init__(self) -> None:
@@ -67,9 +71,13 @@ class BlockInfo:
         return self.start + int(self.tokens.size)
 
     def encode(self, namespace_id: bytes) -> bytes:
+        if self.extends is not None:
+            version = DELTA_VERSION
+        else:
+            version = CHECKPOINT_VERSION if self.checkpoint else META_VERSION
         head = _META_HEAD.pack(
             META_MAGIC,
-            CHECKPOINT_VERSION if self.checkpoint else META_VERSION,
+            version,
             namespace_id,
             self.key,
             self.parent,
@@ -79,7 +87,7 @@ class BlockInfo:
             self.checksum,
             self.pinned,
         )
-        body = head + np.ascontiguousarray(self.tokens, dtype="<i4").tobytes()
+        body = head + np.ascontiguousarray(self.tokens, dtype="<i4").tobytes() + (self.extends or b"")
         return body + _CHECK.pack(xxhash.xxh3_64_intdigest(body))
 
     @classmethod
@@ -93,12 +101,20 @@ class BlockInfo:
         magic, version, namespace, key, parent, start, n_tokens, size, checksum, pinned = _META_HEAD.unpack(
             body[: _META_HEAD.size]
         )
-        if magic != META_MAGIC or version not in (META_VERSION, CHECKPOINT_VERSION):
+        if magic != META_MAGIC or version not in (META_VERSION, CHECKPOINT_VERSION, DELTA_VERSION):
             raise RecordError("unknown record format")
         if namespace != namespace_id:
             raise RecordError("record from another namespace")
-        tokens = np.frombuffer(body[_META_HEAD.size :], dtype="<i4").astype(np.int32)
+        rest = body[_META_HEAD.size :]
+        extends = None
+        if version == DELTA_VERSION:
+            if len(rest) < len(key):
+                raise RecordError("delta record without the key it extends")
+            rest, extends = rest[: -len(key)], BlockKey(rest[-len(key) :])
+        if len(rest) != 4 * n_tokens:
+            raise RecordError("record token count mismatch")
+        tokens = np.frombuffer(rest, dtype="<i4").astype(np.int32)
         if tokens.size != n_tokens:
             raise RecordError("record token count mismatch")
-        checkpoint = version == CHECKPOINT_VERSION
-        return cls(BlockKey(key), BlockKey(parent), start, tokens, size, checksum, pinned, checkpoint)
+        checkpoint = version != META_VERSION
+        return cls(BlockKey(key), BlockKey(parent), start, tokens, size, checksum, pinned, checkpoint, extends)

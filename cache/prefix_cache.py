@@ -32,7 +32,9 @@ from cache.state_format import (
     MemoryLayout,
     StateFormatError,
     checkpoint_payload,
+    checkpoint_tail,
     extract_piece,
+    join_checkpoint,
     parse_state,
     read_checkpoint,
 )
@@ -65,6 +67,11 @@ class CacheConfig:
     ram_budget_bytes: int = 2 * GIB
     disk_budget_bytes: int = 10 * GIB
     ttl_seconds: float = 7 * DAY
+    # A checkpoint fewer tokens than this after a stored one on the same tokens is not stored:
+    # restoring that one and computing the few tokens between costs less than another window
+    # or recurrent state (an answer's end, then the next turn's history end two template
+    # tokens on). At most the engine's restore margin, so reuse stays within it.
+    checkpoint_min_gap: int = 8
 
 
 @dataclass(frozen=True)
@@ -132,6 +139,9 @@ class PrefixCache:
                 assert match is not None
                 return CachedPrefix(covered, match.blocks, None)
             checkpoint = self.index.deepest_checkpoint(array, covered)
+            while checkpoint is not None and checkpoint.extends is not None and checkpoint.extends not in self.index:
+                self._forget(checkpoint)  # the checkpoint it extends is gone: it cannot be restored
+                checkpoint = self.index.deepest_checkpoint(array, covered)
         if checkpoint is None:
             return CachedPrefix(0, (), None)
         end = checkpoint.end
@@ -163,6 +173,12 @@ class PrefixCache:
         checkpoint = payloads.pop() if found.checkpoint is not None else None
         if found.checkpoint is not None:
             blocks.pop()
+        if found.checkpoint is not None and found.checkpoint.extends is not None and checkpoint is not None:
+            joined, from_disk = self._joined_delta(found.checkpoint, checkpoint)
+            if joined is None:
+                return None
+            checkpoint = joined
+            tier = ReuseTier.DISK if from_disk else tier
         tokens = (
             min(found.tokens, blocks[-1].end) if blocks and not self.layout.kind.needs_checkpoints else found.tokens
         )
@@ -170,6 +186,22 @@ class PrefixCache:
             return None
         prefix = tuple(int(token) for token in as_token_array(prompt)[:tokens])
         return FetchedPrefix(tuple(blocks), tuple(payloads), tokens, checkpoint, tier, prefix)
+
+    def _joined_delta(self, delta: BlockInfo, tail: bytes) -> tuple[bytes | None, bool]:
+        """The full checkpoint of a delta (and whether its base came from disk); None, and the
+        delta forgotten, when the checkpoint it extends is gone or does not join."""
+        with self._lock:
+            base = self.index.checkpoints.get(delta.extends) if delta.extends is not None else None
+        payload, from_disk = self._payload(base) if base is not None else (None, False)
+        if base is None or payload is None:
+            self._forget(delta)
+            return None, False
+        try:
+            return join_checkpoint(self.layout, payload, base.end, tail, delta.end), from_disk
+        except StateFormatError as error:
+            log.warning("dropping a checkpoint that does not restore: %s", error)
+            self._forget(delta)
+            return None, False
 
     def _payload(self, info: BlockInfo) -> tuple[bytes | None, bool]:
         """An entry's payload and whether it came from disk; a lost entry is forgotten."""
@@ -277,13 +309,20 @@ class PrefixCache:
             state = parse_state(data, kind)
             if state.layout(kind, self.layout.window) != self.layout or state.n_cells != tokens.size:
                 raise StateFormatError("the state does not match its tokens or this cache's layout")
-            if kind.needs_checkpoints:
-                self._store_checkpoint(tokens, checkpoint_payload(state))
-            if state.base is None:
-                return
-            order, _first = state.base.order()
+            order: np.ndarray | None = None
+            if state.base is not None:
+                order, first = state.base.order()
+                if first != 0:
+                    raise StateFormatError("the full-attention cells do not start at position 0")
+            checkpoint = checkpoint_payload(state, self.layout.window) if kind.needs_checkpoints else None
+            if checkpoint is not None:
+                read_checkpoint(self.layout, checkpoint, int(tokens.size))
         except StateFormatError as error:
             log.warning("not storing a sequence: %s", error)
+            return
+        if checkpoint is not None:
+            self._store_checkpoint(tokens, checkpoint)
+        if state.base is None or order is None:
             return
         with self._lock:
             planned = [entry for entry in self.index.keys_for(tokens) if entry[0] not in self.index]
@@ -309,16 +348,57 @@ class PrefixCache:
                 self._forget(sibling)
 
     def _store_checkpoint(self, tokens: np.ndarray, payload: bytes) -> None:
+        """Store a checkpoint (validated by the caller) at the end of `tokens`.
+
+        One fewer than `checkpoint_min_gap` tokens after a stored checkpoint on the same
+        tokens is not stored. Where a whole checkpoint on the same tokens is at most half a
+        window behind, only the window cells after it are stored (a delta): consecutive
+        checkpoints of one conversation share most of their windows.
+        """
+        end = int(tokens.size)
         with self._lock:
             key, anchor, anchor_position = self.index.checkpoint_key(tokens)
             if key in self.index:
                 return
+            earlier = self.index.deepest_checkpoint(tokens, end - 1)
+        if earlier is not None and end - earlier.end < self.config.checkpoint_min_gap:
+            return
+        extends = self._whole_checkpoint_to_extend(earlier, end)
+        stored = payload
+        if extends is not None:
+            try:
+                stored = checkpoint_tail(self.layout, payload, end, end - extends.end)
+            except StateFormatError as error:
+                log.warning("storing a whole checkpoint: %s", error)
+                extends = None
         tail = tokens[anchor_position:].copy()
-        info = BlockInfo(key, anchor, anchor_position, tail, len(payload), payload_checksum(payload), checkpoint=True)
-        self.ram.put(key, payload)
-        self.disk.put(info, payload)
+        info = BlockInfo(
+            key,
+            anchor,
+            anchor_position,
+            tail,
+            len(stored),
+            payload_checksum(stored),
+            checkpoint=True,
+            extends=extends.key if extends is not None else None,
+        )
+        self.ram.put(key, stored)
+        self.disk.put(info, stored)
         with self._lock:
             self.index.add(info)
+
+    def _whole_checkpoint_to_extend(self, earlier: BlockInfo | None, end: int) -> BlockInfo | None:
+        """The whole checkpoint a checkpoint at `end` may be stored as a delta on: `earlier` (the
+        deepest before it on the same tokens) or the one `earlier` extends, at most half a
+        window behind. Deltas are one level deep: a restore reads at most two checkpoints."""
+        if earlier is None or not self.layout.kind.has_window:
+            return None
+        if earlier.extends is not None:
+            with self._lock:
+                earlier = self.index.checkpoints.get(earlier.extends)
+            if earlier is None:
+                return None
+        return earlier if 0 < end - earlier.end <= self.layout.window // 2 else None
 
     def _covered_by_sibling(self, parent: BlockKey, tokens: np.ndarray) -> bool:
         with self._lock:
@@ -344,8 +424,15 @@ class PrefixCache:
         if fetched is None:
             return 0
         entries = list(zip(fetched.blocks, fetched.payloads, strict=True))
-        if found.checkpoint is not None and fetched.checkpoint is not None:
-            entries.append((found.checkpoint, fetched.checkpoint))
+        if found.checkpoint is not None:  # as stored: a delta and the checkpoint it extends
+            chain = [found.checkpoint]
+            with self._lock:
+                base = self.index.checkpoints.get(found.checkpoint.extends) if found.checkpoint.extends else None
+            chain += [base] if base is not None else []
+            for info in chain:
+                payload, _from_disk = self._payload(info)
+                if payload is not None:
+                    entries.append((info, payload))
         for info, payload in entries:
             if info.pinned != pinned:
                 self.disk.set_pinned(info, payload, pinned)

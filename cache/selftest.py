@@ -44,11 +44,11 @@ def verify_layout(
     if cells < 3:
         raise StateFormatError("the self-test needs a state of at least 3 cells")
     layout = parsed.layout(kind, window)
-    checkpoint = checkpoint_payload(parsed) if kind.needs_checkpoints else None
+    checkpoint = checkpoint_payload(parsed, window) if kind.needs_checkpoints else None
     if kind.needs_checkpoints:
         if partial_state is None:
             raise StateFormatError("no partial state to compare the checkpoint with")
-        if checkpoint_payload(parse_state(partial_state, kind, partial=True)) != checkpoint:
+        if checkpoint_payload(parse_state(partial_state, kind, partial=True), window) != checkpoint:
             raise StateFormatError("the partial state differs from the full state's uncuttable sections")
     pieces: list[tuple[int, bytes]] = []
     if parsed.base is not None:

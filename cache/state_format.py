@@ -334,15 +334,22 @@ def piece_size(layout: KVLayout, n_cells: int) -> int:
 # Checkpoints: the sections that cannot be cut (SWA window, recurrent state) at one position.
 
 
-def checkpoint_payload(state: ParsedState) -> bytes:
-    """The uncuttable sections of `state`, in a form that restores into any sequence."""
-    window = b""
+def checkpoint_payload(state: ParsedState, window: int) -> bytes:
+    """The uncuttable sections of `state`, in a form that restores into any sequence.
+
+    Of a sliding-window section only the newest `window` cells are kept: no later token attends
+    to older ones, and a full-size window cache (swa_full) would otherwise store the whole
+    prefix a second time in every checkpoint.
+    """
+    window_data = b""
     cells, first = 0, 0
     if state.swa is not None and state.swa.n_cells:
         order, first = state.swa.order()
-        cells = state.swa.n_cells
-        window = extract_piece(state.swa, order, 0, cells)
-    return CHECKPOINT_HEAD.pack(cells, first, len(state.recurrent)) + window + state.recurrent
+        held = state.swa.n_cells
+        cells = min(held, window) if window > 0 else held
+        window_data = extract_piece(state.swa, order, held - cells, held)
+        first += held - cells
+    return CHECKPOINT_HEAD.pack(cells, first, len(state.recurrent)) + window_data + state.recurrent
 
 
 @dataclass(frozen=True)
@@ -355,8 +362,8 @@ class Checkpoint:
     recurrent: memoryview
 
 
-def read_checkpoint(layout: MemoryLayout, payload: bytes | memoryview, end: int) -> Checkpoint:
-    """Decode a checkpoint that must hold the state of a prefix of `end` tokens."""
+def _decode_checkpoint(layout: MemoryLayout, payload: bytes | memoryview) -> Checkpoint:
+    """Split a checkpoint payload (or a delta's tail) into its parts, checking only sizes."""
     view = memoryview(payload).cast("B")
     if len(view) < CHECKPOINT_HEAD.size:
         raise StateFormatError("a checkpoint without its head")
@@ -364,15 +371,96 @@ def read_checkpoint(layout: MemoryLayout, payload: bytes | memoryview, end: int)
     window_size = layout.window_bytes_per_cell * cells
     if CHECKPOINT_HEAD.size + window_size + recurrent_size != len(view):
         raise StateFormatError("a checkpoint of the wrong size")
-    if layout.kind.has_window and (cells == 0 or first + cells != end):
-        raise StateFormatError(f"a checkpoint whose window ends at {first + cells}, not {end}")
     if recurrent_size != layout.recurrent_size:
         raise StateFormatError("a checkpoint whose recurrent state has another size")
     window = view[CHECKPOINT_HEAD.size : CHECKPOINT_HEAD.size + window_size]
     recurrent = view[CHECKPOINT_HEAD.size + window_size :]
-    if layout.kind.has_recurrent and recurrent_position(recurrent) != end - 1:
-        raise StateFormatError(f"a checkpoint whose recurrent state is not at position {end - 1}")
     return Checkpoint(cells, first, window, recurrent)
+
+
+def read_checkpoint(layout: MemoryLayout, payload: bytes | memoryview, end: int) -> Checkpoint:
+    """Decode a checkpoint that must hold the state of a prefix of `end` tokens."""
+    checkpoint = _decode_checkpoint(layout, payload)
+    cells, first = checkpoint.window_cells, checkpoint.first
+    if layout.kind.has_window and (cells == 0 or first + cells != end):
+        raise StateFormatError(f"a checkpoint whose window ends at {first + cells}, not {end}")
+    if layout.kind.has_window and cells < min(end, layout.window):
+        raise StateFormatError(f"a checkpoint whose window holds {cells} cells, fewer than the {layout.window} needed")
+    if layout.kind.has_recurrent and recurrent_position(checkpoint.recurrent) != end - 1:
+        raise StateFormatError(f"a checkpoint whose recurrent state is not at position {end - 1}")
+    return checkpoint
+
+
+# Deltas: a checkpoint stored as the window cells it adds to an earlier one.
+
+
+def _window_arrays(layout: KVLayout, cells: int, data: memoryview) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Per-layer views of window data as `extract_piece` lays it out: K (cells, k_row) for each
+    layer, then V (cells, v_row), or transposed (v_embd, cells * v_element)."""
+    view = np.frombuffer(data, dtype=np.uint8)
+    offset = 0
+    keys: list[np.ndarray] = []
+    values: list[np.ndarray] = []
+    for layer in layout.layers:
+        size = cells * layer.k_row
+        keys.append(view[offset : offset + size].reshape(cells, layer.k_row))
+        offset += size
+    for layer in layout.layers:
+        if layout.v_trans:
+            size = layer.v_embd * cells * layer.v_element
+            values.append(view[offset : offset + size].reshape(layer.v_embd, cells * layer.v_element))
+        else:
+            size = cells * layer.v_row
+            values.append(view[offset : offset + size].reshape(cells, layer.v_row))
+        offset += size
+    if offset != view.size:
+        raise StateFormatError(f"window data of {view.size} bytes for {cells} cells")
+    return keys, values
+
+
+def _window_cells(layout: KVLayout, parts: Sequence[tuple[int, memoryview]], skip: int) -> bytes:
+    """The cells of consecutive window parts joined, less the first `skip` cells."""
+    split = [_window_arrays(layout, cells, data) for cells, data in parts]
+    out: list[np.ndarray] = []
+    for index, _layer in enumerate(layout.layers):
+        out.append(np.concatenate([keys[index] for keys, _ in split], axis=0)[skip:])
+    for index, layer in enumerate(layout.layers):
+        if layout.v_trans:
+            joined = np.concatenate([values[index] for _, values in split], axis=1)
+            out.append(joined[:, skip * layer.v_element :])
+        else:
+            out.append(np.concatenate([values[index] for _, values in split], axis=0)[skip:])
+    return b"".join(np.ascontiguousarray(part).data for part in out)
+
+
+def checkpoint_tail(layout: MemoryLayout, payload: bytes | memoryview, end: int, cells: int) -> bytes:
+    """The checkpoint at `end` less all but its newest `cells` window cells: a delta's payload,
+    restored only on top of the checkpoint at `end - cells` (see `join_checkpoint`)."""
+    full = read_checkpoint(layout, payload, end)
+    if layout.swa is None or not 0 < cells <= full.window_cells:
+        raise StateFormatError(f"no tail of {cells} cells in a window of {full.window_cells}")
+    window = _window_cells(layout.swa, [(full.window_cells, full.window)], full.window_cells - cells)
+    return CHECKPOINT_HEAD.pack(cells, end - cells, len(full.recurrent)) + window + bytes(full.recurrent)
+
+
+def join_checkpoint(
+    layout: MemoryLayout, base: bytes | memoryview, base_end: int, tail: bytes | memoryview, end: int
+) -> bytes:
+    """The full checkpoint at `end`: the window of the checkpoint at `base_end` followed by a
+    delta's cells from `base_end` on, cut to the newest `window` cells, with the delta's
+    recurrent state. Checked like any checkpoint before it is returned."""
+    older = read_checkpoint(layout, base, base_end)
+    newer = _decode_checkpoint(layout, tail)
+    if layout.swa is None or newer.first != base_end or base_end + newer.window_cells != end:
+        raise StateFormatError(f"a delta from {newer.first} does not extend a checkpoint at {base_end} to {end}")
+    cells = older.window_cells + newer.window_cells
+    keep = min(end, layout.window, cells)
+    window = _window_cells(
+        layout.swa, [(older.window_cells, older.window), (newer.window_cells, newer.window)], cells - keep
+    )
+    joined = CHECKPOINT_HEAD.pack(keep, end - keep, len(newer.recurrent)) + window + bytes(newer.recurrent)
+    read_checkpoint(layout, joined, end)
+    return joined
 
 
 # Assembly.

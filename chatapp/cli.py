@@ -24,9 +24,14 @@ from chatapp.services.startup import Workspace, make_new_files_private, open_wor
 EXIT_INTERRUPTED = 130
 
 
-def _engine_options() -> argparse.ArgumentParser:
-    """Options shared by every command: where data lives and how the model runs."""
-    parser = argparse.ArgumentParser(add_help=False)
+def _engine_options(default: object = None) -> argparse.ArgumentParser:
+    """Options shared by every command: where data lives and how the model runs.
+
+    Given before the command (`chatapp --model M ask ...`) or after it, they mean the same:
+    the commands' copies default to SUPPRESS, so an option left out after the command
+    never overwrites one given before it.
+    """
+    parser = argparse.ArgumentParser(add_help=False, argument_default=default)
     group = parser.add_argument_group("model and data")
     group.add_argument("--model", metavar="PATH", help="GGUF model file (default: the bundled SmolLM2-135M)")
     group.add_argument(
@@ -44,12 +49,12 @@ def _engine_options() -> argparse.ArgumentParser:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    shared = _engine_options()
     parser = argparse.ArgumentParser(
         prog="chatapp",
         description="Chat with a local GGUF model; every prompt beginning is computed once.",
-        parents=[shared],
+        parents=[_engine_options()],
     )
+    shared = _engine_options(argparse.SUPPRESS)
     parser.add_argument("--version", action="version", version=f"chatapp {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.add_parser("chat", parents=[shared], help="open the chat screen (the default)")

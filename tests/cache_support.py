@@ -18,7 +18,22 @@ def cached_engine(
     context: int = 1024,
     sequences: int = 2,
     threads: int | None = None,
+    n_batch: int = 512,
+    swa_full: bool = True,
+    flash_attention: bool = False,
+    ram_bytes: int = 512 << 20,
+    disk_bytes: int = 1 << 30,
 ) -> Engine:
-    config = CacheConfig(block_size=block_size, ram_budget_bytes=512 << 20, disk_budget_bytes=1 << 30, ttl_seconds=3600)
-    engine_config = EngineConfig(model_path=model_path, context_cap=context, sequences=sequences, threads=threads)
+    config = CacheConfig(
+        block_size=block_size, ram_budget_bytes=ram_bytes, disk_budget_bytes=disk_bytes, ttl_seconds=3600
+    )
+    engine_config = EngineConfig(
+        model_path=model_path,
+        context_cap=context,
+        sequences=sequences,
+        threads=threads,
+        n_batch=n_batch,
+        swa_full=swa_full,
+        flash_attention=flash_attention,
+    )
     return Engine(engine_config, kv_cache_factory(folder, hash_file(model_path), config))

@@ -28,6 +28,7 @@ from cache.llama_state import read_sequence_state, write_sequence_state
 from cache.prefix_cache import PrefixCache
 from cache.selftest import verify_layout
 from cache.state_format import MemoryKind, MemoryLayout, StateFormatError
+from chatapp.engine.batching import batch_end, stored_checkpoint_positions
 from chatapp.engine.chat_template import FALLBACK_CHATML, ChatTemplate
 from chatapp.engine.events import (
     GenerationResult,
@@ -121,22 +122,6 @@ class GenerationRequest:
 
 
 CacheFactory = Callable[[MemoryLayout, ModelInfo], PrefixCache]
-
-
-def _batch_end(start: int, length: int, batch: int, checkpoints: frozenset[int]) -> int:
-    """Where the batch from `start` ends.
-
-    Batches end at multiples of n_batch, as in a cold run: kernels round differently for
-    different batch shapes, so a warm prefill that batches alike stays closer to cold. They
-    also end at checkpoint positions. A one-token batch takes other kernels (matrix-vector)
-    whose KV is not bit-identical to a cold run's: a cold run never has one mid-prompt, so a
-    checkpoint that would make one is skipped.
-    """
-    end = min(length, max((start // batch + 1) * batch, start + 2))
-    for position in sorted(checkpoints):
-        if start + 2 <= position < end and length - position != 1:
-            return position
-    return end
 
 
 class GenerationHandle:
@@ -377,7 +362,7 @@ class Engine:
         self.layout = self._verify_state_format()
         if self._cache_factory is not None and self.layout is not None:
             self.cache = self._cache_factory(self.layout, self.info)
-        self.placer = KVPlacer(self.context, self.cache, self.model.memory_kind, self.layout)
+        self.placer = KVPlacer(self.context, self.cache, self.model.memory_kind, self.layout, window=self.model.window)
 
     def _verify_state_format(self) -> MemoryLayout | None:
         """Verify the state format on a few real tokens; None (and `cache_problem`) when it fails.
@@ -558,7 +543,7 @@ class Engine:
         while start < len(prompt):
             if handle.cancel_event.is_set():
                 return StopReason.CANCELLED
-            end = _batch_end(start, len(prompt), batch, checkpoints)
+            end = batch_end(start, len(prompt), batch, checkpoints)
             if end - start == 1 and start > 0 and not need_logits:
                 # A warm-up's last token alone (typing adds one word at a time): evaluate it
                 # again with the one before, so that later requests build on exact KV.
@@ -585,24 +570,25 @@ class Engine:
     def _checkpoint_positions(self, request: GenerationRequest) -> frozenset[int]:
         """Where a prefill of `request` keeps the uncuttable state (empty for a plain KV cache).
 
-        The boundaries the request names, every `checkpoint_interval` tokens, and the prompt's
-        end go to the cache; the end of an answered prompt less the tokens every answer
-        evaluates again is kept for this session's rewinds only (a regenerate starts there).
+        Each is kept for this session's rewinds, and stored in the cache unless the request
+        says not to (a draft's warm-up, or one that bypasses the cache). A batch ends at each,
+        with or without the cache: batches of other shapes round differently, and a prompt
+        must be computed alike whether or not it was cached, so that an answer after a
+        restore equals the answer of a run without the cache.
         """
-        if not request.use_cache or not self.placer.takes_checkpoints:
+        if not self.placer.takes_checkpoints:
             return frozenset()
-        length = len(request.prompt_tokens)
-        positions = {*self._stored_checkpoints(request), length if request.prefill_only else length - FRESH_TOKENS}
-        return frozenset(position for position in positions if 0 < position <= length)
+        return frozenset(self._stored_checkpoints(request))
 
     def _stored_checkpoints(self, request: GenerationRequest) -> set[int]:
         """The checkpoints of `request` worth keeping beyond this session."""
         length = len(request.prompt_tokens)
-        interval = max(self.config.checkpoint_interval, 2)
-        positions = {*request.checkpoints, *range(interval, length, interval)}
-        if request.prefill_only:
-            positions.add(length)  # a warm-up ends where the next question begins
-        return positions
+        return stored_checkpoint_positions(
+            length,
+            request.checkpoints,
+            self.config.checkpoint_interval,
+            last=length if request.prefill_only else length - FRESH_TOKENS,
+        )
 
     def _take_checkpoint(self, handle: GenerationHandle, sequence: int, live: list[int]) -> None:
         """Keep the uncuttable state at the end of `live`: for rewinds, and in the cache when allowed."""
@@ -614,7 +600,7 @@ class Engine:
         payload = self.placer.remember_checkpoint(sequence, len(live), partial)
         request = handle.request
         cache = self.cache if request.use_cache and request.store else None
-        if cache is None or payload is None or len(live) not in self._stored_checkpoints(request):
+        if cache is None or payload is None:
             return
         if not cache.has_checkpoint(live):
             cache.store_checkpoint(list(live), payload)
@@ -651,7 +637,8 @@ class Engine:
                 try:
                     self.context.decode([token], start_pos=len(live), sequence=sequence, logits_for_last=True)
                 except DecodeAborted:
-                    self.context.remove(sequence, len(live), -1)
+                    # The stopped token's cell is dropped; a recurrent state it updated is rewound.
+                    self.placer.recover(sequence, len(live))
                     break
                 live.append(token)
         finally:

@@ -9,9 +9,10 @@ failure to restore is a miss that leaves the sequence empty.
 
 Making a sequence hold a shorter prefix of what it holds is a cut. A plain KV cache cuts
 anywhere. A sliding-window cache cuts only where the window before the cut is still there
-(always, with a full-size window cache). A recurrent state cannot be cut at all: the
-sequence is instead rebuilt from its own full-attention KV up to a checkpoint this session
-took (the recurrent state and window at that position) — a rewind. Where no checkpoint
+(always, with a full-size window cache); the window is read back after the cut to make
+sure. A recurrent state cannot be cut at all: the sequence is instead rebuilt from its own
+full-attention KV up to a checkpoint this session took (the recurrent state and window at
+that position) — a rewind. Where no checkpoint
 is close enough, the prefix is restored from the cache or computed again.
 """
 
@@ -34,6 +35,7 @@ from cache.state_format import (
     checkpoint_payload,
     extract_piece,
     parse_state,
+    read_checkpoint,
 )
 from chatapp.engine.llama_native import NativeContext
 from chatapp.vocabulary import ReuseTier
@@ -59,14 +61,22 @@ class Placement:
 
 class KVPlacer:
     def __init__(
-        self, context: NativeContext, cache: PrefixCache | None, kind: MemoryKind, layout: MemoryLayout | None
+        self,
+        context: NativeContext,
+        cache: PrefixCache | None,
+        kind: MemoryKind,
+        layout: MemoryLayout | None,
+        *,
+        window: int,
     ) -> None:
         self.context = context
         self.cache = cache
         self.kind = kind
         self.layout = layout  # None when the state format is not understood: no rewinds, no checkpoints
         self.resident = ResidentSequences(context.shape.n_sequences)
-        self._window = layout.window if layout is not None else 0
+        # The model's own window, not the layout's: a cut must be judged safe even when the state
+        # format was not understood.
+        self._window = window
         self._checkpoints: list[dict[int, bytes]] = [{} for _ in range(context.shape.n_sequences)]
 
     @property
@@ -118,10 +128,11 @@ class KVPlacer:
 
     def _window_intact(self, sequence: int, length: int) -> bool:
         """Whether a cut at `length` keeps every cell the next token attends to."""
-        if self.kind is not MemoryKind.ISWA:
+        if self.kind is not MemoryKind.ISWA or self._window <= 0:
             return False  # a recurrent state cannot be cut
+        # The token at `length` attends to positions length - window + 1 .. length - 1.
         oldest = self.context.min_position(sequence)
-        return 0 <= oldest <= max(0, length - self._window)
+        return 0 <= oldest <= max(0, length - self._window + 1)
 
     def _session_checkpoint(self, sequence: int, length: int) -> int | None:
         """The position of the newest checkpoint this session holds for `sequence` at or before `length`."""
@@ -140,13 +151,7 @@ class KVPlacer:
             return held
         if length > 0 and self.kind is not MemoryKind.PLAIN and not self._window_intact(sequence, length):
             return self._rewind(sequence, length)
-        if not self.context.remove(sequence, length, -1):
-            # llama.cpp cannot cut this sequence: start over.
-            self.forget(sequence)
-            return 0
-        self.resident.truncate(sequence, length)
-        self._drop_checkpoints_after(sequence, length)
-        return length
+        return self._cut_in_place(sequence, length)
 
     def recover(self, sequence: int, length: int) -> int:
         """After a stopped decode: make `sequence` hold its first `length` tokens exactly (or fewer).
@@ -156,12 +161,38 @@ class KVPlacer:
         """
         if self.kind.has_recurrent:
             return self._rewind(sequence, length)
+        return self._cut_in_place(sequence, length)
+
+    def _cut_in_place(self, sequence: int, length: int) -> int:
+        """Drop the cells from `length` on; a sliding window must then hold exactly the cells it needs."""
         if not self.context.remove(sequence, length, -1):
+            # llama.cpp cannot cut this sequence: start over.
             self.forget(sequence)
             return 0
-        if self.kind.has_window and length > 0 and not self._window_intact(sequence, length):
+        self.resident.truncate(sequence, length)
+        self._drop_checkpoints_after(sequence, length)
+        if self.kind.has_window and length > 0 and not self._window_holds(sequence, length):
             return self._rewind(sequence, length)
         return length
+
+    def _window_holds(self, sequence: int, length: int) -> bool:
+        """Whether the window cells of `sequence` (just cut to `length`) are every cell the next token needs.
+
+        A window cache smaller than the context (swa_full off) reuses cells that slid out of
+        the window, not always the oldest first: the cells before a cut may have gaps. The
+        window is read back and checked like a checkpoint (and kept as one).
+        """
+        if self.layout is None:
+            return False  # not understood: when in doubt, compute again
+        try:
+            partial = read_sequence_state(self.context.pointer, sequence, partial=True)
+            payload = checkpoint_payload(parse_state(partial, self.kind, partial=True), self._window)
+            read_checkpoint(self.layout, payload, length)
+        except StateFormatError as error:
+            log.info("the window after a cut at %d is not whole (%s); rewinding", length, error)
+            return False
+        self._keep_checkpoint(sequence, length, payload)
+        return True
 
     def _rewind(self, sequence: int, length: int) -> int:
         """Rebuild `sequence` up to its newest checkpoint at or before `length`; 0 when there is none."""
@@ -169,11 +200,16 @@ class KVPlacer:
         if position is None or self.layout is None or position == 0:
             self.forget(sequence)
             return 0
+        if not self.kind.has_recurrent and not self.context.remove(sequence, position, -1):
+            self.forget(sequence)  # (a recurrent state cannot be cut: its cells are read whole)
+            return 0
         try:
             state = parse_state(read_sequence_state(self.context.pointer, sequence), self.kind)
             pieces: list[tuple[int, bytes]] = []
             if state.base is not None:
-                order, _first = state.base.order()
+                order, first = state.base.order()
+                if first != 0:
+                    raise StateFormatError("the full-attention cells do not start at position 0")
                 pieces = [(position, extract_piece(state.base, order, 0, position))]
             rebuilt = assemble_state(
                 self.layout, pieces, sequence, cells=position, checkpoint=self._checkpoints[sequence][position]
@@ -193,18 +229,22 @@ class KVPlacer:
     # Checkpoints.
     def remember_checkpoint(self, sequence: int, position: int, partial_state: np.ndarray) -> bytes | None:
         """Keep the uncuttable sections of `sequence` at `position` for rewinds; the checkpoint payload."""
-        if not self.takes_checkpoints:
+        if self.layout is None or not self.kind.needs_checkpoints:
             return None
         try:
-            payload = checkpoint_payload(parse_state(partial_state, self.kind, partial=True))
+            payload = checkpoint_payload(parse_state(partial_state, self.kind, partial=True), self._window)
+            read_checkpoint(self.layout, payload, position)  # refuse what would not restore
         except StateFormatError as error:
             log.warning("cannot take a checkpoint: %s", error)
             return None
+        self._keep_checkpoint(sequence, position, payload)
+        return payload
+
+    def _keep_checkpoint(self, sequence: int, position: int, payload: bytes) -> None:
         kept = self._checkpoints[sequence]
         kept[position] = payload
         while len(kept) > SESSION_CHECKPOINTS:
             del kept[min(kept)]
-        return payload
 
     def _drop_checkpoints_after(self, sequence: int, length: int) -> None:
         kept = self._checkpoints[sequence]

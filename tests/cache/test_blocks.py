@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import xxhash
 
-from cache.blocks import CHECKPOINT_VERSION, META_VERSION, BlockInfo, RecordError
+from cache.blocks import CHECKPOINT_VERSION, DELTA_VERSION, META_VERSION, BlockInfo, RecordError
 from cache.keys import BlockKey
 
 NAMESPACE = bytes(range(16))
@@ -41,6 +41,22 @@ def test_records_round_trip(checkpoint: bool) -> None:
     assert decoded.order_key == info.order_key
 
 
+def test_a_delta_checkpoint_names_the_checkpoint_it_extends() -> None:
+    info = record(True)
+    info.extends = BlockKey(b"e" * 16)
+    data = info.encode(NAMESPACE)
+    assert struct.unpack_from("<H", data, 4) == (DELTA_VERSION,)
+    decoded = BlockInfo.decode(data, NAMESPACE)
+    assert decoded.checkpoint
+    assert decoded.extends == b"e" * 16
+    assert decoded.tokens.tolist() == [5, 6, 7]
+    assert BlockInfo.decode(record(True).encode(NAMESPACE), NAMESPACE).extends is None
+    # A delta record cut short of its key (checksum recomputed) is refused, never misread.
+    body = data[:-8][:-16]
+    with pytest.raises(RecordError, match=r"token count|without the key"):
+        BlockInfo.decode(body + struct.pack("<Q", xxhash.xxh3_64_intdigest(body)), NAMESPACE)
+
+
 def test_a_checkpoint_at_a_block_boundary_has_no_tokens() -> None:
     info = record(True, [])
     decoded = BlockInfo.decode(info.encode(NAMESPACE), NAMESPACE)
@@ -58,6 +74,6 @@ def test_damaged_foreign_and_unknown_records_are_refused() -> None:
     with pytest.raises(RecordError, match="short"):
         BlockInfo.decode(data[:20], NAMESPACE)
     # A version this code does not know, with a valid checksum.
-    body = data[:4] + struct.pack("<H", 3) + data[6:-8]
+    body = data[:4] + struct.pack("<H", 4) + data[6:-8]
     with pytest.raises(RecordError, match="unknown"):
         BlockInfo.decode(body + struct.pack("<Q", xxhash.xxh3_64_intdigest(body)), NAMESPACE)

@@ -188,3 +188,15 @@ def test_tiny_sequences_store_and_miss_cleanly(tmp_path: Path, bad_tokens: list[
     assert cache.lookup(np.asarray([42, 43])).tokens == 0
     assert cache.fetch(cache.lookup(np.asarray([42, 43])), np.asarray([42, 43])) is None
     cache.close()
+
+
+def test_a_state_whose_cells_do_not_start_at_zero_is_not_stored(tmp_path: Path) -> None:
+    """Cells 3..13 would be stored as if they were the prompt's first eleven: a wrong restore."""
+    cache = open_cache(tmp_path)
+    shifted, _ = make_state(KV_LAYOUT, list(range(3, 3 + len(TOKENS))), seq_id=0, stream=0)
+    cache.store(TOKENS, np.frombuffer(shifted, dtype=np.uint8))
+    cache.flush()
+    assert cache.lookup(np.asarray([*TOKENS, 999])).tokens == 0
+    store_sequence(cache, TOKENS)
+    assert cache.lookup(np.asarray([*TOKENS, 999])).tokens == len(TOKENS)
+    cache.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sqlite3
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +21,10 @@ from cache.prefix_cache import CacheConfig, PrefixCache
 from cache.state_format import MemoryKind, assemble_state, checkpoint_payload, parse_state
 from tests.cache.state_factory import SyntheticModel, SyntheticSequence, small_layout, synthetic_model
 
-CONFIG = CacheConfig(block_size=4, ram_budget_bytes=8 << 20, disk_budget_bytes=1 << 26, ttl_seconds=3600)
+# Checkpoints a few tokens apart are the subject of most tests here: every one is stored.
+CONFIG = CacheConfig(
+    block_size=4, ram_budget_bytes=8 << 20, disk_budget_bytes=1 << 26, ttl_seconds=3600, checkpoint_min_gap=0
+)
 # Rows and recurrent states over 32 KiB: blocks and checkpoints are stored as files.
 MODELS = {
     MemoryKind.PLAIN: SyntheticModel(MemoryKind.PLAIN, base=small_layout(False, scale=512)),
@@ -41,18 +45,28 @@ def blocks_of(kind: MemoryKind, tokens: int) -> int:
 class Harness:
     """A cache for one synthetic model, and the sequence whose states it stores."""
 
-    def __init__(self, folder: Path, kind: MemoryKind, model_name: str = "model-a") -> None:
+    def __init__(
+        self,
+        folder: Path,
+        kind: MemoryKind,
+        model_name: str = "model-a",
+        config: CacheConfig = CONFIG,
+        model: SyntheticModel | None = None,
+    ) -> None:
+        self.config = config
         self.folder = folder
         self.kind = kind
-        self.model = MODELS[kind]
+        self.model = model or MODELS[kind]
         self.sequence = SyntheticSequence(self.model, 16, seed=3)
         self.model_name = model_name
         self.cache = self.open()
 
     def open(self) -> PrefixCache:
         layout = self.model.layout
-        space = Namespace(self.model_name, 1, 1, True, CONFIG.block_size, "0.3.36", layout_digest=layout.digest().hex())
-        return PrefixCache(self.folder, space, layout, CONFIG)
+        space = Namespace(
+            self.model_name, 1, 1, True, self.config.block_size, "0.3.36", layout_digest=layout.digest().hex()
+        )
+        return PrefixCache(self.folder, space, layout, self.config)
 
     def restart(self) -> PrefixCache:
         self.cache.close()
@@ -68,7 +82,7 @@ class Harness:
 
     def checkpoint(self, n: int) -> bytes:
         """What the engine keeps at position n: the checkpoint of the partial state read there."""
-        return checkpoint_payload(parse_state(self.sequence.partial(n), self.kind, partial=True))
+        return checkpoint_payload(parse_state(self.sequence.partial(n), self.kind, partial=True), self.model.window)
 
     def store_checkpoint(self, tokens: list[int]) -> None:
         self.cache.store_checkpoint(tokens, self.checkpoint(len(tokens)))
@@ -329,4 +343,56 @@ def test_a_block_boundary_checkpoint_has_an_empty_tail(harness: Harness) -> None
     cache = harness.restart()
     assert harness.restore(TOKENS) == (harness.sequence.state(8), 8, "disk")
     assert BlockKey(checkpoint.key) in cache.index
+    harness.close()
+
+
+def test_a_checkpoint_a_few_tokens_after_a_stored_one_is_not_stored(tmp_path: Path, kind: MemoryKind) -> None:
+    """An answer's end, then the next turn's history end two template tokens on: the first serves both."""
+    harness = Harness(tmp_path, kind, config=replace(CONFIG, checkpoint_min_gap=3))
+    harness.store(TOKENS[:4])  # blocks and a checkpoint at 4
+    harness.store_checkpoint(TOKENS[:6])  # 2 tokens on: not stored
+    assert not harness.cache.has_checkpoint(TOKENS[:6])
+    assert harness.restore([*TOKENS[:6], 5]) == (harness.sequence.state(4), 4, "ram")  # 2 tokens to compute
+    harness.store_checkpoint(TOKENS[:7])  # 3 tokens on: stored
+    assert harness.cache.has_checkpoint(TOKENS[:7])
+    harness.store_checkpoint([*TOKENS[:5], 999])  # another branch, 2 tokens past 4: not stored either
+    assert not harness.cache.has_checkpoint([*TOKENS[:5], 999])
+    harness.store_checkpoint([*TOKENS[:2], 999, 998, 997])  # no checkpoint before it on this branch: stored
+    assert harness.cache.has_checkpoint([*TOKENS[:2], 999, 998, 997])
+    assert sorted(info.end for info in harness.restart().index.checkpoints.values()) == [4, 5, 7]
+    harness.close()
+
+
+@pytest.mark.parametrize("kind", [MemoryKind.ISWA, MemoryKind.HYBRID_ISWA], ids=lambda kind: kind.value)
+def test_a_checkpoint_close_after_another_stores_only_the_window_cells_it_adds(
+    tmp_path: Path, kind: MemoryKind
+) -> None:
+    """A question's end, then the answer's: their windows share all but a few cells, stored once."""
+    model = synthetic_model(kind, window=8, scale=512, recurrent_rows=40_000)
+    harness = Harness(tmp_path, kind, model=model)
+    cache = harness.cache
+    harness.store(TOKENS[:6])  # blocks and a whole checkpoint at 6
+    (whole,) = cache.index.checkpoints.values()
+    assert whole.extends is None
+    harness.store_checkpoint(TOKENS[:9])  # 3 tokens on, within half a window: a delta
+    delta = next(info for info in cache.index.checkpoints.values() if info.end == 9)
+    assert delta.extends == whole.key
+    assert delta.payload_size < len(harness.checkpoint(9))
+    harness.store(TOKENS[:10])  # 1 token after a delta, 4 after the whole one: a delta on the whole one
+    assert next(info for info in cache.index.checkpoints.values() if info.end == 10).extends == whole.key
+    harness.store(TOKENS)  # 5 tokens after the whole one: more than half a window, whole again
+    assert next(info for info in cache.index.checkpoints.values() if info.end == 11).extends is None
+    assert harness.restore([*TOKENS[:9], 5]) == (harness.sequence.state(9), 9, "ram")
+    assert harness.restore([*TOKENS[:10], 5]) == (harness.sequence.state(10), 10, "ram")
+    cache = harness.restart()
+    assert harness.restore([*TOKENS[:9], 5]) == (harness.sequence.state(9), 9, "disk")
+    assert cache.pin(TOKENS[:9]) == blocks_of(kind, 9) + 2  # the delta and the checkpoint it extends
+    assert cache.index.checkpoints[whole.key].pinned
+    cache.pin(TOKENS[:9], pinned=False)
+    # Without the checkpoint it extends, a delta is never restored (nor kept).
+    cache._forget(cache.index.checkpoints[whole.key])
+    assert cache.lookup(np.asarray([*TOKENS[:9], 5])).tokens == 0
+    assert harness.restore([*TOKENS[:9], 5]) is None
+    assert not cache.has_checkpoint(TOKENS[:9])
+    assert harness.restore(TOKENS) == (harness.sequence.state(11), 11, "disk")
     harness.close()

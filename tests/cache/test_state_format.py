@@ -19,7 +19,9 @@ from cache.state_format import (
     StateFormatError,
     assemble_state,
     checkpoint_payload,
+    checkpoint_tail,
     extract_piece,
+    join_checkpoint,
     parse_state,
     read_checkpoint,
     recurrent_position,
@@ -53,8 +55,11 @@ def pieces_of(blob: bytes, bounds: list[int], kind: MemoryKind = PLAIN) -> list[
     return [(end - start, extract_piece(base, order, start, end)) for start, end in itertools.pairwise(bounds)]
 
 
-def checkpoint_of(blob: bytes, kind: MemoryKind, *, partial: bool = False) -> bytes:
-    return checkpoint_payload(parse_state(blob, kind, partial=partial))
+WINDOW = 3  # synthetic_model's default window
+
+
+def checkpoint_of(blob: bytes, kind: MemoryKind, *, partial: bool = False, window: int = WINDOW) -> bytes:
+    return checkpoint_payload(parse_state(blob, kind, partial=partial), window)
 
 
 # Plain KV, as before memory kinds.
@@ -316,7 +321,7 @@ def test_a_window_in_another_stream_slot_restores_into_the_sequence_stream(kind:
     parsed = parse_state(source, kind)
     assert parsed.swa is not None
     assert parsed.swa.positions.tolist() == [8, 9, 10]
-    checkpoint = checkpoint_payload(parsed)
+    checkpoint = checkpoint_payload(parsed, WINDOW)
     assert checkpoint == checkpoint_of(sequence.partial(LENGTH, seq_id=2, swa_stream=0), kind, partial=True)
     joined = assemble_state(
         sequence.model.layout, pieces_of(source, [0, 8, LENGTH], kind), 2, cells=LENGTH, checkpoint=checkpoint
@@ -340,10 +345,55 @@ def test_a_shorter_prefix_comes_from_longer_pieces_and_its_own_checkpoint(
 
 def test_a_window_shorter_than_the_model_window_restores() -> None:
     sequence = sequence_of(MemoryKind.ISWA, window=5)
-    checkpoint = checkpoint_of(sequence.partial(2), MemoryKind.ISWA, partial=True)
+    checkpoint = checkpoint_of(sequence.partial(2), MemoryKind.ISWA, partial=True, window=5)
     assert CHECKPOINT_HEAD.unpack_from(checkpoint) == (2, 0, 0)
     pieces = pieces_of(sequence.state(2), [0, 2], MemoryKind.ISWA)
     assert assemble_state(sequence.model.layout, pieces, 0, checkpoint=checkpoint).tobytes() == sequence.state(2)
+
+
+@pytest.mark.parametrize("kind", [MemoryKind.ISWA, MemoryKind.HYBRID_ISWA])
+def test_a_full_size_window_cache_keeps_only_the_window_in_a_checkpoint(kind: MemoryKind) -> None:
+    """With swa_full the SWA section holds every cell; a checkpoint needs only the newest `window`."""
+    full_size = sequence_of(kind, window=LENGTH, seed=4)  # same data, every cell kept
+    windowed = sequence_of(kind, seed=4)
+    parsed = parse_state(full_size.state(LENGTH), kind)
+    assert parsed.swa is not None
+    assert parsed.swa.n_cells == LENGTH
+    checkpoint = checkpoint_payload(parsed, WINDOW)
+    assert CHECKPOINT_HEAD.unpack_from(checkpoint)[:2] == (WINDOW, LENGTH - WINDOW)
+    assert checkpoint == checkpoint_of(windowed.state(LENGTH), kind)
+    pieces = pieces_of(windowed.state(LENGTH), [0, 8, LENGTH], kind)
+    joined = assemble_state(windowed.model.layout, pieces, 0, cells=LENGTH, checkpoint=checkpoint)
+    assert joined.tobytes() == windowed.state(LENGTH)
+
+
+@pytest.mark.parametrize("v_trans", [False, True])
+@pytest.mark.parametrize("kind", [MemoryKind.ISWA, MemoryKind.HYBRID_ISWA])
+def test_a_delta_joined_to_the_checkpoint_it_extends_is_the_whole_checkpoint(kind: MemoryKind, v_trans: bool) -> None:
+    sequence = sequence_of(kind, v_trans, window=8, seed=5)
+    layout = sequence.model.layout
+
+    def whole(end: int) -> bytes:
+        return checkpoint_of(sequence.state(end), kind, window=8)
+
+    for base_end, end in [(2, 5), (6, 9), (7, 11), (10, 11), (3, 11)]:
+        tail = checkpoint_tail(layout, whole(end), end, end - base_end)
+        assert len(tail) == len(whole(end)) - (min(end, 8) - (end - base_end)) * layout.window_bytes_per_cell
+        assert join_checkpoint(layout, whole(base_end), base_end, tail, end) == whole(end)
+    tail = checkpoint_tail(layout, whole(9), 9, 4)  # cells 5..8
+    with pytest.raises(StateFormatError, match="does not extend"):
+        join_checkpoint(layout, whole(6), 6, tail, 9)  # from 5, not 6
+    with pytest.raises(StateFormatError, match="no tail"):
+        checkpoint_tail(layout, whole(9), 9, 9)  # more cells than the window holds
+
+
+@pytest.mark.parametrize("kind", [MemoryKind.ISWA, MemoryKind.HYBRID_ISWA])
+def test_a_checkpoint_with_less_than_the_window_is_refused(kind: MemoryKind) -> None:
+    sequence = sequence_of(kind)
+    short = checkpoint_of(sequence.state(6), kind, window=WINDOW - 1)  # cells 4 and 5 only
+    with pytest.raises(StateFormatError, match="fewer than"):
+        read_checkpoint(sequence.model.layout, short, 6)
+    assert read_checkpoint(sequence.model.layout, checkpoint_of(sequence.state(2), kind), 2).window_cells == 2
 
 
 @pytest.mark.parametrize("kind", CHECKPOINTED)
@@ -374,10 +424,10 @@ def test_a_window_and_a_recurrent_state_of_different_positions_are_refused() -> 
     kind = MemoryKind.HYBRID_ISWA
     sequence = sequence_of(kind)
     at_six, at_five = parse_state(sequence.state(6), kind), parse_state(sequence.state(5), kind)
-    mixed = checkpoint_payload(ParsedState(None, at_six.swa, at_five.recurrent))
+    mixed = checkpoint_payload(ParsedState(None, at_six.swa, at_five.recurrent), WINDOW)
     with pytest.raises(StateFormatError, match="recurrent state is not at position 5"):
         read_checkpoint(sequence.model.layout, mixed, 6)
-    mixed = checkpoint_payload(ParsedState(None, at_five.swa, at_six.recurrent))
+    mixed = checkpoint_payload(ParsedState(None, at_five.swa, at_six.recurrent), WINDOW)
     with pytest.raises(StateFormatError, match="window ends at 5"):
         read_checkpoint(sequence.model.layout, mixed, 6)
 

@@ -238,3 +238,21 @@ def test_a_damaged_cache_database_is_one_line_and_cache_clear_removes_it(data_di
     capsys.readouterr()
     assert main(["cache", "stats", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["disk"]["entries"] == 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "model", "data_dir", "threads"),
+    [
+        (["--model", "m.gguf", "--data-dir", "d", "--threads", "3", "ask", "q"], "m.gguf", "d", 3),
+        (["ask", "--model", "m.gguf", "--data-dir", "d", "q"], "m.gguf", "d", None),
+        (["--model", "before.gguf", "ask", "--model", "after.gguf", "q"], "after.gguf", None, None),
+        (["--data-dir", "d", "cache", "stats"], None, "d", None),
+        (["ask", "q"], None, None, None),
+    ],
+)
+def test_shared_options_mean_the_same_before_and_after_the_command(
+    argv: list[str], model: str | None, data_dir: str | None, threads: int | None
+) -> None:
+    """`chatapp --model M ask ...` once silently ran the bundled model: the command's defaults won."""
+    args = cli.build_parser().parse_args(argv)
+    assert (args.model, args.data_dir, args.threads) == (model, data_dir, threads)

@@ -21,15 +21,14 @@ import time
 from pathlib import Path
 from typing import TypedDict
 
-from cache.fingerprint import hash_file
-from cache.prefix_cache import CacheConfig
-from chatapp.engine.engine import Engine, EngineConfig, GenerationRequest
+from chatapp.engine.engine import Engine, GenerationRequest
 from chatapp.engine.events import GenerationResult
 from chatapp.engine.llama_native import SamplingParams
 from chatapp.engine.prompt import ChatMessage
 from chatapp.services.library import open_library
-from chatapp.services.startup import kv_cache_factory, open_workspace
+from chatapp.services.startup import open_workspace
 from chatapp.vocabulary import Role
+from tests.cache_support import cached_engine
 from tests.model_factory import TINY_MODEL_THREADS
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6)
@@ -69,15 +68,17 @@ def fault_engine(
     flash_attention: bool = False,
     sequences: int = 1,
 ) -> Engine:
-    config = CacheConfig(block_size=BLOCK, ram_budget_bytes=ram_bytes, disk_budget_bytes=disk_bytes, ttl_seconds=3600)
-    engine_config = EngineConfig(
-        model_path=model,
-        context_cap=context,
+    return cached_engine(
+        folder,
+        model,
+        block_size=BLOCK,
+        context=context,
         sequences=sequences,
         threads=TINY_MODEL_THREADS,
         flash_attention=flash_attention,
+        ram_bytes=ram_bytes,
+        disk_bytes=disk_bytes,
     )
-    return Engine(engine_config, kv_cache_factory(folder, hash_file(model), config))
 
 
 def prompt_pool(engine: Engine) -> list[tuple[int, ...]]:

@@ -234,8 +234,10 @@ class Replay:
         assert self.engine.cache is not None
         self.engine.flush_cache()
         stored = self.engine.cache.lookup(as_token_array(held)).tokens
-        assert stored == len(held), f"only {stored} of the answer's {len(held)} tokens were stored\n" + "\n".join(
-            self.log
+        # A checkpoint fewer than checkpoint_min_gap tokens after a stored one is not stored.
+        gap = self.engine.cache.config.checkpoint_min_gap if self.engine.takes_checkpoints else 1
+        assert len(held) - stored < max(gap, 1), (
+            f"only {stored} of the answer's {len(held)} tokens were stored\n" + "\n".join(self.log)
         )
 
     def ask(self, messages: list[ChatMessage], step: Step) -> Node:
@@ -278,10 +280,14 @@ class Replay:
             )
             shared = min(max((common_prefix(prompt, tokens) for tokens in self.confirmed), default=0), limit)
             if self.engine.takes_checkpoints:
+                # Each checkpoint, or one stored fewer than checkpoint_min_gap tokens before it.
+                assert self.engine.cache is not None
+                skipped = self.engine.cache.config.checkpoint_min_gap - 1
                 shared = max(
                     (len(point) for point in self.checkpoints if len(point) <= limit and prompt[: len(point)] == point),
                     default=0,
                 )
+                shared -= min(shared, skipped)
             assert stats.reused_tokens >= shared - RESTORE_MARGIN_TOKENS, (
                 f"reused {stats.reused_tokens} of {shared} shared tokens\n{history}"
             )

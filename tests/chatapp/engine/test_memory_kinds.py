@@ -8,18 +8,20 @@ token. Where the state cannot be cut, reuse lands on checkpoints: the tests say 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from cache.state_format import MemoryKind
 from chatapp.engine.engine import Engine, EngineConfig, GenerationRequest
-from chatapp.engine.events import GenerationResult
+from chatapp.engine.events import GenerationResult, PrefillProgress
+from chatapp.engine.gate import Step
 from chatapp.engine.kv_placement import FRESH_TOKENS
 from chatapp.engine.llama_native import SamplingParams
 from chatapp.engine.prompt import ChatMessage
 from chatapp.services.boundaries import reuse_boundaries
-from chatapp.vocabulary import ReuseTier, Role
+from chatapp.vocabulary import ReuseTier, Role, StopReason
 from tests.cache_support import cached_engine
 from tests.model_factory import (
     TINY_MODEL_THREADS,
@@ -53,9 +55,18 @@ def cold(model: tuple[MemoryKind, Path]) -> Iterator[Engine]:
         yield engine
 
 
-def open_cached(model: tuple[MemoryKind, Path], folder: Path, sequences: int = 1) -> Engine:
+def open_cached(
+    model: tuple[MemoryKind, Path], folder: Path, sequences: int = 1, n_batch: int = 512, swa_full: bool = True
+) -> Engine:
     engine = cached_engine(
-        folder, model[1], block_size=16, context=CONTEXT, sequences=sequences, threads=TINY_MODEL_THREADS
+        folder,
+        model[1],
+        block_size=16,
+        context=CONTEXT,
+        sequences=sequences,
+        threads=TINY_MODEL_THREADS,
+        n_batch=n_batch,
+        swa_full=swa_full,
     )
     assert engine.cache is not None, engine.cache_problem
     assert engine.info.memory_kind is model[0]
@@ -70,11 +81,15 @@ def messages_for(question: str, history: tuple[str, ...] = ()) -> list[ChatMessa
     return [*messages, ChatMessage.of(Role.USER, question)]
 
 
-def ask(engine: Engine, messages: list[ChatMessage], **options: int | None) -> GenerationResult:
+def request_for(engine: Engine, messages: list[ChatMessage], *, prefill_only: bool = False) -> GenerationRequest:
+    """The request the chat service makes: the prompt and the boundaries it names."""
     prompt = tuple(engine.prompt_builder.build(messages))
     checkpoints = reuse_boundaries(engine.prompt_builder, messages) if engine.takes_checkpoints else ()
-    request = GenerationRequest(prompt, GREEDY, checkpoints=checkpoints, sequence=options.get("sequence"))
-    return engine.generate(request).wait()
+    return GenerationRequest(prompt, GREEDY, checkpoints=checkpoints, prefill_only=prefill_only)
+
+
+def ask(engine: Engine, messages: list[ChatMessage]) -> GenerationResult:
+    return engine.generate(request_for(engine, messages)).wait()
 
 
 def cold_answer(cold: Engine, messages: list[ChatMessage]) -> tuple[int, ...]:
@@ -175,3 +190,129 @@ def test_a_document_long_past_the_window_restores_exactly(
         assert result.token_ids == cold_answer(cold, second)
         document_end = reuse_boundaries(engine.prompt_builder, second)[-1]
         assert result.stats.reused_tokens >= document_end > 300
+
+
+SMALL_BATCH = 32  # several batches on short prompts
+
+
+def test_a_prompt_is_batched_alike_with_and_without_the_cache(model: tuple[MemoryKind, Path], tmp_path: Path) -> None:
+    """Batches end at checkpoints either way: `--no-cache` answers as a cached run computes."""
+    with open_cached(model, tmp_path, n_batch=SMALL_BATCH) as engine:
+        request = request_for(engine, messages_for("Name a colour.", history=("Name a bird.",)))
+
+        def run(request: GenerationRequest) -> tuple[list[int], GenerationResult]:
+            handle = engine.generate(request)
+            ends = [event.done for event in handle.events() if isinstance(event, PrefillProgress)]
+            return ends, handle.wait()
+
+        cached_ends, cached = run(request)  # a fresh cache: computed in full, checkpoints stored
+        uncached_ends, uncached = run(replace(request, use_cache=False))
+        assert cached.stats.reused_tokens == uncached.stats.reused_tokens == 0
+        assert cached_ends == uncached_ends
+        assert set(request.checkpoints) <= set(cached_ends)
+        assert cached.token_ids == uncached.token_ids
+
+
+def test_a_warm_up_one_token_past_a_batch_finishes_and_answers_as_cold(
+    model: tuple[MemoryKind, Path], cold: Engine, tmp_path: Path
+) -> None:
+    """A batch never leaves one token alone: on recurrent state that cut could only rewind, again and again."""
+    with open_cached(model, tmp_path, n_batch=SMALL_BATCH) as engine:
+        messages = messages_for("Name a colour.")
+        full = request_for(engine, messages)
+        assert len(full.prompt_tokens) > 2 * SMALL_BATCH + 1
+        for length in (SMALL_BATCH + 1, 2 * SMALL_BATCH + 1):
+            warm = GenerationRequest(full.prompt_tokens[:length], GREEDY, prefill_only=True)
+            assert engine.generate(warm).wait().stop_reason is StopReason.PREFILLED
+            assert engine.placer.resident.tokens[0] == list(warm.prompt_tokens)
+        assert ask(engine, messages).token_ids == cold_answer(cold, messages)
+
+
+def test_a_cancelled_prefill_keeps_its_finished_batches_and_answers_as_cold(
+    model: tuple[MemoryKind, Path], cold: Engine, tmp_path: Path
+) -> None:
+    with open_cached(model, tmp_path, n_batch=SMALL_BATCH) as engine:
+        messages = messages_for("Name a colour.")
+        with engine.holding(Step.BATCH, after=2) as gate:
+            handle = engine.generate(request_for(engine, messages))
+            assert gate.wait_until_holding()
+            handle.cancel()
+            assert handle.wait().stop_reason is StopReason.CANCELLED
+        held = list(engine.placer.resident.tokens[0])
+        prompt = engine.prompt_builder.build(messages)
+        assert 0 < len(held) < len(prompt)
+        assert held == prompt[: len(held)]
+        result = ask(engine, messages)
+        assert result.token_ids == cold_answer(cold, messages)
+        assert result.stats.reuse_tier is ReuseTier.DEVICE
+        assert result.stats.reused_tokens == len(held)
+
+
+def test_an_answer_stopped_mid_token_leaves_exact_state(
+    model: tuple[MemoryKind, Path], cold: Engine, tmp_path: Path
+) -> None:
+    """Stopped while a token is evaluated: the token's cell (and recurrent update) is undone."""
+    with open_cached(model, tmp_path) as engine:
+        messages = messages_for("Name a colour.")
+        with engine.holding(Step.TOKEN, after=2) as gate:
+            handle = engine.generate(request_for(engine, messages))
+            assert gate.wait_until_holding()
+            handle.cancel()  # the next decode starts with its abort flag raised
+            stopped = handle.wait()
+        assert stopped.stop_reason is StopReason.CANCELLED
+        engine.flush_cache()
+        prompt = engine.prompt_builder.build(messages)
+        held = engine.placer.resident.tokens[0]
+        assert held == [*prompt, *stopped.token_ids][: len(held)]
+        assert ask(engine, messages).token_ids == cold_answer(cold, messages)
+
+
+@pytest.fixture(scope="module")
+def iswa(tmp_path_factory: pytest.TempPathFactory) -> tuple[MemoryKind, Path]:
+    return MemoryKind.ISWA, write_tiny_gemma3(tmp_path_factory.mktemp("iswa") / "tiny.gguf")
+
+
+def test_without_a_full_size_window_cuts_are_checked_and_rewound_exactly(
+    iswa: tuple[MemoryKind, Path], tmp_path: Path
+) -> None:
+    """swa_full off: 256 window cells per sequence, reused once the prompt is longer, so a cut
+    behind the window rewinds to a checkpoint and a cut inside it must find every cell it needs."""
+    cold_config = EngineConfig(
+        model_path=iswa[1],
+        context_cap=CONTEXT,
+        sequences=1,
+        threads=TINY_MODEL_THREADS,
+        n_batch=SMALL_BATCH,
+        swa_full=False,
+    )
+    history = tuple(f"Name a bird that nests near lake number {n} and say why it does." for n in range(12))
+    with (
+        Engine(cold_config) as cold,
+        open_cached(iswa, tmp_path / "cache", n_batch=SMALL_BATCH, swa_full=False) as engine,
+    ):
+        first = messages_for("Name a colour.", history=history)
+        assert len(engine.prompt_builder.build(first)) > 300  # past the 256 window cells
+        assert ask(engine, first).token_ids == cold_answer(cold, first)
+        engine.flush_cache()
+        assert engine.context.min_position(0) > persona_end(engine)  # the window slid past the persona
+        for branch in (messages_for("Name a tree.", history=history[:11]), messages_for("Name a tree.")):
+            result = ask(engine, branch)
+            assert result.token_ids == cold_answer(cold, branch)
+            assert result.stats.reused_tokens > 0
+        assert result.stats.reuse_tier is ReuseTier.DEVICE
+        assert result.stats.reused_tokens == persona_end(engine)  # rewound to the checkpoint at the persona's end
+
+
+def test_a_window_with_a_gap_is_never_kept_by_a_cut(iswa: tuple[MemoryKind, Path], tmp_path: Path) -> None:
+    """A window cache reuses slid-out cells in no fixed order; a cut that would keep a gap rewinds instead."""
+    with open_cached(iswa, tmp_path) as engine:
+        messages = messages_for("Name a colour.", history=("Name a bird.", "Name a fish."))
+        ask(engine, messages)
+        engine.flush_cache()  # the engine thread is idle from here on
+        cut = reuse_boundaries(engine.prompt_builder, messages)[-1] - 2  # no checkpoint there
+        assert persona_end(engine) < cut - 6
+        assert engine.context.remove(0, cut - 6, cut - 4)  # two cells the next token needs
+        assert engine.context.min_position(0) == 0  # the oldest cell alone does not show the gap
+        kept = engine.placer.cut(0, cut)
+        assert kept == persona_end(engine)  # rewound to the checkpoint at the persona's end
+        assert engine.placer.resident.tokens[0] == engine.prompt_builder.build(messages)[:kept]

@@ -1,0 +1,49 @@
+"""Where prefill batches end and which checkpoints are stored: every case of small prompts."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from chatapp.engine.batching import batch_end, stored_checkpoint_positions
+
+
+def batches(length: int, batch: int, checkpoints: frozenset[int] = frozenset(), start: int = 0) -> list[int]:
+    """The sizes of the batches a prefill from `start` makes."""
+    sizes = []
+    while start < length:
+        end = batch_end(start, length, batch, checkpoints)
+        assert start < end <= length
+        sizes.append(end - start)
+        start = end
+    return sizes
+
+
+@pytest.mark.parametrize("batch", [3, 4, 8, 32])  # (with n_batch 2, three tokens need a lone one)
+def test_no_batch_leaves_one_token_alone_nor_exceeds_n_batch(batch: int) -> None:
+    for length, start in itertools.product(range(1, 40), range(40)):
+        if start >= length:
+            continue
+        sizes = batches(length, batch, start=start)
+        assert all(size <= batch for size in sizes), (length, start, sizes)
+        # A single token only where a single token was all that was left.
+        assert all(size > 1 for size in sizes) or sizes == [1], (length, start, sizes)
+
+
+def test_batches_end_where_a_cold_run_ends_them_and_at_checkpoints() -> None:
+    assert batches(20, 8) == [8, 8, 4]
+    assert batches(17, 8) == [8, 7, 2]  # not 8, 8, 1
+    assert batches(9, 8) == [7, 2]
+    assert batches(20, 8, frozenset({5})) == [5, 3, 8, 4]
+    assert batches(20, 8, frozenset({19})) == [8, 8, 4]  # a checkpoint that would leave one token is skipped
+    assert batches(20, 8, frozenset({1})) == [8, 8, 4]  # one that would make a one-token batch too
+
+
+def test_interval_checkpoints_fall_between_boundaries_and_not_just_before_one() -> None:
+    positions = stored_checkpoint_positions(2230, [2010], 1024, last=2228)
+    assert positions == {1024, 2010, 2228}  # not 2048: the prompt ends 182 tokens later
+    document = stored_checkpoint_positions(7000, [40, 5040], 1024, last=7000)
+    assert document == {40, 1064, 2088, 3112, 4136, 5040, 6064, 7000}
+    assert stored_checkpoint_positions(600, [], 1024, last=598) == {598}
+    assert stored_checkpoint_positions(600, [700, 0], 1024, last=0) == set()  # out of range: dropped
