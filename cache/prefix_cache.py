@@ -138,10 +138,7 @@ class PrefixCache:
             if not kind.needs_checkpoints:
                 assert match is not None
                 return CachedPrefix(covered, match.blocks, None)
-            checkpoint = self.index.deepest_checkpoint(array, covered)
-            while checkpoint is not None and checkpoint.extends is not None and checkpoint.extends not in self.index:
-                self._forget(checkpoint)  # the checkpoint it extends is gone: it cannot be restored
-                checkpoint = self.index.deepest_checkpoint(array, covered)
+        checkpoint = self._deepest_restorable(array, covered)
         if checkpoint is None:
             return CachedPrefix(0, (), None)
         end = checkpoint.end
@@ -187,11 +184,32 @@ class PrefixCache:
         prefix = tuple(int(token) for token in as_token_array(prompt)[:tokens])
         return FetchedPrefix(tuple(blocks), tuple(payloads), tokens, checkpoint, tier, prefix)
 
+    def _deepest_restorable(self, tokens: np.ndarray, limit: int) -> BlockInfo | None:
+        """The deepest checkpoint of `tokens` at or before `limit` that can be restored: a whole
+        one, or a delta on a whole one still stored. Deltas whose base is gone are forgotten."""
+        orphans: list[BlockInfo] = []
+        with self._lock:
+            while True:
+                found = self.index.deepest_checkpoint(tokens, limit)
+                if found is None or found.extends is None:
+                    break
+                base = self.index.checkpoints.get(found.extends)
+                if base is not None and base.extends is None:
+                    break
+                self.index.remove(found.key)
+                orphans.append(found)
+        for orphan in orphans:  # the files outside the lock: another process may hold the database
+            self.ram.discard(orphan.key)
+            self.disk.delete(orphan)
+        return found
+
     def _joined_delta(self, delta: BlockInfo, tail: bytes) -> tuple[bytes | None, bool]:
         """The full checkpoint of a delta (and whether its base came from disk); None, and the
         delta forgotten, when the checkpoint it extends is gone or does not join."""
         with self._lock:
             base = self.index.checkpoints.get(delta.extends) if delta.extends is not None else None
+        if base is not None and base.extends is not None:
+            base = None  # stored again as a delta itself: not what this delta was built on
         payload, from_disk = self._payload(base) if base is not None else (None, False)
         if base is None or payload is None:
             self._forget(delta)
@@ -360,7 +378,7 @@ class PrefixCache:
             key, anchor, anchor_position = self.index.checkpoint_key(tokens)
             if key in self.index:
                 return
-            earlier = self.index.deepest_checkpoint(tokens, end - 1)
+        earlier = self._deepest_restorable(tokens, end - 1)
         if earlier is not None and end - earlier.end < self.config.checkpoint_min_gap:
             return
         extends = self._whole_checkpoint_to_extend(earlier, end)
@@ -430,6 +448,8 @@ class PrefixCache:
                 base = self.index.checkpoints.get(found.checkpoint.extends) if found.checkpoint.extends else None
             chain += [base] if base is not None else []
             for info in chain:
+                if not pinned and info is not found.checkpoint and self._pinned_delta_on(info, found.checkpoint):
+                    continue  # another pinned conversation's delta still needs it
                 payload, _from_disk = self._payload(info)
                 if payload is not None:
                     entries.append((info, payload))
@@ -438,6 +458,13 @@ class PrefixCache:
                 self.disk.set_pinned(info, payload, pinned)
                 self.ram.set_pinned(info.key, pinned)
         return len(entries)
+
+    def _pinned_delta_on(self, base: BlockInfo, besides: BlockInfo) -> bool:
+        with self._lock:
+            return any(
+                info.pinned and info.extends == base.key and info.key != besides.key
+                for info in self.index.checkpoints.values()
+            )
 
     def prune(self) -> int:
         return self.ram.prune() + self.disk.prune()

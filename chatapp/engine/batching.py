@@ -10,6 +10,8 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable
 
+MIN_BATCH = 3  # with n_batch 2, a prompt of three tokens could only be split with a lone token
+
 
 def batch_end(start: int, length: int, batch: int, checkpoints: frozenset[int]) -> int:
     """Where the batch from `start` ends, of a prompt of `length` tokens.

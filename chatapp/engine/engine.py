@@ -28,7 +28,7 @@ from cache.llama_state import read_sequence_state, write_sequence_state
 from cache.prefix_cache import PrefixCache
 from cache.selftest import verify_layout
 from cache.state_format import MemoryKind, MemoryLayout, StateFormatError
-from chatapp.engine.batching import batch_end, stored_checkpoint_positions
+from chatapp.engine.batching import MIN_BATCH, batch_end, stored_checkpoint_positions
 from chatapp.engine.chat_template import FALLBACK_CHATML, ChatTemplate
 from chatapp.engine.events import (
     GenerationResult,
@@ -80,6 +80,11 @@ class EngineConfig:
     # Models with uncuttable state (sliding window, recurrent): a checkpoint every this many
     # prompt tokens, besides the prompt's end and the boundaries a request names.
     checkpoint_interval: int = 1024
+
+    def __post_init__(self) -> None:
+        if self.n_batch < MIN_BATCH:
+            # batch_end never leaves one token alone, which needs room for three in a batch.
+            raise ValueError(f"n_batch must be at least {MIN_BATCH}, got {self.n_batch}")
 
 
 @dataclass(frozen=True)
@@ -634,12 +639,9 @@ class Engine:
                 if len(live) >= limit:
                     stop_reason = StopReason.CONTEXT
                     break
-                try:
-                    self.context.decode([token], start_pos=len(live), sequence=sequence, logits_for_last=True)
-                except DecodeAborted:
-                    # The stopped token's cell is dropped; a recurrent state it updated is rewound.
-                    self.placer.recover(sequence, len(live))
-                    break
+                # A single-token decode is not abortable (see NativeContext.decode): a stop is
+                # seen between tokens, so `live` always lists exactly what the sequence holds.
+                self.context.decode([token], start_pos=len(live), sequence=sequence, logits_for_last=True)
                 live.append(token)
         finally:
             sampler.close()

@@ -130,9 +130,10 @@ class KVPlacer:
         """Whether a cut at `length` keeps every cell the next token attends to."""
         if self.kind is not MemoryKind.ISWA or self._window <= 0:
             return False  # a recurrent state cannot be cut
-        # The token at `length` attends to positions length - window + 1 .. length - 1.
+        # The token at `length` attends to positions from length - window + 1; llama.cpp keeps
+        # (and `_window_holds` asks for) one more, the `window` cells before `length`.
         oldest = self.context.min_position(sequence)
-        return 0 <= oldest <= max(0, length - self._window + 1)
+        return 0 <= oldest <= max(0, length - self._window)
 
     def _session_checkpoint(self, sequence: int, length: int) -> int | None:
         """The position of the newest checkpoint this session holds for `sequence` at or before `length`."""

@@ -396,3 +396,33 @@ def test_a_checkpoint_close_after_another_stores_only_the_window_cells_it_adds(
     assert not cache.has_checkpoint(TOKENS[:9])
     assert harness.restore(TOKENS) == (harness.sequence.state(11), 11, "disk")
     harness.close()
+
+
+@pytest.mark.parametrize("kind", [MemoryKind.ISWA, MemoryKind.HYBRID_ISWA], ids=lambda kind: kind.value)
+def test_deltas_whose_base_changed_fall_back_and_pins_stay_while_needed(tmp_path: Path, kind: MemoryKind) -> None:
+    model = synthetic_model(kind, window=8, scale=512, recurrent_rows=40_000)
+    harness = Harness(tmp_path, kind, model=model)
+    cache = harness.cache
+    branch = [*TOKENS[:6], 900, 901, 902]
+    harness.store(TOKENS[:6])  # whole at 6
+    harness.store(TOKENS[:9])  # blocks, and a delta on it
+    harness.store(branch)  # another conversation's blocks and delta on it
+    whole = next(info for info in cache.index.checkpoints.values() if info.end == 6)
+    assert sum(info.extends == whole.key for info in cache.index.checkpoints.values()) == 2
+    assert cache.pin(TOKENS[:9]) > 0
+    assert cache.pin(branch) > 0
+    cache.pin(TOKENS[:9], pinned=False)
+    assert cache.index.checkpoints[whole.key].pinned  # the branch's pinned delta still needs it
+    cache.pin(branch, pinned=False)
+    assert not cache.index.checkpoints[whole.key].pinned
+    # The whole checkpoint at 6 is lost, then stored again as a delta on one at 4.
+    cache._forget(cache.index.checkpoints[whole.key])
+    harness.store_checkpoint(TOKENS[:4])
+    harness.store_checkpoint(TOKENS[:6])
+    again = next(info for info in cache.index.checkpoints.values() if info.end == 6)
+    assert again.key == whole.key
+    assert again.extends is not None
+    # The delta at 9 was built on the whole one: never joined to the new delta; the one at 6 serves.
+    assert harness.restore([*TOKENS[:9], 5]) == (harness.sequence.state(6), 6, "ram")
+    assert not cache.has_checkpoint(TOKENS[:9])
+    harness.close()

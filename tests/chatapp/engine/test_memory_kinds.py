@@ -248,16 +248,16 @@ def test_a_cancelled_prefill_keeps_its_finished_batches_and_answers_as_cold(
         assert result.stats.reused_tokens == len(held)
 
 
-def test_an_answer_stopped_mid_token_leaves_exact_state(
+def test_an_answer_stopped_between_tokens_leaves_exact_state(
     model: tuple[MemoryKind, Path], cold: Engine, tmp_path: Path
 ) -> None:
-    """Stopped while a token is evaluated: the token's cell (and recurrent update) is undone."""
+    """Stopped after its second token: the sequence holds the prompt and the tokens evaluated, nothing half-done."""
     with open_cached(model, tmp_path) as engine:
         messages = messages_for("Name a colour.")
         with engine.holding(Step.TOKEN, after=2) as gate:
             handle = engine.generate(request_for(engine, messages))
             assert gate.wait_until_holding()
-            handle.cancel()  # the next decode starts with its abort flag raised
+            handle.cancel()
             stopped = handle.wait()
         assert stopped.stop_reason is StopReason.CANCELLED
         engine.flush_cache()
