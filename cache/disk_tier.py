@@ -82,7 +82,7 @@ def _inside(filename: str | None) -> bool:
     return not path.is_absolute() and ".." not in path.parts
 
 
-def _open(directory: Path, size_limit: int) -> diskcache.Cache:
+def open_bytes_store(directory: Path, size_limit: int) -> diskcache.Cache:
     """A private diskcache folder with LRU culling that stores only bytes."""
     directory.mkdir(mode=PRIVATE, parents=True, exist_ok=True)
     os.chmod(directory, PRIVATE)
@@ -152,12 +152,12 @@ def open_store(directory: Path, size_limit: int) -> tuple[diskcache.Cache, str |
     Returns the store and, when something was moved aside, a sentence saying so.
     """
     try:
-        return _open(directory, size_limit), None
+        return open_bytes_store(directory, size_limit), None
     except sqlite3.DatabaseError as error:
         if isinstance(error, sqlite3.OperationalError):
             raise  # locked, read-only, cannot open: not damage
         moved = set_aside(directory)
-        return _open(
+        return open_bytes_store(
             directory, size_limit
         ), f"the disk cache {directory} was damaged ({error}); it was moved to {moved.name} and a new one begun"
 
@@ -184,11 +184,15 @@ class DiskTier:
         self._lock = threading.Lock()
         self._blocks: diskcache.Cache | None = None
         self._pinned: diskcache.Cache | None = None
+        self._last_store_time = {False: 0.0, True: 0.0}  # per store (pinned or not): rows read up to here
         try:
             directory.mkdir(mode=PRIVATE, parents=True, exist_ok=True)
             self._blocks, repaired = open_store(directory / "blocks", budget_bytes)
             self._pinned, repaired_pinned = open_store(directory / "pinned", UNLIMITED)
             self.problem = repaired or repaired_pinned
+            for store in (self._blocks, self._pinned):
+                # What other processes stored is found by store time (new_entries).
+                store._sql("CREATE INDEX IF NOT EXISTS Cache_store_time ON Cache (store_time)")
         except DISK_ERRORS as error:
             self._switch_off(error)
 
@@ -227,17 +231,30 @@ class DiskTier:
 
     def load_index(self) -> list[BlockInfo]:
         """Every live block of this namespace, from the row tags: no payload is read."""
-        return self._guarded(self._load_index, [])
+        return self._guarded(self._rows_after_last_read, [])
 
-    def _load_index(self) -> list[BlockInfo]:
+    def new_entries(self) -> list[BlockInfo]:
+        """Blocks stored since the last read, by this process or another one on the same folder.
+
+        Rows are read by their store time (indexed) past the newest one seen, so asking costs
+        one query that usually returns nothing. A block stored again after a clear has a new
+        store time and is read again; a clock set back hides new rows until the next start:
+        a lost hit, never a wrong one.
+        """
+        return self._guarded(self._rows_after_last_read, [])
+
+    def _rows_after_last_read(self) -> list[BlockInfo]:
         infos: list[BlockInfo] = []
         now = self._clock()
-        for store in (self._store(False), self._store(True)):
+        for pinned in (False, True):
+            store = self._store(pinned)
             rows = store._sql(
-                "SELECT tag FROM Cache WHERE raw = 1 AND tag IS NOT NULL AND (expire_time IS NULL OR expire_time > ?)",
-                (now,),
+                "SELECT store_time, tag FROM Cache WHERE store_time > ? AND raw = 1 AND tag IS NOT NULL "
+                "AND (expire_time IS NULL OR expire_time > ?)",
+                (self._last_store_time[pinned], now),
             ).fetchall()
-            for (tag,) in rows:
+            for store_time, tag in rows:
+                self._last_store_time[pinned] = max(self._last_store_time[pinned], store_time)
                 try:
                     infos.append(BlockInfo.decode(bytes(tag), self.namespace_id))
                 except RecordError:

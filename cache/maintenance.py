@@ -20,7 +20,7 @@ from typing import Any
 import diskcache
 
 from cache.atomic_file import replace_atomically
-from cache.disk_tier import UNLIMITED, _open, clear_store, remove_orphan_files
+from cache.disk_tier import UNLIMITED, clear_store, open_bytes_store, remove_orphan_files
 
 fcntl: ModuleType | None
 try:
@@ -98,7 +98,7 @@ STORES = ("blocks", "pinned")
 
 @contextlib.contextmanager
 def _opened(folder: Path) -> Iterator[diskcache.Cache]:
-    store = _open(folder, UNLIMITED)
+    store = open_bytes_store(folder, UNLIMITED)
     try:
         yield store
     finally:

@@ -132,7 +132,13 @@ class PrefixCache:
         array = as_token_array(prompt)
         limit = int(array.size) if limit is None else min(limit, int(array.size))
         kind = self.layout.kind
+        news = self.disk.new_entries()  # what other processes (or our writer) stored meanwhile
         with self._lock:
+            for info in news:
+                known = self.index.entries.get(info.key) or self.index.checkpoints.get(info.key)
+                if known is not None and known.checksum != info.checksum:
+                    self.index.remove(info.key)  # stored again by another process since: its record is current
+                self.index.add(info)
             match = self.index.longest_prefix(array) if kind.has_base else None
             covered = min(match.matched_tokens, limit) if match is not None else limit
             if not kind.needs_checkpoints:

@@ -22,6 +22,8 @@ from chatapp.services.cache_admin import cache_stats, clear_cache, format_stats,
 from chatapp.services.startup import Workspace, make_new_files_private, open_workspace, quiet_native_logs
 
 EXIT_INTERRUPTED = 130
+ENV_API_KEY = "CHATAPP_API_KEY"
+MAX_BODY_BYTES = 32 << 20
 
 
 def _engine_options(default: object = None) -> argparse.ArgumentParser:
@@ -76,6 +78,29 @@ def build_parser() -> argparse.ArgumentParser:
     ask_parser.add_argument("--seed", type=int, metavar="N", help="sampling seed")
     ask_parser.add_argument("--no-cache", action="store_true", help="compute the whole prompt; no lookup, no store")
     ask_parser.add_argument("--json", action="store_true", help="print a JSON object with statistics at the end")
+    serve_parser = commands.add_parser(
+        "serve",
+        parents=[shared],
+        help="serve the model and its cache over the OpenAI and Ollama HTTP APIs",
+        description="An HTTP server on the same engine, prefix cache and data folder as the app: "
+        "OpenAI's /v1/chat/completions, /v1/completions and /v1/models, Ollama's /api/chat, /api/generate, "
+        "/api/tags and /api/version, and /health and /metrics. Ctrl-C stops it cleanly.",
+    )
+    serve_parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    serve_parser.add_argument("--port", type=int, default=8080, metavar="N", help="port to listen on (default: 8080)")
+    serve_parser.add_argument(
+        "--api-key",
+        metavar="KEY",
+        default=os.environ.get(ENV_API_KEY) or None,
+        help=f"require 'Authorization: Bearer KEY' on every route but /health (or ${ENV_API_KEY})",
+    )
+    serve_parser.add_argument(
+        "--max-pending",
+        type=int,
+        default=16,
+        metavar="N",
+        help="requests waiting or running at once; more get 503 with Retry-After (default: 16)",
+    )
     bench_parser = commands.add_parser(
         "bench",
         help="measure the cache against llama-cpp-python's caches, llama-server and no cache",
@@ -160,6 +185,25 @@ def run_cache(args: argparse.Namespace, workspace: Workspace) -> int:
     return 0
 
 
+def run_serve(args: argparse.Namespace, workspace: Workspace) -> int:
+    from chatapp.server.run import check_port_free, serve
+    from chatapp.services.serving import Serving
+
+    if not 0 < args.port < 65536:
+        raise SettingsError(f"--port {args.port} is not a port; use 1-65535")
+    if args.max_pending < 1:
+        raise SettingsError(f"--max-pending {args.max_pending} must be at least 1")
+    check_port_free(args.host, args.port)
+
+    def say(line: str) -> None:
+        print(f"chatapp: {line}" if line.startswith("warning") else line, file=sys.stderr, flush=True)
+
+    say(f"loading {workspace.model_path.name}...")
+    serving = Serving(workspace, max_pending=args.max_pending)
+    serve(serving, host=args.host, port=args.port, api_key=args.api_key, body_limit_bytes=MAX_BODY_BYTES, say=say)
+    return 0
+
+
 def run_chat(workspace: Workspace) -> int:
     from chatapp.tui.app import ChatApp
 
@@ -184,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_ask(args, workspace)
         if args.command == "cache":
             return run_cache(args, workspace)
+        if args.command == "serve":
+            return run_serve(args, workspace)
         return run_chat(workspace)
     except ChatappError as error:
         print(f"chatapp: error: {error}", file=sys.stderr)

@@ -34,6 +34,7 @@ from chatapp.engine.events import (
     GenerationResult,
     GenerationStats,
     PrefillProgress,
+    PromptPlaced,
     TokenText,
 )
 from chatapp.engine.gate import Step, StepGate
@@ -127,6 +128,7 @@ class GenerationRequest:
 
 
 CacheFactory = Callable[[MemoryLayout, ModelInfo], PrefixCache]
+EngineEvent = PromptPlaced | PrefillProgress | TokenText
 
 
 class GenerationHandle:
@@ -136,7 +138,7 @@ class GenerationHandle:
         self.request = request
         self.submitted_at = time.perf_counter()
         self.cancel_event = threading.Event()
-        self._events: queue.Queue[PrefillProgress | TokenText | None] = queue.Queue()  # None: the end
+        self._events: queue.Queue[EngineEvent | None] = queue.Queue()  # None: the end
         self._result: GenerationResult | None = None
         self._error: BaseException | None = None
         self._drained = False
@@ -155,7 +157,7 @@ class GenerationHandle:
         """Stop as soon as possible; the result keeps what was generated so far."""
         self.cancel_event.set()
 
-    def events(self) -> Iterator[PrefillProgress | TokenText]:
+    def events(self) -> Iterator[EngineEvent]:
         """Progress and text events until the request ends; raises if it failed."""
         while not self._drained:
             event = self._events.get()
@@ -174,7 +176,7 @@ class GenerationHandle:
         return self._result
 
     # Engine side.
-    def _emit(self, event: PrefillProgress | TokenText) -> None:
+    def _emit(self, event: EngineEvent) -> None:
         self._events.put(event)
 
     def _finish(self, result: GenerationResult | None, error: BaseException | None = None) -> None:
@@ -423,6 +425,7 @@ class Engine:
             placement = self.placer.place(
                 list(request.prompt_tokens), request.sequence, request.use_cache, need_logits=not request.prefill_only
             )
+            handle._emit(PromptPlaced(placement.reused_tokens, len(request.prompt_tokens), placement.tier))
             result = self._generate(handle, placement)
         except BaseException as error:
             # When in doubt, forget the sequence: a stale KV must never be reused.

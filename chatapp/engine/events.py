@@ -16,6 +16,15 @@ class PrefillProgress:
 
 
 @dataclass(frozen=True)
+class PromptPlaced:
+    """The prompt found its sequence: how much of it is reused, and from where (sent before any progress)."""
+
+    reused_tokens: int
+    prompt_tokens: int
+    tier: ReuseTier
+
+
+@dataclass(frozen=True)
 class TokenText:
     """New answer text (may be empty while a UTF-8 character is incomplete) and its token id."""
 

@@ -27,6 +27,9 @@ _recent_problems: deque[str] = deque(maxlen=8)
 _last_level = logging.DEBUG
 _init_lock = threading.Lock()
 _initialised = False
+# Set while a decode stops because we asked it to: llama.cpp then logs errors ("failed to
+# compute graph") that are no failure of ours, and they go to the debug log only.
+_abort_requested = threading.Event()
 
 
 def _route_llama_log(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
@@ -34,6 +37,8 @@ def _route_llama_log(level: int, text: bytes, _user_data: ctypes.c_void_p) -> No
     global _last_level
     python_level = _last_level if level == 5 else _LOG_LEVELS.get(level, logging.DEBUG)
     _last_level = python_level
+    if _abort_requested.is_set():
+        python_level = logging.DEBUG
     message = text.decode("utf-8", errors="replace").rstrip()
     if python_level >= logging.WARNING and message:
         _recent_problems.append(message)
@@ -191,8 +196,15 @@ class NativeContext:
         should_abort: Callable[[], bool] = lambda: False,
     ) -> None:
         self.model = model
+
         # llama.cpp polls this during a decode, so a long prefill stops within milliseconds.
-        self._abort_callback = llama_cpp.ggml_abort_callback(lambda _data: should_abort())
+        def abort_now(_data: ctypes.c_void_p) -> bool:
+            if should_abort():
+                _abort_requested.set()
+                return True
+            return False
+
+        self._abort_callback = llama_cpp.ggml_abort_callback(abort_now)
         self._no_abort_callback = llama_cpp.ggml_abort_callback()  # a NULL function pointer
         self.pointer = None
         attempts = [True, False] if flash_attention else [False]
@@ -263,7 +275,10 @@ class NativeContext:
             batch.logits[index] = False
         batch.logits[count - 1] = logits_for_last
         batch.n_tokens = count
-        status = llama_cpp.llama_decode(self.pointer, batch)
+        try:
+            status = llama_cpp.llama_decode(self.pointer, batch)
+        finally:
+            _abort_requested.clear()
         if status == 2:
             raise DecodeAborted()
         if status != 0:

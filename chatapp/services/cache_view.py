@@ -31,6 +31,7 @@ class CacheOverview:
     ttft_ms: list[float]
     problem: str | None
     memory: str  # what reuse the model's memory allows
+    divergence: str | None = None  # where this session's last prompt that left an earlier one did
 
 
 class CacheService:
@@ -42,15 +43,17 @@ class CacheService:
         pins = self.chat.pins.list() if self.chat.pins else []
         problem = engine.cache_problem if engine is not None else None
         interval = cache_admin.checkpoint_interval(self.chat.workspace)
+        last = self.chat.figures.last_divergence
+        divergence = last.describe() if last is not None else None
         if engine is not None and engine.cache is not None:
             stats = engine.cache.stats()
             memory = cache_admin.describe_memory(stats["memory"]["kind"], stats["memory"]["window"], interval)
             if count := stats["memory"]["checkpoints"]:
                 memory += f" ({count:,} checkpoint{'' if count == 1 else 's'} stored)"
-            return CacheOverview(stats, True, pins, list(self.chat.figures.ttft_ms), problem, memory)
+            return CacheOverview(stats, True, pins, list(self.chat.figures.ttft_ms), problem, memory, divergence)
         offline = cache_admin.cache_stats(self.chat.workspace)
         return CacheOverview(
-            offline, False, pins, list(self.chat.figures.ttft_ms), problem, offline["memory"]["description"]
+            offline, False, pins, list(self.chat.figures.ttft_ms), problem, offline["memory"]["description"], divergence
         )
 
     def pin_persona(self, persona: PersonaRecord) -> int:

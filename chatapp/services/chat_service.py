@@ -21,6 +21,7 @@ from chatapp.services.answers import AnswerJob
 from chatapp.services.boundaries import reuse_boundaries
 from chatapp.services.branches import BranchMessage, BranchView, as_document, prompt_messages
 from chatapp.services.conversation import document_block, question_message
+from chatapp.services.divergence import Divergence, PromptLog
 from chatapp.services.export import branch_to_json, branch_to_markdown, write_export
 from chatapp.services.personas import PersonaService
 from chatapp.services.startup import Workspace
@@ -57,6 +58,7 @@ class SessionFigures:
     """Figures of this session's answers, for the status line and the sparkline."""
 
     ttft_ms: list[float] = field(default_factory=list)
+    last_divergence: Divergence | None = None  # the last prompt that left an earlier one, and where
 
 
 class ChatService:
@@ -75,6 +77,7 @@ class ChatService:
         self.pins = pins
         self.engine: Engine | None = None
         self.prewarmer: Prewarmer | None = None
+        self._prompts: PromptLog | None = None
         self.conversation_id: int | None = None
         self.figures = SessionFigures()
         self._prefix_tokens: dict[tuple[str, int], int] = {}  # (persona prompt, document id) → tokens
@@ -99,6 +102,7 @@ class ChatService:
                 raise RuntimeError("a model is already attached to this chat service")
             self.engine = engine
             self.prewarmer = Prewarmer(engine)
+            self._prompts = PromptLog(engine.model.detokenize)
 
     def close(self) -> None:
         """Stop what runs and free the model (the conversations database is the library's to close)."""
@@ -368,7 +372,7 @@ class ChatService:
         checkpoints = reuse_boundaries(engine.prompt_builder, messages) if engine.takes_checkpoints else ()
         request = GenerationRequest(tuple(prompt), self.workspace.sampling(), checkpoints=checkpoints)
         try:
-            return engine.generate(request)
+            handle = engine.generate(request)
         except ContextOverflowError as error:
             if document is None:
                 raise ChatappError(
@@ -379,6 +383,9 @@ class ChatService:
                 f"the document and this branch are {error.prompt_tokens:,} tokens but a conversation's context holds "
                 f"{error.context_tokens:,}; use Q&A mode (Ctrl+T), a shorter document or a larger context_cap (F5)"
             ) from None
+        if self._prompts is not None and (divergence := self._prompts.compare(prompt)) is not None:
+            self.figures.last_divergence = divergence
+        return handle
 
     def take_cache_notice(self) -> str | None:
         """A problem of the cache's disk tier not yet told (disk full, read-only, repaired), once."""

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from chatapp.engine.engine import GenerationHandle
-from chatapp.engine.events import GenerationResult, PrefillProgress, TokenText
-from chatapp.vocabulary import StopReason
+from chatapp.engine.events import GenerationResult, PrefillProgress, PromptPlaced, TokenText
+from chatapp.vocabulary import ReuseTier, StopReason
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,16 @@ class AnswerText:
     token_id: int
 
 
-StreamEvent = PromptProgress | AnswerText
+@dataclass(frozen=True)
+class PromptReuse:
+    """Where the prompt's beginning came from, known before any of the rest is computed."""
+
+    reused_tokens: int
+    prompt_tokens: int
+    tier: ReuseTier
+
+
+StreamEvent = PromptReuse | PromptProgress | AnswerText
 
 
 @dataclass(frozen=True)
@@ -91,6 +100,8 @@ class EngineStream:
                     yield text
                 elif isinstance(event, PrefillProgress):
                     yield PromptProgress(event.done, event.total)
+                elif isinstance(event, PromptPlaced):
+                    yield PromptReuse(event.reused_tokens, event.prompt_tokens, event.tier)
             result = self.handle.wait()
         except BaseException:
             self._on_failure()

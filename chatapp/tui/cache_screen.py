@@ -46,6 +46,7 @@ class CacheScreen(ModalScreen[None]):
             yield Label("KV cache  ·  R refreshes  ·  Esc closes", classes="dialog-title")
             yield Label("", id="cache-summary")
             yield Static("", id="cache-memory")
+            yield Static("", id="cache-divergence")
             yield DataTable(id="tiers", cursor_type="none")
             yield Label("Time to first token this session (ms)", classes="sidebar-title")
             yield Sparkline([], id="ttft")
@@ -83,6 +84,11 @@ class CacheScreen(ModalScreen[None]):
             f"  ·  reused {int(stats.get('reused_tokens', 0)):,} of {int(stats.get('prompt_tokens', 0)):,} tokens"
         )
         self.query_one("#cache-memory", Static).update(f"Model memory: {overview.memory}")
+        self.query_one("#cache-divergence", Static).update(
+            f"Last prompt that left an earlier one: {overview.divergence}"
+            if overview.divergence
+            else "No prompt this session has left an earlier one part-way."
+        )
         if overview.problem:
             summary += f"  ·  {overview.problem}"
         self.query_one("#cache-summary", Label).update(summary)

@@ -200,3 +200,19 @@ def test_a_state_whose_cells_do_not_start_at_zero_is_not_stored(tmp_path: Path) 
     store_sequence(cache, TOKENS)
     assert cache.lookup(np.asarray([*TOKENS, 999])).tokens == len(TOKENS)
     cache.close()
+
+
+def test_a_cache_open_in_another_process_finds_what_this_one_stores(tmp_path: Path) -> None:
+    reader = open_cache(tmp_path)  # opened first, as a running server would be
+    writer = open_cache(tmp_path)
+    assert reader.lookup(np.asarray([*TOKENS, 999])).tokens == 0
+    blob = store_sequence(writer, TOKENS)
+    state, matched, tier = restored_state(reader, [*TOKENS, 999])
+    assert (state, matched, tier) == (blob, 11, "disk")
+    # Emptied by the other process (rowids start again), then stored again: the new records are read.
+    writer.clear()
+    again = store_sequence(writer, TOKENS, seed=1)
+    reader.ram.clear()
+    assert restored_state(reader, [*TOKENS, 999]) == (again, 11, "disk")
+    writer.close()
+    reader.close()

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from chatapp.engine.engine import Engine, GenerationRequest
-from chatapp.engine.events import GenerationResult, PrefillProgress, TokenText
+from chatapp.engine.events import GenerationResult, PrefillProgress, PromptPlaced, TokenText
 from chatapp.engine.gate import Step
 from chatapp.engine.llama_native import DecodeAborted, NativeContext, NativeModel, SamplingParams
 from chatapp.engine.prompt import ChatMessage
 from chatapp.errors import ContextOverflowError
-from chatapp.vocabulary import Role, StopReason
+from chatapp.vocabulary import ReuseTier, Role, StopReason
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24)
 
@@ -40,8 +40,10 @@ def test_answer_streams_token_by_token(engine: Engine) -> None:
     assert len(texts) == result.stats.generated_tokens > 1
     assert "".join(event.text for event in texts) == result.text
     assert [event.token_id for event in texts] == list(result.token_ids)
-    assert isinstance(events[0], PrefillProgress)
-    assert events[0].done == events[0].total == result.stats.prompt_tokens
+    # First where the prompt was placed (nothing reused without the cache), then its progress.
+    assert events[0] == PromptPlaced(0, result.stats.prompt_tokens, ReuseTier.NONE)
+    assert isinstance(events[1], PrefillProgress)
+    assert events[1].done == events[1].total == result.stats.prompt_tokens
 
 
 def test_greedy_is_reproducible_and_reports_consistent_stats(engine: Engine) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from chatapp.engine.engine import Engine, GenerationHandle, GenerationRequest
-from chatapp.engine.events import GenerationResult, PrefillProgress
+from chatapp.engine.events import GenerationResult, PrefillProgress, PromptPlaced
 from chatapp.engine.gate import Step
 from chatapp.engine.llama_native import SamplingParams
 from chatapp.engine.prompt import ChatMessage
@@ -64,8 +64,10 @@ def test_the_real_request_reuses_every_warmed_token_and_answers_as_cold(cached: 
     assert result.token_ids == ()
     assert result.stats.computed_tokens == len(warmed)
     assert result.stats.generated_tokens == 0
-    assert events
-    assert all(isinstance(event, PrefillProgress) for event in events)
+    assert isinstance(events[0], PromptPlaced)
+    assert events[0].reused_tokens == result.stats.reused_tokens
+    assert len(events) > 1
+    assert all(isinstance(event, PrefillProgress) for event in events[1:])
     assert events[-1] == PrefillProgress(done=len(warmed), total=len(warmed))
     warm = answer(cached, target)
     assert warm.stats.reuse_tier == "device"

@@ -389,6 +389,12 @@ def test_qa_mode_asks_every_question_from_the_root(service: ChatService, documen
     block = service.engine.tokenize(document_block(document))
     assert occurrences(sent_prompt(first), block) == occurrences(sent_prompt(second), block) == 1
     assert sent_prompt(first)[:tokens] == sent_prompt(second)[:tokens]
+    # The second question left the first one's prompt after the document: the cache screen says where.
+    divergence = service.figures.last_divergence
+    assert divergence is not None
+    assert tokens <= divergence.position < len(sent_prompt(second))
+    assert sent_prompt(first)[: divergence.position] == sent_prompt(second)[: divergence.position]
+    assert "week 5" in divergence.after
     view = service.view()
     assert second.answer is not None
     assert [m.record.id for m in view.messages] == [second.question.id, second.answer.id]

@@ -39,6 +39,8 @@ async def test_tiers_pins_and_clear(data_dir: Path) -> None:
         assert first_tokens is not None
         assert len(first_tokens) == 2
         assert "Hit rate" in str(screen.query_one("#cache-summary").render())
+        # The second question went on from the first: no prompt left an earlier one part-way.
+        assert "No prompt this session" in str(screen.query_one("#cache-divergence").render())
 
         await pilot.click("#pin-persona")
         await wait_until(pilot, lambda: any("Pinned the persona" in n for n in notifications(app)))

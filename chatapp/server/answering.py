@@ -1,0 +1,169 @@
+"""What both APIs do with a completion: start it, follow it to its end or a disconnect, report it.
+
+Starting (building the prompt, tokenizing a long system prompt) runs off the event loop.
+A streamed answer begins once the engine has placed the prompt, so the response headers
+already say what the cache did (`X-Chatapp-Cache`). A whole answer is awaited beside the
+connection: a client that hangs up cancels its request and frees its sequence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from anyio import to_thread
+from fastapi import Request
+
+from chatapp.errors import ContextOverflowError
+from chatapp.server.errors import ApiError
+from chatapp.server.feed import CompletionFeed
+from chatapp.server.metrics import ServerMetrics
+from chatapp.services.completions import Completion, CompletionOutcome, RequestError, ServerBusyError
+from chatapp.services.divergence import Divergence
+from chatapp.services.serving import Serving
+from chatapp.services.streams import PromptReuse, StreamEvent
+
+log = logging.getLogger(__name__)
+
+CACHE_HEADER = "X-Chatapp-Cache"
+DIVERGENCE_HEADER = "X-Chatapp-Cache-Divergence"
+RETRY_AFTER_SECONDS = "1"
+
+
+@dataclass
+class ServerContext:
+    """What the routes share: the serving stack, the metrics, the limits and the key."""
+
+    serving: Serving
+    metrics: ServerMetrics
+    body_limit_bytes: int = 8 << 20
+    api_key: str | None = None
+
+    def check_model(self, name: str, param: str = "model") -> None:
+        """A 404 unless `name` is the served model (as /v1/models or /api/tags list it)."""
+        model = self.serving.model
+        if name in (model.id, f"{model.id}:latest", f"{model.id}.gguf"):
+            return
+        raise ApiError(
+            404,
+            f"model {name!r} is not served here; this server serves {model.id!r} (see GET /v1/models)",
+            param=param,
+            kind="not_found_error",
+        )
+
+
+def cache_headers(reused: int, prompt_tokens: int, tier: str, divergence: Divergence | None) -> dict[str, str]:
+    """What the cache did; where the prompt left the closest earlier prompt, with the text there (JSON, ASCII)."""
+    value = f"reused={reused}; computed={prompt_tokens - reused}; tier={tier}"
+    if divergence is None:
+        return {CACHE_HEADER: value}
+    excerpt = {"before": divergence.before, "after": divergence.after, "earlier": divergence.earlier}
+    return {
+        CACHE_HEADER: f"{value}; diverged_at={divergence.position}",
+        DIVERGENCE_HEADER: json.dumps(excerpt, ensure_ascii=True),
+    }
+
+
+async def start(start_completion: Callable[[], Completion]) -> CompletionFeed:
+    """Start a completion off the loop; the service's refusals become 400 and 503."""
+    try:
+        completion = await to_thread.run_sync(start_completion)
+    except RequestError as error:
+        raise ApiError(400, str(error), param=error.param) from None
+    except ContextOverflowError as error:
+        raise ApiError(400, str(error), param="messages") from None
+    except ServerBusyError as error:
+        raise ApiError(503, str(error), kind="server_error", headers={"Retry-After": RETRY_AFTER_SECONDS}) from None
+    return CompletionFeed(completion)
+
+
+class Answer:
+    """One completion followed by a route: its events, then its outcome (figures recorded once)."""
+
+    def __init__(self, context: ServerContext, feed: CompletionFeed) -> None:
+        self._context = context
+        self.feed = feed
+        self._events = aiter(feed)
+        self.reuse: PromptReuse | None = None
+        self._early: StreamEvent | None = None  # an event that came before placement (none today)
+
+    async def placed(self) -> dict[str, str]:
+        """Wait until the engine has placed the prompt; the cache header for the response."""
+        try:
+            first = await anext(self._events)
+        except StopAsyncIteration:
+            return {}
+        except BaseException:
+            self.feed.close()
+            raise
+        if isinstance(first, PromptReuse):
+            self.reuse = first
+            return cache_headers(first.reused_tokens, first.prompt_tokens, first.tier.value, self.divergence)
+        self._early = first
+        return {}
+
+    async def events(self) -> AsyncIterator[StreamEvent]:
+        """The events after placement; cancels the completion if the reader stops early."""
+        try:
+            if self._early is not None:
+                yield self._early
+            async for event in self._events:
+                yield event
+        finally:
+            self.feed.close()
+
+    async def to_end(self, request: Request) -> CompletionOutcome | None:
+        """Wait for the whole answer; None when the client hung up first (the request is cancelled)."""
+
+        async def drain() -> None:
+            async for _ in self.events():
+                pass
+
+        draining = asyncio.ensure_future(drain())
+        watching = asyncio.ensure_future(_until_disconnected(request))
+        try:
+            await asyncio.wait({draining, watching}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watching.cancel()
+        if not draining.done():
+            self.feed.close()
+            draining.cancel()
+            log.info("client hung up: request cancelled")
+            return None
+        draining.result()
+        return self.outcome()
+
+    @property
+    def divergence(self) -> Divergence | None:
+        return self.feed.completion.divergence
+
+    def final_headers(self, outcome: CompletionOutcome) -> dict[str, str]:
+        """The cache headers of a whole answer, from its final figures."""
+        usage = outcome.usage
+        return cache_headers(usage.cached_tokens, usage.prompt_tokens, usage.tier.value, self.divergence)
+
+    def outcome(self) -> CompletionOutcome:
+        outcome = self.feed.completion.outcome_for_client()
+        usage = outcome.usage
+        self._context.metrics.completion_ended(usage)
+        log.info(
+            "prompt %s tokens: %s reused (%s), %s computed; %s generated (%s); first token after %.0f ms",
+            f"{usage.prompt_tokens:,}",
+            f"{usage.cached_tokens:,}",
+            usage.tier.value,
+            f"{usage.computed_tokens:,}",
+            f"{usage.completion_tokens:,}",
+            outcome.finish_reason,
+            usage.ttft_ms,
+        )
+        if self.divergence is not None:
+            log.info("prompt %s", self.divergence.describe())
+        return outcome
+
+
+async def _until_disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

@@ -1,0 +1,64 @@
+"""The ASGI application: both APIs, /health, /metrics, the API key check and the error shapes."""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Awaitable, Callable
+
+from fastapi import FastAPI, Request, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from chatapp import __version__
+from chatapp.server import ollama_api, openai_api
+from chatapp.server.answering import ServerContext
+from chatapp.server.errors import ApiError, error_response, handle_api_error, handle_http_error, handle_unexpected
+from chatapp.server.metrics import CONTENT_TYPE
+
+OPEN_ROUTES = frozenset({"/health"})
+
+
+def create_app(context: ServerContext) -> FastAPI:
+    """An app serving `context`; the caller owns the serving stack and closes it after the server stops."""
+    app = FastAPI(title="chatapp", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.context = context
+    app.include_router(openai_api.router)
+    app.include_router(ollama_api.router)
+    app.add_exception_handler(ApiError, handle_api_error)
+    app.add_exception_handler(StarletteHTTPException, handle_http_error)
+    app.add_exception_handler(Exception, handle_unexpected)
+
+    @app.get("/health")
+    async def health() -> dict[str, object]:
+        return {"status": "ok", "model": context.serving.model.id, "pending": context.serving.completions.pending}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(context.metrics.text(), media_type=CONTENT_TYPE)
+
+    @app.middleware("http")
+    async def check_key_and_count(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        path = request.url.path
+        if context.api_key is not None and path not in OPEN_ROUTES and not _authorized(request, context.api_key):
+            response: Response = error_response(
+                path,
+                ApiError(
+                    401,
+                    "missing or wrong API key; send the header 'Authorization: Bearer KEY' with the server's key",
+                    kind="authentication_error",
+                ),
+            )
+        else:
+            response = await call_next(request)
+        route = request.scope.get("route")
+        template = getattr(route, "path", "other")
+        context.metrics.requests.labels(template, str(response.status_code)).inc()
+        return response
+
+    return app
+
+
+def _authorized(request: Request, key: str) -> bool:
+    """Constant-time comparison, so the time taken says nothing about how much of the key was right."""
+    header = request.headers.get("authorization", "")
+    scheme, _, given = header.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), key.encode())

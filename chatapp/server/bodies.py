@@ -1,0 +1,43 @@
+"""Reading a request body: bounded in size, valid JSON, the right shape, or a 4xx that says why."""
+
+from __future__ import annotations
+
+import json
+from typing import TypeVar
+
+from fastapi import Request
+from pydantic import BaseModel, ValidationError
+
+from chatapp.server.errors import ApiError
+
+Body = TypeVar("Body", bound=BaseModel)
+
+
+async def read_body(request: Request, model: type[Body], limit_bytes: int) -> Body:
+    """The body as `model`; 413 past `limit_bytes`, 400 for bad JSON or a field of the wrong type."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit_bytes:
+        raise _too_large(limit_bytes)
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > limit_bytes:
+            raise _too_large(limit_bytes)
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ApiError(400, f"the request body is not valid JSON ({error}); send a JSON object") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, f"the request body is a JSON {type(data).__name__}; send a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as error:
+        first = error.errors()[0]
+        location = ".".join(str(part) for part in first["loc"])
+        more = len(error.errors()) - 1
+        suffix = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
+        raise ApiError(400, f"{location or 'body'}: {first['msg']}{suffix}", param=location or None) from None
+
+
+def _too_large(limit_bytes: int) -> ApiError:
+    return ApiError(413, f"the request body is larger than {limit_bytes:,} bytes; send a shorter prompt")

@@ -1,0 +1,88 @@
+"""`GET /metrics`: what the server and its cache did, in the Prometheus text format.
+
+Each server has its own registry (tests start several in one process). Request figures are
+counted as answers end; the cache's own counters (evictions, expirations) are read from the
+cache when scraped, so they never drift from `chatapp cache stats`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from chatapp.services.completions import CompletionUsage
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+class CacheCollector(Collector):
+    """The cache's counters at scrape time."""
+
+    def __init__(self, figures: Callable[[], dict[str, Any] | None]) -> None:
+        self._figures = figures
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        figures = self._figures()
+        if figures is None:
+            return
+        evictions = CounterMetricFamily(
+            "chatapp_cache_evictions", "Cache entries evicted to stay within a budget", labels=["tier"]
+        )
+        expirations = CounterMetricFamily("chatapp_cache_expirations", "Cache entries expired (TTL)", labels=["tier"])
+        entries = GaugeMetricFamily("chatapp_cache_entries", "Cache entries held now", labels=["tier"])
+        size = GaugeMetricFamily("chatapp_cache_bytes", "Bytes the cache holds now", labels=["tier"])
+        for tier in ("ram", "disk"):
+            tier_figures = figures[tier]
+            evictions.add_metric([tier], tier_figures["evictions"])
+            expirations.add_metric([tier], tier_figures["expirations"])
+            entries.add_metric([tier], tier_figures["entries"])
+            size.add_metric([tier], tier_figures["bytes"])
+        yield from (evictions, expirations, entries, size)
+
+
+class ServerMetrics:
+    """The counters and histograms one server keeps."""
+
+    def __init__(self, cache_figures: Callable[[], dict[str, Any] | None]) -> None:
+        disable_created_metrics()  # type: ignore[no-untyped-call]  # `*_created` samples are noise here
+        self.registry = CollectorRegistry()
+        registry = self.registry
+        self.requests = Counter("chatapp_requests", "HTTP requests answered", ["route", "status"], registry=registry)
+        self.prompt_tokens = Counter("chatapp_prompt_tokens", "Prompt tokens of completions", registry=registry)
+        self.reused_tokens = Counter(
+            "chatapp_reused_prompt_tokens", "Prompt tokens reused from the cache", ["tier"], registry=registry
+        )
+        self.computed_tokens = Counter(
+            "chatapp_computed_prompt_tokens", "Prompt tokens computed (not reused)", registry=registry
+        )
+        self.generated_tokens = Counter("chatapp_generated_tokens", "Answer tokens generated", registry=registry)
+        self.ttft = Histogram(
+            "chatapp_time_to_first_token_seconds",
+            "From the request to its first answer token",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.request_time = Histogram(
+            "chatapp_request_duration_seconds",
+            "From the request to its last answer token",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        registry.register(CacheCollector(cache_figures))
+
+    def completion_ended(self, usage: CompletionUsage) -> None:
+        self.prompt_tokens.inc(usage.prompt_tokens)
+        if usage.cached_tokens:
+            self.reused_tokens.labels(usage.tier.value).inc(usage.cached_tokens)
+        self.computed_tokens.inc(usage.computed_tokens)
+        self.generated_tokens.inc(usage.completion_tokens)
+        self.ttft.observe(usage.ttft_ms / 1000)
+        self.request_time.observe(usage.total_ms / 1000)
+
+    def text(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,163 @@
+"""The Ollama API: /api/chat, /api/generate (NDJSON streams unless `stream` is false), /api/tags, /api/version.
+
+Counts follow Ollama: `prompt_eval_count` is the prompt tokens computed for this request
+(Ollama also leaves out what its cache held); `prompt_cache_count` adds the tokens the
+cache gave, and `X-Chatapp-Cache` says the same in the headers. Durations are nanoseconds.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from chatapp import __version__
+from chatapp.server.answering import Answer, ServerContext, start
+from chatapp.server.bodies import read_body
+from chatapp.server.errors import ApiError
+from chatapp.server.schemas import (
+    OLLAMA_OPTIONS_UNSUPPORTED,
+    OLLAMA_UNSUPPORTED,
+    OllamaBase,
+    OllamaChatBody,
+    OllamaGenerateBody,
+    checked_stop,
+    refuse_unsupported,
+    role_of,
+)
+from chatapp.services.completions import CompletionOutcome
+from chatapp.services.serving import SamplingOptions
+from chatapp.services.streams import AnswerText
+from chatapp.vocabulary import Role
+
+router = APIRouter(prefix="/api")
+NDJSON = "application/x-ndjson"
+CLIENT_GONE = 499
+NS_PER_MS = 1_000_000
+
+
+def _context(request: Request) -> ServerContext:
+    context: ServerContext = request.app.state.context
+    return context
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+
+
+@router.get("/version")
+async def version() -> dict[str, str]:
+    return {"version": __version__}
+
+
+@router.get("/tags")
+async def tags(request: Request) -> dict[str, Any]:
+    model = _context(request).serving.model
+    entry = {
+        "name": f"{model.id}:latest",
+        "model": f"{model.id}:latest",
+        "modified_at": datetime.fromtimestamp(model.created, UTC).isoformat().replace("+00:00", "Z"),
+        "size": model.size_bytes,
+        "digest": model.fingerprint,
+        "details": {"format": "gguf", "family": "", "parameter_size": "", "quantization_level": ""},
+    }
+    return {"models": [entry]}
+
+
+def _checked(context: ServerContext, body: OllamaBase) -> tuple[SamplingOptions, tuple[str, ...]]:
+    refuse_unsupported(body.fields_sent(), OLLAMA_UNSUPPORTED)
+    context.check_model(body.model)
+    options = body.options
+    if options is None:
+        return SamplingOptions(), ()
+    refuse_unsupported(options.fields_sent(), OLLAMA_OPTIONS_UNSUPPORTED, prefix="options.")
+    predict = options.num_predict
+    if predict is not None and predict < 0:  # Ollama's "until the model stops": as long as the server allows
+        predict = context.serving.max_tokens_limit
+    elif predict == 0:
+        raise ApiError(400, "options.num_predict is 0; ask for at least one token", param="options.num_predict")
+    sampling = SamplingOptions(
+        temperature=options.temperature, top_p=options.top_p, seed=options.seed, max_tokens=predict
+    )
+    return sampling, checked_stop(options.stop, "options.stop")
+
+
+@router.post("/chat")
+async def chat(request: Request) -> Response:
+    context = _context(request)
+    body = await read_body(request, OllamaChatBody, context.body_limit_bytes)
+    options, stop = _checked(context, body)
+    if not body.messages:
+        raise ApiError(400, "messages is empty; send at least one user message", param="messages")
+    messages: list[tuple[Role, str]] = []
+    for index, message in enumerate(body.messages):
+        refuse_unsupported(message.fields_sent(), OLLAMA_UNSUPPORTED, prefix=f"messages[{index}].")
+        role = role_of(message.role, index)
+        if role is not Role.ASSISTANT and not message.content.strip():
+            raise ApiError(400, f"messages[{index}].content is empty; send some text", param=f"messages[{index}]")
+        messages.append((role, message.content))
+    serving = context.serving
+    answer = Answer(context, await start(lambda: serving.chat(messages, options, stop)))
+    return await _respond(request, body, answer, chat=True)
+
+
+@router.post("/generate")
+async def generate(request: Request) -> Response:
+    context = _context(request)
+    body = await read_body(request, OllamaGenerateBody, context.body_limit_bytes)
+    options, stop = _checked(context, body)
+    if not body.prompt.strip():
+        raise ApiError(400, "prompt is empty; send some text", param="prompt")
+    serving = context.serving
+    if body.raw:
+        answer = Answer(context, await start(lambda: serving.complete(body.prompt, options, stop)))
+    else:
+        messages = ([(Role.SYSTEM, body.system)] if body.system else []) + [(Role.USER, body.prompt)]
+        answer = Answer(context, await start(lambda: serving.chat(messages, options, stop)))
+    return await _respond(request, body, answer, chat=False)
+
+
+def _piece(model: str, text: str, chat: bool, done: bool) -> dict[str, Any]:
+    content: dict[str, Any] = {"message": {"role": "assistant", "content": text}} if chat else {"response": text}
+    return {"model": model, "created_at": _now(), **content, "done": done}
+
+
+def _final(model: str, outcome: CompletionOutcome, chat: bool, text: str) -> dict[str, Any]:
+    usage = outcome.usage
+    return {
+        **_piece(model, text, chat, True),
+        "done_reason": outcome.finish_reason,
+        "total_duration": int(usage.total_ms * NS_PER_MS),
+        "load_duration": 0,
+        "prompt_eval_count": usage.computed_tokens,
+        "prompt_cache_count": usage.cached_tokens,
+        "prompt_eval_duration": int(usage.prefill_ms * NS_PER_MS),
+        "eval_count": usage.completion_tokens,
+        "eval_duration": int(max(usage.total_ms - usage.ttft_ms, 0) * NS_PER_MS),
+    }
+
+
+async def _respond(request: Request, body: OllamaBase, answer: Answer, *, chat: bool) -> Response:
+    headers = await answer.placed()
+    if body.stream:
+        return StreamingResponse(_lines(answer, body.model, chat), media_type=NDJSON, headers=headers)
+    outcome = await answer.to_end(request)
+    if outcome is None:
+        return Response(status_code=CLIENT_GONE)
+    return JSONResponse(_final(body.model, outcome, chat, outcome.text), headers=answer.final_headers(outcome))
+
+
+async def _lines(answer: Answer, model: str, chat: bool) -> AsyncIterator[str]:
+    try:
+        async for event in answer.events():
+            if isinstance(event, AnswerText) and event.text:
+                yield json.dumps(_piece(model, event.text, chat, False), ensure_ascii=False) + "\n"
+        outcome = answer.outcome()
+    except Exception as error:  # the headers are sent: Ollama reports a failure as an error line
+        yield json.dumps({"error": f"the answer failed ({type(error).__name__}: {error})"}) + "\n"
+        return
+    yield json.dumps(_final(model, outcome, chat, ""), ensure_ascii=False) + "\n"

@@ -1,0 +1,166 @@
+"""The OpenAI API: /v1/chat/completions, /v1/completions (whole or streamed as SSE) and /v1/models.
+
+`usage.prompt_tokens_details.cached_tokens` is the number of prompt tokens the cache gave
+(part of `prompt_tokens`, as OpenAI counts it), in streams too when
+`stream_options.include_usage` asks for usage.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from chatapp.server.answering import Answer, ServerContext, start
+from chatapp.server.bodies import read_body
+from chatapp.server.errors import ApiError
+from chatapp.server.schemas import (
+    OPENAI_UNSUPPORTED,
+    ChatCompletionBody,
+    CompletionBody,
+    OpenAISampling,
+    checked_stop,
+    refuse_unsupported,
+    role_of,
+)
+from chatapp.services.completions import CompletionOutcome, CompletionUsage
+from chatapp.services.serving import SamplingOptions
+from chatapp.services.streams import AnswerText
+
+router = APIRouter(prefix="/v1")
+CLIENT_GONE = 499  # nginx's code for a client that closed the connection: nobody reads it
+COMPACT = (",", ":")
+
+
+def _context(request: Request) -> ServerContext:
+    context: ServerContext = request.app.state.context
+    return context
+
+
+def _usage(usage: CompletionUsage) -> dict[str, Any]:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+    }
+
+
+def _options(body: OpenAISampling, max_tokens: int | None) -> SamplingOptions:
+    return SamplingOptions(temperature=body.temperature, top_p=body.top_p, seed=body.seed, max_tokens=max_tokens)
+
+
+@router.get("/models")
+async def list_models(request: Request) -> dict[str, Any]:
+    model = _context(request).serving.model
+    return {
+        "object": "list",
+        "data": [{"id": model.id, "object": "model", "created": model.created, "owned_by": "chatapp"}],
+    }
+
+
+@router.post("/chat/completions")
+async def chat_completions(request: Request) -> Response:
+    context = _context(request)
+    body = await read_body(request, ChatCompletionBody, context.body_limit_bytes)
+    refuse_unsupported(body.fields_sent(), OPENAI_UNSUPPORTED)
+    context.check_model(body.model)
+    messages = [(role_of(message.role, index), message.text(index)) for index, message in enumerate(body.messages)]
+    for index, (_, text) in enumerate(messages):
+        if not text.strip() and messages[index][0].value != "assistant":
+            raise ApiError(400, f"messages[{index}].content is empty; send some text", param=f"messages[{index}]")
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    options = _options(body, max_tokens)
+    stop = checked_stop(body.stop, "stop")
+    serving = context.serving
+    answer = Answer(context, await start(lambda: serving.chat(messages, options, stop)))
+    return await _respond(request, body, answer, "chat.completion", "chatcmpl")
+
+
+@router.post("/completions")
+async def completions(request: Request) -> Response:
+    context = _context(request)
+    body = await read_body(request, CompletionBody, context.body_limit_bytes)
+    refuse_unsupported(body.fields_sent(), OPENAI_UNSUPPORTED)
+    context.check_model(body.model)
+    prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
+    if len(prompts) != 1:
+        raise ApiError(400, f"prompt lists {len(prompts)} prompts; send one per request", param="prompt")
+    options = _options(body, body.max_tokens)
+    stop = checked_stop(body.stop, "stop")
+    serving = context.serving
+    answer = Answer(context, await start(lambda: serving.complete(prompts[0], options, stop)))
+    return await _respond(request, body, answer, "text_completion", "cmpl")
+
+
+async def _respond(request: Request, body: OpenAISampling, answer: Answer, kind: str, id_prefix: str) -> Response:
+    response_id = f"{id_prefix}-{uuid.uuid4().hex}"
+    created = int(time.time())
+    model = body.model
+    chat = kind == "chat.completion"
+    headers = await answer.placed()
+    if body.stream:
+        include_usage = body.stream_options is not None and body.stream_options.include_usage
+        chunks = _chunks(answer, response_id, created, model, chat, include_usage)
+        return StreamingResponse(
+            chunks, media_type="text/event-stream", headers={**headers, "Cache-Control": "no-cache"}
+        )
+    outcome = await answer.to_end(request)
+    if outcome is None:
+        return Response(status_code=CLIENT_GONE)
+    usage = outcome.usage
+    choice: dict[str, Any] = {"index": 0, "finish_reason": outcome.finish_reason, "logprobs": None}
+    if chat:
+        choice["message"] = {"role": "assistant", "content": outcome.text}
+    else:
+        choice["text"] = outcome.text
+    payload = {
+        "id": response_id,
+        "object": kind,
+        "created": created,
+        "model": model,
+        "choices": [choice],
+        "usage": _usage(usage),
+    }
+    return JSONResponse(payload, headers=answer.final_headers(outcome))
+
+
+async def _chunks(
+    answer: Answer, response_id: str, created: int, model: str, chat: bool, include_usage: bool
+) -> AsyncIterator[str]:
+    """Server-sent events: the text as it comes, the finish reason, the usage if asked, [DONE]."""
+    kind = "chat.completion.chunk" if chat else "text_completion"
+
+    def chunk(choices: list[dict[str, Any]], **extra: Any) -> str:
+        payload = {"id": response_id, "object": kind, "created": created, "model": model, "choices": choices, **extra}
+        return f"data: {json.dumps(payload, ensure_ascii=False, separators=COMPACT)}\n\n"
+
+    piece: Callable[[str, str | None], dict[str, Any]]
+    if chat:
+        yield chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
+
+        def piece(text: str, finish: str | None) -> dict[str, Any]:
+            return {"index": 0, "delta": {"content": text} if text else {}, "finish_reason": finish, "logprobs": None}
+    else:
+
+        def piece(text: str, finish: str | None) -> dict[str, Any]:
+            return {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+
+    try:
+        async for event in answer.events():
+            if isinstance(event, AnswerText) and event.text:
+                yield chunk([piece(event.text, None)])
+        outcome: CompletionOutcome = answer.outcome()
+    except Exception as error:  # headers are sent: the error goes in the stream, as OpenAI does
+        failure = {"message": f"the answer failed ({type(error).__name__}: {error})", "type": "server_error"}
+        yield f"data: {json.dumps({'error': {**failure, 'param': None, 'code': None}})}\n\n"
+        return
+    yield chunk([piece("", outcome.finish_reason)])
+    if include_usage:
+        yield chunk([], usage=_usage(outcome.usage))
+    yield "data: [DONE]\n\n"

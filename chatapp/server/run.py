@@ -1,0 +1,96 @@
+"""Running the server: uvicorn on the app, a line saying where, a clean stop on Ctrl-C.
+
+On Ctrl-C uvicorn stops taking connections and gives the requests in flight a few seconds;
+then the serving stack is closed: what still runs is cancelled and every KV block handed to
+the cache is written before the process exits, so nothing is left half-written.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import socket
+import sys
+from collections.abc import Callable
+
+import uvicorn
+
+from chatapp.errors import ChatappError
+from chatapp.server.answering import ServerContext
+from chatapp.server.app import create_app
+from chatapp.server.metrics import ServerMetrics
+from chatapp.services.serving import Serving
+
+GRACEFUL_SHUTDOWN_SECONDS = 5
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` is reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Fail before the model loads when the address cannot be bound (in use, or not this machine's)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as error:
+        raise ChatappError(
+            f"cannot listen on {host}: {error.strerror}; pass an address of this machine with --host"
+        ) from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as error:
+            raise ChatappError(
+                f"cannot listen on {host}:{port} ({error.strerror}); choose another port with --port"
+            ) from None
+
+
+def serve(
+    serving: Serving,
+    *,
+    host: str,
+    port: int,
+    api_key: str | None,
+    body_limit_bytes: int,
+    say: Callable[[str], None],
+) -> None:
+    """Serve until interrupted; `serving` is closed on the way out."""
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
+    context = ServerContext(serving, ServerMetrics(serving.cache_figures), body_limit_bytes, api_key)
+    config = uvicorn.Config(
+        create_app(context),
+        host=host,
+        port=port,
+        log_level="info",
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
+        lifespan="off",
+    )
+    server = uvicorn.Server(config)
+    shown_host = f"[{host}]" if ":" in host else host
+    say(
+        f"chatapp serving {serving.model.id} at http://{shown_host}:{port}/v1 (OpenAI) "
+        f"and http://{shown_host}:{port}/api (Ollama)"
+    )
+    for notice in serving.notices:
+        say(f"warning: {notice}")
+    if not is_loopback(host) and api_key is None:
+        say(
+            f"warning: listening on {host} without an API key: anyone who can reach this port can use the model; "
+            "pass --api-key KEY (or set CHATAPP_API_KEY)"
+        )
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass  # uvicorn raises the Ctrl-C again once it has shut down: the stop asked for
+    finally:
+        serving.close()
+    say("chatapp server stopped; the cache is written")

@@ -1,0 +1,276 @@
+"""Completions for programs: what the HTTP API asks of the engine, in the app's own terms.
+
+A chat request's messages become prompt tokens exactly as the app builds them (the model's
+template, message by message, append-only), so a client that resends a conversation reuses
+all of it. An answer's text that comes back in a later request is matched to the exact
+token ids generated for it (`AnswerIdStore`), since tokenizing the text again may split it
+otherwise and leave the cached prefix there. Stop strings are applied here; the engine
+knows only token limits and end-of-generation tokens.
+
+Requests run in the engine's queue. At most `max_pending` may be waiting or running: past
+that, `ServerBusyError`, so a flood of clients meets a clear refusal instead of a queue that
+grows without end.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import xxhash
+
+from chatapp.engine.engine import Engine, GenerationHandle, GenerationRequest
+from chatapp.engine.events import GenerationResult
+from chatapp.engine.llama_native import SamplingParams
+from chatapp.engine.prompt import ChatMessage
+from chatapp.errors import ChatappError
+from chatapp.services.boundaries import reuse_boundaries
+from chatapp.services.divergence import Divergence, PromptLog
+from chatapp.services.stop_strings import StopMatcher
+from chatapp.services.streams import AnswerText, EngineStream, StreamEvent
+from chatapp.store.answer_ids import AnswerIdStore
+from chatapp.vocabulary import ReuseTier, Role, StopReason
+
+
+class RequestError(ChatappError):
+    """The request cannot be served as asked (HTTP 400); `param` names the field at fault."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class ServerBusyError(ChatappError):
+    """Too many requests are waiting; the client should retry shortly (HTTP 503)."""
+
+
+@dataclass(frozen=True)
+class ApiMessage:
+    """One message of a chat request as the client sent it."""
+
+    role: Role
+    content: str
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    """A chat (`messages`) or a plain text completion (`prompt`), with sampling and stop strings."""
+
+    sampling: SamplingParams
+    messages: tuple[ApiMessage, ...] = ()
+    prompt: str | None = None
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class CompletionUsage:
+    """What the request cost: `cached_tokens` of `prompt_tokens` were reused from `tier`."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    tier: ReuseTier
+    ttft_ms: float
+    total_ms: float
+    prefill_ms: float
+
+    @property
+    def computed_tokens(self) -> int:
+        return self.prompt_tokens - self.cached_tokens
+
+
+@dataclass(frozen=True)
+class CompletionOutcome:
+    """The answer as the client sees it (stop strings cut off) and why it ended."""
+
+    text: str
+    finish_reason: str  # "stop" or "length", as the OpenAI API names them
+    usage: CompletionUsage
+
+
+def answer_digest(model_fingerprint: str, history: list[ChatMessage], text: str) -> str:
+    """The key under which the ids of the answer `text`, given after `history`, are remembered."""
+    canonical = json.dumps(
+        [model_fingerprint, [[m.role.value, list(m.parts), m.generated_ids] for m in history], text],
+        ensure_ascii=False,
+        separators=(",", ":"),
+    )
+    return xxhash.xxh3_128_hexdigest(canonical.encode("utf-8"))
+
+
+class Completion(EngineStream):
+    """One running completion: text events with stop strings applied, then `outcome()`."""
+
+    def __init__(
+        self,
+        service: CompletionService,
+        handle: GenerationHandle,
+        history: list[ChatMessage] | None,
+        stops: tuple[str, ...],
+        divergence: Divergence | None = None,
+    ) -> None:
+        super().__init__(handle)
+        self.divergence = divergence  # where the prompt left the closest earlier one, if it did
+        self._service = service
+        self._history = history  # None: a plain completion, whose answer is not remembered
+        self._matcher = StopMatcher(stops)
+        self._raw_length_after: list[int] = []  # characters of raw answer text after each token
+        self._raw_length = 0
+        self._released = threading.Event()  # the pending slot is given back once
+
+    def events(self) -> Iterator[StreamEvent]:
+        """Reuse, progress and answer text; text stops before a stop string and the rest is dropped."""
+        try:
+            for event in super().events():
+                if not isinstance(event, AnswerText):
+                    yield event
+                    continue
+                shown = self._matcher.feed(event.text)
+                if self._matcher.stopped:
+                    self.cancel()  # the engine stops at its next step; what it adds is not shown
+                if shown:
+                    yield AnswerText(shown, event.token_id)
+            tail = self._matcher.flush()
+            if tail:
+                yield AnswerText(tail, -1)
+        finally:
+            self._release()
+
+    def outcome_for_client(self) -> CompletionOutcome:
+        """The answer and its figures (after `events()`)."""
+        result = self.result
+        if result is None:
+            raise RuntimeError("the completion has not ended yet: read its events first")
+        stats = result.stats
+        if self._matcher.stopped or result.stop_reason is StopReason.END:
+            finish = "stop"
+        else:
+            finish = "length"
+        usage = CompletionUsage(
+            prompt_tokens=stats.prompt_tokens,
+            cached_tokens=stats.reused_tokens,
+            completion_tokens=stats.generated_tokens,
+            tier=stats.reuse_tier,
+            ttft_ms=stats.ttft_ms,
+            total_ms=stats.total_ms,
+            prefill_ms=stats.prefill_ms,
+        )
+        return CompletionOutcome(self._matcher.shown, finish, usage)
+
+    def _on_text(self, text: AnswerText) -> None:
+        self._raw_length += len(text.text)
+        if text.token_id >= 0:
+            self._raw_length_after.append(self._raw_length)
+
+    def _on_end(self, result: GenerationResult) -> None:
+        if self._history is None or (result.stop_reason is StopReason.CANCELLED and not self._matcher.stopped):
+            return  # a plain completion, or an answer the client abandoned
+        ids = self._ids_for(self._matcher.shown, result.token_ids)
+        if ids is not None and self._matcher.shown:
+            self._service.remember_answer(self._history, self._matcher.shown, ids)
+
+    def _on_failure(self) -> None:
+        self._release()
+
+    def _ids_for(self, shown: str, token_ids: tuple[int, ...]) -> tuple[int, ...] | None:
+        """The generated ids whose text is exactly `shown`; None when a token straddles its end."""
+        if not self._matcher.stopped:
+            return token_ids
+        for count, length in enumerate(self._raw_length_after, start=1):
+            if length == len(shown):
+                return token_ids[:count]
+            if length > len(shown):
+                return None
+        return None
+
+    def _release(self) -> None:
+        if not self._released.is_set():
+            self._released.set()
+            self._service._finished()
+
+
+@dataclass
+class CompletionService:
+    """Turns API requests into engine requests, and keeps the ids of the answers it gave."""
+
+    engine: Engine
+    model_fingerprint: str
+    answer_ids: AnswerIdStore | None = None
+    max_pending: int = 16
+    _pending: int = field(default=0, init=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    _prompts: PromptLog = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._prompts = PromptLog(self.engine.model.detokenize)
+
+    def start(self, request: CompletionRequest) -> Completion:
+        """Queue `request`; RequestError, ContextOverflowError or ServerBusyError if it cannot be."""
+        if request.prompt is not None:
+            history = None
+            prompt = self._plain_prompt(request.prompt)
+            boundaries: tuple[int, ...] = ()
+        else:
+            history = self.chat_messages(request.messages)
+            builder = self.engine.prompt_builder
+            prompt = builder.build(history)
+            boundaries = reuse_boundaries(builder, history) if self.engine.takes_checkpoints else ()
+        self._take_slot()
+        try:
+            handle = self.engine.generate(
+                GenerationRequest(prompt_tokens=tuple(prompt), sampling=request.sampling, checkpoints=boundaries)
+            )
+        except BaseException:
+            self._finished()
+            raise
+        return Completion(self, handle, history, request.stop, self._prompts.compare(prompt))
+
+    def chat_messages(self, messages: tuple[ApiMessage, ...]) -> list[ChatMessage]:
+        """The app's messages for a chat request; assistant turns get their generated ids back when known."""
+        if not messages:
+            raise RequestError("messages is empty; send at least one user message", "messages")
+        if messages[-1].role is Role.ASSISTANT:
+            raise RequestError(
+                "the last message is an assistant message; end with a user (or system) message", "messages"
+            )
+        converted: list[ChatMessage] = []
+        for message in messages:
+            ids = None
+            if message.role is Role.ASSISTANT:
+                ids = self._recall_answer(converted, message.content)
+            converted.append(ChatMessage(role=message.role, parts=(message.content,), generated_ids=ids))
+        return converted
+
+    def remember_answer(self, history: list[ChatMessage], text: str, token_ids: tuple[int, ...]) -> None:
+        if self.answer_ids is not None and token_ids:
+            self.answer_ids.remember(answer_digest(self.model_fingerprint, history, text), token_ids)
+
+    @property
+    def pending(self) -> int:
+        """Requests waiting or running now."""
+        return self._pending
+
+    def _recall_answer(self, history: list[ChatMessage], text: str) -> tuple[int, ...] | None:
+        if self.answer_ids is None or not text:
+            return None
+        return self.answer_ids.recall(answer_digest(self.model_fingerprint, history, text))
+
+    def _plain_prompt(self, text: str) -> list[int]:
+        if not text:
+            raise RequestError("prompt is empty; send some text to complete", "prompt")
+        return self.engine.tokenize(text, add_special=True, parse_special=True)
+
+    def _take_slot(self) -> None:
+        with self._lock:
+            if self._pending >= self.max_pending:
+                raise ServerBusyError(
+                    f"{self._pending} requests are already waiting or running (the limit is {self.max_pending}); "
+                    "retry shortly"
+                )
+            self._pending += 1
+
+    def _finished(self) -> None:
+        with self._lock:
+            self._pending -= 1

@@ -1,0 +1,133 @@
+"""What `chatapp serve` runs on: the engine with its cache, the completion service, the model's name.
+
+The server layer sees only this object: it asks for completions, the model's id and the
+cache's figures, and closes it once on the way out (answers finished or cancelled, every
+KV block handed to the cache written, the stores closed).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from chatapp.engine.engine import Engine
+from chatapp.engine.llama_native import SamplingParams
+from chatapp.services.completions import (
+    ApiMessage,
+    Completion,
+    CompletionRequest,
+    CompletionService,
+    RequestError,
+)
+from chatapp.services.startup import Workspace
+from chatapp.store.answer_ids import AnswerIdStore
+from chatapp.vocabulary import Role
+
+log = logging.getLogger(__name__)
+
+ANSWER_IDS_FOLDER = "api-answers"
+
+
+@dataclass(frozen=True)
+class SamplingOptions:
+    """Sampling a request asks for; None takes the settings file's value."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    max_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class ModelCard:
+    """The served model as the APIs list it."""
+
+    id: str
+    name: str
+    path: str
+    fingerprint: str
+    context_tokens: int
+    created: int  # the model file's modification time (seconds)
+    size_bytes: int
+
+
+class Serving:
+    """The engine, its cache and the completion service, opened once for the server's life."""
+
+    def __init__(self, workspace: Workspace, *, max_pending: int = 16, max_tokens_limit: int = 8192) -> None:
+        self.workspace = workspace
+        self.max_tokens_limit = max_tokens_limit
+        model_path = workspace.model_path
+        fingerprint = workspace.model_fingerprint(model_path)
+        self.engine: Engine = workspace.open_engine()
+        try:
+            answers_dir = workspace.paths.private_dir(workspace.paths.cache_dir) / ANSWER_IDS_FOLDER
+            self._answer_ids = AnswerIdStore(answers_dir)
+        except BaseException:
+            self.engine.close()
+            raise
+        self.completions = CompletionService(self.engine, fingerprint, self._answer_ids, max_pending=max_pending)
+        stat = model_path.stat()
+        self.model = ModelCard(
+            id=model_path.stem,
+            name=self.engine.info.name,
+            path=str(model_path),
+            fingerprint=fingerprint,
+            context_tokens=self.engine.info.n_ctx_per_sequence,
+            created=int(stat.st_mtime),
+            size_bytes=stat.st_size,
+        )
+        self._closed = False
+
+    @property
+    def notices(self) -> list[str]:
+        """Why the cache is off or limited, if it is (printed at start-up)."""
+        engine = self.engine
+        cache_problem = engine.cache.problem if engine.cache is not None else None
+        return [notice for notice in (engine.cache_problem, cache_problem) if notice]
+
+    def sampling(self, options: SamplingOptions) -> SamplingParams:
+        """The request's sampling, the settings file filling what it leaves out; RequestError past a limit."""
+        base = self.workspace.sampling()
+        max_tokens = options.max_tokens if options.max_tokens is not None else base.max_tokens
+        if max_tokens > self.max_tokens_limit:
+            raise RequestError(
+                f"max_tokens is {max_tokens:,} but this server answers at most {self.max_tokens_limit:,} tokens",
+                "max_tokens",
+            )
+        return SamplingParams(
+            temperature=options.temperature if options.temperature is not None else base.temperature,
+            top_p=options.top_p if options.top_p is not None else base.top_p,
+            seed=options.seed if options.seed is not None else base.seed,
+            max_tokens=max_tokens,
+        )
+
+    def chat(self, messages: list[tuple[Role, str]], options: SamplingOptions, stop: tuple[str, ...]) -> Completion:
+        """Start a chat completion (queued behind the requests before it)."""
+        request = CompletionRequest(
+            sampling=self.sampling(options),
+            messages=tuple(ApiMessage(role, content) for role, content in messages),
+            stop=stop,
+        )
+        return self.completions.start(request)
+
+    def complete(self, prompt: str, options: SamplingOptions, stop: tuple[str, ...]) -> Completion:
+        """Start a plain text completion of `prompt` (no chat template)."""
+        return self.completions.start(CompletionRequest(sampling=self.sampling(options), prompt=prompt, stop=stop))
+
+    def cache_figures(self) -> dict[str, Any] | None:
+        """The cache's counters now (None without a cache)."""
+        cache = self.engine.cache
+        return dict(cache.stats()) if cache is not None else None
+
+    def close(self) -> None:
+        """Cancel what runs, write what the cache holds, close the stores; safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.engine.flush_cache()
+        finally:
+            self.engine.close()
+            self._answer_ids.close()

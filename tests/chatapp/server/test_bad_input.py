@@ -1,0 +1,106 @@
+"""Bad requests get a 4xx with an OpenAI-shaped (or Ollama-shaped) error naming the problem; the server stays up."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.server_support import RunningServer
+
+MODEL = "{model}"  # replaced by the served model's id
+USER = {"role": "user", "content": "Hello"}
+TOO_LONG = "lighthouse " * 1200  # over the tests' 1,024-token context
+
+
+def chat(**fields: Any) -> dict[str, Any]:
+    return {"model": MODEL, "messages": [USER], **fields}
+
+
+CASES = [
+    ("/v1/chat/completions", chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools"),
+    ("/v1/chat/completions", chat(n=2), 400, "n"),
+    ("/v1/chat/completions", chat(logprobs=True), 400, "logprobs"),
+    ("/v1/chat/completions", chat(response_format={"type": "json_object"}), 400, "response_format"),
+    ("/v1/chat/completions", chat(frequency_penalty=0.5), 400, "frequency_penalty"),
+    (
+        "/v1/chat/completions",
+        chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]),
+        400,
+        "messages[0].content",
+    ),
+    ("/v1/chat/completions", chat(messages=[]), 400, "messages"),
+    ("/v1/chat/completions", chat(messages=[{"role": "user", "content": "  "}]), 400, "messages[0]"),
+    ("/v1/chat/completions", chat(messages=[{"role": "wizard", "content": "hi"}]), 400, "messages[0].role"),
+    ("/v1/chat/completions", chat(messages=[{"role": "tool", "content": "42"}]), 400, "messages[0].role"),
+    ("/v1/chat/completions", chat(messages="hello"), 400, "messages"),
+    ("/v1/chat/completions", chat(temperature="hot"), 400, "temperature"),
+    ("/v1/chat/completions", chat(temperature=-1), 400, "temperature"),
+    ("/v1/chat/completions", chat(max_tokens=0), 400, "max_tokens"),
+    ("/v1/chat/completions", chat(max_tokens=10**9), 400, "max_tokens"),
+    ("/v1/chat/completions", chat(seed=2**40), 400, "seed"),
+    ("/v1/chat/completions", chat(model="gpt-4o"), 404, "model"),
+    ("/v1/chat/completions", {"messages": [USER]}, 400, "model"),
+    ("/v1/chat/completions", chat(messages=[{"role": "user", "content": TOO_LONG}]), 400, "messages"),
+    ("/v1/completions", {"model": MODEL, "prompt": ["a", "b"]}, 400, "prompt"),
+    ("/v1/completions", {"model": MODEL, "prompt": ""}, 400, "prompt"),
+    ("/v1/completions", {"model": MODEL, "prompt": "a", "echo": True}, 400, "echo"),
+    ("/api/chat", {"model": MODEL, "messages": [USER], "tools": [{"type": "function"}]}, 400, None),
+    ("/api/chat", {"model": MODEL, "messages": [{"role": "user", "content": "hi", "images": ["aGk="]}]}, 400, None),
+    ("/api/chat", {"model": MODEL, "messages": [USER], "options": {"top_k": 5}}, 400, None),
+    ("/api/chat", {"model": "llama3", "messages": [USER]}, 404, None),
+    ("/api/generate", {"model": MODEL, "prompt": " "}, 400, None),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "status", "param"), CASES)
+def test_bad_requests_get_a_clear_error(
+    http: httpx.Client, server: RunningServer, path: str, body: dict[str, Any], status: int, param: str | None
+) -> None:
+    body = {key: server.model_id if value == MODEL else value for key, value in body.items()}
+    response = http.post(path, json=body)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    if path.startswith("/api/"):
+        assert isinstance(error, str)
+        assert error
+    else:
+        assert error["message"]
+        assert "\n" not in error["message"]
+        assert error["param"] == param, error
+    assert "Traceback" not in response.text
+
+
+def test_malformed_json_and_wrong_shapes(http: httpx.Client) -> None:
+    for path in ("/v1/chat/completions", "/api/chat"):
+        response = http.post(path, content=b"{not json", headers={"content-type": "application/json"})
+        assert response.status_code == 400
+        assert "not valid JSON" in str(response.json()["error"])
+        response = http.post(path, json=[1, 2])
+        assert response.status_code == 400
+        assert "JSON object" in str(response.json()["error"])
+
+
+def test_a_body_over_the_limit_is_refused(http: httpx.Client, server: RunningServer) -> None:
+    limit = server.context.body_limit_bytes
+    body = {"model": server.model_id, "messages": [{"role": "user", "content": "x" * (limit + 1)}]}
+    response = http.post("/v1/chat/completions", json=body)
+    assert response.status_code == 413
+    assert f"{limit:,} bytes" in response.json()["error"]["message"]
+
+
+def test_unknown_routes_and_methods_answer_in_the_api_shape(http: httpx.Client) -> None:
+    missing = http.get("/v1/engines")
+    assert missing.status_code == 404
+    assert "no route /v1/engines" in missing.json()["error"]["message"]
+    wrong_method = http.get("/v1/chat/completions")
+    assert wrong_method.status_code == 405
+    assert isinstance(http.delete("/api/chat").json()["error"], str)
+
+
+def test_the_server_still_answers_after_bad_requests(http: httpx.Client, server: RunningServer) -> None:
+    http.post("/v1/chat/completions", content=b"\xff\xfe")
+    response = http.post("/v1/chat/completions", json={"model": server.model_id, "messages": [USER]})
+    assert response.status_code == 200
+    assert response.json()["choices"][0]["message"]["content"]

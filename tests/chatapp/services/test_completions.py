@@ -1,0 +1,96 @@
+"""The completion service on the bundled model: answers' ids found again by their text, refusals, stop strings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from chatapp.engine.engine import Engine
+from chatapp.engine.gate import Step
+from chatapp.engine.llama_native import SamplingParams
+from chatapp.services.completions import (
+    ApiMessage,
+    Completion,
+    CompletionRequest,
+    CompletionService,
+    RequestError,
+    ServerBusyError,
+)
+from chatapp.store.answer_ids import AnswerIdStore
+from chatapp.vocabulary import Role
+from tests.service_support import Hold
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
+QUESTION = (ApiMessage(Role.SYSTEM, "Answer briefly."), ApiMessage(Role.USER, "Which lighthouse is the oldest?"))
+
+
+def finish(completion: Completion) -> str:
+    text = "".join(getattr(event, "text", "") for event in completion.events())
+    assert text == completion.outcome_for_client().text
+    return text
+
+
+def test_an_answer_sent_back_as_text_gets_its_generated_ids(shared_engine: Engine, tmp_path: Path) -> None:
+    store = AnswerIdStore(tmp_path / "answers")
+    service = CompletionService(shared_engine, "model-a", store)
+    completion = service.start(CompletionRequest(GREEDY, messages=QUESTION))
+    answer = finish(completion)
+    assert completion.result is not None
+    generated = completion.result.token_ids
+    follow_up = (*QUESTION, ApiMessage(Role.ASSISTANT, answer), ApiMessage(Role.USER, "Why?"))
+    assert service.chat_messages(follow_up)[2].generated_ids == generated
+    store.close()
+
+    # After a restart (a new store on the same folder) too; never for another model or history.
+    reopened = AnswerIdStore(tmp_path / "answers")
+    assert CompletionService(shared_engine, "model-a", reopened).chat_messages(follow_up)[2].generated_ids == generated
+    assert CompletionService(shared_engine, "model-b", reopened).chat_messages(follow_up)[2].generated_ids is None
+    other_history = (ApiMessage(Role.USER, "Something else?"), ApiMessage(Role.ASSISTANT, answer), QUESTION[1])
+    assert CompletionService(shared_engine, "model-a", reopened).chat_messages(other_history)[1].generated_ids is None
+    reopened.close()
+
+
+def test_an_answer_cut_by_a_stop_string_keeps_the_ids_of_what_was_shown(shared_engine: Engine, tmp_path: Path) -> None:
+    store = AnswerIdStore(tmp_path / "answers")
+    service = CompletionService(shared_engine, "model-a", store)
+    free = finish(service.start(CompletionRequest(GREEDY, messages=QUESTION)))
+    stop = " lighthouse"
+    assert stop in free, free
+    completion = service.start(CompletionRequest(GREEDY, messages=QUESTION, stop=(stop,)))
+    shown = finish(completion)
+    assert shown == free[: free.index(stop)]
+    assert completion.outcome_for_client().finish_reason == "stop"
+    ids = service.chat_messages((*QUESTION, ApiMessage(Role.ASSISTANT, shown), QUESTION[1]))[2].generated_ids
+    assert ids is not None
+    assert shared_engine.model.detokenize(list(ids)) == shown
+    store.close()
+
+
+@pytest.mark.parametrize(
+    ("request_", "message"),
+    [
+        (CompletionRequest(GREEDY), "messages is empty"),
+        (CompletionRequest(GREEDY, messages=(*QUESTION, ApiMessage(Role.ASSISTANT, "Hi"))), "last message"),
+        (CompletionRequest(GREEDY, prompt=""), "prompt is empty"),
+    ],
+)
+def test_requests_that_cannot_be_served_are_refused(
+    shared_engine: Engine, request_: CompletionRequest, message: str
+) -> None:
+    with pytest.raises(RequestError, match=message):
+        CompletionService(shared_engine, "model-a").start(request_)
+
+
+def test_past_the_pending_limit_requests_are_refused_until_one_ends(shared_engine: Engine, hold: Hold) -> None:
+    service = CompletionService(shared_engine, "model-a", max_pending=1)
+    gate = hold(Step.TOKEN, 2)
+    running = service.start(CompletionRequest(GREEDY, messages=QUESTION))
+    assert gate.wait_until_holding()
+    with pytest.raises(ServerBusyError, match="limit is 1"):
+        service.start(CompletionRequest(GREEDY, prompt="Hello"))
+    running.cancel()
+    finish(running)
+    assert service.pending == 0
+    finish(service.start(CompletionRequest(GREEDY, prompt="Hello")))
+    assert service.pending == 0

@@ -1,0 +1,82 @@
+"""A real `chatapp serve` stack on a free loopback port, for the tests of chatapp/server.
+
+The server runs in this process (uvicorn on a thread) so that a test can reach the engine's
+gate and hold an answer at a known token; the clients talk to it over real HTTP.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import uvicorn
+
+from chatapp.server.answering import ServerContext
+from chatapp.server.app import create_app
+from chatapp.server.metrics import ServerMetrics
+from chatapp.services.serving import Serving
+from chatapp.services.startup import open_workspace
+
+# Greedy and short: reproducible answers, a fast run on two cores.
+SERVER_SETTINGS = {"temperature": 0.0, "context_cap": 1024, "sequences": 4, "max_tokens": 12, "threads": 1}
+START_TIMEOUT_S = 120.0
+# Long enough that the first cache block is full, so a second request can reuse it.
+SYSTEM_PROMPT = (
+    "You are a careful assistant for lighthouse keepers. Answer in one short sentence, name the "
+    "lighthouse when you know it, and never invent dates. Lighthouses guide ships past rocks at night, "
+    "each with its own pattern of flashes so that sailors can tell them apart from far away."
+)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+@dataclass
+class RunningServer:
+    serving: Serving
+    context: ServerContext
+    url: str
+
+    @property
+    def model_id(self) -> str:
+        return self.serving.model.id
+
+
+@contextmanager
+def running_server(
+    data_dir: Path,
+    model_path: Path,
+    *,
+    api_key: str | None = None,
+    max_pending: int = 16,
+    body_limit_bytes: int = 1 << 20,
+    **settings: object,
+) -> Iterator[RunningServer]:
+    """Serve the model from `data_dir` until the block ends; then stop and close as Ctrl-C does."""
+    workspace = open_workspace(str(data_dir), {**SERVER_SETTINGS, "model": str(model_path), **settings})
+    serving = Serving(workspace, max_pending=max_pending)
+    context = ServerContext(serving, ServerMetrics(serving.cache_figures), body_limit_bytes, api_key)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(context), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, name="test-server", daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not server.started:
+            assert thread.is_alive(), "the server thread ended before it started"
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.01)
+        yield RunningServer(serving, context, f"http://127.0.0.1:{port}")
+    finally:
+        server.should_exit = True
+        thread.join()
+        serving.close()
