@@ -19,7 +19,11 @@ from cache.keys import BlockKey
 META_MAGIC = b"CKVB"
 META_VERSION = 1  # a block of full-attention KV (records of this version predate checkpoints)
 CHECKPOINT_VERSION = 2  # a checkpoint: the uncuttable sections (SWA window, recurrent state) at one position
-DELTA_VERSION = 3  # a checkpoint stored as the window cells it adds to another (whose key ends the record)
+# A checkpoint stored as the window cells it adds to another, whose key and payload checksum end
+# the record (version 3 had the key only: such deltas are not read, since another process may
+# have stored their base again with other bytes).
+DELTA_VERSION = 4
+_BASE_CHECK = struct.Struct("<Q")
 _META_HEAD = struct.Struct(
     "<4sH16s16s16sIIQQ?"
 )  # magic, version, namespace, key, parent, start, n_tokens, size, checksum, pinned
@@ -60,6 +64,7 @@ class BlockInfo:
     pinned: bool = False
     checkpoint: bool = False
     extends: BlockKey | None = None
+    extends_checksum: int = 0  # the payload checksum of the checkpoint it extends, as it was built on
     order_key: bytes = field(default=b"", repr=False)
 
     def __post_init__(self) -> None:
@@ -87,7 +92,8 @@ class BlockInfo:
             self.checksum,
             self.pinned,
         )
-        body = head + np.ascontiguousarray(self.tokens, dtype="<i4").tobytes() + (self.extends or b"")
+        base = self.extends + _BASE_CHECK.pack(self.extends_checksum) if self.extends is not None else b""
+        body = head + np.ascontiguousarray(self.tokens, dtype="<i4").tobytes() + base
         return body + _CHECK.pack(xxhash.xxh3_64_intdigest(body))
 
     @classmethod
@@ -106,15 +112,29 @@ class BlockInfo:
         if namespace != namespace_id:
             raise RecordError("record from another namespace")
         rest = body[_META_HEAD.size :]
-        extends = None
+        extends, extends_checksum = None, 0
         if version == DELTA_VERSION:
-            if len(rest) < len(key):
-                raise RecordError("delta record without the key it extends")
-            rest, extends = rest[: -len(key)], BlockKey(rest[-len(key) :])
+            base_size = len(key) + _BASE_CHECK.size
+            if len(rest) < base_size:
+                raise RecordError("delta record without the checkpoint it extends")
+            rest, base = rest[:-base_size], rest[-base_size:]
+            extends = BlockKey(base[: len(key)])
+            (extends_checksum,) = _BASE_CHECK.unpack(base[len(key) :])
         if len(rest) != 4 * n_tokens:
             raise RecordError("record token count mismatch")
         tokens = np.frombuffer(rest, dtype="<i4").astype(np.int32)
         if tokens.size != n_tokens:
             raise RecordError("record token count mismatch")
         checkpoint = version != META_VERSION
-        return cls(BlockKey(key), BlockKey(parent), start, tokens, size, checksum, pinned, checkpoint, extends)
+        return cls(
+            BlockKey(key),
+            BlockKey(parent),
+            start,
+            tokens,
+            size,
+            checksum,
+            pinned,
+            checkpoint,
+            extends,
+            extends_checksum,
+        )

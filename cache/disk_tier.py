@@ -37,6 +37,7 @@ PRIVATE = 0o700
 UNLIMITED = 1 << 62
 # A row last used further in the future than this means the clock went back: its age is unknown.
 CLOCK_SLACK_SECONDS = 300.0
+STORE_TIME_OVERLAP_SECONDS = 120.0  # past diskcache's 60 s wait for the database lock (see new_entries)
 DISK_ERRORS = (OSError, sqlite3.Error, diskcache.Timeout)
 T = TypeVar("T")
 
@@ -185,6 +186,7 @@ class DiskTier:
         self._blocks: diskcache.Cache | None = None
         self._pinned: diskcache.Cache | None = None
         self._last_store_time = {False: 0.0, True: 0.0}  # per store (pinned or not): rows read up to here
+        self._recent_rows: dict[bool, dict[int, float]] = {False: {}, True: {}}  # rowid -> store time, in the overlap
         try:
             directory.mkdir(mode=PRIVATE, parents=True, exist_ok=True)
             self._blocks, repaired = open_store(directory / "blocks", budget_bytes)
@@ -236,10 +238,12 @@ class DiskTier:
     def new_entries(self) -> list[BlockInfo]:
         """Blocks stored since the last read, by this process or another one on the same folder.
 
-        Rows are read by their store time (indexed) past the newest one seen, so asking costs
-        one query that usually returns nothing. A block stored again after a clear has a new
-        store time and is read again; a clock set back hides new rows until the next start:
-        a lost hit, never a wrong one.
+        Rows are read by their store time (indexed) from a little before the newest one seen,
+        so asking costs one query over the last few seconds' rows. The overlap is there because
+        diskcache takes a row's store time before it waits for the database: another process
+        may commit a row stamped earlier than one already read. A block stored again after a
+        clear has a new store time and is read again; a clock set back hides new rows until
+        the next start: a lost hit, never a wrong one.
         """
         return self._guarded(self._rows_after_last_read, [])
 
@@ -248,12 +252,19 @@ class DiskTier:
         now = self._clock()
         for pinned in (False, True):
             store = self._store(pinned)
+            since = self._last_store_time[pinned] - STORE_TIME_OVERLAP_SECONDS
+            seen = self._recent_rows[pinned]
+            for row in [row for row, stamp in seen.items() if stamp <= since]:
+                del seen[row]  # out of the overlap: never asked for again
             rows = store._sql(
-                "SELECT store_time, tag FROM Cache WHERE store_time > ? AND raw = 1 AND tag IS NOT NULL "
+                "SELECT rowid, store_time, tag FROM Cache WHERE store_time > ? AND raw = 1 AND tag IS NOT NULL "
                 "AND (expire_time IS NULL OR expire_time > ?)",
-                (self._last_store_time[pinned], now),
+                (since, now),
             ).fetchall()
-            for store_time, tag in rows:
+            for rowid, store_time, tag in rows:
+                if seen.get(rowid) == store_time:
+                    continue  # read in an earlier overlap
+                seen[rowid] = store_time
                 self._last_store_time[pinned] = max(self._last_store_time[pinned], store_time)
                 try:
                     infos.append(BlockInfo.decode(bytes(tag), self.namespace_id))

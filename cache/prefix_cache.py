@@ -136,8 +136,11 @@ class PrefixCache:
         with self._lock:
             for info in news:
                 known = self.index.entries.get(info.key) or self.index.checkpoints.get(info.key)
-                if known is not None and known.checksum != info.checksum:
-                    self.index.remove(info.key)  # stored again by another process since: its record is current
+                if known is not None and (known.checksum, known.pinned) != (info.checksum, info.pinned):
+                    # Stored again (or pinned) by another process since: its record is current,
+                    # and a copy of the old bytes in RAM must not be served under it.
+                    self.index.remove(info.key)
+                    self.ram.discard(info.key)
                 self.index.add(info)
             match = self.index.longest_prefix(array) if kind.has_base else None
             covered = min(match.matched_tokens, limit) if match is not None else limit
@@ -199,26 +202,34 @@ class PrefixCache:
                 found = self.index.deepest_checkpoint(tokens, limit)
                 if found is None or found.extends is None:
                     break
-                base = self.index.checkpoints.get(found.extends)
-                if base is not None and base.extends is None:
+                if self._base_of(found) is not None:
                     break
                 self.index.remove(found.key)
                 orphans.append(found)
-        for orphan in orphans:  # the files outside the lock: another process may hold the database
+        for orphan in orphans:
+            # Forgotten here only: its base may just be unknown to this process yet, and its
+            # record on disk ages out like any other.
             self.ram.discard(orphan.key)
-            self.disk.delete(orphan)
         return found
+
+    def _base_of(self, delta: BlockInfo) -> BlockInfo | None:
+        """The whole checkpoint `delta` was built on, if the index holds it with the same bytes."""
+        base = self.index.checkpoints.get(delta.extends) if delta.extends is not None else None
+        if base is None or base.extends is not None or base.checksum != delta.extends_checksum:
+            return None  # gone, stored again as a delta itself, or stored again with other bytes
+        return base
 
     def _joined_delta(self, delta: BlockInfo, tail: bytes) -> tuple[bytes | None, bool]:
         """The full checkpoint of a delta (and whether its base came from disk); None, and the
         delta forgotten, when the checkpoint it extends is gone or does not join."""
         with self._lock:
-            base = self.index.checkpoints.get(delta.extends) if delta.extends is not None else None
-        if base is not None and base.extends is not None:
-            base = None  # stored again as a delta itself: not what this delta was built on
+            base = self._base_of(delta)
         payload, from_disk = self._payload(base) if base is not None else (None, False)
         if base is None or payload is None:
-            self._forget(delta)
+            # Forgotten by this process only: another one may hold the base it was built on.
+            with self._lock:
+                self.index.remove(delta.key)
+            self.ram.discard(delta.key)
             return None, False
         try:
             return join_checkpoint(self.layout, payload, base.end, tail, delta.end), from_disk
@@ -405,6 +416,7 @@ class PrefixCache:
             payload_checksum(stored),
             checkpoint=True,
             extends=extends.key if extends is not None else None,
+            extends_checksum=extends.checksum if extends is not None else 0,
         )
         self.ram.put(key, stored)
         self.disk.put(info, stored)
@@ -419,7 +431,7 @@ class PrefixCache:
             return None
         if earlier.extends is not None:
             with self._lock:
-                earlier = self.index.checkpoints.get(earlier.extends)
+                earlier = self._base_of(earlier)
             if earlier is None:
                 return None
         return earlier if 0 < end - earlier.end <= self.layout.window // 2 else None
@@ -451,7 +463,7 @@ class PrefixCache:
         if found.checkpoint is not None:  # as stored: a delta and the checkpoint it extends
             chain = [found.checkpoint]
             with self._lock:
-                base = self.index.checkpoints.get(found.checkpoint.extends) if found.checkpoint.extends else None
+                base = self._base_of(found.checkpoint) if found.checkpoint.extends else None
             chain += [base] if base is not None else []
             for info in chain:
                 if not pinned and info is not found.checkpoint and self._pinned_delta_on(info, found.checkpoint):

@@ -23,10 +23,14 @@ class ResidentSequences:
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def best_match(self, prompt: np.ndarray) -> tuple[int, int]:
-        """The sequence sharing the longest prefix with `prompt`, and that length."""
-        best_sequence, best_length = 0, -1
-        for sequence, held in enumerate(self.tokens):
+    def best_match(self, prompt: np.ndarray, busy: frozenset[int] = frozenset()) -> tuple[int, int]:
+        """The sequence (not `busy`) sharing the longest prefix with `prompt`, and that length."""
+        free = [sequence for sequence in range(len(self.tokens)) if sequence not in busy]
+        if not free:
+            raise ValueError("every sequence is busy")
+        best_sequence, best_length = free[0], -1
+        for sequence in free:
+            held = self.tokens[sequence]
             length = common_prefix_length(as_token_array(held), prompt) if held else 0
             if length > best_length or (
                 length == best_length and self._last_used[sequence] > self._last_used[best_sequence]
@@ -38,12 +42,15 @@ class ResidentSequences:
         held = self.tokens[sequence]
         return common_prefix_length(as_token_array(held), prompt) if held else 0
 
-    def least_recently_used(self) -> int:
-        """An empty sequence if there is one, else the one unused for longest."""
-        for sequence, held in enumerate(self.tokens):
-            if not held:
+    def least_recently_used(self, busy: frozenset[int] = frozenset()) -> int:
+        """An empty sequence (not `busy`) if there is one, else the one unused for longest."""
+        free = [sequence for sequence in range(len(self.tokens)) if sequence not in busy]
+        if not free:
+            raise ValueError("every sequence is busy")
+        for sequence in free:
+            if not self.tokens[sequence]:
                 return sequence
-        return min(range(len(self.tokens)), key=self._last_used.__getitem__)
+        return min(free, key=self._last_used.__getitem__)
 
     def touch(self, sequence: int) -> None:
         self._last_used[sequence] = next(self._clock)

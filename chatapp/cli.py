@@ -191,6 +191,8 @@ def run_serve(args: argparse.Namespace, workspace: Workspace) -> int:
 
     if not 0 < args.port < 65536:
         raise SettingsError(f"--port {args.port} is not a port; use 1-65535")
+    if args.api_key is not None and not args.api_key.strip():
+        raise SettingsError(f"the API key is empty; pass a non-empty --api-key (or ${ENV_API_KEY}), or none at all")
     if args.max_pending < 1:
         raise SettingsError(f"--max-pending {args.max_pending} must be at least 1")
     check_port_free(args.host, args.port)

@@ -11,6 +11,10 @@ side-by-side ratios mean anything). A goal whose peers did not run is left out.
   run's equality check).
 - D: busy time of the best llama-cpp-python peer / chatapp's >= 3; llama-server's / chatapp's >= 1.5.
 - E: after a restart, chatapp's TTFT / the ideal's <= 1.15, and every other peer's / chatapp's >= 8.
+- A-E over HTTP: `chatapp serve`'s median TTFT / the in-process chatapp peer's <= 1.1, per workload.
+- F (agent loop, clients at once), for chatapp and for `chatapp serve`: TTFT after the restart /
+  the ideal's <= 1.15, llama-server's (restarted cold) / chatapp's >= 5, and requests per minute
+  / llama-server's (one slot per client) >= 1.
 
 "Busy time" is the sum over requests of the time to the last token plus the time the peer
 needed to settle afterwards (model loading left out); "the question alone" is the ideal
@@ -31,6 +35,7 @@ WARM = "chatapp+warm"
 TYPED = "chatapp+typed"
 IDEAL = "ideal"
 SERVER = "llama-server"
+SERVE = "chatapp-serve"
 LLAMA_CPP_PYTHON = ("no-cache", "llama-prefix", "llama-ram", "llama-disk")
 
 
@@ -134,11 +139,54 @@ def goal_verdicts(runs: Iterable[dict[str, Any]]) -> list[Verdict]:
             )
         )
     others = [
-        run for (workload, name), run in by_key.items() if workload == "E" and name not in (CHATAPP, WARM, TYPED, IDEAL)
+        run
+        for (workload, name), run in by_key.items()
+        if workload == "E" and name not in (CHATAPP, WARM, TYPED, IDEAL, SERVE)
     ]
     if chatapp and others:
         worst_ratio = min(_ttft(run, after_restart) for run in others) / _ttft(chatapp, after_restart)
         verdicts.append(_at_least("E", "TTFT after restart, fastest other peer / chatapp", worst_ratio, 8.0))
+    for peer in (CHATAPP, SERVE):
+        verdicts += _agent_loop_verdicts(peer, run_of("F", peer), run_of("F", IDEAL), run_of("F", SERVER))
+    for workload in "ABCDE":
+        chatapp, serve = run_of(workload, CHATAPP), run_of(workload, SERVE)
+        if chatapp and serve:
+            ratio = _ttft(serve, every) / _ttft(chatapp, every)
+            verdicts.append(_at_most(workload, "median TTFT over HTTP (chatapp serve) / in-process", ratio, 1.1))
+    return verdicts
+
+
+def requests_per_minute(run: dict[str, Any]) -> float:
+    """Requests over the time spent serving them (restarts and model loading left out)."""
+    served: float = run.get("served_s") or run["wall_s"]
+    return len(run["requests"]) / served * 60 if served > 0 else math.nan
+
+
+def _agent_loop_verdicts(
+    peer: str, chatapp: dict[str, Any] | None, ideal: dict[str, Any] | None, server: dict[str, Any] | None
+) -> list[Verdict]:
+    if chatapp is None:
+        return []
+
+    def after_restart(index: int, request: dict[str, Any]) -> bool:
+        return bool(request.get("after_restart"))
+
+    verdicts = []
+    mine = _ttft(chatapp, after_restart)
+    if ideal:
+        verdicts.append(_at_most("F", f"TTFT after restart, {peer} / ideal", mine / _ttft(ideal, after_restart), 1.15))
+    if server:
+        verdicts.append(
+            _at_least("F", f"TTFT after restart, llama-server / {peer}", _ttft(server, after_restart) / mine, 5.0)
+        )
+        verdicts.append(
+            _at_least(
+                "F",
+                f"requests per minute, {peer} / llama-server",
+                requests_per_minute(chatapp) / requests_per_minute(server),
+                1.0,
+            )
+        )
     return verdicts
 
 

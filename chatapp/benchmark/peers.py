@@ -89,6 +89,7 @@ class PeerSettings:
     ram_budget_bytes: int = 1 << 30
     disk_budget_bytes: int = 4 << 30
     chatapp_sequences: int = 2  # conversations resident in chatapp's context (its device tier)
+    slots: int = 1  # llama-server's -np: requests it serves at once (F: one per client)
     block_size: int = 64  # chatapp's cache block
     model_fingerprint: str | None = None  # computed once per run when None
 
@@ -289,6 +290,7 @@ class ChatappPeer:
     """chatapp's engine with its prefix cache (device, RAM and disk tiers) in the peer's folder."""
 
     name = "chatapp"
+    serves_together = True  # several clients' requests run at once (F), each on its own sequence
 
     def __init__(self, settings: PeerSettings, folder: Path) -> None:
         config = CacheConfig(
@@ -311,11 +313,12 @@ class ChatappPeer:
         )
         if self.engine.cache is None:
             raise RuntimeError(f"chatapp's cache did not open: {self.engine.cache_problem}")
-        self._boundaries: tuple[int, ...] = ()
+        self._boundaries: dict[tuple[int, ...], tuple[int, ...]] = {}  # by prompt: clients prepare at once
 
     def ask(self, prompt_tokens: Sequence[int], max_tokens: int) -> PeerAnswer:
         sampling = SamplingParams(temperature=0.0, max_tokens=max_tokens)
-        request = GenerationRequest(tuple(prompt_tokens), sampling, checkpoints=self._boundaries)
+        prompt = tuple(prompt_tokens)
+        request = GenerationRequest(prompt, sampling, checkpoints=self._boundaries.pop(prompt, ()))
         result = self.engine.generate(request).wait()
         stats = result.stats
         return PeerAnswer(
@@ -329,7 +332,8 @@ class ChatappPeer:
 
     def prepare(self, request: Request) -> dict[str, float] | None:
         """The request's boundaries, as the app names them (used by models whose state cannot be cut)."""
-        self._boundaries = request.boundaries if self.engine.takes_checkpoints else ()
+        if self.engine.takes_checkpoints:
+            self._boundaries[request.tokens] = request.boundaries
         return None
 
     def settle(self) -> None:

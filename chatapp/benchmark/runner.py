@@ -17,11 +17,15 @@ in later peers' figures too: `start_rss_bytes` says how much was there before ea
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -42,11 +46,12 @@ from chatapp.benchmark.goals import goals_table
 from chatapp.benchmark.memory import RssSampler, folder_bytes
 from chatapp.benchmark.peers import PEERS, Peer, PeerFactory, PeerSettings
 from chatapp.benchmark.report import MIB, table, write_reports
-from chatapp.benchmark.workloads import SCALES, WORKLOAD_NAMES, PromptKit, Scale, Workload, build_workloads
+from chatapp.benchmark.workloads import SCALES, WORKLOAD_NAMES, PromptKit, Request, Scale, Workload, build_workloads
 from chatapp.engine.engine import default_thread_count
 from chatapp.model_files import resolve_model_path
 
 SERVER_PEER = "llama-server"
+SERVE_PEER = "chatapp-serve"
 ALL_NAMES = (*WORKLOAD_NAMES, *FIGURE_NAMES)
 SKIP_SERVER = "llama-server: skipped (not built; run scripts/build_llama_server.py or pass --llama-server PATH)"
 
@@ -69,46 +74,34 @@ def run_peer_on_workload(
     max_tokens: int,
     log: Callable[[str], None] = lambda message: None,
 ) -> dict[str, Any]:
-    """One fresh peer instance (two for a restart workload) over one workload; the raw result."""
+    """One fresh peer instance (two for a restart workload) over one workload; the raw result.
+
+    A workload of several clients (F) runs each client's requests in order on a thread of its
+    own, all at once; a peer that cannot serve two requests at once gets them one at a time
+    (its `prepare` and `ask` together), and a request's wait for its turn counts in its TTFT,
+    as a client sees it. `served_s` is the time spent serving, restarts left out.
+    """
     folder.mkdir(parents=True, exist_ok=True)
-    requests = []
+    records: dict[int, dict[str, Any]] = {}
     extra_peak = 0
+    served_s = 0.0
+    restart = workload.restart_before
+    indexed = list(enumerate(workload.requests))
+    phases = [indexed] if restart is None else [indexed[:restart], indexed[restart:]]
     with RssSampler() as rss:
         started = time.perf_counter()
         peer: Peer = factory(settings, folder)
         try:
-            for index, request in enumerate(workload.requests):
-                if index == workload.restart_before:
+            for number, phase in enumerate(phases):
+                if number > 0:
                     extra_peak = max(extra_peak, _server_peak(peer))
                     peer.close()
                     log(f"{name} {workload.name}: restart")
                     peer = factory(settings, folder)
-                prepared = peer.prepare(request)
-                answer = peer.ask(request.tokens, max_tokens)
-                settle_started = time.perf_counter()
-                if not workload.back_to_back:
-                    peer.settle()
-                settle_ms = (time.perf_counter() - settle_started) * 1000
-                requests.append(
-                    {
-                        "label": request.label,
-                        "ttft_ms": answer.ttft_ms,
-                        "total_ms": answer.total_ms,
-                        "settle_ms": settle_ms,
-                        "prompt_tokens": answer.prompt_tokens,
-                        "computed_tokens": answer.computed_tokens,
-                        "text": answer.text,
-                        "token_ids": list(answer.token_ids) if answer.token_ids is not None else None,
-                        "after_restart": workload.restart_before is not None and index >= workload.restart_before,
-                        "known_prefix": request.known_prefix,
-                        **({"prepare": prepared} if prepared else {}),
-                    }
-                )
-                log(
-                    f"{name} {workload.name} {index + 1}/{len(workload.requests)} "
-                    f"{request.label}: ttft {answer.ttft_ms:.0f} ms, "
-                    f"computed {answer.computed_tokens}/{answer.prompt_tokens}"
-                )
+                phase_started = time.perf_counter()
+                served = _PhaseRunner(peer, name, workload, max_tokens, log).run(phase)
+                served_s += time.perf_counter() - phase_started
+                records.update(served)
         finally:
             extra_peak = max(extra_peak, _server_peak(peer))
             peer.close()
@@ -117,11 +110,80 @@ def run_peer_on_workload(
         "peer": name,
         "workload": workload.name,
         "wall_s": wall_s,
+        "served_s": served_s,
+        "clients": workload.clients,
         "start_rss_bytes": rss.start_bytes,
         "peak_rss_bytes": rss.peak_bytes + extra_peak,
         "disk_bytes": folder_bytes(folder),
-        "requests": requests,
+        "requests": [records[index] for index in sorted(records)],
     }
+
+
+@dataclass
+class _PhaseRunner:
+    """The requests of one peer instance: in order, or each client's in order, all clients at once."""
+
+    peer: Peer
+    name: str
+    workload: Workload
+    max_tokens: int
+    log: Callable[[str], None]
+
+    def run(self, phase: list[tuple[int, Request]]) -> dict[int, dict[str, Any]]:
+        if self.workload.clients <= 1:
+            return dict(self._serve(index, request) for index, request in phase)
+        together = getattr(self.peer, "serves_together", False)
+        lock: AbstractContextManager[object] = contextlib.nullcontext() if together else threading.Lock()
+        queues = [[item for item in phase if item[1].client == client] for client in range(self.workload.clients)]
+
+        def client_loop(queue: list[tuple[int, Request]]) -> list[tuple[int, dict[str, Any]]]:
+            served = []
+            for index, request in queue:
+                sent = time.perf_counter()
+                with lock:  # a peer serving one request at a time: the wait is part of the client's latency
+                    served.append(self._serve(index, request, queued_ms=(time.perf_counter() - sent) * 1000))
+            return served
+
+        with ThreadPoolExecutor(len(queues)) as pool:
+            results = list(pool.map(client_loop, queues))
+        return dict(item for served in results for item in served)
+
+    def _serve(self, index: int, request: Request, queued_ms: float = 0.0) -> tuple[int, dict[str, Any]]:
+        peer, workload = self.peer, self.workload
+        prepared = peer.prepare(request)
+        answer = peer.ask(request.tokens, self.max_tokens)
+        settle_started = time.perf_counter()
+        if not workload.back_to_back:
+            peer.settle()
+        settle_ms = (time.perf_counter() - settle_started) * 1000
+        self.log(
+            f"{self.name} {workload.name} {index + 1}/{len(workload.requests)} "
+            f"{request.label}: ttft {answer.ttft_ms:.0f} ms, "
+            f"computed {answer.computed_tokens}/{answer.prompt_tokens}"
+        )
+        return index, {
+            "label": request.label,
+            "client": request.client,
+            "ttft_ms": queued_ms + answer.ttft_ms,
+            "total_ms": queued_ms + answer.total_ms,
+            "queued_ms": queued_ms,
+            "settle_ms": settle_ms,
+            "prompt_tokens": answer.prompt_tokens,
+            "computed_tokens": answer.computed_tokens,
+            "text": answer.text,
+            "token_ids": list(answer.token_ids) if answer.token_ids is not None else None,
+            "after_restart": workload.restart_before is not None and index >= workload.restart_before,
+            "known_prefix": request.known_prefix,
+            **({"prepare": prepared} if prepared else {}),
+        }
+
+
+def _settings_for(settings: PeerSettings, workload: Workload) -> PeerSettings:
+    """A workload of several clients gives each a sequence (chatapp, one spare) or a slot (llama-server)."""
+    if workload.clients <= 1:
+        return settings
+    sequences = max(settings.chatapp_sequences, workload.clients + 1)
+    return replace(settings, chatapp_sequences=sequences, slots=workload.clients)
 
 
 def _server_peak(peer: Peer) -> int:
@@ -152,6 +214,7 @@ class LlamaServerFactory:
             context=settings.context,
             threads=settings.threads,
             cache_ram_mib=self.cache_ram_mib,
+            slots=settings.slots,
             batch=settings.n_batch,
         )
 
@@ -181,8 +244,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--peers",
-        default=",".join(PEERS),
-        help=f"which peers, in order (default: {','.join(PEERS)}; the first is the reference for the answers)",
+        default=",".join([*PEERS, SERVE_PEER]),
+        help=f"which peers, in order (default: {','.join([*PEERS, SERVE_PEER])}, and {SERVER_PEER} when it is "
+        "built; the first is the reference for the answers)",
     )
     parser.add_argument(
         "--out", default="bench-results", help="folder for bench.json and ttft.svg (default ./bench-results)"
@@ -226,15 +290,19 @@ def run(args: argparse.Namespace) -> int:
     workload_names = tuple(name.strip().upper() for name in args.workloads.split(",") if name.strip())
     unknown = [name for name in workload_names if name not in ALL_NAMES]
     peer_names = [name.strip() for name in args.peers.split(",") if name.strip()]
-    unknown += [name for name in peer_names if name not in PEERS and name != SERVER_PEER]
+    unknown += [name for name in peer_names if name not in PEERS and name not in (SERVER_PEER, SERVE_PEER)]
     if unknown:
         print(
             f"chatapp bench: unknown workload or peer: {', '.join(unknown)} (workloads {','.join(ALL_NAMES)}; "
-            f"peers {','.join([*PEERS, SERVER_PEER])})",
+            f"peers {','.join([*PEERS, SERVE_PEER, SERVER_PEER])})",
             file=sys.stderr,
         )
         return 2
     factories: dict[str, PeerFactory] = {name: PEERS[name] for name in peer_names if name in PEERS}
+    if SERVE_PEER in peer_names:
+        from chatapp.benchmark.serve_peer import ChatappServePeer
+
+        factories[SERVE_PEER] = ChatappServePeer
     server = find_llama_server(args.llama_server)
     if args.llama_server and (server is None or not server.is_file()):
         print(
@@ -243,7 +311,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    if server is not None and (SERVER_PEER in peer_names or args.peers == ",".join(PEERS)):
+    if server is not None and (SERVER_PEER in peer_names or args.peers == ",".join([*PEERS, SERVE_PEER])):
         factories[SERVER_PEER] = LlamaServerFactory(server, args.ram_budget_mib)
     elif server is None:
         print(SKIP_SERVER, file=sys.stderr)
@@ -314,7 +382,13 @@ def run(args: argparse.Namespace) -> int:
                     continue  # warm-ahead and type-ahead need to know how the app builds the prompt (C)
                 runs.append(
                     run_peer_on_workload(
-                        name, factory, settings, workload, work / name / workload.name, max_tokens, _log
+                        name,
+                        factory,
+                        _settings_for(settings, workload),
+                        workload,
+                        work / name / workload.name,
+                        max_tokens,
+                        _log,
                     )
                 )
             # A long run keeps what it measured.

@@ -13,6 +13,8 @@ bench/cache_bench.py, moved here), grown until the model's tokenizer counts the 
   C  a 5,000-token document, then ten questions about it
   D  three personas, two documents, branching conversations, requests in a shuffled order
   E  restart: conversations begun, the peer restarted on the same folders, conversations continued
+  F  an agent loop: clients at once, each with a 5,000-token system prompt of tool descriptions
+     and a growing history, back to back; the peer restarted half-way
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from chatapp.services.conversation import document_block, question_message
 from chatapp.services.warmup import draft_prompt_tokens
 from chatapp.vocabulary import Role
 
-WORKLOAD_NAMES = ("A", "B", "C", "D", "E")
+WORKLOAD_NAMES = ("A", "B", "C", "D", "E", "F")
 BACK = "back:"  # A: a request to a persona asked before, after another one (goal A's requests)
 
 
@@ -55,6 +57,10 @@ class Scale:
     max_tokens: int  # answer length asked of every peer
     context: int  # context per sequence (every peer)
     sessions: int = 5  # D: conversations (the first three cover the three personas and two documents)
+    agent_system: int = 5000  # F: the system prompt with its tool descriptions
+    agent_step: int = 150  # F: each turn's tool result or instruction
+    agent_turns: int = 6  # F: turns per client (half before the restart)
+    agent_clients: int = 3  # F: clients at once
     lookup_conversations: int = 10_000  # L: conversations in the index a lookup searches
     storage_conversations: int = 50  # S: conversations on one persona stored through the engine
 
@@ -96,6 +102,10 @@ SCALES = {
         sessions=3,
         lookup_conversations=1000,
         storage_conversations=5,
+        agent_system=200,
+        agent_step=12,
+        agent_turns=4,
+        agent_clients=2,
     ),
     "tiny": Scale(
         "tiny",
@@ -114,6 +124,10 @@ SCALES = {
         context=512,
         lookup_conversations=200,
         storage_conversations=3,
+        agent_system=80,
+        agent_step=10,
+        agent_turns=2,
+        agent_clients=2,
     ),
 }
 
@@ -135,6 +149,7 @@ class Draft:
 class Request:
     label: str
     tokens: tuple[int, ...]
+    client: int = 0  # F: which of the clients sends it (each sends its requests in order)
     # Tokens a perfect cache could hold before this request: the longest prefix shared with an
     # earlier request, or the warm-ahead prefix (persona, document) when the request has a draft.
     known_prefix: int = 0
@@ -153,6 +168,7 @@ class Workload:
     # Throughput workloads (B, D) send each request as soon as the last answer is in; the others
     # let the peer settle between requests, as a user reading the answer does.
     back_to_back: bool = False
+    clients: int = 1  # F: clients sending their requests at once (their `Request.client`)
 
     @property
     def prompt_tokens(self) -> int:
@@ -272,6 +288,18 @@ REPORT_SENTENCES = [
 ]
 MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October"]
 FEWSHOT_LABELS = ["billing", "shipping", "account", "technical", "other"]
+TOOL_VERBS = ["read", "write", "search", "list", "run", "patch", "rename", "delete", "inspect", "summarise"]
+TOOL_NOUNS = ["file", "directory", "test", "symbol", "commit", "branch", "issue", "build", "log", "package"]
+TOOL_PARAMETERS = [
+    ("path", "string"),
+    ("pattern", "string"),
+    ("limit", "integer"),
+    ("recursive", "boolean"),
+    ("encoding", "string"),
+    ("timeout_s", "number"),
+    ("dry_run", "boolean"),
+    ("message", "string"),
+]
 FEWSHOT_OPENERS = ["My", "Our", "The", "This week the", "Yesterday the", "Since Monday the"]
 FEWSHOT_OBJECTS = [
     "invoice",
@@ -373,6 +401,25 @@ class TextMaker:
                 step += 1
                 rule = rng.choice(PERSONA_SECTIONS[rng.choice(list(PERSONA_SECTIONS))]).format(domain="this")
                 yield f"Step {step}: {rule} "
+
+        return self._grow(head, pieces(), target)
+
+    def tools(self, seed: int, target: int) -> str:
+        """An agent's system prompt: its role, then tool descriptions with their parameters."""
+        rng = random.Random(50_000 + seed)
+        head = f"You are coding agent A-{seed:03d}. Call one tool per step and explain each call.\n\n# Tools\n"
+
+        def pieces() -> Iterator[str]:
+            number = 0
+            while True:
+                number += 1
+                verb, noun = rng.choice(TOOL_VERBS), rng.choice(TOOL_NOUNS)
+                parameters = ", ".join(
+                    f'"{name}": {{"type": "{kind}"}}' for name, kind in rng.sample(TOOL_PARAMETERS, rng.randint(2, 4))
+                )
+                rule = rng.choice(PERSONA_SECTIONS[rng.choice(list(PERSONA_SECTIONS))]).format(domain="the repository")
+                title = f"{verb}_{noun}_{number}"
+                yield f"\n## {title}\n{verb.capitalize()} a {noun}. {rule}\nParameters: {{{parameters}}}\n"
 
         return self._grow(head, pieces(), target)
 
@@ -584,7 +631,35 @@ def workload_e(kit: PromptKit, scale: Scale) -> Workload:
     )
 
 
-BUILDERS = {"A": workload_a, "B": workload_b, "C": workload_c, "D": workload_d, "E": workload_e}
+def workload_f(kit: PromptKit, scale: Scale) -> Workload:
+    """Clients of one agent: the same tool-laden system prompt, each its own growing history."""
+    t = kit.texts
+    system = t.tools(1, scale.agent_system)
+    conversations = []
+    for client in range(scale.agent_clients):
+        seeds = [700 + 20 * client + turn for turn in range(scale.agent_turns)]
+        steps = [t.question(seed, scale.agent_step) for seed in seeds]
+        answers = [t.answer(seed, scale.answer) for seed in seeds]
+        conversations.append(_conversation_prompts(kit, system, None, steps, answers))
+    requests: list[Request] = []
+    restart = None
+    for turn in range(scale.agent_turns):
+        if turn == scale.agent_turns // 2:
+            restart = len(requests)
+        for client, prompts in enumerate(conversations):
+            label = f"{'after restart: ' if restart is not None else ''}client {client + 1} step {turn + 1}"
+            requests.append(Request(label, prompts[turn], client=client))
+    return Workload(
+        "F",
+        "agent loop: clients at once on one tool-laden system prompt, back to back, restarted half-way",
+        with_known_prefixes(kit, requests),
+        restart,
+        back_to_back=True,
+        clients=scale.agent_clients,
+    )
+
+
+BUILDERS = {"A": workload_a, "B": workload_b, "C": workload_c, "D": workload_d, "E": workload_e, "F": workload_f}
 
 
 def build_workloads(model_path: Path, scale: Scale, names: tuple[str, ...] = WORKLOAD_NAMES) -> list[Workload]:

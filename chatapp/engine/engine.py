@@ -4,6 +4,13 @@ The UI and the CLI never touch llama.cpp. They submit a `GenerationRequest` and 
 events from its `GenerationHandle` (prefill progress, token text), which they may cancel
 at any time; the engine thread does all model work, so a long prefill never blocks them.
 
+Several answers run together, each on its own sequence: the engine thread takes one step
+of each in turn (a prompt batch, or one answer token), so one client's long prompt does
+not hold another's stream for its whole length. Each request is still computed in the
+batches it would get alone. Work for later (warm-ups, an answer's recompute) runs only
+when no answer does, and an answer waits while a warm-up finishes (it is usually that
+answer's own prefix) or a stopped request clears its sequence.
+
 For a model whose state cannot be cut (a sliding window, a recurrent state) the prefill
 also ends batches at checkpoint positions and keeps the uncuttable state there: for this
 session's rewinds (kv_placement.py) and, where it is worth it, in the cache.
@@ -17,7 +24,8 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -185,6 +193,17 @@ class GenerationHandle:
         self._finished.set()
 
 
+class _Task:
+    """A started request on the engine thread: its steps, its sequence, and what it runs now."""
+
+    def __init__(self, handle: GenerationHandle) -> None:
+        self.handle = handle
+        self.current = handle  # the request a step runs: the answer, then its recompute
+        self.sequence: int | None = None  # once placed
+        self.after_answer = False  # the caller has its result; what is left is the engine's own work
+        self.steps: Iterator[None] = iter(())
+
+
 class Engine:
     """Loads a model, owns its context on a private thread, and runs requests in order."""
 
@@ -196,12 +215,17 @@ class Engine:
         self._jobs: queue.Queue[GenerationHandle | threading.Event | None] = queue.Queue()
         self._loaded = threading.Event()
         self._load_error: BaseException | None = None
-        self._active: GenerationHandle | None = None
+        self._active: GenerationHandle | None = None  # the request whose step runs now (for the abort check)
         self._closing = False
         self._closing_lock = threading.Lock()  # also guards the two fields below
-        self._waiting_requests = 0  # generation requests queued and not yet taken by the engine thread
+        self._waiting_requests = 0  # generation requests submitted and not yet started by the engine thread
         self._rebatch_job: GenerationHandle | None = None  # the answer recompute running now, if any
-        self._gate: StepGate | None = None  # tests only: see hold()
+        # Engine thread only.
+        self._tasks: list[_Task] = []  # requests started and not yet done, in turn order
+        self._pending: deque[GenerationHandle] = deque()  # taken from the queue, not yet started
+        self._barriers: list[tuple[threading.Event, set[int]]] = []  # flush_cache() waits: ids of requests ahead
+        # Tests only (see holding()): armed gates, each with the requests it counts (None: all).
+        self._gates: tuple[tuple[StepGate, Callable[[GenerationRequest], bool] | None], ...] = ()
         self._thread = threading.Thread(target=self._run, name="chatapp-engine", daemon=True)
         self._thread.start()
         if (error := self._wait_until_loaded()) is not None:
@@ -255,21 +279,22 @@ class Engine:
             self.cache.flush()
 
     @contextmanager
-    def holding(self, step: Step, after: int) -> Iterator[StepGate]:
-        """For tests: hold the engine thread right after the `after`-th step of that kind (see gate.py).
+    def holding(
+        self, step: Step, after: int, where: Callable[[GenerationRequest], bool] | None = None
+    ) -> Iterator[StepGate]:
+        """For tests: hold the engine thread right after the `after`-th step of that kind (see gate.py),
+        counting only the requests `where` accepts.
 
         Inside the block the gate holds once, until released or the held request is cancelled;
-        leaving the block releases it and disarms it.
+        leaving the block releases it and disarms it. Several gates may be armed at once.
         """
-        if self._gate is not None:
-            raise RuntimeError("a test gate is already armed on this engine; leave its block first")
         gate = StepGate(step, after)
-        self._gate = gate
+        self._gates = (*self._gates, (gate, where))
         try:
             yield gate
         finally:
             gate.release()
-            self._gate = None
+            self._gates = tuple(armed for armed in self._gates if armed[0] is not gate)
 
     @property
     def takes_checkpoints(self) -> bool:
@@ -307,20 +332,113 @@ class Engine:
             return
         self._loaded.set()
         try:
-            while (handle := self._jobs.get()) is not None:
-                if isinstance(handle, threading.Event):  # a flush_cache() barrier
-                    handle.set()
-                    continue
-                with self._closing_lock:
-                    self._waiting_requests -= 1
-                if self._closing:
-                    handle.cancel()  # queued behind a close: end it at once, as cancelled
-                self._serve(handle)
+            closing = False
+            while not closing or self._tasks:
+                if not closing:
+                    closing = not self._take_jobs(block=not self._tasks and not self._pending)
+                if closing:
+                    self._end_pending()
+                    for task in self._tasks:
+                        task.current.cancel()
+                self._start_tasks()
+                self._step_tasks()
         finally:
             if self.cache is not None:
                 self.cache.close()
             self.context.close()
             self.model.close()
+
+    def _take_jobs(self, *, block: bool) -> bool:
+        """Move what was submitted into `_pending` (waiting for one when `block`); False once closing."""
+        job: GenerationHandle | threading.Event | None
+        try:
+            job = self._jobs.get(block=block)
+        except queue.Empty:
+            return True
+        while True:
+            if job is None:
+                return False
+            if isinstance(job, threading.Event):  # a flush_cache() barrier: it waits for every request ahead
+                ahead = {id(task.handle) for task in self._tasks} | {id(handle) for handle in self._pending}
+                self._barriers.append((job, ahead))
+                self._release_barriers()
+            else:
+                self._pending.append(job)
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                return True
+
+    def _end_pending(self) -> None:
+        """Closing: what never started ends at once, as cancelled."""
+        while self._pending:
+            handle = self._pending.popleft()
+            with self._closing_lock:
+                self._waiting_requests -= 1
+            handle.cancel()
+            handle._finish(self._untouched_result(handle))
+            self._task_done(handle)
+
+    def _start_tasks(self) -> None:
+        """Start the waiting requests that may run now, in the order they came."""
+        while self._pending and self._may_start(self._pending[0].request):
+            handle = self._pending.popleft()
+            with self._closing_lock:
+                self._waiting_requests -= 1
+            task = _Task(handle)
+            task.steps = self._serve(task)
+            self._tasks.append(task)
+
+    def _may_start(self, request: GenerationRequest) -> bool:
+        """Whether `request` may start beside the running tasks (see the module docstring)."""
+        if not self._tasks:
+            return True
+        if len(self._tasks) >= self.info.n_sequences or request.prefill_only:
+            return False  # a warm-up is work for when no answer runs
+        ready = True
+        for task in self._tasks:
+            if task.after_answer:
+                task.current.cancel()  # an answer's recompute gives way to a request, as when it arrives
+                ready = False
+            elif task.handle.request.prefill_only or task.current.cancel_event.is_set():
+                ready = False  # a warm-up finishing (likely this request's prefix), or a stop clearing its sequence
+            elif request.sequence is not None and task.sequence == request.sequence:
+                ready = False
+        return ready
+
+    def _step_tasks(self) -> None:
+        """One step of each running task, in turn."""
+        for task in list(self._tasks):
+            self._active = task.current
+            try:
+                next(task.steps)
+            except StopIteration:
+                self._tasks.remove(task)
+                self._task_done(task.handle)
+            except BaseException as error:  # _serve handles its own failures: this is a bug, not a request's end
+                log.exception("engine task failed")
+                self._tasks.remove(task)
+                if task.sequence is not None:
+                    self.placer.forget(task.sequence)
+                if not task.handle.done:
+                    task.handle._finish(None, error)
+                self._task_done(task.handle)
+            finally:
+                self._active = None
+
+    def _task_done(self, handle: GenerationHandle) -> None:
+        for _, ahead in self._barriers:
+            ahead.discard(id(handle))
+        self._release_barriers()
+
+    def _release_barriers(self) -> None:
+        for barrier, ahead in list(self._barriers):
+            if not ahead:
+                barrier.set()
+                self._barriers.remove((barrier, ahead))
+
+    def _busy_sequences(self, besides: _Task) -> frozenset[int]:
+        return frozenset(task.sequence for task in self._tasks if task is not besides and task.sequence is not None)
 
     def _load(self) -> None:
         config = self.config
@@ -382,7 +500,11 @@ class Engine:
         source, target = 0, min(1, self.info.n_sequences - 1)
         kind = self.model.memory_kind
         try:
-            self.context.decode(probe, start_pos=0, sequence=source, logits_for_last=False)
+            batch = self.context.shape.n_batch
+            for start in range(0, len(probe), batch):
+                self.context.decode(
+                    probe[start : start + batch], start_pos=start, sequence=source, logits_for_last=False
+                )
             state = read_sequence_state(self.context.pointer, source)
             partial = (
                 read_sequence_state(self.context.pointer, source, partial=True) if kind.needs_checkpoints else None
@@ -404,43 +526,51 @@ class Engine:
             self.context.remove(target, 0, -1)
 
     def _reach(self, step: Step, handle: GenerationHandle) -> None:
-        gate = self._gate
-        if gate is not None:
-            gate.reached(step, handle.cancel_event)
+        for gate, where in self._gates:
+            if where is None or where(handle.request):
+                gate.reached(step, handle.cancel_event)
 
     def _active_request_cancelled(self) -> bool:
         active = self._active
         return active is not None and active.cancel_event.is_set()
 
-    def _serve(self, handle: GenerationHandle) -> None:
+    def _serve(self, task: _Task) -> Iterator[None]:
+        """A request from placement to the end of its answer, then the engine's own work after it.
+
+        Yields between steps (see `_step_tasks`); failures end the request, never the engine.
+        """
+        handle = task.handle
         request = handle.request
-        if request.prefill_only and handle.cancel_event.is_set():
-            # A warm-up cancelled while queued (the user edited the draft, or sent it) must not
-            # cut or evict any sequence on its way out.
+        if handle.cancel_event.is_set():
+            # Cancelled while queued (a warm-up whose draft was edited, a client that hung up):
+            # it must not cut or evict any sequence on its way out.
             handle._finish(self._untouched_result(handle))
             return
-        self._active = handle
         placement = None
         try:
             placement = self.placer.place(
-                list(request.prompt_tokens), request.sequence, request.use_cache, need_logits=not request.prefill_only
+                list(request.prompt_tokens),
+                request.sequence,
+                request.use_cache,
+                need_logits=not request.prefill_only,
+                busy=self._busy_sequences(task),
             )
+            task.sequence = placement.sequence
             handle._emit(PromptPlaced(placement.reused_tokens, len(request.prompt_tokens), placement.tier))
-            result = self._generate(handle, placement)
+            result = yield from self._generate(handle, placement)
         except BaseException as error:
             # When in doubt, forget the sequence: a stale KV must never be reused.
             if placement is not None:
                 self.placer.forget(placement.sequence)
             handle._finish(None, error)
             return
-        finally:
-            self._active = None
         if request.use_cache and self.cache is not None and not request.prefill_only:
             # Counted before the caller hears of it (a warm-up is not a request the user made).
             self.cache.record_request(result.stats.prompt_tokens, result.stats.reused_tokens, result.stats.reuse_tier)
         handle._finish(result)
+        task.after_answer = True
         if not request.prefill_only:
-            self._rebatch_answer(handle, placement.sequence)
+            yield from self._rebatch_answer(task, placement.sequence)
         if request.use_cache and self.cache is not None:
             if not request.store:
                 return
@@ -449,7 +579,7 @@ class Engine:
             except (StateFormatError, RuntimeError) as error:
                 log.warning("could not keep the KV of this answer: %s", error)
 
-    def _rebatch_answer(self, answered: GenerationHandle, sequence: int) -> None:
+    def _rebatch_answer(self, task: _Task, sequence: int) -> Iterator[None]:
         """Compute the answer's tokens again, as one prefill, once the caller has the answer.
 
         Answer tokens were evaluated one at a time, and llama.cpp computes a one-token batch
@@ -462,6 +592,7 @@ class Engine:
         batches already redone, and a later prompt that continues the answer computes the rest
         with its own prefill, as a cold run would. Cancelled by close() like any request.
         """
+        answered = task.handle
         live = self.placer.resident.tokens[sequence]
         prompt_length = len(answered.request.prompt_tokens)
         if len(live) <= prompt_length:
@@ -469,22 +600,23 @@ class Engine:
         job = GenerationHandle(
             GenerationRequest(tuple(live), answered.request.sampling, sequence=sequence, prefill_only=True)
         )
+        task.current = job
         self._active = job
         with self._closing_lock:
             self._rebatch_job = job
-            if self._waiting_requests:
+            if self._waiting_requests or self._closing or len(self._tasks) > 1:
                 job.cancel()
         try:
             if self.placer.cut(sequence, prompt_length) == 0:
                 return
-            self._prefill(job, sequence, list(job.request.prompt_tokens), live, need_logits=False)
+            yield from self._prefill(job, sequence, list(job.request.prompt_tokens), live, need_logits=False)
         except BaseException as error:  # the answer is delivered; a failure here only costs reuse
             log.warning("could not recompute the answer's KV: %s", error)
             self.placer.forget(sequence)
         finally:
             with self._closing_lock:
                 self._rebatch_job = None
-            self._active = None
+            task.current = answered
 
     @staticmethod
     def _untouched_result(handle: GenerationHandle) -> GenerationResult:
@@ -493,14 +625,14 @@ class Engine:
         stats = GenerationStats(prompt_tokens, 0, prompt_tokens, ReuseTier.NONE, 0, elapsed_ms, elapsed_ms, 0.0)
         return GenerationResult(text="", token_ids=(), stop_reason=StopReason.CANCELLED, stats=stats)
 
-    def _generate(self, handle: GenerationHandle, placement: Placement) -> GenerationResult:
+    def _generate(self, handle: GenerationHandle, placement: Placement) -> Generator[None, None, GenerationResult]:
         request = handle.request
         prompt = list(request.prompt_tokens)
         sequence = placement.sequence
         live = self.placer.resident.tokens[sequence]
         reused = placement.reused_tokens
         prefill_started = time.perf_counter()
-        stop_reason = self._prefill(
+        stop_reason = yield from self._prefill(
             handle,
             sequence,
             prompt,
@@ -515,7 +647,7 @@ class Engine:
         if stop_reason is None and request.prefill_only:
             stop_reason = StopReason.PREFILLED
         elif stop_reason is None:
-            stop_reason, first_token_at = self._decode_answer(handle, sequence, live, generated, pieces)
+            stop_reason, first_token_at = yield from self._decode_answer(handle, sequence, live, generated, pieces)
         finished_at = time.perf_counter()
         ttft_at = first_token_at if first_token_at is not None else finished_at
         stats = GenerationStats(
@@ -539,12 +671,14 @@ class Engine:
         *,
         need_logits: bool = True,
         checkpoints: frozenset[int] = frozenset(),
-    ) -> StopReason | None:
+    ) -> Generator[None, None, StopReason | None]:
         """Evaluate the prompt tokens not yet in `live`, in batches; StopReason.CANCELLED if cancelled.
 
         `live` grows by each batch once it is in the KV, so after a cancel it still lists
         exactly what the sequence holds and the next request reuses those batches. A batch
         also ends at each position in `checkpoints`, where the uncuttable state is kept.
+        Other tasks take their steps between batches, not after the last: its logits are
+        sampled before another sequence's decode replaces them.
         """
         batch = self.context.shape.n_batch
         start = len(live)
@@ -573,6 +707,8 @@ class Engine:
             handle._emit(PrefillProgress(done=start, total=len(prompt)))
             if handle is not self._rebatch_job:  # the recompute after an answer is the engine's own work
                 self._reach(Step.BATCH, handle)
+            if not is_last:
+                yield
         return None
 
     def _checkpoint_positions(self, request: GenerationRequest) -> frozenset[int]:
@@ -615,8 +751,12 @@ class Engine:
 
     def _decode_answer(
         self, handle: GenerationHandle, sequence: int, live: list[int], generated: list[int], pieces: list[str]
-    ) -> tuple[StopReason, float | None]:
-        """Sample and evaluate answer tokens until a stop; returns the reason and first-token time."""
+    ) -> Generator[None, None, tuple[StopReason, float | None]]:
+        """Sample and evaluate answer tokens until a stop; returns the reason and first-token time.
+
+        Other tasks take their steps after a token is handed out and before it is evaluated:
+        a step evaluates a token and samples the next from its logits at once.
+        """
         request = handle.request
         limit = self.context.shape.n_ctx_per_sequence
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -641,6 +781,9 @@ class Engine:
                     break
                 if len(live) >= limit:
                     stop_reason = StopReason.CONTEXT
+                    break
+                yield
+                if handle.cancel_event.is_set():
                     break
                 # A single-token decode is not abortable (see NativeContext.decode): a stop is
                 # seen between tokens, so `live` always lists exactly what the sequence holds.

@@ -83,19 +83,28 @@ class KVPlacer:
     def takes_checkpoints(self) -> bool:
         return self.layout is not None and self.kind.needs_checkpoints
 
-    def place(self, prompt: list[int], sequence: int | None, use_cache: bool, *, need_logits: bool = True) -> Placement:
+    def place(
+        self,
+        prompt: list[int],
+        sequence: int | None,
+        use_cache: bool,
+        *,
+        need_logits: bool = True,
+        busy: frozenset[int] = frozenset(),
+    ) -> Placement:
         """Choose the sequence, restore or keep the longest known prefix, drop the rest.
 
         Without `need_logits` (a prefill-only warm-up) every prompt token may be reused, and a
         sequence that already holds the whole prompt is kept as it is, longer tail included.
+        `busy` sequences serve other requests now: they are neither chosen nor cut.
         """
         limit = max(0, len(prompt) - FRESH_TOKENS) if need_logits else len(prompt)
         if not use_cache:
-            target = self.resident.least_recently_used() if sequence is None else sequence
+            target = self.resident.least_recently_used(busy) if sequence is None else sequence
             return self._keep(target, 0, ReuseTier.NONE)
         array = as_token_array(prompt)
         if sequence is None:
-            resident_sequence, resident_length = self.resident.best_match(array)
+            resident_sequence, resident_length = self.resident.best_match(array, busy)
         else:
             resident_sequence, resident_length = sequence, self.resident.best_match_in(sequence, array)
         resident_length = min(resident_length, limit)
@@ -106,7 +115,7 @@ class KVPlacer:
         if self.cache is not None:
             found = self.cache.lookup(array, limit)
             if found.tokens > keepable + RESTORE_MARGIN_TOKENS:
-                target = self.resident.least_recently_used() if sequence is None else sequence
+                target = self.resident.least_recently_used(busy) if sequence is None else sequence
                 fetched = self.cache.fetch(found, array)
                 restored = self._restore(target, fetched) if fetched is not None else None
                 if restored is not None and restored.reused_tokens > keepable:
@@ -115,7 +124,7 @@ class KVPlacer:
                     keepable = 0  # the failed restore emptied it
         if keepable > 0:
             return self._keep(resident_sequence, resident_length, ReuseTier.DEVICE)
-        target = self.resident.least_recently_used() if sequence is None else sequence
+        target = self.resident.least_recently_used(busy) if sequence is None else sequence
         return self._keep(target, 0, ReuseTier.NONE)
 
     # Cutting and rewinding a resident sequence.

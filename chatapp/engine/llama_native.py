@@ -93,6 +93,7 @@ class NativeModel:
         self.n_layer = int(llama_cpp.llama_model_n_layer(pointer))
         self.bos_id = int(llama_cpp.llama_vocab_bos(self.vocab))
         self.eos_id = int(llama_cpp.llama_vocab_eos(self.vocab))
+        self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self.vocab))
         self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
         self.window = max(0, int(llama_cpp.llama_model_n_swa(pointer))) if not vocab_only else 0
         self.memory_kind = (

@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from anyio import to_thread
 from fastapi import Request
@@ -30,6 +31,7 @@ log = logging.getLogger(__name__)
 
 CACHE_HEADER = "X-Chatapp-Cache"
 DIVERGENCE_HEADER = "X-Chatapp-Cache-Divergence"
+T = TypeVar("T")
 RETRY_AFTER_SECONDS = "1"
 
 
@@ -56,11 +58,14 @@ class ServerContext:
 
 
 def cache_headers(reused: int, prompt_tokens: int, tier: str, divergence: Divergence | None) -> dict[str, str]:
-    """What the cache did; where the prompt left the closest earlier prompt, with the text there (JSON, ASCII)."""
+    """What the cache did; where the prompt left the closest earlier prompt, with its own text there.
+
+    The earlier prompt's text is in the server log only: it may be another client's.
+    """
     value = f"reused={reused}; computed={prompt_tokens - reused}; tier={tier}"
     if divergence is None:
         return {CACHE_HEADER: value}
-    excerpt = {"before": divergence.before, "after": divergence.after, "earlier": divergence.earlier}
+    excerpt = {"before": divergence.before, "after": divergence.after}
     return {
         CACHE_HEADER: f"{value}; diverged_at={divergence.position}",
         DIVERGENCE_HEADER: json.dumps(excerpt, ensure_ascii=True),
@@ -90,10 +95,17 @@ class Answer:
         self.reuse: PromptReuse | None = None
         self._early: StreamEvent | None = None  # an event that came before placement (none today)
 
-    async def placed(self) -> dict[str, str]:
-        """Wait until the engine has placed the prompt; the cache header for the response."""
+    async def placed(self, request: Request) -> dict[str, str] | None:
+        """Wait until the engine has placed the prompt; the cache headers for the response.
+
+        None when the client hung up while the request waited its turn: it is cancelled, and
+        its place in the queue is free again.
+        """
+        waiting = await self._unless_hung_up(request, anext(self._events), "while its request waited")
+        if waiting is None:
+            return None
         try:
-            first = await anext(self._events)
+            first = waiting.result()
         except StopAsyncIteration:
             return {}
         except BaseException:
@@ -122,19 +134,26 @@ class Answer:
             async for _ in self.events():
                 pass
 
-        draining = asyncio.ensure_future(drain())
-        watching = asyncio.ensure_future(_until_disconnected(request))
-        try:
-            await asyncio.wait({draining, watching}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            watching.cancel()
-        if not draining.done():
-            self.feed.close()
-            draining.cancel()
-            log.info("client hung up: request cancelled")
+        draining = await self._unless_hung_up(request, drain(), "before its answer ended")
+        if draining is None:
             return None
         draining.result()
         return self.outcome()
+
+    async def _unless_hung_up(self, request: Request, work: Awaitable[T], when: str) -> asyncio.Future[T] | None:
+        """`work` done, or None (the completion cancelled) when the client hangs up first."""
+        working = asyncio.ensure_future(work)
+        watching = asyncio.ensure_future(_until_disconnected(request))
+        try:
+            await asyncio.wait({working, watching}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watching.cancel()
+        if working.done():
+            return working
+        self.feed.close()
+        working.cancel()
+        log.info("client hung up %s: request cancelled", when)
+        return None
 
     @property
     def divergence(self) -> Divergence | None:

@@ -31,8 +31,14 @@ def create_app(context: ServerContext) -> FastAPI:
     async def health() -> dict[str, object]:
         return {"status": "ok", "model": context.serving.model.id, "pending": context.serving.completions.pending}
 
+    @app.post("/chatapp/flush")
+    def flush() -> dict[str, str]:
+        """Wait until every answer so far is recomputed and stored (for benchmarks and scripts)."""
+        context.serving.flush()
+        return {"status": "flushed"}
+
     @app.get("/metrics")
-    async def metrics() -> Response:
+    def metrics() -> Response:  # reads the cache's figures under its lock: run off the event loop
         return Response(context.metrics.text(), media_type=CONTENT_TYPE)
 
     @app.middleware("http")

@@ -27,6 +27,8 @@ async def read_body(request: Request, model: type[Body], limit_bytes: int) -> Bo
         data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ApiError(400, f"the request body is not valid JSON ({error}); send a JSON object") from None
+    except RecursionError:
+        raise ApiError(400, "the request body nests too deeply; send a flatter JSON object") from None
     if not isinstance(data, dict):
         raise ApiError(400, f"the request body is a JSON {type(data).__name__}; send a JSON object")
     try:

@@ -1,4 +1,5 @@
-"""The Ollama API: /api/chat, /api/generate (NDJSON streams unless `stream` is false), /api/tags, /api/version.
+"""The Ollama API: /api/chat, /api/generate (NDJSON streams unless `stream` is false), /api/tags,
+/api/show and /api/version.
 
 Counts follow Ollama: `prompt_eval_count` is the prompt tokens computed for this request
 (Ollama also leaves out what its cache held); `prompt_cache_count` adds the tokens the
@@ -22,6 +23,7 @@ from chatapp.server.errors import ApiError
 from chatapp.server.schemas import (
     OLLAMA_OPTIONS_UNSUPPORTED,
     OLLAMA_UNSUPPORTED,
+    Lenient,
     OllamaBase,
     OllamaChatBody,
     OllamaGenerateBody,
@@ -60,12 +62,46 @@ async def tags(request: Request) -> dict[str, Any]:
     entry = {
         "name": f"{model.id}:latest",
         "model": f"{model.id}:latest",
-        "modified_at": datetime.fromtimestamp(model.created, UTC).isoformat().replace("+00:00", "Z"),
+        "modified_at": _modified(model.created),
         "size": model.size_bytes,
         "digest": model.fingerprint,
-        "details": {"format": "gguf", "family": "", "parameter_size": "", "quantization_level": ""},
+        "details": _details(),
     }
     return {"models": [entry]}
+
+
+class OllamaShowBody(Lenient):
+    model: str | None = None
+    name: str | None = None  # what older clients send
+
+
+@router.post("/show")
+async def show(request: Request) -> dict[str, Any]:
+    """What clients such as oterm ask before a chat: the model's details and what it can do."""
+    context = _context(request)
+    body = await read_body(request, OllamaShowBody, context.body_limit_bytes)
+    name = body.model or body.name
+    if not name:
+        raise ApiError(400, "model is missing; name the model to show", param="model")
+    context.check_model(name)
+    model = context.serving.model
+    return {
+        "modelfile": "",
+        "parameters": "",
+        "template": "",
+        "details": _details(),
+        "model_info": {"general.name": model.name, "general.context_length": model.context_tokens},
+        "capabilities": ["completion"],
+        "modified_at": _modified(model.created),
+    }
+
+
+def _details() -> dict[str, Any]:
+    return {"format": "gguf", "family": "", "families": None, "parameter_size": "", "quantization_level": ""}
+
+
+def _modified(timestamp: int) -> str:
+    return datetime.fromtimestamp(timestamp, UTC).isoformat().replace("+00:00", "Z")
 
 
 def _checked(context: ServerContext, body: OllamaBase) -> tuple[SamplingOptions, tuple[str, ...]]:
@@ -142,7 +178,9 @@ def _final(model: str, outcome: CompletionOutcome, chat: bool, text: str) -> dic
 
 
 async def _respond(request: Request, body: OllamaBase, answer: Answer, *, chat: bool) -> Response:
-    headers = await answer.placed()
+    headers = await answer.placed(request)
+    if headers is None:
+        return Response(status_code=CLIENT_GONE)
     if body.stream:
         return StreamingResponse(_lines(answer, body.model, chat), media_type=NDJSON, headers=headers)
     outcome = await answer.to_end(request)

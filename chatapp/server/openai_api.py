@@ -20,6 +20,7 @@ from chatapp.server.answering import Answer, ServerContext, start
 from chatapp.server.bodies import read_body
 from chatapp.server.errors import ApiError
 from chatapp.server.schemas import (
+    OPENAI_MESSAGE_UNSUPPORTED,
     OPENAI_UNSUPPORTED,
     ChatCompletionBody,
     CompletionBody,
@@ -70,6 +71,8 @@ async def chat_completions(request: Request) -> Response:
     body = await read_body(request, ChatCompletionBody, context.body_limit_bytes)
     refuse_unsupported(body.fields_sent(), OPENAI_UNSUPPORTED)
     context.check_model(body.model)
+    for index, message in enumerate(body.messages):
+        refuse_unsupported(message.fields_sent(), OPENAI_MESSAGE_UNSUPPORTED, prefix=f"messages[{index}].")
     messages = [(role_of(message.role, index), message.text(index)) for index, message in enumerate(body.messages)]
     for index, (_, text) in enumerate(messages):
         if not text.strip() and messages[index][0].value != "assistant":
@@ -88,13 +91,19 @@ async def completions(request: Request) -> Response:
     body = await read_body(request, CompletionBody, context.body_limit_bytes)
     refuse_unsupported(body.fields_sent(), OPENAI_UNSUPPORTED)
     context.check_model(body.model)
-    prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
-    if len(prompts) != 1:
-        raise ApiError(400, f"prompt lists {len(prompts)} prompts; send one per request", param="prompt")
+    prompt: str | list[int]
+    if isinstance(body.prompt, str):
+        prompt = body.prompt
+    elif body.prompt and all(isinstance(item, int) for item in body.prompt):
+        prompt = [int(item) for item in body.prompt]
+    elif len(body.prompt) == 1 and isinstance(body.prompt[0], str):
+        prompt = body.prompt[0]
+    else:
+        raise ApiError(400, f"prompt lists {len(body.prompt)} prompts; send one per request", param="prompt")
     options = _options(body, body.max_tokens)
     stop = checked_stop(body.stop, "stop")
     serving = context.serving
-    answer = Answer(context, await start(lambda: serving.complete(prompts[0], options, stop)))
+    answer = Answer(context, await start(lambda: serving.complete(prompt, options, stop)))
     return await _respond(request, body, answer, "text_completion", "cmpl")
 
 
@@ -103,7 +112,9 @@ async def _respond(request: Request, body: OpenAISampling, answer: Answer, kind:
     created = int(time.time())
     model = body.model
     chat = kind == "chat.completion"
-    headers = await answer.placed()
+    headers = await answer.placed(request)
+    if headers is None:
+        return Response(status_code=CLIENT_GONE)
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         chunks = _chunks(answer, response_id, created, model, chat, include_usage)

@@ -58,6 +58,7 @@ OPENAI_UNSUPPORTED = {
     "prediction": _unset,
     "reasoning_effort": _unset,
 }
+OPENAI_MESSAGE_UNSUPPORTED = {"tool_calls": _unset, "function_call": _unset, "audio": _unset}
 OLLAMA_UNSUPPORTED = {
     "tools": _unset,
     "format": _unset,
@@ -66,6 +67,9 @@ OLLAMA_UNSUPPORTED = {
     "template": _unset,
     "context": _unset,
     "think": _unset,
+    "tool_calls": _unset,
+    "logprobs": _unset,
+    "top_logprobs": _unset,
 }
 OLLAMA_OPTIONS_UNSUPPORTED = {
     "num_keep": lambda value: True,
@@ -168,7 +172,7 @@ class ChatCompletionBody(OpenAISampling):
 
 
 class CompletionBody(OpenAISampling):
-    prompt: str | list[str]
+    prompt: str | list[str] | list[int]  # one text, or one prompt as token ids
 
 
 class OllamaOptions(Lenient):

@@ -56,11 +56,11 @@ class ApiMessage:
 
 @dataclass(frozen=True)
 class CompletionRequest:
-    """A chat (`messages`) or a plain text completion (`prompt`), with sampling and stop strings."""
+    """A chat (`messages`) or a plain completion (`prompt`: text, or token ids), with sampling and stop strings."""
 
     sampling: SamplingParams
     messages: tuple[ApiMessage, ...] = ()
-    prompt: str | None = None
+    prompt: str | tuple[int, ...] | None = None
     stop: tuple[str, ...] = ()
 
 
@@ -118,6 +118,7 @@ class Completion(EngineStream):
         self._matcher = StopMatcher(stops)
         self._raw_length_after: list[int] = []  # characters of raw answer text after each token
         self._raw_length = 0
+        self._tail = ""  # text held back for a possible stop string, released when the answer ended
         self._released = threading.Event()  # the pending slot is given back once
 
     def events(self) -> Iterator[StreamEvent]:
@@ -132,11 +133,15 @@ class Completion(EngineStream):
                     self.cancel()  # the engine stops at its next step; what it adds is not shown
                 if shown:
                     yield AnswerText(shown, event.token_id)
-            tail = self._matcher.flush()
-            if tail:
-                yield AnswerText(tail, -1)
+            if self._tail:
+                yield AnswerText(self._tail, -1)
         finally:
             self._release()
+
+    def cancel(self) -> None:
+        """Stop the request; its place among the pending ones is free at once (it ends at its next step)."""
+        super().cancel()
+        self._release()
 
     def outcome_for_client(self) -> CompletionOutcome:
         """The answer and its figures (after `events()`)."""
@@ -151,7 +156,7 @@ class Completion(EngineStream):
         usage = CompletionUsage(
             prompt_tokens=stats.prompt_tokens,
             cached_tokens=stats.reused_tokens,
-            completion_tokens=stats.generated_tokens,
+            completion_tokens=self._tokens_shown(stats.generated_tokens),
             tier=stats.reuse_tier,
             ttft_ms=stats.ttft_ms,
             total_ms=stats.total_ms,
@@ -165,6 +170,8 @@ class Completion(EngineStream):
             self._raw_length_after.append(self._raw_length)
 
     def _on_end(self, result: GenerationResult) -> None:
+        # Release what was held back for a stop string first: it is part of the answer remembered.
+        self._tail = self._matcher.flush()
         if self._history is None or (result.stop_reason is StopReason.CANCELLED and not self._matcher.stopped):
             return  # a plain completion, or an answer the client abandoned
         ids = self._ids_for(self._matcher.shown, result.token_ids)
@@ -173,6 +180,17 @@ class Completion(EngineStream):
 
     def _on_failure(self) -> None:
         self._release()
+
+    def _tokens_shown(self, generated: int) -> int:
+        """Answer tokens the client got: after a stop string, those up to the one that ends its text."""
+        if not self._matcher.stopped:
+            return generated
+        shown = len(self._matcher.shown)
+        if shown == 0:
+            return 0
+        return next(
+            (count for count, length in enumerate(self._raw_length_after, start=1) if length >= shown), generated
+        )
 
     def _ids_for(self, shown: str, token_ids: tuple[int, ...]) -> tuple[int, ...] | None:
         """The generated ids whose text is exactly `shown`; None when a token straddles its end."""
@@ -257,10 +275,18 @@ class CompletionService:
             return None
         return self.answer_ids.recall(answer_digest(self.model_fingerprint, history, text))
 
-    def _plain_prompt(self, text: str) -> list[int]:
-        if not text:
+    def _plain_prompt(self, prompt: str | tuple[int, ...]) -> list[int]:
+        if not prompt:
             raise RequestError("prompt is empty; send some text to complete", "prompt")
-        return self.engine.tokenize(text, add_special=True, parse_special=True)
+        if isinstance(prompt, str):
+            return self.engine.tokenize(prompt, add_special=True, parse_special=True)
+        vocabulary = self.engine.model.n_vocab
+        outside = next((token for token in prompt if not 0 <= token < vocabulary), None)
+        if outside is not None:
+            raise RequestError(
+                f"prompt holds the token id {outside}, outside this model's vocabulary (0-{vocabulary - 1})", "prompt"
+            )
+        return list(prompt)
 
     def _take_slot(self) -> None:
         with self._lock:

@@ -112,9 +112,14 @@ class Serving:
         )
         return self.completions.start(request)
 
-    def complete(self, prompt: str, options: SamplingOptions, stop: tuple[str, ...]) -> Completion:
-        """Start a plain text completion of `prompt` (no chat template)."""
-        return self.completions.start(CompletionRequest(sampling=self.sampling(options), prompt=prompt, stop=stop))
+    def complete(self, prompt: str | list[int], options: SamplingOptions, stop: tuple[str, ...]) -> Completion:
+        """Start a plain completion of `prompt`, text or token ids (no chat template)."""
+        given = prompt if isinstance(prompt, str) else tuple(prompt)
+        return self.completions.start(CompletionRequest(sampling=self.sampling(options), prompt=given, stop=stop))
+
+    def flush(self) -> None:
+        """Wait until the engine has finished the work after every answer so far and the cache has stored it."""
+        self.engine.flush_cache()
 
     def cache_figures(self) -> dict[str, Any] | None:
         """The cache's counters now (None without a cache)."""

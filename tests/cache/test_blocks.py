@@ -41,20 +41,27 @@ def test_records_round_trip(checkpoint: bool) -> None:
     assert decoded.order_key == info.order_key
 
 
-def test_a_delta_checkpoint_names_the_checkpoint_it_extends() -> None:
+def test_a_delta_checkpoint_names_the_checkpoint_it_extends_and_its_bytes() -> None:
     info = record(True)
     info.extends = BlockKey(b"e" * 16)
+    info.extends_checksum = 0xFEEDFACE
     data = info.encode(NAMESPACE)
     assert struct.unpack_from("<H", data, 4) == (DELTA_VERSION,)
     decoded = BlockInfo.decode(data, NAMESPACE)
     assert decoded.checkpoint
     assert decoded.extends == b"e" * 16
+    assert decoded.extends_checksum == 0xFEEDFACE
     assert decoded.tokens.tolist() == [5, 6, 7]
     assert BlockInfo.decode(record(True).encode(NAMESPACE), NAMESPACE).extends is None
-    # A delta record cut short of its key (checksum recomputed) is refused, never misread.
-    body = data[:-8][:-16]
-    with pytest.raises(RecordError, match=r"token count|without the key"):
+    # A delta record cut short of its base (checksum recomputed) is refused, never misread.
+    body = data[:-8][:-24]
+    with pytest.raises(RecordError, match=r"token count|without the checkpoint"):
         BlockInfo.decode(body + struct.pack("<Q", xxhash.xxh3_64_intdigest(body)), NAMESPACE)
+    # A delta of the older format, which did not pin its base's bytes down, is not read.
+    old = bytearray(data[:-8][:-8])
+    struct.pack_into("<H", old, 4, DELTA_VERSION - 1)
+    with pytest.raises(RecordError, match="unknown record format"):
+        BlockInfo.decode(bytes(old) + struct.pack("<Q", xxhash.xxh3_64_intdigest(bytes(old))), NAMESPACE)
 
 
 def test_a_checkpoint_at_a_block_boundary_has_no_tokens() -> None:
@@ -74,6 +81,6 @@ def test_damaged_foreign_and_unknown_records_are_refused() -> None:
     with pytest.raises(RecordError, match="short"):
         BlockInfo.decode(data[:20], NAMESPACE)
     # A version this code does not know, with a valid checksum.
-    body = data[:4] + struct.pack("<H", 4) + data[6:-8]
+    body = data[:4] + struct.pack("<H", DELTA_VERSION + 1) + data[6:-8]
     with pytest.raises(RecordError, match="unknown"):
         BlockInfo.decode(body + struct.pack("<Q", xxhash.xxh3_64_intdigest(body)), NAMESPACE)

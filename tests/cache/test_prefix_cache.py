@@ -212,7 +212,7 @@ def test_a_cache_open_in_another_process_finds_what_this_one_stores(tmp_path: Pa
     # Emptied by the other process (rowids start again), then stored again: the new records are read.
     writer.clear()
     again = store_sequence(writer, TOKENS, seed=1)
-    reader.ram.clear()
+    # The reader's RAM still holds the first bytes under the same keys: never served for the new records.
     assert restored_state(reader, [*TOKENS, 999]) == (again, 11, "disk")
     writer.close()
     reader.close()

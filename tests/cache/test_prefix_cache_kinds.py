@@ -426,3 +426,28 @@ def test_deltas_whose_base_changed_fall_back_and_pins_stay_while_needed(tmp_path
     assert harness.restore([*TOKENS[:9], 5]) == (harness.sequence.state(6), 6, "ram")
     assert not cache.has_checkpoint(TOKENS[:9])
     harness.close()
+
+
+@pytest.mark.parametrize("kind", [MemoryKind.ISWA, MemoryKind.HYBRID_ISWA], ids=lambda kind: kind.value)
+def test_a_delta_is_never_joined_to_a_base_another_process_stored_again(tmp_path: Path, kind: MemoryKind) -> None:
+    model = synthetic_model(kind, window=8, scale=512, recurrent_rows=40_000)
+    first = Harness(tmp_path, kind, model=model)
+    first.store(TOKENS[:6])  # whole at 6
+    first.store(TOKENS[:9])  # a delta on it at 9
+    assert any(info.extends is not None for info in first.cache.index.checkpoints.values())
+    # Another process on the same folder computed the same tokens with other bytes, and stored
+    # its own whole checkpoint at 6 in place of the first one's.
+    second = Harness(tmp_path, kind, model=model)
+    second.sequence = SyntheticSequence(model, 16, seed=4)
+    base = next(info for info in second.cache.index.checkpoints.values() if info.end == 6)
+    second.cache._forget(base)
+    second.store_checkpoint(TOKENS[:6])
+    # The first process still holds its delta and, in RAM, its own base: it restores the other
+    # process's whole checkpoint (read from disk) alone, never its delta joined to either base.
+    restored = first.restore([*TOKENS[:9], 5])
+    assert restored is not None
+    state, tokens, tier = restored
+    assert (tokens, tier) == (6, "disk")
+    assert state != first.sequence.state(6)  # the window cells are the other process's
+    second.close()
+    first.close()

@@ -20,6 +20,7 @@ from chatapp.benchmark.peers import (
     PeerFactory,
     PeerSettings,
 )
+from chatapp.benchmark.serve_peer import ChatappServePeer
 from chatapp.benchmark.workloads import SCALES, Request, build_workloads
 from tests.model_factory import TINY_MODEL_THREADS, write_tiny_llama
 
@@ -84,6 +85,27 @@ def test_peers_reuse_a_shared_prefix_and_answer_like_no_cache(
     assert [answer.text for answer in answers] == [answer.text for answer in reference]
     assert answers[0].computed_tokens == len(chosen[0])
     assert answers[1].computed_tokens < len(chosen[1])
+
+
+def test_chatapp_serve_answers_over_http_like_the_engine_in_process(
+    settings: PeerSettings, prompts: list[tuple[int, ...]], tmp_path: Path
+) -> None:
+    chosen = prompts[:2]
+    reference = ask_all(ChatappPeer, settings, tmp_path / "engine", chosen)
+    peer = ChatappServePeer(settings, tmp_path / "serve")
+    try:
+        first = peer.ask(chosen[0], 4)
+        peer.settle()  # the answer recomputed and stored, as the in-process peer waits for it
+        second = peer.ask(chosen[1], 4)
+        assert (peer.peak_rss_bytes() or 0) > 0
+    finally:
+        peer.close()
+    assert [first.text, second.text] == [answer.text for answer in reference]
+    assert [first.computed_tokens, second.computed_tokens] == [answer.computed_tokens for answer in reference]
+    assert first.ttft_ms <= first.total_ms
+    # Stopped with SIGTERM, the server wrote its cache: a new one on the folder restores the prefix.
+    (after,) = ask_all(ChatappServePeer, settings, tmp_path / "serve", prompts[1:2])
+    assert after.computed_tokens < len(prompts[1])
 
 
 def test_chatapp_and_llama_disk_keep_prefixes_across_a_restart(

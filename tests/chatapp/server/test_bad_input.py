@@ -36,6 +36,12 @@ CASES = [
     ("/v1/chat/completions", chat(messages=[{"role": "tool", "content": "42"}]), 400, "messages[0].role"),
     ("/v1/chat/completions", chat(messages="hello"), 400, "messages"),
     ("/v1/chat/completions", chat(temperature="hot"), 400, "temperature"),
+    (
+        "/v1/chat/completions",
+        chat(messages=[USER, {"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]}, USER]),
+        400,
+        "messages[1].tool_calls",
+    ),
     ("/v1/chat/completions", chat(temperature=-1), 400, "temperature"),
     ("/v1/chat/completions", chat(max_tokens=0), 400, "max_tokens"),
     ("/v1/chat/completions", chat(max_tokens=10**9), 400, "max_tokens"),
@@ -46,6 +52,8 @@ CASES = [
     ("/v1/completions", {"model": MODEL, "prompt": ["a", "b"]}, 400, "prompt"),
     ("/v1/completions", {"model": MODEL, "prompt": ""}, 400, "prompt"),
     ("/v1/completions", {"model": MODEL, "prompt": "a", "echo": True}, 400, "echo"),
+    ("/v1/completions", {"model": MODEL, "prompt": [1, 2, 10**9]}, 400, "prompt"),
+    ("/v1/completions", {"model": MODEL, "prompt": [1, -5]}, 400, "prompt"),
     ("/api/chat", {"model": MODEL, "messages": [USER], "tools": [{"type": "function"}]}, 400, None),
     ("/api/chat", {"model": MODEL, "messages": [{"role": "user", "content": "hi", "images": ["aGk="]}]}, 400, None),
     ("/api/chat", {"model": MODEL, "messages": [USER], "options": {"top_k": 5}}, 400, None),
@@ -80,6 +88,14 @@ def test_malformed_json_and_wrong_shapes(http: httpx.Client) -> None:
         response = http.post(path, json=[1, 2])
         assert response.status_code == 400
         assert "JSON object" in str(response.json()["error"])
+
+
+def test_deeply_nested_json_is_a_bad_request(http: httpx.Client) -> None:
+    nested = b"[" * 100_000 + b"]" * 100_000
+    for path in ("/v1/chat/completions", "/api/chat"):
+        response = http.post(path, content=nested, headers={"content-type": "application/json"})
+        assert response.status_code == 400
+        assert "nests too deeply" in str(response.json()["error"])
 
 
 def test_a_body_over_the_limit_is_refused(http: httpx.Client, server: RunningServer) -> None:

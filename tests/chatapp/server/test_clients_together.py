@@ -86,6 +86,31 @@ def test_a_client_that_hangs_up_before_a_whole_answer_frees_its_request(
     assert text
 
 
+def test_a_client_that_hangs_up_while_waiting_its_turn_frees_its_place(
+    http: httpx.Client, server: RunningServer
+) -> None:
+    engine = server.serving.engine
+    completions = server.serving.completions
+    host, port = server.url.removeprefix("http://").split(":")
+    story = {"model": server.model_id, "messages": [{"role": "user", "content": "Tell me a story."}]}
+    body = json.dumps(story).encode()
+    request = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    first = {"model": server.model_id, "messages": [{"role": "user", "content": "Hello"}], "stream": True}
+    with engine.holding(Step.TOKEN, 1) as gate, http.stream("POST", "/v1/chat/completions", json=first) as running:
+        assert gate.wait_until_holding()  # the engine thread is held: nothing else can start
+        with socket.create_connection((host, int(port))) as waiting:
+            waiting.sendall(request)
+            wait_for(lambda: completions.pending == 2)
+        # Hung up before its turn: its place is free while the first answer is still held.
+        wait_for(lambda: completions.pending == 1)
+        gate.release()
+        assert "data: [DONE]" in running.read().decode()
+    wait_for(lambda: completions.pending == 0)
+
+
 def test_over_the_pending_limit_a_client_is_told_to_retry(http: httpx.Client, server: RunningServer) -> None:
     engine = server.serving.engine
     completions = server.serving.completions

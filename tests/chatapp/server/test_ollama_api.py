@@ -20,6 +20,9 @@ def test_the_served_model_is_listed_with_a_version(local: ollama.Client, server:
     names = [model.model for model in local.list().models]
     assert names == [f"{server.model_id}:latest"]
     assert httpx.get(f"{server.url}/api/version").json()["version"]
+    shown = local.show(f"{server.model_id}:latest")
+    assert shown.capabilities == ["completion"]
+    assert shown.modelinfo is not None
 
 
 def test_chat_whole_and_streamed_agree_and_the_second_reuses_the_prompt(

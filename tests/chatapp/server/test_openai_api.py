@@ -117,6 +117,11 @@ def test_plain_completions_whole_and_streamed(client: openai.OpenAI, server: Run
     assert whole.usage.completion_tokens == 8
     stream = client.completions.create(model=server.model_id, prompt=prompt, temperature=0, max_tokens=8, stream=True)
     assert "".join(chunk.choices[0].text for chunk in stream if chunk.choices) == whole.choices[0].text
+    # The same prompt as token ids (what benchmarks send): the same answer, all of it reused.
+    ids = server.serving.engine.tokenize(prompt, add_special=True, parse_special=True)
+    by_ids = client.completions.create(model=server.model_id, prompt=ids, temperature=0, max_tokens=8)
+    assert by_ids.choices[0].text == whole.choices[0].text
+    assert by_ids.usage.prompt_tokens == whole.usage.prompt_tokens
 
 
 def test_a_prompt_that_breaks_the_prefix_says_where(client: openai.OpenAI, server: RunningServer) -> None:
@@ -132,5 +137,5 @@ def test_a_prompt_that_breaks_the_prefix_says_where(client: openai.OpenAI, serve
     assert int(figures["reused"]) <= position
     excerpt = json.loads(answers[1]["x-chatapp-cache-divergence"])
     assert excerpt["after"].startswith("2:13")
-    assert excerpt["earlier"].startswith("1:07")
     assert "It is now 10:4" in excerpt["before"]
+    assert set(excerpt) == {"before", "after"}  # the earlier prompt may be another client's: log only

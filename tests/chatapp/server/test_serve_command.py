@@ -97,6 +97,13 @@ def test_a_port_in_use_is_a_one_line_error(tmp_path: Path, model_path: Path) -> 
     ]
 
 
+def test_an_empty_api_key_is_refused(tmp_path: Path, model_path: Path) -> None:
+    with serve(tmp_path / "data", model_path, "--api-key", " ") as process:
+        _, errors = process.communicate(timeout=120)
+    assert process.returncode == 2
+    assert "the API key is empty" in errors
+
+
 def test_listening_beyond_this_machine_without_a_key_warns(tmp_path: Path, model_path: Path) -> None:
     port = free_port()
     with serve(tmp_path / "data", model_path, "--host", "0.0.0.0", "--port", str(port)) as process:

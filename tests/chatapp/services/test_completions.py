@@ -60,7 +60,10 @@ def test_an_answer_cut_by_a_stop_string_keeps_the_ids_of_what_was_shown(shared_e
     completion = service.start(CompletionRequest(GREEDY, messages=QUESTION, stop=(stop,)))
     shown = finish(completion)
     assert shown == free[: free.index(stop)]
-    assert completion.outcome_for_client().finish_reason == "stop"
+    outcome = completion.outcome_for_client()
+    assert outcome.finish_reason == "stop"
+    # Counted up to the token that ends the text shown, not the ones after the stop string.
+    assert 0 < outcome.usage.completion_tokens < 12
     ids = service.chat_messages((*QUESTION, ApiMessage(Role.ASSISTANT, shown), QUESTION[1]))[2].generated_ids
     assert ids is not None
     assert shared_engine.model.detokenize(list(ids)) == shown
@@ -94,3 +97,21 @@ def test_past_the_pending_limit_requests_are_refused_until_one_ends(shared_engin
     assert service.pending == 0
     finish(service.start(CompletionRequest(GREEDY, prompt="Hello")))
     assert service.pending == 0
+
+
+def test_an_answer_ending_where_a_stop_string_might_begin_is_remembered_whole(
+    shared_engine: Engine, tmp_path: Path
+) -> None:
+    store = AnswerIdStore(tmp_path / "answers")
+    service = CompletionService(shared_engine, "model-a", store)
+    free = finish(service.start(CompletionRequest(GREEDY, messages=QUESTION)))
+    # A stop string that begins with the answer's last character: held back to the end, then released.
+    completion = service.start(CompletionRequest(GREEDY, messages=QUESTION, stop=(free[-1] + "\u2603\u2603",)))
+    assert finish(completion) == free
+    assert completion.outcome_for_client().finish_reason == "length"
+    assert completion.result is not None
+    follow_up = (*QUESTION, ApiMessage(Role.ASSISTANT, free), QUESTION[1])
+    assert service.chat_messages(follow_up)[2].generated_ids == completion.result.token_ids
+    shorter = (*QUESTION, ApiMessage(Role.ASSISTANT, free[:-1]), QUESTION[1])
+    assert service.chat_messages(shorter)[2].generated_ids is None
+    store.close()

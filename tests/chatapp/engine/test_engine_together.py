@@ -1,0 +1,78 @@
+"""Several requests at once: taken in turns, each on its own sequence, each answered as alone."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from chatapp.engine.engine import Engine, EngineConfig, GenerationRequest
+from chatapp.engine.gate import Step
+from chatapp.engine.llama_native import SamplingParams
+from chatapp.engine.prompt import ChatMessage
+from chatapp.vocabulary import Role, StopReason
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=4)
+LONG_TEXT = " ".join(
+    f"Lighthouse {number} stands on a rock and flashes every {number % 7 + 2} seconds." for number in range(40)
+)
+
+
+@pytest.fixture(scope="module")
+def small_batches(model_path: Path) -> Iterator[Engine]:
+    """Batches of 8 tokens: a long prompt takes many steps, so another request can run between them."""
+    config = EngineConfig(model_path=model_path, context_cap=1024, sequences=3, n_batch=8, threads=1)
+    with Engine(config) as engine:
+        yield engine
+
+
+def prompt(engine: Engine, text: str) -> tuple[int, ...]:
+    return tuple(engine.prompt_builder.build([ChatMessage.of(Role.USER, text)]))
+
+
+def test_a_short_request_is_answered_while_a_long_prompt_is_read(small_batches: Engine) -> None:
+    engine = small_batches
+    long_request = GenerationRequest(prompt(engine, LONG_TEXT + " Which one flashes slowest?"), GREEDY, use_cache=False)
+    short_request = GenerationRequest(prompt(engine, "Name a colour."), GREEDY, use_cache=False)
+    alone = engine.generate(short_request).wait()
+    assert len(long_request.prompt_tokens) > 40 * 8  # many more batches than the short answer has steps
+
+    def is_long(request: GenerationRequest) -> bool:
+        return request is long_request
+
+    with (
+        engine.holding(Step.BATCH, 1, where=is_long) as first_batch,
+        engine.holding(Step.TOKEN, 1, where=is_long) as first_long_token,
+    ):
+        long_handle = engine.generate(long_request)
+        assert first_batch.wait_until_holding()
+        short_handle = engine.generate(short_request)  # arrives while the long prompt is being read
+        first_batch.release()
+        assert first_long_token.wait_until_holding()
+        # The long prompt's answer has not begun, and the short request is already answered.
+        assert short_handle.done
+        together = short_handle.wait()
+    long_result = long_handle.wait()
+    assert together.text == alone.text
+    assert together.token_ids == alone.token_ids
+    assert together.stop_reason is StopReason.LENGTH
+    assert long_result.stats.generated_tokens == 4
+    assert long_result.stats.prompt_tokens == len(long_request.prompt_tokens)
+
+
+def test_each_request_gets_its_own_sequence_and_a_cancel_stops_only_its_own(small_batches: Engine) -> None:
+    engine = small_batches
+    first = GenerationRequest(prompt(engine, LONG_TEXT), GREEDY, use_cache=False)
+    second = GenerationRequest(prompt(engine, "Name a number."), SamplingParams(temperature=0.0, max_tokens=16))
+    with engine.holding(Step.TOKEN, 2, where=lambda request: request is second) as held:
+        long_handle = engine.generate(first)
+        short_handle = engine.generate(second)
+        assert held.wait_until_holding()
+        long_handle.cancel()
+    cancelled = long_handle.wait()
+    answered = short_handle.wait()
+    assert cancelled.stop_reason is StopReason.CANCELLED
+    assert answered.stop_reason is StopReason.LENGTH
+    assert answered.stats.generated_tokens == 16
+    engine.flush_cache()  # waits for both to end, their after-answer work included
