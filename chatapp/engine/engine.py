@@ -342,6 +342,9 @@ class Engine:
                         task.current.cancel()
                 self._start_tasks()
                 self._step_tasks()
+        except BaseException as error:  # a bug: no caller may wait for ever on a dead engine
+            log.exception("the engine thread failed")
+            self._fail_everything(error)
         finally:
             if self.cache is not None:
                 self.cache.close()
@@ -369,6 +372,28 @@ class Engine:
             except queue.Empty:
                 return True
 
+    def _fail_everything(self, error: BaseException) -> None:
+        """The engine thread is ending on a bug: refuse new requests, end every one held, release every wait."""
+        with self._closing_lock:
+            self._closing = True
+        while True:  # what was submitted and not yet taken
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(job, GenerationHandle):
+                self._pending.append(job)
+            elif isinstance(job, threading.Event):
+                job.set()
+        for handle in [*(task.handle for task in self._tasks), *self._pending]:
+            if not handle.done:
+                handle._finish(None, error)
+        self._tasks.clear()
+        self._pending.clear()
+        for barrier, _ in self._barriers:
+            barrier.set()
+        self._barriers.clear()
+
     def _end_pending(self) -> None:
         """Closing: what never started ends at once, as cancelled."""
         while self._pending:
@@ -380,7 +405,17 @@ class Engine:
             self._task_done(handle)
 
     def _start_tasks(self) -> None:
-        """Start the waiting requests that may run now, in the order they came."""
+        """Start the waiting requests that may run now, in the order they came.
+
+        One cancelled while it waited ends at once, wherever it is in the queue: it touches no
+        sequence, and must not hold up the others (nor count as a request waiting).
+        """
+        for handle in [handle for handle in self._pending if handle.cancel_event.is_set()]:
+            self._pending.remove(handle)
+            with self._closing_lock:
+                self._waiting_requests -= 1
+            handle._finish(self._untouched_result(handle))
+            self._task_done(handle)
         while self._pending and self._may_start(self._pending[0].request):
             handle = self._pending.popleft()
             with self._closing_lock:
@@ -402,8 +437,8 @@ class Engine:
                 ready = False
             elif task.handle.request.prefill_only or task.current.cancel_event.is_set():
                 ready = False  # a warm-up finishing (likely this request's prefix), or a stop clearing its sequence
-            elif request.sequence is not None and task.sequence == request.sequence:
-                ready = False
+            elif request.sequence is not None and task.sequence in (None, request.sequence):
+                ready = False  # that sequence is in use, or may be once this task is placed
         return ready
 
     def _step_tasks(self) -> None:
@@ -558,7 +593,7 @@ class Engine:
             task.sequence = placement.sequence
             handle._emit(PromptPlaced(placement.reused_tokens, len(request.prompt_tokens), placement.tier))
             result = yield from self._generate(handle, placement)
-        except BaseException as error:
+        except Exception as error:
             # When in doubt, forget the sequence: a stale KV must never be reused.
             if placement is not None:
                 self.placer.forget(placement.sequence)
@@ -610,7 +645,7 @@ class Engine:
             if self.placer.cut(sequence, prompt_length) == 0:
                 return
             yield from self._prefill(job, sequence, list(job.request.prompt_tokens), live, need_logits=False)
-        except BaseException as error:  # the answer is delivered; a failure here only costs reuse
+        except Exception as error:  # the answer is delivered; a failure here only costs reuse
             log.warning("could not recompute the answer's KV: %s", error)
             self.placer.forget(sequence)
         finally:

@@ -98,6 +98,8 @@ class KVPlacer:
         sequence that already holds the whole prompt is kept as it is, longer tail included.
         `busy` sequences serve other requests now: they are neither chosen nor cut.
         """
+        if sequence is not None and sequence in busy:
+            raise RuntimeError(f"sequence {sequence} serves another request now")
         limit = max(0, len(prompt) - FRESH_TOKENS) if need_logits else len(prompt)
         if not use_cache:
             target = self.resident.least_recently_used(busy) if sequence is None else sequence

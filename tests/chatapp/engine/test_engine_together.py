@@ -76,3 +76,48 @@ def test_each_request_gets_its_own_sequence_and_a_cancel_stops_only_its_own(smal
     assert answered.stop_reason is StopReason.LENGTH
     assert answered.stats.generated_tokens == 16
     engine.flush_cache()  # waits for both to end, their after-answer work included
+
+
+def test_requests_naming_one_sequence_take_turns_on_it(small_batches: Engine) -> None:
+    engine = small_batches
+    held = GenerationRequest(prompt(engine, "Name a tree."), GREEDY, sequence=1, use_cache=False)
+    first = GenerationRequest(prompt(engine, "Name a bird."), GREEDY, sequence=0, use_cache=False)
+    second = GenerationRequest(prompt(engine, "Name a fish."), GREEDY, sequence=0, use_cache=False)
+    alone = [engine.generate(request).wait() for request in (first, second)]
+    with engine.holding(Step.TOKEN, 1, where=lambda request: request is held) as gate:
+        holding = engine.generate(held)
+        assert gate.wait_until_holding()
+        # Both arrive while the engine is held, so both are taken in one round.
+        handles = [engine.generate(first), engine.generate(second)]
+    results = [handle.wait() for handle in handles]
+    holding.wait()
+    assert [result.token_ids for result in results] == [result.token_ids for result in alone]
+
+
+def test_a_request_cancelled_while_it_waits_ends_at_once(small_batches: Engine) -> None:
+    engine = small_batches
+    running = GenerationRequest(prompt(engine, "Name a tree."), GREEDY, use_cache=False)
+    warm_up = GenerationRequest(prompt(engine, "Name a bird."), GREEDY, prefill_only=True, use_cache=False)
+    waiting = GenerationRequest(prompt(engine, "Name a fish."), GREEDY, use_cache=False)
+
+    def is_running(request: GenerationRequest) -> bool:
+        return request is running
+
+    with (
+        engine.holding(Step.TOKEN, 1, where=is_running) as first_token,
+        engine.holding(Step.TOKEN, 3, where=is_running) as third_token,
+    ):
+        first = engine.generate(running)
+        assert first_token.wait_until_holding()
+        blocked = engine.generate(warm_up)  # waits while an answer runs, at the head of the queue
+        behind = engine.generate(waiting)
+        behind.cancel()
+        first_token.release()
+        assert third_token.wait_until_holding()
+        # Two steps later the cancelled request has ended, though the warm-up ahead of it waits.
+        assert behind.done
+        assert not blocked.done
+    assert behind.wait().stop_reason is StopReason.CANCELLED
+    assert behind.wait().stats.generated_tokens == 0
+    first.wait()
+    assert blocked.wait().stop_reason is StopReason.PREFILLED
