@@ -79,7 +79,8 @@ def run_peer_on_workload(
     A workload of several clients (F) runs each client's requests in order on a thread of its
     own, all at once; a peer that cannot serve two requests at once gets them one at a time
     (its `prepare` and `ask` together), and a request's wait for its turn counts in its TTFT,
-    as a client sees it. `served_s` is the time spent serving, restarts left out.
+    as a client sees it, less the time another request was prepared off the clock. `served_s`
+    is the time spent serving, restarts left out.
     """
     folder.mkdir(parents=True, exist_ok=True)
     records: dict[int, dict[str, Any]] = {}
@@ -136,21 +137,31 @@ class _PhaseRunner:
         lock: AbstractContextManager[object] = contextlib.nullcontext() if together else threading.Lock()
         queues = [[item for item in phase if item[1].client == client] for client in range(self.workload.clients)]
 
+        off_clock: list[tuple[float, float]] = []  # when a serialized peer prepared (others wait off the clock)
+
         def client_loop(queue: list[tuple[int, Request]]) -> list[tuple[int, dict[str, Any]]]:
             served = []
             for index, request in queue:
                 sent = time.perf_counter()
                 with lock:  # a peer serving one request at a time: the wait is part of the client's latency
-                    served.append(self._serve(index, request, queued_ms=(time.perf_counter() - sent) * 1000))
+                    started = time.perf_counter()
+                    # ...except while another client's request was prepared off the clock (the ideal's prefix)
+                    paused = sum(max(0.0, min(end, started) - max(begin, sent)) for begin, end in off_clock)
+                    served.append(self._serve(index, request, (started - sent - paused) * 1000, off_clock))
             return served
 
         with ThreadPoolExecutor(len(queues)) as pool:
             results = list(pool.map(client_loop, queues))
         return dict(item for served in results for item in served)
 
-    def _serve(self, index: int, request: Request, queued_ms: float = 0.0) -> tuple[int, dict[str, Any]]:
+    def _serve(
+        self, index: int, request: Request, queued_ms: float = 0.0, off_clock: list[tuple[float, float]] | None = None
+    ) -> tuple[int, dict[str, Any]]:
         peer, workload = self.peer, self.workload
+        preparing = time.perf_counter()
         prepared = peer.prepare(request)
+        if off_clock is not None:
+            off_clock.append((preparing, time.perf_counter()))
         answer = peer.ask(request.tokens, self.max_tokens)
         settle_started = time.perf_counter()
         if not workload.back_to_back:

@@ -25,7 +25,7 @@ from chatapp.errors import ChatappError
 
 HOST = "127.0.0.1"
 STDERR_TAIL_LINES = 15
-STOP_TIMEOUT_S = 30.0  # a clean stop writes the cache first
+STOP_TIMEOUT_S = 600.0  # a clean stop writes the cache first: hundreds of MiB on a slow disk
 
 
 class ServerPeerError(ChatappError):

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import signal
 import socket
 import sys
 from collections.abc import Callable
+from types import FrameType
 
 import uvicorn
 
@@ -33,6 +35,10 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def _stop_as_interrupted(_signal: int, _frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -87,10 +93,14 @@ def serve(
             f"warning: listening on {host} without an API key: anyone who can reach this port can use the model; "
             "pass --api-key KEY (or set CHATAPP_API_KEY)"
         )
+    # uvicorn shuts down on SIGTERM as on Ctrl-C, then sends the signal again: by default that
+    # would end the process before the cache is written. Here it ends `server.run()` instead.
+    previous = signal.signal(signal.SIGTERM, _stop_as_interrupted)
     try:
         server.run()
     except KeyboardInterrupt:
-        pass  # uvicorn raises the Ctrl-C again once it has shut down: the stop asked for
+        pass  # uvicorn raises the Ctrl-C (or SIGTERM) again once it has shut down: the stop asked for
     finally:
+        signal.signal(signal.SIGTERM, previous)
         serving.close()
     say("chatapp server stopped; the cache is written")

@@ -64,7 +64,8 @@ def wait_healthy(url: str, process: subprocess.Popen[str]) -> None:
         time.sleep(0.1)
 
 
-def test_serve_answers_and_stops_cleanly_on_ctrl_c(tmp_path: Path, model_path: Path) -> None:
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_serve_answers_and_stops_cleanly(tmp_path: Path, model_path: Path, stop: signal.Signals) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     with serve(tmp_path / "data", model_path, "--port", str(port), env={"CHATAPP_API_KEY": "k"}) as process:
@@ -75,7 +76,7 @@ def test_serve_answers_and_stops_cleanly_on_ctrl_c(tmp_path: Path, model_path: P
                 model=model, messages=[{"role": "user", "content": "Hello"}], max_tokens=4
             )
         assert completion.choices[0].message.content
-        process.send_signal(signal.SIGINT)
+        process.send_signal(stop)
         _, errors = process.communicate(timeout=120)
     assert process.returncode == 0, errors
     assert f"at {url}/v1 (OpenAI)" in errors
