@@ -1,4 +1,5 @@
-"""Command line: `chatapp` opens the chat screen; `chatapp ask` answers one question.
+"""Command line: `chatapp` opens the chat screen; `chatapp ask` answers one question; `chatapp serve`
+serves the OpenAI and Ollama APIs; `chatapp bench` and `chatapp cache` measure and manage the cache.
 
 User errors print one line on stderr and exit with status 2; Ctrl-C exits with 130.
 """
@@ -84,7 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve the model and its cache over the OpenAI and Ollama HTTP APIs",
         description="An HTTP server on the same engine, prefix cache and data folder as the app: "
         "OpenAI's /v1/chat/completions, /v1/completions and /v1/models, Ollama's /api/chat, /api/generate, "
-        "/api/tags and /api/version, and /health and /metrics. Ctrl-C stops it cleanly.",
+        "/api/tags, /api/show and /api/version, and /health and /metrics. Ctrl-C (or SIGTERM) stops it cleanly, "
+        "with the cache written.",
     )
     serve_parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     serve_parser.add_argument("--port", type=int, default=8080, metavar="N", help="port to listen on (default: 8080)")
