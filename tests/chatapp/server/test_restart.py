@@ -1,10 +1,14 @@
-"""The cache outlives the server: after a restart the same system prompt is read from disk."""
+"""The cache outlives the server and is shared: after a restart, or stored by another process, it is read from disk."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import openai
+import pytest
 
 from tests.server_support import SYSTEM_PROMPT, running_server
 
@@ -28,3 +32,47 @@ def test_cached_tokens_after_a_restart_come_from_disk(tmp_path: Path, model_path
     assert "tier=disk" in warm_header
     assert f"reused={reused};" in warm_header
     assert 64 <= reused < warm.usage.prompt_tokens
+
+
+@pytest.mark.slow
+def test_a_server_finds_what_another_process_stored_while_it_ran(tmp_path: Path, model_path: Path) -> None:
+    data = tmp_path / "data"
+    with running_server(data, model_path) as server:  # its index is read at start-up: empty
+        # `chatapp ask` in a process of its own, on the same folder, while the server runs.
+        chatapp = Path(sys.executable).parent / "chatapp"
+        asked = subprocess.run(
+            [
+                str(chatapp),
+                "--data-dir",
+                str(data),
+                "--model",
+                str(model_path),
+                "--context",
+                "1024",
+                "ask",
+                "Which lighthouse is the oldest?",
+                "--system",
+                SYSTEM_PROMPT,
+                "--temperature",
+                "0",
+                "--max-tokens",
+                "4",
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert asked.returncode == 0, asked.stderr
+        assert json.loads(asked.stdout.strip().splitlines()[-1])["reuse_tier"] == "none"
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=300)
+        raw = client.chat.completions.with_raw_response.create(
+            model=server.model_id,
+            messages=[{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": "And the tallest?"}],
+            temperature=0,
+        )
+        client.close()
+    reused = raw.parse().usage.prompt_tokens_details.cached_tokens
+    assert "tier=disk" in raw.headers["x-chatapp-cache"]
+    assert reused >= 64  # the system prompt's blocks, stored by the other process after the server started
