@@ -231,12 +231,9 @@ class DiskTier:
         assert store is not None
         return store
 
-    def load_index(self) -> list[BlockInfo]:
-        """Every live block of this namespace, from the row tags: no payload is read."""
-        return self._guarded(self._rows_after_last_read, [])
-
     def new_entries(self) -> list[BlockInfo]:
-        """Blocks stored since the last read, by this process or another one on the same folder.
+        """Blocks stored since the last read (at the first read, every live one: the index at
+        start-up), by this process or another one on the same folder. No payload is read.
 
         Rows are read by their store time (indexed) from a little before the newest one seen,
         so asking costs one query over the last few seconds' rows. The overlap is there because

@@ -116,7 +116,7 @@ class PrefixCache:
         self.requests = RequestCounters()
         self._lock = threading.RLock()
         self._told: set[str] = set()
-        for info in self.disk.load_index():
+        for info in self.disk.new_entries():
             self.index.add(info)
         try:
             remember_memory(directory, {"kind": layout.kind.value, "window": layout.window})

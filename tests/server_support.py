@@ -6,7 +6,6 @@ gate and hold an answer at a known token; the clients talk to it over real HTTP.
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -14,11 +13,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import uvicorn
-
+from chatapp.benchmark.server_process import free_port
 from chatapp.server.answering import ServerContext
-from chatapp.server.app import create_app
-from chatapp.server.metrics import ServerMetrics
+from chatapp.server.run import build_server
 from chatapp.services.serving import Serving
 from chatapp.services.startup import open_workspace
 
@@ -31,13 +28,6 @@ SYSTEM_PROMPT = (
     "lighthouse when you know it, and never invent dates. Lighthouses guide ships past rocks at night, "
     "each with its own pattern of flashes so that sailors can tell them apart from far away."
 )
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 @dataclass
@@ -64,9 +54,10 @@ def running_server(
     """Serve the model from `data_dir` until the block ends; then stop and close as Ctrl-C does."""
     workspace = open_workspace(str(data_dir), {**SERVER_SETTINGS, "model": str(model_path), **settings})
     serving = Serving(workspace, max_pending=max_pending)
-    context = ServerContext(serving, ServerMetrics(serving.cache_figures), body_limit_bytes, api_key)
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(context), host="127.0.0.1", port=port, log_level="warning"))
+    server, context = build_server(
+        serving, host="127.0.0.1", port=port, api_key=api_key, body_limit_bytes=body_limit_bytes, log_level="warning"
+    )
     thread = threading.Thread(target=server.run, name="test-server", daemon=True)
     thread.start()
     try:

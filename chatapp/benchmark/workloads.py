@@ -82,7 +82,7 @@ SCALES = {
         max_tokens=32,
         context=8192,
     ),
-    # A first look in under two minutes on two cores (nine peers, five workloads): prompts of a
+    # A first look in under four minutes on two cores (nine peers, six workloads): prompts of a
     # few hundred tokens, so its ratios say more about fixed costs than about the cache.
     "quick": Scale(
         "quick",

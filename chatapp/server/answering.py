@@ -92,8 +92,6 @@ class Answer:
         self._context = context
         self.feed = feed
         self._events = aiter(feed)
-        self.reuse: PromptReuse | None = None
-        self._early: StreamEvent | None = None  # an event that came before placement (none today)
 
     async def placed(self, request: Request) -> dict[str, str] | None:
         """Wait until the engine has placed the prompt; the cache headers for the response.
@@ -111,17 +109,13 @@ class Answer:
         except BaseException:
             self.feed.close()
             raise
-        if isinstance(first, PromptReuse):
-            self.reuse = first
-            return cache_headers(first.reused_tokens, first.prompt_tokens, first.tier.value, self.divergence)
-        self._early = first
-        return {}
+        # The engine's first event for a request is always where it placed the prompt.
+        assert isinstance(first, PromptReuse), first
+        return cache_headers(first.reused_tokens, first.prompt_tokens, first.tier.value, self.divergence)
 
     async def events(self) -> AsyncIterator[StreamEvent]:
         """The events after placement; cancels the completion if the reader stops early."""
         try:
-            if self._early is not None:
-                yield self._early
             async for event in self._events:
                 yield event
         finally:

@@ -27,9 +27,9 @@ from chatapp.server.schemas import (
     OllamaBase,
     OllamaChatBody,
     OllamaGenerateBody,
+    checked_message,
     checked_stop,
     refuse_unsupported,
-    role_of,
 )
 from chatapp.services.completions import CompletionOutcome
 from chatapp.services.serving import SamplingOptions
@@ -129,13 +129,10 @@ async def chat(request: Request) -> Response:
     options, stop = _checked(context, body)
     if not body.messages:
         raise ApiError(400, "messages is empty; send at least one user message", param="messages")
-    messages: list[tuple[Role, str]] = []
-    for index, message in enumerate(body.messages):
-        refuse_unsupported(message.fields_sent(), OLLAMA_UNSUPPORTED, prefix=f"messages[{index}].")
-        role = role_of(message.role, index)
-        if role is not Role.ASSISTANT and not message.content.strip():
-            raise ApiError(400, f"messages[{index}].content is empty; send some text", param=f"messages[{index}]")
-        messages.append((role, message.content))
+    messages = [
+        checked_message(index, message.role, message.content, message.fields_sent(), OLLAMA_UNSUPPORTED)
+        for index, message in enumerate(body.messages)
+    ]
     serving = context.serving
     answer = Answer(context, await start(lambda: serving.chat(messages, options, stop)))
     return await _respond(request, body, answer, chat=True)

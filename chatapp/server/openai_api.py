@@ -25,9 +25,9 @@ from chatapp.server.schemas import (
     ChatCompletionBody,
     CompletionBody,
     OpenAISampling,
+    checked_message,
     checked_stop,
     refuse_unsupported,
-    role_of,
 )
 from chatapp.services.completions import CompletionOutcome, CompletionUsage
 from chatapp.services.serving import SamplingOptions
@@ -71,12 +71,10 @@ async def chat_completions(request: Request) -> Response:
     body = await read_body(request, ChatCompletionBody, context.body_limit_bytes)
     refuse_unsupported(body.fields_sent(), OPENAI_UNSUPPORTED)
     context.check_model(body.model)
-    for index, message in enumerate(body.messages):
-        refuse_unsupported(message.fields_sent(), OPENAI_MESSAGE_UNSUPPORTED, prefix=f"messages[{index}].")
-    messages = [(role_of(message.role, index), message.text(index)) for index, message in enumerate(body.messages)]
-    for index, (_, text) in enumerate(messages):
-        if not text.strip() and messages[index][0].value != "assistant":
-            raise ApiError(400, f"messages[{index}].content is empty; send some text", param=f"messages[{index}]")
+    messages = [
+        checked_message(index, message.role, message.text(index), message.fields_sent(), OPENAI_MESSAGE_UNSUPPORTED)
+        for index, message in enumerate(body.messages)
+    ]
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     options = _options(body, max_tokens)
     stop = checked_stop(body.stop, "stop")

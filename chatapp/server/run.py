@@ -60,6 +60,23 @@ def check_port_free(host: str, port: int) -> None:
             ) from None
 
 
+def build_server(
+    serving: Serving, *, host: str, port: int, api_key: str | None, body_limit_bytes: int, log_level: str = "info"
+) -> tuple[uvicorn.Server, ServerContext]:
+    """The app on `serving` in a uvicorn server not yet started (`serve` runs it; tests run it on a
+    thread), and what its routes share."""
+    context = ServerContext(serving, ServerMetrics(serving.cache_figures), body_limit_bytes, api_key)
+    config = uvicorn.Config(
+        create_app(context),
+        host=host,
+        port=port,
+        log_level=log_level,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
+        lifespan="off",
+    )
+    return uvicorn.Server(config), context
+
+
 def serve(
     serving: Serving,
     *,
@@ -71,16 +88,7 @@ def serve(
 ) -> None:
     """Serve until interrupted; `serving` is closed on the way out."""
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
-    context = ServerContext(serving, ServerMetrics(serving.cache_figures), body_limit_bytes, api_key)
-    config = uvicorn.Config(
-        create_app(context),
-        host=host,
-        port=port,
-        log_level="info",
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
-        lifespan="off",
-    )
-    server = uvicorn.Server(config)
+    server, _ = build_server(serving, host=host, port=port, api_key=api_key, body_limit_bytes=body_limit_bytes)
     shown_host = f"[{host}]" if ":" in host else host
     say(
         f"chatapp serving {serving.model.id} at http://{shown_host}:{port}/v1 (OpenAI) "

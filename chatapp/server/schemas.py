@@ -106,6 +106,17 @@ def role_of(name: str, index: int) -> Role:
     return role
 
 
+def checked_message(
+    index: int, role_name: str, text: str, fields: dict[str, Any], unsupported: dict[str, Any]
+) -> tuple[Role, str]:
+    """One chat message as (role, text): fields it cannot have, an unknown role or empty text are a 400."""
+    refuse_unsupported(fields, unsupported, prefix=f"messages[{index}].")
+    role = role_of(role_name, index)
+    if role is not Role.ASSISTANT and not text.strip():
+        raise ApiError(400, f"messages[{index}].content is empty; send some text", param=f"messages[{index}]")
+    return role, text
+
+
 def checked_stop(stop: str | list[str] | None, param: str) -> tuple[str, ...]:
     if stop is None:
         return ()

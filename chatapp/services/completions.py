@@ -90,14 +90,30 @@ class CompletionOutcome:
     usage: CompletionUsage
 
 
-def answer_digest(model_fingerprint: str, history: list[ChatMessage], text: str) -> str:
-    """The key under which the ids of the answer `text`, given after `history`, are remembered."""
-    canonical = json.dumps(
-        [model_fingerprint, [[m.role.value, list(m.parts), m.generated_ids] for m in history], text],
-        ensure_ascii=False,
-        separators=(",", ":"),
-    )
-    return xxhash.xxh3_128_hexdigest(canonical.encode("utf-8"))
+class HistoryDigest:
+    """Keys for remembered answers: a running hash of the model and the messages so far.
+
+    One pass over a conversation gives the key of each answer in it (the hash so far, plus
+    the answer's text), instead of hashing the whole history again for every answer.
+    """
+
+    def __init__(self, model_fingerprint: str) -> None:
+        self._hash = xxhash.xxh3_128()
+        self._hash.update(_canonical(model_fingerprint))
+
+    def add(self, message: ChatMessage) -> None:
+        self._hash.update(_canonical([message.role.value, list(message.parts), message.generated_ids]))
+
+    def answer_key(self, text: str) -> str:
+        """The key of the answer `text` given after the messages added so far."""
+        with_answer = self._hash.copy()
+        with_answer.update(_canonical(text))
+        return with_answer.hexdigest()
+
+
+def _canonical(value: object) -> bytes:
+    """JSON, one value per call: concatenations of these are unambiguous."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
 class Completion(EngineStream):
@@ -254,26 +270,28 @@ class CompletionService:
                 "the last message is an assistant message; end with a user (or system) message", "messages"
             )
         converted: list[ChatMessage] = []
+        digest = HistoryDigest(self.model_fingerprint)
         for message in messages:
             ids = None
-            if message.role is Role.ASSISTANT:
-                ids = self._recall_answer(converted, message.content)
-            converted.append(ChatMessage(role=message.role, parts=(message.content,), generated_ids=ids))
+            if message.role is Role.ASSISTANT and self.answer_ids is not None and message.content:
+                ids = self.answer_ids.recall(digest.answer_key(message.content))
+            chat_message = ChatMessage(role=message.role, parts=(message.content,), generated_ids=ids)
+            digest.add(chat_message)
+            converted.append(chat_message)
         return converted
 
     def remember_answer(self, history: list[ChatMessage], text: str, token_ids: tuple[int, ...]) -> None:
-        if self.answer_ids is not None and token_ids:
-            self.answer_ids.remember(answer_digest(self.model_fingerprint, history, text), token_ids)
+        if self.answer_ids is None or not token_ids:
+            return
+        digest = HistoryDigest(self.model_fingerprint)
+        for message in history:
+            digest.add(message)
+        self.answer_ids.remember(digest.answer_key(text), token_ids)
 
     @property
     def pending(self) -> int:
         """Requests waiting or running now."""
         return self._pending
-
-    def _recall_answer(self, history: list[ChatMessage], text: str) -> tuple[int, ...] | None:
-        if self.answer_ids is None or not text:
-            return None
-        return self.answer_ids.recall(answer_digest(self.model_fingerprint, history, text))
 
     def _plain_prompt(self, prompt: str | tuple[int, ...]) -> list[int]:
         if not prompt:

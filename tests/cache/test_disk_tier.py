@@ -118,7 +118,7 @@ def test_expired_entries_are_never_served_whichever_way_the_clock_moves(
     assert tier.get(fresh) is not None
     clock.now += TTL + 1  # forward past the TTL: expired
     assert tier.get(old) is None
-    assert {info.key for info in tier.load_index()} == set()
+    assert {info.key for info in tier.new_entries()} == set()
     assert tier.put(later, b"c" * 64)  # stored now, so last used at this time
     clock.now -= 10 * CLOCK_SLACK_SECONDS  # back: an entry used "in the future" has an unknown age
     assert tier.get(later) is None
@@ -143,7 +143,7 @@ def test_hostile_rows_are_refused_and_never_unpickled_nor_followed_outside(tmp_p
     assert tier.get(big) is None
     assert tier.get(small) is None
     assert outside.read_bytes() == b"x" * 40_000  # neither read as a payload nor deleted
-    assert {info.key for info in tier.load_index()} == set()
+    assert {info.key for info in tier.new_entries()} == set()
     tier.close()
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import socket
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any
 
 import httpx
@@ -33,6 +35,21 @@ def wait_for(condition: Any) -> None:
     while not condition():
         assert time.monotonic() < deadline, "the server never got there"
         time.sleep(0.01)
+
+
+@contextmanager
+def raw_story_request(server: RunningServer) -> Iterator[None]:
+    """A whole-answer chat request on a bare socket, hung up when the block ends (no client cleanup between)."""
+    host, port = server.url.removeprefix("http://").split(":")
+    story = {"model": server.model_id, "messages": [{"role": "user", "content": "Tell me a story."}]}
+    body = json.dumps(story).encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    with socket.create_connection((host, int(port))) as connection:
+        connection.sendall(head.encode() + body)
+        yield
 
 
 def test_four_clients_at_once_each_get_their_own_answer(client: openai.OpenAI, server: RunningServer) -> None:
@@ -69,17 +86,8 @@ def test_a_client_that_hangs_up_before_a_whole_answer_frees_its_request(
     client: openai.OpenAI, server: RunningServer
 ) -> None:
     engine = server.serving.engine
-    host, port = server.url.removeprefix("http://").split(":")
-    body = json.dumps(
-        {"model": server.model_id, "messages": [{"role": "user", "content": "Tell me a story."}]}
-    ).encode()
-    request = (
-        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n"
-    ).encode() + body
     with engine.holding(Step.TOKEN, 2) as gate:
-        with socket.create_connection((host, int(port))) as connection:
-            connection.sendall(request)
+        with raw_story_request(server):
             assert gate.wait_until_holding()
         wait_for(lambda: not gate.holding.is_set() and server.serving.completions.pending == 0)
     text, _ = ask(client, server, QUESTIONS[1])
@@ -91,18 +99,10 @@ def test_a_client_that_hangs_up_while_waiting_its_turn_frees_its_place(
 ) -> None:
     engine = server.serving.engine
     completions = server.serving.completions
-    host, port = server.url.removeprefix("http://").split(":")
-    story = {"model": server.model_id, "messages": [{"role": "user", "content": "Tell me a story."}]}
-    body = json.dumps(story).encode()
-    request = (
-        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n"
-    ).encode() + body
     first = {"model": server.model_id, "messages": [{"role": "user", "content": "Hello"}], "stream": True}
     with engine.holding(Step.TOKEN, 1) as gate, http.stream("POST", "/v1/chat/completions", json=first) as running:
         assert gate.wait_until_holding()  # the engine thread is held: nothing else can start
-        with socket.create_connection((host, int(port))) as waiting:
-            waiting.sendall(request)
+        with raw_story_request(server):
             wait_for(lambda: completions.pending == 2)
         # Hung up before its turn: its place is free while the first answer is still held.
         wait_for(lambda: completions.pending == 1)

@@ -16,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from tests.server_support import free_port
+from chatapp.benchmark.server_process import free_port
 
 pytestmark = pytest.mark.slow
 START_TIMEOUT_S = 120.0
