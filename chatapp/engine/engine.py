@@ -4,10 +4,11 @@ The UI and the CLI never touch llama.cpp. They submit a `GenerationRequest` and 
 events from its `GenerationHandle` (prefill progress, token text), which they may cancel
 at any time; the engine thread does all model work, so a long prefill never blocks them.
 
-Several answers run together, each on its own sequence: the engine thread takes one step
-of each in turn (a prompt batch, or one answer token), so one client's long prompt does
-not hold another's stream for its whole length. Each request is still computed in the
-batches it would get alone. Work for later (warm-ups, an answer's recompute) runs only
+Several answers run together, each on its own sequence: in each turn the engine thread
+takes one step of every answer being streamed (a token) and of one prompt being computed
+(a batch; turns.py says which, and when a request waits for another's prompt), so one
+client's long prompt does not hold another's stream for its whole length. Each request is
+still computed in the batches it would get alone. Work for later (warm-ups, an answer's recompute) runs only
 when no answer does, and an answer waits while a warm-up finishes (it is usually that
 answer's own prefix) or a stopped request clears its sequence.
 
@@ -56,6 +57,7 @@ from chatapp.engine.llama_native import (
     gpu_offload_supported,
 )
 from chatapp.engine.prompt import PromptBuilder
+from chatapp.engine.turns import TurnState, take_turns
 from chatapp.errors import ContextOverflowError
 from chatapp.vocabulary import ReuseTier, StopReason
 
@@ -202,6 +204,8 @@ class _Task:
         self.sequence: int | None = None  # once placed
         self.after_answer = False  # the caller has its result; what is left is the engine's own work
         self.steps: Iterator[None] = iter(())
+        request = handle.request
+        self.turn = TurnState(np.asarray(request.prompt_tokens, dtype=np.int32), request.use_cache and request.store)
 
 
 class Engine:
@@ -442,8 +446,11 @@ class Engine:
         return ready
 
     def _step_tasks(self) -> None:
-        """One step of each running task, in turn."""
-        for task in list(self._tasks):
+        """One step of each task whose turn it is (see turns.py); a cancelled one ends at once."""
+        stopping = [task for task in self._tasks if task.current.cancel_event.is_set()]
+        running = [task for task in self._tasks if task not in stopping]
+        chosen = {id(state) for state in take_turns([task.turn for task in running], self.context.shape.n_batch)}
+        for task in [task for task in self._tasks if task in stopping or id(task.turn) in chosen]:
             self._active = task.current
             try:
                 next(task.steps)
@@ -591,8 +598,11 @@ class Engine:
                 busy=self._busy_sequences(task),
             )
             task.sequence = placement.sequence
+            task.turn.placed = True
+            task.turn.computing_from = placement.reused_tokens
+            task.turn.prefill_left = len(request.prompt_tokens) - placement.reused_tokens
             handle._emit(PromptPlaced(placement.reused_tokens, len(request.prompt_tokens), placement.tier))
-            result = yield from self._generate(handle, placement)
+            result = yield from self._generate(task, placement)
         except Exception as error:
             # When in doubt, forget the sequence: a stale KV must never be reused.
             if placement is not None:
@@ -660,7 +670,8 @@ class Engine:
         stats = GenerationStats(prompt_tokens, 0, prompt_tokens, ReuseTier.NONE, 0, elapsed_ms, elapsed_ms, 0.0)
         return GenerationResult(text="", token_ids=(), stop_reason=StopReason.CANCELLED, stats=stats)
 
-    def _generate(self, handle: GenerationHandle, placement: Placement) -> Generator[None, None, GenerationResult]:
+    def _generate(self, task: _Task, placement: Placement) -> Generator[None, None, GenerationResult]:
+        handle = task.handle
         request = handle.request
         prompt = list(request.prompt_tokens)
         sequence = placement.sequence
@@ -674,7 +685,10 @@ class Engine:
             live,
             need_logits=not request.prefill_only,
             checkpoints=self._checkpoint_positions(request),
+            turn=task.turn,
         )
+        if stop_reason is None and task.turn.awaited:
+            self._store_for_waiting(sequence)
         prefill_ms = (time.perf_counter() - prefill_started) * 1000
         generated: list[int] = []
         pieces: list[str] = []
@@ -694,6 +708,7 @@ class Engine:
             ttft_ms=(ttft_at - handle.submitted_at) * 1000,
             total_ms=(finished_at - handle.submitted_at) * 1000,
             prefill_ms=prefill_ms,
+            restore=placement.restore,
         )
         return GenerationResult(text="".join(pieces), token_ids=tuple(generated), stop_reason=stop_reason, stats=stats)
 
@@ -706,6 +721,7 @@ class Engine:
         *,
         need_logits: bool = True,
         checkpoints: frozenset[int] = frozenset(),
+        turn: TurnState | None = None,
     ) -> Generator[None, None, StopReason | None]:
         """Evaluate the prompt tokens not yet in `live`, in batches; StopReason.CANCELLED if cancelled.
 
@@ -737,6 +753,8 @@ class Engine:
                 return StopReason.CANCELLED
             live.extend(chunk)
             start += len(chunk)
+            if turn is not None:
+                turn.prefill_left = len(prompt) - start
             if start in checkpoints:
                 self._take_checkpoint(handle, sequence, live)
             handle._emit(PrefillProgress(done=start, total=len(prompt)))
@@ -745,6 +763,20 @@ class Engine:
             if not is_last:
                 yield
         return None
+
+    def _store_for_waiting(self, sequence: int) -> None:
+        """Store a just-computed prompt now, for a request waiting to restore its beginning (turns.py).
+
+        The engine waits for the cache's writer: each waiting request then restores what it
+        would otherwise compute again, which takes far longer.
+        """
+        if self.cache is None:
+            return
+        try:
+            self.placer.save(sequence)
+            self.cache.flush()
+        except (StateFormatError, RuntimeError) as error:
+            log.warning("could not store a prompt another request waits for: %s", error)
 
     def _checkpoint_positions(self, request: GenerationRequest) -> frozenset[int]:
         """Where a prefill of `request` keeps the uncuttable state (empty for a plain KV cache).

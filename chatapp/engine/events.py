@@ -33,6 +33,20 @@ class TokenText:
 
 
 @dataclass(frozen=True)
+class RestoreTimings:
+    """Where a restore from the cache spent its time, in milliseconds (the bench's restore figure)."""
+
+    lookup_ms: float  # finding the longest stored prefix
+    read_ms: float  # the payloads from RAM, or from disk
+    assemble_ms: float  # one state in llama.cpp's layout
+    load_ms: float  # llama.cpp taking that state (what loading a ready buffer costs)
+
+    @property
+    def total_ms(self) -> float:
+        return self.lookup_ms + self.read_ms + self.assemble_ms + self.load_ms
+
+
+@dataclass(frozen=True)
 class GenerationStats:
     """Per-request figures; `reused + computed == prompt_tokens`."""
 
@@ -44,6 +58,7 @@ class GenerationStats:
     ttft_ms: float
     total_ms: float
     prefill_ms: float
+    restore: RestoreTimings | None = None  # the steps of a restore from RAM or disk
 
     @property
     def decode_tokens_per_s(self) -> float:

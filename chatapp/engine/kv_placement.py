@@ -19,6 +19,7 @@ is close enough, the prefix is restored from the cache or computed again.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,6 +31,7 @@ from cache.resident import ResidentSequences
 from cache.state_format import (
     MemoryKind,
     MemoryLayout,
+    StateBuffer,
     StateFormatError,
     assemble_state,
     checkpoint_payload,
@@ -37,6 +39,7 @@ from cache.state_format import (
     parse_state,
     read_checkpoint,
 )
+from chatapp.engine.events import RestoreTimings
 from chatapp.engine.llama_native import NativeContext
 from chatapp.vocabulary import ReuseTier
 
@@ -57,6 +60,7 @@ class Placement:
     sequence: int
     reused_tokens: int
     tier: ReuseTier
+    restore: RestoreTimings | None = None  # when the prefix came from the cache
 
 
 class KVPlacer:
@@ -78,6 +82,7 @@ class KVPlacer:
         # format was not understood.
         self._window = window
         self._checkpoints: list[dict[int, bytes]] = [{} for _ in range(context.shape.n_sequences)]
+        self._state_buffer = StateBuffer()  # restores and rewinds assemble here: llama.cpp copies it at once
 
     @property
     def takes_checkpoints(self) -> bool:
@@ -115,11 +120,14 @@ class KVPlacer:
             return Placement(resident_sequence, resident_length, ReuseTier.DEVICE)
         keepable = self._keepable(resident_sequence, resident_length)
         if self.cache is not None:
+            looking = time.perf_counter()
             found = self.cache.lookup(array, limit)
             if found.tokens > keepable + RESTORE_MARGIN_TOKENS:
                 target = self.resident.least_recently_used(busy) if sequence is None else sequence
+                reading = time.perf_counter()
                 fetched = self.cache.fetch(found, array)
-                restored = self._restore(target, fetched) if fetched is not None else None
+                read = (reading - looking, time.perf_counter() - reading)
+                restored = self._restore(target, fetched, read) if fetched is not None else None
                 if restored is not None and restored.reused_tokens > keepable:
                     return restored
                 if target == resident_sequence:
@@ -224,7 +232,12 @@ class KVPlacer:
                     raise StateFormatError("the full-attention cells do not start at position 0")
                 pieces = [(position, extract_piece(state.base, order, 0, position))]
             rebuilt = assemble_state(
-                self.layout, pieces, sequence, cells=position, checkpoint=self._checkpoints[sequence][position]
+                self.layout,
+                pieces,
+                sequence,
+                cells=position,
+                checkpoint=self._checkpoints[sequence][position],
+                buffer=self._state_buffer,
             )
         except StateFormatError as error:
             log.warning("cannot rewind a sequence: %s", error)
@@ -264,25 +277,35 @@ class KVPlacer:
             del kept[position]
 
     # Restoring from the cache.
-    def _restore(self, sequence: int, fetched: FetchedPrefix) -> Placement | None:
+    def _restore(self, sequence: int, fetched: FetchedPrefix, read: tuple[float, float]) -> Placement | None:
+        """Load a fetched prefix into `sequence`; `read` is how long the lookup and fetch took (s)."""
         assert self.cache is not None
+        assembling = time.perf_counter()
         try:
             state = assemble_state(
-                self.cache.layout, fetched.pieces, sequence, cells=fetched.tokens, checkpoint=fetched.checkpoint
+                self.cache.layout,
+                fetched.pieces,
+                sequence,
+                cells=fetched.tokens,
+                checkpoint=fetched.checkpoint,
+                buffer=self._state_buffer,
             )
         except StateFormatError as error:
             log.warning("cannot assemble a cached prefix: %s", error)
             return None
         self.forget(sequence)
+        loading = time.perf_counter()
         if not write_sequence_state(self.context.pointer, sequence, state):
             log.warning("llama.cpp refused a cached prefix; computing it instead")
             self.context.remove(sequence, 0, -1)
             return None
+        loaded = time.perf_counter()
+        timings = RestoreTimings(*(seconds * 1000 for seconds in (*read, loading - assembling, loaded - loading)))
         self.resident.replace(sequence, list(fetched.prompt_tokens))
         if fetched.checkpoint is not None and self.takes_checkpoints:
             self._checkpoints[sequence][fetched.tokens] = fetched.checkpoint
         self.resident.touch(sequence)
-        return Placement(sequence, fetched.tokens, fetched.tier)
+        return Placement(sequence, fetched.tokens, fetched.tier, timings)
 
     def forget(self, sequence: int) -> None:
         """Empty a sequence whose contents are in doubt."""

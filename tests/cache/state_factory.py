@@ -34,12 +34,18 @@ class StateData(TypedDict):
     values: list[NDArray[np.uint8]]
 
 
-def small_layout(v_trans: bool, n_stream: int = 2, n_layer: int = 3, scale: int = 1) -> KVLayout:
-    """A made-up layout; `scale` multiplies the row sizes (large pieces are stored as files)."""
+def small_layout(
+    v_trans: bool, n_stream: int = 2, n_layer: int = 3, scale: int = 1, *, uniform: bool = False
+) -> KVLayout:
+    """A made-up layout; `scale` multiplies the row sizes (large pieces are stored as files).
+
+    Layers differ in K size unless `uniform` (as in most real models: assembly then takes its
+    fast path).
+    """
     layers = tuple(
         LayerLayout(
             F16,
-            8 * (index + 1) * scale,
+            8 * (1 if uniform else index + 1) * scale,
             F16,
             0 if v_trans else 12 * scale,
             2 if v_trans else 0,

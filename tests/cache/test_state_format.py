@@ -16,6 +16,7 @@ from cache.state_format import (
     MemoryKind,
     MemoryLayout,
     ParsedState,
+    StateBuffer,
     StateFormatError,
     assemble_state,
     checkpoint_payload,
@@ -132,6 +133,29 @@ def test_assembling_fewer_cells_trims_the_last_piece(v_trans: bool, cells: int) 
     assert assemble_state(model.layout, pieces, 0, cells=cells).tobytes() == expected  # later pieces unused
     moved = assemble_state(model.layout, covering, 1, cells=cells).tobytes()
     assert moved == sequence.state(cells, seq_id=1)
+
+
+@pytest.mark.parametrize("v_trans", [False, True])
+@pytest.mark.parametrize("cells", [3, 8, 11])
+def test_uniform_layers_assemble_alike_in_a_reused_buffer(v_trans: bool, cells: int) -> None:
+    """Most models' layers are all alike: their fast path gives the same bytes, in reused memory too."""
+    model = SyntheticModel(PLAIN, base=small_layout(v_trans, n_layer=4, uniform=True))
+    sequence = SyntheticSequence(model, 11, seed=cells)
+    pieces = pieces_of(sequence.state(11), [0, 4, 8, 11])
+    buffer = StateBuffer()
+    first = assemble_state(model.layout, pieces, 1, cells=cells, buffer=buffer)
+    assert first.tobytes() == sequence.state(cells, seq_id=1)
+    again = assemble_state(model.layout, pieces[:1], 0, cells=3, buffer=buffer)
+    assert again.tobytes() == sequence.state(3)
+    assert np.shares_memory(first, again)  # the same memory, written again
+
+
+def test_a_state_buffer_gives_fresh_memory_past_its_limit() -> None:
+    buffer = StateBuffer(max_bytes=100)
+    small, large = buffer.take(80), buffer.take(200)
+    assert small.size == 80 and large.size == 200
+    assert not np.shares_memory(small, large)
+    assert np.shares_memory(small, buffer.take(60))
 
 
 def test_more_cells_than_the_pieces_hold_are_refused() -> None:

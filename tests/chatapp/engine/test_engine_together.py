@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import queue
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from chatapp.engine.engine import Engine, EngineConfig, GenerationRequest
+from chatapp.engine.engine import Engine, EngineConfig, EngineEvent, GenerationHandle, GenerationRequest
+from chatapp.engine.events import PrefillProgress
 from chatapp.engine.gate import Step
 from chatapp.engine.llama_native import SamplingParams
 from chatapp.engine.prompt import ChatMessage
+from chatapp.engine.turns import common_prefix_length
 from chatapp.vocabulary import Role, StopReason
+from tests.cache_support import cached_engine
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=4)
 LONG_TEXT = " ".join(
@@ -121,3 +127,68 @@ def test_a_request_cancelled_while_it_waits_ends_at_once(small_batches: Engine) 
     assert behind.wait().stats.generated_tokens == 0
     first.wait()
     assert blocked.wait().stop_reason is StopReason.PREFILLED
+
+
+def test_the_prompt_with_less_left_to_compute_goes_first(small_batches: Engine) -> None:
+    engine = small_batches
+    first = GenerationRequest(prompt(engine, LONG_TEXT), GREEDY, use_cache=False)
+    longer = GenerationRequest(prompt(engine, LONG_TEXT + " Which one flashes slowest?"), GREEDY, use_cache=False)
+    alone = engine.generate(longer).wait()
+
+    def is_first(request: GenerationRequest) -> bool:
+        return request is first
+
+    with (
+        engine.holding(Step.BATCH, 1, where=is_first) as first_batch,
+        engine.holding(Step.TOKEN, 1, where=is_first) as first_token,
+    ):
+        first_handle = engine.generate(first)
+        assert first_batch.wait_until_holding()
+        longer_handle = engine.generate(longer)  # more left to compute than the first has
+        first_batch.release()
+        assert first_token.wait_until_holding()
+        # The first prompt was computed to its end while the longer one took only its first batch.
+        longer_progress = [event for event in _events_so_far(longer_handle) if isinstance(event, PrefillProgress)]
+        assert len(longer_progress) == 1
+    assert first_handle.wait().stats.generated_tokens == 4
+    assert longer_handle.wait().token_ids == alone.token_ids
+
+
+def _events_so_far(handle: GenerationHandle) -> list[EngineEvent | None]:
+    """The events a handle has queued so far, without waiting for more (they stay readable)."""
+    events = []
+    while True:
+        try:
+            event = handle._events.get_nowait()
+        except queue.Empty:
+            break
+        events.append(event)
+    for event in events:
+        handle._events.put(event)
+    return events
+
+
+def test_requests_that_start_together_with_one_long_prefix_compute_it_once(
+    tmp_path: Path, model_path: Path, small_batches: Engine
+) -> None:
+    persona = ChatMessage.of(Role.SYSTEM, LONG_TEXT)
+    questions = ["Which lighthouse flashes slowest?", "Which flashes fastest?", "How many are there?"]
+    with cached_engine(tmp_path / "kv", model_path, sequences=4, n_batch=8, threads=1) as engine:
+        requests = [
+            GenerationRequest(
+                tuple(engine.prompt_builder.build([persona, ChatMessage.of(Role.USER, question)])), GREEDY
+            )
+            for question in questions
+        ]
+        shared = common_prefix_length(np.asarray(requests[0].prompt_tokens), np.asarray(requests[1].prompt_tokens))
+        assert shared > 300
+        with engine.holding(Step.BATCH, 1) as gate:
+            handles = [engine.generate(request) for request in requests]  # all queued while the engine is held
+            assert gate.wait_until_holding()
+        results = [handle.wait() for handle in handles]
+    computed = [result.stats.computed_tokens for result in results]
+    # One computes the shared beginning; the others restore it and compute only their question.
+    assert sum(count > shared for count in computed) == 1
+    assert all(result.stats.reused_tokens >= shared - 16 for result in results if result.stats.computed_tokens < shared)
+    cold = [small_batches.generate(replace(request, use_cache=False)).wait() for request in requests]
+    assert [result.token_ids for result in results] == [result.token_ids for result in cold]
