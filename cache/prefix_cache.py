@@ -1,8 +1,8 @@
 """The prefix cache: find the longest restorable prefix of a prompt, fetch it, store new state.
 
 Blocks of full-attention KV and checkpoints (a model's uncuttable sections at one position:
-its sliding window, its recurrent state) live in RAM (LRU, TTL) and on disk (diskcache,
-LRU, TTL), found through one in-memory index. A prefix is restorable where its blocks are
+its sliding window, its recurrent state) live in RAM (evicted by value or LRU, TTL) and on
+disk (diskcache, LRU, TTL), found through one in-memory index. A prefix is restorable where its blocks are
 stored and, for a model with uncuttable sections, a checkpoint sits exactly at its end.
 Storing runs on a background thread: the caller hands over a copy of a sequence's state and
 returns at once; slicing it into blocks, hashing, and writing through to disk never hold up
@@ -23,6 +23,7 @@ import numpy as np
 
 from cache.blocks import BlockInfo, payload_checksum
 from cache.disk_tier import DiskTier
+from cache.eviction import POLICY_NAMES, BlockPlace, make_policy
 from cache.index import BlockIndex
 from cache.keys import BlockKey, as_token_array
 from cache.maintenance import add_totals, remember_memory
@@ -72,6 +73,13 @@ class CacheConfig:
     # or recurrent state (an answer's end, then the next turn's history end two template
     # tokens on). At most the engine's restore margin, so reuse stays within it.
     checkpoint_min_gap: int = 8
+    # How the RAM tier chooses what to evict (cache/eviction.py): "value" (recompute cost x recent
+    # uses per byte, leaves of the prefix tree first), "lru" or "lfu". The disk tier stays LRU.
+    eviction_policy: str = "value"
+
+    def __post_init__(self) -> None:
+        if self.eviction_policy not in POLICY_NAMES:
+            raise ValueError(f"eviction_policy {self.eviction_policy!r}: choose one of {', '.join(POLICY_NAMES)}")
 
 
 @dataclass(frozen=True)
@@ -103,6 +111,12 @@ class FetchedPrefix:
         return [(block.tokens.size, payload) for block, payload in zip(self.blocks, self.payloads, strict=True)]
 
 
+def place_of(info: BlockInfo) -> BlockPlace:
+    """A block's place in the prefix tree, for the RAM tier's policy; a checkpoint hangs off its anchor
+    and costs the tokens from the anchor to its position."""
+    return BlockPlace(info.parent, info.start, int(info.tokens.size))
+
+
 class PrefixCache:
     def __init__(
         self, directory: Path, namespace: Namespace, layout: MemoryLayout, config: CacheConfig = CacheConfig()
@@ -111,7 +125,7 @@ class PrefixCache:
         self.layout = layout
         self.config = config
         self.index = BlockIndex(config.block_size, namespace.seed)
-        self.ram = RamTier(config.ram_budget_bytes, config.ttl_seconds)
+        self.ram = RamTier(config.ram_budget_bytes, config.ttl_seconds, policy=make_policy(config.eviction_policy))
         self.disk = DiskTier(directory, config.disk_budget_bytes, config.ttl_seconds, bytes.fromhex(namespace.id))
         self.requests = RequestCounters()
         self._lock = threading.RLock()
@@ -247,7 +261,7 @@ class PrefixCache:
         if payload is None:
             self._forget(info)
             return None, False
-        self.ram.put(info.key, payload, pinned=info.pinned)
+        self.ram.put(info.key, payload, pinned=info.pinned, place=place_of(info))
         return payload, True
 
     @property
@@ -367,7 +381,7 @@ class PrefixCache:
                 continue  # a longer stored block already holds these tokens
             payload = extract_piece(state.base, order, start, end)
             info = BlockInfo(key, parent, start, block_tokens, len(payload), payload_checksum(payload))
-            self.ram.put(key, payload)
+            self.ram.put(key, payload, place=place_of(info))
             self.disk.put(info, payload)
             with self._lock:
                 self.index.add(info)
@@ -418,7 +432,7 @@ class PrefixCache:
             extends=extends.key if extends is not None else None,
             extends_checksum=extends.checksum if extends is not None else 0,
         )
-        self.ram.put(key, stored)
+        self.ram.put(key, stored, place=place_of(info))
         self.disk.put(info, stored)
         with self._lock:
             self.index.add(info)
@@ -451,7 +465,7 @@ class PrefixCache:
 
     # Maintenance.
     def pin(self, tokens: list[int], pinned: bool = True) -> int:
-        """Pin (or unpin) the stored blocks of this prefix, and its deepest checkpoint, so LRU and TTL
+        """Pin (or unpin) the stored blocks of this prefix, and its deepest checkpoint, so eviction and TTL
         pass over them; how many entries."""
         self.flush()
         array = as_token_array(tokens)
@@ -509,6 +523,7 @@ class PrefixCache:
                 "hit_rate": round(requests.hit_rate, 4),
                 "reused_by_tier": dict(requests.reused_by_tier),
                 "ram": {
+                    "eviction_policy": self.ram.policy.name,
                     "entries": len(self.ram),
                     "bytes": self.ram.bytes_used,
                     "budget_bytes": self.ram.budget_bytes,

@@ -1,16 +1,18 @@
-"""Tier "ram": block payloads in host memory under a byte budget, LRU with a sliding TTL.
+"""Tier "ram": block payloads in host memory under a byte budget, evicted by a policy, with a sliding TTL.
 
-Pinned blocks are never evicted or expired. All methods are thread-safe.
+The policy (cache/eviction.py: LRU unless told otherwise) chooses each victim while the tier is
+over budget; it learns each block's place in the prefix tree from `put`. Pinned blocks are
+never evicted or expired. All methods are thread-safe: the tier's lock guards its policy too.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from cache.eviction import BlockPlace, EvictionPolicy, LruPolicy
 from cache.keys import BlockKey
 from cache.stats import TierCounters
 
@@ -35,12 +37,19 @@ def uptime_clock() -> float:
 
 
 class RamTier:
-    def __init__(self, budget_bytes: int, ttl_seconds: float, clock: Callable[[], float] = uptime_clock) -> None:
+    def __init__(
+        self,
+        budget_bytes: int,
+        ttl_seconds: float,
+        clock: Callable[[], float] = uptime_clock,
+        policy: EvictionPolicy | None = None,
+    ) -> None:
         self.budget_bytes = budget_bytes
         self.ttl_seconds = ttl_seconds
         self.counters = TierCounters()
+        self.policy: EvictionPolicy = policy if policy is not None else LruPolicy()
         self._clock = clock
-        self._slots: OrderedDict[BlockKey, _Slot] = OrderedDict()
+        self._slots: dict[BlockKey, _Slot] = {}
         self._bytes = 0
         self._lock = threading.Lock()
 
@@ -68,21 +77,28 @@ class RamTier:
                 self.counters.misses += 1
                 return None
             slot.expires_at = now + self.ttl_seconds
-            self._slots.move_to_end(key)
+            self.policy.touch(key, now)
             self.counters.hits += 1
             self.counters.bytes_read += len(slot.payload)
             return slot.payload
 
-    def put(self, key: BlockKey, payload: bytes, *, pinned: bool = False) -> None:
-        """Keep `payload`; evict least recently used unpinned blocks past the budget."""
+    def put(self, key: BlockKey, payload: bytes, *, pinned: bool = False, place: BlockPlace | None = None) -> None:
+        """Keep `payload`; evict the policy's victims past the budget.
+
+        `place` (the block's parent, start and tokens) lets a policy weigh the block; without
+        it the block counts as a first block of `len(payload)` tokens.
+        """
         if len(payload) > self.budget_bytes and not pinned:
             return
+        now = self._clock()
         with self._lock:
-            if key in self._slots:
-                self._drop(key)
-            self._slots[key] = _Slot(payload, self._clock() + self.ttl_seconds, pinned)
+            old = self._slots.get(key)
+            if old is not None:
+                self._bytes -= len(old.payload)
+            self._slots[key] = _Slot(payload, now + self.ttl_seconds, pinned)
             self._bytes += len(payload)
             self.counters.bytes_written += len(payload)
+            self.policy.admit(key, place or BlockPlace(None, 0, len(payload)), len(payload), now, pinned)
             self._evict_over_budget()
 
     def set_pinned(self, key: BlockKey, pinned: bool) -> None:
@@ -90,6 +106,7 @@ class RamTier:
             slot = self._slots.get(key)
             if slot is not None:
                 slot.pinned = pinned
+                self.policy.set_pinned(key, pinned)
 
     def discard(self, key: BlockKey) -> None:
         with self._lock:
@@ -109,17 +126,18 @@ class RamTier:
     def clear(self) -> None:
         with self._lock:
             self._slots.clear()
+            self.policy.clear()
             self._bytes = 0
 
     def _drop(self, key: BlockKey) -> None:
         slot = self._slots.pop(key)
         self._bytes -= len(slot.payload)
+        self.policy.forget(key)
 
     def _evict_over_budget(self) -> None:
-        if self._bytes <= self.budget_bytes:
-            return
-        for key in [key for key, slot in self._slots.items() if not slot.pinned]:
-            if self._bytes <= self.budget_bytes:
-                break
+        while self._bytes > self.budget_bytes:
+            key = self.policy.victim()
+            if key is None:
+                break  # the rest is pinned (or, for a tree-aware policy, held by pinned children)
             self._drop(key)
             self.counters.evictions += 1

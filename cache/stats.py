@@ -44,6 +44,7 @@ class DiskSizes(TypedDict):
 
 
 class RamStats(TierCounts):
+    eviction_policy: str
     entries: int
     bytes: int
     budget_bytes: int

@@ -106,8 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench_parser = commands.add_parser(
         "bench",
         help="measure the cache against llama-cpp-python's caches, llama-server and no cache",
-        description="Run workloads A-E (persona, few-shot, document, many sessions, restart) on every peer, "
-        "side by side in one run; print a table and write bench.json and ttft.svg.",
+        description="Run workloads A-F (persona, few-shot, document, many sessions, restart, agent loop) on "
+        "every peer, side by side in one run, then the cache figures L, S and G (eviction policies on request "
+        "traces); print a table and the goals, and write bench.json and ttft.svg.",
     )
     add_bench_arguments(bench_parser)
     cache_parser = commands.add_parser("cache", parents=[shared], help="inspect or empty the KV cache")

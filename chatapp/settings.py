@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -40,6 +40,12 @@ class Settings(BaseModel):
     cache_ram_mib: int = Field(2048, ge=0, description="RAM tier budget, in MiB")
     cache_disk_mib: int = Field(10240, ge=0, description="disk tier budget, in MiB")
     cache_ttl_days: float = Field(7.0, gt=0, description="cached blocks unused this long expire")
+    cache_eviction: Literal["value", "lru", "lfu"] = Field(
+        "value",
+        description="what the RAM tier drops when full: value (the block cheapest to recompute per byte for its "
+        "recent uses, leaves of the prefix tree first), lru (least recently used) or lfu (least often used); "
+        "the disk tier drops least recently used",
+    )
     swa_full: bool = Field(
         True,
         description="sliding-window models (Gemma 3, gpt-oss): keep every token's window KV, so a conversation "

@@ -15,6 +15,8 @@ side-by-side ratios mean anything). A goal whose peers did not run is left out.
 - F (agent loop, clients at once), for chatapp and for `chatapp serve`: TTFT after the restart /
   the ideal's <= 1.15, llama-server's (restarted cold) / chatapp's >= 5, and requests per minute
   / llama-server's (one slot per client) >= 1.
+- G (request traces replayed against a RAM budget, no model), per trace variant: the value
+  policy's token hit rate / Belady's offline optimum >= 0.9, and / the better of LRU and LFU > 1.
 
 "Busy time" is the sum over requests of the time to the last token plus the time the peer
 needed to settle afterwards (model loading left out); "the question alone" is the ideal
@@ -24,7 +26,7 @@ peer's TTFT, whose context already holds everything before the question.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -190,11 +192,28 @@ def _agent_loop_verdicts(
     return verdicts
 
 
+VALUE_OF_BELADY = 0.9  # G: the value policy's token hit rate at least this share of Belady's
+
+
+def trace_verdicts(hit_rates: Mapping[str, Mapping[str, float]]) -> list[Verdict]:
+    """G's goals from token hit rates by trace variant, then policy ("value", "lru", "lfu", "belady")."""
+    verdicts = []
+    for variant, rates in hit_rates.items():
+        value = rates["value"]
+        verdicts.append(
+            _at_least("G", f"{variant}: token hit rate, value / Belady", value / rates["belady"], VALUE_OF_BELADY)
+        )
+        best_online = max(rates["lru"], rates["lfu"])
+        ratio = value / best_online if best_online else math.inf
+        verdicts.append(Verdict("G", f"{variant}: token hit rate, value / best of LRU, LFU", ratio, "> 1", ratio > 1))
+    return verdicts
+
+
 def goals_table(verdicts: list[Verdict]) -> str:
     lines = ["Goals (ratios from this run)"]
     for verdict in verdicts:
         lines.append(
-            f"  {verdict.goal}  {verdict.measure:52} {verdict.value:7.2f}  {verdict.target:7}  "
+            f"  {verdict.goal}  {verdict.measure:52} {verdict.value:7.3f}  {verdict.target:7}  "
             f"{'met' if verdict.met else 'MISSED'}"
         )
     return "\n".join(lines)

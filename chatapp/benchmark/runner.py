@@ -46,13 +46,21 @@ from chatapp.benchmark.goals import goals_table
 from chatapp.benchmark.memory import RssSampler, folder_bytes
 from chatapp.benchmark.peers import PEERS, Peer, PeerFactory, PeerSettings
 from chatapp.benchmark.report import MIB, table, write_reports
+from chatapp.benchmark.trace_figure import (
+    TRACE_NAME,
+    TraceFigures,
+    measure_traces,
+    trace_figure_verdicts,
+    trace_record,
+    trace_table,
+)
 from chatapp.benchmark.workloads import SCALES, WORKLOAD_NAMES, PromptKit, Request, Scale, Workload, build_workloads
 from chatapp.engine.engine import default_thread_count
 from chatapp.model_files import resolve_model_path
 
 SERVER_PEER = "llama-server"
 SERVE_PEER = "chatapp-serve"
-ALL_NAMES = (*WORKLOAD_NAMES, *FIGURE_NAMES)
+ALL_NAMES = (*WORKLOAD_NAMES, *FIGURE_NAMES, TRACE_NAME)
 SKIP_SERVER = "llama-server: skipped (not built; run scripts/build_llama_server.py or pass --llama-server PATH)"
 
 
@@ -250,8 +258,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workloads",
         default=",".join(ALL_NAMES),
-        help="which workloads, e.g. A,C (default: all: the peers on A-E, then chatapp's cache figures L "
-        "(lookup among many conversations) and S (storage of conversations on one persona))",
+        help="which workloads, e.g. A,C (default: all: the peers on A-F, then chatapp's cache figures L "
+        "(lookup among many conversations), S (storage of conversations on one persona) and G (eviction "
+        "policies replayed on request traces, no model))",
     )
     parser.add_argument(
         "--peers",
@@ -358,6 +367,7 @@ def run(args: argparse.Namespace) -> int:
     runs: list[dict[str, Any]] = []
     lookup: LookupFigures | None = None
     storage: StorageFigures | None = None
+    traces: TraceFigures | None = None
 
     def meta(complete: bool) -> dict[str, Any]:
         return {
@@ -382,7 +392,10 @@ def run(args: argparse.Namespace) -> int:
                 "recompute and cache store; Llama peers save inside the call); wall time includes it"
             ),
             "work_folder": str(work) if args.keep else None,
-            "cache_figures": figures_record(lookup, storage),
+            "cache_figures": {
+                **figures_record(lookup, storage),
+                **({"traces": trace_record(traces)} if traces is not None else {}),
+            },
         }
 
     reference = next(iter(factories), None)
@@ -422,12 +435,22 @@ def run(args: argparse.Namespace) -> int:
                 )
             finally:
                 kit.close()
+        if TRACE_NAME in workload_names:
+            _log(f"{TRACE_NAME}: eviction policies replayed on request traces")
+            traces = measure_traces(scale.trace_scale)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     elapsed = time.perf_counter() - started
     rows, found, verdicts, files = write_reports(
-        out, meta(complete=True), runs, reference_peer=reference, more_verdicts=cache_figure_verdicts(lookup, storage)
+        out,
+        meta(complete=True),
+        runs,
+        reference_peer=reference,
+        more_verdicts=[
+            *cache_figure_verdicts(lookup, storage),
+            *trace_figure_verdicts(traces),
+        ],
     )
     print(
         f"chatapp bench: {scale.name} scale, model {model_path.name}, context {context}, threads {threads}, "
@@ -439,6 +462,9 @@ def run(args: argparse.Namespace) -> int:
     if lookup is not None or storage is not None:
         print()
         print(figures_table(lookup, storage))
+    if traces is not None:
+        print()
+        print(trace_table(traces))
     if verdicts:
         print()
         print(goals_table(verdicts))

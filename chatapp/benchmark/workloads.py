@@ -63,6 +63,7 @@ class Scale:
     agent_clients: int = 3  # F: clients at once
     lookup_conversations: int = 10_000  # L: conversations in the index a lookup searches
     storage_conversations: int = 50  # S: conversations on one persona stored through the engine
+    trace_scale: float = 1.0  # G: population, sessions and RAM budget of the request traces (no model: seconds)
 
 
 SCALES = {
@@ -124,6 +125,7 @@ SCALES = {
         context=512,
         lookup_conversations=200,
         storage_conversations=3,
+        trace_scale=0.1,
         agent_system=80,
         agent_step=10,
         agent_turns=2,

@@ -67,7 +67,11 @@ def cache_stats(workspace: Workspace) -> dict[str, Any]:
         "hit_rate": round(reused / prompt_tokens, 4) if prompt_tokens else 0.0,
         "reused_by_tier": totals.get("reused_by_tier", dict.fromkeys(REUSING_TIERS, 0)),
         "device": {"sequences": settings.sequences, "tokens_per_sequence": settings.context_cap},
-        "ram": {"budget_bytes": settings.cache_ram_mib << 20, **_counters(totals.get("ram"))},
+        "ram": {
+            "budget_bytes": settings.cache_ram_mib << 20,
+            "eviction_policy": settings.cache_eviction,
+            **_counters(totals.get("ram")),
+        },
         "disk": {
             **usage,
             "budget_bytes": settings.cache_disk_mib << 20,
@@ -100,6 +104,7 @@ def format_stats(stats: dict[str, Any]) -> str:
         f"device: {stats['device']['sequences']} sequences of up to {stats['device']['tokens_per_sequence']:,} tokens, "
         "resident in the llama.cpp context while the app runs",
         f"pinned: {disk['pinned_entries']:,} entries, {_size(disk['pinned_bytes'])}",
+        f"eviction: ram by {ram.get('eviction_policy', 'lru')}, disk by lru",
         f"hit rate: {stats['hit_rate']:.1%} ({stats['reused_tokens']:,} "
         f"of {stats['prompt_tokens']:,} prompt tokens reused "
         f"over {stats['requests']:,} requests: device {by_tier.get('device', 0):,}, ram {by_tier.get('ram', 0):,}, "

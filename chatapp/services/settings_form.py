@@ -74,7 +74,7 @@ class SettingField:
     name: str
     label: str
     description: str
-    kind: str  # "int" | "float" | "bool" | "path" | "optional-int"
+    kind: str  # "int" | "float" | "bool" | "path" | "optional-int" | "choice" (one of a few words)
     default: Any
     restart_needed: bool
 
@@ -91,6 +91,8 @@ def _label(name: str) -> str:
 
 def _kind(name: str, annotation: Any) -> str:
     args = typing.get_args(annotation)
+    if typing.get_origin(annotation) is typing.Literal and all(isinstance(arg, str) for arg in args):
+        return "choice"
     optional = typing.get_origin(annotation) in (typing.Union, types.UnionType) and type(None) in args
     inner = [arg for arg in args if arg is not type(None)] if optional else [annotation]
     if len(inner) == 1:

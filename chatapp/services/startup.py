@@ -86,6 +86,7 @@ class Workspace:
             ram_budget_bytes=settings.cache_ram_mib << 20,
             disk_budget_bytes=settings.cache_disk_mib << 20,
             ttl_seconds=settings.cache_ttl_days * 86400,
+            eviction_policy=settings.cache_eviction,
         )
 
     def cache_factory(self) -> CacheFactory:

@@ -183,6 +183,7 @@ def test_cache_stats_prune_and_clear(data_dir: Path, capsys) -> None:
     assert stats["disk"]["bytes"] > 0
     assert stats["disk"]["hits"] >= 1
     assert stats["ram"]["budget_bytes"] == 2048 << 20
+    assert stats["ram"]["eviction_policy"] == "value"
     assert stats["memory"]["kind"] == "plain"  # the bundled model's memory, noted by the cache
     assert main(["cache", "stats"]) == 0
     report = capsys.readouterr().out

@@ -45,6 +45,7 @@ EVERYTHING = Settings(
     cache_ram_mib=0,
     cache_disk_mib=1,
     cache_ttl_days=0.25,
+    cache_eviction="lru",
     swa_full=False,
     checkpoint_every_blocks=4,
 )
@@ -86,10 +87,12 @@ def test_labels_kinds_and_restart_flags() -> None:
     assert kinds["context_cap"] == "int"
     assert kinds["temperature"] == "float"
     assert kinds["flash_attention"] == "bool"
+    assert kinds["cache_eviction"] == "choice"
     restart = {item.name for item in setting_fields() if item.restart_needed}
     assert restart == {
         "model", "context_cap", "sequences", "n_gpu_layers", "threads", "flash_attention",
-        "cache_block_size", "cache_ram_mib", "cache_disk_mib", "cache_ttl_days", "swa_full", "checkpoint_every_blocks",
+        "cache_block_size", "cache_ram_mib", "cache_disk_mib", "cache_ttl_days", "cache_eviction", "swa_full",
+        "checkpoint_every_blocks",
     }  # fmt: skip
     assert not restart & {"temperature", "top_p", "max_tokens", "seed"}
 

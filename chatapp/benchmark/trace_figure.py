@@ -1,0 +1,96 @@
+"""Figure G: eviction policies replayed on request traces, beside Belady's offline optimum. No model needed.
+
+Each trace variant (traces.py) is replayed against one RAM budget well below its working set
+under LRU, LFU and the value policy (cache/eviction.py's own classes, with their defaults, as
+the RAM tier runs them) and under Belady's furthest-next-use choice (the limit no online policy
+can pass with blocks of one size); trace_replay.py says how. Fixed seeds: the same figures on
+every machine, in seconds.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from cache.eviction import ATTENTION_TOKENS, EvictionPolicy, LfuPolicy, LruPolicy, ValuePolicy
+from chatapp.benchmark.goals import Verdict, trace_verdicts
+from chatapp.benchmark.trace_replay import PER_TOKEN_MS, BeladyPolicy, ReplayResult, next_use_table, replay
+from chatapp.benchmark.traces import DAY_S, TRACE_VARIANTS, make_trace
+
+TRACE_NAME = "G"  # chosen with --workloads beside the peer workloads and L, S
+# 512 blocks of 64 tokens: about a tenth of the most an unbounded cache holds at once on the zipf
+# trace with this TTL (its peak of live blocks, 5,432) and 3% of the blocks the trace ever uses.
+BUDGET_BLOCKS = 512
+TTL_S = 2 * DAY_S  # sessions come back after half a day to three days: some find their blocks expired
+POLICY_ORDER = ("lru", "lfu", "value", "belady")
+
+
+@dataclass(frozen=True)
+class TraceFigures:
+    budget_tokens: int
+    ttl_s: float
+    traces: dict[str, dict[str, int]]  # variant -> requests, blocks, prompt tokens
+    results: dict[str, dict[str, ReplayResult]]  # variant -> policy -> replay
+    elapsed_s: float
+
+    def hit_rates(self) -> dict[str, dict[str, float]]:
+        return {
+            variant: {name: result.hit_rate for name, result in by_policy.items()}
+            for variant, by_policy in self.results.items()
+        }
+
+
+def measure_traces(scale: float = 1.0, variants: tuple[str, ...] = TRACE_VARIANTS) -> TraceFigures:
+    """Replay every variant under every policy; `scale` shrinks population, sessions and budget alike."""
+    started = time.perf_counter()
+    traces: dict[str, dict[str, int]] = {}
+    results: dict[str, dict[str, ReplayResult]] = {}
+    budget_tokens = 0
+    for variant in variants:
+        trace = make_trace(variant, scale)
+        budget_tokens = max(1, round(BUDGET_BLOCKS * scale)) * trace.block_tokens
+        traces[variant] = {"requests": len(trace.chains), "blocks": trace.blocks, "prompt_tokens": trace.prompt_tokens}
+        online: list[EvictionPolicy] = [LruPolicy(), LfuPolicy(), ValuePolicy()]
+        policies = [*online, BeladyPolicy(next_use_table(trace), TTL_S)]
+        results[variant] = {policy.name: replay(trace, policy, budget_tokens, TTL_S) for policy in policies}
+    return TraceFigures(budget_tokens, TTL_S, traces, results, time.perf_counter() - started)
+
+
+def trace_figure_verdicts(figures: TraceFigures | None) -> list[Verdict]:
+    return trace_verdicts(figures.hit_rates()) if figures is not None else []
+
+
+def trace_record(figures: TraceFigures) -> dict[str, Any]:
+    """For bench.json."""
+    return {
+        "budget_tokens": figures.budget_tokens,
+        "ttl_s": figures.ttl_s,
+        "cost_model": f"a token at position p costs {PER_TOKEN_MS:g} ms x (1 + p / {ATTENTION_TOKENS:g})",
+        "traces": figures.traces,
+        "results": {
+            variant: {name: {**asdict(result), "hit_rate": result.hit_rate} for name, result in by_policy.items()}
+            for variant, by_policy in figures.results.items()
+        },
+        "elapsed_s": figures.elapsed_s,
+    }
+
+
+def trace_table(figures: TraceFigures) -> str:
+    """A few lines for the terminal: token hit rate and compute time per variant and policy."""
+    lines = [
+        f"G  request traces against a RAM budget of {figures.budget_tokens:,} tokens, TTL "
+        f"{figures.ttl_s / DAY_S:g} days ({figures.elapsed_s:.1f} s): token hit rate / compute s "
+        f"(a token at position p: {PER_TOKEN_MS:g} ms x (1 + p / {ATTENTION_TOKENS:g}))",
+        f"     {'trace':8} {'requests':>8} {'no cache':>9}  " + "  ".join(f"{name:>16}" for name in POLICY_ORDER),
+    ]
+    for variant, by_policy in figures.results.items():
+        shape = figures.traces[variant]
+        no_cache = next(iter(by_policy.values())).no_cache_compute_s
+        cells = [
+            f"{result.hit_rate:7.2%} {result.compute_s:7.0f}s"
+            for name in POLICY_ORDER
+            if (result := by_policy.get(name)) is not None
+        ]
+        lines.append(f"     {variant:8} {shape['requests']:8,} {no_cache:8.0f}s  " + "  ".join(cells))
+    return "\n".join(lines)
