@@ -21,6 +21,7 @@ def cached_engine(
     n_batch: int = 512,
     swa_full: bool = True,
     flash_attention: bool = False,
+    ready_state_bytes: int = EngineConfig.ready_state_bytes,
     ram_bytes: int = 512 << 20,
     disk_bytes: int = 1 << 30,
 ) -> Engine:
@@ -35,5 +36,6 @@ def cached_engine(
         n_batch=n_batch,
         swa_full=swa_full,
         flash_attention=flash_attention,
+        ready_state_bytes=ready_state_bytes,
     )
     return Engine(engine_config, kv_cache_factory(folder, hash_file(model_path), config))

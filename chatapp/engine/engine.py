@@ -91,6 +91,8 @@ class EngineConfig:
     # Models with uncuttable state (sliding window, recurrent): a checkpoint every this many
     # prompt tokens, besides the prompt's end and the boundaries a request names.
     checkpoint_interval: int = 1024
+    # Plain KV caches: the newest whole sequence states kept ready to load (cache/ready_states.py).
+    ready_state_bytes: int = 256 << 20
 
     def __post_init__(self) -> None:
         if self.n_batch < MIN_BATCH:
@@ -529,7 +531,14 @@ class Engine:
         self.layout = self._verify_state_format()
         if self._cache_factory is not None and self.layout is not None:
             self.cache = self._cache_factory(self.layout, self.info)
-        self.placer = KVPlacer(self.context, self.cache, self.model.memory_kind, self.layout, window=self.model.window)
+        self.placer = KVPlacer(
+            self.context,
+            self.cache,
+            self.model.memory_kind,
+            self.layout,
+            window=self.model.window,
+            ready_state_bytes=config.ready_state_bytes,
+        )
 
     def _verify_state_format(self) -> MemoryLayout | None:
         """Verify the state format on a few real tokens; None (and `cache_problem`) when it fails.

@@ -40,6 +40,7 @@ class RestoreTimings:
     read_ms: float  # the payloads from RAM, or from disk
     assemble_ms: float  # one state in llama.cpp's layout
     load_ms: float  # llama.cpp taking that state (what loading a ready buffer costs)
+    whole_state: bool = False  # a kept whole state, loaded and cut (no read, no assembly)
 
     @property
     def total_ms(self) -> float:

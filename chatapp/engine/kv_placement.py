@@ -27,6 +27,7 @@ import numpy as np
 from cache.keys import as_token_array
 from cache.llama_state import read_sequence_state, write_sequence_state
 from cache.prefix_cache import FetchedPrefix, PrefixCache
+from cache.ready_states import ReadyState, ReadyStates
 from cache.resident import ResidentSequences
 from cache.state_format import (
     MemoryKind,
@@ -72,6 +73,7 @@ class KVPlacer:
         layout: MemoryLayout | None,
         *,
         window: int,
+        ready_state_bytes: int = 0,
     ) -> None:
         self.context = context
         self.cache = cache
@@ -83,6 +85,8 @@ class KVPlacer:
         self._window = window
         self._checkpoints: list[dict[int, bytes]] = [{} for _ in range(context.shape.n_sequences)]
         self._state_buffer = StateBuffer()  # restores and rewinds assemble here: llama.cpp copies it at once
+        # Whole states a plain KV cache loads with no assembly (a window or recurrent state cannot be cut after).
+        self.ready = ReadyStates(ready_state_bytes if kind is MemoryKind.PLAIN else 0)
 
     @property
     def takes_checkpoints(self) -> bool:
@@ -124,6 +128,11 @@ class KVPlacer:
             found = self.cache.lookup(array, limit)
             if found.tokens > keepable + RESTORE_MARGIN_TOKENS:
                 target = self.resident.least_recently_used(busy) if sequence is None else sequence
+                ready = self.ready.best(array, found.tokens)
+                if ready is not None:
+                    loaded = self._load_ready(target, ready, found.tokens, time.perf_counter() - looking)
+                    if loaded is not None:
+                        return loaded
                 reading = time.perf_counter()
                 fetched = self.cache.fetch(found, array)
                 read = (reading - looking, time.perf_counter() - reading)
@@ -300,12 +309,31 @@ class KVPlacer:
             self.context.remove(sequence, 0, -1)
             return None
         loaded = time.perf_counter()
-        timings = RestoreTimings(*(seconds * 1000 for seconds in (*read, loading - assembling, loaded - loading)))
+        lookup_s, read_s = read
+        timings = RestoreTimings(
+            lookup_s * 1000, read_s * 1000, (loading - assembling) * 1000, (loaded - loading) * 1000
+        )
         self.resident.replace(sequence, list(fetched.prompt_tokens))
         if fetched.checkpoint is not None and self.takes_checkpoints:
             self._checkpoints[sequence][fetched.tokens] = fetched.checkpoint
         self.resident.touch(sequence)
         return Placement(sequence, fetched.tokens, fetched.tier, timings)
+
+    def _load_ready(self, sequence: int, ready: ReadyState, reuse: int, lookup_s: float) -> Placement | None:
+        """Load a kept whole state into `sequence` and cut it to the `reuse` tokens the prompt shares."""
+        self.forget(sequence)
+        loading = time.perf_counter()
+        if not write_sequence_state(self.context.pointer, sequence, ready.state):
+            log.warning("llama.cpp refused a kept state; restoring from the cache instead")
+            self.forget(sequence)
+            return None
+        self.resident.replace(sequence, ready.tokens.tolist())
+        if self._cut_in_place(sequence, reuse) != reuse:
+            self.forget(sequence)
+            return None
+        timings = RestoreTimings(lookup_s * 1000, 0.0, 0.0, (time.perf_counter() - loading) * 1000, whole_state=True)
+        self.resident.touch(sequence)
+        return Placement(sequence, reuse, ReuseTier.RAM, timings)
 
     def forget(self, sequence: int) -> None:
         """Empty a sequence whose contents are in doubt."""
@@ -318,4 +346,6 @@ class KVPlacer:
         tokens = self.resident.tokens[sequence]
         if self.cache is None or not tokens or not self.cache.has_new_blocks(tokens):
             return
-        self.cache.store(list(tokens), read_sequence_state(self.context.pointer, sequence))
+        state = read_sequence_state(self.context.pointer, sequence)
+        self.ready.keep(as_token_array(tokens), state)
+        self.cache.store(list(tokens), state)

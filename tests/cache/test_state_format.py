@@ -153,7 +153,7 @@ def test_uniform_layers_assemble_alike_in_a_reused_buffer(v_trans: bool, cells: 
 def test_a_state_buffer_gives_fresh_memory_past_its_limit() -> None:
     buffer = StateBuffer(max_bytes=100)
     small, large = buffer.take(80), buffer.take(200)
-    assert small.size == 80 and large.size == 200
+    assert (small.size, large.size) == (80, 200)
     assert not np.shares_memory(small, large)
     assert np.shares_memory(small, buffer.take(60))
 

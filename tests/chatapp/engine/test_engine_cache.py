@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from chatapp.engine.engine import Engine, GenerationRequest
+from chatapp.engine.engine import Engine, EngineConfig, GenerationRequest
 from chatapp.engine.events import GenerationResult
 from chatapp.engine.kv_placement import FRESH_TOKENS
 from chatapp.engine.llama_native import SamplingParams
@@ -29,10 +29,18 @@ def answer(engine: Engine, tokens: tuple[int, ...], *, use_cache: bool = True) -
     return engine.generate(GenerationRequest(tokens, GREEDY, use_cache=use_cache)).wait()
 
 
-@pytest.fixture
-def cached(tmp_path: Path, model_path: Path):
-    with cached_engine(tmp_path / "kv", model_path) as engine:
+@pytest.fixture(params=["whole states", "blocks only"])
+def cached(request: pytest.FixtureRequest, tmp_path: Path, model_path: Path):
+    """A cached engine that keeps whole states ready to load, or one that always assembles blocks."""
+    ready_bytes = EngineConfig.ready_state_bytes if request.param == "whole states" else 0
+    with cached_engine(tmp_path / "kv", model_path, ready_state_bytes=ready_bytes) as engine:
         yield engine
+
+
+def restored_whole(engine: Engine, result: GenerationResult) -> None:
+    """The restore took the path this engine was made for: a kept whole state, or assembled blocks."""
+    assert result.stats.restore is not None
+    assert result.stats.restore.whole_state == (engine.config.ready_state_bytes > 0)
 
 
 def cold_answer(engine: Engine, tokens: tuple[int, ...]):
@@ -69,6 +77,7 @@ def test_restore_from_ram_equals_cold(cached: Engine, engine: Engine) -> None:
     assert warm.stats.reuse_tier == "ram"
     assert warm.stats.reused_tokens == len(target) - FRESH_TOKENS
     assert warm.token_ids == cold.token_ids
+    restored_whole(cached, warm)
 
 
 def test_restore_after_a_restart_comes_from_disk_and_equals_cold(
@@ -97,6 +106,7 @@ def test_a_cut_inside_a_block_reuses_every_shared_token(cached: Engine, engine: 
     assert warm.stats.reused_tokens == shared
     assert warm.stats.reuse_tier == "ram"
     assert warm.token_ids == cold.token_ids
+    restored_whole(cached, warm)
 
 
 def test_a_long_prefix_assembled_from_many_blocks_equals_cold(cached: Engine, engine: Engine) -> None:
@@ -110,6 +120,7 @@ def test_a_long_prefix_assembled_from_many_blocks_equals_cold(cached: Engine, en
     assert warm.stats.reuse_tier == "ram"
     assert warm.stats.reused_tokens == len(target) - FRESH_TOKENS
     assert warm.token_ids == cold.token_ids
+    restored_whole(cached, warm)
 
 
 def test_no_cache_requests_neither_look_up_nor_store(cached: Engine) -> None:

@@ -1,0 +1,66 @@
+"""Whole states kept ready to load: the shortest fitting one, prefixes superseded, a byte budget."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cache.ready_states import ReadyStates
+
+
+def tokens(*values: int) -> np.ndarray:
+    return np.array(values, dtype=np.int32)
+
+
+def state(size: int, fill: int = 0) -> np.ndarray:
+    return np.full(size, fill, dtype=np.uint8)
+
+
+def test_a_state_is_found_by_the_tokens_it_shares_with_a_prompt() -> None:
+    ready = ReadyStates(1000)
+    ready.keep(tokens(1, 2, 3, 4), state(10, 1))
+    found = ready.best(tokens(1, 2, 3, 9, 9), 3)
+    assert found is not None
+    assert found.state[0] == 1
+    assert ready.best(tokens(1, 5, 3, 4), 3) is None  # differs inside the reused part
+    assert ready.best(tokens(1, 2), 2) is None  # would load twice what is reused: assemble instead
+    assert ready.best(tokens(1, 2, 3, 4, 5, 6), 5) is None  # holds less than is reused
+
+
+def test_the_shortest_fitting_state_is_chosen() -> None:
+    ready = ReadyStates(1000)
+    ready.keep(tokens(1, 2, 3, 4, 5, 6), state(10, 1))
+    ready.keep(tokens(1, 2, 3, 4, 7), state(10, 2))
+    found = ready.best(tokens(1, 2, 3, 4, 8), 4)
+    assert found is not None
+    assert found.state[0] == 2
+
+
+def test_a_longer_state_supersedes_its_prefix() -> None:
+    ready = ReadyStates(1000)
+    ready.keep(tokens(1, 2, 3), state(10, 1))
+    ready.keep(tokens(1, 2, 3, 4), state(12, 2))
+    assert ready.bytes_used == 12
+    found = ready.best(tokens(1, 2, 3, 4), 3)
+    assert found is not None
+    assert found.state[0] == 2
+
+
+def test_the_least_recently_used_go_past_the_budget() -> None:
+    ready = ReadyStates(25)
+    ready.keep(tokens(1, 1), state(10, 1))
+    ready.keep(tokens(2, 2), state(10, 2))
+    assert ready.best(tokens(1, 1), 2) is not None  # now the most recently used
+    ready.keep(tokens(3, 3), state(10, 3))
+    assert ready.bytes_used == 20
+    assert ready.best(tokens(2, 2), 2) is None
+    assert ready.best(tokens(1, 1), 2) is not None
+    ready.keep(tokens(4, 4), state(30, 4))  # larger than the whole budget: not kept
+    assert ready.best(tokens(4, 4), 2) is None
+
+
+def test_kept_tokens_are_a_copy() -> None:
+    ready = ReadyStates(100)
+    held = tokens(1, 2, 3)
+    ready.keep(held, state(5))
+    held[0] = 9
+    assert ready.best(tokens(1, 2, 3), 3) is not None
