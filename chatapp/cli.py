@@ -107,7 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
         "bench",
         help="measure the cache against llama-cpp-python's caches, llama-server and no cache",
         description="Run workloads A-F (persona, few-shot, document, many sessions, restart, agent loop) on "
-        "every peer, side by side in one run, then the cache figures L, S and G (eviction policies on request "
+        "every peer, side by side in one run, then the cache figures L, S, R (the cost of one restore and one "
+        "miss) and G (eviction policies on request "
         "traces); print a table and the goals, and write bench.json and ttft.svg.",
     )
     add_bench_arguments(bench_parser)

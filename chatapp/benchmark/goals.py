@@ -17,6 +17,9 @@ side-by-side ratios mean anything). A goal whose peers did not run is left out.
   / llama-server's (one slot per client) >= 1.
 - G (request traces replayed against a RAM budget, no model), per trace variant: the value
   policy's token hit rate / Belady's offline optimum >= 0.9, and / the better of LRU and LFU > 1.
+- R (one prefix restored again and again): a RAM restore / llama.cpp loading the same state from a
+  ready buffer <= 1.5, a disk restore (page cache warm) / the same <= 2, and a total miss (until the
+  engine is idle, storing included) / the same prompt's cost without the cache <= 1.02.
 
 "Busy time" is the sum over requests of the time to the last token plus the time the peer
 needed to settle afterwards (model loading left out); "the question alone" is the ideal
@@ -207,6 +210,15 @@ def trace_verdicts(hit_rates: Mapping[str, Mapping[str, float]]) -> list[Verdict
         ratio = value / best_online if best_online else math.inf
         verdicts.append(Verdict("G", f"{variant}: token hit rate, value / best of LRU, LFU", ratio, "> 1", ratio > 1))
     return verdicts
+
+
+def restore_verdicts(*, ram: float, disk: float, miss: float) -> list[Verdict]:
+    """R's goals from its ratios (see restore_figure.py)."""
+    return [
+        _at_most("R", "RAM restore / llama.cpp load from a ready buffer", ram, 1.5),
+        _at_most("R", "disk restore (page cache warm) / the same", disk, 2.0),
+        _at_most("R", "total miss / no cache (until idle)", miss, 1.02),
+    ]
 
 
 def goals_table(verdicts: list[Verdict]) -> str:

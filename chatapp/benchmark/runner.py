@@ -46,6 +46,14 @@ from chatapp.benchmark.goals import goals_table
 from chatapp.benchmark.memory import RssSampler, folder_bytes
 from chatapp.benchmark.peers import PEERS, Peer, PeerFactory, PeerSettings
 from chatapp.benchmark.report import MIB, table, write_reports
+from chatapp.benchmark.restore_figure import (
+    RESTORE_NAME,
+    RestoreFigures,
+    measure_restores,
+    restore_figure_verdicts,
+    restore_record,
+    restore_table,
+)
 from chatapp.benchmark.trace_figure import (
     TRACE_NAME,
     TraceFigures,
@@ -60,7 +68,7 @@ from chatapp.model_files import resolve_model_path
 
 SERVER_PEER = "llama-server"
 SERVE_PEER = "chatapp-serve"
-ALL_NAMES = (*WORKLOAD_NAMES, *FIGURE_NAMES, TRACE_NAME)
+ALL_NAMES = (*WORKLOAD_NAMES, *FIGURE_NAMES, RESTORE_NAME, TRACE_NAME)
 SKIP_SERVER = "llama-server: skipped (not built; run scripts/build_llama_server.py or pass --llama-server PATH)"
 
 
@@ -259,8 +267,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--workloads",
         default=",".join(ALL_NAMES),
         help="which workloads, e.g. A,C (default: all: the peers on A-F, then chatapp's cache figures L "
-        "(lookup among many conversations), S (storage of conversations on one persona) and G (eviction "
-        "policies replayed on request traces, no model))",
+        "(lookup among many conversations), S (storage of conversations on one persona), R (what one "
+        "restore and one total miss cost, step by step) and G (eviction policies replayed on request "
+        "traces, no model))",
     )
     parser.add_argument(
         "--peers",
@@ -368,6 +377,7 @@ def run(args: argparse.Namespace) -> int:
     lookup: LookupFigures | None = None
     storage: StorageFigures | None = None
     traces: TraceFigures | None = None
+    restores: RestoreFigures | None = None
 
     def meta(complete: bool) -> dict[str, Any]:
         return {
@@ -395,6 +405,7 @@ def run(args: argparse.Namespace) -> int:
             "cache_figures": {
                 **figures_record(lookup, storage),
                 **({"traces": trace_record(traces)} if traces is not None else {}),
+                **({"restores": restore_record(restores)} if restores is not None else {}),
             },
         }
 
@@ -435,6 +446,20 @@ def run(args: argparse.Namespace) -> int:
                 )
             finally:
                 kit.close()
+        if RESTORE_NAME in workload_names:
+            _log(f"{RESTORE_NAME}: restoring one {scale.system:,}-token prefix by each path, and total misses")
+            kit = PromptKit(model_path)
+            try:
+                restores = measure_restores(
+                    settings,
+                    kit,
+                    work / "restores",
+                    prefix_tokens=scale.system,
+                    repeats=scale.restore_repeats,
+                    miss_repeats=scale.miss_repeats,
+                )
+            finally:
+                kit.close()
         if TRACE_NAME in workload_names:
             _log(f"{TRACE_NAME}: eviction policies replayed on request traces")
             traces = measure_traces(scale.trace_scale)
@@ -449,6 +474,7 @@ def run(args: argparse.Namespace) -> int:
         reference_peer=reference,
         more_verdicts=[
             *cache_figure_verdicts(lookup, storage),
+            *restore_figure_verdicts(restores),
             *trace_figure_verdicts(traces),
         ],
     )
@@ -462,6 +488,9 @@ def run(args: argparse.Namespace) -> int:
     if lookup is not None or storage is not None:
         print()
         print(figures_table(lookup, storage))
+    if restores is not None:
+        print()
+        print(restore_table(restores))
     if traces is not None:
         print()
         print(trace_table(traces))

@@ -63,6 +63,8 @@ class Scale:
     agent_clients: int = 3  # F: clients at once
     lookup_conversations: int = 10_000  # L: conversations in the index a lookup searches
     storage_conversations: int = 50  # S: conversations on one persona stored through the engine
+    restore_repeats: int = 5  # R: restores of one prefix by each path
+    miss_repeats: int = 2  # R: novel prompts with and without the cache, in turns
     trace_scale: float = 1.0  # G: population, sessions and RAM budget of the request traces (no model: seconds)
 
 
@@ -125,6 +127,8 @@ SCALES = {
         context=512,
         lookup_conversations=200,
         storage_conversations=3,
+        restore_repeats=2,
+        miss_repeats=1,
         trace_scale=0.1,
         agent_system=80,
         agent_step=10,

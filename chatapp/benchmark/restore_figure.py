@@ -1,0 +1,174 @@
+"""Figure R: what one cache hit and one total miss cost, step by step, on this machine.
+
+A prefix of the A persona's length is stored through chatapp's engine, then restored again
+and again into a sequence that no longer holds it: from a whole state kept ready (RAM), from
+RAM blocks assembled into a state, and from disk blocks (page cache warm). Each restore
+reports its steps (lookup, read, assembly, llama.cpp's load; kv_placement.py). The yardstick
+is llama.cpp loading the same prefix from a ready buffer: the load step of the block
+restores, which loads exactly the assembled state of that prefix. Then novel prompts of the
+same length are answered with and without the cache, in turns, each until the engine is idle
+again (with the cache: its lookup, and storing the new blocks), for what a total miss costs.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from chatapp.benchmark.goals import Verdict, restore_verdicts
+from chatapp.benchmark.peers import ChatappPeer, PeerSettings
+from chatapp.benchmark.workloads import PromptKit
+from chatapp.engine.engine import Engine, GenerationRequest
+from chatapp.engine.events import GenerationResult, RestoreTimings
+from chatapp.engine.llama_native import SamplingParams
+from chatapp.engine.prompt import ChatMessage
+from chatapp.vocabulary import ReuseTier, Role
+
+RESTORE_NAME = "R"
+PATHS = ("ram, whole state", "ram, blocks", "disk, blocks")
+
+
+@dataclass(frozen=True)
+class RestoreSteps:
+    """Median milliseconds of each step of one restore path."""
+
+    lookup_ms: float
+    read_ms: float
+    assemble_ms: float
+    load_ms: float
+    total_ms: float
+
+
+@dataclass(frozen=True)
+class RestoreFigures:
+    prefix_tokens: int
+    repeats: int
+    paths: dict[str, RestoreSteps]
+    miss_ms: float  # a novel prompt with the cache, until the engine is idle (median)
+    no_cache_ms: float  # the same without the cache
+    elapsed_s: float
+
+    @property
+    def ready_load_ms(self) -> float:
+        """llama.cpp loading this prefix from a ready buffer (the block restores' load step)."""
+        return min(self.paths["ram, blocks"].load_ms, self.paths["disk, blocks"].load_ms)
+
+
+def measure_restores(
+    settings: PeerSettings, kit: PromptKit, folder: Path, *, prefix_tokens: int, repeats: int, miss_repeats: int
+) -> RestoreFigures:
+    """Store one prefix, restore it `repeats` times by each path, then time misses against no cache."""
+    started = time.perf_counter()
+    persona = kit.texts.persona(7, prefix_tokens)
+    peer = ChatappPeer(settings, folder)
+    engine = peer.engine
+    try:
+
+        def prompt(question: int, system: str = persona) -> tuple[int, ...]:
+            return kit.build(
+                [ChatMessage.of(Role.SYSTEM, system), ChatMessage.of(Role.USER, kit.texts.question(question, 12))]
+            )
+
+        _answer(engine, prompt(0))
+        engine.flush_cache()
+        timings: dict[str, list[RestoreTimings]] = {path: [] for path in PATHS}
+        for number, path in enumerate(PATHS):  # path by path: only the disk path empties the RAM tier
+            for repeat in range(repeats):
+                timings[path].append(_restore(engine, prompt(100 + number * repeats + repeat), path))
+        misses: list[float] = []
+        without: list[float] = []
+        for repeat in range(miss_repeats):  # in turns: the machine's load drifts
+            without.append(_until_idle(engine, prompt(1, kit.texts.persona(500 + repeat, prefix_tokens)), False))
+            misses.append(_until_idle(engine, prompt(1, kit.texts.persona(600 + repeat, prefix_tokens)), True))
+    finally:
+        peer.close()
+    return RestoreFigures(
+        prefix_tokens=prefix_tokens,
+        repeats=repeats,
+        paths={path: _median_steps(found) for path, found in timings.items()},
+        miss_ms=_median(misses),
+        no_cache_ms=_median(without),
+        elapsed_s=time.perf_counter() - started,
+    )
+
+
+def _answer(
+    engine: Engine, tokens: tuple[int, ...], *, use_cache: bool = True, sequence: int | None = None
+) -> GenerationResult:
+    request = GenerationRequest(tokens, SamplingParams(temperature=0.0, max_tokens=4), sequence, use_cache)
+    return engine.generate(request).wait()
+
+
+def _restore(engine: Engine, tokens: tuple[int, ...], path: str) -> RestoreTimings:
+    """Push the prefix out of every sequence, empty the tiers `path` must not use, and restore it."""
+    for sequence in range(engine.info.n_sequences):
+        _answer(engine, tokens[:8], use_cache=False, sequence=sequence)
+    engine.flush_cache()
+    cache = engine.cache
+    assert cache is not None
+    if path != "ram, whole state":
+        engine.placer.ready.clear()  # thread-safe; the engine is idle here
+    if path.startswith("disk"):
+        cache.ram.clear()
+    result = _answer(engine, tokens)
+    expected = ReuseTier.DISK if path.startswith("disk") else ReuseTier.RAM
+    restore = result.stats.restore
+    if result.stats.reuse_tier != expected or restore is None or restore.whole_state != (path == PATHS[0]):
+        raise RuntimeError(f"figure R: the {path} restore took another path ({result.stats.reuse_tier}, {restore})")
+    return restore
+
+
+def _until_idle(engine: Engine, tokens: tuple[int, ...], use_cache: bool) -> float:
+    started = time.perf_counter()
+    _answer(engine, tokens, use_cache=use_cache)
+    engine.flush_cache()  # the answer's recompute, and with the cache its lookup and stores
+    return (time.perf_counter() - started) * 1000
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def _median_steps(timings: list[RestoreTimings]) -> RestoreSteps:
+    names = [field.name for field in fields(RestoreSteps) if field.name != "total_ms"]
+    medians = {name: _median([getattr(timing, name) for timing in timings]) for name in names}
+    return RestoreSteps(**medians, total_ms=_median([timing.total_ms for timing in timings]))
+
+
+def restore_figure_verdicts(figures: RestoreFigures | None) -> list[Verdict]:
+    if figures is None:
+        return []
+    load = figures.ready_load_ms
+    return restore_verdicts(
+        ram=figures.paths["ram, whole state"].total_ms / load,
+        disk=figures.paths["disk, blocks"].total_ms / load,
+        miss=figures.miss_ms / figures.no_cache_ms,
+    )
+
+
+def restore_record(figures: RestoreFigures) -> dict[str, Any]:
+    """For bench.json."""
+    return {**asdict(figures), "ready_load_ms": figures.ready_load_ms}
+
+
+def restore_table(figures: RestoreFigures) -> str:
+    """A few lines for the terminal: each path's steps, and a miss beside no cache."""
+    lines = [
+        f"R  restoring a {figures.prefix_tokens:,}-token prefix (median of {figures.repeats}, ms; "
+        f"llama.cpp loading it from a ready buffer: {figures.ready_load_ms:.1f} ms; {figures.elapsed_s:.0f} s)",
+        f"     {'path':18} {'lookup':>7} {'read':>7} {'assemble':>9} {'load':>7} {'total':>7} {'/ ready':>8}",
+    ]
+    for path, steps in figures.paths.items():
+        lines.append(
+            f"     {path:18} {steps.lookup_ms:7.1f} {steps.read_ms:7.1f} {steps.assemble_ms:9.1f} "
+            f"{steps.load_ms:7.1f} {steps.total_ms:7.1f} {steps.total_ms / figures.ready_load_ms:7.2f}x"
+        )
+    lines.append(
+        f"     a total miss until idle: {figures.miss_ms:,.0f} ms with the cache, {figures.no_cache_ms:,.0f} ms "
+        f"without ({figures.miss_ms / figures.no_cache_ms:.3f}x)"
+    )
+    return "\n".join(lines)
