@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 
-import llama_cpp
 import numpy as np
 
 from chatapp.engine.chat_template import ChatTemplate
@@ -35,16 +34,9 @@ def main() -> None:
     tokens = PromptBuilder(template, model).build(
         [ChatMessage.of(Role.SYSTEM, persona), ChatMessage.of(Role.USER, "What is a verb?")]
     )
-    vocabulary = llama_cpp.llama_vocab_n_tokens(model.vocab)
 
     def final_logits(splits: list[int]) -> np.ndarray:
-        context.remove(0, 0, -1)
-        position = 0
-        for end in [*splits, len(tokens)]:
-            context.decode(tokens[position:end], start_pos=position, sequence=0, logits_for_last=end == len(tokens))
-            position = end
-        pointer = llama_cpp.llama_get_logits_ith(context.pointer, -1)
-        return np.ctypeslib.as_array(pointer, shape=(vocabulary,)).copy()
+        return context.logits_split_at(tokens, splits)
 
     whole = final_logits([])
     flash = "on" if context.shape.flash_attention else "off"

@@ -207,6 +207,11 @@ class PrefixCache:
         prefix = tuple(int(token) for token in as_token_array(prompt)[:tokens])
         return FetchedPrefix(tuple(blocks), tuple(payloads), tokens, checkpoint, tier, prefix)
 
+    def slowest_tier(self, found: CachedPrefix) -> ReuseTier:
+        """Where a fetch of `found` would read from: RAM when every entry is there, else disk."""
+        wanted = [*found.blocks, *((found.checkpoint,) if found.checkpoint is not None else ())]
+        return ReuseTier.RAM if all(info.key in self.ram for info in wanted) else ReuseTier.DISK
+
     def _deepest_restorable(self, tokens: np.ndarray, limit: int) -> BlockInfo | None:
         """The deepest checkpoint of `tokens` at or before `limit` that can be restored: a whole
         one, or a delta on a whole one still stored. Deltas whose base is gone are forgotten."""

@@ -29,8 +29,8 @@ class Settings(BaseModel):
     threads: int | None = Field(None, ge=1, description="CPU threads; empty means one per core")
     flash_attention: bool = Field(
         False,
-        description="faster prefill, but llama.cpp's CPU flash attention rounds differently for each batch "
-        "shape, so cached and uncached answers can differ; off keeps restores exact",
+        description="llama.cpp's flash attention; restores stay exact (every prompt batch has 64+ tokens), "
+        "but each answer computes its last 64 prompt tokens and prompts under 64 tokens are not reused",
     )
     temperature: float = Field(0.7, ge=0.0, le=5.0, description="0 is greedy and reproducible")
     top_p: float = Field(0.95, gt=0.0, le=1.0)

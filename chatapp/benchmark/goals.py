@@ -20,6 +20,9 @@ side-by-side ratios mean anything). A goal whose peers did not run is left out.
 - R (one prefix restored again and again): a RAM restore / llama.cpp loading the same state from a
   ready buffer <= 1.5, a disk restore (page cache warm) / the same <= 2, and a total miss (until the
   engine is idle, storing included) / the same prompt's cost without the cache <= 1.02.
+- P (prefill with nothing cached): chatapp's prompt tokens per second / llama-server's, both with
+  flash attention (chatapp's exact mode) >= 1, and chatapp's default (off) / llama-server's default
+  (on) >= 1.
 
 "Busy time" is the sum over requests of the time to the last token plus the time the peer
 needed to settle afterwards (model loading left out); "the question alone" is the ideal
@@ -218,6 +221,14 @@ def restore_verdicts(*, ram: float, disk: float, miss: float) -> list[Verdict]:
         _at_most("R", "RAM restore / llama.cpp load from a ready buffer", ram, 1.5),
         _at_most("R", "disk restore (page cache warm) / the same", disk, 2.0),
         _at_most("R", "total miss / no cache (until idle)", miss, 1.02),
+    ]
+
+
+def prefill_verdicts(*, default: float, flash: float) -> list[Verdict]:
+    """P's goals from its ratios (see prefill_figure.py)."""
+    return [
+        _at_least("P", "prefill tokens/s, chatapp / llama-server, flash attn", flash, 1.0),
+        _at_least("P", "prefill tok/s, default chatapp / default llama-server", default, 1.0),
     ]
 
 

@@ -68,6 +68,7 @@ def server_command(
     cache_ram_mib: int,
     slots: int = 1,
     batch: int | None = None,
+    flash_attention: bool = False,
 ) -> list[str]:
     """The command line that starts the server; `context` is per slot (per conversation)."""
     command = [
@@ -89,7 +90,7 @@ def server_command(
         "--cache-ram",
         str(cache_ram_mib),
         "-fa",
-        "off",
+        "on" if flash_attention else "off",
         "--no-webui",
     ]
     if batch is not None:
@@ -112,6 +113,7 @@ class LlamaServerPeer(ServerProcessPeer):
         cache_ram_mib: int,
         slots: int = 1,
         batch: int | None = None,
+        flash_attention: bool = False,
         name: str = "llama-server",
         start_timeout_s: float = 120.0,
         request_timeout_s: float = 600.0,
@@ -136,6 +138,7 @@ class LlamaServerPeer(ServerProcessPeer):
             cache_ram_mib=cache_ram_mib,
             slots=slots,
             batch=batch,
+            flash_attention=flash_attention,
         )
         # LLAMA_ARG_* variables would silently change the server's settings.
         env = {key: value for key, value in os.environ.items() if not key.startswith("LLAMA_ARG_")}

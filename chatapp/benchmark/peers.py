@@ -146,7 +146,7 @@ class _LlamaPeer:
                 n_batch=settings.n_batch,
                 n_threads=settings.threads,
                 n_threads_batch=settings.threads,
-                flash_attn=False,  # as chatapp (its CPU flash attention is not batch-invariant)
+                flash_attn=False,  # as chatapp runs by default
                 n_gpu_layers=0,
                 verbose=False,
             )

@@ -45,6 +45,14 @@ from chatapp.benchmark.cache_figures import (
 from chatapp.benchmark.goals import goals_table
 from chatapp.benchmark.memory import RssSampler, folder_bytes
 from chatapp.benchmark.peers import PEERS, Peer, PeerFactory, PeerSettings
+from chatapp.benchmark.prefill_figure import (
+    PREFILL_NAME,
+    PrefillFigures,
+    measure_prefill,
+    prefill_figure_verdicts,
+    prefill_record,
+    prefill_table,
+)
 from chatapp.benchmark.report import MIB, table, write_reports
 from chatapp.benchmark.restore_figure import (
     RESTORE_NAME,
@@ -68,7 +76,7 @@ from chatapp.model_files import resolve_model_path
 
 SERVER_PEER = "llama-server"
 SERVE_PEER = "chatapp-serve"
-ALL_NAMES = (*WORKLOAD_NAMES, *FIGURE_NAMES, RESTORE_NAME, TRACE_NAME)
+ALL_NAMES = (*WORKLOAD_NAMES, *FIGURE_NAMES, RESTORE_NAME, PREFILL_NAME, TRACE_NAME)
 SKIP_SERVER = "llama-server: skipped (not built; run scripts/build_llama_server.py or pass --llama-server PATH)"
 
 
@@ -268,8 +276,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=",".join(ALL_NAMES),
         help="which workloads, e.g. A,C (default: all: the peers on A-F, then chatapp's cache figures L "
         "(lookup among many conversations), S (storage of conversations on one persona), R (what one "
-        "restore and one total miss cost, step by step) and G (eviction policies replayed on request "
-        "traces, no model))",
+        "restore and one total miss cost, step by step), P (prefill speed beside llama-server) and G "
+        "(eviction policies replayed on request traces, no model))",
     )
     parser.add_argument(
         "--peers",
@@ -378,6 +386,7 @@ def run(args: argparse.Namespace) -> int:
     storage: StorageFigures | None = None
     traces: TraceFigures | None = None
     restores: RestoreFigures | None = None
+    prefills: PrefillFigures | None = None
 
     def meta(complete: bool) -> dict[str, Any]:
         return {
@@ -406,6 +415,7 @@ def run(args: argparse.Namespace) -> int:
                 **figures_record(lookup, storage),
                 **({"traces": trace_record(traces)} if traces is not None else {}),
                 **({"restores": restore_record(restores)} if restores is not None else {}),
+                **({"prefill": prefill_record(prefills)} if prefills is not None else {}),
             },
         }
 
@@ -460,6 +470,15 @@ def run(args: argparse.Namespace) -> int:
                 )
             finally:
                 kit.close()
+        if PREFILL_NAME in workload_names:
+            _log(f"{PREFILL_NAME}: prefill with nothing cached, chatapp and llama-server, flash attention off and on")
+            kit = PromptKit(model_path)
+            try:
+                prefills = measure_prefill(
+                    settings, kit, server, prompt_tokens=scale.system, repeats=scale.restore_repeats
+                )
+            finally:
+                kit.close()
         if TRACE_NAME in workload_names:
             _log(f"{TRACE_NAME}: eviction policies replayed on request traces")
             traces = measure_traces(scale.trace_scale)
@@ -475,6 +494,7 @@ def run(args: argparse.Namespace) -> int:
         more_verdicts=[
             *cache_figure_verdicts(lookup, storage),
             *restore_figure_verdicts(restores),
+            *prefill_figure_verdicts(prefills),
             *trace_figure_verdicts(traces),
         ],
     )
@@ -491,6 +511,9 @@ def run(args: argparse.Namespace) -> int:
     if restores is not None:
         print()
         print(restore_table(restores))
+    if prefills is not None:
+        print()
+        print(prefill_table(prefills))
     if traces is not None:
         print()
         print(trace_table(traces))

@@ -11,22 +11,30 @@ import itertools
 from collections.abc import Iterable
 
 MIN_BATCH = 3  # with n_batch 2, a prompt of three tokens could only be split with a lone token
+MIN_ROWS = 2  # a one-token batch takes matrix-vector kernels: its KV differs from a longer batch's
+# llama.cpp's CPU flash attention computes a batch of at least this many query rows with its tiled
+# kernel (GGML_FA_TILE_Q), each row alike whatever the batch; fewer rows take another kernel that
+# rounds differently (bench/batch_invariance.py --flash: 0.0 apart with every batch of 64 or more,
+# up to 1.0 with one of 63 or fewer). With flash attention every batch has at least this many.
+FLASH_ATTENTION_ROWS = 64
 
 
-def batch_end(start: int, length: int, batch: int, checkpoints: frozenset[int]) -> int:
+def batch_end(start: int, length: int, batch: int, checkpoints: frozenset[int], min_rows: int = MIN_ROWS) -> int:
     """Where the batch from `start` ends, of a prompt of `length` tokens.
 
-    Batches end at multiples of n_batch, as in a cold run, and at checkpoint positions. A
-    one-token batch takes other kernels (matrix-vector) whose KV is not bit-identical to a
-    longer batch's, and on a state that cannot be cut it could not be redone with the token
-    before it: no batch leaves a single token behind, and no checkpoint makes one.
+    Batches end at multiples of n_batch, as in a cold run, and at checkpoint positions. No
+    batch has fewer than `min_rows` tokens unless the whole rest is shorter: a one-token
+    batch takes other kernels (matrix-vector) whose KV is not bit-identical to a longer
+    batch's (and on a state that cannot be cut it could not be redone with the token before
+    it), as does a flash-attention batch of fewer than FLASH_ATTENTION_ROWS. No batch leaves
+    fewer behind, and no checkpoint makes one.
     """
-    end = min(length, max((start // batch + 1) * batch, start + 2))
-    if length - end == 1:
-        # Take the last token now where it fits, else leave two for the next batch.
-        end = length if length - start <= batch else max(end - 1, start + 2)
+    end = min(length, max((start // batch + 1) * batch, start + min_rows))
+    if 0 < length - end < min_rows:
+        # Take the rest now where it fits, else leave `min_rows` for the next batch.
+        end = length if length - start <= batch else max(length - min_rows, start + min_rows)
     for position in sorted(checkpoints):
-        if start + 2 <= position < end and length - position != 1:
+        if start + min_rows <= position < end and not 0 < length - position < min_rows:
             return position
     return end
 

@@ -37,7 +37,13 @@ from cache.llama_state import read_sequence_state, write_sequence_state
 from cache.prefix_cache import PrefixCache
 from cache.selftest import verify_layout
 from cache.state_format import MemoryKind, MemoryLayout, StateFormatError
-from chatapp.engine.batching import MIN_BATCH, batch_end, stored_checkpoint_positions
+from chatapp.engine.batching import (
+    FLASH_ATTENTION_ROWS,
+    MIN_BATCH,
+    MIN_ROWS,
+    batch_end,
+    stored_checkpoint_positions,
+)
 from chatapp.engine.chat_template import FALLBACK_CHATML, ChatTemplate
 from chatapp.engine.events import (
     GenerationResult,
@@ -57,6 +63,7 @@ from chatapp.engine.llama_native import (
     gpu_offload_supported,
 )
 from chatapp.engine.prompt import PromptBuilder
+from chatapp.engine.restore_costs import RestoreCosts
 from chatapp.engine.turns import TurnState, take_turns
 from chatapp.errors import ContextOverflowError
 from chatapp.vocabulary import ReuseTier, StopReason
@@ -81,8 +88,8 @@ class EngineConfig:
     sequences: int = 4
     n_gpu_layers: int = -1  # -1: all layers when the build can offload, else none
     threads: int | None = None
-    # Off: llama.cpp's CPU flash attention is not batch-invariant (a prompt computed in other
-    # batches gives logits up to 0.8 apart), which would make restored prefixes inexact.
+    # On, every prompt batch has at least FLASH_ATTENTION_ROWS tokens (batching.py), which keeps
+    # restores exact; off by default: each answer then computes 64 prompt tokens, not 2.
     flash_attention: bool = False
     n_batch: int = 512
     # Sliding-window models: a full-size window cache keeps every cell (cuts anywhere); off, about
@@ -228,6 +235,7 @@ class Engine:
         self._rebatch_job: GenerationHandle | None = None  # the answer recompute running now, if any
         # Engine thread only.
         self._tasks: list[_Task] = []  # requests started and not yet done, in turn order
+        self._short_first_batch: set[int] = set()  # sequences whose first batch had fewer than min_rows tokens
         self._pending: deque[GenerationHandle] = deque()  # taken from the queue, not yet started
         self._barriers: list[tuple[threading.Event, set[int]]] = []  # flush_cache() waits: ids of requests ahead
         # Tests only (see holding()): armed gates, each with the requests it counts (None: all).
@@ -301,6 +309,16 @@ class Engine:
         finally:
             gate.release()
             self._gates = tuple(armed for armed in self._gates if armed[0] is not gate)
+
+    @property
+    def min_rows(self) -> int:
+        """The fewest tokens in a prompt batch (see batching.py): more with flash attention."""
+        return FLASH_ATTENTION_ROWS if self.context.shape.flash_attention else MIN_ROWS
+
+    @property
+    def restore_costs(self) -> RestoreCosts:
+        """The measured speeds behind each choice between restoring a hit and computing it."""
+        return self.placer.costs
 
     @property
     def takes_checkpoints(self) -> bool:
@@ -537,7 +555,9 @@ class Engine:
             self.model.memory_kind,
             self.layout,
             window=self.model.window,
-            ready_state_bytes=config.ready_state_bytes,
+            # Whole states are a RAM restore too: never more than the RAM tier may hold.
+            ready_state_bytes=min(config.ready_state_bytes, self.cache.config.ram_budget_bytes) if self.cache else 0,
+            fresh_tokens=max(FRESH_TOKENS, self.min_rows),
         )
 
     def _verify_state_format(self) -> MemoryLayout | None:
@@ -625,6 +645,11 @@ class Engine:
         task.after_answer = True
         if not request.prefill_only:
             yield from self._rebatch_answer(task, placement.sequence)
+        if placement.sequence in self._short_first_batch:
+            # Computed by other kernels than any longer prompt's first tokens: never reused.
+            self._short_first_batch.discard(placement.sequence)
+            self.placer.forget(placement.sequence)
+            return
         if request.use_cache and self.cache is not None:
             if not request.store:
                 return
@@ -660,8 +685,14 @@ class Engine:
             self._rebatch_job = job
             if self._waiting_requests or self._closing or len(self._tasks) > 1:
                 job.cancel()
+        # With flash attention the redone batch needs FLASH_ATTENTION_ROWS tokens: it starts in the prompt.
+        redo_from = min(prompt_length, len(live) - self.min_rows)
+        if sequence in self._short_first_batch:
+            redo_from = min(redo_from, 0)  # its first batch too: a short one is never kept
         try:
-            if self.placer.cut(sequence, prompt_length) == 0:
+            if redo_from < 0:
+                return  # too short to compute in a batch of its own (_serve forgets it)
+            if self.placer.cut(sequence, redo_from) == 0 and redo_from > 0:
                 return
             yield from self._prefill(job, sequence, list(job.request.prompt_tokens), live, need_logits=False)
         except Exception as error:  # the answer is delivered; a failure here only costs reuse
@@ -741,18 +772,21 @@ class Engine:
         sampled before another sequence's decode replaces them.
         """
         batch = self.context.shape.n_batch
+        rows = self.min_rows
         start = len(live)
         while start < len(prompt):
             if handle.cancel_event.is_set():
                 return StopReason.CANCELLED
-            end = batch_end(start, len(prompt), batch, checkpoints)
-            if end - start == 1 and start > 0 and not need_logits:
-                # A warm-up's last token alone (typing adds one word at a time): evaluate it
-                # again with the one before, so that later requests build on exact KV.
-                start = self.placer.cut(sequence, start - 1)
+            end = batch_end(start, len(prompt), batch, checkpoints, rows)
+            if end - start < rows and start > 0:
+                # A short rest after what was reused (a warm-up's last word, typed one at a
+                # time): evaluate it again with the tokens before it, so that later requests
+                # build on KV computed by the kernels a cold run uses.
+                start = self.placer.cut(sequence, max(0, end - rows))
                 continue
             chunk = prompt[start:end]
             is_last = start + len(chunk) == len(prompt)
+            decoding = time.perf_counter()
             try:
                 self.context.decode(chunk, start_pos=start, sequence=sequence, logits_for_last=is_last and need_logits)
             except DecodeAborted:
@@ -760,6 +794,11 @@ class Engine:
                 # state updated in place by a stopped batch is rewound to a checkpoint).
                 self.placer.recover(sequence, start)
                 return StopReason.CANCELLED
+            self.placer.costs.note_prefill(len(chunk), time.perf_counter() - decoding)
+            if start == 0 and len(chunk) < rows:  # a whole prompt shorter than a batch may be: see _serve
+                self._short_first_batch.add(sequence)
+            elif start == 0:
+                self._short_first_batch.discard(sequence)
             live.extend(chunk)
             start += len(chunk)
             if turn is not None:
@@ -807,7 +846,7 @@ class Engine:
             length,
             request.checkpoints,
             self.config.checkpoint_interval,
-            last=length if request.prefill_only else length - FRESH_TOKENS,
+            last=length if request.prefill_only else length - self.placer.fresh_tokens,
         )
 
     def _take_checkpoint(self, handle: GenerationHandle, sequence: int, live: list[int]) -> None:

@@ -42,6 +42,7 @@ from cache.state_format import (
 )
 from chatapp.engine.events import RestoreTimings
 from chatapp.engine.llama_native import NativeContext
+from chatapp.engine.restore_costs import WHOLE_STATE, RestoreCosts
 from chatapp.vocabulary import ReuseTier
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,7 @@ class KVPlacer:
         *,
         window: int,
         ready_state_bytes: int = 0,
+        fresh_tokens: int = FRESH_TOKENS,
     ) -> None:
         self.context = context
         self.cache = cache
@@ -87,6 +89,9 @@ class KVPlacer:
         self._state_buffer = StateBuffer()  # restores and rewinds assemble here: llama.cpp copies it at once
         # Whole states a plain KV cache loads with no assembly (a window or recurrent state cannot be cut after).
         self.ready = ReadyStates(ready_state_bytes if kind is MemoryKind.PLAIN else 0)
+        self.costs = RestoreCosts()  # restore or compute: the engine notes its prefill speed here
+        # Prompt tokens every answer computes (more with flash attention: batching.py).
+        self.fresh_tokens = fresh_tokens
 
     @property
     def takes_checkpoints(self) -> bool:
@@ -109,7 +114,7 @@ class KVPlacer:
         """
         if sequence is not None and sequence in busy:
             raise RuntimeError(f"sequence {sequence} serves another request now")
-        limit = max(0, len(prompt) - FRESH_TOKENS) if need_logits else len(prompt)
+        limit = max(0, len(prompt) - self.fresh_tokens) if need_logits else len(prompt)
         if not use_cache:
             target = self.resident.least_recently_used(busy) if sequence is None else sequence
             return self._keep(target, 0, ReuseTier.NONE)
@@ -126,19 +131,22 @@ class KVPlacer:
         if self.cache is not None:
             looking = time.perf_counter()
             found = self.cache.lookup(array, limit)
-            if found.tokens > keepable + RESTORE_MARGIN_TOKENS:
+            ready = self.ready.best(array, found.tokens) if found.tokens > keepable else None
+            path = WHOLE_STATE if ready is not None else self.cache.slowest_tier(found).value
+            if found.tokens > keepable + RESTORE_MARGIN_TOKENS and self.costs.should_restore(
+                path, found.tokens - keepable
+            ):
                 target = self.resident.least_recently_used(busy) if sequence is None else sequence
-                ready = self.ready.best(array, found.tokens)
                 if ready is not None:
                     loaded = self._load_ready(target, ready, found.tokens, time.perf_counter() - looking)
                     if loaded is not None:
-                        return loaded
+                        return self._noted(loaded, WHOLE_STATE)
                 reading = time.perf_counter()
                 fetched = self.cache.fetch(found, array)
                 read = (reading - looking, time.perf_counter() - reading)
                 restored = self._restore(target, fetched, read) if fetched is not None else None
                 if restored is not None and restored.reused_tokens > keepable:
-                    return restored
+                    return self._noted(restored, restored.tier.value)
                 if target == resident_sequence:
                     keepable = 0  # the failed restore emptied it
         if keepable > 0:
@@ -318,6 +326,12 @@ class KVPlacer:
             self._checkpoints[sequence][fetched.tokens] = fetched.checkpoint
         self.resident.touch(sequence)
         return Placement(sequence, fetched.tokens, fetched.tier, timings)
+
+    def _noted(self, placement: Placement, path: str) -> Placement:
+        """A restore's speed, for the next choice between restoring and computing."""
+        if placement.restore is not None:
+            self.costs.note_restore(path, placement.reused_tokens, placement.restore.total_ms)
+        return placement
 
     def _load_ready(self, sequence: int, ready: ReadyState, reuse: int, lookup_s: float) -> Placement | None:
         """Load a kept whole state into `sequence` and cut it to the `reuse` tokens the prompt shares."""

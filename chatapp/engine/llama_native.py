@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import llama_cpp
+import numpy as np
 
 from cache.state_format import MemoryKind
 from chatapp.errors import ModelError
@@ -284,6 +285,20 @@ class NativeContext:
             raise DecodeAborted()
         if status != 0:
             raise RuntimeError(f"llama_decode failed with status {status} ({last_llama_problem()})")
+
+    def logits_split_at(self, tokens: list[int], splits: list[int]) -> np.ndarray:
+        """The last token's logits after evaluating `tokens` from nothing in sequence 0, in batches
+        that end at `splits` (a diagnostic: does the split change them? see batching.py)."""
+        self.remove(0, 0, -1)
+        position = 0
+        for end in [*splits, len(tokens)]:
+            self.decode(tokens[position:end], start_pos=position, sequence=0, logits_for_last=end == len(tokens))
+            position = end
+        vocabulary = llama_cpp.llama_vocab_n_tokens(
+            llama_cpp.llama_model_get_vocab(llama_cpp.llama_get_model(self.pointer))
+        )
+        pointer = llama_cpp.llama_get_logits_ith(self.pointer, -1)
+        return np.ctypeslib.as_array(pointer, shape=(vocabulary,)).copy()
 
     def remove(self, sequence: int, start: int, end: int = -1) -> bool:
         """Drop the cells of `sequence` at positions [start, end); end -1 means to the end."""

@@ -15,6 +15,7 @@ from cache.prefix_cache import PrefixCache
 from chatapp.engine.engine import Engine, GenerationRequest
 from chatapp.engine.llama_native import SamplingParams
 from chatapp.engine.prompt import ChatMessage
+from chatapp.engine.restore_costs import describe as describe_restore_costs
 from chatapp.errors import ChatappError
 from chatapp.records import PersonaRecord, PinRecord
 from chatapp.services import cache_admin
@@ -32,6 +33,7 @@ class CacheOverview:
     problem: str | None
     memory: str  # what reuse the model's memory allows
     divergence: str | None = None  # where this session's last prompt that left an earlier one did
+    restore_choice: str | None = None  # this session's hits restored or computed, and the speeds behind it
 
 
 class CacheService:
@@ -50,7 +52,9 @@ class CacheService:
             memory = cache_admin.describe_memory(stats["memory"]["kind"], stats["memory"]["window"], interval)
             if count := stats["memory"]["checkpoints"]:
                 memory += f" ({count:,} checkpoint{'' if count == 1 else 's'} stored)"
-            return CacheOverview(stats, True, pins, list(self.chat.figures.ttft_ms), problem, memory, divergence)
+            choice = describe_restore_costs(engine.restore_costs.snapshot())
+            ttft = list(self.chat.figures.ttft_ms)
+            return CacheOverview(stats, True, pins, ttft, problem, memory, divergence, choice)
         offline = cache_admin.cache_stats(self.chat.workspace)
         return CacheOverview(
             offline, False, pins, list(self.chat.figures.ttft_ms), problem, offline["memory"]["description"], divergence

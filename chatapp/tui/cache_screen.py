@@ -83,7 +83,10 @@ class CacheScreen(ModalScreen[None]):
             f"{_count(int(stats.get('requests', 0)), 'answer')} ({source})"
             f"  ·  reused {int(stats.get('reused_tokens', 0)):,} of {int(stats.get('prompt_tokens', 0)):,} tokens"
         )
-        self.query_one("#cache-memory", Static).update(f"Model memory: {overview.memory}")
+        memory = f"Model memory: {overview.memory}"
+        if overview.restore_choice:
+            memory += f"\nRestore or compute: {overview.restore_choice}"
+        self.query_one("#cache-memory", Static).update(memory)
         self.query_one("#cache-divergence", Static).update(
             f"Last prompt that left an earlier one: {overview.divergence}"
             if overview.divergence

@@ -6,14 +6,16 @@ import itertools
 
 import pytest
 
-from chatapp.engine.batching import batch_end, stored_checkpoint_positions
+from chatapp.engine.batching import FLASH_ATTENTION_ROWS, batch_end, stored_checkpoint_positions
 
 
-def batches(length: int, batch: int, checkpoints: frozenset[int] = frozenset(), start: int = 0) -> list[int]:
+def batches(
+    length: int, batch: int, checkpoints: frozenset[int] = frozenset(), start: int = 0, min_rows: int = 2
+) -> list[int]:
     """The sizes of the batches a prefill from `start` makes."""
     sizes = []
     while start < length:
-        end = batch_end(start, length, batch, checkpoints)
+        end = batch_end(start, length, batch, checkpoints, min_rows)
         assert start < end <= length
         sizes.append(end - start)
         start = end
@@ -29,6 +31,18 @@ def test_no_batch_leaves_one_token_alone_nor_exceeds_n_batch(batch: int) -> None
         assert all(size <= batch for size in sizes), (length, start, sizes)
         # A single token only where a single token was all that was left.
         assert all(size > 1 for size in sizes) or sizes == [1], (length, start, sizes)
+
+
+@pytest.mark.parametrize("batch", [128, 200, 512])
+def test_with_flash_attention_every_batch_has_the_tiled_kernels_rows(batch: int) -> None:
+    rows = FLASH_ATTENTION_ROWS
+    for length, start in itertools.product(range(1, 1200, 7), range(0, 1200, 13)):
+        if start >= length:
+            continue
+        sizes = batches(length, batch, frozenset({300, 301, length - 5}), start=start, min_rows=rows)
+        assert all(size <= batch for size in sizes), (length, start, sizes)
+        # Fewer rows only where fewer were all that was left (the engine then starts earlier).
+        assert all(size >= rows for size in sizes) or sizes == [length - start], (length, start, sizes)
 
 
 def test_batches_end_where_a_cold_run_ends_them_and_at_checkpoints() -> None:

@@ -151,3 +151,22 @@ def test_flush_waits_for_the_answer_just_given(cached: Engine) -> None:
         answer(cached, target)
         cached.flush_cache()
         assert cached.cache.lookup(np.asarray(target)).tokens == len(target)
+
+
+def test_a_hit_is_computed_when_computing_is_measured_faster(cached: Engine, engine: Engine) -> None:
+    target = prompt(cached, "What is a conjunction?")
+    cold = cold_answer(engine, target)
+    answer(cached, target)
+    push_out(cached)
+    costs = cached.restore_costs
+    # As on a fast GPU with a small model: computing a token takes less than restoring one.
+    for _ in range(40):  # past the smoothing of what this engine measured so far
+        costs.note_prefill(1000, 0.001)
+        for path in ("ram", "whole state"):
+            costs.note_restore(path, 1000, 100.0)
+    computed = answer(cached, target)
+    # Nothing restored: at most the few template tokens another persona left resident.
+    assert computed.stats.reuse_tier in ("none", "device")
+    assert computed.stats.reused_tokens < 16 < len(target)
+    assert computed.token_ids == cold.token_ids
+    assert costs.snapshot()["recomputed"] == 1

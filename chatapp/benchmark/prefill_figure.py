@@ -1,0 +1,118 @@
+"""Figure P: prompt tokens per second, chatapp's engine beside llama-server, flash attention off and on.
+
+Each side computes novel prompts of the A persona's length with nothing cached (chatapp:
+`use_cache` off; llama-server: `--cache-ram 0` and a new prompt each time), in the same
+model, context and threads; the speed is prompt tokens over the time to the first token.
+chatapp's flash-attention mode makes every batch 64 tokens or more (batching.py), which keeps
+its restores exact; llama-server's default is flash attention on where the device has it.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from chatapp.benchmark.goals import Verdict, prefill_verdicts
+from chatapp.benchmark.llama_server import LlamaServerPeer
+from chatapp.benchmark.peers import PeerSettings
+from chatapp.benchmark.workloads import PromptKit
+from chatapp.engine.engine import Engine, EngineConfig, GenerationRequest
+from chatapp.engine.llama_native import SamplingParams
+from chatapp.engine.prompt import ChatMessage
+from chatapp.vocabulary import Role
+
+PREFILL_NAME = "P"
+
+
+@dataclass(frozen=True)
+class PrefillFigures:
+    prompt_tokens: int
+    repeats: int
+    tokens_per_s: dict[str, float]  # "chatapp" / "llama-server", each with " flash" for flash attention on
+    elapsed_s: float
+
+
+def measure_prefill(
+    settings: PeerSettings, kit: PromptKit, server: Path | None, *, prompt_tokens: int, repeats: int
+) -> PrefillFigures:
+    """Median prompt tokens per second of each side and flash-attention setting (llama-server if built)."""
+    started = time.perf_counter()
+    prompts = [
+        kit.build(
+            [
+                ChatMessage.of(Role.SYSTEM, kit.texts.persona(900 + number, prompt_tokens)),
+                ChatMessage.of(Role.USER, "?"),
+            ]
+        )
+        for number in range(2 * repeats)
+    ]
+    speeds: dict[str, float] = {}
+    for flash in (False, True):
+        suffix = " flash" if flash else ""
+        speeds[f"chatapp{suffix}"] = _chatapp_speed(settings, prompts[:repeats], flash)
+        if server is not None:
+            speeds[f"llama-server{suffix}"] = _server_speed(settings, server, prompts[repeats:], flash)
+    return PrefillFigures(len(prompts[0]), repeats, speeds, time.perf_counter() - started)
+
+
+def _chatapp_speed(settings: PeerSettings, prompts: list[tuple[int, ...]], flash: bool) -> float:
+    config = EngineConfig(
+        model_path=settings.model_path,
+        context_cap=settings.context,
+        sequences=1,
+        n_gpu_layers=0,
+        threads=settings.threads,
+        n_batch=settings.n_batch,
+        flash_attention=flash,
+    )
+    with Engine(config) as engine:
+        speeds = []
+        for prompt in prompts:
+            request = GenerationRequest(prompt, SamplingParams(temperature=0.0, max_tokens=1), use_cache=False)
+            result = engine.generate(request).wait()
+            speeds.append(len(prompt) / (result.stats.ttft_ms / 1000))
+    return statistics.median(speeds)
+
+
+def _server_speed(settings: PeerSettings, server: Path, prompts: list[tuple[int, ...]], flash: bool) -> float:
+    peer = LlamaServerPeer(
+        server,
+        settings.model_path,
+        context=settings.context,
+        threads=settings.threads,
+        cache_ram_mib=0,
+        batch=settings.n_batch,
+        flash_attention=flash,
+    )
+    try:
+        speeds = [len(prompt) / (peer.ask(prompt, 1).ttft_ms / 1000) for prompt in prompts]
+    finally:
+        peer.close()
+    return statistics.median(speeds)
+
+
+def prefill_figure_verdicts(figures: PrefillFigures | None) -> list[Verdict]:
+    if figures is None or "llama-server flash" not in figures.tokens_per_s:
+        return []
+    speeds = figures.tokens_per_s
+    return prefill_verdicts(
+        default=speeds["chatapp"] / speeds["llama-server flash"],
+        flash=speeds["chatapp flash"] / speeds["llama-server flash"],
+    )
+
+
+def prefill_record(figures: PrefillFigures) -> dict[str, Any]:
+    """For bench.json."""
+    return asdict(figures)
+
+
+def prefill_table(figures: PrefillFigures) -> str:
+    speeds = figures.tokens_per_s
+    cells = "  ".join(f"{name} {speed:,.0f}" for name, speed in speeds.items())
+    return (
+        f"P  prefill of a {figures.prompt_tokens:,}-token prompt, nothing cached (median of {figures.repeats}, "
+        f"tokens/s; {figures.elapsed_s:.0f} s): {cells}"
+    )

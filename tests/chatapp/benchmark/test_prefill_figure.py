@@ -1,0 +1,35 @@
+"""Figure P: prefill speed with nothing cached, flash attention off and on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from chatapp.benchmark.peers import PeerSettings
+from chatapp.benchmark.prefill_figure import PrefillFigures, measure_prefill, prefill_figure_verdicts
+from chatapp.benchmark.workloads import PromptKit
+
+
+@pytest.mark.slow
+def test_chatapp_prefill_is_measured_with_flash_attention_off_and_on(tmp_path: Path) -> None:
+    from tests.model_factory import write_tiny_llama
+
+    model = write_tiny_llama(tmp_path / "tiny.gguf")
+    kit = PromptKit(model)
+    try:
+        figures = measure_prefill(
+            PeerSettings(model_path=model, context=512, threads=1), kit, None, prompt_tokens=80, repeats=2
+        )
+    finally:
+        kit.close()
+    assert set(figures.tokens_per_s) == {"chatapp", "chatapp flash"}  # llama-server not asked for
+    assert all(speed > 0 for speed in figures.tokens_per_s.values())
+    assert figures.prompt_tokens > 80
+    assert prefill_figure_verdicts(figures) == []  # no yardstick without llama-server
+
+
+def test_the_verdicts_compare_each_mode_with_llama_servers_flash_attention() -> None:
+    speeds = {"chatapp": 90.0, "chatapp flash": 110.0, "llama-server": 80.0, "llama-server flash": 100.0}
+    verdicts = prefill_figure_verdicts(PrefillFigures(2000, 3, speeds, 1.0))
+    assert [(verdict.value, verdict.met) for verdict in verdicts] == [(1.1, True), (0.9, False)]

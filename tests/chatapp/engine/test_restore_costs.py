@@ -1,0 +1,44 @@
+"""Restore or compute: the faster measured path wins; unmeasured, a hit is restored."""
+
+from __future__ import annotations
+
+from chatapp.engine.restore_costs import RestoreCosts, describe
+
+
+def test_until_both_speeds_are_measured_a_hit_is_restored() -> None:
+    costs = RestoreCosts()
+    assert costs.should_restore("disk", 500)
+    costs.note_prefill(512, 0.5)
+    assert costs.should_restore("disk", 500)  # the disk path is not measured yet
+    assert costs.snapshot()["restored"] == 2
+
+
+def test_the_faster_path_wins() -> None:
+    costs = RestoreCosts()
+    costs.note_prefill(512, 0.512)  # 1 ms per token
+    costs.note_restore("disk", 1000, 20.0)  # 0.02 ms per token
+    costs.note_restore("ram", 1000, 2000.0)  # 2 ms per token
+    assert costs.should_restore("disk", 1000)
+    assert not costs.should_restore("ram", 1000)
+    assert (costs.restored, costs.recomputed) == (1, 1)
+
+
+def test_short_measurements_are_ignored_and_long_ones_smoothed() -> None:
+    costs = RestoreCosts()
+    costs.note_prefill(8, 10.0)  # mostly fixed overhead: not a speed
+    assert costs.snapshot()["prefill_ms_per_token"] is None
+    costs.note_prefill(100, 0.1)
+    costs.note_prefill(100, 0.2)
+    smoothed = costs.snapshot()["prefill_ms_per_token"]
+    assert isinstance(smoothed, float)
+    assert 1.0 < smoothed < 2.0
+
+
+def test_the_description_names_the_counts_and_speeds() -> None:
+    costs = RestoreCosts()
+    assert describe(costs.snapshot()) == "0 restored, 0 computed instead (faster)"
+    costs.note_prefill(100, 0.1)
+    costs.note_restore("ram", 100, 1.0)
+    line = describe(costs.snapshot())
+    assert "compute 1.000" in line
+    assert "restore ram 0.0100" in line
