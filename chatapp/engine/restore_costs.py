@@ -77,9 +77,9 @@ def describe(figures: dict[str, object]) -> str:
     speeds = figures["restore_ms_per_token"]
     assert isinstance(speeds, dict)
     measured = ", ".join(f"{path} {value:.4f}" for path, value in speeds.items())
-    line = f"{restored} restored, {recomputed} computed instead (faster)"
+    line = f"{restored} cache hits restored, {recomputed} computed instead (measured faster)"
     if isinstance(compute, float):
-        line += f"  ·  ms per token: compute {compute:.3f}" + (f"; restore {measured}" if measured else "")
+        line += f"  ·  ms per token: computing {compute:.3f}" + (f"; restoring {measured}" if measured else "")
     return line
 
 

@@ -1,6 +1,6 @@
 """The cache as the user sees it: tiers, hit rate, pinned prefixes, prune and clear.
 
-Pinning keeps a persona's or a document's prefix out of LRU and TTL eviction. The prefix
+Pinning keeps a persona's or a document's prefix out of eviction and TTL expiry. The prefix
 is computed and stored first if it is not in the cache yet, so a pin always holds blocks.
 These calls wait for the engine and the disk: run them off the UI thread.
 """

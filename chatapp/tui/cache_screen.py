@@ -51,7 +51,7 @@ class CacheScreen(ModalScreen[None]):
             yield Label("Time to first token this session (ms)", classes="sidebar-title")
             yield Sparkline([], id="ttft")
             yield Label("", id="ttft-range", classes="dialog-hint")
-            yield Label("Pinned prefixes (kept through LRU and TTL)", classes="sidebar-title")
+            yield Label("Pinned prefixes (never evicted or expired)", classes="sidebar-title")
             yield OptionList(id="pins")
             with Horizontal(classes="dialog-buttons"):
                 yield Button("Pin persona", id="pin-persona")

@@ -36,9 +36,9 @@ def test_short_measurements_are_ignored_and_long_ones_smoothed() -> None:
 
 def test_the_description_names_the_counts_and_speeds() -> None:
     costs = RestoreCosts()
-    assert describe(costs.snapshot()) == "0 restored, 0 computed instead (faster)"
+    assert describe(costs.snapshot()) == "0 cache hits restored, 0 computed instead (measured faster)"
     costs.note_prefill(100, 0.1)
     costs.note_restore("ram", 100, 1.0)
     line = describe(costs.snapshot())
-    assert "compute 1.000" in line
-    assert "restore ram 0.0100" in line
+    assert "computing 1.000" in line
+    assert "restoring ram 0.0100" in line
