@@ -445,6 +445,7 @@ class Engine:
             with self._closing_lock:
                 self._waiting_requests -= 1
             task = _Task(handle)
+            task.turn.shares_prompt &= self.cache is not None  # without a cache nothing is worth waiting for
             task.steps = self._serve(task)
             self._tasks.append(task)
 
