@@ -28,9 +28,16 @@ class Namespace:
     lora_adapters: tuple[str, ...] = ()
     layout_digest: str = ""
     context_size: int = 0  # tokens per sequence
+    # The fewest tokens in a prompt batch when it is not the default: batches of other shapes
+    # round differently (flash attention's batches of 64+ since the rule was made). Left out of
+    # the canonical form when 0, so caches written before the field keep their keys.
+    batch_rows: int = 0
 
     def canonical(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        fields = asdict(self)
+        if not fields["batch_rows"]:
+            del fields["batch_rows"]
+        return json.dumps(fields, sort_keys=True)
 
     def _canonical_bytes(self) -> bytes:
         return self.canonical().encode("utf-8")

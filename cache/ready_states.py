@@ -63,7 +63,7 @@ class ReadyStates:
     def best(self, prompt: np.ndarray, reuse: int) -> ReadyState | None:
         """A kept state whose first `reuse` tokens are the prompt's, cheap enough to load whole and cut.
 
-        The shortest such state: it loads the fewest bytes.
+        The shortest such state: it loads the fewest bytes. Call `used` when it is loaded.
         """
         if reuse <= 0:
             return None
@@ -76,9 +76,15 @@ class ReadyStates:
             ]
             if not fitting:
                 return None
-            key, chosen = min(fitting, key=lambda item: item[1].tokens.size)
-            self._states.move_to_end(key)
-            return chosen
+            return min(fitting, key=lambda item: item[1].tokens.size)[1]
+
+    def used(self, state: ReadyState) -> None:
+        """`state` was loaded: it is the most recently used."""
+        with self._lock:
+            for key, kept in self._states.items():
+                if kept is state:
+                    self._states.move_to_end(key)
+                    return
 
     def clear(self) -> None:
         with self._lock:

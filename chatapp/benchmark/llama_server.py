@@ -91,6 +91,8 @@ def server_command(
         str(cache_ram_mib),
         "-fa",
         "on" if flash_attention else "off",
+        "-ngl",
+        "0",  # as the chatapp peers run: on the CPU
         "--no-webui",
     ]
     if batch is not None:

@@ -145,6 +145,7 @@ def restore_figure_verdicts(figures: RestoreFigures | None) -> list[Verdict]:
     load = figures.ready_load_ms
     return restore_verdicts(
         ram=figures.paths["ram, whole state"].total_ms / load,
+        ram_blocks=figures.paths["ram, blocks"].total_ms / load,
         disk=figures.paths["disk, blocks"].total_ms / load,
         miss=figures.miss_ms / figures.no_cache_ms,
     )

@@ -105,6 +105,11 @@ class EngineConfig:
         if self.n_batch < MIN_BATCH:
             # batch_end never leaves one token alone, which needs room for three in a batch.
             raise ValueError(f"n_batch must be at least {MIN_BATCH}, got {self.n_batch}")
+        if self.flash_attention and self.n_batch < 2 * FLASH_ATTENTION_ROWS:
+            # Every batch has FLASH_ATTENTION_ROWS tokens or more, and none leaves fewer behind.
+            raise ValueError(
+                f"with flash attention n_batch must be at least {2 * FLASH_ATTENTION_ROWS}, got {self.n_batch}"
+            )
 
 
 @dataclass(frozen=True)
@@ -312,8 +317,9 @@ class Engine:
 
     @property
     def min_rows(self) -> int:
-        """The fewest tokens in a prompt batch (see batching.py): more with flash attention."""
-        return FLASH_ATTENTION_ROWS if self.context.shape.flash_attention else MIN_ROWS
+        """The fewest tokens in a prompt batch (see batching.py): more with flash attention (if it attends)."""
+        attends = self.model.memory_kind.has_base
+        return FLASH_ATTENTION_ROWS if self.context.shape.flash_attention and attends else MIN_ROWS
 
     @property
     def restore_costs(self) -> RestoreCosts:
@@ -483,6 +489,7 @@ class Engine:
                 self._tasks.remove(task)
                 if task.sequence is not None:
                     self.placer.forget(task.sequence)
+                    self._short_first_batch.discard(task.sequence)
                 if not task.handle.done:
                     task.handle._finish(None, error)
                 self._task_done(task.handle)
@@ -501,7 +508,10 @@ class Engine:
                 self._barriers.remove((barrier, ahead))
 
     def _busy_sequences(self, besides: _Task) -> frozenset[int]:
-        return frozenset(task.sequence for task in self._tasks if task is not besides and task.sequence is not None)
+        """The sequences other tasks use, or will (a request that names one and waits to be placed)."""
+        others = (task for task in self._tasks if task is not besides)
+        used = (task.sequence if task.sequence is not None else task.handle.request.sequence for task in others)
+        return frozenset(sequence for sequence in used if sequence is not None)
 
     def _load(self) -> None:
         config = self.config
@@ -559,6 +569,7 @@ class Engine:
             # Whole states are a RAM restore too: never more than the RAM tier may hold.
             ready_state_bytes=min(config.ready_state_bytes, self.cache.config.ram_budget_bytes) if self.cache else 0,
             fresh_tokens=max(FRESH_TOKENS, self.min_rows),
+            warm_up_rest=self.min_rows if self.min_rows > MIN_ROWS else 0,
         )
 
     def _verify_state_format(self) -> MemoryLayout | None:
@@ -637,6 +648,7 @@ class Engine:
             # When in doubt, forget the sequence: a stale KV must never be reused.
             if placement is not None:
                 self.placer.forget(placement.sequence)
+                self._short_first_batch.discard(placement.sequence)
             handle._finish(None, error)
             return
         if request.use_cache and self.cache is not None and not request.prefill_only:
@@ -728,8 +740,6 @@ class Engine:
             checkpoints=self._checkpoint_positions(request),
             turn=task.turn,
         )
-        if stop_reason is None and task.turn.awaited:
-            self._store_for_waiting(sequence)
         prefill_ms = (time.perf_counter() - prefill_started) * 1000
         generated: list[int] = []
         pieces: list[str] = []
@@ -804,7 +814,8 @@ class Engine:
             start += len(chunk)
             if turn is not None:
                 turn.prefill_left = len(prompt) - start
-            if start in checkpoints:
+                self._store_if_awaited(turn, sequence, start, len(prompt))
+            if start in checkpoints and sequence not in self._short_first_batch:
                 self._take_checkpoint(handle, sequence, live)
             handle._emit(PrefillProgress(done=start, total=len(prompt)))
             if handle is not self._rebatch_job:  # the recompute after an answer is the engine's own work
@@ -812,6 +823,18 @@ class Engine:
             if not is_last:
                 yield
         return None
+
+    def _store_if_awaited(self, turn: TurnState, sequence: int, computed: int, length: int) -> None:
+        """Store what is computed once a waiting request's shared tokens are (turns.py).
+
+        A model whose state cannot be cut restores only at checkpoints: it stores at its prompt's end.
+        """
+        if not turn.store_at or sequence in self._short_first_batch:
+            return
+        if computed >= length or (computed >= turn.store_at and not self.placer.takes_checkpoints):
+            self._store_for_waiting(sequence)
+            turn.stored_until = computed
+            turn.store_at = 0
 
     def _store_for_waiting(self, sequence: int) -> None:
         """Store a just-computed prompt now, for a request waiting to restore its beginning (turns.py).

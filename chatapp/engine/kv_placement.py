@@ -76,6 +76,7 @@ class KVPlacer:
         window: int,
         ready_state_bytes: int = 0,
         fresh_tokens: int = FRESH_TOKENS,
+        warm_up_rest: int = 0,
     ) -> None:
         self.context = context
         self.cache = cache
@@ -90,8 +91,10 @@ class KVPlacer:
         # Whole states a plain KV cache loads with no assembly (a window or recurrent state cannot be cut after).
         self.ready = ReadyStates(ready_state_bytes if kind is MemoryKind.PLAIN else 0)
         self.costs = RestoreCosts()  # restore or compute: the engine notes its prefill speed here
-        # Prompt tokens every answer computes (more with flash attention: batching.py).
+        # Prompt tokens every answer computes (more with flash attention: batching.py), and those a
+        # warm-up computes unless its whole prompt is resident (flash attention: a batch of its own).
         self.fresh_tokens = fresh_tokens
+        self.warm_up_rest = warm_up_rest
 
     @property
     def takes_checkpoints(self) -> bool:
@@ -127,6 +130,9 @@ class KVPlacer:
         if not need_logits and resident_length == len(prompt):
             self.resident.touch(resident_sequence)  # nothing to compute, nothing to cut
             return Placement(resident_sequence, resident_length, ReuseTier.DEVICE)
+        if not need_logits and self.warm_up_rest:
+            limit = max(0, len(prompt) - self.warm_up_rest)
+            resident_length = min(resident_length, limit)
         keepable = self._keepable(resident_sequence, resident_length)
         if self.cache is not None:
             looking = time.perf_counter()
@@ -134,7 +140,7 @@ class KVPlacer:
             ready = self.ready.best(array, found.tokens) if found.tokens > keepable else None
             path = WHOLE_STATE if ready is not None else self.cache.slowest_tier(found).value
             if found.tokens > keepable + RESTORE_MARGIN_TOKENS and self.costs.should_restore(
-                path, found.tokens - keepable
+                path, found.tokens, found.tokens - keepable
             ):
                 target = self.resident.least_recently_used(busy) if sequence is None else sequence
                 if ready is not None:
@@ -341,6 +347,7 @@ class KVPlacer:
             log.warning("llama.cpp refused a kept state; restoring from the cache instead")
             self.forget(sequence)
             return None
+        self.ready.used(ready)
         self.resident.replace(sequence, ready.tokens.tolist())
         if self._cut_in_place(sequence, reuse) != reuse:
             self.forget(sequence)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 log = logging.getLogger(__name__)
 
 SMOOTHING = 0.3  # weight of the newest measurement
+RETRY_EVERY = 20  # a path judged slower is still taken now and then, so its speed is measured again
 MIN_MEASURED_TOKENS = 32  # shorter batches and restores are mostly fixed overhead
 WHOLE_STATE = "whole state"  # a restore path besides the tiers "ram" and "disk"
 
@@ -27,6 +28,7 @@ class RestoreCosts:
     restore_ms_per_token: dict[str, float] = field(default_factory=dict)
     restored: int = 0  # hits restored
     recomputed: int = 0  # hits computed instead, being faster
+    _passed_over: dict[str, int] = field(default_factory=dict, repr=False)  # by path, since last taken
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def note_prefill(self, tokens: int, seconds: float) -> None:
@@ -35,26 +37,32 @@ class RestoreCosts:
                 self.prefill_ms_per_token = _smoothed(self.prefill_ms_per_token, seconds * 1000 / tokens)
 
     def note_restore(self, path: str, tokens: int, milliseconds: float) -> None:
-        if tokens >= MIN_MEASURED_TOKENS and milliseconds > 0:
-            with self._lock:
+        """A restore of `tokens` by `path` took `milliseconds` (counted as a hit restored)."""
+        with self._lock:
+            self.restored += 1
+            if tokens >= MIN_MEASURED_TOKENS and milliseconds > 0:
                 speeds = self.restore_ms_per_token
                 speeds[path] = _smoothed(speeds.get(path), milliseconds / tokens)
 
-    def should_restore(self, path: str, tokens: int) -> bool:
-        """Whether restoring `tokens` by `path` is expected to be faster than computing them (counted)."""
+    def should_restore(self, path: str, loaded: int, saved: int) -> bool:
+        """Whether loading `loaded` tokens by `path` is expected to take less than computing the `saved`
+        tokens the restore spares (the rest is held in place either way)."""
         with self._lock:
             restore, compute = self.restore_ms_per_token.get(path), self.prefill_ms_per_token
-            faster = restore is None or compute is None or restore <= compute
-            if faster:
-                self.restored += 1
-            else:
+            faster = restore is None or compute is None or restore * loaded <= compute * saved
+            passed_over = self._passed_over.get(path, 0)
+            if not faster and passed_over + 1 >= RETRY_EVERY:
+                faster = True  # measure it again: the first measurement may have been a cold disk
+            self._passed_over[path] = 0 if faster else passed_over + 1
+            if not faster:
                 self.recomputed += 1
         if not faster:
             log.info(
-                "computing %d cached tokens: %.3f ms/token beats the %s restore's %.3f ms/token",
-                tokens,
+                "computing %d cached tokens: %.3f ms/token beats the %s restore of %d tokens at %.3f ms/token",
+                saved,
                 compute,
                 path,
+                loaded,
                 restore,
             )
         return faster

@@ -7,9 +7,10 @@ first token when several clients ask at once), and each turn a prompt is passed 
 counts as one batch done, so a long prompt still advances beside a run of short ones.
 
 A request whose prompt begins with tokens another request is computing now is not
-placed until that prompt is computed and stored: it then restores those tokens from the
-cache instead of computing them a second time (clients of one agent start together with
-the same long system prompt).
+placed until the other has computed and stored them: it then restores those tokens from
+the cache instead of computing them a second time (clients of one agent start together
+with the same long system prompt). The other stores its KV as soon as it has computed the
+shared tokens (`store_at`), not only at its prompt's end.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ class TurnState:
     prefill_left: int = 0  # prompt tokens still to compute, once placed
     computing_from: int = 0  # the prompt tokens it reused; it computes the rest
     passed_over: int = 0  # turns its prompt waited for another's
-    awaited: bool = False  # another request waits for its prompt's KV to be stored
+    store_at: int = 0  # another request waits for the KV up to here: store it once computed (0: none)
+    stored_until: int = 0  # its KV was stored for a waiting request up to here
 
 
 def common_prefix_length(first: np.ndarray, second: np.ndarray) -> int:
@@ -46,12 +48,12 @@ def common_prefix_length(first: np.ndarray, second: np.ndarray) -> int:
 def take_turns(states: Sequence[TurnState], batch: int) -> list[TurnState]:
     """The requests that take a step now, in the order given (see the module docstring).
 
-    Marks each request that another waits for as `awaited`: it stores its prompt's KV as
-    soon as it is computed.
+    Sets `store_at` of each request that another waits for: it stores its KV once computed
+    that far.
     """
     chosen: list[TurnState] = []
     for state in states:
-        state.awaited = False
+        state.store_at = 0
     for state in states:
         if not state.placed and _computing_for(state, states, chosen) is None:
             chosen.append(state)
@@ -83,7 +85,8 @@ def _computing_for(waiting: TurnState, states: Sequence[TurnState], placed_now: 
             computing_from = other.computing_from
         else:
             continue
-        if common_prefix_length(waiting.prompt, other.prompt) - computing_from >= MIN_SHARED_TOKENS:
-            other.awaited = True
+        shared = common_prefix_length(waiting.prompt, other.prompt)
+        if shared - computing_from >= MIN_SHARED_TOKENS and other.stored_until < shared:
+            other.store_at = max(other.store_at, shared)
             return other
     return None

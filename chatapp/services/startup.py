@@ -15,6 +15,7 @@ from cache.fingerprint import file_fingerprint
 from cache.namespace import Namespace
 from cache.prefix_cache import CacheConfig, PrefixCache
 from cache.state_format import MemoryLayout
+from chatapp.engine.batching import FLASH_ATTENTION_ROWS
 from chatapp.engine.engine import CacheFactory, Engine, EngineConfig, ModelInfo
 from chatapp.engine.llama_native import SamplingParams
 from chatapp.model_files import resolve_model_path
@@ -115,6 +116,7 @@ def kv_cache_factory(directory: Path, model_fingerprint: str, config: CacheConfi
             library_version=llama_cpp.__version__,
             layout_digest=layout.digest().hex(),
             context_size=info.n_ctx_per_sequence,
+            batch_rows=FLASH_ATTENTION_ROWS if info.flash_attention else 0,
         )
         return PrefixCache(directory, namespace, layout, config)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import pickle
 import sqlite3
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -82,11 +83,17 @@ def test_shared_prefixes_are_stored_once_and_partials_superseded(tmp_path: Path)
     cache.close()
 
 
+def test_a_namespace_without_a_batch_rule_keeps_the_keys_it_had() -> None:
+    assert "batch_rows" not in namespace("model-a").canonical()
+    assert replace(namespace("model-a"), batch_rows=64).id != namespace("model-a").id
+
+
 def test_namespaces_never_share_entries(tmp_path: Path) -> None:
     first = open_cache(tmp_path, namespace("model-a"))
     store_sequence(first, TOKENS)
     first.close()
-    for other in (namespace("model-b"), namespace("model-a", type_k=8)):
+    batch_rule = replace(namespace("model-a"), batch_rows=64)  # flash attention's batches of 64+
+    for other in (namespace("model-b"), namespace("model-a", type_k=8), batch_rule):
         cache = open_cache(tmp_path, other)
         assert len(cache.index) == 0
         assert cache.lookup(np.asarray(TOKENS)).tokens == 0

@@ -49,7 +49,9 @@ def test_the_least_recently_used_go_past_the_budget() -> None:
     ready = ReadyStates(25)
     ready.keep(tokens(1, 1), state(10, 1))
     ready.keep(tokens(2, 2), state(10, 2))
-    assert ready.best(tokens(1, 1), 2) is not None  # now the most recently used
+    found = ready.best(tokens(1, 1), 2)
+    assert found is not None
+    ready.used(found)  # now the most recently used
     ready.keep(tokens(3, 3), state(10, 3))
     assert ready.bytes_used == 20
     assert ready.best(tokens(2, 2), 2) is None

@@ -45,7 +45,7 @@ def test_every_path_restores_the_prefix_and_times_its_steps(tiny_model: Path, tm
     assert figures.miss_ms > 0.0
     assert figures.no_cache_ms > 0.0
     verdicts = restore_figure_verdicts(figures)
-    assert [verdict.goal for verdict in verdicts] == ["R", "R", "R"]
+    assert [verdict.goal for verdict in verdicts] == ["R", "R", "R", "R"]
     assert verdicts[0].value == pytest.approx(whole.total_ms / figures.ready_load_ms)
 
 

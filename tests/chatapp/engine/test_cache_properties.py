@@ -19,8 +19,9 @@ For every answer:
 
 It runs on a tiny model of each memory kind: plain KV (llama), interleaved sliding window
 (gemma3), hybrid attention and short convolutions (LFM2) and recurrent (Mamba), and on the
-plain one again with flash attention (every batch of 64 rows or more: batching.py; there the
-reuse is only checked from above, as prompts shorter than a batch are never reused). Where the
+plain and sliding-window ones again with flash attention (every batch of 64 rows or more:
+batching.py; there reuse is only checked from above, as prompts shorter than a batch are never
+reused). Where the
 state cannot be cut, reuse lands on checkpoints (the prompt's end less the tokens every
 answer evaluates again, and each stored answer's end), and the lower bound is the deepest
 of those the prompt shares.
@@ -153,7 +154,7 @@ class TinyModel:
     flash_attention: bool
 
 
-VARIANTS = [*((kind, False) for kind in WRITERS), (MemoryKind.PLAIN, True)]
+VARIANTS = [*((kind, False) for kind in WRITERS), (MemoryKind.PLAIN, True), (MemoryKind.ISWA, True)]
 
 
 @pytest.fixture(scope="module", params=VARIANTS, ids=lambda variant: f"{variant[0]}{'+flash' if variant[1] else ''}")

@@ -192,3 +192,50 @@ def test_requests_that_start_together_with_one_long_prefix_compute_it_once(
     assert all(result.stats.reused_tokens >= shared - 16 for result in results if result.stats.computed_tokens < shared)
     cold = [small_batches.generate(replace(request, use_cache=False)).wait() for request in requests]
     assert [result.token_ids for result in results] == [result.token_ids for result in cold]
+
+
+def test_a_waiting_request_is_placed_once_the_shared_beginning_is_stored(tmp_path: Path, model_path: Path) -> None:
+    persona = ChatMessage.of(Role.SYSTEM, LONG_TEXT)
+    with cached_engine(tmp_path / "kv", model_path, context=2048, sequences=3, n_batch=8, threads=1) as engine:
+        long_request = GenerationRequest(
+            tuple(engine.prompt_builder.build([persona, ChatMessage.of(Role.USER, LONG_TEXT)])), GREEDY
+        )
+        short_request = GenerationRequest(
+            tuple(engine.prompt_builder.build([persona, ChatMessage.of(Role.USER, "How many?")])), GREEDY
+        )
+        with (
+            engine.holding(Step.BATCH, 1, where=lambda request: request is long_request) as first_batch,
+            engine.holding(Step.TOKEN, 1, where=lambda request: request is long_request) as first_long_token,
+        ):
+            long_handle = engine.generate(long_request)
+            assert first_batch.wait_until_holding()
+            short_handle = engine.generate(short_request)
+            first_batch.release()
+            assert first_long_token.wait_until_holding()
+            # The short one restored the persona once the long one had computed it, and was
+            # answered before the long prompt's end.
+            assert short_handle.done
+        short = short_handle.wait()
+        long_handle.wait()
+    shared = common_prefix_length(np.asarray(long_request.prompt_tokens), np.asarray(short_request.prompt_tokens))
+    assert short.stats.reuse_tier == "ram"
+    assert short.stats.reused_tokens >= shared - 16
+
+
+def test_a_request_naming_a_sequence_keeps_it_while_it_waits(tmp_path: Path, model_path: Path) -> None:
+    persona = ChatMessage.of(Role.SYSTEM, LONG_TEXT)
+    with cached_engine(tmp_path / "kv", model_path, sequences=3, n_batch=8, threads=1) as engine:
+
+        def asking(question: str, **options: object) -> GenerationRequest:
+            tokens = tuple(engine.prompt_builder.build([persona, ChatMessage.of(Role.USER, question)]))
+            return GenerationRequest(tokens, GREEDY, **options)  # type: ignore[arg-type]
+
+        first, named = asking("Which is oldest?"), asking("Which is newest?", sequence=1)
+        other = GenerationRequest(prompt(engine, "Name a colour."), SamplingParams(temperature=0.0, max_tokens=64))
+        with engine.holding(Step.BATCH, 1, where=lambda request: request is first) as gate:
+            handles = [engine.generate(first)]
+            assert gate.wait_until_holding()
+            handles += [engine.generate(named), engine.generate(other)]  # the named one waits for the persona
+        results = [handle.wait() for handle in handles]  # none fails: the third kept off sequence 1
+    assert all(result.stop_reason in (StopReason.LENGTH, StopReason.END) for result in results)
+    assert results[1].stats.reuse_tier == "ram"  # it restored the persona the first one computed

@@ -116,3 +116,23 @@ def test_a_prompt_shorter_than_a_batch_is_never_reused(cached: Engine, cold: Eng
     warm = answer(cached, longer)
     assert warm.stats.reused_tokens == 0  # its first tokens were computed by other kernels
     assert warm.token_ids == answer(cold, longer, use_cache=False).token_ids
+
+
+def test_a_short_warm_up_keeps_no_checkpoint_of_the_other_kernels(tmp_path: Path) -> None:
+    """On a sliding-window model a warm-up checkpoints its end: not when it was one short batch."""
+    from tests.model_factory import write_tiny_gemma3
+
+    model = write_tiny_gemma3(tmp_path / "gemma3.gguf")
+    with cached_engine(tmp_path / "kv", model, flash_attention=True, threads=1) as engine:
+        assert engine.takes_checkpoints
+        short = prompt(engine, (Role.SYSTEM, "You are terse."))
+        assert len(short) < FLASH_ATTENTION_ROWS
+        request = GenerationRequest(short, GREEDY, prefill_only=True, checkpoints=(len(short),))
+        engine.generate(request).wait()
+        engine.flush_cache()
+        assert engine.cache is not None
+        assert not engine.cache.has_checkpoint(list(short))
+        longer = prompt(engine, (Role.SYSTEM, PERSONA))  # one batch of 64 or more: checkpointed
+        engine.generate(GenerationRequest(longer, GREEDY, prefill_only=True, checkpoints=(len(longer),))).wait()
+        engine.flush_cache()
+        assert engine.cache.has_checkpoint(list(longer))

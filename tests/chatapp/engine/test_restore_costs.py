@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from chatapp.engine.restore_costs import RestoreCosts, describe
+from chatapp.engine.restore_costs import RETRY_EVERY, RestoreCosts, describe
 
 
 def test_until_both_speeds_are_measured_a_hit_is_restored() -> None:
     costs = RestoreCosts()
-    assert costs.should_restore("disk", 500)
+    assert costs.should_restore("disk", 500, 500)
     costs.note_prefill(512, 0.5)
-    assert costs.should_restore("disk", 500)  # the disk path is not measured yet
-    assert costs.snapshot()["restored"] == 2
+    assert costs.should_restore("disk", 500, 500)  # the disk path is not measured yet
+    assert costs.snapshot()["recomputed"] == 0
 
 
 def test_the_faster_path_wins() -> None:
@@ -18,9 +18,20 @@ def test_the_faster_path_wins() -> None:
     costs.note_prefill(512, 0.512)  # 1 ms per token
     costs.note_restore("disk", 1000, 20.0)  # 0.02 ms per token
     costs.note_restore("ram", 1000, 2000.0)  # 2 ms per token
-    assert costs.should_restore("disk", 1000)
-    assert not costs.should_restore("ram", 1000)
-    assert (costs.restored, costs.recomputed) == (1, 1)
+    assert costs.should_restore("disk", 1000, 1000)
+    assert not costs.should_restore("ram", 1000, 1000)
+    assert costs.recomputed == 1
+    # Restoring 2,000 tokens to spare computing 100 of them: computing is faster.
+    assert not costs.should_restore("disk", 2000, 10)
+
+
+def test_a_path_judged_slower_is_tried_again_now_and_then() -> None:
+    costs = RestoreCosts()
+    costs.note_prefill(512, 0.512)
+    costs.note_restore("disk", 1000, 5000.0)
+    decisions = [costs.should_restore("disk", 1000, 1000) for _ in range(RETRY_EVERY)]
+    assert decisions == [False] * (RETRY_EVERY - 1) + [True]
+    assert costs.restored == 1  # counted when a restore is done, not when it is chosen
 
 
 def test_short_measurements_are_ignored_and_long_ones_smoothed() -> None:

@@ -44,10 +44,11 @@ def test_a_request_waits_for_the_shared_beginning_another_computes() -> None:
     other = computing(300, np.concatenate([shared, [7, 8]]).astype(np.int32), computing_from=200)
     waiting = TurnState(np.concatenate([shared, [9]]).astype(np.int32), True)
     assert take_turns([other, waiting], BATCH) == [other]
-    assert other.awaited
-    other.prefill_left = 0  # computed and stored: the waiting one is placed now
+    assert other.store_at == 500  # store once the shared tokens are computed
+    other.stored_until = 512  # computed past them and stored: the waiting one is placed now
     assert take_turns([other, waiting], BATCH) == [other, waiting]
-    assert not other.awaited
+    assert other.store_at == 0
+    other.stored_until, other.prefill_left = 0, 0  # or the other's prompt is done
 
 
 def test_no_wait_for_a_few_shared_tokens_or_a_prompt_kept_out_of_the_cache() -> None:
