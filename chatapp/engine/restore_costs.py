@@ -16,6 +16,9 @@ log = logging.getLogger(__name__)
 
 SMOOTHING = 0.3  # weight of the newest measurement
 RETRY_EVERY = 20  # a path judged slower is still taken now and then, so its speed is measured again
+# Smaller hits are always restored: either way takes milliseconds, and a choice by noisy speeds
+# would make reuse depend on the machine's load.
+MIN_DECIDED_TOKENS = 256
 MIN_MEASURED_TOKENS = 32  # shorter batches and restores are mostly fixed overhead
 WHOLE_STATE = "whole state"  # a restore path besides the tiers "ram" and "disk"
 
@@ -49,7 +52,10 @@ class RestoreCosts:
         tokens the restore spares (the rest is held in place either way)."""
         with self._lock:
             restore, compute = self.restore_ms_per_token.get(path), self.prefill_ms_per_token
-            faster = restore is None or compute is None or restore * loaded <= compute * saved
+            if restore is None or compute is None or saved < MIN_DECIDED_TOKENS:
+                faster = True
+            else:
+                faster = restore * loaded <= compute * saved
             passed_over = self._passed_over.get(path, 0)
             if not faster and passed_over + 1 >= RETRY_EVERY:
                 faster = True  # measure it again: the first measurement may have been a cold disk

@@ -154,7 +154,8 @@ def test_flush_waits_for_the_answer_just_given(cached: Engine) -> None:
 
 
 def test_a_hit_is_computed_when_computing_is_measured_faster(cached: Engine, engine: Engine) -> None:
-    target = prompt(cached, "What is a conjunction?")
+    target = prompt(cached, "What is a conjunction?", persona=PERSONA * 5)
+    assert len(target) > 300  # large enough a hit to be chosen by speed
     cold = cold_answer(engine, target)
     answer(cached, target)
     push_out(cached)

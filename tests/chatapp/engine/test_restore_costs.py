@@ -21,8 +21,9 @@ def test_the_faster_path_wins() -> None:
     assert costs.should_restore("disk", 1000, 1000)
     assert not costs.should_restore("ram", 1000, 1000)
     assert costs.recomputed == 1
-    # Restoring 2,000 tokens to spare computing 100 of them: computing is faster.
-    assert not costs.should_restore("disk", 2000, 10)
+    # Restoring 20,000 tokens to spare computing 300 of them: computing is faster.
+    assert not costs.should_restore("disk", 20000, 300)
+    assert costs.should_restore("ram", 200, 200)  # too small a hit to choose by speeds: restored
 
 
 def test_a_path_judged_slower_is_tried_again_now_and_then() -> None:
