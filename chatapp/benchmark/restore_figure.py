@@ -12,6 +12,7 @@ again (with the cache: its lookup, and storing the new blocks), for what a total
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -88,8 +89,8 @@ def measure_restores(
         prefix_tokens=prefix_tokens,
         repeats=repeats,
         paths={path: _median_steps(found) for path, found in timings.items()},
-        miss_ms=_median(misses),
-        no_cache_ms=_median(without),
+        miss_ms=statistics.median(misses),
+        no_cache_ms=statistics.median(without),
         elapsed_s=time.perf_counter() - started,
     )
 
@@ -127,16 +128,10 @@ def _until_idle(engine: Engine, tokens: tuple[int, ...], use_cache: bool) -> flo
     return (time.perf_counter() - started) * 1000
 
 
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
-
-
 def _median_steps(timings: list[RestoreTimings]) -> RestoreSteps:
     names = [field.name for field in fields(RestoreSteps) if field.name != "total_ms"]
-    medians = {name: _median([getattr(timing, name) for timing in timings]) for name in names}
-    return RestoreSteps(**medians, total_ms=_median([timing.total_ms for timing in timings]))
+    medians = {name: statistics.median([getattr(timing, name) for timing in timings]) for name in names}
+    return RestoreSteps(**medians, total_ms=statistics.median([timing.total_ms for timing in timings]))
 
 
 def restore_figure_verdicts(figures: RestoreFigures | None) -> list[Verdict]:

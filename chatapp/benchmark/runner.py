@@ -441,10 +441,11 @@ def run(args: argparse.Namespace) -> int:
         if "L" in workload_names:
             _log(f"L: lookup among {scale.lookup_conversations:,} conversations")
             lookup = measure_lookup(scale.lookup_conversations)
-        if "S" in workload_names:
-            _log(f"S: storage of {scale.storage_conversations} conversations on one persona")
-            kit = PromptKit(model_path)
-            try:
+        # S, R and P build their prompts as the app does: one vocabulary for the three.
+        kit = PromptKit(model_path) if {"S", RESTORE_NAME, PREFILL_NAME} & set(workload_names) else None
+        try:
+            if kit is not None and "S" in workload_names:
+                _log(f"S: storage of {scale.storage_conversations} conversations on one persona")
                 storage = measure_storage(
                     settings,
                     kit,
@@ -454,12 +455,8 @@ def run(args: argparse.Namespace) -> int:
                     question_tokens=scale.question,
                     max_tokens=max_tokens,
                 )
-            finally:
-                kit.close()
-        if RESTORE_NAME in workload_names:
-            _log(f"{RESTORE_NAME}: restoring one {scale.system:,}-token prefix by each path, and total misses")
-            kit = PromptKit(model_path)
-            try:
+            if kit is not None and RESTORE_NAME in workload_names:
+                _log(f"{RESTORE_NAME}: restoring one {scale.system:,}-token prefix by each path, and total misses")
                 restores = measure_restores(
                     settings,
                     kit,
@@ -468,16 +465,15 @@ def run(args: argparse.Namespace) -> int:
                     repeats=scale.restore_repeats,
                     miss_repeats=scale.miss_repeats,
                 )
-            finally:
-                kit.close()
-        if PREFILL_NAME in workload_names:
-            _log(f"{PREFILL_NAME}: prefill with nothing cached, chatapp and llama-server, flash attention off and on")
-            kit = PromptKit(model_path)
-            try:
+            if kit is not None and PREFILL_NAME in workload_names:
+                _log(
+                    f"{PREFILL_NAME}: prefill with nothing cached, chatapp and llama-server, flash attention off and on"
+                )
                 prefills = measure_prefill(
                     settings, kit, server, prompt_tokens=scale.system, repeats=scale.restore_repeats
                 )
-            finally:
+        finally:
+            if kit is not None:
                 kit.close()
         if TRACE_NAME in workload_names:
             _log(f"{TRACE_NAME}: eviction policies replayed on request traces")

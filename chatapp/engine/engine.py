@@ -53,7 +53,7 @@ from chatapp.engine.events import (
     TokenText,
 )
 from chatapp.engine.gate import Step, StepGate
-from chatapp.engine.kv_placement import FRESH_TOKENS, KVPlacer, Placement
+from chatapp.engine.kv_placement import KVPlacer, Placement
 from chatapp.engine.llama_native import (
     DecodeAborted,
     NativeContext,
@@ -568,8 +568,7 @@ class Engine:
             window=self.model.window,
             # Whole states are a RAM restore too: never more than the RAM tier may hold.
             ready_state_bytes=min(config.ready_state_bytes, self.cache.config.ram_budget_bytes) if self.cache else 0,
-            fresh_tokens=max(FRESH_TOKENS, self.min_rows),
-            warm_up_rest=self.min_rows if self.min_rows > MIN_ROWS else 0,
+            min_rows=self.min_rows,
         )
 
     def _verify_state_format(self) -> MemoryLayout | None:

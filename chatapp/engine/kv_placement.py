@@ -40,6 +40,7 @@ from cache.state_format import (
     parse_state,
     read_checkpoint,
 )
+from chatapp.engine.batching import MIN_ROWS
 from chatapp.engine.events import RestoreTimings
 from chatapp.engine.llama_native import NativeContext
 from chatapp.engine.restore_costs import WHOLE_STATE, RestoreCosts
@@ -75,8 +76,7 @@ class KVPlacer:
         *,
         window: int,
         ready_state_bytes: int = 0,
-        fresh_tokens: int = FRESH_TOKENS,
-        warm_up_rest: int = 0,
+        min_rows: int = MIN_ROWS,
     ) -> None:
         self.context = context
         self.cache = cache
@@ -93,8 +93,8 @@ class KVPlacer:
         self.costs = RestoreCosts()  # restore or compute: the engine notes its prefill speed here
         # Prompt tokens every answer computes (more with flash attention: batching.py), and those a
         # warm-up computes unless its whole prompt is resident (flash attention: a batch of its own).
-        self.fresh_tokens = fresh_tokens
-        self.warm_up_rest = warm_up_rest
+        self.fresh_tokens = max(FRESH_TOKENS, min_rows)
+        self.warm_up_rest = min_rows if min_rows > MIN_ROWS else 0
 
     @property
     def takes_checkpoints(self) -> bool:

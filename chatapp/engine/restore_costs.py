@@ -73,28 +73,15 @@ class RestoreCosts:
             )
         return faster
 
-    def snapshot(self) -> dict[str, object]:
-        """The figures, for the stats."""
+    def describe(self) -> str:
+        """One line for the cache screen: the counts, and the speeds behind them."""
         with self._lock:
-            return {
-                "prefill_ms_per_token": self.prefill_ms_per_token,
-                "restore_ms_per_token": dict(self.restore_ms_per_token),
-                "restored": self.restored,
-                "recomputed": self.recomputed,
-            }
-
-
-def describe(figures: dict[str, object]) -> str:
-    """One line for the cache screen, from `RestoreCosts.snapshot()`."""
-    restored, recomputed = figures["restored"], figures["recomputed"]
-    compute = figures["prefill_ms_per_token"]
-    speeds = figures["restore_ms_per_token"]
-    assert isinstance(speeds, dict)
-    measured = ", ".join(f"{path} {value:.4f}" for path, value in speeds.items())
-    line = f"{restored} cache hits restored, {recomputed} computed instead (measured faster)"
-    if isinstance(compute, float):
-        line += f"  ·  ms per token: computing {compute:.3f}" + (f"; restoring {measured}" if measured else "")
-    return line
+            line = f"{self.restored} cache hits restored, {self.recomputed} computed instead (measured faster)"
+            if self.prefill_ms_per_token is not None:
+                measured = ", ".join(f"{path} {value:.4f}" for path, value in self.restore_ms_per_token.items())
+                line += f"  ·  ms per token: computing {self.prefill_ms_per_token:.3f}"
+                line += f"; restoring {measured}" if measured else ""
+            return line
 
 
 def _smoothed(previous: float | None, newest: float) -> float:

@@ -15,7 +15,6 @@ from cache.prefix_cache import PrefixCache
 from chatapp.engine.engine import Engine, GenerationRequest
 from chatapp.engine.llama_native import SamplingParams
 from chatapp.engine.prompt import ChatMessage
-from chatapp.engine.restore_costs import describe as describe_restore_costs
 from chatapp.errors import ChatappError
 from chatapp.records import PersonaRecord, PinRecord
 from chatapp.services import cache_admin
@@ -52,7 +51,7 @@ class CacheService:
             memory = cache_admin.describe_memory(stats["memory"]["kind"], stats["memory"]["window"], interval)
             if count := stats["memory"]["checkpoints"]:
                 memory += f" ({count:,} checkpoint{'' if count == 1 else 's'} stored)"
-            choice = describe_restore_costs(engine.restore_costs.snapshot())
+            choice = engine.restore_costs.describe()
             ttft = list(self.chat.figures.ttft_ms)
             return CacheOverview(stats, True, pins, ttft, problem, memory, divergence, choice)
         offline = cache_admin.cache_stats(self.chat.workspace)

@@ -116,18 +116,6 @@ def test_lfu_counts_uses_and_breaks_ties_by_recency() -> None:
     assert policy.victim() == K(b"c")
 
 
-def test_lru_ram_tier_behaves_as_before() -> None:
-    ram = RamTier(budget_bytes=30, ttl_seconds=100, policy=make_policy("lru"))
-    for key in (K(b"a"), K(b"b"), K(b"c")):
-        ram.put(key, b"x" * 10)
-    assert ram.get(K(b"a")) is not None
-    ram.put(K(b"d"), b"x" * 10)
-    assert K(b"b") not in ram
-    assert K(b"a") in ram
-    assert ram.bytes_used == 30
-    assert ram.counters.evictions == 1
-
-
 def test_ram_tier_evicts_by_value_under_budget() -> None:
     now = [0.0]
     ram = RamTier(budget_bytes=40, ttl_seconds=1e9, clock=lambda: now[0], policy=ValuePolicy())

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+
+from cache.eviction import make_policy
 from cache.keys import BlockKey as K
 from cache.ram_tier import RamTier
 
@@ -14,8 +17,9 @@ class Clock:
         return self.now
 
 
-def test_least_recently_used_goes_first() -> None:
-    ram = RamTier(budget_bytes=30, ttl_seconds=100)
+@pytest.mark.parametrize("policy", [None, "lru"], ids=["default", "lru"])
+def test_least_recently_used_goes_first(policy: str | None) -> None:
+    ram = RamTier(budget_bytes=30, ttl_seconds=100, policy=make_policy(policy) if policy else None)
     for key in (K(b"a"), K(b"b"), K(b"c")):
         ram.put(key, b"x" * 10)
     assert ram.get(K(b"a")) is not None  # a is now the most recent

@@ -170,4 +170,4 @@ def test_a_hit_is_computed_when_computing_is_measured_faster(cached: Engine, eng
     assert computed.stats.reuse_tier in ("none", "device")
     assert computed.stats.reused_tokens < 16 < len(target)
     assert computed.token_ids == cold.token_ids
-    assert costs.snapshot()["recomputed"] == 1
+    assert costs.recomputed == 1

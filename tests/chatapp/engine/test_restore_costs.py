@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from chatapp.engine.restore_costs import RETRY_EVERY, RestoreCosts, describe
+from chatapp.engine.restore_costs import RETRY_EVERY, RestoreCosts
 
 
 def test_until_both_speeds_are_measured_a_hit_is_restored() -> None:
@@ -10,7 +10,7 @@ def test_until_both_speeds_are_measured_a_hit_is_restored() -> None:
     assert costs.should_restore("disk", 500, 500)
     costs.note_prefill(512, 0.5)
     assert costs.should_restore("disk", 500, 500)  # the disk path is not measured yet
-    assert costs.snapshot()["recomputed"] == 0
+    assert costs.recomputed == 0
 
 
 def test_the_faster_path_wins() -> None:
@@ -38,19 +38,19 @@ def test_a_path_judged_slower_is_tried_again_now_and_then() -> None:
 def test_short_measurements_are_ignored_and_long_ones_smoothed() -> None:
     costs = RestoreCosts()
     costs.note_prefill(8, 10.0)  # mostly fixed overhead: not a speed
-    assert costs.snapshot()["prefill_ms_per_token"] is None
+    assert "computing" not in costs.describe()  # no speed yet
     costs.note_prefill(100, 0.1)
     costs.note_prefill(100, 0.2)
-    smoothed = costs.snapshot()["prefill_ms_per_token"]
-    assert isinstance(smoothed, float)
+    smoothed = costs.prefill_ms_per_token
+    assert smoothed is not None
     assert 1.0 < smoothed < 2.0
 
 
 def test_the_description_names_the_counts_and_speeds() -> None:
     costs = RestoreCosts()
-    assert describe(costs.snapshot()) == "0 cache hits restored, 0 computed instead (measured faster)"
+    assert costs.describe() == "0 cache hits restored, 0 computed instead (measured faster)"
     costs.note_prefill(100, 0.1)
     costs.note_restore("ram", 100, 1.0)
-    line = describe(costs.snapshot())
+    line = costs.describe()
     assert "computing 1.000" in line
     assert "restoring ram 0.0100" in line
