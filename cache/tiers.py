@@ -12,6 +12,7 @@ class ReuseTier(StrEnum):
     DEVICE = "device"  # resident in a llama.cpp sequence: answered in place, nothing copied
     RAM = "ram"  # restored from host memory
     DISK = "disk"  # restored from the disk tier
+    SERVER = "server"  # reused by a remote engine's own prefix cache (it does not say from where)
 
 
 REUSING_TIERS = (ReuseTier.DEVICE, ReuseTier.RAM, ReuseTier.DISK)

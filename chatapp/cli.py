@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import sys
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from chatapp.services.startup import Workspace, make_new_files_private, open_wor
 
 EXIT_INTERRUPTED = 130
 ENV_API_KEY = "CHATAPP_API_KEY"
+ENV_BACKEND_KEY = "CHATAPP_BACKEND_KEY"
 MAX_BODY_BYTES = 32 << 20
 
 
@@ -48,6 +50,15 @@ def _engine_options(default: object = None) -> argparse.ArgumentParser:
         metavar="N",
         help="CPU threads (default: one per core)",
     )
+    remote = parser.add_argument_group("remote engine")
+    remote.add_argument(
+        "--backend",
+        metavar="URL",
+        help="answer with a server instead of a model here: llama-server or another chatapp serve "
+        "(e.g. http://gpu-box:8080)",
+    )
+    remote.add_argument("--backend-key", metavar="KEY", help=f"the backend's API key (or ${ENV_BACKEND_KEY})")
+    remote.add_argument("--backend-model", metavar="NAME", help="the name to show for the backend's model")
     return parser
 
 
@@ -128,6 +139,9 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "context_cap": args.context,
         "n_gpu_layers": args.n_gpu_layers,
         "threads": args.threads,
+        "backend": args.backend,
+        "backend_key": args.backend_key or os.environ.get(ENV_BACKEND_KEY) or None,
+        "backend_model": args.backend_model,
         "max_tokens": getattr(args, "max_tokens", None),
         "temperature": getattr(args, "temperature", None),
         "top_p": getattr(args, "top_p", None),
@@ -158,7 +172,6 @@ def _write_stdout(text: str) -> None:
 def run_ask(args: argparse.Namespace, workspace: Workspace) -> int:
     system_prompt = _read_system_prompt(args)
     document = load_document(args.doc) if args.doc is not None else None
-    model_path = workspace.model_path
     request = AskRequest(
         question=args.question,
         sampling=workspace.sampling(),
@@ -166,9 +179,9 @@ def run_ask(args: argparse.Namespace, workspace: Workspace) -> int:
         document=document,
         use_cache=not args.no_cache,
     )
-    fingerprint = workspace.model_fingerprint(model_path)
-    with workspace.open_engine(use_cache=not args.no_cache, sequences=1) as engine:
-        record = ask(engine, request, model_path=model_path, model_fingerprint=fingerprint, on_text=_write_stdout)
+    model, fingerprint = workspace.model_identity()
+    with closing(workspace.open_engine(use_cache=not args.no_cache, sequences=1)) as engine:
+        record = ask(engine, request, model=model, model_fingerprint=fingerprint, on_text=_write_stdout)
     _write_stdout("\n")
     for notice in (engine.cache_problem, engine.cache.problem if engine.cache is not None else None):
         if notice:
@@ -204,7 +217,7 @@ def run_serve(args: argparse.Namespace, workspace: Workspace) -> int:
     def say(line: str) -> None:
         print(f"chatapp: {line}" if line.startswith("warning") else line, file=sys.stderr, flush=True)
 
-    say(f"loading {workspace.model_path.name}...")
+    say(f"loading {workspace.model_label()}...")
     serving = Serving(workspace, max_pending=args.max_pending)
     serve(serving, host=args.host, port=args.port, api_key=args.api_key, body_limit_bytes=MAX_BODY_BYTES, say=say)
     return 0
@@ -213,7 +226,8 @@ def run_serve(args: argparse.Namespace, workspace: Workspace) -> int:
 def run_chat(workspace: Workspace) -> int:
     from chatapp.tui.app import ChatApp
 
-    _ = workspace.model_path  # resolving it checks the file: fail before the screen opens
+    if workspace.remote is None:
+        _ = workspace.model_path  # resolving it checks the file: fail before the screen opens
     ChatApp(workspace).run()
     return 0
 

@@ -60,6 +60,35 @@ class Settings(BaseModel):
         "prompt, besides the persona, document and turn ends (smaller: reuse nearer any point, more storage)",
     )
 
+    backend: str | None = Field(
+        None,
+        description="a server to answer instead of a model here (llama-server or another chatapp serve), "
+        "e.g. http://gpu-box:8080; empty runs the model in this process",
+    )
+    backend_key: str | None = Field(None, description="the backend server's API key, if it needs one")
+    backend_model: str | None = Field(None, description="the name to show for the backend's model")
+    warm_ahead: bool = Field(
+        True,
+        description="compute a conversation's, persona's or document's beginning when it opens, and the "
+        "message as you type, so Enter leaves little to compute (on a backend: prefill-only requests)",
+    )
+
+    @field_validator("backend", mode="before")
+    @classmethod
+    def _backend_is_an_http_url(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = value.strip()
+            if not value:
+                return None
+            if not value.startswith(("http://", "https://")):
+                raise ValueError(f"{value!r} is not an http:// or https:// address; give the server's URL")
+        return value
+
+    @field_validator("backend_key", "backend_model", mode="before")
+    @classmethod
+    def _empty_means_none(cls, value: object) -> object:
+        return None if isinstance(value, str) and not value.strip() else value
+
     @field_validator("model", mode="before")
     @classmethod
     def _empty_model_means_bundled(cls, value: object) -> object:

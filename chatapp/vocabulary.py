@@ -39,6 +39,7 @@ class MessageStatus(StrEnum):
     STOPPED = "stopped"  # the user stopped it
     CUT_OFF = "cut_off"  # it hit the token or context limit
     PARTIAL = "partial"  # saved while streaming and never finished (the app closed)
+    FAILED = "failed"  # the engine failed midway (a remote server dropped the stream): what came is kept
 
     @classmethod
     def after(cls, reason: StopReason) -> MessageStatus:

@@ -11,13 +11,16 @@ import argparse
 import json
 import tempfile
 import time
+from contextlib import closing
 from pathlib import Path
 from typing import Literal, NotRequired, TypedDict
 
-from chatapp.engine.engine import Engine, EngineConfig, GenerationRequest
+from chatapp.engine.contract import EngineClient
+from chatapp.engine.engine import Engine, EngineConfig
 from chatapp.engine.events import GenerationResult
-from chatapp.engine.llama_native import SamplingParams, gpu_offload_supported
+from chatapp.engine.llama_native import gpu_offload_supported
 from chatapp.engine.prompt import ChatMessage
+from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.services.startup import open_workspace
 from chatapp.vocabulary import Role, StopReason
 
@@ -59,13 +62,13 @@ class SideReport(TypedDict):
 RequiredCheck = Literal["other_sequence_equals_cold", "cancelled", "after_cancel_equals_cold"]
 
 
-def prompt(engine: Engine, question: str) -> tuple[int, ...]:
+def prompt(engine: EngineClient, question: str) -> tuple[int, ...]:
     messages = [ChatMessage.of(Role.SYSTEM, PERSONA), ChatMessage.of(Role.USER, question)]
     return tuple(engine.prompt_builder.build(messages))
 
 
 def generate(
-    engine: Engine, tokens: tuple[int, ...], *, sequence: int | None = None, use_cache: bool = True
+    engine: EngineClient, tokens: tuple[int, ...], *, sequence: int | None = None, use_cache: bool = True
 ) -> GenerationResult:
     return engine.generate(GenerationRequest(tokens, GREEDY, sequence=sequence, use_cache=use_cache)).wait()
 
@@ -107,7 +110,7 @@ def check_cache(model: Path, layers: int, cold_tokens: dict[str, tuple[int, ...]
     overrides = {"model": str(model), "context_cap": 2048, "sequences": 1, "n_gpu_layers": layers}
     workspace = open_workspace(str(home), overrides)
     report: CacheReport = {}
-    with workspace.open_engine() as engine:
+    with closing(workspace.open_engine()) as engine:
         report["cache_enabled"] = engine.cache is not None
         report["cache_problem"] = engine.cache_problem
         if engine.cache is None:
@@ -121,7 +124,7 @@ def check_cache(model: Path, layers: int, cold_tokens: dict[str, tuple[int, ...]
         report["ram_tier"] = from_ram.stats.reuse_tier
         report["ram_reused"] = from_ram.stats.reused_tokens
         report["ram_equals_cold"] = from_ram.token_ids == cold_tokens["long"]
-    with open_workspace(str(home), overrides).open_engine() as engine:
+    with closing(open_workspace(str(home), overrides).open_engine()) as engine:
         from_disk = generate(engine, prompt(engine, LONG_QUESTION))
         report["disk_tier"] = from_disk.stats.reuse_tier
         report["disk_reused"] = from_disk.stats.reused_tokens

@@ -5,16 +5,27 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
+from chatapp.engine.contract import EngineClient
 from chatapp.engine.engine import Engine, EngineConfig
 from chatapp.engine.llama_native import NativeModel
 from chatapp.model_files import bundled_model_path
 
+if TYPE_CHECKING:
+    from tests.server_support import Backend
+
 # Small contexts keep the suite fast on two cores; the behaviour under test is the same.
 TEST_CONTEXT = 1024
 TEST_SEQUENCES = 2
+
+
+def local(engine: EngineClient | None) -> Engine:
+    """The in-process engine behind the contract, for a test that holds it at a step or reads its internals."""
+    assert isinstance(engine, Engine), f"expected the local engine, got {type(engine).__name__}"
+    return engine
 
 
 @pytest.fixture(scope="session")
@@ -37,6 +48,15 @@ def engine(model_path: Path) -> Iterator[Engine]:
     """One engine for the whole session; tests pick their own sequence or disable reuse."""
     with Engine(EngineConfig(model_path=model_path, context_cap=TEST_CONTEXT, sequences=TEST_SEQUENCES)) as shared:
         yield shared
+
+
+@pytest.fixture(scope="session")
+def backend(tmp_path_factory: pytest.TempPathFactory, model_path: Path) -> Iterator[Backend]:
+    """One real `chatapp serve` on loopback for the session, used as a remote engine (--backend)."""
+    from tests.server_support import running_backend
+
+    with running_backend(tmp_path_factory.mktemp("backend-data"), model_path) as running:
+        yield running
 
 
 @pytest.fixture

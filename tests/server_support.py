@@ -14,10 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from chatapp.benchmark.server_process import free_port
+from chatapp.engine.engine import Engine
 from chatapp.server.answering import ServerContext
 from chatapp.server.run import build_server
 from chatapp.services.serving import Serving
 from chatapp.services.startup import open_workspace
+from tests.conftest import local
+from tests.cut_proxy import CutProxy, cut_proxy
 
 # Greedy and short: reproducible answers, a fast run on two cores.
 SERVER_SETTINGS = {"temperature": 0.0, "context_cap": 1024, "sequences": 4, "max_tokens": 12, "threads": 1}
@@ -35,6 +38,15 @@ class RunningServer:
     serving: Serving
     context: ServerContext
     url: str
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
+
+    @property
+    def engine(self) -> Engine:
+        """The server's in-process engine, for a test that holds it at a step."""
+        return local(self.serving.engine)
 
     @property
     def model_id(self) -> str:
@@ -71,3 +83,32 @@ def running_server(
         server.should_exit = True
         thread.join()
         serving.close()
+
+
+BACKEND_KEY = "backend-test-key"
+
+
+@dataclass
+class Backend:
+    """A real `chatapp serve` (with an API key) behind a proxy a test can cut: a remote engine to use."""
+
+    server: RunningServer
+    proxy: CutProxy
+
+    @property
+    def url(self) -> str:
+        return self.proxy.url
+
+    @property
+    def key(self) -> str:
+        return BACKEND_KEY
+
+    def settings(self) -> dict[str, object]:
+        """Settings that make chatapp use this backend."""
+        return {"backend": self.url, "backend_key": BACKEND_KEY}
+
+
+@contextmanager
+def running_backend(data_dir: Path, model_path: Path) -> Iterator[Backend]:
+    with running_server(data_dir, model_path, api_key=BACKEND_KEY) as server, cut_proxy(server.port) as proxy:
+        yield Backend(server, proxy)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from chatapp.engine.engine import Engine
+from chatapp.engine.contract import EngineClient
 from chatapp.engine.gate import Step, StepGate
 from chatapp.services.chat_service import ChatService
 from chatapp.services.library import Library
@@ -21,7 +21,7 @@ def settings(model_path: Path, **overrides: object) -> dict[str, object]:
     return {**SERVICE_SETTINGS, "model": str(model_path), **overrides}
 
 
-def make_service(workspace: Workspace, library: Library, engine: Engine | None) -> ChatService:
+def make_service(workspace: Workspace, library: Library, engine: EngineClient | None) -> ChatService:
     service = ChatService(workspace, library.conversations, library.personas, library.pins)
     if engine is not None:
         service.attach_engine(engine)

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from chatapp.engine.engine import Engine, EngineConfig, GenerationRequest
-from chatapp.engine.llama_native import NativeModel, SamplingParams
+from chatapp.engine.engine import Engine, EngineConfig
+from chatapp.engine.llama_native import NativeModel
 from chatapp.engine.prompt import ChatMessage
+from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.model_files import bundled_model_path
 from chatapp.vocabulary import Role, StopReason
 from tests.model_factory import TINY_MODEL_THREADS, tokenizer_fields, write_tiny_llama

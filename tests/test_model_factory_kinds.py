@@ -16,10 +16,10 @@ from pathlib import Path
 import llama_cpp
 import pytest
 
-from chatapp.engine.engine import Engine, EngineConfig, GenerationRequest
+from chatapp.engine.engine import Engine, EngineConfig
 from chatapp.engine.events import GenerationResult
-from chatapp.engine.llama_native import SamplingParams
 from chatapp.engine.prompt import ChatMessage
+from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.vocabulary import Role, StopReason
 from tests.model_factory import (
     TINY_MODEL_THREADS,

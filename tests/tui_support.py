@@ -14,6 +14,7 @@ from chatapp.tui.app import ChatApp
 from chatapp.tui.chat_log import ChatLog
 from chatapp.tui.composer import Composer
 from chatapp.tui.widgets import MessageView
+from tests.conftest import local
 
 SCREEN = (120, 36)
 # Greedy answers are reproducible; short ones keep the suite fast on two cores.
@@ -37,9 +38,8 @@ async def wait_until(pilot: Pilot[None], condition: Callable[[], object], timeou
 
 def engine_of(app: ChatApp) -> Engine:
     """The app's engine, for a test that holds it at a step (`engine_of(app).holding(...)`)."""
-    engine = app.service.engine
-    assert engine is not None, "the model is not loaded yet: wait_ready first"
-    return engine
+    assert app.service.engine is not None, "the model is not loaded yet: wait_ready first"
+    return local(app.service.engine)
 
 
 async def wait_ready(pilot: Pilot[None], app: ChatApp) -> None:

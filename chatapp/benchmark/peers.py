@@ -12,7 +12,7 @@ closing it and calling the factory again with the same folder.
   prefix with what is live in its context (`Llama.generate`).
 - `LlamaRAMCachePeer`: `Llama` + `LlamaRAMCache(capacity_bytes=ram budget)`.
 - `LlamaDiskCachePeer`: `Llama` + `LlamaDiskCache` in the peer's folder (capacity: disk budget).
-- `ChatappPeer`: chatapp's `Engine` with its tiered prefix cache in the peer's folder.
+- `ChatappPeer`: chatapp's local engine with its tiered prefix cache in the peer's folder.
 - `ChatappWarmAheadPeer`, `ChatappTypedPeer`: the same, plus what the app computes before
   Enter (the persona and document; then the question as it is typed). Only on workloads
   whose requests carry a `Draft` (C).
@@ -21,7 +21,7 @@ closing it and calling the factory again with the same folder.
 
 Between requests of latency workloads the runner lets each peer `settle` (a user reads the
 answer): a `Llama` saves to its cache inside the call; chatapp recomputes the answer as one
-prefill (`Engine._rebatch_answer`) and stores the new blocks after handing the answer over,
+prefill (the engine's `_rebatch_answer`) and stores the new blocks after handing the answer over,
 and `settle` waits for that. Throughput workloads go back to back: there chatapp's recompute
 gives way to the next request. Wall time counts it all.
 
@@ -47,9 +47,9 @@ from cache.fingerprint import hash_file
 from cache.keys import as_token_array, common_prefix_length
 from cache.prefix_cache import CacheConfig
 from chatapp.benchmark.workloads import Draft, Request
-from chatapp.engine.engine import Engine, EngineConfig, GenerationRequest
 from chatapp.engine.kv_placement import FRESH_TOKENS
-from chatapp.engine.llama_native import SamplingParams
+from chatapp.engine.opening import EngineConfig, start_local_engine
+from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.services.startup import kv_cache_factory
 from chatapp.services.warmup import draft_prompt_tokens, settled_text
 
@@ -300,7 +300,7 @@ class ChatappPeer:
             ttl_seconds=7 * 86400,
         )
         factory = kv_cache_factory(folder / "kv", settings.fingerprint(), config)
-        self.engine = Engine(
+        self.engine = start_local_engine(
             EngineConfig(
                 model_path=settings.model_path,
                 context_cap=settings.context,
@@ -337,7 +337,7 @@ class ChatappPeer:
         return None
 
     def settle(self) -> None:
-        """Wait for the answer's recompute (`Engine._rebatch_answer`) and the cache store it hands over."""
+        """Wait for the answer's recompute (the engine's `_rebatch_answer`) and the cache store it hands over."""
         self.engine.flush_cache()
 
     def close(self) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from contextlib import closing
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -19,9 +20,9 @@ from chatapp.benchmark.goals import Verdict, prefill_verdicts
 from chatapp.benchmark.llama_server import LlamaServerPeer
 from chatapp.benchmark.peers import PeerSettings
 from chatapp.benchmark.workloads import PromptKit
-from chatapp.engine.engine import Engine, EngineConfig, GenerationRequest
-from chatapp.engine.llama_native import SamplingParams
+from chatapp.engine.opening import EngineConfig, start_local_engine
 from chatapp.engine.prompt import ChatMessage
+from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.vocabulary import Role
 
 PREFILL_NAME = "P"
@@ -68,7 +69,7 @@ def _chatapp_speed(settings: PeerSettings, prompts: list[tuple[int, ...]], flash
         n_batch=settings.n_batch,
         flash_attention=flash,
     )
-    with Engine(config) as engine:
+    with closing(start_local_engine(config)) as engine:
         speeds = []
         for prompt in prompts:
             request = GenerationRequest(prompt, SamplingParams(temperature=0.0, max_tokens=1), use_cache=False)

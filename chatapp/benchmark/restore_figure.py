@@ -21,10 +21,10 @@ from typing import Any
 from chatapp.benchmark.goals import Verdict, restore_verdicts
 from chatapp.benchmark.peers import ChatappPeer, PeerSettings
 from chatapp.benchmark.workloads import PromptKit
-from chatapp.engine.engine import Engine, GenerationRequest
+from chatapp.engine.contract import LocalEngine
 from chatapp.engine.events import GenerationResult, RestoreTimings
-from chatapp.engine.llama_native import SamplingParams
 from chatapp.engine.prompt import ChatMessage
+from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.vocabulary import ReuseTier, Role
 
 RESTORE_NAME = "R"
@@ -96,13 +96,13 @@ def measure_restores(
 
 
 def _answer(
-    engine: Engine, tokens: tuple[int, ...], *, use_cache: bool = True, sequence: int | None = None
+    engine: LocalEngine, tokens: tuple[int, ...], *, use_cache: bool = True, sequence: int | None = None
 ) -> GenerationResult:
     request = GenerationRequest(tokens, SamplingParams(temperature=0.0, max_tokens=4), sequence, use_cache)
     return engine.generate(request).wait()
 
 
-def _restore(engine: Engine, tokens: tuple[int, ...], path: str) -> RestoreTimings:
+def _restore(engine: LocalEngine, tokens: tuple[int, ...], path: str) -> RestoreTimings:
     """Push the prefix out of every sequence, empty the tiers `path` must not use, and restore it."""
     for sequence in range(engine.info.n_sequences):
         _answer(engine, tokens[:8], use_cache=False, sequence=sequence)
@@ -110,7 +110,7 @@ def _restore(engine: Engine, tokens: tuple[int, ...], path: str) -> RestoreTimin
     cache = engine.cache
     assert cache is not None
     if path != "ram, whole state":
-        engine.placer.ready.clear()  # thread-safe; the engine is idle here
+        engine.drop_ready_states()  # the engine is idle here
     if path.startswith("disk"):
         cache.ram.clear()
     result = _answer(engine, tokens)
@@ -121,7 +121,7 @@ def _restore(engine: Engine, tokens: tuple[int, ...], path: str) -> RestoreTimin
     return restore
 
 
-def _until_idle(engine: Engine, tokens: tuple[int, ...], use_cache: bool) -> float:
+def _until_idle(engine: LocalEngine, tokens: tuple[int, ...], use_cache: bool) -> float:
     started = time.perf_counter()
     _answer(engine, tokens, use_cache=use_cache)
     engine.flush_cache()  # the answer's recompute, and with the cache its lookup and stores

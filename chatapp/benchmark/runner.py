@@ -71,7 +71,7 @@ from chatapp.benchmark.trace_figure import (
     trace_table,
 )
 from chatapp.benchmark.workloads import SCALES, WORKLOAD_NAMES, PromptKit, Request, Scale, Workload, build_workloads
-from chatapp.engine.engine import default_thread_count
+from chatapp.engine.opening import default_thread_count
 from chatapp.model_files import resolve_model_path
 
 SERVER_PEER = "llama-server"

@@ -26,9 +26,8 @@ from pathlib import Path
 
 from cache.keys import as_token_array, common_prefix_length
 from chatapp.documents import Document
-from chatapp.engine.chat_template import FALLBACK_CHATML, ChatTemplate
-from chatapp.engine.llama_native import NativeModel
-from chatapp.engine.prompt import ChatMessage, PromptBuilder
+from chatapp.engine.opening import open_prompt_builder
+from chatapp.engine.prompt import ChatMessage
 from chatapp.services.boundaries import reuse_boundaries
 from chatapp.services.conversation import document_block, question_message
 from chatapp.services.warmup import draft_prompt_tokens
@@ -450,18 +449,12 @@ class PromptKit:
     """The model's vocabulary and chat template, loaded without weights, to build prompts."""
 
     def __init__(self, model_path: Path) -> None:
-        self.model = NativeModel(model_path, vocab_only=True)
-        template = ChatTemplate(
-            source=self.model.chat_template() or FALLBACK_CHATML,
-            bos_token=self.model.token_text(self.model.bos_id),
-            eos_token=self.model.token_text(self.model.eos_id),
-        )
-        self.builder = PromptBuilder(template, self.model)
+        self.builder = open_prompt_builder(model_path)
         self.texts = TextMaker(self.tokenize)
         self.boundaries: dict[tuple[int, ...], tuple[int, ...]] = {}  # by prompt, as `build` made them
 
     def tokenize(self, text: str) -> list[int]:
-        return self.model.tokenize(text, add_special=False, parse_special=False)
+        return self.builder.tokenizer.tokenize(text, add_special=False, parse_special=False)
 
     def build(self, messages: list[ChatMessage]) -> tuple[int, ...]:
         tokens = tuple(self.builder.build(messages))
@@ -469,7 +462,7 @@ class PromptKit:
         return tokens
 
     def close(self) -> None:
-        self.model.close()
+        self.builder.close()
 
 
 def with_known_prefixes(kit: PromptKit, requests: list[Request]) -> tuple[Request, ...]:

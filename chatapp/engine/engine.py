@@ -36,7 +36,7 @@ import numpy as np
 from cache.llama_state import read_sequence_state, write_sequence_state
 from cache.prefix_cache import PrefixCache
 from cache.selftest import verify_layout
-from cache.state_format import MemoryKind, MemoryLayout, StateFormatError
+from cache.state_format import MemoryLayout, StateFormatError
 from chatapp.engine.batching import (
     FLASH_ATTENTION_ROWS,
     MIN_BATCH,
@@ -44,7 +44,6 @@ from chatapp.engine.batching import (
     batch_end,
     stored_checkpoint_positions,
 )
-from chatapp.engine.chat_template import FALLBACK_CHATML, ChatTemplate
 from chatapp.engine.events import (
     GenerationResult,
     GenerationStats,
@@ -53,16 +52,18 @@ from chatapp.engine.events import (
     TokenText,
 )
 from chatapp.engine.gate import Step, StepGate
+from chatapp.engine.handle import GenerationHandle
 from chatapp.engine.kv_placement import KVPlacer, Placement
 from chatapp.engine.llama_native import (
     DecodeAborted,
     NativeContext,
     NativeModel,
     NativeSampler,
-    SamplingParams,
     gpu_offload_supported,
 )
+from chatapp.engine.model_card import LOCAL_CAPABILITIES, Capabilities, ModelInfo
 from chatapp.engine.prompt import PromptBuilder
+from chatapp.engine.requests import GenerationRequest
 from chatapp.engine.restore_costs import RestoreCosts
 from chatapp.engine.turns import TurnState, take_turns
 from chatapp.errors import ContextOverflowError
@@ -112,101 +113,7 @@ class EngineConfig:
             )
 
 
-@dataclass(frozen=True)
-class ModelInfo:
-    """What the rest of the app may know about the loaded model and context."""
-
-    path: Path
-    name: str
-    description: str
-    n_ctx_train: int
-    n_ctx_per_sequence: int
-    n_sequences: int
-    flash_attention: bool
-    gpu_layers: int
-    threads: int
-    memory_kind: MemoryKind = MemoryKind.PLAIN
-    window: int = 0  # tokens a sliding-window layer attends to (0: none)
-    swa_full: bool = True
-
-
-@dataclass(frozen=True)
-class GenerationRequest:
-    """One answer to compute: the full prompt tokens, sampling, and the sequence to use.
-
-    `prefill_only` computes the prompt's KV ahead of the real request (warming up while the
-    user types) and samples nothing: it ends with StopReason.PREFILLED and is left out of the
-    cache's hit rate. `store=False` keeps the KV resident but hands nothing to the cache's
-    RAM and disk tiers, so half-typed drafts do not fill the disk. `checkpoints` are prompt
-    positions where reuse is likely to start (the end of the persona, of a document, of
-    the history): a model whose state cannot be cut is checkpointed there.
-    """
-
-    prompt_tokens: tuple[int, ...]
-    sampling: SamplingParams
-    sequence: int | None = None  # None: the engine picks (the best resident or cached prefix)
-    use_cache: bool = True  # False: no lookup, no store; the whole prompt is computed
-    prefill_only: bool = False
-    store: bool = True
-    checkpoints: tuple[int, ...] = ()
-
-
 CacheFactory = Callable[[MemoryLayout, ModelInfo], PrefixCache]
-EngineEvent = PromptPlaced | PrefillProgress | TokenText
-
-
-class GenerationHandle:
-    """The caller's side of a running request: its events, its result, and a cancel button."""
-
-    def __init__(self, request: GenerationRequest) -> None:
-        self.request = request
-        self.submitted_at = time.perf_counter()
-        self.cancel_event = threading.Event()
-        self._events: queue.Queue[EngineEvent | None] = queue.Queue()  # None: the end
-        self._result: GenerationResult | None = None
-        self._error: BaseException | None = None
-        self._drained = False
-        self._finished = threading.Event()
-
-    @property
-    def done(self) -> bool:
-        """Whether the engine has finished with this request (its events may still be unread)."""
-        return self._finished.is_set()
-
-    def join(self, timeout: float | None = None) -> bool:
-        """Wait until `done` without reading the events (another thread may be reading them)."""
-        return self._finished.wait(timeout)
-
-    def cancel(self) -> None:
-        """Stop as soon as possible; the result keeps what was generated so far."""
-        self.cancel_event.set()
-
-    def events(self) -> Iterator[EngineEvent]:
-        """Progress and text events until the request ends; raises if it failed."""
-        while not self._drained:
-            event = self._events.get()
-            if event is None:
-                self._drained = True
-                break
-            yield event
-        if self._error is not None:
-            raise self._error
-
-    def wait(self) -> GenerationResult:
-        """Consume the remaining events and return the result."""
-        for _ in self.events():
-            pass
-        assert self._result is not None
-        return self._result
-
-    # Engine side.
-    def _emit(self, event: EngineEvent) -> None:
-        self._events.put(event)
-
-    def _finish(self, result: GenerationResult | None, error: BaseException | None = None) -> None:
-        self._result, self._error = result, error
-        self._events.put(None)
-        self._finished.set()
 
 
 class _Task:
@@ -327,12 +234,23 @@ class Engine:
         return self.placer.costs
 
     @property
+    def capabilities(self) -> Capabilities:
+        return LOCAL_CAPABILITIES
+
+    def drop_ready_states(self) -> None:
+        """For the bench: forget the whole states kept ready (thread-safe; call while idle)."""
+        self.placer.ready.clear()
+
+    @property
     def takes_checkpoints(self) -> bool:
         """Whether this model's state is checkpointed (so requests should name their boundaries)."""
         return self.placer.takes_checkpoints
 
     def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = False) -> list[int]:
         return self.model.tokenize(text, add_special=add_special, parse_special=parse_special)
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return self.model.detokenize(tokens)
 
     def close(self) -> None:
         """Cancel what is running or queued, stop the thread and free the model."""
@@ -417,7 +335,7 @@ class Engine:
                 job.set()
         for handle in [*(task.handle for task in self._tasks), *self._pending]:
             if not handle.done:
-                handle._finish(None, error)
+                handle.finish(None, error)
         self._tasks.clear()
         self._pending.clear()
         for barrier, _ in self._barriers:
@@ -431,7 +349,7 @@ class Engine:
             with self._closing_lock:
                 self._waiting_requests -= 1
             handle.cancel()
-            handle._finish(self._untouched_result(handle))
+            handle.finish(self._untouched_result(handle))
             self._task_done(handle)
 
     def _start_tasks(self) -> None:
@@ -444,7 +362,7 @@ class Engine:
             self._pending.remove(handle)
             with self._closing_lock:
                 self._waiting_requests -= 1
-            handle._finish(self._untouched_result(handle))
+            handle.finish(self._untouched_result(handle))
             self._task_done(handle)
         while self._pending and self._may_start(self._pending[0].request):
             handle = self._pending.popleft()
@@ -491,7 +409,7 @@ class Engine:
                     self.placer.forget(task.sequence)
                     self._short_first_batch.discard(task.sequence)
                 if not task.handle.done:
-                    task.handle._finish(None, error)
+                    task.handle.finish(None, error)
                 self._task_done(task.handle)
             finally:
                 self._active = None
@@ -549,14 +467,9 @@ class Engine:
             memory_kind=self.model.memory_kind,
             window=self.model.window,
             swa_full=shape.swa_full,
+            n_vocab=self.model.n_vocab,
         )
-        template_source = self.model.chat_template() or FALLBACK_CHATML
-        self.chat_template = ChatTemplate(
-            source=template_source,
-            bos_token=self.model.token_text(self.model.bos_id),
-            eos_token=self.model.token_text(self.model.eos_id),
-        )
-        self.prompt_builder = PromptBuilder(self.chat_template, self.model)
+        self.prompt_builder = PromptBuilder.for_model(self.model)
         self.layout = self._verify_state_format()
         if self._cache_factory is not None and self.layout is not None:
             self.cache = self._cache_factory(self.layout, self.info)
@@ -626,7 +539,7 @@ class Engine:
         if handle.cancel_event.is_set():
             # Cancelled while queued (a warm-up whose draft was edited, a client that hung up):
             # it must not cut or evict any sequence on its way out.
-            handle._finish(self._untouched_result(handle))
+            handle.finish(self._untouched_result(handle))
             return
         placement = None
         try:
@@ -641,19 +554,19 @@ class Engine:
             task.turn.placed = True
             task.turn.computing_from = placement.reused_tokens
             task.turn.prefill_left = len(request.prompt_tokens) - placement.reused_tokens
-            handle._emit(PromptPlaced(placement.reused_tokens, len(request.prompt_tokens), placement.tier))
+            handle.emit(PromptPlaced(placement.reused_tokens, len(request.prompt_tokens), placement.tier))
             result = yield from self._generate(task, placement)
         except Exception as error:
             # When in doubt, forget the sequence: a stale KV must never be reused.
             if placement is not None:
                 self.placer.forget(placement.sequence)
                 self._short_first_batch.discard(placement.sequence)
-            handle._finish(None, error)
+            handle.finish(None, error)
             return
         if request.use_cache and self.cache is not None and not request.prefill_only:
             # Counted before the caller hears of it (a warm-up is not a request the user made).
             self.cache.record_request(result.stats.prompt_tokens, result.stats.reused_tokens, result.stats.reuse_tier)
-        handle._finish(result)
+        handle.finish(result)
         task.after_answer = True
         if not request.prefill_only:
             yield from self._rebatch_answer(task, placement.sequence)
@@ -816,7 +729,7 @@ class Engine:
                 self._store_if_awaited(turn, sequence, start, len(prompt))
             if start in checkpoints and sequence not in self._short_first_batch:
                 self._take_checkpoint(handle, sequence, live)
-            handle._emit(PrefillProgress(done=start, total=len(prompt)))
+            handle.emit(PrefillProgress(done=start, total=len(prompt)))
             if handle is not self._rebatch_job:  # the recompute after an answer is the engine's own work
                 self._reach(Step.BATCH, handle)
             if not is_last:
@@ -912,7 +825,7 @@ class Engine:
                 generated.append(token)
                 text = decoder.decode(self.model.token_bytes(token))
                 pieces.append(text)
-                handle._emit(TokenText(text=text, token_id=token))
+                handle.emit(TokenText(text=text, token_id=token))
                 self._reach(Step.TOKEN, handle)
                 if len(generated) >= request.sampling.max_tokens:
                     stop_reason = StopReason.LENGTH
@@ -932,5 +845,5 @@ class Engine:
             tail = decoder.decode(b"", final=True)
             if tail:
                 pieces.append(tail)
-                handle._emit(TokenText(text=tail, token_id=-1))
+                handle.emit(TokenText(text=tail, token_id=-1))
         return stop_reason, first_token_at

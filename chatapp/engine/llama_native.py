@@ -19,6 +19,7 @@ import llama_cpp
 import numpy as np
 
 from cache.state_format import MemoryKind
+from chatapp.engine.requests import SamplingParams
 from chatapp.errors import ModelError
 
 llama_logger = logging.getLogger("chatapp.llama")
@@ -311,16 +312,6 @@ class NativeContext:
     def min_position(self, sequence: int) -> int:
         """The smallest position `sequence` still holds (for a sliding window: its oldest cell), -1 when empty."""
         return int(llama_cpp.llama_memory_seq_pos_min(self.memory, sequence))
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How the next token is chosen; temperature 0 is greedy and reproducible."""
-
-    temperature: float = 0.7
-    top_p: float = 0.95
-    seed: int | None = None
-    max_tokens: int = 512
 
 
 class NativeSampler:

@@ -24,7 +24,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Protocol, TypeVar
 
-from chatapp.engine.chat_template import ChatTemplate, TemplateRenderError
+from chatapp.engine.chat_template import FALLBACK_CHATML, ChatTemplate, TemplateRenderError
 from chatapp.vocabulary import Role
 
 log = logging.getLogger(__name__)
@@ -66,8 +66,29 @@ class Tokenizer(Protocol):
     def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]: ...
 
 
+class ModelVocabulary(Tokenizer, Protocol):
+    """A model's vocabulary with its chat template (a loaded GGUF file, or a remote server's)."""
+
+    bos_id: int
+    eos_id: int
+
+    def chat_template(self) -> str | None: ...
+
+    def token_text(self, token: int) -> str: ...
+
+
 class PromptBuilder:
     """Turns a list of messages into prompt tokens with the model's own chat template."""
+
+    @classmethod
+    def for_model(cls, vocabulary: ModelVocabulary) -> PromptBuilder:
+        """The model's own chat template (ChatML when it has none) over its own vocabulary."""
+        template = ChatTemplate(
+            source=vocabulary.chat_template() or FALLBACK_CHATML,
+            bos_token=vocabulary.token_text(vocabulary.bos_id),
+            eos_token=vocabulary.token_text(vocabulary.eos_id),
+        )
+        return cls(template, vocabulary)
 
     def __init__(self, template: ChatTemplate, tokenizer: Tokenizer) -> None:
         self.template = template
@@ -76,6 +97,12 @@ class PromptBuilder:
         self._text_memo: OrderedDict[str, tuple[int, ...]] = OrderedDict()
         self._memo_lock = threading.Lock()  # the answer and warm-up workers build prompts at once
         self.supports_system = self._accepts_system_messages()
+
+    def close(self) -> None:
+        """Free the vocabulary when it has something to free (a model loaded for this builder alone)."""
+        close = getattr(self.tokenizer, "close", None)
+        if callable(close):
+            close()
 
     def build(self, messages: list[ChatMessage], *, add_generation_prompt: bool = True) -> list[int]:
         """The prompt tokens for `messages`, ending with the assistant header when asked."""

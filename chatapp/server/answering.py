@@ -92,12 +92,14 @@ class Answer:
         self._context = context
         self.feed = feed
         self._events = aiter(feed)
+        self._first: StreamEvent | None = None  # read by placed() and not yet handed on by events()
 
     async def placed(self, request: Request) -> dict[str, str] | None:
-        """Wait until the engine has placed the prompt; the cache headers for the response.
+        """Wait until the engine has placed the prompt (or begun answering); the response's cache headers.
 
         None when the client hung up while the request waited its turn: it is cancelled, and
-        its place in the queue is free again.
+        its place in the queue is free again. A remote engine says what it reused only after the
+        answer: its headers then say so (`tier=unknown`), and the usage at the end has the figures.
         """
         waiting = await self._unless_hung_up(request, anext(self._events), "while its request waited")
         if waiting is None:
@@ -109,13 +111,17 @@ class Answer:
         except BaseException:
             self.feed.close()
             raise
-        # The engine's first event for a request is always where it placed the prompt.
-        assert isinstance(first, PromptReuse), first
-        return cache_headers(first.reused_tokens, first.prompt_tokens, first.tier.value, self.divergence)
+        if isinstance(first, PromptReuse):
+            return cache_headers(first.reused_tokens, first.prompt_tokens, first.tier.value, self.divergence)
+        self._first = first
+        return {CACHE_HEADER: "tier=unknown; the engine reports its reuse with the answer's usage"}
 
     async def events(self) -> AsyncIterator[StreamEvent]:
         """The events after placement; cancels the completion if the reader stops early."""
         try:
+            if self._first is not None:
+                first, self._first = self._first, None
+                yield first
             async for event in self._events:
                 yield event
         finally:

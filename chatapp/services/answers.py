@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from chatapp.engine.engine import GenerationHandle
 from chatapp.engine.events import GenerationResult
+from chatapp.engine.handle import GenerationHandle
 from chatapp.records import MessageRecord
 from chatapp.services.streams import AnswerText, EngineStream, stats_record
 from chatapp.store.conversations import ConversationStore
@@ -57,6 +57,11 @@ class AnswerJob(EngineStream):
         self._save(result.text, list(result.token_ids), status, stats_record(result))
         if self._on_end_callback is not None:
             self._on_end_callback(result)
+
+    def _on_failure(self) -> None:
+        """The engine failed midway: keep what was said, marked as failed (the error goes to the caller)."""
+        if self._pieces:
+            self._save("".join(self._pieces), self._token_ids, MessageStatus.FAILED, None)
 
     def _save(self, text: str, token_ids: list[int], status: MessageStatus, stats: dict[str, Any] | None) -> None:
         if self.answer is None:

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from chatapp.documents import Document
-from chatapp.engine.engine import Engine
-from chatapp.engine.llama_native import SamplingParams
+from chatapp.engine.contract import EngineClient
+from chatapp.engine.requests import SamplingParams
 from chatapp.errors import ContextOverflowError, DocumentError
 from chatapp.services.chat import ChatSession
 from chatapp.services.conversation import Conversation, document_block
@@ -31,10 +30,10 @@ class AskRequest:
 
 
 def ask(
-    engine: Engine,
+    engine: EngineClient,
     request: AskRequest,
     *,
-    model_path: Path,
+    model: str,
     model_fingerprint: str,
     on_text: Callable[[str], None],
 ) -> dict[str, Any]:
@@ -60,6 +59,6 @@ def ask(
     return {
         "answer": result.text,
         **stats_record(result, ms_digits=3),
-        "model": str(model_path),
+        "model": model,
         "model_fingerprint": model_fingerprint,
     }

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from cache.prefix_cache import PrefixCache
-from chatapp.engine.engine import Engine, GenerationRequest
-from chatapp.engine.llama_native import SamplingParams
+from chatapp.engine.contract import EngineClient
 from chatapp.engine.prompt import ChatMessage
+from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.errors import ChatappError
 from chatapp.records import PersonaRecord, PinRecord
 from chatapp.services import cache_admin
@@ -33,6 +33,7 @@ class CacheOverview:
     memory: str  # what reuse the model's memory allows
     divergence: str | None = None  # where this session's last prompt that left an earlier one did
     restore_choice: str | None = None  # this session's hits restored or computed, and the speeds behind it
+    server: str | None = None  # the backend whose own cache serves this session (no local tiers, pins or actions)
 
 
 class CacheService:
@@ -46,18 +47,36 @@ class CacheService:
         interval = cache_admin.checkpoint_interval(self.chat.workspace)
         last = self.chat.figures.last_divergence
         divergence = last.describe() if last is not None else None
+        if engine is not None and engine.info.server is not None:
+            return self._server_overview(engine.info.server, divergence)
         if engine is not None and engine.cache is not None:
             stats = engine.cache.stats()
             memory = cache_admin.describe_memory(stats["memory"]["kind"], stats["memory"]["window"], interval)
             if count := stats["memory"]["checkpoints"]:
                 memory += f" ({count:,} checkpoint{'' if count == 1 else 's'} stored)"
-            choice = engine.restore_costs.describe()
+            choice = engine.restore_costs.describe() if engine.restore_costs is not None else None
             ttft = list(self.chat.figures.ttft_ms)
             return CacheOverview(stats, True, pins, ttft, problem, memory, divergence, choice)
         offline = cache_admin.cache_stats(self.chat.workspace)
         return CacheOverview(
             offline, False, pins, list(self.chat.figures.ttft_ms), problem, offline["memory"]["description"], divergence
         )
+
+    def _server_overview(self, server: str, divergence: str | None) -> CacheOverview:
+        """A backend's cache: only what its answers reported (tokens it reused), nothing to administer here."""
+        figures = self.chat.figures
+        prompt = figures.prompt_tokens
+        stats = {
+            "requests": figures.answers,
+            "prompt_tokens": prompt,
+            "reused_tokens": figures.reused_tokens,
+            "hit_rate": figures.reused_tokens / prompt if prompt else 0.0,
+        }
+        memory = (
+            f"the cache is the server's at {server}; these figures are what its answers reported "
+            "(prompt tokens it reused). Pins, prune and clear apply to a cache on this machine only."
+        )
+        return CacheOverview(stats, True, [], list(figures.ttft_ms), None, memory, divergence, server=server)
 
     def pin_persona(self, persona: PersonaRecord) -> int:
         return self._pin_persona_prompt(persona.name, persona.prompt)
@@ -115,13 +134,15 @@ class CacheService:
         self.chat.pins.add(kind, label, tokens)
         return count
 
-    def _engine(self) -> Engine:
+    def _engine(self) -> EngineClient:
         if self.chat.engine is None:
             raise ChatappError("the model is still loading; try again in a moment")
         return self.chat.engine
 
     def _cache(self) -> PrefixCache:
         engine = self._engine()
+        if engine.info.server is not None:
+            raise ChatappError(f"the cache is the server's at {engine.info.server}; manage it there")
         if engine.cache is None:
             raise ChatappError(engine.cache_problem or "the KV cache is off in this session")
         return engine.cache

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from chatapp.engine.engine import Engine, GenerationHandle, GenerationRequest
+from chatapp.engine.contract import EngineClient
 from chatapp.engine.events import GenerationResult
-from chatapp.engine.llama_native import SamplingParams
+from chatapp.engine.handle import GenerationHandle
+from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.errors import ChatappError
 from chatapp.services.boundaries import reuse_boundaries
 from chatapp.services.conversation import Conversation
@@ -36,7 +37,7 @@ class Reply(EngineStream):
 class ChatSession:
     """One conversation bound to the engine and to one of its sequences."""
 
-    engine: Engine
+    engine: EngineClient
     conversation: Conversation
     sampling: SamplingParams
     sequence: int | None = None  # None: the engine picks

@@ -12,9 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from chatapp.documents import Document, load_document
-from chatapp.engine.engine import Engine, GenerationHandle, GenerationRequest
+from chatapp.engine.contract import EngineClient
 from chatapp.engine.events import GenerationResult
+from chatapp.engine.handle import GenerationHandle
 from chatapp.engine.prompt import ChatMessage
+from chatapp.engine.requests import GenerationRequest
 from chatapp.errors import ChatappError, ContextOverflowError, DocumentError
 from chatapp.records import ConversationRecord, DocumentRecord, MessageRecord, PersonaRecord
 from chatapp.services.answers import AnswerJob
@@ -59,6 +61,9 @@ class SessionFigures:
 
     ttft_ms: list[float] = field(default_factory=list)
     last_divergence: Divergence | None = None  # the last prompt that left an earlier one, and where
+    answers: int = 0
+    prompt_tokens: int = 0
+    reused_tokens: int = 0  # as the engine reported them (a remote server's own count)
 
 
 class ChatService:
@@ -75,7 +80,7 @@ class ChatService:
         self.conversations = conversations
         self.personas = PersonaService(personas)
         self.pins = pins
-        self.engine: Engine | None = None
+        self.engine: EngineClient | None = None
         self.prewarmer: Prewarmer | None = None
         self._prompts: PromptLog | None = None
         self.conversation_id: int | None = None
@@ -93,7 +98,7 @@ class ChatService:
         """
         self.attach_engine(self.workspace.open_engine())
 
-    def attach_engine(self, engine: Engine) -> None:
+    def attach_engine(self, engine: EngineClient) -> None:
         with self._engine_lock:
             if self._closed:
                 engine.close()
@@ -102,7 +107,7 @@ class ChatService:
                 raise RuntimeError("a model is already attached to this chat service")
             self.engine = engine
             self.prewarmer = Prewarmer(engine)
-            self._prompts = PromptLog(engine.model.detokenize)
+            self._prompts = PromptLog(engine.detokenize)
 
     def close(self) -> None:
         """Stop what runs and free the model (the conversations database is the library's to close)."""
@@ -118,7 +123,7 @@ class ChatService:
 
     def model_label(self) -> str:
         """The loaded model's file name, for the status line."""
-        return self.engine.info.path.stem if self.engine is not None else "no model"
+        return self.engine.info.short_name if self.engine is not None else "no model"
 
     def startup_notices(self) -> list[str]:
         """What the user should hear once after loading: the cache being off, a repaired disk tier."""
@@ -132,10 +137,10 @@ class ChatService:
         """Tokens one conversation's context holds (None until the model is loaded)."""
         return self.engine.info.n_ctx_per_sequence if self.engine is not None else None
 
-    def _engine(self) -> Engine:
+    def _engine(self) -> EngineClient:
         return self._running()[0]
 
-    def _running(self) -> tuple[Engine, Prewarmer]:
+    def _running(self) -> tuple[EngineClient, Prewarmer]:
         """The engine and its prewarmer, read together (a worker thread may race `close`)."""
         with self._engine_lock:
             engine, prewarmer = self.engine, self.prewarmer
@@ -394,7 +399,11 @@ class ChatService:
         return cache.take_notice() if cache is not None else None
 
     def _answered(self, result: GenerationResult) -> None:
-        self.figures.ttft_ms.append(result.stats.ttft_ms)
+        figures, stats = self.figures, result.stats
+        figures.ttft_ms.append(stats.ttft_ms)
+        figures.answers += 1
+        figures.prompt_tokens += stats.prompt_tokens
+        figures.reused_tokens += stats.reused_tokens
 
     def _root_document(self, root: MessageRecord) -> Document | None:
         return as_document(self.conversations.get_document(root.document_id)) if root.document_id else None
@@ -405,9 +414,10 @@ class ChatService:
 
         With an empty draft this is the persona, document and history (kept in the cache
         for later); with a draft it is also the settled part of what is being typed (kept
-        only in the context: half-typed questions are not worth disk space).
+        only in the context: half-typed questions are not worth disk space). The setting
+        `warm_ahead = false` turns it off (on a shared backend server, say).
         """
-        if self.conversation_id is None:
+        if self.conversation_id is None or not self.workspace.settings.warm_ahead:
             return None
         try:
             engine, prewarmer = self._running()

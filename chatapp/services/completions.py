@@ -21,10 +21,11 @@ from dataclasses import dataclass, field
 
 import xxhash
 
-from chatapp.engine.engine import Engine, GenerationHandle, GenerationRequest
+from chatapp.engine.contract import EngineClient
 from chatapp.engine.events import GenerationResult
-from chatapp.engine.llama_native import SamplingParams
+from chatapp.engine.handle import GenerationHandle
 from chatapp.engine.prompt import ChatMessage
+from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.errors import ChatappError
 from chatapp.services.boundaries import reuse_boundaries
 from chatapp.services.divergence import Divergence, PromptLog
@@ -229,7 +230,7 @@ class Completion(EngineStream):
 class CompletionService:
     """Turns API requests into engine requests, and keeps the ids of the answers it gave."""
 
-    engine: Engine
+    engine: EngineClient
     model_fingerprint: str
     answer_ids: AnswerIdStore | None = None
     max_pending: int = 16
@@ -238,7 +239,7 @@ class CompletionService:
     _prompts: PromptLog = field(init=False)
 
     def __post_init__(self) -> None:
-        self._prompts = PromptLog(self.engine.model.detokenize)
+        self._prompts = PromptLog(self.engine.detokenize)
 
     def start(self, request: CompletionRequest) -> Completion:
         """Queue `request`; RequestError, ContextOverflowError or ServerBusyError if it cannot be."""
@@ -298,8 +299,8 @@ class CompletionService:
             raise RequestError("prompt is empty; send some text to complete", "prompt")
         if isinstance(prompt, str):
             return self.engine.tokenize(prompt, add_special=True, parse_special=True)
-        vocabulary = self.engine.model.n_vocab
-        outside = next((token for token in prompt if not 0 <= token < vocabulary), None)
+        vocabulary = self.engine.info.n_vocab
+        outside = next((token for token in prompt if token < 0 or 0 < vocabulary <= token), None)
         if outside is not None:
             raise RequestError(
                 f"prompt holds the token id {outside}, outside this model's vocabulary (0-{vocabulary - 1})", "prompt"

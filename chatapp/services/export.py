@@ -29,6 +29,7 @@ _NOTES = {
     MessageStatus.STOPPED: "(answer stopped)",
     MessageStatus.CUT_OFF: "(answer cut off)",
     MessageStatus.PARTIAL: "(answer incomplete)",
+    MessageStatus.FAILED: "(answer incomplete: the engine failed)",
 }
 
 

@@ -8,11 +8,12 @@ KV block handed to the cache written, the stores closed).
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
-from chatapp.engine.engine import Engine
-from chatapp.engine.llama_native import SamplingParams
+from chatapp.engine.contract import EngineClient
+from chatapp.engine.requests import SamplingParams
 from chatapp.services.completions import (
     ApiMessage,
     Completion,
@@ -58,9 +59,8 @@ class Serving:
     def __init__(self, workspace: Workspace, *, max_pending: int = 16, max_tokens_limit: int = 8192) -> None:
         self.workspace = workspace
         self.max_tokens_limit = max_tokens_limit
-        model_path = workspace.model_path
-        fingerprint = workspace.model_fingerprint(model_path)
-        self.engine: Engine = workspace.open_engine()
+        location, fingerprint = workspace.model_identity()
+        self.engine: EngineClient = workspace.open_engine()
         try:
             answers_dir = workspace.paths.private_dir(workspace.paths.cache_dir) / ANSWER_IDS_FOLDER
             self._answer_ids = AnswerIdStore(answers_dir)
@@ -68,15 +68,20 @@ class Serving:
             self.engine.close()
             raise
         self.completions = CompletionService(self.engine, fingerprint, self._answer_ids, max_pending=max_pending)
-        stat = model_path.stat()
+        info = self.engine.info
+        if info.path is not None:
+            stat = info.path.stat()
+            created, size = int(stat.st_mtime), stat.st_size
+        else:  # a model on a backend server: no file here
+            created, size = int(time.time()), 0
         self.model = ModelCard(
-            id=model_path.stem,
-            name=self.engine.info.name,
-            path=str(model_path),
+            id=info.short_name,
+            name=info.name,
+            path=location,
             fingerprint=fingerprint,
-            context_tokens=self.engine.info.n_ctx_per_sequence,
-            created=int(stat.st_mtime),
-            size_bytes=stat.st_size,
+            context_tokens=info.n_ctx_per_sequence,
+            created=created,
+            size_bytes=size,
         )
         self._closed = False
 
@@ -116,6 +121,24 @@ class Serving:
         """Start a plain completion of `prompt`, text or token ids (no chat template)."""
         given = prompt if isinstance(prompt, str) else tuple(prompt)
         return self.completions.start(CompletionRequest(sampling=self.sampling(options), prompt=given, stop=stop))
+
+    def props(self) -> dict[str, Any]:
+        """The model's template, special tokens and context, as llama-server's /props gives them.
+
+        A chatapp in front of this server builds prompts from these, so they stay append-only.
+        """
+        info = self.engine.info
+        template = self.engine.prompt_builder.template
+        return {
+            "chat_template": template.source,
+            "bos_token": template.bos_token,
+            "eos_token": template.eos_token,
+            "default_generation_settings": {"n_ctx": info.n_ctx_per_sequence},
+            "total_slots": info.n_sequences,
+            "model_path": self.model.path,
+            "n_vocab": info.n_vocab,
+            "build_info": "chatapp serve",
+        }
 
     def flush(self) -> None:
         """Wait until the engine has finished the work after every answer so far and the cache has stored it."""

@@ -9,15 +9,22 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-import llama_cpp
-
 from cache.fingerprint import file_fingerprint
 from cache.namespace import Namespace
 from cache.prefix_cache import CacheConfig, PrefixCache
 from cache.state_format import MemoryLayout
 from chatapp.engine.batching import FLASH_ATTENTION_ROWS
-from chatapp.engine.engine import CacheFactory, Engine, EngineConfig, ModelInfo
-from chatapp.engine.llama_native import SamplingParams
+from chatapp.engine.contract import EngineClient
+from chatapp.engine.model_card import ModelInfo
+from chatapp.engine.opening import (
+    CacheFactory,
+    EngineConfig,
+    RemoteConfig,
+    connect_remote_engine,
+    library_version,
+    start_local_engine,
+)
+from chatapp.engine.requests import SamplingParams
 from chatapp.model_files import resolve_model_path
 from chatapp.paths import DataPaths, open_data_paths
 from chatapp.settings import Settings, load_settings
@@ -40,6 +47,26 @@ class Workspace:
     def reloaded(self) -> Workspace:
         """The workspace after the settings file changed: the file, then the overrides again."""
         return replace(self, settings=load_settings(self.paths.config_file, self.overrides))
+
+    @property
+    def remote(self) -> RemoteConfig | None:
+        """The backend server when the settings name one (the model then runs there, not here)."""
+        settings = self.settings
+        if settings.backend is None:
+            return None
+        return RemoteConfig(settings.backend, api_key=settings.backend_key, model=settings.backend_model)
+
+    def model_label(self) -> str:
+        """What the model is called while it loads: its file, or the server that runs it."""
+        remote = self.remote
+        return remote.base_url if remote is not None else self.model_path.name
+
+    def model_identity(self) -> tuple[str, str]:
+        """Where the model is (file or server) and a fingerprint that tells models apart."""
+        remote = self.remote
+        if remote is not None:
+            return remote.base_url, f"remote:{remote.base_url}#{remote.model or ''}"
+        return str(self.model_path), self.model_fingerprint(self.model_path)
 
     @cached_property
     def model_path(self) -> Path:
@@ -72,13 +99,17 @@ class Workspace:
     def kv_cache_dir(self) -> Path:
         return self.paths.private_dir(self.paths.cache_dir) / "kv"
 
-    def open_engine(self, *, use_cache: bool = True, sequences: int | None = None) -> Engine:
+    def open_engine(self, *, use_cache: bool = True, sequences: int | None = None) -> EngineClient:
         """Load the model; with `use_cache`, its KV prefixes are kept in the cache folder.
 
         `sequences` overrides the setting: one question needs one sequence, and each one
-        reserves a whole context of KV memory.
+        reserves a whole context of KV memory. With a backend in the settings, the engine is
+        that server (its cache is its own; `use_cache` and `sequences` do not apply).
         """
-        return Engine(self.engine_config(sequences), self.cache_factory() if use_cache else None)
+        remote = self.remote
+        if remote is not None:
+            return connect_remote_engine(remote)
+        return start_local_engine(self.engine_config(sequences), self.cache_factory() if use_cache else None)
 
     def cache_config(self) -> CacheConfig:
         settings = self.settings
@@ -113,7 +144,7 @@ def kv_cache_factory(directory: Path, model_fingerprint: str, config: CacheConfi
             type_v=first.v_type if first is not None else -1,
             flash_attention=info.flash_attention,
             block_size=config.block_size,
-            library_version=llama_cpp.__version__,
+            library_version=library_version(),
             layout_digest=layout.digest().hex(),
             context_size=info.n_ctx_per_sequence,
             batch_rows=FLASH_ATTENTION_ROWS if info.flash_attention else 0,

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from chatapp.engine.engine import GenerationHandle
 from chatapp.engine.events import GenerationResult, PrefillProgress, PromptPlaced, TokenText
+from chatapp.engine.handle import GenerationHandle
 from chatapp.vocabulary import ReuseTier, StopReason
 
 

@@ -12,9 +12,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from chatapp.engine.engine import Engine, GenerationHandle, GenerationRequest
-from chatapp.engine.llama_native import SamplingParams
+from chatapp.engine.contract import EngineClient
+from chatapp.engine.handle import GenerationHandle
 from chatapp.engine.prompt import ChatMessage, PromptBuilder
+from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.errors import ContextOverflowError
 from chatapp.vocabulary import Role
 
@@ -57,7 +58,7 @@ class Prewarmer:
     already holds the longest prefix.
     """
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: EngineClient) -> None:
         self._engine = engine
         self._lock = threading.Lock()
         self._pending: list[tuple[tuple[int, ...], GenerationHandle]] = []

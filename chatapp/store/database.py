@@ -21,7 +21,7 @@ from typing import Any
 
 from chatapp.errors import StoreError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 FILE_MODE = 0o600
 BUSY_TIMEOUT_MS = 5000
 
@@ -61,7 +61,7 @@ _SCHEMA_1: tuple[str, ...] = (
         generated_ids TEXT,
         stats TEXT,
         status TEXT NOT NULL DEFAULT 'complete'
-            CHECK (status IN ('complete', 'stopped', 'cut_off', 'partial')),
+            CHECK (status IN ('complete', 'stopped', 'cut_off', 'partial', 'failed')),
         persona_name TEXT,
         document_id INTEGER REFERENCES documents (id),
         CHECK ((role = 'system') = (parent_id IS NULL))
@@ -96,8 +96,32 @@ _SCHEMA_2: tuple[str, ...] = (
     )""",
 )
 
+
+def _allow_failed_status(connection: sqlite3.Connection) -> None:
+    """Version 3: an answer the engine failed midway is 'failed' (it was saved as 'partial', as after a crash).
+
+    Only the CHECK constraint changes, which leaves every stored row as it is: SQLite's documented
+    way for such a change is to edit the table's SQL in the schema (ALTER TABLE, "making other
+    kinds of table schema changes"), then check the file.
+    """
+    old = "CHECK (status IN ('complete', 'stopped', 'cut_off', 'partial'))"
+    new = "CHECK (status IN ('complete', 'stopped', 'cut_off', 'partial', 'failed'))"
+    schema_version = int(connection.execute("PRAGMA schema_version").fetchone()[0])
+    connection.execute("PRAGMA writable_schema = ON")
+    try:
+        connection.execute(
+            "UPDATE sqlite_schema SET sql = replace(sql, ?, ?) WHERE type = 'table' AND name = 'messages'", (old, new)
+        )
+        connection.execute(f"PRAGMA schema_version = {schema_version + 1}")
+    finally:
+        connection.execute("PRAGMA writable_schema = OFF")
+    problem = connection.execute("PRAGMA quick_check").fetchone()[0]
+    if problem != "ok":
+        raise sqlite3.DatabaseError(f"the schema change left the file inconsistent: {problem}")
+
+
 # MIGRATIONS[n] takes a file from version n to n + 1.
-MIGRATIONS: list[Migration] = [_SCHEMA_1, _SCHEMA_2]
+MIGRATIONS: list[Migration] = [_SCHEMA_1, _SCHEMA_2, _allow_failed_status]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 

@@ -51,7 +51,7 @@ class CacheScreen(ModalScreen[None]):
             yield Label("Time to first token this session (ms)", classes="sidebar-title")
             yield Sparkline([], id="ttft")
             yield Label("", id="ttft-range", classes="dialog-hint")
-            yield Label("Pinned prefixes (never evicted or expired)", classes="sidebar-title")
+            yield Label("Pinned prefixes (never evicted or expired)", classes="sidebar-title", id="pins-title")
             yield OptionList(id="pins")
             with Horizontal(classes="dialog-buttons"):
                 yield Button("Pin persona", id="pin-persona")
@@ -78,6 +78,10 @@ class CacheScreen(ModalScreen[None]):
         ram, disk = stats.get("ram", {}), stats.get("disk", {})
         hit_rate = float(stats.get("hit_rate", 0.0))
         source = "this session" if overview.live else "all sessions (model not loaded)"
+        local = overview.server is None
+        for selector in ("#tiers", "#pins", "#pins-title", ".dialog-buttons"):
+            for widget in self.query(selector):
+                widget.display = local
         summary = (
             f"Hit rate {hit_rate:.0%} of prompt tokens over "
             f"{_count(int(stats.get('requests', 0)), 'answer')} ({source})"

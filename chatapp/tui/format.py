@@ -7,11 +7,17 @@ from typing import Any
 from chatapp.records import MessageRecord
 from chatapp.vocabulary import MessageStatus, ReuseTier, Role
 
-TIER_NAMES = {ReuseTier.DEVICE: "the live context", ReuseTier.RAM: "RAM", ReuseTier.DISK: "disk"}
+TIER_NAMES = {
+    ReuseTier.DEVICE: "the live context",
+    ReuseTier.RAM: "RAM",
+    ReuseTier.DISK: "disk",
+    ReuseTier.SERVER: "the server's cache",
+}
 STATUS_NOTES = {
     MessageStatus.STOPPED: "stopped",
     MessageStatus.CUT_OFF: "cut off at a limit",
     MessageStatus.PARTIAL: "cut off: the app closed while answering",
+    MessageStatus.FAILED: "cut off: the engine failed while answering",
 }
 
 
@@ -39,7 +45,12 @@ def answer_footnote(record: MessageRecord) -> str:
     return "; ".join(parts[:2]) + (" · " + " · ".join(parts[2:]) if len(parts) > 2 else "")
 
 
-SHORT_TIER_NAMES = {ReuseTier.DEVICE: "context", ReuseTier.RAM: "RAM", ReuseTier.DISK: "disk"}
+SHORT_TIER_NAMES = {
+    ReuseTier.DEVICE: "context",
+    ReuseTier.RAM: "RAM",
+    ReuseTier.DISK: "disk",
+    ReuseTier.SERVER: "server",
+}
 
 
 def speed_fields(stats: dict[str, Any]) -> tuple[str, ...]:

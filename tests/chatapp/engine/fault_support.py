@@ -21,10 +21,10 @@ import time
 from pathlib import Path
 from typing import TypedDict
 
-from chatapp.engine.engine import Engine, GenerationRequest
+from chatapp.engine.engine import Engine
 from chatapp.engine.events import GenerationResult
-from chatapp.engine.llama_native import SamplingParams
 from chatapp.engine.prompt import ChatMessage
+from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.services.library import open_library
 from chatapp.services.startup import open_workspace
 from chatapp.vocabulary import Role

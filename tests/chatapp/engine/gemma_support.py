@@ -13,9 +13,9 @@ import json
 import sys
 from pathlib import Path
 
-from chatapp.engine.engine import Engine, GenerationRequest
-from chatapp.engine.llama_native import SamplingParams
+from chatapp.engine.engine import Engine
 from chatapp.engine.prompt import ChatMessage
+from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.services.boundaries import reuse_boundaries
 from chatapp.vocabulary import ReuseTier, Role
 from tests.cache_support import cached_engine

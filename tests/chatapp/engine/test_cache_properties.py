@@ -50,10 +50,10 @@ from hypothesis import strategies as st
 from cache.keys import as_token_array
 from cache.state_format import MemoryKind
 from chatapp.engine.batching import FLASH_ATTENTION_ROWS
-from chatapp.engine.engine import Engine, EngineConfig, GenerationRequest
+from chatapp.engine.engine import Engine, EngineConfig
 from chatapp.engine.kv_placement import RESTORE_MARGIN_TOKENS
-from chatapp.engine.llama_native import SamplingParams
 from chatapp.engine.prompt import ChatMessage
+from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.services.boundaries import reuse_boundaries
 from chatapp.vocabulary import Role, StopReason
 from tests.cache_support import cached_engine

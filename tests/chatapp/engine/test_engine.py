@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from chatapp.engine.engine import Engine, GenerationRequest
+from chatapp.engine.engine import Engine
 from chatapp.engine.events import GenerationResult, PrefillProgress, PromptPlaced, TokenText
 from chatapp.engine.gate import Step
-from chatapp.engine.llama_native import DecodeAborted, NativeContext, NativeModel, SamplingParams
+from chatapp.engine.llama_native import DecodeAborted, NativeContext, NativeModel
 from chatapp.engine.prompt import ChatMessage
+from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.errors import ContextOverflowError
 from chatapp.vocabulary import ReuseTier, Role, StopReason
 

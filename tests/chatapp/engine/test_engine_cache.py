@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from chatapp.engine.engine import Engine, EngineConfig, GenerationRequest
+from chatapp.engine.engine import Engine, EngineConfig
 from chatapp.engine.events import GenerationResult
 from chatapp.engine.kv_placement import FRESH_TOKENS
-from chatapp.engine.llama_native import SamplingParams
 from chatapp.engine.prompt import ChatMessage
+from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.vocabulary import Role
 from tests.cache_support import cached_engine
 

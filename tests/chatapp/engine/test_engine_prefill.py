@@ -6,11 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from chatapp.engine.engine import Engine, GenerationHandle, GenerationRequest
+from chatapp.engine.engine import Engine
 from chatapp.engine.events import GenerationResult, PrefillProgress, PromptPlaced
 from chatapp.engine.gate import Step
-from chatapp.engine.llama_native import SamplingParams
+from chatapp.engine.handle import GenerationHandle
 from chatapp.engine.prompt import ChatMessage
+from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.vocabulary import Role, StopReason
 from tests.cache_support import cached_engine
 

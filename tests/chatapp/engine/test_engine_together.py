@@ -10,11 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from chatapp.engine.engine import Engine, EngineConfig, EngineEvent, GenerationHandle, GenerationRequest
+from chatapp.engine.engine import Engine, EngineConfig
 from chatapp.engine.events import PrefillProgress
 from chatapp.engine.gate import Step
-from chatapp.engine.llama_native import SamplingParams
+from chatapp.engine.handle import EngineEvent, GenerationHandle
 from chatapp.engine.prompt import ChatMessage
+from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.engine.turns import common_prefix_length
 from chatapp.vocabulary import Role, StopReason
 from tests.cache_support import cached_engine

@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 
 from chatapp.engine.batching import FLASH_ATTENTION_ROWS
-from chatapp.engine.engine import Engine, EngineConfig, GenerationRequest
+from chatapp.engine.engine import Engine, EngineConfig
 from chatapp.engine.events import GenerationResult
-from chatapp.engine.llama_native import NativeContext, NativeModel, SamplingParams
+from chatapp.engine.llama_native import NativeContext, NativeModel
 from chatapp.engine.prompt import ChatMessage
+from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.vocabulary import Role
 from tests.cache_support import cached_engine
 

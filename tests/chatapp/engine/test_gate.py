@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from chatapp.engine.engine import Engine, GenerationRequest
+from chatapp.engine.engine import Engine
 from chatapp.engine.events import PrefillProgress, TokenText
 from chatapp.engine.gate import Step, StepGate
-from chatapp.engine.llama_native import SamplingParams
 from chatapp.engine.prompt import ChatMessage
+from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.vocabulary import Role, StopReason
 
 LONG = SamplingParams(temperature=0.0, max_tokens=40)

@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 
 from cache.state_format import MemoryKind
-from chatapp.engine.engine import Engine, EngineConfig, GenerationRequest
+from chatapp.engine.engine import Engine, EngineConfig
 from chatapp.engine.prompt import ChatMessage
+from chatapp.engine.requests import GenerationRequest
 from chatapp.services.boundaries import reuse_boundaries
 from chatapp.vocabulary import ReuseTier, Role
 from tests.cache_support import cached_engine

@@ -68,7 +68,7 @@ def test_four_clients_at_once_each_get_their_own_answer(client: openai.OpenAI, s
 def test_a_client_that_hangs_up_mid_stream_frees_its_request(
     http: httpx.Client, client: openai.OpenAI, server: RunningServer
 ) -> None:
-    engine = server.serving.engine
+    engine = server.engine
     body = {"model": server.model_id, "messages": [{"role": "user", "content": "Tell me a story."}], "stream": True}
     with engine.holding(Step.TOKEN, 2) as gate:
         with http.stream("POST", "/v1/chat/completions", json=body) as response:
@@ -85,7 +85,7 @@ def test_a_client_that_hangs_up_mid_stream_frees_its_request(
 def test_a_client_that_hangs_up_before_a_whole_answer_frees_its_request(
     client: openai.OpenAI, server: RunningServer
 ) -> None:
-    engine = server.serving.engine
+    engine = server.engine
     with engine.holding(Step.TOKEN, 2) as gate:
         with raw_story_request(server):
             assert gate.wait_until_holding()
@@ -97,7 +97,7 @@ def test_a_client_that_hangs_up_before_a_whole_answer_frees_its_request(
 def test_a_client_that_hangs_up_while_waiting_its_turn_frees_its_place(
     http: httpx.Client, server: RunningServer
 ) -> None:
-    engine = server.serving.engine
+    engine = server.engine
     completions = server.serving.completions
     first = {"model": server.model_id, "messages": [{"role": "user", "content": "Hello"}], "stream": True}
     with engine.holding(Step.TOKEN, 1) as gate, http.stream("POST", "/v1/chat/completions", json=first) as running:
@@ -112,7 +112,7 @@ def test_a_client_that_hangs_up_while_waiting_its_turn_frees_its_place(
 
 
 def test_over_the_pending_limit_a_client_is_told_to_retry(http: httpx.Client, server: RunningServer) -> None:
-    engine = server.serving.engine
+    engine = server.engine
     completions = server.serving.completions
     body = {"model": server.model_id, "messages": [{"role": "user", "content": "Hello"}], "stream": True}
     limit = completions.max_pending

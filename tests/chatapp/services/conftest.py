@@ -11,6 +11,7 @@ import pytest
 from chatapp.engine.engine import Engine
 from chatapp.services.library import Library, open_library
 from chatapp.services.startup import Workspace, open_workspace
+from tests.conftest import local
 from tests.service_support import Hold, settings
 
 
@@ -18,7 +19,7 @@ from tests.service_support import Hold, settings
 def shared_engine(tmp_path_factory: pytest.TempPathFactory, model_path: Path) -> Iterator[Engine]:
     """One engine (with its KV cache in a folder of its own) for every test of a module."""
     workspace = open_workspace(str(tmp_path_factory.mktemp("engine-data")), settings(model_path))
-    engine = workspace.open_engine()
+    engine = local(workspace.open_engine())
     assert engine.cache is not None, engine.cache_problem
     yield engine
     engine.close()

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from cache.keys import as_token_array
+from chatapp.engine.contract import EngineClient
 from chatapp.engine.engine import Engine
 from chatapp.engine.prompt import ChatMessage
 from chatapp.errors import ChatappError
@@ -29,7 +30,7 @@ def chat(workspace: Workspace, library: Library, shared_engine: Engine) -> ChatS
     return make_service(workspace, library, shared_engine)
 
 
-def pinned_entries(engine: Engine) -> int:
+def pinned_entries(engine: EngineClient) -> int:
     assert engine.cache is not None
     return int(engine.cache.stats()["pinned_entries"])
 

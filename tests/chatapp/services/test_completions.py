@@ -8,7 +8,7 @@ import pytest
 
 from chatapp.engine.engine import Engine
 from chatapp.engine.gate import Step
-from chatapp.engine.llama_native import SamplingParams
+from chatapp.engine.requests import SamplingParams
 from chatapp.services.completions import (
     ApiMessage,
     Completion,

@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 
 from chatapp.documents import Document
-from chatapp.engine.engine import Engine, GenerationHandle, GenerationRequest
+from chatapp.engine.engine import Engine
 from chatapp.engine.gate import Step
-from chatapp.engine.llama_native import SamplingParams
+from chatapp.engine.handle import GenerationHandle
 from chatapp.engine.prompt import ChatMessage
+from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.services.conversation import Conversation, document_block
 from chatapp.services.warmup import Prewarmer, draft_prompt_tokens, settled_text
 from chatapp.vocabulary import Role, StopReason

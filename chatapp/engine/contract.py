@@ -1,0 +1,81 @@
+"""The engine contract: what the services, the screens and the server may ask of any engine.
+
+Two engines stand behind it: the in-process llama.cpp engine (engine.py, with its tiered
+prefix cache) and a remote server (remote.py: llama-server or another `chatapp serve`).
+Callers start an answer from prompt tokens, sampling and hints (a GenerationRequest), read
+its events from a GenerationHandle (cancel, wait), and read the model card and capability
+flags to show only what applies. llama.cpp specifics stay behind it: no module outside
+chatapp.engine imports the engine class or llama_native (`make lint` checks it).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from cache.prefix_cache import PrefixCache
+from chatapp.engine.handle import GenerationHandle
+from chatapp.engine.model_card import Capabilities, ModelInfo
+from chatapp.engine.prompt import PromptBuilder
+from chatapp.engine.requests import GenerationRequest
+from chatapp.engine.restore_costs import RestoreCosts
+
+
+class EngineClient(Protocol):
+    """An engine that answers prompts; safe to call from any thread."""
+
+    @property
+    def info(self) -> ModelInfo:
+        """The model card: name, context per conversation, where it runs."""
+        ...
+
+    @property
+    def capabilities(self) -> Capabilities: ...
+
+    @property
+    def prompt_builder(self) -> PromptBuilder:
+        """Renders and tokenizes conversations with the model's own template and vocabulary."""
+        ...
+
+    @property
+    def takes_checkpoints(self) -> bool:
+        """Whether requests should name their reuse boundaries (models whose state cannot be cut)."""
+        ...
+
+    @property
+    def cache(self) -> PrefixCache | None:
+        """The local prefix cache to administer; None when off or when the cache is the server's."""
+        ...
+
+    @property
+    def cache_problem(self) -> str | None:
+        """Why the local cache is off, in one line (None when it is on or does not apply)."""
+        ...
+
+    @property
+    def restore_costs(self) -> RestoreCosts | None:
+        """The measured speeds behind restore-or-compute (local engines only)."""
+        ...
+
+    def generate(self, request: GenerationRequest) -> GenerationHandle:
+        """Start an answer; ContextOverflowError when the prompt does not fit."""
+        ...
+
+    def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = False) -> list[int]: ...
+
+    def detokenize(self, tokens: list[int]) -> str: ...
+
+    def flush_cache(self) -> None:
+        """Wait until every answer so far is stored (a no-op where the cache is the server's)."""
+        ...
+
+    def close(self) -> None:
+        """Cancel what runs and free the engine."""
+        ...
+
+
+class LocalEngine(EngineClient, Protocol):
+    """The in-process engine's extras for the bench's measurements."""
+
+    def drop_ready_states(self) -> None:
+        """Forget the whole states kept ready, so a restore goes through the cache's blocks."""
+        ...

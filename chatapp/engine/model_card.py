@@ -1,0 +1,48 @@
+"""What the app may know about the model behind an engine, and what that engine can do."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from cache.state_format import MemoryKind
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an engine offers beyond streaming an answer, so the surfaces show only what applies."""
+
+    token_prompts: bool  # takes prompts as token ids (append-only prompts reach its cache unchanged)
+    generated_ids: bool  # reports the ids of the tokens it generated
+    reuse_before_first_token: bool  # says how much of a prompt it reused before answering
+    local_cache: bool  # has a cache on this machine to administer (pins, prune, clear, tiers)
+
+
+LOCAL_CAPABILITIES = Capabilities(
+    token_prompts=True, generated_ids=True, reuse_before_first_token=True, local_cache=True
+)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the rest of the app may know about the loaded model and context."""
+
+    path: Path | None  # the GGUF file; None for a model served by a remote engine
+    name: str
+    description: str
+    n_ctx_train: int
+    n_ctx_per_sequence: int
+    n_sequences: int
+    flash_attention: bool
+    gpu_layers: int
+    threads: int
+    memory_kind: MemoryKind = MemoryKind.PLAIN
+    window: int = 0  # tokens a sliding-window layer attends to (0: none)
+    swa_full: bool = True
+    n_vocab: int = 0
+    server: str | None = None  # the remote engine's address, None when the model runs here
+
+    @property
+    def short_name(self) -> str:
+        """How the status line names the model: the file's stem, or the served model's name."""
+        return self.path.stem if self.path is not None else self.name

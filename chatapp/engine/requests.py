@@ -1,0 +1,40 @@
+"""What a caller asks of an engine: the prompt's tokens, how to sample, and hints for reuse.
+
+These types are the same for every engine behind the contract (contract.py): the local
+llama.cpp engine and a remote server alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How the next token is chosen; temperature 0 is greedy and reproducible."""
+
+    temperature: float = 0.7
+    top_p: float = 0.95
+    seed: int | None = None
+    max_tokens: int = 512
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One answer to compute: the full prompt tokens, sampling, and the sequence to use.
+
+    `prefill_only` computes the prompt's KV ahead of the real request (warming up while the
+    user types) and samples nothing: it ends with StopReason.PREFILLED and is left out of the
+    cache's hit rate. `store=False` keeps the KV resident but hands nothing to the cache's
+    RAM and disk tiers, so half-typed drafts do not fill the disk. `checkpoints` are prompt
+    positions where reuse is likely to start (the end of the persona, of a document, of
+    the history): a model whose state cannot be cut is checkpointed there.
+    """
+
+    prompt_tokens: tuple[int, ...]
+    sampling: SamplingParams
+    sequence: int | None = None  # None: the engine picks (the best resident or cached prefix)
+    use_cache: bool = True  # False: no lookup, no store; the whole prompt is computed
+    prefill_only: bool = False
+    store: bool = True
+    checkpoints: tuple[int, ...] = ()

@@ -1,0 +1,170 @@
+"""llama-server's own API on `chatapp serve`: /props, /tokenize, /detokenize and /completion.
+
+These are what a chatapp in front of this server (`--backend URL`) needs to keep prompts
+append-only across the wire: the model's template and tokenizer to build prompts on the
+client, and a completion endpoint that takes token ids and gives back the generated ids
+(`return_tokens`) and what the cache reused (`timings.cache_n`), in llama-server's shapes, so
+the same client serves llama-server and chatapp alike.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from anyio import to_thread
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from chatapp.server.answering import Answer, ServerContext, start
+from chatapp.server.bodies import read_body
+from chatapp.server.errors import ApiError
+from chatapp.server.schemas import checked_stop
+from chatapp.services.completions import CompletionOutcome
+from chatapp.services.serving import SamplingOptions
+from chatapp.services.streams import AnswerText
+
+router = APIRouter()
+CLIENT_GONE = 499
+COMPACT = (",", ":")
+STOP_TYPES = {"stop": "eos", "length": "limit"}
+
+
+class TokenizeBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    content: str
+    add_special: bool = False
+    parse_special: bool = True
+
+
+class DetokenizeBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    tokens: list[int]
+
+
+class LlamaCompletionBody(BaseModel):
+    """llama-server's /completion body: the fields chatapp honours; others are ignored, as llama-server does."""
+
+    model_config = ConfigDict(extra="ignore")
+    prompt: str | list[int]
+    n_predict: int | None = Field(None, ge=-1)
+    stream: bool = False
+    temperature: float | None = Field(None, ge=0.0, le=5.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    seed: int | None = Field(None, ge=-1)
+    stop: list[str] | None = None
+    return_tokens: bool = False
+
+
+def _context(request: Request) -> ServerContext:
+    context: ServerContext = request.app.state.context
+    return context
+
+
+@router.get("/props")
+async def props(request: Request) -> dict[str, Any]:
+    return _context(request).serving.props()
+
+
+@router.post("/tokenize")
+async def tokenize(request: Request) -> dict[str, Any]:
+    context = _context(request)
+    body = await read_body(request, TokenizeBody, context.body_limit_bytes)
+    tokens = await to_thread.run_sync(
+        lambda: context.serving.engine.tokenize(
+            body.content, add_special=body.add_special, parse_special=body.parse_special
+        )
+    )
+    return {"tokens": tokens}
+
+
+@router.post("/detokenize")
+async def detokenize(request: Request) -> dict[str, Any]:
+    context = _context(request)
+    body = await read_body(request, DetokenizeBody, context.body_limit_bytes)
+    vocabulary = context.serving.engine.info.n_vocab
+    outside = next((token for token in body.tokens if token < 0 or 0 < vocabulary <= token), None)
+    if outside is not None:
+        raise ApiError(
+            400, f"tokens holds {outside}, outside this model's vocabulary (0-{vocabulary - 1})", param="tokens"
+        )
+    return {"content": await to_thread.run_sync(lambda: context.serving.engine.detokenize(body.tokens))}
+
+
+@router.post("/completion")
+async def completion(request: Request) -> Response:
+    context = _context(request)
+    body = await read_body(request, LlamaCompletionBody, context.body_limit_bytes)
+    if isinstance(body.prompt, list) and not body.prompt:
+        raise ApiError(400, "prompt is empty; send token ids or text to complete", param="prompt")
+    options = SamplingOptions(
+        temperature=body.temperature,
+        top_p=body.top_p,
+        seed=body.seed if body.seed is not None and body.seed >= 0 else None,
+        max_tokens=body.n_predict if body.n_predict is not None and body.n_predict >= 0 else None,
+    )
+    stop = checked_stop(body.stop, "stop")
+    serving = context.serving
+    prompt = body.prompt
+    answer = Answer(context, await start(lambda: serving.complete(prompt, options, stop)))
+    headers = await answer.placed(request)
+    if headers is None:
+        return Response(status_code=CLIENT_GONE)
+    if body.stream:
+        return StreamingResponse(
+            _chunks(answer, body.return_tokens),
+            media_type="text/event-stream",
+            headers={**headers, "Cache-Control": "no-cache"},
+        )
+    text, tokens = [], []
+    async for event in answer.events():
+        if isinstance(event, AnswerText):
+            text.append(event.text)
+            if event.token_id >= 0:
+                tokens.append(event.token_id)
+    outcome = answer.outcome()
+    payload = {"content": "".join(text), **_final(outcome)}
+    if body.return_tokens:
+        payload["tokens"] = tokens
+    return JSONResponse(payload, headers=answer.final_headers(outcome))
+
+
+def _final(outcome: CompletionOutcome) -> dict[str, Any]:
+    """How the answer ended and what it cost, in llama-server's words (`cache_n`: prompt tokens reused)."""
+    usage = outcome.usage
+    return {
+        "stop": True,
+        "stop_type": STOP_TYPES.get(outcome.finish_reason, "eos"),
+        "tokens_evaluated": usage.prompt_tokens,
+        "tokens_predicted": usage.completion_tokens,
+        "timings": {
+            "cache_n": usage.cached_tokens,
+            "prompt_n": usage.computed_tokens,
+            "prompt_ms": usage.prefill_ms,
+            "predicted_n": usage.completion_tokens,
+            "predicted_ms": max(usage.total_ms - usage.ttft_ms, 0.0),
+        },
+    }
+
+
+async def _chunks(answer: Answer, return_tokens: bool) -> AsyncIterator[str]:
+    """One event per piece of text (with its token id when asked), then the final report."""
+
+    def event(payload: dict[str, Any]) -> str:
+        return f"data: {json.dumps(payload, ensure_ascii=False, separators=COMPACT)}\n\n"
+
+    try:
+        async for item in answer.events():
+            if not isinstance(item, AnswerText):
+                continue
+            payload: dict[str, Any] = {"content": item.text, "stop": False}
+            if return_tokens:
+                payload["tokens"] = [item.token_id] if item.token_id >= 0 else []
+            yield event(payload)
+        outcome = answer.outcome()
+    except Exception as error:  # headers are sent: the error goes in the stream, as llama-server does
+        yield event({"error": {"code": 500, "message": f"the answer failed ({type(error).__name__}: {error})"}})
+        return
+    yield event({"content": "", **_final(outcome)})

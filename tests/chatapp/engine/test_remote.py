@@ -1,0 +1,152 @@
+"""The remote engine against a real `chatapp serve` on loopback: prompts, answers, reuse and failures.
+
+The server runs in this process, so a test can hold its engine at a known answer token; the
+remote engine talks to it over real HTTP, through a proxy a test can cut (the server
+'killed' mid-answer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from chatapp.benchmark.server_process import free_port
+from chatapp.engine.events import TokenText
+from chatapp.engine.gate import Step
+from chatapp.engine.prompt import ChatMessage
+from chatapp.engine.remote import RemoteConfig, RemoteEngine, RemoteEngineError
+from chatapp.engine.requests import GenerationRequest, SamplingParams
+from chatapp.errors import ContextOverflowError
+from chatapp.vocabulary import ReuseTier, Role, StopReason
+from tests.cut_proxy import CutProxy
+from tests.server_support import SYSTEM_PROMPT, Backend, RunningServer
+
+pytestmark = pytest.mark.slow
+GREEDY = SamplingParams(temperature=0.0, max_tokens=8)
+
+
+@pytest.fixture(scope="module")
+def server(backend: Backend) -> RunningServer:
+    return backend.server
+
+
+@pytest.fixture(scope="module")
+def proxy(backend: Backend) -> CutProxy:
+    return backend.proxy
+
+
+@pytest.fixture(scope="module")
+def remote(backend: Backend) -> Iterator[RemoteEngine]:
+    engine = RemoteEngine(RemoteConfig(backend.url, api_key=backend.key))
+    yield engine
+    engine.close()
+
+
+def _messages(question: str) -> list[ChatMessage]:
+    return [ChatMessage.of(Role.SYSTEM, SYSTEM_PROMPT), ChatMessage.of(Role.USER, question)]
+
+
+def test_the_model_card_and_prompts_come_from_the_server(remote: RemoteEngine, server: RunningServer) -> None:
+    local = server.serving.engine
+    assert remote.info.server == remote._client.base_url
+    assert remote.info.n_ctx_per_sequence == local.info.n_ctx_per_sequence
+    assert remote.info.path is None
+    assert not remote.capabilities.local_cache
+    assert remote.capabilities.token_prompts
+    messages = _messages("Which lighthouse stands on the Farne Islands?")
+    assert remote.prompt_builder.build(messages) == local.prompt_builder.build(messages)
+    assert remote.tokenize("<|im_end|>", parse_special=True) == local.tokenize("<|im_end|>", parse_special=True)
+    assert remote.detokenize(local.tokenize("Longstone light")) == "Longstone light"
+
+
+def test_an_answer_equals_the_servers_own_and_the_next_turn_reuses_it(
+    remote: RemoteEngine, server: RunningServer
+) -> None:
+    messages = _messages("Which lighthouse guards Eddystone rocks?")
+    prompt = tuple(remote.prompt_builder.build(messages))
+    handle = remote.generate(GenerationRequest(prompt, GREEDY))
+    streamed = [event for event in handle.events() if isinstance(event, TokenText)]
+    result = handle.wait()
+    alone = server.serving.engine.generate(GenerationRequest(prompt, GREEDY, use_cache=False)).wait()
+    assert (result.text, result.token_ids) == (alone.text, alone.token_ids)
+    assert "".join(event.text for event in streamed) == result.text
+    assert [event.token_id for event in streamed] == list(result.token_ids)
+    assert result.stats.generated_tokens == len(result.token_ids)
+
+    answered = [*messages, ChatMessage(Role.ASSISTANT, (result.text,), result.token_ids)]
+    follow_up = tuple(remote.prompt_builder.build([*answered, ChatMessage.of(Role.USER, "And its height?")]))
+    assert follow_up[: len(prompt)] == prompt  # append-only across the wire
+    second = remote.generate(GenerationRequest(follow_up, GREEDY)).wait()
+    assert second.stats.reuse_tier is ReuseTier.SERVER
+    # The server kept the prompt and the answer it generated: everything before the new turn.
+    assert second.stats.reused_tokens >= len(prompt) + len(result.token_ids) - 1
+    assert second.stats.reused_tokens + second.stats.computed_tokens == len(follow_up)
+
+
+def test_a_warm_up_leaves_the_prefix_on_the_server(remote: RemoteEngine) -> None:
+    document = "The keeper's log: " + "storm, calm, fog, clear night. " * 40
+    prefix = tuple(remote.prompt_builder.build([ChatMessage.of(Role.SYSTEM, document)], add_generation_prompt=False))
+    warm = remote.generate(GenerationRequest(prefix, GREEDY, prefill_only=True)).wait()
+    assert warm.stop_reason is StopReason.PREFILLED
+    assert warm.text == ""
+    assert warm.token_ids == ()
+    question = tuple(remote.prompt_builder.build([ChatMessage.of(Role.SYSTEM, document), *_messages("Fog?")[1:]]))
+    assert question[: len(prefix)] == prefix
+    asked = remote.generate(GenerationRequest(question, GREEDY)).wait()
+    assert asked.stats.reused_tokens >= len(prefix) - 1
+    assert asked.stats.computed_tokens <= len(question) - len(prefix) + 1
+
+
+def test_cancelling_keeps_what_was_said(remote: RemoteEngine, server: RunningServer) -> None:
+    prompt = tuple(remote.prompt_builder.build(_messages("Tell me a long story about a lighthouse.")))
+    with server.engine.holding(Step.TOKEN, 2) as gate:
+        handle = remote.generate(GenerationRequest(prompt, SamplingParams(temperature=0.0, max_tokens=64)))
+        events = handle.events()
+        received = [next(events), next(events)]
+        assert gate.wait_until_holding()
+        handle.cancel()
+        result = handle.wait()
+    assert result.stop_reason is StopReason.CANCELLED
+    assert result.token_ids[:2] == tuple(event.token_id for event in received if isinstance(event, TokenText))
+
+
+def test_a_server_dying_mid_answer_is_one_clear_error_and_the_next_request_works(
+    remote: RemoteEngine, server: RunningServer, proxy: CutProxy
+) -> None:
+    prompt = tuple(remote.prompt_builder.build(_messages("Describe the lamp room.")))
+    with server.engine.holding(Step.TOKEN, 3) as gate:
+        handle = remote.generate(GenerationRequest(prompt, SamplingParams(temperature=0.0, max_tokens=64)))
+        events = handle.events()
+        received = [next(events) for _ in range(3)]
+        assert gate.wait_until_holding()
+        proxy.cut()
+        with pytest.raises(RemoteEngineError, match="broke") as raised:
+            list(events)
+    assert all(isinstance(event, TokenText) for event in received)
+    assert str(raised.value).count("\n") == 0
+    again = remote.generate(GenerationRequest(prompt, GREEDY)).wait()  # the 'restarted' server answers
+    assert again.stop_reason in (StopReason.END, StopReason.LENGTH)
+    assert again.text
+
+
+def test_a_prompt_longer_than_the_servers_context_is_refused_here(remote: RemoteEngine) -> None:
+    too_long = tuple([1] * remote.info.n_ctx_per_sequence)
+    with pytest.raises(ContextOverflowError) as raised:
+        remote.generate(GenerationRequest(too_long, GREEDY))
+    assert raised.value.context_tokens == remote.info.n_ctx_per_sequence
+
+
+def test_a_wrong_key_is_one_clear_line(proxy: CutProxy) -> None:
+    with pytest.raises(RemoteEngineError, match=r"refused the API key \(HTTP 401\); set --backend-key"):
+        RemoteEngine(RemoteConfig(proxy.url, api_key="wrong"))
+
+
+def test_an_unreachable_server_is_one_clear_line() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(RemoteEngineError, match=r"cannot reach the engine at .*; start the server or fix --backend"):
+        RemoteEngine(RemoteConfig(url))
+
+
+def test_an_openai_style_address_finds_the_server_root(proxy: CutProxy) -> None:
+    assert RemoteConfig(f"{proxy.url}/v1/").base_url == proxy.url

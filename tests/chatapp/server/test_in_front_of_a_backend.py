@@ -1,0 +1,50 @@
+"""`chatapp serve --backend URL`: a chatapp server in front of another, asked with the official OpenAI client."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from tests.server_support import SYSTEM_PROMPT, Backend, RunningServer, running_server
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def front(tmp_path_factory: pytest.TempPathFactory, model_path: Path, backend: Backend) -> Iterator[RunningServer]:
+    data = tmp_path_factory.mktemp("front-data")
+    with running_server(data, model_path, backend=backend.url, backend_key=backend.key) as running:
+        yield running
+
+
+def test_a_front_server_answers_from_the_backend_and_reports_its_cached_tokens(
+    front: RunningServer, backend: Backend
+) -> None:
+    assert front.serving.engine.info.server == backend.url
+    question = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": "Name a lighthouse."}]
+    with openai.OpenAI(base_url=f"{front.url}/v1", api_key="unused", max_retries=0, timeout=300) as client:
+        model = client.models.list().data[0].id
+        first = client.chat.completions.create(model=model, messages=question, temperature=0)
+        answer = first.choices[0].message.content
+        assert answer
+        follow_up = [*question, {"role": "assistant", "content": answer}, {"role": "user", "content": "Why?"}]
+        stream = client.chat.completions.create(
+            model=model,
+            messages=follow_up,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = list(stream)
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
+    usage = chunks[-1].usage
+    assert text
+    assert usage is not None
+    assert usage.prompt_tokens_details is not None
+    # The front server sent the backend the exact ids it generated for the first answer, so the
+    # backend's cache held the whole first exchange.
+    assert first.usage is not None
+    assert usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens
