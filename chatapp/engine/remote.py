@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -25,6 +26,7 @@ from typing import Any
 import httpx
 
 from cache.prefix_cache import PrefixCache
+from chatapp.engine.chat_template import FALLBACK_CHATML, ChatTemplate
 from chatapp.engine.events import GenerationResult, GenerationStats, PromptPlaced, TokenText
 from chatapp.engine.handle import GenerationHandle
 from chatapp.engine.model_card import Capabilities, ModelInfo
@@ -181,7 +183,12 @@ class RemoteEngine:
         try:
             props = self._client.get_json("/props")
             self._vocabulary = RemoteVocabulary(self._client, props)
-            self.prompt_builder = PromptBuilder.for_model(self._vocabulary)
+            template = ChatTemplate(
+                source=self._vocabulary.chat_template() or FALLBACK_CHATML,
+                bos_token=str(props.get("bos_token") or ""),
+                eos_token=str(props.get("eos_token") or ""),
+            )
+            self.prompt_builder = PromptBuilder(template, self._vocabulary)
         except BaseException:
             self._client.close()
             raise
@@ -227,7 +234,7 @@ class RemoteEngine:
                 raise RuntimeError("the engine is closed")
             running = _RemoteRequest(self, request)
             self._running.add(running)
-        running.start()
+            running.start()
         return running.handle
 
     def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = False) -> list[int]:
@@ -245,8 +252,9 @@ class RemoteEngine:
             running = list(self._running)
         for request in running:
             request.handle.cancel()
+        deadline = time.monotonic() + CONNECT_TIMEOUT_S
         for request in running:
-            request.thread.join(timeout=CONNECT_TIMEOUT_S)
+            request.thread.join(timeout=max(0.0, deadline - time.monotonic()))
         self._client.close()
 
     def _done(self, request: _RemoteRequest) -> None:
@@ -264,11 +272,18 @@ class _CancellableHandle(GenerationHandle):
     def cancel(self) -> None:
         super().cancel()
         response = self.response
-        if response is not None:
-            try:
-                response.close()
-            except Exception:  # the reading thread may be closing it too
-                log.debug("closing a cancelled remote response failed", exc_info=True)
+        if response is None:
+            return
+        # Closing alone does not wake a thread blocked reading the socket (a server computing a
+        # long prompt sends nothing): shut it down, which also tells the server to stop.
+        stream = response.extensions.get("network_stream")
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        try:
+            if sock is not None:
+                sock.shutdown(socket.SHUT_RDWR)
+            response.close()
+        except Exception:  # the reading thread may be closing it too
+            log.debug("closing a cancelled remote response failed", exc_info=True)
 
 
 class _RemoteRequest:
@@ -285,16 +300,16 @@ class _RemoteRequest:
     def _run(self) -> None:
         try:
             self.handle.finish(self._stream())
-        except RemoteEngineError as error:
-            self.handle.finish(None, error)
-        except httpx.HTTPError as error:
-            if self.handle.cancel_event.is_set():
+        except BaseException as error:
+            if self.handle.cancel_event.is_set():  # a stop asked for: whatever broke, it is a stop
                 self.handle.finish(self._cancelled_result())
-            else:
+            elif isinstance(error, RemoteEngineError):
+                self.handle.finish(None, error)
+            elif isinstance(error, httpx.HTTPError):
                 self.handle.finish(None, self.engine._client.network_error(error))
-        except BaseException as error:  # a bug: the caller must not wait for ever
-            log.exception("remote request failed")
-            self.handle.finish(None, error)
+            else:  # a bug, or a reply of the wrong shape: the caller must not wait for ever
+                log.exception("remote request failed")
+                self.handle.finish(None, error)
         finally:
             self.engine._done(self)
 
@@ -358,18 +373,37 @@ class _RemoteRequest:
             reason = StopReason.PREFILLED
         else:
             reason = STOP_REASONS.get(str(final.get("stop_type")), StopReason.END)
+        tokens = self._verified_ids(final)
         first = self._first_token_at if self._first_token_at is not None else ended
         stats = GenerationStats(
             prompt_tokens=prompt_tokens,
             reused_tokens=reused,
             computed_tokens=prompt_tokens - reused,
             reuse_tier=tier,
-            generated_tokens=len(self._tokens),
+            generated_tokens=max(len(self._tokens), int(final.get("tokens_predicted") or 0)),
             ttft_ms=(first - started) * 1000,
             total_ms=(ended - started) * 1000,
             prefill_ms=float(timings.get("prompt_ms") or 0.0),
         )
-        return GenerationResult("".join(self._pieces), tuple(self._tokens), reason, stats)
+        return GenerationResult("".join(self._pieces), tokens, reason, stats)
+
+    def _verified_ids(self, final: dict[str, Any]) -> tuple[int, ...]:
+        """The answer's token ids, only when they give back exactly its text; else () (the text is tokenized).
+
+        llama-server sends the end-of-generation token's id (no text) and may leave out the id of a
+        token that ends inside a character: ids that do not spell the answer would corrupt every
+        later prompt, while tokenizing the text again only costs a cache miss after the answer.
+        """
+        ids = list(self._tokens)
+        if final.get("stop_type") == "eos" and ids and ids[-1] == self.engine._vocabulary.eos_id:
+            ids.pop()
+        text = "".join(self._pieces)
+        if not ids or not text:
+            return ()
+        if self.engine.detokenize(ids) != text:
+            log.info("the server's token ids do not spell its answer: the answer's text will be tokenized")
+            return ()
+        return tuple(ids)
 
     def _take_tokens(self, chunk: dict[str, Any]) -> None:
         text = str(chunk.get("content") or "")
@@ -423,16 +457,19 @@ def _error_message(response: httpx.Response) -> str:
     try:
         data = response.json()
     except ValueError:
-        return response.text[:200] or response.reason_phrase
+        return _one_line(response.text) or response.reason_phrase
     return _error_text(data.get("error", data) if isinstance(data, dict) else data)
 
 
 def _error_text(error: object) -> str:
     if isinstance(error, dict):
-        return str(error.get("message") or error)
-    return str(error)
+        return _one_line(str(error.get("message") or error))
+    return _one_line(str(error))
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    return " ".join(text.split())[:limit]
 
 
 def _reason(error: httpx.HTTPError) -> str:
-    text = str(error) or type(error).__name__
-    return text.splitlines()[0][:160]
+    return _one_line(str(error), 160) or type(error).__name__

@@ -8,6 +8,8 @@ status and figures replace the draft.
 
 from __future__ import annotations
 
+import logging
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -20,6 +22,7 @@ from chatapp.store.conversations import ConversationStore
 from chatapp.vocabulary import MessageStatus, Role
 
 SAVE_EVERY_S = 2.0
+log = logging.getLogger(__name__)
 
 
 class AnswerJob(EngineStream):
@@ -59,9 +62,17 @@ class AnswerJob(EngineStream):
             self._on_end_callback(result)
 
     def _on_failure(self) -> None:
-        """The engine failed midway: keep what was said, marked as failed (the error goes to the caller)."""
-        if self._pieces:
+        """The engine failed midway: keep what was said, marked as failed (the error goes to the caller).
+
+        A reader stopped by the app closing (GeneratorExit) leaves the answer as it was saved: partial.
+        """
+        failure = sys.exc_info()[1]
+        if not self._pieces or not isinstance(failure, Exception):
+            return
+        try:
             self._save("".join(self._pieces), self._token_ids, MessageStatus.FAILED, None)
+        except Exception:  # the engine's error is the one to report
+            log.exception("could not mark a failed answer")
 
     def _save(self, text: str, token_ids: list[int], status: MessageStatus, stats: dict[str, Any] | None) -> None:
         if self.answer is None:

@@ -63,7 +63,7 @@ def prompt_messages(root: MessageRecord, document: Document | None, path: list[M
     for record in path:
         if record.role == Role.ASSISTANT:
             messages.append(
-                ChatMessage(role=Role.ASSISTANT, parts=(record.content,), generated_ids=record.generated_ids or ())
+                ChatMessage(role=Role.ASSISTANT, parts=(record.content,), generated_ids=record.generated_ids or None)
             )
         else:
             messages.append(question_message(record.content, document if first_question else None))

@@ -148,8 +148,8 @@ class Completion(EngineStream):
                 shown = self._matcher.feed(event.text)
                 if self._matcher.stopped:
                     self.cancel()  # the engine stops at its next step; what it adds is not shown
-                if shown:
-                    yield AnswerText(shown, event.token_id)
+                if shown or (event.token_id >= 0 and not self._matcher.stopped):
+                    yield AnswerText(shown, event.token_id)  # an id without text yet still belongs to the answer
             if self._tail:
                 yield AnswerText(self._tail, -1)
         finally:

@@ -43,6 +43,9 @@ RESTART_FIELDS = frozenset(
         "threads",
         "flash_attention",
         "swa_full",
+        "backend",
+        "backend_key",
+        "backend_model",
         "checkpoint_every_blocks",
     }
 )

@@ -110,11 +110,17 @@ def _allow_failed_status(connection: sqlite3.Connection) -> None:
     connection.execute("PRAGMA writable_schema = ON")
     try:
         connection.execute(
-            "UPDATE sqlite_schema SET sql = replace(sql, ?, ?) WHERE type = 'table' AND name = 'messages'", (old, new)
+            "UPDATE sqlite_master SET sql = replace(sql, ?, ?) WHERE type = 'table' AND name = 'messages'", (old, new)
         )
         connection.execute(f"PRAGMA schema_version = {schema_version + 1}")
     finally:
         connection.execute("PRAGMA writable_schema = OFF")
+    table = connection.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'messages'").fetchone()
+    if table is None or new not in table[0]:
+        raise StoreError(
+            "this SQLite refused the schema change that adds the 'failed' answer status (defensive mode?); "
+            "run chatapp with Python's own sqlite3 module, or report it"
+        )
     problem = connection.execute("PRAGMA quick_check").fetchone()[0]
     if problem != "ok":
         raise sqlite3.DatabaseError(f"the schema change left the file inconsistent: {problem}")

@@ -8,9 +8,11 @@ remote engine talks to it over real HTTP, through a proxy a test can cut (the se
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from chatapp.benchmark.llama_server import LlamaServerPeer, default_llama_server_path
 from chatapp.benchmark.server_process import free_port
 from chatapp.engine.events import TokenText
 from chatapp.engine.gate import Step
@@ -150,3 +152,30 @@ def test_an_unreachable_server_is_one_clear_line() -> None:
 
 def test_an_openai_style_address_finds_the_server_root(proxy: CutProxy) -> None:
     assert RemoteConfig(f"{proxy.url}/v1/").base_url == proxy.url
+
+
+@pytest.fixture(scope="module")
+def llama_server(model_path: Path) -> Iterator[LlamaServerPeer]:
+    binary = default_llama_server_path()
+    if not binary.is_file():
+        pytest.skip("llama-server not built: run scripts/build_llama_server.py to run the remote tests against it")
+    with LlamaServerPeer(binary, model_path, context=1024, threads=1, cache_ram_mib=64) as peer:
+        yield peer
+
+
+def test_llama_server_as_the_remote_engine(llama_server: LlamaServerPeer, backend: Backend) -> None:
+    engine = RemoteEngine(RemoteConfig(f"http://127.0.0.1:{llama_server.port}"))
+    try:
+        messages = _messages("Which lighthouse guards Eddystone rocks?")
+        prompt = tuple(engine.prompt_builder.build(messages))
+        assert list(prompt) == backend.server.engine.prompt_builder.build(messages)  # same template, same ids
+        first = engine.generate(GenerationRequest(prompt, GREEDY)).wait()
+        assert first.text
+        assert len(first.token_ids) == first.stats.generated_tokens > 0
+        answered = [*messages, ChatMessage(Role.ASSISTANT, (first.text,), first.token_ids)]
+        follow_up = tuple(engine.prompt_builder.build([*answered, ChatMessage.of(Role.USER, "How tall?")]))
+        second = engine.generate(GenerationRequest(follow_up, GREEDY)).wait()
+        assert second.stats.reuse_tier is ReuseTier.SERVER
+        assert second.stats.reused_tokens >= len(prompt)
+    finally:
+        engine.close()

@@ -196,3 +196,35 @@ def test_a_version_1_file_gains_the_pins_table_and_keeps_its_conversations(
         assert [c.title for c in ConversationStore(connection).list_conversations()] == ["From version 1"]
     finally:
         connection.close()
+
+
+def test_a_version_2_file_is_migrated_to_allow_failed_answers_and_keeps_its_rows(tmp_path: Path) -> None:
+    path = tmp_path / "chatapp.db"
+    old_check = "CHECK (status IN ('complete', 'stopped', 'cut_off', 'partial'))"
+    with sqlite3.connect(path) as plain:  # the file as schema 2 wrote it
+        for statement in [*database._SCHEMA_1, *database._SCHEMA_2]:
+            plain.execute(statement.replace("'partial', 'failed'", "'partial'"))
+        plain.execute("PRAGMA user_version = 2")
+    with sqlite3.connect(path) as plain:
+        assert old_check in plain.execute("SELECT sql FROM sqlite_master WHERE name = 'messages'").fetchone()[0]
+        plain.execute("INSERT INTO conversations (title, created_at, updated_at) VALUES ('Kept', 0, 0)")
+        plain.execute(
+            "INSERT INTO messages (conversation_id, parent_id, role, content, created_at) "
+            "VALUES (1, NULL, 'system', '', 0)"
+        )
+        with pytest.raises(sqlite3.IntegrityError):
+            plain.execute(
+                "INSERT INTO messages (conversation_id, parent_id, role, content, created_at, status) "
+                "VALUES (1, 1, 'assistant', 'half', 0, 'failed')"
+            )
+    connection = open_database(path)
+    try:
+        assert connection.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+        connection.execute(
+            "INSERT INTO messages (conversation_id, parent_id, role, content, created_at, status) "
+            "VALUES (1, 1, 'assistant', 'half', 0, 'failed')"
+        )
+        assert [c.title for c in ConversationStore(connection).list_conversations()] == ["Kept"]
+        assert connection.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    finally:
+        connection.close()
