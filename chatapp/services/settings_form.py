@@ -77,7 +77,7 @@ class SettingField:
     name: str
     label: str
     description: str
-    kind: str  # "int" | "float" | "bool" | "path" | "optional-int" | "choice" (one of a few words)
+    kind: str  # "int" | "float" | "bool" | "path" | "optional-int" | "optional-text" | "choice" (one of a few words)
     default: Any
     restart_needed: bool
 
@@ -104,6 +104,8 @@ def _kind(name: str, annotation: Any) -> str:
             return "path"
         if base is bool and not optional:
             return "bool"
+        if base is str and optional:
+            return "optional-text"
         if base is int:
             return "optional-int" if optional else "int"
         if base is float and not optional:

@@ -48,6 +48,10 @@ EVERYTHING = Settings(
     cache_eviction="lru",
     swa_full=False,
     checkpoint_every_blocks=4,
+    backend="http://127.0.0.1:9",
+    backend_key="key",
+    backend_model="big",
+    warm_ahead=False,
 )
 
 
@@ -92,6 +96,7 @@ def test_labels_kinds_and_restart_flags() -> None:
     assert restart == {
         "model", "context_cap", "sequences", "n_gpu_layers", "threads", "flash_attention",
         "cache_block_size", "cache_ram_mib", "cache_disk_mib", "cache_ttl_days", "cache_eviction", "swa_full",
+        "backend", "backend_key", "backend_model",
         "checkpoint_every_blocks",
     }  # fmt: skip
     assert not restart & {"temperature", "top_p", "max_tokens", "seed"}
