@@ -84,14 +84,10 @@ class Settings(BaseModel):
                 raise ValueError(f"{value!r} is not an http:// or https:// address; give the server's URL")
         return value
 
-    @field_validator("backend_key", "backend_model", mode="before")
+    @field_validator("model", "backend_key", "backend_model", mode="before")
     @classmethod
-    def _empty_means_none(cls, value: object) -> object:
-        return None if isinstance(value, str) and not value.strip() else value
-
-    @field_validator("model", mode="before")
-    @classmethod
-    def _empty_model_means_bundled(cls, value: object) -> object:
+    def _empty_means_unset(cls, value: object) -> object:
+        """An empty value is the default: the bundled model, no key, the server's own model name."""
         return None if isinstance(value, str) and not value.strip() else value
 
 

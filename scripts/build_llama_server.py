@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -40,6 +41,14 @@ CMAKE_OPTIONS = (
     "-DGGML_NATIVE=ON",
     "-DBUILD_SHARED_LIBS=OFF",
 )
+# llama.cpp's AMX kernels crash with SIGILL where the CPU has AMX (ggml-org/llama.cpp#26954):
+# built without them, as the Makefile builds llama-cpp-python.
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+X86_OPTIONS = (f"-DCMAKE_C_FLAGS={NO_AMX}", f"-DCMAKE_CXX_FLAGS={NO_AMX}")
+
+
+def cpu_options() -> tuple[str, ...]:
+    return X86_OPTIONS if platform.machine().lower() in ("x86_64", "amd64") else ()
 
 
 class BuildError(Exception):
@@ -128,7 +137,7 @@ def build(cmake: str, llama_src: Path, build_dir: Path, jobs: int) -> Path:
     if not (llama_src / "CMakeLists.txt").is_file():
         raise BuildError(f"no llama.cpp sources at {llama_src}")
     say(f"configuring {llama_src} into {build_dir}")
-    _run([cmake, "-S", str(llama_src), "-B", str(build_dir), *CMAKE_OPTIONS], "cmake configure")
+    _run([cmake, "-S", str(llama_src), "-B", str(build_dir), *CMAKE_OPTIONS, *cpu_options()], "cmake configure")
     say(f"building target llama-server with {jobs} jobs (several minutes)")
     started = time.monotonic()
     _run(

@@ -67,7 +67,7 @@ class Tokenizer(Protocol):
 
 
 class ModelVocabulary(Tokenizer, Protocol):
-    """A model's vocabulary with its chat template (a loaded GGUF file, or a remote server's)."""
+    """A loaded GGUF file's vocabulary with its chat template (a remote engine builds its template from /props)."""
 
     bos_id: int
     eos_id: int

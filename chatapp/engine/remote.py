@@ -68,15 +68,12 @@ class RemoteConfig:
 
 
 class RemoteVocabulary:
-    """The server's tokenizer and chat template, asked over HTTP (what PromptBuilder needs)."""
+    """The server's tokenizer, asked over HTTP (what PromptBuilder needs), and its special tokens' ids."""
 
-    def __init__(self, client: RemoteClient, props: dict[str, Any]) -> None:
+    def __init__(self, client: RemoteClient, bos_text: str, eos_text: str) -> None:
         self._client = client
-        self._template = props.get("chat_template") or None
-        self._bos_text = str(props.get("bos_token") or "")
-        self._eos_text = str(props.get("eos_token") or "")
-        self.bos_id = self._single_id(self._bos_text)
-        self.eos_id = self._single_id(self._eos_text)
+        self.bos_id = self._single_id(bos_text)
+        self.eos_id = self._single_id(eos_text)
         probe = self.tokenize("a", add_special=False, parse_special=False)
         with_special = self.tokenize("a", add_special=True, parse_special=False)
         self.add_bos = len(with_special) > len(probe) and with_special[0] == self.bos_id
@@ -90,16 +87,6 @@ class RemoteVocabulary:
 
     def detokenize(self, tokens: list[int]) -> str:
         return str(self._client.post_json("/detokenize", {"tokens": tokens}).get("content", ""))
-
-    def chat_template(self) -> str | None:
-        return self._template
-
-    def token_text(self, token: int) -> str:
-        if token == self.bos_id:
-            return self._bos_text
-        if token == self.eos_id:
-            return self._eos_text
-        return self.detokenize([token])
 
     def _single_id(self, text: str) -> int:
         if not text:
@@ -182,12 +169,9 @@ class RemoteEngine:
         self._client = RemoteClient(config)
         try:
             props = self._client.get_json("/props")
-            self._vocabulary = RemoteVocabulary(self._client, props)
-            template = ChatTemplate(
-                source=self._vocabulary.chat_template() or FALLBACK_CHATML,
-                bos_token=str(props.get("bos_token") or ""),
-                eos_token=str(props.get("eos_token") or ""),
-            )
+            bos_text, eos_text = str(props.get("bos_token") or ""), str(props.get("eos_token") or "")
+            self._vocabulary = RemoteVocabulary(self._client, bos_text, eos_text)
+            template = ChatTemplate(str(props.get("chat_template") or FALLBACK_CHATML), bos_text, eos_text)
             self.prompt_builder = PromptBuilder(template, self._vocabulary)
         except BaseException:
             self._client.close()
@@ -287,12 +271,21 @@ class _CancellableHandle(GenerationHandle):
 
 
 class _RemoteRequest:
-    """One request on its own thread: the /completion stream turned into engine events."""
+    """One request on its own thread: the /completion stream turned into engine events.
+
+    Text streams as it comes; the answer's token ids are known to be right only at the end (see
+    `_verified_ids`), so they are in the result, not in the streamed events: an answer cut off
+    midway keeps its text, never ids that may not spell it.
+    """
 
     def __init__(self, engine: RemoteEngine, request: GenerationRequest) -> None:
         self.engine = engine
         self.handle = _CancellableHandle(request)
         self.thread = threading.Thread(target=self._run, name="chatapp-remote", daemon=True)
+        self._tokens: list[int] = []
+        self._pieces: list[str] = []
+        self._started = time.perf_counter()
+        self._first_text_at: float | None = None
 
     def start(self) -> None:
         self.thread.start()
@@ -302,7 +295,7 @@ class _RemoteRequest:
             self.handle.finish(self._stream())
         except BaseException as error:
             if self.handle.cancel_event.is_set():  # a stop asked for: whatever broke, it is a stop
-                self.handle.finish(self._cancelled_result())
+                self.handle.finish(self._result(StopReason.CANCELLED, {}))
             elif isinstance(error, RemoteEngineError):
                 self.handle.finish(None, error)
             elif isinstance(error, httpx.HTTPError):
@@ -331,18 +324,10 @@ class _RemoteRequest:
 
     def _stream(self) -> GenerationResult:
         handle = self.handle
-        request = handle.request
         client = self.engine._client
-        started = time.perf_counter()
-        self._tokens: list[int] = []
-        self._pieces: list[str] = []
-        self._first_token_at: float | None = None
-        final: dict[str, Any] = {}
         with client.http.stream("POST", "/completion", json=self._body()) as response:
             handle.response = response
-            if handle.cancel_event.is_set():
-                return self._cancelled_result()
-            if response.status_code >= 400:
+            if response.status_code >= 400 and not handle.cancel_event.is_set():
                 response.read()
                 client.raise_for_status(response, "/completion")
             for chunk in _server_events(response):
@@ -350,41 +335,53 @@ class _RemoteRequest:
                     break
                 if "error" in chunk:
                     raise RemoteEngineError(f"the engine at {client.base_url} failed: {_error_text(chunk['error'])}")
-                if not request.prefill_only:
-                    self._take_tokens(chunk)
                 if chunk.get("stop"):
-                    final = chunk
-                    break
-            else:
-                if not handle.cancel_event.is_set():
-                    raise RemoteEngineError(
-                        f"the engine at {client.base_url} ended the answer without its last message; "
-                        "what was received is kept: try again"
-                    )
+                    return self._finished(chunk)
+                self._take(chunk)
+        if handle.cancel_event.is_set():
+            return self._result(StopReason.CANCELLED, {})
+        raise RemoteEngineError(
+            f"the engine at {client.base_url} ended the answer without its last message; "
+            "what was received is kept: try again"
+        )
+
+    def _take(self, chunk: dict[str, Any]) -> None:
+        """One streamed piece: its text goes out now, its ids are kept for the check at the end."""
+        self._tokens.extend(int(token) for token in chunk.get("tokens") or ())
+        text = str(chunk.get("content") or "")
+        if text and not self.handle.request.prefill_only:
+            if self._first_text_at is None:
+                self._first_text_at = time.perf_counter()
+            self._pieces.append(text)
+            self.handle.emit(TokenText(text=text, token_id=-1))
+
+    def _finished(self, final: dict[str, Any]) -> GenerationResult:
+        self._take(final)
+        if self.handle.request.prefill_only:
+            return self._result(StopReason.PREFILLED, final)
+        return self._result(STOP_REASONS.get(str(final.get("stop_type")), StopReason.END), final)
+
+    def _result(self, reason: StopReason, final: dict[str, Any]) -> GenerationResult:
+        """The result from the server's final report (`{}` when it never came: a cancel)."""
         ended = time.perf_counter()
-        if handle.cancel_event.is_set() and not final:
-            return self._cancelled_result(ended - started)
+        prompt_tokens = len(self.handle.request.prompt_tokens)
         timings = final.get("timings") or {}
-        prompt_tokens = len(request.prompt_tokens)
         reused = max(0, min(int(timings.get("cache_n") or 0), prompt_tokens))
         tier = ReuseTier.SERVER if reused else ReuseTier.NONE
-        handle.emit(PromptPlaced(reused, prompt_tokens, tier))
-        if request.prefill_only:
-            reason = StopReason.PREFILLED
-        else:
-            reason = STOP_REASONS.get(str(final.get("stop_type")), StopReason.END)
-        tokens = self._verified_ids(final)
-        first = self._first_token_at if self._first_token_at is not None else ended
+        if final:
+            self.handle.emit(PromptPlaced(reused, prompt_tokens, tier))
+        first = self._first_text_at if self._first_text_at is not None else ended
         stats = GenerationStats(
             prompt_tokens=prompt_tokens,
             reused_tokens=reused,
             computed_tokens=prompt_tokens - reused,
             reuse_tier=tier,
             generated_tokens=max(len(self._tokens), int(final.get("tokens_predicted") or 0)),
-            ttft_ms=(first - started) * 1000,
-            total_ms=(ended - started) * 1000,
+            ttft_ms=(first - self._started) * 1000,
+            total_ms=(ended - self._started) * 1000,
             prefill_ms=float(timings.get("prompt_ms") or 0.0),
         )
+        tokens = self._verified_ids(final) if final and reason is not StopReason.PREFILLED else ()
         return GenerationResult("".join(self._pieces), tokens, reason, stats)
 
     def _verified_ids(self, final: dict[str, Any]) -> tuple[int, ...]:
@@ -404,37 +401,6 @@ class _RemoteRequest:
             log.info("the server's token ids do not spell its answer: the answer's text will be tokenized")
             return ()
         return tuple(ids)
-
-    def _take_tokens(self, chunk: dict[str, Any]) -> None:
-        text = str(chunk.get("content") or "")
-        tokens = [int(token) for token in chunk.get("tokens") or []]
-        if not text and not tokens:
-            return
-        if self._first_token_at is None:
-            self._first_token_at = time.perf_counter()
-        self._pieces.append(text)
-        if not tokens:
-            self.handle.emit(TokenText(text=text, token_id=-1))
-            return
-        for token in tokens[:-1]:
-            self.handle.emit(TokenText(text="", token_id=token))
-        self.handle.emit(TokenText(text=text, token_id=tokens[-1]))
-        self._tokens.extend(tokens)
-
-    def _cancelled_result(self, seconds: float = 0.0) -> GenerationResult:
-        request = self.handle.request
-        tokens = getattr(self, "_tokens", [])
-        stats = GenerationStats(
-            prompt_tokens=len(request.prompt_tokens),
-            reused_tokens=0,
-            computed_tokens=len(request.prompt_tokens),
-            reuse_tier=ReuseTier.NONE,
-            generated_tokens=len(tokens),
-            ttft_ms=seconds * 1000,
-            total_ms=seconds * 1000,
-            prefill_ms=0.0,
-        )
-        return GenerationResult("".join(getattr(self, "_pieces", [])), tuple(tokens), StopReason.CANCELLED, stats)
 
 
 def _server_events(response: httpx.Response) -> Iterator[dict[str, Any]]:

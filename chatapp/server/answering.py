@@ -33,6 +33,8 @@ CACHE_HEADER = "X-Chatapp-Cache"
 DIVERGENCE_HEADER = "X-Chatapp-Cache-Divergence"
 T = TypeVar("T")
 RETRY_AFTER_SECONDS = "1"
+CLIENT_GONE = 499  # nginx's code for a client that closed the connection: nobody reads it
+COMPACT = (",", ":")  # JSON separators for streamed events
 
 
 @dataclass
@@ -55,6 +57,12 @@ class ServerContext:
             param=param,
             kind="not_found_error",
         )
+
+
+def context_of(request: Request) -> ServerContext:
+    """The serving stack the app was built with (every route's first step)."""
+    context: ServerContext = request.app.state.context
+    return context
 
 
 def cache_headers(reused: int, prompt_tokens: int, tier: str, divergence: Divergence | None) -> dict[str, str]:

@@ -18,17 +18,15 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from chatapp.server.answering import Answer, ServerContext, start
+from chatapp.server.answering import CLIENT_GONE, COMPACT, Answer, context_of, start
 from chatapp.server.bodies import read_body
 from chatapp.server.errors import ApiError
 from chatapp.server.schemas import checked_stop
-from chatapp.services.completions import CompletionOutcome
+from chatapp.services.completions import CompletionOutcome, RequestError
 from chatapp.services.serving import SamplingOptions
 from chatapp.services.streams import AnswerText
 
 router = APIRouter()
-CLIENT_GONE = 499
-COMPACT = (",", ":")
 STOP_TYPES = {"stop": "eos", "length": "limit"}
 
 
@@ -58,19 +56,14 @@ class LlamaCompletionBody(BaseModel):
     return_tokens: bool = False
 
 
-def _context(request: Request) -> ServerContext:
-    context: ServerContext = request.app.state.context
-    return context
-
-
 @router.get("/props")
 async def props(request: Request) -> dict[str, Any]:
-    return _context(request).serving.props()
+    return context_of(request).serving.props()
 
 
 @router.post("/tokenize")
 async def tokenize(request: Request) -> dict[str, Any]:
-    context = _context(request)
+    context = context_of(request)
     body = await read_body(request, TokenizeBody, context.body_limit_bytes)
     tokens = await to_thread.run_sync(
         lambda: context.serving.engine.tokenize(
@@ -82,20 +75,18 @@ async def tokenize(request: Request) -> dict[str, Any]:
 
 @router.post("/detokenize")
 async def detokenize(request: Request) -> dict[str, Any]:
-    context = _context(request)
+    context = context_of(request)
     body = await read_body(request, DetokenizeBody, context.body_limit_bytes)
-    vocabulary = context.serving.engine.info.n_vocab
-    outside = next((token for token in body.tokens if token < 0 or 0 < vocabulary <= token), None)
-    if outside is not None:
-        raise ApiError(
-            400, f"tokens holds {outside}, outside this model's vocabulary (0-{vocabulary - 1})", param="tokens"
-        )
+    try:
+        context.serving.completions.check_token_ids(body.tokens, "tokens")
+    except RequestError as error:
+        raise ApiError(400, str(error), param=error.param) from None
     return {"content": await to_thread.run_sync(lambda: context.serving.engine.detokenize(body.tokens))}
 
 
 @router.post("/completion")
 async def completion(request: Request) -> Response:
-    context = _context(request)
+    context = context_of(request)
     body = await read_body(request, LlamaCompletionBody, context.body_limit_bytes)
     if isinstance(body.prompt, list) and not body.prompt:
         raise ApiError(400, "prompt is empty; send token ids or text to complete", param="prompt")

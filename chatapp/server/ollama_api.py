@@ -17,7 +17,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from chatapp import __version__
-from chatapp.server.answering import Answer, ServerContext, start
+from chatapp.server.answering import CLIENT_GONE, Answer, ServerContext, context_of, start
 from chatapp.server.bodies import read_body
 from chatapp.server.errors import ApiError
 from chatapp.server.schemas import (
@@ -38,13 +38,7 @@ from chatapp.vocabulary import Role
 
 router = APIRouter(prefix="/api")
 NDJSON = "application/x-ndjson"
-CLIENT_GONE = 499
 NS_PER_MS = 1_000_000
-
-
-def _context(request: Request) -> ServerContext:
-    context: ServerContext = request.app.state.context
-    return context
 
 
 def _now() -> str:
@@ -58,7 +52,7 @@ async def version() -> dict[str, str]:
 
 @router.get("/tags")
 async def tags(request: Request) -> dict[str, Any]:
-    model = _context(request).serving.model
+    model = context_of(request).serving.model
     entry = {
         "name": f"{model.id}:latest",
         "model": f"{model.id}:latest",
@@ -78,7 +72,7 @@ class OllamaShowBody(Lenient):
 @router.post("/show")
 async def show(request: Request) -> dict[str, Any]:
     """What clients such as oterm ask before a chat: the model's details and what it can do."""
-    context = _context(request)
+    context = context_of(request)
     body = await read_body(request, OllamaShowBody, context.body_limit_bytes)
     name = body.model or body.name
     if not name:
@@ -124,7 +118,7 @@ def _checked(context: ServerContext, body: OllamaBase) -> tuple[SamplingOptions,
 
 @router.post("/chat")
 async def chat(request: Request) -> Response:
-    context = _context(request)
+    context = context_of(request)
     body = await read_body(request, OllamaChatBody, context.body_limit_bytes)
     options, stop = _checked(context, body)
     if not body.messages:
@@ -140,7 +134,7 @@ async def chat(request: Request) -> Response:
 
 @router.post("/generate")
 async def generate(request: Request) -> Response:
-    context = _context(request)
+    context = context_of(request)
     body = await read_body(request, OllamaGenerateBody, context.body_limit_bytes)
     options, stop = _checked(context, body)
     if not body.prompt.strip():

@@ -16,7 +16,7 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from chatapp.server.answering import Answer, ServerContext, start
+from chatapp.server.answering import CLIENT_GONE, COMPACT, Answer, context_of, start
 from chatapp.server.bodies import read_body
 from chatapp.server.errors import ApiError
 from chatapp.server.schemas import (
@@ -34,13 +34,6 @@ from chatapp.services.serving import SamplingOptions
 from chatapp.services.streams import AnswerText
 
 router = APIRouter(prefix="/v1")
-CLIENT_GONE = 499  # nginx's code for a client that closed the connection: nobody reads it
-COMPACT = (",", ":")
-
-
-def _context(request: Request) -> ServerContext:
-    context: ServerContext = request.app.state.context
-    return context
 
 
 def _usage(usage: CompletionUsage) -> dict[str, Any]:
@@ -58,7 +51,7 @@ def _options(body: OpenAISampling, max_tokens: int | None) -> SamplingOptions:
 
 @router.get("/models")
 async def list_models(request: Request) -> dict[str, Any]:
-    model = _context(request).serving.model
+    model = context_of(request).serving.model
     return {
         "object": "list",
         "data": [{"id": model.id, "object": "model", "created": model.created, "owned_by": "chatapp"}],
@@ -67,7 +60,7 @@ async def list_models(request: Request) -> dict[str, Any]:
 
 @router.post("/chat/completions")
 async def chat_completions(request: Request) -> Response:
-    context = _context(request)
+    context = context_of(request)
     body = await read_body(request, ChatCompletionBody, context.body_limit_bytes)
     refuse_unsupported(body.fields_sent(), OPENAI_UNSUPPORTED)
     context.check_model(body.model)
@@ -85,7 +78,7 @@ async def chat_completions(request: Request) -> Response:
 
 @router.post("/completions")
 async def completions(request: Request) -> Response:
-    context = _context(request)
+    context = context_of(request)
     body = await read_body(request, CompletionBody, context.body_limit_bytes)
     refuse_unsupported(body.fields_sent(), OPENAI_UNSUPPORTED)
     context.check_model(body.model)

@@ -9,7 +9,6 @@ status and figures replace the draft.
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -61,13 +60,12 @@ class AnswerJob(EngineStream):
         if self._on_end_callback is not None:
             self._on_end_callback(result)
 
-    def _on_failure(self) -> None:
+    def _on_failure(self, error: BaseException) -> None:
         """The engine failed midway: keep what was said, marked as failed (the error goes to the caller).
 
         A reader stopped by the app closing (GeneratorExit) leaves the answer as it was saved: partial.
         """
-        failure = sys.exc_info()[1]
-        if not self._pieces or not isinstance(failure, Exception):
+        if not self._pieces or not isinstance(error, Exception):
             return
         try:
             self._save("".join(self._pieces), self._token_ids, MessageStatus.FAILED, None)

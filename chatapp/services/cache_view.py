@@ -67,7 +67,7 @@ class CacheService:
         figures = self.chat.figures
         prompt = figures.prompt_tokens
         stats = {
-            "requests": figures.answers,
+            "requests": len(figures.ttft_ms),
             "prompt_tokens": prompt,
             "reused_tokens": figures.reused_tokens,
             "hit_rate": figures.reused_tokens / prompt if prompt else 0.0,

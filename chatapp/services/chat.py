@@ -29,7 +29,7 @@ class Reply(EngineStream):
     def _on_end(self, result: GenerationResult) -> None:
         self._session.conversation.add_answer(result.text, result.token_ids)
 
-    def _on_failure(self) -> None:
+    def _on_failure(self, error: BaseException) -> None:
         self._session.conversation.drop_last()
 
 

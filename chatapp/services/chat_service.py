@@ -61,7 +61,6 @@ class SessionFigures:
 
     ttft_ms: list[float] = field(default_factory=list)
     last_divergence: Divergence | None = None  # the last prompt that left an earlier one, and where
-    answers: int = 0
     prompt_tokens: int = 0
     reused_tokens: int = 0  # as the engine reported them (a remote server's own count)
 
@@ -401,7 +400,6 @@ class ChatService:
     def _answered(self, result: GenerationResult) -> None:
         figures, stats = self.figures, result.stats
         figures.ttft_ms.append(stats.ttft_ms)
-        figures.answers += 1
         figures.prompt_tokens += stats.prompt_tokens
         figures.reused_tokens += stats.reused_tokens
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import xxhash
@@ -195,7 +195,7 @@ class Completion(EngineStream):
         if ids is not None and self._matcher.shown:
             self._service.remember_answer(self._history, self._matcher.shown, ids)
 
-    def _on_failure(self) -> None:
+    def _on_failure(self, error: BaseException) -> None:
         self._release()
 
     def _tokens_shown(self, generated: int) -> int:
@@ -299,13 +299,17 @@ class CompletionService:
             raise RequestError("prompt is empty; send some text to complete", "prompt")
         if isinstance(prompt, str):
             return self.engine.tokenize(prompt, add_special=True, parse_special=True)
+        self.check_token_ids(prompt, "prompt")
+        return list(prompt)
+
+    def check_token_ids(self, tokens: Sequence[int], param: str) -> None:
+        """RequestError naming `param` when an id is outside the vocabulary (unknown size: only negatives)."""
         vocabulary = self.engine.info.n_vocab
-        outside = next((token for token in prompt if token < 0 or 0 < vocabulary <= token), None)
+        outside = next((token for token in tokens if token < 0 or 0 < vocabulary <= token), None)
         if outside is not None:
             raise RequestError(
-                f"prompt holds the token id {outside}, outside this model's vocabulary (0-{vocabulary - 1})", "prompt"
+                f"{param} holds the token id {outside}, outside this model's vocabulary (0-{vocabulary - 1})", param
             )
-        return list(prompt)
 
     def _take_slot(self) -> None:
         with self._lock:

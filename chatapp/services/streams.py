@@ -103,8 +103,8 @@ class EngineStream:
                 elif isinstance(event, PromptPlaced):
                     yield PromptReuse(event.reused_tokens, event.prompt_tokens, event.tier)
             result = self.handle.wait()
-        except BaseException:
-            self._on_failure()
+        except BaseException as error:
+            self._on_failure(error)
             raise
         self.result = result
         self._on_end(result)
@@ -129,5 +129,5 @@ class EngineStream:
     def _on_end(self, result: GenerationResult) -> None:
         """The request ended (completed, stopped or cut off)."""
 
-    def _on_failure(self) -> None:
-        """The request failed or its reader stopped reading."""
+    def _on_failure(self, error: BaseException) -> None:
+        """The request failed (an Exception) or its reader stopped reading (GeneratorExit, the app closing)."""

@@ -73,7 +73,8 @@ def test_an_answer_equals_the_servers_own_and_the_next_turn_reuses_it(
     alone = server.serving.engine.generate(GenerationRequest(prompt, GREEDY, use_cache=False)).wait()
     assert (result.text, result.token_ids) == (alone.text, alone.token_ids)
     assert "".join(event.text for event in streamed) == result.text
-    assert [event.token_id for event in streamed] == list(result.token_ids)
+    # Ids come with the result, checked against the text; streamed pieces carry text only.
+    assert all(event.token_id == -1 for event in streamed)
     assert result.stats.generated_tokens == len(result.token_ids)
 
     answered = [*messages, ChatMessage(Role.ASSISTANT, (result.text,), result.token_ids)]
@@ -110,7 +111,10 @@ def test_cancelling_keeps_what_was_said(remote: RemoteEngine, server: RunningSer
         handle.cancel()
         result = handle.wait()
     assert result.stop_reason is StopReason.CANCELLED
-    assert result.token_ids[:2] == tuple(event.token_id for event in received if isinstance(event, TokenText))
+    said = "".join(event.text for event in received if isinstance(event, TokenText))
+    assert said
+    assert result.text.startswith(said)
+    assert result.token_ids == ()  # a cut-off answer's ids are never trusted: its text is tokenized
 
 
 def test_a_server_dying_mid_answer_is_one_clear_error_and_the_next_request_works(
