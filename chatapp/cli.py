@@ -179,8 +179,8 @@ def run_ask(args: argparse.Namespace, workspace: Workspace) -> int:
         document=document,
         use_cache=not args.no_cache,
     )
-    model, fingerprint = workspace.model_identity()
     with closing(workspace.open_engine(use_cache=not args.no_cache, sequences=1)) as engine:
+        model, fingerprint = workspace.model_identity(engine.info)
         record = ask(engine, request, model=model, model_fingerprint=fingerprint, on_text=_write_stdout)
     _write_stdout("\n")
     for notice in (engine.cache_problem, engine.cache.problem if engine.cache is not None else None):

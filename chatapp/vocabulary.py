@@ -23,13 +23,15 @@ class Role(StrEnum):
 
 
 class StopReason(StrEnum):
-    """Why a generation ended."""
+    """Why an answer ended: the one vocabulary every surface words in its own way."""
 
     END = "end"  # the model ended its answer
+    STOP_STRING = "stop_string"  # a stop string the caller named appeared (it is not shown)
     LENGTH = "length"  # max_tokens reached
     CONTEXT = "context"  # the conversation's context is full
     CANCELLED = "cancelled"  # the caller cancelled
     PREFILLED = "prefilled"  # a prefill-only request computed its prompt (no answer asked)
+    FAILED = "failed"  # the engine failed midway (a remote server dropped the stream): what came is kept
 
 
 class MessageStatus(StrEnum):
@@ -46,6 +48,8 @@ class MessageStatus(StrEnum):
         """The status of an answer that ended for `reason`."""
         if reason is StopReason.CANCELLED:
             return cls.STOPPED
+        if reason is StopReason.FAILED:
+            return cls.FAILED
         if reason in (StopReason.LENGTH, StopReason.CONTEXT):
             return cls.CUT_OFF
         return cls.COMPLETE

@@ -28,8 +28,8 @@ from cache.keys import as_token_array, common_prefix_length
 from chatapp.documents import Document
 from chatapp.engine.opening import open_prompt_builder
 from chatapp.engine.prompt import ChatMessage
-from chatapp.services.boundaries import reuse_boundaries
-from chatapp.services.conversation import document_block, question_message
+from chatapp.services.messages import Turn, conversation_messages, next_question_parts
+from chatapp.services.prompt_plan import plan_prompt
 from chatapp.services.warmup import draft_prompt_tokens
 from chatapp.vocabulary import Role
 
@@ -457,9 +457,10 @@ class PromptKit:
         return self.builder.tokenizer.tokenize(text, add_special=False, parse_special=False)
 
     def build(self, messages: list[ChatMessage]) -> tuple[int, ...]:
-        tokens = tuple(self.builder.build(messages))
-        self.boundaries[tokens] = reuse_boundaries(self.builder, messages)
-        return tokens
+        """The prompt as the app plans it (messages.py, prompt_plan.py), its checkpoints remembered."""
+        plan = plan_prompt(self.builder, messages, checkpoints=True)
+        self.boundaries[plan.tokens] = plan.checkpoints
+        return plan.tokens
 
     def close(self) -> None:
         self.builder.close()
@@ -483,12 +484,12 @@ def _conversation_prompts(
     kit: PromptKit, persona: str | None, document: Document | None, questions: list[str], answers: list[str]
 ) -> list[tuple[int, ...]]:
     """The prompt of each turn of one conversation (turn i sees the earlier questions and answers)."""
-    messages = [ChatMessage.of(Role.SYSTEM, persona)] if persona else []
+    turns: list[Turn] = []
     prompts = []
-    for turn, question in enumerate(questions):
-        messages.append(question_message(question, document) if turn == 0 else ChatMessage.of(Role.USER, question))
-        prompts.append(kit.build(messages))
-        messages.append(ChatMessage.of(Role.ASSISTANT, answers[turn]))
+    for question, answer in zip(questions, answers, strict=True):
+        turns.append(Turn(Role.USER, question))
+        prompts.append(kit.build(conversation_messages(persona, document, turns)))
+        turns.append(Turn(Role.ASSISTANT, answer))
     return prompts
 
 
@@ -497,9 +498,7 @@ def workload_a(kit: PromptKit, scale: Scale) -> Workload:
     p1, p2 = t.persona(1, scale.system), t.persona(2, scale.system)
 
     def ask(persona: str, seed: int) -> tuple[int, ...]:
-        return kit.build(
-            [ChatMessage.of(Role.SYSTEM, persona), ChatMessage.of(Role.USER, t.question(seed, scale.question))]
-        )
+        return kit.build(conversation_messages(persona, None, [Turn(Role.USER, t.question(seed, scale.question))]))
 
     plan = [
         ("P1 q1", p1, 1),
@@ -520,18 +519,17 @@ def workload_a(kit: PromptKit, scale: Scale) -> Workload:
 
 def workload_b(kit: PromptKit, scale: Scale) -> Workload:
     t = kit.texts
-    messages = [
-        ChatMessage.of(
-            Role.SYSTEM, "Classify each customer message into one category: " + ", ".join(FEWSHOT_LABELS) + "."
-        )
-    ]
+    persona = "Classify each customer message into one category: " + ", ".join(FEWSHOT_LABELS) + "."
+    examples: list[Turn] = []
     for example in range(8):
         text, label = t.fewshot_example(example, scale.fewshot_total // 8)
-        messages += [ChatMessage.of(Role.USER, text), ChatMessage.of(Role.ASSISTANT, label)]
+        examples += [Turn(Role.USER, text), Turn(Role.ASSISTANT, label)]
     requests = []
     for number in range(scale.fewshot_requests):
-        question = ChatMessage.of(Role.USER, t.question(100 + number, scale.fewshot_question))
-        requests.append(Request(f"q{number + 1}", kit.build([*messages, question])))
+        question = Turn(Role.USER, t.question(100 + number, scale.fewshot_question))
+        requests.append(
+            Request(f"q{number + 1}", kit.build(conversation_messages(persona, None, [*examples, question])))
+        )
     return Workload(
         "B", "eight few-shot examples, then short questions", with_known_prefixes(kit, requests), back_to_back=True
     )
@@ -544,8 +542,8 @@ def workload_c(kit: PromptKit, scale: Scale) -> Workload:
     requests = []
     for number in range(scale.document_questions):
         question = t.question(200 + number, scale.question)
-        messages = [ChatMessage.of(Role.SYSTEM, persona), question_message(question, document)]
-        draft = Draft((ChatMessage.of(Role.SYSTEM, persona),), (document_block(document),), question)
+        messages = conversation_messages(persona, document, [Turn(Role.USER, question)])
+        draft = Draft(tuple(conversation_messages(persona, None, [])), next_question_parts(document, []), question)
         requests.append(Request(f"q{number + 1}", kit.build(messages), draft=draft))
     return Workload("C", "one long document, several questions", with_known_prefixes(kit, requests))
 

@@ -41,6 +41,9 @@ class ModelInfo:
     swa_full: bool = True
     n_vocab: int = 0
     server: str | None = None  # the remote engine's address, None when the model runs here
+    # What tells a served model apart when its file is not here (a hash of what the server says of
+    # it); None for a local model, whose file is hashed.
+    fingerprint: str | None = None
 
     @property
     def short_name(self) -> str:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import xxhash
 
 from cache.prefix_cache import PrefixCache
 from chatapp.engine.chat_template import FALLBACK_CHATML, ChatTemplate
@@ -44,7 +45,7 @@ REMOTE_CAPABILITIES = Capabilities(
 CONNECT_TIMEOUT_S = 5.0
 # A server computing a long prompt on a CPU may say nothing for minutes before the first token.
 DEFAULT_READ_TIMEOUT_S = 600.0
-STOP_REASONS = {"eos": StopReason.END, "word": StopReason.END, "limit": StopReason.LENGTH}
+STOP_REASONS = {"eos": StopReason.END, "word": StopReason.STOP_STRING, "limit": StopReason.LENGTH}
 
 
 class RemoteEngineError(ChatappError):
@@ -192,6 +193,7 @@ class RemoteEngine:
             threads=0,
             n_vocab=int(props.get("n_vocab") or 0),
             server=self._client.base_url,
+            fingerprint=served_model_fingerprint(props),
         )
         self.capabilities = REMOTE_CAPABILITIES
         self.takes_checkpoints = False
@@ -401,6 +403,15 @@ class _RemoteRequest:
             log.info("the server's token ids do not spell its answer: the answer's text will be tokenized")
             return ()
         return tuple(ids)
+
+
+def served_model_fingerprint(props: dict[str, Any]) -> str:
+    """A hash of what the server says of its model: another model, template or vocabulary, another hash.
+
+    Answers' token ids remembered for one served model must never be sent for another.
+    """
+    identity = [props.get(key) for key in ("model_path", "chat_template", "bos_token", "eos_token", "n_vocab")]
+    return xxhash.xxh3_64_hexdigest(json.dumps(identity, ensure_ascii=False, sort_keys=True).encode("utf-8"))
 
 
 def _server_events(response: httpx.Response) -> Iterator[dict[str, Any]]:

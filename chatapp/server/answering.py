@@ -26,6 +26,22 @@ from chatapp.services.completions import Completion, CompletionOutcome, RequestE
 from chatapp.services.divergence import Divergence
 from chatapp.services.serving import Serving
 from chatapp.services.streams import PromptReuse, StreamEvent
+from chatapp.vocabulary import StopReason
+
+# How the OpenAI and Ollama APIs name the end of an answer (StopReason is the app's one vocabulary).
+FINISH_REASONS = {
+    StopReason.END: "stop",
+    StopReason.STOP_STRING: "stop",
+    StopReason.LENGTH: "length",
+    StopReason.CONTEXT: "length",
+    StopReason.CANCELLED: "abort",  # the server stopped it (shutting down); vLLM's word
+}
+
+
+def finish_reason(reason: StopReason) -> str:
+    """`finish_reason` (OpenAI) and `done_reason` (Ollama) for an answer that ended for `reason`."""
+    return FINISH_REASONS.get(reason, "stop")
+
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +199,7 @@ class Answer:
             usage.tier.value,
             f"{usage.computed_tokens:,}",
             f"{usage.completion_tokens:,}",
-            outcome.finish_reason,
+            outcome.stop_reason.value,
             usage.ttft_ms,
         )
         if self.divergence is not None:

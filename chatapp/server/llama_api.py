@@ -25,9 +25,16 @@ from chatapp.server.schemas import checked_stop
 from chatapp.services.completions import CompletionOutcome, RequestError
 from chatapp.services.serving import SamplingOptions
 from chatapp.services.streams import AnswerText
+from chatapp.vocabulary import StopReason
 
 router = APIRouter()
-STOP_TYPES = {"stop": "eos", "length": "limit"}
+# llama-server's names for how an answer ended.
+STOP_TYPES = {
+    StopReason.END: "eos",
+    StopReason.STOP_STRING: "word",
+    StopReason.LENGTH: "limit",
+    StopReason.CONTEXT: "limit",
+}
 
 
 class TokenizeBody(BaseModel):
@@ -127,7 +134,7 @@ def _final(outcome: CompletionOutcome) -> dict[str, Any]:
     usage = outcome.usage
     return {
         "stop": True,
-        "stop_type": STOP_TYPES.get(outcome.finish_reason, "eos"),
+        "stop_type": STOP_TYPES.get(outcome.stop_reason, "none"),
         "tokens_evaluated": usage.prompt_tokens,
         "tokens_predicted": usage.completion_tokens,
         "timings": {

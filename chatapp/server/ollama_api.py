@@ -17,7 +17,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from chatapp import __version__
-from chatapp.server.answering import CLIENT_GONE, Answer, ServerContext, context_of, start
+from chatapp.server.answering import CLIENT_GONE, Answer, ServerContext, context_of, finish_reason, start
 from chatapp.server.bodies import read_body
 from chatapp.server.errors import ApiError
 from chatapp.server.schemas import (
@@ -157,7 +157,7 @@ def _final(model: str, outcome: CompletionOutcome, chat: bool, text: str) -> dic
     usage = outcome.usage
     return {
         **_piece(model, text, chat, True),
-        "done_reason": outcome.finish_reason,
+        "done_reason": finish_reason(outcome.stop_reason),
         "total_duration": int(usage.total_ms * NS_PER_MS),
         "load_duration": 0,
         "prompt_eval_count": usage.computed_tokens,

@@ -16,7 +16,7 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from chatapp.server.answering import CLIENT_GONE, COMPACT, Answer, context_of, start
+from chatapp.server.answering import CLIENT_GONE, COMPACT, Answer, context_of, finish_reason, start
 from chatapp.server.bodies import read_body
 from chatapp.server.errors import ApiError
 from chatapp.server.schemas import (
@@ -116,7 +116,7 @@ async def _respond(request: Request, body: OpenAISampling, answer: Answer, kind:
     if outcome is None:
         return Response(status_code=CLIENT_GONE)
     usage = outcome.usage
-    choice: dict[str, Any] = {"index": 0, "finish_reason": outcome.finish_reason, "logprobs": None}
+    choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason(outcome.stop_reason), "logprobs": None}
     if chat:
         choice["message"] = {"role": "assistant", "content": outcome.text}
     else:
@@ -162,7 +162,7 @@ async def _chunks(
         failure = {"message": f"the answer failed ({type(error).__name__}: {error})", "type": "server_error"}
         yield f"data: {json.dumps({'error': {**failure, 'param': None, 'code': None}})}\n\n"
         return
-    yield chunk([piece("", outcome.finish_reason)])
+    yield chunk([piece("", finish_reason(outcome.stop_reason))])
     if include_usage:
         yield chunk([], usage=_usage(outcome.usage))
     yield "data: [DONE]\n\n"

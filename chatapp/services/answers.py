@@ -16,7 +16,8 @@ from typing import Any
 from chatapp.engine.events import GenerationResult
 from chatapp.engine.handle import GenerationHandle
 from chatapp.records import MessageRecord
-from chatapp.services.streams import AnswerText, EngineStream, stats_record
+from chatapp.services.answer_run import AnswerRun, EndedAnswer
+from chatapp.services.streams import AnswerText
 from chatapp.store.conversations import ConversationStore
 from chatapp.vocabulary import MessageStatus, Role
 
@@ -24,7 +25,7 @@ SAVE_EVERY_S = 2.0
 log = logging.getLogger(__name__)
 
 
-class AnswerJob(EngineStream):
+class AnswerJob(AnswerRun):
     """Iterate `events()` on a worker thread; `cancel()` from anywhere; then read `answer`.
 
     `on_end` hears of the result once it is saved (the service keeps the session's figures).
@@ -46,29 +47,25 @@ class AnswerJob(EngineStream):
         self._token_ids: list[int] = []
         self._saved_at = time.monotonic()
 
-    def _on_text(self, text: AnswerText) -> None:
-        self._pieces.append(text.text)
-        if text.token_id >= 0:
-            self._token_ids.append(text.token_id)
+    def _keep_text(self, piece: AnswerText) -> None:
+        self._pieces.append(piece.text)
+        if piece.token_id >= 0:
+            self._token_ids.append(piece.token_id)
         if self.answer is None or time.monotonic() - self._saved_at > SAVE_EVERY_S:
             self._save("".join(self._pieces), self._token_ids, MessageStatus.PARTIAL, None)
             self._saved_at = time.monotonic()
 
-    def _on_end(self, result: GenerationResult) -> None:
-        status = MessageStatus.after(result.stop_reason)
-        self._save(result.text, list(result.token_ids), status, stats_record(result))
-        if self._on_end_callback is not None:
-            self._on_end_callback(result)
+    def _keep_answer(self, answer: EndedAnswer) -> None:
+        self._save(answer.text, list(answer.token_ids or ()), MessageStatus.after(answer.stop_reason), answer.figures())
+        if self._on_end_callback is not None and answer.result is not None:
+            self._on_end_callback(answer.result)
 
-    def _on_failure(self, error: BaseException) -> None:
-        """The engine failed midway: keep what was said, marked as failed (the error goes to the caller).
-
-        A reader stopped by the app closing (GeneratorExit) leaves the answer as it was saved: partial.
-        """
-        if not self._pieces or not isinstance(error, Exception):
+    def _keep_failure(self, error: Exception, partial: EndedAnswer) -> None:
+        """The engine failed midway: keep what was said, marked as failed (the error goes to the caller)."""
+        if not partial.text:
             return
         try:
-            self._save("".join(self._pieces), self._token_ids, MessageStatus.FAILED, None)
+            self._save(partial.text, list(partial.token_ids or ()), MessageStatus.after(partial.stop_reason), None)
         except Exception:  # the engine's error is the one to report
             log.exception("could not mark a failed answer")
 

@@ -12,10 +12,12 @@ from typing import Any
 from chatapp.documents import Document
 from chatapp.engine.contract import EngineClient
 from chatapp.engine.requests import SamplingParams
-from chatapp.errors import ContextOverflowError, DocumentError
 from chatapp.services.chat import ChatSession
-from chatapp.services.conversation import Conversation, document_block
-from chatapp.services.streams import AnswerText, stats_record
+from chatapp.services.conversation import Conversation
+from chatapp.services.prompt_plan import TooLongWording
+from chatapp.services.streams import AnswerText
+
+CONTEXT_FIX = "a larger --context (context_cap in config.toml)"
 
 
 @dataclass(frozen=True)
@@ -40,25 +42,25 @@ def ask(
     """Answer `request`, passing text to `on_text` as it comes; return the JSON record."""
     conversation = Conversation(system_prompt=request.system_prompt, document=request.document)
     session = ChatSession(engine, conversation, request.sampling, use_cache=request.use_cache)
-    try:
-        reply = session.send(request.question)
-    except ContextOverflowError as error:
-        if request.document is None:
-            raise
-        document_tokens = len(engine.tokenize(document_block(request.document)))
-        raise DocumentError(
-            f"document {request.document.name} is {document_tokens:,} tokens ({error.prompt_tokens:,} with the "
-            f"question) but a conversation's context holds {error.context_tokens:,}; "
-            "use a shorter document or a larger --context (context_cap in config.toml)"
-        ) from None
+    reply = session.send(request.question, _too_long(request))
     for event in reply.events():
         if isinstance(event, AnswerText) and event.text:
             on_text(event.text)
-    result = reply.result
-    assert result is not None
+    ended = reply.ended
+    assert ended is not None
     return {
-        "answer": result.text,
-        **stats_record(result, ms_digits=3),
+        "answer": ended.text,
+        **(ended.figures(ms_digits=3) or {}),
         "model": model,
         "model_fingerprint": model_fingerprint,
     }
+
+
+def _too_long(request: AskRequest) -> TooLongWording:
+    if request.document is None:
+        return TooLongWording("the question", f"shorten it or use {CONTEXT_FIX}")
+    return TooLongWording(
+        f"document {request.document.name} with the question",
+        f"use a shorter document or {CONTEXT_FIX}",
+        about_document=True,
+    )

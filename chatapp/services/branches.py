@@ -12,8 +12,7 @@ from dataclasses import dataclass
 from chatapp.documents import Document
 from chatapp.engine.prompt import ChatMessage
 from chatapp.records import ConversationRecord, DocumentRecord, MessageRecord
-from chatapp.services.conversation import question_message
-from chatapp.vocabulary import Role
+from chatapp.services.messages import Turn, conversation_messages
 
 
 @dataclass(frozen=True)
@@ -52,20 +51,11 @@ def as_document(record: DocumentRecord | None) -> Document | None:
     return Document(name=record.name, text=record.text) if record is not None else None
 
 
-def prompt_messages(root: MessageRecord, document: Document | None, path: list[MessageRecord]) -> list[ChatMessage]:
-    """The chat messages a branch's prompt is built from: persona, then the turns.
+def branch_turns(path: list[MessageRecord]) -> list[Turn]:
+    """The turns of a branch (root excluded), answers with their saved token ids."""
+    return [Turn(record.role, record.content, record.generated_ids or None) for record in path]
 
-    The first question carries the document, so the same persona and document always
-    begin with the same tokens, whatever is asked.
-    """
-    messages = [ChatMessage.of(Role.SYSTEM, root.content)] if root.content else []
-    first_question = True
-    for record in path:
-        if record.role == Role.ASSISTANT:
-            messages.append(
-                ChatMessage(role=Role.ASSISTANT, parts=(record.content,), generated_ids=record.generated_ids or None)
-            )
-        else:
-            messages.append(question_message(record.content, document if first_question else None))
-            first_question = False
-    return messages
+
+def prompt_messages(root: MessageRecord, document: Document | None, path: list[MessageRecord]) -> list[ChatMessage]:
+    """The chat messages a branch's prompt is built from: the root's persona and document, then the turns."""
+    return conversation_messages(root.content, document, branch_turns(path))

@@ -1,8 +1,9 @@
-"""A chat session: send a message, stream the answer, keep the conversation append-only.
+"""A chat session held in memory: send a message, stream the answer, keep the conversation append-only.
 
-Used by `chatapp ask` and the benchmark. It turns the conversation into prompt tokens,
-submits them to the engine, and records the answer with its exact token ids so that
-the next prompt extends this one token for token.
+Used by `chatapp ask`. The conversation's messages, the prompt plan and the answer run are
+the pipeline's (messages.py, prompt_plan.py, answer_run.py); this module is only the sink
+that keeps the answer in memory, with its exact token ids, so the next prompt extends this
+one token for token.
 """
 
 from __future__ import annotations
@@ -10,26 +11,25 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from chatapp.engine.contract import EngineClient
-from chatapp.engine.events import GenerationResult
 from chatapp.engine.handle import GenerationHandle
-from chatapp.engine.requests import GenerationRequest, SamplingParams
+from chatapp.engine.requests import SamplingParams
 from chatapp.errors import ChatappError
-from chatapp.services.boundaries import reuse_boundaries
+from chatapp.services.answer_run import AnswerRun, EndedAnswer
 from chatapp.services.conversation import Conversation
-from chatapp.services.streams import EngineStream
+from chatapp.services.prompt_plan import TooLongWording, plan_for, start_answer
 
 
-class Reply(EngineStream):
+class Reply(AnswerRun):
     """An answer being generated; when it ends it joins the conversation (a failure takes the question back)."""
 
-    def __init__(self, session: ChatSession, handle: GenerationHandle) -> None:
-        super().__init__(handle)
+    def __init__(self, session: ChatSession, handle: GenerationHandle, stops: tuple[str, ...]) -> None:
+        super().__init__(handle, stops)
         self._session = session
 
-    def _on_end(self, result: GenerationResult) -> None:
-        self._session.conversation.add_answer(result.text, result.token_ids)
+    def _keep_answer(self, answer: EndedAnswer) -> None:
+        self._session.conversation.add_answer(answer.text, answer.token_ids)
 
-    def _on_failure(self, error: BaseException) -> None:
+    def _keep_failure(self, error: Exception, partial: EndedAnswer) -> None:
         self._session.conversation.drop_last()
 
 
@@ -42,27 +42,19 @@ class ChatSession:
     sampling: SamplingParams
     sequence: int | None = None  # None: the engine picks
     use_cache: bool = True
+    stops: tuple[str, ...] = ()
 
-    def send(self, text: str) -> Reply:
+    def send(self, text: str, wording: TooLongWording) -> Reply:
         """Add a user message and start the answer; raise ChatappError if it cannot start."""
         if not text.strip():
             raise ChatappError("the message is empty; type something first")
         self.conversation.add_user(text)
         try:
-            messages = self.conversation.prompt_messages()
-            builder = self.engine.prompt_builder
-            prompt = builder.build(messages)
-            checkpoints = reuse_boundaries(builder, messages) if self.engine.takes_checkpoints else ()
-            handle = self.engine.generate(
-                GenerationRequest(
-                    prompt_tokens=tuple(prompt),
-                    sampling=self.sampling,
-                    sequence=self.sequence,
-                    use_cache=self.use_cache,
-                    checkpoints=checkpoints,
-                )
+            plan = plan_for(self.engine, self.conversation.prompt_messages())
+            handle = start_answer(
+                self.engine, plan, self.sampling, wording, sequence=self.sequence, use_cache=self.use_cache
             )
         except BaseException:
             self.conversation.drop_last()
             raise
-        return Reply(self, handle)
+        return Reply(self, handle, self.stops)

@@ -16,16 +16,15 @@ from chatapp.engine.contract import EngineClient
 from chatapp.engine.events import GenerationResult
 from chatapp.engine.handle import GenerationHandle
 from chatapp.engine.prompt import ChatMessage
-from chatapp.engine.requests import GenerationRequest
-from chatapp.errors import ChatappError, ContextOverflowError, DocumentError
+from chatapp.errors import ChatappError
 from chatapp.records import ConversationRecord, DocumentRecord, MessageRecord, PersonaRecord
 from chatapp.services.answers import AnswerJob
-from chatapp.services.boundaries import reuse_boundaries
-from chatapp.services.branches import BranchMessage, BranchView, as_document, prompt_messages
-from chatapp.services.conversation import document_block, question_message
+from chatapp.services.branches import BranchMessage, BranchView, as_document, branch_turns, prompt_messages
 from chatapp.services.divergence import Divergence, PromptLog
 from chatapp.services.export import branch_to_json, branch_to_markdown, write_export
+from chatapp.services.messages import Turn, conversation_messages, next_question_parts
 from chatapp.services.personas import PersonaService
+from chatapp.services.prompt_plan import TooLongWording, check_fits, plan_for, start_answer
 from chatapp.services.startup import Workspace
 from chatapp.services.streams import EngineStream
 from chatapp.services.warmup import Prewarmer, draft_prompt_tokens
@@ -35,6 +34,7 @@ from chatapp.store.pins import PinStore
 from chatapp.vocabulary import Role
 
 NEW_TITLE = "New conversation"
+SETTINGS_KEY = "(F5)"
 TITLE_CHARACTERS = 60
 
 
@@ -248,12 +248,12 @@ class ChatService:
         document = load_document(path)
         view = self.view()
         tokens = self.prefix_tokens(view.root, document)
-        limit = self._engine().info.n_ctx_per_sequence
-        if tokens >= limit:
-            raise DocumentError(
-                f"document {document.name} is {tokens:,} tokens with the persona but a conversation's context holds "
-                f"{limit:,}; use a shorter document or a larger context_cap in the settings (F5)"
-            )
+        wording = TooLongWording(
+            f"document {document.name} with the persona",
+            f"use a shorter document or a larger context_cap in the settings {SETTINGS_KEY}",
+            about_document=True,
+        )
+        check_fits(self._engine(), tokens, wording)
         return PreparedDocument(document, str(path.expanduser()), tokens, view.conversation.id, view.root.id)
 
     def attach_prepared(self, prepared: PreparedDocument) -> BranchView:
@@ -356,9 +356,8 @@ class ChatService:
             raise ChatappError("the message is empty; type something first")
         path = self.conversations.path(parent.id)
         document = self._root_document(path[0])
-        history = prompt_messages(path[0], document, path[1:])
-        first_question = not any(record.role == Role.USER for record in path)
-        messages = [*history, question_message(text, document if first_question else None)]
+        turns = [*branch_turns(path[1:]), Turn(Role.USER, text)]
+        messages = conversation_messages(path[0].content, document, turns)
         handle = self._generate(messages, document)
         try:
             question = self.conversations.add_message(view.conversation.id, parent.id, Role.USER, text)
@@ -371,23 +370,10 @@ class ChatService:
 
     def _generate(self, messages: list[ChatMessage], document: Document | None) -> GenerationHandle:
         engine, prewarmer = self._running()
-        prompt = engine.prompt_builder.build(messages)
-        prewarmer.before_send(prompt)
-        checkpoints = reuse_boundaries(engine.prompt_builder, messages) if engine.takes_checkpoints else ()
-        request = GenerationRequest(tuple(prompt), self.workspace.sampling(), checkpoints=checkpoints)
-        try:
-            handle = engine.generate(request)
-        except ContextOverflowError as error:
-            if document is None:
-                raise ChatappError(
-                    f"this branch is {error.prompt_tokens:,} tokens but a conversation's context holds "
-                    f"{error.context_tokens:,}; start a new conversation (Ctrl+N) or raise context_cap (F5)"
-                ) from None
-            raise DocumentError(
-                f"the document and this branch are {error.prompt_tokens:,} tokens but a conversation's context holds "
-                f"{error.context_tokens:,}; use Q&A mode (Ctrl+T), a shorter document or a larger context_cap (F5)"
-            ) from None
-        if self._prompts is not None and (divergence := self._prompts.compare(prompt)) is not None:
+        plan = plan_for(engine, messages)
+        prewarmer.before_send(plan.tokens)
+        handle = start_answer(engine, plan, self.workspace.sampling(), _branch_too_long(document))
+        if self._prompts is not None and (divergence := self._prompts.compare(list(plan.tokens))) is not None:
             self.figures.last_divergence = divergence
         return handle
 
@@ -434,8 +420,7 @@ class ChatService:
         self, root: MessageRecord, document: Document | None, history: list[MessageRecord], draft: str
     ) -> list[int]:
         engine = self._engine()
-        first_question = not any(record.role == Role.USER for record in history)
-        parts_before = (document_block(document),) if document is not None and first_question else ()
+        parts_before = next_question_parts(document, branch_turns(history))
         messages = prompt_messages(root, document, history)
         return draft_prompt_tokens(engine.prompt_builder, messages, parts_before, draft)
 
@@ -458,3 +443,14 @@ class ChatService:
         if path.suffix.lower() == ".json":
             return write_export(branch_to_json(view.conversation, path_records, view.document), path)
         return write_export(branch_to_markdown(view.conversation, path_records, view.document), path)
+
+
+def _branch_too_long(document: Document | None) -> TooLongWording:
+    """How the TUI words a branch that does not fit (the fixes name its keys)."""
+    if document is None:
+        return TooLongWording("this branch", f"start a new conversation (Ctrl+N) or raise context_cap {SETTINGS_KEY}")
+    return TooLongWording(
+        "the document and this branch",
+        f"use Q&A mode (Ctrl+T), a shorter document or a larger context_cap {SETTINGS_KEY}",
+        about_document=True,
+    )

@@ -22,17 +22,20 @@ from dataclasses import dataclass, field
 import xxhash
 
 from chatapp.engine.contract import EngineClient
-from chatapp.engine.events import GenerationResult
 from chatapp.engine.handle import GenerationHandle
 from chatapp.engine.prompt import ChatMessage
-from chatapp.engine.requests import GenerationRequest, SamplingParams
+from chatapp.engine.requests import SamplingParams
 from chatapp.errors import ChatappError
-from chatapp.services.boundaries import reuse_boundaries
+from chatapp.services.answer_run import AnswerRun, EndedAnswer
 from chatapp.services.divergence import Divergence, PromptLog
-from chatapp.services.stop_strings import StopMatcher
-from chatapp.services.streams import AnswerText, EngineStream, StreamEvent
+from chatapp.services.messages import Turn, conversation_messages
+from chatapp.services.prompt_plan import PromptPlan, TooLongWording, plan_for, start_answer
+from chatapp.services.streams import StreamEvent
 from chatapp.store.answer_ids import AnswerIdStore
 from chatapp.vocabulary import ReuseTier, Role, StopReason
+
+TOO_LONG_CHAT = TooLongWording("the conversation", "send fewer or shorter messages")
+TOO_LONG_PROMPT = TooLongWording("the prompt", "send a shorter prompt")
 
 
 class RequestError(ChatappError):
@@ -87,7 +90,7 @@ class CompletionOutcome:
     """The answer as the client sees it (stop strings cut off) and why it ended."""
 
     text: str
-    finish_reason: str  # "stop" or "length", as the OpenAI API names them
+    stop_reason: StopReason  # each API words it its own way
     usage: CompletionUsage
 
 
@@ -117,8 +120,11 @@ def _canonical(value: object) -> bytes:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
-class Completion(EngineStream):
-    """One running completion: text events with stop strings applied, then `outcome()`."""
+class Completion(AnswerRun):
+    """One running completion: text events with stop strings applied, then `outcome_for_client()`.
+
+    The API's sink: a chat answer's ids are remembered for the conversation's next request.
+    """
 
     def __init__(
         self,
@@ -128,30 +134,15 @@ class Completion(EngineStream):
         stops: tuple[str, ...],
         divergence: Divergence | None = None,
     ) -> None:
-        super().__init__(handle)
+        super().__init__(handle, stops)
         self.divergence = divergence  # where the prompt left the closest earlier one, if it did
         self._service = service
         self._history = history  # None: a plain completion, whose answer is not remembered
-        self._matcher = StopMatcher(stops)
-        self._raw_length_after: list[int] = []  # characters of raw answer text after each token
-        self._raw_length = 0
-        self._tail = ""  # text held back for a possible stop string, released when the answer ended
         self._released = threading.Event()  # the pending slot is given back once
 
     def events(self) -> Iterator[StreamEvent]:
-        """Reuse, progress and answer text; text stops before a stop string and the rest is dropped."""
         try:
-            for event in super().events():
-                if not isinstance(event, AnswerText):
-                    yield event
-                    continue
-                shown = self._matcher.feed(event.text)
-                if self._matcher.stopped:
-                    self.cancel()  # the engine stops at its next step; what it adds is not shown
-                if shown or (event.token_id >= 0 and not self._matcher.stopped):
-                    yield AnswerText(shown, event.token_id)  # an id without text yet still belongs to the answer
-            if self._tail:
-                yield AnswerText(self._tail, -1)
+            yield from super().events()
         finally:
             self._release()
 
@@ -162,63 +153,26 @@ class Completion(EngineStream):
 
     def outcome_for_client(self) -> CompletionOutcome:
         """The answer and its figures (after `events()`)."""
-        result = self.result
-        if result is None:
+        ended = self.ended
+        if ended is None or ended.result is None:
             raise RuntimeError("the completion has not ended yet: read its events first")
-        stats = result.stats
-        if self._matcher.stopped or result.stop_reason is StopReason.END:
-            finish = "stop"
-        else:
-            finish = "length"
+        stats = ended.result.stats
         usage = CompletionUsage(
             prompt_tokens=stats.prompt_tokens,
             cached_tokens=stats.reused_tokens,
-            completion_tokens=self._tokens_shown(stats.generated_tokens),
+            completion_tokens=ended.generated_tokens,
             tier=stats.reuse_tier,
             ttft_ms=stats.ttft_ms,
             total_ms=stats.total_ms,
             prefill_ms=stats.prefill_ms,
         )
-        return CompletionOutcome(self._matcher.shown, finish, usage)
+        return CompletionOutcome(ended.text, ended.stop_reason, usage)
 
-    def _on_text(self, text: AnswerText) -> None:
-        self._raw_length += len(text.text)
-        if text.token_id >= 0:
-            self._raw_length_after.append(self._raw_length)
-
-    def _on_end(self, result: GenerationResult) -> None:
-        # Release what was held back for a stop string first: it is part of the answer remembered.
-        self._tail = self._matcher.flush()
-        if self._history is None or (result.stop_reason is StopReason.CANCELLED and not self._matcher.stopped):
+    def _keep_answer(self, answer: EndedAnswer) -> None:
+        if self._history is None or answer.stop_reason is StopReason.CANCELLED:
             return  # a plain completion, or an answer the client abandoned
-        ids = self._ids_for(self._matcher.shown, result.token_ids)
-        if ids is not None and self._matcher.shown:
-            self._service.remember_answer(self._history, self._matcher.shown, ids)
-
-    def _on_failure(self, error: BaseException) -> None:
-        self._release()
-
-    def _tokens_shown(self, generated: int) -> int:
-        """Answer tokens the client got: after a stop string, those up to the one that ends its text."""
-        if not self._matcher.stopped:
-            return generated
-        shown = len(self._matcher.shown)
-        if shown == 0:
-            return 0
-        return next(
-            (count for count, length in enumerate(self._raw_length_after, start=1) if length >= shown), generated
-        )
-
-    def _ids_for(self, shown: str, token_ids: tuple[int, ...]) -> tuple[int, ...] | None:
-        """The generated ids whose text is exactly `shown`; None when a token straddles its end."""
-        if not self._matcher.stopped:
-            return token_ids
-        for count, length in enumerate(self._raw_length_after, start=1):
-            if length == len(shown):
-                return token_ids[:count]
-            if length > len(shown):
-                return None
-        return None
+        if answer.token_ids is not None and answer.text:
+            self._service.remember_answer(self._history, answer.text, answer.token_ids)
 
     def _release(self) -> None:
         if not self._released.is_set():
@@ -245,22 +199,19 @@ class CompletionService:
         """Queue `request`; RequestError, ContextOverflowError or ServerBusyError if it cannot be."""
         if request.prompt is not None:
             history = None
-            prompt = self._plain_prompt(request.prompt)
-            boundaries: tuple[int, ...] = ()
+            plan = PromptPlan(tuple(self._plain_prompt(request.prompt)))
+            wording = TOO_LONG_PROMPT
         else:
             history = self.chat_messages(request.messages)
-            builder = self.engine.prompt_builder
-            prompt = builder.build(history)
-            boundaries = reuse_boundaries(builder, history) if self.engine.takes_checkpoints else ()
+            plan = plan_for(self.engine, history)
+            wording = TOO_LONG_CHAT
         self._take_slot()
         try:
-            handle = self.engine.generate(
-                GenerationRequest(prompt_tokens=tuple(prompt), sampling=request.sampling, checkpoints=boundaries)
-            )
+            handle = start_answer(self.engine, plan, request.sampling, wording)
         except BaseException:
             self._finished()
             raise
-        return Completion(self, handle, history, request.stop, self._prompts.compare(prompt))
+        return Completion(self, handle, history, request.stop, self._prompts.compare(list(plan.tokens)))
 
     def chat_messages(self, messages: tuple[ApiMessage, ...]) -> list[ChatMessage]:
         """The app's messages for a chat request; assistant turns get their generated ids back when known."""
@@ -276,7 +227,7 @@ class CompletionService:
             ids = None
             if message.role is Role.ASSISTANT and self.answer_ids is not None and message.content:
                 ids = self.answer_ids.recall(digest.answer_key(message.content))
-            chat_message = ChatMessage(role=message.role, parts=(message.content,), generated_ids=ids)
+            (chat_message,) = conversation_messages(None, None, [Turn(message.role, message.content, ids)])
             digest.add(chat_message)
             converted.append(chat_message)
         return converted

@@ -59,9 +59,9 @@ class Serving:
     def __init__(self, workspace: Workspace, *, max_pending: int = 16, max_tokens_limit: int = 8192) -> None:
         self.workspace = workspace
         self.max_tokens_limit = max_tokens_limit
-        location, fingerprint = workspace.model_identity()
         self.engine: EngineClient = workspace.open_engine()
         try:
+            location, fingerprint = workspace.model_identity(self.engine.info)
             answers_dir = workspace.paths.private_dir(workspace.paths.cache_dir) / ANSWER_IDS_FOLDER
             self._answer_ids = AnswerIdStore(answers_dir)
         except BaseException:

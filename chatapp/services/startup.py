@@ -61,11 +61,13 @@ class Workspace:
         remote = self.remote
         return remote.base_url if remote is not None else self.model_path.name
 
-    def model_identity(self) -> tuple[str, str]:
-        """Where the model is (file or server) and a fingerprint that tells models apart."""
-        remote = self.remote
-        if remote is not None:
-            return remote.base_url, f"remote:{remote.base_url}#{remote.model or ''}"
+    def model_identity(self, info: ModelInfo) -> tuple[str, str]:
+        """Where the model is (file or server) and a fingerprint that tells models apart.
+
+        `info` is the open engine's: a served model is known by what its server says of it.
+        """
+        if info.server is not None:
+            return info.server, f"remote:{info.server}#{info.fingerprint or ''}"
         return str(self.model_path), self.model_fingerprint(self.model_path)
 
     @cached_property

@@ -55,7 +55,7 @@ class AnswerOutcome:
 
     text: str
     stop_reason: StopReason
-    figures: dict[str, Any]  # stats_record(): tokens reused and computed, tier, timings
+    figures: dict[str, Any]  # EndedAnswer.figures(): tokens reused and computed, tier, timings
 
 
 def stats_record(result: GenerationResult, *, ms_digits: int = 1) -> dict[str, Any]:
@@ -115,12 +115,6 @@ class EngineStream:
             pass
         assert self.result is not None
         return self.result
-
-    def outcome(self) -> AnswerOutcome:
-        """How the request ended (after `events()` or `wait()`)."""
-        if self.result is None:
-            raise RuntimeError("the request has not ended yet: read its events first")
-        return AnswerOutcome(self.result.text, self.result.stop_reason, stats_record(self.result))
 
     # What subclasses add.
     def _on_text(self, text: AnswerText) -> None:

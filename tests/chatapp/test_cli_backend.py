@@ -10,6 +10,7 @@ import pytest
 
 from chatapp.benchmark.server_process import free_port
 from chatapp.cli import main
+from chatapp.engine.remote import served_model_fingerprint
 from tests.server_support import SYSTEM_PROMPT, Backend
 
 pytestmark = pytest.mark.slow
@@ -28,7 +29,8 @@ def test_ask_streams_from_the_backend_and_the_next_question_reuses_its_cache(
     first, streamed = ask(capsys, backend, "Name a famous lighthouse.", "--system", SYSTEM_PROMPT)
     assert streamed == first["answer"] != ""
     assert first["model"] == backend.url
-    assert first["model_fingerprint"] == f"remote:{backend.url}#"
+    served = served_model_fingerprint(backend.server.serving.props())
+    assert first["model_fingerprint"] == f"remote:{backend.url}#{served}"
     assert first["reused_tokens"] + first["computed_tokens"] == first["prompt_tokens"]
     second, _ = ask(capsys, backend, "Name a lighthouse in Wales.", "--system", SYSTEM_PROMPT)
     assert second["reuse_tier"] == "server"

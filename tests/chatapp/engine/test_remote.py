@@ -17,7 +17,7 @@ from chatapp.benchmark.server_process import free_port
 from chatapp.engine.events import TokenText
 from chatapp.engine.gate import Step
 from chatapp.engine.prompt import ChatMessage
-from chatapp.engine.remote import RemoteConfig, RemoteEngine, RemoteEngineError
+from chatapp.engine.remote import RemoteConfig, RemoteEngine, RemoteEngineError, served_model_fingerprint
 from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.errors import ContextOverflowError
 from chatapp.vocabulary import ReuseTier, Role, StopReason
@@ -60,6 +60,14 @@ def test_the_model_card_and_prompts_come_from_the_server(remote: RemoteEngine, s
     assert remote.prompt_builder.build(messages) == local.prompt_builder.build(messages)
     assert remote.tokenize("<|im_end|>", parse_special=True) == local.tokenize("<|im_end|>", parse_special=True)
     assert remote.detokenize(local.tokenize("Longstone light")) == "Longstone light"
+
+
+def test_a_served_model_is_known_by_what_its_server_says_of_it(remote: RemoteEngine, server: RunningServer) -> None:
+    """Remembered answer ids are keyed by this: another model behind the same address gets other keys."""
+    props = server.serving.props()
+    assert remote.info.fingerprint == served_model_fingerprint(props)
+    for key, other in (("model_path", "/models/other.gguf"), ("chat_template", "{{ messages }}"), ("n_vocab", 7)):
+        assert served_model_fingerprint({**props, key: other}) != remote.info.fingerprint, key
 
 
 def test_an_answer_equals_the_servers_own_and_the_next_turn_reuses_it(

@@ -18,8 +18,8 @@ from chatapp.records import MessageRecord
 from chatapp.services.answers import AnswerJob
 from chatapp.services.branches import as_document, prompt_messages
 from chatapp.services.chat_service import NEW_TITLE, TITLE_CHARACTERS, ChatService, title_from
-from chatapp.services.conversation import document_block, question_message
 from chatapp.services.library import Library, open_library
+from chatapp.services.messages import document_block, question_message
 from chatapp.services.startup import Workspace, open_workspace
 from chatapp.vocabulary import Role, StopReason
 from tests.service_support import make_service, settings

@@ -18,7 +18,7 @@ from chatapp.services.completions import (
     ServerBusyError,
 )
 from chatapp.store.answer_ids import AnswerIdStore
-from chatapp.vocabulary import Role
+from chatapp.vocabulary import Role, StopReason
 from tests.service_support import Hold
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
@@ -61,7 +61,7 @@ def test_an_answer_cut_by_a_stop_string_keeps_the_ids_of_what_was_shown(shared_e
     shown = finish(completion)
     assert shown == free[: free.index(stop)]
     outcome = completion.outcome_for_client()
-    assert outcome.finish_reason == "stop"
+    assert outcome.stop_reason is StopReason.STOP_STRING
     # Counted up to the token that ends the text shown, not the ones after the stop string.
     assert 0 < outcome.usage.completion_tokens < 12
     ids = service.chat_messages((*QUESTION, ApiMessage(Role.ASSISTANT, shown), QUESTION[1]))[2].generated_ids
@@ -108,7 +108,7 @@ def test_an_answer_ending_where_a_stop_string_might_begin_is_remembered_whole(
     # A stop string that begins with the answer's last character: held back to the end, then released.
     completion = service.start(CompletionRequest(GREEDY, messages=QUESTION, stop=(free[-1] + "\u2603\u2603",)))
     assert finish(completion) == free
-    assert completion.outcome_for_client().finish_reason == "length"
+    assert completion.outcome_for_client().stop_reason is StopReason.LENGTH
     assert completion.result is not None
     follow_up = (*QUESTION, ApiMessage(Role.ASSISTANT, free), QUESTION[1])
     assert service.chat_messages(follow_up)[2].generated_ids == completion.result.token_ids

@@ -1,0 +1,94 @@
+"""From messages to a started answer: the prompt plan, the one check that it fits, the request.
+
+Every surface goes through `plan_prompt` and `start_answer`, so a prompt is built and
+checked one way, and a prompt that does not fit is refused with one wording that carries
+both numbers (the caller adds what it is about and the fix in its own terms: a key in
+the TUI, a flag in the CLI, a field for the API).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from chatapp.engine.contract import EngineClient
+from chatapp.engine.handle import GenerationHandle
+from chatapp.engine.prompt import ChatMessage, PromptBuilder
+from chatapp.engine.requests import GenerationRequest, SamplingParams
+from chatapp.errors import ContextOverflowError, DocumentError
+from chatapp.services.boundaries import reuse_boundaries
+
+
+@dataclass(frozen=True)
+class PromptPlan:
+    """The prompt's tokens and where later prompts are likely to leave it (checkpoint positions)."""
+
+    tokens: tuple[int, ...]
+    checkpoints: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class TooLongWording:
+    """How a caller names what did not fit, and the fix it offers (in its own terms)."""
+
+    subject: str  # "this branch", "document notes.md with the question", ...
+    fix: str  # "start a new conversation (Ctrl+N) or raise context_cap (F5)", ...
+    about_document: bool = False  # the document is what makes it too long: a DocumentError
+
+
+class PromptTooLongError(ContextOverflowError):
+    """A prompt that does not fit a conversation's context, worded by `prompt_too_long`."""
+
+
+class DocumentTooLongError(PromptTooLongError, DocumentError):
+    """A prompt too long because of its document."""
+
+
+def prompt_too_long(prompt_tokens: int, context_tokens: int, wording: TooLongWording) -> PromptTooLongError:
+    """The one message for a prompt that does not fit: what, both numbers, and the fix."""
+    kind = DocumentTooLongError if wording.about_document else PromptTooLongError
+    return kind(
+        f"{wording.subject} is {prompt_tokens:,} tokens but a conversation's context holds {context_tokens:,}; "
+        f"{wording.fix}",
+        prompt_tokens=prompt_tokens,
+        context_tokens=context_tokens,
+    )
+
+
+def plan_prompt(builder: PromptBuilder, messages: Sequence[ChatMessage], *, checkpoints: bool) -> PromptPlan:
+    """The tokens of `messages` (the last one the new question) and, where asked, their checkpoints."""
+    listed = list(messages)
+    tokens = tuple(builder.build(listed))
+    return PromptPlan(tokens, reuse_boundaries(builder, listed) if checkpoints else ())
+
+
+def plan_for(engine: EngineClient, messages: Sequence[ChatMessage]) -> PromptPlan:
+    """The plan for `engine`: checkpoints only where it keeps them (models whose state cannot be cut)."""
+    return plan_prompt(engine.prompt_builder, messages, checkpoints=engine.takes_checkpoints)
+
+
+def check_fits(engine: EngineClient, tokens: int, wording: TooLongWording) -> None:
+    """PromptTooLongError when `tokens` leave no room for an answer in one conversation's context."""
+    limit = engine.info.n_ctx_per_sequence
+    if limit and tokens >= limit:
+        raise prompt_too_long(tokens, limit, wording)
+
+
+def start_answer(
+    engine: EngineClient,
+    plan: PromptPlan,
+    sampling: SamplingParams,
+    wording: TooLongWording,
+    *,
+    sequence: int | None = None,
+    use_cache: bool = True,
+) -> GenerationHandle:
+    """Queue the answer to `plan`; PromptTooLongError (worded once) when it does not fit."""
+    check_fits(engine, len(plan.tokens), wording)
+    request = GenerationRequest(
+        plan.tokens, sampling, sequence=sequence, use_cache=use_cache, checkpoints=plan.checkpoints
+    )
+    try:
+        return engine.generate(request)
+    except ContextOverflowError as error:  # the engine knew a smaller limit (a server's own)
+        raise prompt_too_long(error.prompt_tokens, error.context_tokens, wording) from None
