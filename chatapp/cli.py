@@ -21,7 +21,13 @@ from chatapp.documents import load_document
 from chatapp.errors import ChatappError, SettingsError
 from chatapp.services.ask import AskRequest, ask
 from chatapp.services.cache_admin import cache_stats, clear_cache, format_stats, prune_cache
-from chatapp.services.startup import Workspace, make_new_files_private, open_workspace, quiet_native_logs
+from chatapp.services.startup import (
+    Workspace,
+    engine_notices,
+    make_new_files_private,
+    open_workspace,
+    quiet_native_logs,
+)
 
 EXIT_INTERRUPTED = 130
 ENV_API_KEY = "CHATAPP_API_KEY"
@@ -183,9 +189,8 @@ def run_ask(args: argparse.Namespace, workspace: Workspace) -> int:
         model, fingerprint = workspace.model_identity(engine.info)
         record = ask(engine, request, model=model, model_fingerprint=fingerprint, on_text=_write_stdout)
     _write_stdout("\n")
-    for notice in (engine.cache_problem, engine.cache.problem if engine.cache is not None else None):
-        if notice:
-            print(f"chatapp: warning: {notice}", file=sys.stderr)
+    for notice in engine_notices(engine):
+        print(f"chatapp: warning: {notice}", file=sys.stderr)
     if args.json:
         _write_stdout(json.dumps(record, ensure_ascii=False) + "\n")
     return 0

@@ -21,6 +21,7 @@ from chatapp.engine.events import GenerationResult
 from chatapp.engine.llama_native import gpu_offload_supported
 from chatapp.engine.prompt import ChatMessage
 from chatapp.engine.requests import GenerationRequest, SamplingParams
+from chatapp.services.prompt_plan import builder_of
 from chatapp.services.startup import open_workspace
 from chatapp.vocabulary import Role, StopReason
 
@@ -64,7 +65,7 @@ RequiredCheck = Literal["other_sequence_equals_cold", "cancelled", "after_cancel
 
 def prompt(engine: EngineClient, question: str) -> tuple[int, ...]:
     messages = [ChatMessage.of(Role.SYSTEM, PERSONA), ChatMessage.of(Role.USER, question)]
-    return tuple(engine.prompt_builder.build(messages))
+    return tuple(builder_of(engine).build(messages))
 
 
 def generate(

@@ -5,8 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from chatapp.documents import Document
 from chatapp.engine.contract import EngineClient
 from chatapp.engine.gate import Step, StepGate
+from chatapp.records import MessageRecord
+from chatapp.services.branches import BranchView
 from chatapp.services.chat_service import ChatService
 from chatapp.services.library import Library
 from chatapp.services.startup import Workspace
@@ -19,6 +22,20 @@ Hold = Callable[[Step, int], StepGate]
 
 def settings(model_path: Path, **overrides: object) -> dict[str, object]:
     return {**SERVICE_SETTINGS, "model": str(model_path), **overrides}
+
+
+def attach(service: ChatService, path: Path) -> tuple[BranchView, int]:
+    """Attach a document on a local engine, where its size in tokens is known."""
+    view, tokens = service.attach_document(path)
+    assert tokens is not None, "a local engine knows a document's size in tokens"
+    return view, tokens
+
+
+def prefix_tokens(service: ChatService, root: MessageRecord, document: Document | None) -> int:
+    """The persona and document in tokens, on a local engine."""
+    tokens = service.prefix_tokens(root, document)
+    assert tokens is not None, "a local engine knows a document's size in tokens"
+    return tokens
 
 
 def make_service(workspace: Workspace, library: Library, engine: EngineClient | None) -> ChatService:

@@ -50,8 +50,9 @@ from chatapp.benchmark.workloads import Draft, Request
 from chatapp.engine.kv_placement import FRESH_TOKENS
 from chatapp.engine.opening import EngineConfig, start_local_engine
 from chatapp.engine.requests import GenerationRequest, SamplingParams
+from chatapp.services.drafts import draft_prompt_tokens, settled_text
+from chatapp.services.prompt_plan import builder_of
 from chatapp.services.startup import kv_cache_factory
-from chatapp.services.warmup import draft_prompt_tokens, settled_text
 
 
 @dataclass(frozen=True)
@@ -372,7 +373,7 @@ class ChatappWarmAheadPeer(ChatappPeer):
         return {"warm_ahead_ms": (time.perf_counter() - started) * 1000}
 
     def _draft_tokens(self, draft: Draft, typed: str) -> list[int]:
-        return draft_prompt_tokens(self.engine.prompt_builder, list(draft.messages), draft.parts_before, typed)
+        return draft_prompt_tokens(builder_of(self.engine), list(draft.messages), draft.parts_before, typed)
 
     def _warm(self, tokens: Sequence[int], *, store: bool) -> float:
         """Run one warm-up to its end; its duration in ms."""

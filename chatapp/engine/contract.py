@@ -32,8 +32,12 @@ class EngineClient(Protocol):
     def capabilities(self) -> Capabilities: ...
 
     @property
-    def prompt_builder(self) -> PromptBuilder:
-        """Renders and tokenizes conversations with the model's own template and vocabulary."""
+    def prompt_builder(self) -> PromptBuilder | None:
+        """Renders and tokenizes conversations with the model's own template and vocabulary.
+
+        None when the server builds its prompts from messages (a chat API): `capabilities.token_prompts`
+        is then False and requests carry their messages.
+        """
         ...
 
     @property

@@ -16,6 +16,8 @@ from chatapp.engine.engine import CacheFactory, Engine, EngineConfig, default_th
 from chatapp.engine.llama_native import NativeModel
 from chatapp.engine.prompt import PromptBuilder
 from chatapp.engine.remote import RemoteConfig, RemoteEngine
+from chatapp.engine.remote_chat import RemoteChatEngine
+from chatapp.engine.remote_http import MissingEndpointError, RemoteClient
 
 __all__ = [
     "CacheFactory",
@@ -35,8 +37,23 @@ def start_local_engine(config: EngineConfig, cache_factory: CacheFactory | None 
 
 
 def connect_remote_engine(config: RemoteConfig) -> EngineClient:
-    """An engine on a server (llama-server, `chatapp serve`); RemoteEngineError when it cannot be used."""
-    return RemoteEngine(config)
+    """An engine on a server; RemoteEngineError when it cannot be used.
+
+    A server that shares its template and tokenizer (`/props`: llama-server, `chatapp serve`) gets
+    token ids, so its prefix cache sees exactly chatapp's prefixes; any other (vLLM, SGLang, Ollama,
+    an OpenAI-style API) gets chat messages and builds the prompts itself (`info.description` says so).
+    """
+    client = RemoteClient(config)
+    try:
+        props = client.get_json("/props")
+    except MissingEndpointError:
+        return RemoteChatEngine(client)
+    except BaseException:
+        client.close()
+        raise
+    if not props.get("chat_template"):
+        return RemoteChatEngine(client)
+    return RemoteEngine(client, props)
 
 
 def open_prompt_builder(model_path: Path) -> PromptBuilder:

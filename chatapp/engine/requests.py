@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from chatapp.engine.prompt import ChatMessage
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -28,7 +30,9 @@ class GenerationRequest:
     cache's hit rate. `store=False` keeps the KV resident but hands nothing to the cache's
     RAM and disk tiers, so half-typed drafts do not fill the disk. `checkpoints` are prompt
     positions where reuse is likely to start (the end of the persona, of a document, of
-    the history): a model whose state cannot be cut is checkpointed there.
+    the history): a model whose state cannot be cut is checkpointed there. `messages` are
+    what the prompt was built from: an engine whose server builds its own prompts (a chat API)
+    takes these instead of tokens, and `prompt_tokens` is then empty.
     """
 
     prompt_tokens: tuple[int, ...]
@@ -38,3 +42,4 @@ class GenerationRequest:
     prefill_only: bool = False
     store: bool = True
     checkpoints: tuple[int, ...] = ()
+    messages: tuple[ChatMessage, ...] = ()

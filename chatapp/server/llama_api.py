@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from anyio import to_thread
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -27,7 +27,18 @@ from chatapp.services.serving import SamplingOptions
 from chatapp.services.streams import AnswerText
 from chatapp.vocabulary import StopReason
 
-router = APIRouter()
+
+async def _shares_a_tokenizer(request: Request) -> None:
+    """These endpoints need the model's tokenizer here; a backend that builds its own prompts has none."""
+    if context_of(request).serving.engine.prompt_builder is None:
+        raise ApiError(
+            404,
+            "this server's backend builds its own prompts (a chat API), so it offers no /props, /tokenize, "
+            "/detokenize or /completion; use /v1/chat/completions",
+        )
+
+
+router = APIRouter(dependencies=[Depends(_shares_a_tokenizer)])
 # llama-server's names for how an answer ended.
 STOP_TYPES = {
     StopReason.END: "eos",

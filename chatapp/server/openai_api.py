@@ -54,7 +54,15 @@ async def list_models(request: Request) -> dict[str, Any]:
     model = context_of(request).serving.model
     return {
         "object": "list",
-        "data": [{"id": model.id, "object": "model", "created": model.created, "owned_by": "chatapp"}],
+        "data": [
+            {
+                "id": model.id,
+                "object": "model",
+                "created": model.created,
+                "owned_by": "chatapp",
+                "max_model_len": model.context_tokens,  # vLLM's name: a client in front learns the context
+            }
+        ],
     }
 
 

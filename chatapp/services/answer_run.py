@@ -96,7 +96,9 @@ class AnswerRun(EngineStream):
         stopped = self._matcher.stopped
         reason = StopReason.STOP_STRING if stopped else result.stop_reason
         text = self._matcher.shown
-        ids = self._ids_for(text, result.token_ids) if stopped else result.token_ids
+        ids: tuple[int, ...] | None = self._ids_for(text, result.token_ids) if stopped else result.token_ids
+        if text and not ids:
+            ids = None  # the engine sent no ids (a chat API): the text is what is known
         generated = self._tokens_for(text, result.stats.generated_tokens) if stopped else result.stats.generated_tokens
         self.ended = EndedAnswer(text, ids, reason, generated, result)
         self._keep_answer(self.ended)

@@ -10,7 +10,7 @@ prefix, so a checkpoint sits where the next question's tokens begin.
 from __future__ import annotations
 
 from chatapp.engine.prompt import ChatMessage, PromptBuilder
-from chatapp.services.warmup import draft_prompt_tokens
+from chatapp.services.drafts import draft_prompt_tokens
 from chatapp.vocabulary import Role
 
 

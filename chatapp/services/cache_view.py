@@ -20,6 +20,7 @@ from chatapp.records import PersonaRecord, PinRecord
 from chatapp.services import cache_admin
 from chatapp.services.branches import as_document
 from chatapp.services.chat_service import ChatService
+from chatapp.services.prompt_plan import builder_of
 from chatapp.vocabulary import Role
 
 
@@ -89,7 +90,7 @@ class CacheService:
         return self._pin_persona_prompt(root.persona_name or "custom persona", root.content)
 
     def _pin_persona_prompt(self, name: str, prompt: str) -> int:
-        builder = self._engine().prompt_builder
+        builder = builder_of(self._engine())
         tokens = builder.build([ChatMessage.of(Role.SYSTEM, prompt)], add_generation_prompt=False)
         return self._pin("persona", name, tokens)
 

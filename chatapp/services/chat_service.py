@@ -24,10 +24,10 @@ from chatapp.services.divergence import Divergence, PromptLog
 from chatapp.services.export import branch_to_json, branch_to_markdown, write_export
 from chatapp.services.messages import Turn, conversation_messages, next_question_parts
 from chatapp.services.personas import PersonaService
-from chatapp.services.prompt_plan import TooLongWording, check_fits, plan_for, start_answer
-from chatapp.services.startup import Workspace
+from chatapp.services.prompt_plan import PromptPlan, TooLongWording, check_fits, plan_for, start_answer
+from chatapp.services.startup import Workspace, engine_notices
 from chatapp.services.streams import EngineStream
-from chatapp.services.warmup import Prewarmer, draft_prompt_tokens
+from chatapp.services.warmup import Prewarmer, draft_plan
 from chatapp.store.conversations import ConversationStore
 from chatapp.store.personas import PersonaStore
 from chatapp.store.pins import PinStore
@@ -50,7 +50,7 @@ class PreparedDocument:
 
     document: Document
     source_path: str
-    tokens: int
+    tokens: int | None  # with the persona; None where the server builds the prompts (it alone knows)
     conversation_id: int
     root_id: int
 
@@ -84,7 +84,7 @@ class ChatService:
         self._prompts: PromptLog | None = None
         self.conversation_id: int | None = None
         self.figures = SessionFigures()
-        self._prefix_tokens: dict[tuple[str, int], int] = {}  # (persona prompt, document id) → tokens
+        self._prefix_tokens: dict[tuple[str, int], int | None] = {}  # (persona prompt, document id) → tokens
         self._engine_lock = threading.Lock()  # attach and close may come from different threads
         self._closed = False
 
@@ -125,10 +125,12 @@ class ChatService:
         return self.engine.info.short_name if self.engine is not None else "no model"
 
     def startup_notices(self) -> list[str]:
-        """What the user should hear once after loading: the cache being off, a repaired disk tier."""
+        """What the user should hear once after loading: how a server is driven, the cache off, a disk tier repaired."""
         engine = self.engine
-        notices = [engine.cache_problem] if engine is not None and engine.cache_problem else []
-        if notice := self.take_cache_notice():
+        if engine is None:
+            return []
+        notices = engine_notices(engine)
+        if (notice := self.take_cache_notice()) and notice not in notices:
             notices.append(notice)
         return notices
 
@@ -253,7 +255,8 @@ class ChatService:
             f"use a shorter document or a larger context_cap in the settings {SETTINGS_KEY}",
             about_document=True,
         )
-        check_fits(self._engine(), tokens, wording)
+        if tokens is not None:
+            check_fits(self._engine(), tokens, wording)
         return PreparedDocument(document, str(path.expanduser()), tokens, view.conversation.id, view.root.id)
 
     def attach_prepared(self, prepared: PreparedDocument) -> BranchView:
@@ -268,7 +271,7 @@ class ChatService:
         self._prefix_tokens[(view.root.content, record.id)] = prepared.tokens
         return self._switch_root(view.root.persona_name, view.root.content, record.id)
 
-    def attach_document(self, path: Path) -> tuple[BranchView, int]:
+    def attach_document(self, path: Path) -> tuple[BranchView, int | None]:
         """Read, check and attach in one call (for callers that need no thread hop)."""
         prepared = self.prepare_document(path)
         return self.attach_prepared(prepared), prepared.tokens
@@ -287,8 +290,10 @@ class ChatService:
             self._prefix_tokens[key] = self.prefix_tokens(root, as_document(document))
         return self._prefix_tokens[key]
 
-    def prefix_tokens(self, root: MessageRecord, document: Document | None) -> int:
-        return len(self.next_question_tokens(root, document, [], ""))
+    def prefix_tokens(self, root: MessageRecord, document: Document | None) -> int | None:
+        """The persona and document in tokens; None where the server builds the prompts (it alone knows)."""
+        plan = self.next_question_plan(root, document, [], "")
+        return len(plan.tokens) if plan.tokens else None
 
     def _switch_root(self, persona_name: str | None, persona_prompt: str, document_id: int | None) -> BranchView:
         """Go to the root with this persona and document (made if new); a root left unused is dropped."""
@@ -410,19 +415,26 @@ class ChatService:
         view = self.view()
         path = self.conversations.path(self._question_parent(view).id)
         document = self._root_document(path[0])
-        tokens = self.next_question_tokens(path[0], document, path[1:], draft)
-        if len(tokens) >= engine.info.n_ctx_per_sequence:
+        plan = self.next_question_plan(path[0], document, path[1:], draft)
+        limit = engine.info.n_ctx_per_sequence
+        if limit and len(plan.tokens) >= limit:
             return None
-        handle = prewarmer.warm(tokens, store=not draft.strip())
+        handle = prewarmer.warm(plan.tokens, store=not draft.strip(), messages=plan.messages)
         return EngineStream(handle) if handle is not None else None
 
     def next_question_tokens(
         self, root: MessageRecord, document: Document | None, history: list[MessageRecord], draft: str
     ) -> list[int]:
-        engine = self._engine()
+        """The tokens of `next_question_plan` (none where the server builds the prompts)."""
+        return list(self.next_question_plan(root, document, history, draft).tokens)
+
+    def next_question_plan(
+        self, root: MessageRecord, document: Document | None, history: list[MessageRecord], draft: str
+    ) -> PromptPlan:
+        """What the next question's prompt begins with while `draft` is typed (tokens, or messages)."""
         parts_before = next_question_parts(document, branch_turns(history))
         messages = prompt_messages(root, document, history)
-        return draft_prompt_tokens(engine.prompt_builder, messages, parts_before, draft)
+        return draft_plan(self._engine(), messages, parts_before, draft)
 
     def stop_warming(self) -> None:
         prewarmer = self.prewarmer

@@ -248,6 +248,10 @@ class CompletionService:
     def _plain_prompt(self, prompt: str | tuple[int, ...]) -> list[int]:
         if not prompt:
             raise RequestError("prompt is empty; send some text to complete", "prompt")
+        if self.engine.prompt_builder is None:
+            raise RequestError(
+                "this server's backend builds its own prompts (a chat API); use /v1/chat/completions", "prompt"
+            )
         if isinstance(prompt, str):
             return self.engine.tokenize(prompt, add_special=True, parse_special=True)
         self.check_token_ids(prompt, "prompt")

@@ -47,7 +47,12 @@ class PromptLog:
         self._lock = threading.Lock()
 
     def compare(self, tokens: Sequence[int]) -> Divergence | None:
-        """Remember `tokens`; the divergence from the closest earlier prompt, None if it extends one or is new."""
+        """Remember `tokens`; the divergence from the closest earlier prompt, None if it extends one or is new.
+
+        No tokens (a server that builds its own prompts): nothing to compare.
+        """
+        if not tokens:
+            return None
         prompt = np.asarray(tokens, dtype=np.int32)
         with self._lock:
             earlier = list(self._prompts)

@@ -15,16 +15,21 @@ from chatapp.engine.contract import EngineClient
 from chatapp.engine.handle import GenerationHandle
 from chatapp.engine.prompt import ChatMessage, PromptBuilder
 from chatapp.engine.requests import GenerationRequest, SamplingParams
-from chatapp.errors import ContextOverflowError, DocumentError
+from chatapp.errors import ChatappError, ContextOverflowError, DocumentError
 from chatapp.services.boundaries import reuse_boundaries
 
 
 @dataclass(frozen=True)
 class PromptPlan:
-    """The prompt's tokens and where later prompts are likely to leave it (checkpoint positions)."""
+    """The prompt's tokens, where later prompts are likely to leave it (checkpoints), and its messages.
+
+    For an engine whose server builds its own prompts (a chat API) `tokens` is empty: the
+    messages go instead.
+    """
 
     tokens: tuple[int, ...]
     checkpoints: tuple[int, ...] = ()
+    messages: tuple[ChatMessage, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -59,12 +64,26 @@ def plan_prompt(builder: PromptBuilder, messages: Sequence[ChatMessage], *, chec
     """The tokens of `messages` (the last one the new question) and, where asked, their checkpoints."""
     listed = list(messages)
     tokens = tuple(builder.build(listed))
-    return PromptPlan(tokens, reuse_boundaries(builder, listed) if checkpoints else ())
+    return PromptPlan(tokens, reuse_boundaries(builder, listed) if checkpoints else (), tuple(listed))
 
 
 def plan_for(engine: EngineClient, messages: Sequence[ChatMessage]) -> PromptPlan:
-    """The plan for `engine`: checkpoints only where it keeps them (models whose state cannot be cut)."""
-    return plan_prompt(engine.prompt_builder, messages, checkpoints=engine.takes_checkpoints)
+    """The plan for `engine`: checkpoints only where it keeps them; messages alone where its server builds prompts."""
+    builder = engine.prompt_builder
+    if builder is None:
+        return PromptPlan((), (), tuple(messages))
+    return plan_prompt(builder, messages, checkpoints=engine.takes_checkpoints)
+
+
+def builder_of(engine: EngineClient) -> PromptBuilder:
+    """The engine's prompt builder; ChatappError where its server builds the prompts (a chat API)."""
+    builder = engine.prompt_builder
+    if builder is None:
+        raise ChatappError(
+            f"{engine.info.description}: prompts are built by the server, so this needs a server that "
+            "shares its tokenizer (llama-server or chatapp serve)"
+        )
+    return builder
 
 
 def check_fits(engine: EngineClient, tokens: int, wording: TooLongWording) -> None:
@@ -86,7 +105,12 @@ def start_answer(
     """Queue the answer to `plan`; PromptTooLongError (worded once) when it does not fit."""
     check_fits(engine, len(plan.tokens), wording)
     request = GenerationRequest(
-        plan.tokens, sampling, sequence=sequence, use_cache=use_cache, checkpoints=plan.checkpoints
+        plan.tokens,
+        sampling,
+        sequence=sequence,
+        use_cache=use_cache,
+        checkpoints=plan.checkpoints,
+        messages=plan.messages,
     )
     try:
         return engine.generate(request)

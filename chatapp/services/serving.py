@@ -21,7 +21,8 @@ from chatapp.services.completions import (
     CompletionService,
     RequestError,
 )
-from chatapp.services.startup import Workspace
+from chatapp.services.prompt_plan import builder_of
+from chatapp.services.startup import Workspace, engine_notices
 from chatapp.store.answer_ids import AnswerIdStore
 from chatapp.vocabulary import Role
 
@@ -87,10 +88,8 @@ class Serving:
 
     @property
     def notices(self) -> list[str]:
-        """Why the cache is off or limited, if it is (printed at start-up)."""
-        engine = self.engine
-        cache_problem = engine.cache.problem if engine.cache is not None else None
-        return [notice for notice in (engine.cache_problem, cache_problem) if notice]
+        """How the backend is driven, why the cache is off or limited (printed at start-up)."""
+        return engine_notices(self.engine)
 
     def sampling(self, options: SamplingOptions) -> SamplingParams:
         """The request's sampling, the settings file filling what it leaves out; RequestError past a limit."""
@@ -128,7 +127,7 @@ class Serving:
         A chatapp in front of this server builds prompts from these, so they stay append-only.
         """
         info = self.engine.info
-        template = self.engine.prompt_builder.template
+        template = builder_of(self.engine).template
         return {
             "chat_template": template.source,
             "bos_token": template.bos_token,

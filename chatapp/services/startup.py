@@ -172,3 +172,18 @@ def quiet_native_logs() -> None:
 def make_new_files_private() -> None:
     """Prompts, documents and KV states are private: new files 0600, new folders 0700."""
     os.umask(0o077)
+
+
+def engine_notices(engine: EngineClient) -> list[str]:
+    """What a user should hear once about an engine: how a server is driven, why the cache is off or limited."""
+    notices = []
+    if engine.info.server is not None and not engine.capabilities.token_prompts:
+        notices.append(
+            f"the engine at {engine.info.server} builds its own prompts (it shares no tokenizer or template): "
+            "chatapp sends it chat messages, and what it reuses is what it reports"
+        )
+    if engine.cache_problem:
+        notices.append(engine.cache_problem)
+    if engine.cache is not None and engine.cache.problem:
+        notices.append(engine.cache.problem)
+    return notices

@@ -14,36 +14,28 @@ from collections.abc import Sequence
 
 from chatapp.engine.contract import EngineClient
 from chatapp.engine.handle import GenerationHandle
-from chatapp.engine.prompt import ChatMessage, PromptBuilder
+from chatapp.engine.prompt import ChatMessage
 from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.errors import ContextOverflowError
+from chatapp.services.drafts import draft_prompt_tokens, settled_text
+from chatapp.services.prompt_plan import PromptPlan
 from chatapp.vocabulary import Role
 
 # Nothing is sampled; the request type still wants sampling settings.
 _NO_SAMPLING = SamplingParams(temperature=0.0, max_tokens=1)
 
 
-def settled_text(draft: str) -> str:
-    """The part of a message being typed that will not change: up to its last whitespace.
-
-    The word after it is still being typed; the whitespace before it is kept, since the
-    tokenizer may fold it into that word's first token (which is why callers warm all but
-    the last token of the settled text).
-    """
-    for index in range(len(draft) - 1, -1, -1):
-        if draft[index].isspace():
-            return draft[: index + 1]
-    return ""
-
-
-def draft_prompt_tokens(
-    builder: PromptBuilder, messages: list[ChatMessage], parts_before: tuple[str, ...], draft: str
-) -> list[int]:
-    """What to warm while `draft` is typed after `messages` (`parts_before`: e.g. the document block)."""
-    settled = settled_text(draft)
-    tokens = builder.draft_tokens(messages, ChatMessage.of(Role.USER, *parts_before, settled))
-    # The token at the boundary may merge with what is typed next: leave it to the real request.
-    return tokens[:-1] if settled else tokens
+def draft_plan(
+    engine: EngineClient, messages: list[ChatMessage], parts_before: tuple[str, ...], draft: str
+) -> PromptPlan:
+    """What to warm for `engine`: the draft's tokens, or (where its server builds prompts) its messages."""
+    builder = engine.prompt_builder
+    if builder is not None:
+        return PromptPlan(tuple(draft_prompt_tokens(builder, messages, parts_before, draft)))
+    parts = tuple(part for part in (*parts_before, settled_text(draft)) if part)
+    if not parts:  # servers refuse an empty message: warm what comes before it
+        return PromptPlan((), (), tuple(messages))
+    return PromptPlan((), (), (*messages, ChatMessage.of(Role.USER, *parts)))
 
 
 def _is_prefix(head: Sequence[int], tokens: Sequence[int]) -> bool:
@@ -63,6 +55,7 @@ class Prewarmer:
         self._lock = threading.Lock()
         self._pending: list[tuple[tuple[int, ...], GenerationHandle]] = []
         self._last: tuple[int, ...] = ()
+        self._last_messages: tuple[ChatMessage, ...] = ()
 
     @property
     def busy(self) -> bool:
@@ -70,19 +63,30 @@ class Prewarmer:
         with self._lock:
             return any(not handle.done for _, handle in self._pending)
 
-    def warm(self, tokens: Sequence[int], *, store: bool) -> GenerationHandle | None:
+    def warm(
+        self, tokens: Sequence[int], *, store: bool, messages: tuple[ChatMessage, ...] = ()
+    ) -> GenerationHandle | None:
         """Start computing `tokens`; None when they add nothing over the last warm-up (or cannot fit).
 
         `store=False` for drafts: their KV stays resident for the real request but is not
-        written to the cache's RAM and disk tiers.
+        written to the cache's RAM and disk tiers. An engine whose server builds its prompts
+        gets `messages` instead (and no tokens): a new draft replaces the warm-ups before it.
         """
         wanted = tuple(tokens)
         with self._lock:
             self._forget_finished()
-            if not wanted or _is_prefix(wanted, self._last):
+            if messages and not wanted:
+                if messages == self._last_messages:
+                    return None
+                self._cancel_unless_prefix_of(())
+                self._last_messages = messages
+            elif not wanted or _is_prefix(wanted, self._last):
                 return None
-            self._cancel_unless_prefix_of(wanted)
-            request = GenerationRequest(wanted, _NO_SAMPLING, sequence=None, prefill_only=True, store=store)
+            else:
+                self._cancel_unless_prefix_of(wanted)
+            request = GenerationRequest(
+                wanted, _NO_SAMPLING, sequence=None, prefill_only=True, store=store, messages=messages
+            )
             try:
                 handle = self._engine.generate(request)
             except ContextOverflowError:
@@ -103,6 +107,7 @@ class Prewarmer:
                 handle.cancel()
             self._pending.clear()
             self._last = ()
+            self._last_messages = ()
 
     def wait(self) -> None:
         """Block until every warm-up queued so far has ended (for tests and benchmarks)."""

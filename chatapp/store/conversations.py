@@ -395,12 +395,14 @@ def _check_role(role: str) -> Role:
 
 
 def _ids_to_json(ids: Iterable[int] | None) -> str | None:
+    """The ids as saved; none (NULL) when there are none: the answer's text is then tokenized."""
     if ids is None:
         return None
     try:
-        return json.dumps([int(token) for token in ids], separators=(",", ":"))
+        listed = [int(token) for token in ids]
     except (TypeError, ValueError):
         raise StoreError("generated token ids must be integers; this is a bug in the caller") from None
+    return json.dumps(listed, separators=(",", ":")) if listed else None
 
 
 def _stats_to_json(stats: dict[str, Any] | None) -> str | None:

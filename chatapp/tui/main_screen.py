@@ -25,9 +25,9 @@ from chatapp.records import PersonaRecord
 from chatapp.services.answers import AnswerJob
 from chatapp.services.branches import BranchView
 from chatapp.services.chat_service import ChatService, PreparedDocument
+from chatapp.services.drafts import settled_text
 from chatapp.services.streams import AnswerText as TextEvent
 from chatapp.services.streams import PromptProgress
-from chatapp.services.warmup import settled_text
 from chatapp.tui import commands
 from chatapp.tui.answer_flight import AnswerFlight, FlightState
 from chatapp.tui.attempt import attempt
@@ -634,7 +634,8 @@ class MainScreen(Screen[None]):
         await self._run_view_change(lambda: self.service.attach_prepared(prepared))
         self._attaching = False  # only now: sending waits until the branch with the document is open
         if self.branch is not None and self.branch.document is not None:
-            self.notify(f"{prepared.document.name} attached: {prepared.tokens:,} tokens with the persona.")
+            size = f": {prepared.tokens:,} tokens with the persona" if prepared.tokens is not None else ""
+            self.notify(f"{prepared.document.name} attached{size}.")
 
     async def action_detach_document(self) -> None:
         if self._refuse_while_answering():

@@ -11,6 +11,9 @@ import pytest
 from chatapp.benchmark.server_process import free_port
 from chatapp.cli import main
 from chatapp.engine.remote import served_model_fingerprint
+from chatapp.engine.remote_chat import RemoteChatEngine
+from chatapp.engine.remote_http import RemoteClient
+from chatapp.services import startup
 from tests.server_support import SYSTEM_PROMPT, Backend
 
 pytestmark = pytest.mark.slow
@@ -59,3 +62,18 @@ def test_an_unreachable_backend_is_one_line_and_exit_2(data_dir: Path, capsys: p
 def test_a_backend_that_is_not_an_address_is_refused(data_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["ask", "Hello?", "--backend", "gpu-box:8080"]) == 2
     assert "not an http:// or https:// address" in capsys.readouterr().err
+
+
+def test_ask_on_a_server_that_builds_its_own_prompts_says_so(
+    data_dir: Path, capsys: pytest.CaptureFixture[str], backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As in front of vLLM or Ollama: chat messages go, the server's reuse comes back, a note says which mode."""
+    monkeypatch.setattr(startup, "connect_remote_engine", lambda config: RemoteChatEngine(RemoteClient(config)))
+    args = ["ask", "Name a lighthouse in Ireland.", *QUICK, "--json", "--backend", backend.url]
+    assert main([*args, "--backend-key", backend.key, "--system", SYSTEM_PROMPT]) == 0
+    captured = capsys.readouterr()
+    record = json.loads(captured.out.splitlines()[-1])
+    assert record["answer"]
+    assert record["reused_tokens"] + record["computed_tokens"] == record["prompt_tokens"] > 0
+    assert f"chatapp: warning: the engine at {backend.url} builds its own prompts" in captured.err
+    assert captured.err.count("\n") == 1

@@ -16,10 +16,12 @@ from chatapp.benchmark.llama_server import LlamaServerPeer, default_llama_server
 from chatapp.benchmark.server_process import free_port
 from chatapp.engine.events import TokenText
 from chatapp.engine.gate import Step
+from chatapp.engine.opening import connect_remote_engine
 from chatapp.engine.prompt import ChatMessage
 from chatapp.engine.remote import RemoteConfig, RemoteEngine, RemoteEngineError, served_model_fingerprint
 from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.errors import ContextOverflowError
+from chatapp.services.prompt_plan import builder_of
 from chatapp.vocabulary import ReuseTier, Role, StopReason
 from tests.cut_proxy import CutProxy
 from tests.server_support import SYSTEM_PROMPT, Backend, RunningServer
@@ -40,7 +42,8 @@ def proxy(backend: Backend) -> CutProxy:
 
 @pytest.fixture(scope="module")
 def remote(backend: Backend) -> Iterator[RemoteEngine]:
-    engine = RemoteEngine(RemoteConfig(backend.url, api_key=backend.key))
+    engine = connect_remote_engine(RemoteConfig(backend.url, api_key=backend.key))
+    assert isinstance(engine, RemoteEngine), "chatapp serve shares its template and tokenizer: token ids"
     yield engine
     engine.close()
 
@@ -51,13 +54,13 @@ def _messages(question: str) -> list[ChatMessage]:
 
 def test_the_model_card_and_prompts_come_from_the_server(remote: RemoteEngine, server: RunningServer) -> None:
     local = server.serving.engine
-    assert remote.info.server == remote._client.base_url
+    assert remote.info.server == remote.client.base_url
     assert remote.info.n_ctx_per_sequence == local.info.n_ctx_per_sequence
     assert remote.info.path is None
     assert not remote.capabilities.local_cache
     assert remote.capabilities.token_prompts
     messages = _messages("Which lighthouse stands on the Farne Islands?")
-    assert remote.prompt_builder.build(messages) == local.prompt_builder.build(messages)
+    assert remote.prompt_builder.build(messages) == builder_of(local).build(messages)
     assert remote.tokenize("<|im_end|>", parse_special=True) == local.tokenize("<|im_end|>", parse_special=True)
     assert remote.detokenize(local.tokenize("Longstone light")) == "Longstone light"
 
@@ -153,13 +156,13 @@ def test_a_prompt_longer_than_the_servers_context_is_refused_here(remote: Remote
 
 def test_a_wrong_key_is_one_clear_line(proxy: CutProxy) -> None:
     with pytest.raises(RemoteEngineError, match=r"refused the API key \(HTTP 401\); set --backend-key"):
-        RemoteEngine(RemoteConfig(proxy.url, api_key="wrong"))
+        connect_remote_engine(RemoteConfig(proxy.url, api_key="wrong"))
 
 
 def test_an_unreachable_server_is_one_clear_line() -> None:
     url = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(RemoteEngineError, match=r"cannot reach the engine at .*; start the server or fix --backend"):
-        RemoteEngine(RemoteConfig(url))
+        connect_remote_engine(RemoteConfig(url))
 
 
 def test_an_openai_style_address_finds_the_server_root(proxy: CutProxy) -> None:
@@ -176,7 +179,8 @@ def llama_server(model_path: Path) -> Iterator[LlamaServerPeer]:
 
 
 def test_llama_server_as_the_remote_engine(llama_server: LlamaServerPeer, backend: Backend) -> None:
-    engine = RemoteEngine(RemoteConfig(f"http://127.0.0.1:{llama_server.port}"))
+    engine = connect_remote_engine(RemoteConfig(f"http://127.0.0.1:{llama_server.port}"))
+    assert isinstance(engine, RemoteEngine)
     try:
         messages = _messages("Which lighthouse guards Eddystone rocks?")
         prompt = tuple(engine.prompt_builder.build(messages))

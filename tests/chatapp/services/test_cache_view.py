@@ -16,6 +16,7 @@ from chatapp.services.branches import as_document
 from chatapp.services.cache_view import CacheService
 from chatapp.services.chat_service import ChatService
 from chatapp.services.library import Library
+from chatapp.services.prompt_plan import builder_of
 from chatapp.services.startup import Workspace
 from chatapp.vocabulary import Role
 from tests.service_support import make_service
@@ -47,7 +48,7 @@ def test_pin_persona_stores_and_pins_its_prefix_and_unpin_releases_it(chat: Chat
     assert pinned_entries(engine) == count
     pins = library.pins.list()
     assert [(pin.kind, pin.label) for pin in pins] == [("persona", PERSONA_NAME)]
-    expected = engine.prompt_builder.build([ChatMessage.of(Role.SYSTEM, persona.prompt)], add_generation_prompt=False)
+    expected = builder_of(engine).build([ChatMessage.of(Role.SYSTEM, persona.prompt)], add_generation_prompt=False)
     assert list(pins[0].tokens) == expected
     # The pinned blocks cover the whole prefix: a lookup finds all of it.
     assert engine.cache.lookup(as_token_array(expected)).tokens == len(expected)

@@ -20,9 +20,10 @@ from chatapp.services.branches import as_document, prompt_messages
 from chatapp.services.chat_service import NEW_TITLE, TITLE_CHARACTERS, ChatService, title_from
 from chatapp.services.library import Library, open_library
 from chatapp.services.messages import document_block, question_message
+from chatapp.services.prompt_plan import builder_of
 from chatapp.services.startup import Workspace, open_workspace
 from chatapp.vocabulary import Role, StopReason
-from tests.service_support import make_service, settings
+from tests.service_support import attach, make_service, prefix_tokens, settings
 
 PERSONA_NAME = "Concise assistant"
 DOCUMENT_TEXT = "\n".join(
@@ -74,7 +75,7 @@ def branch_prompt(service: ChatService, question_id: int) -> list[int]:
     path = service.conversations.path(question_id)
     document = as_document(service.conversations.get_document(path[0].document_id)) if path[0].document_id else None
     assert service.engine is not None
-    return service.engine.prompt_builder.build(prompt_messages(path[0], document, path[1:]))
+    return builder_of(service.engine).build(prompt_messages(path[0], document, path[1:]))
 
 
 # Titles.
@@ -172,7 +173,7 @@ def test_prompts_rebuilt_after_a_restart_are_the_ones_sent_live(
         path = restarted.conversations.path(view.leaf.id)
         document = as_document(view.document)
         assert restarted.engine is not None
-        next_prompt = restarted.engine.prompt_builder.build(
+        next_prompt = builder_of(restarted.engine).build(
             [*prompt_messages(path[0], document, path[1:]), question_message("One more question.", None)]
         )
         assert next_prompt[: len(live[2]) + len(third.answer.generated_ids or ())] == live[2] + list(
@@ -305,7 +306,7 @@ def test_set_persona_starts_a_root_and_returning_reuses_the_existing_one(
     with_persona = service.ask("Name a colour.")
     with_persona.wait()
     assert service.engine is not None
-    persona_tokens = service.engine.prompt_builder.build(
+    persona_tokens = builder_of(service.engine).build(
         [ChatMessage.of(Role.SYSTEM, persona.prompt)], add_generation_prompt=False
     )
     assert sent_prompt(with_persona)[: len(persona_tokens)] == persona_tokens
@@ -330,7 +331,7 @@ def test_attach_document_puts_it_in_the_first_question_only(
     persona = library.personas.get_by_name(PERSONA_NAME)
     start = service.new_conversation(persona)
     assert start.document is None
-    view, tokens = service.attach_document(document_file)
+    view, tokens = attach(service, document_file)
     assert view.document is not None
     assert view.document.name == "minutes.txt"
     assert view.document.text == DOCUMENT_TEXT
@@ -338,7 +339,7 @@ def test_attach_document_puts_it_in_the_first_question_only(
     assert view.root.content == persona.prompt
     assert (view.root_position, view.root_count) == (1, 1), "the root left without a question is dropped"
     document = Document("minutes.txt", DOCUMENT_TEXT)
-    assert tokens == service.prefix_tokens(view.root, document) == service.document_tokens(view.document)
+    assert tokens == prefix_tokens(service, view.root, document) == service.document_tokens(view.document)
 
     assert service.engine is not None
     block = service.engine.tokenize(document_block(document))
@@ -375,7 +376,7 @@ def test_attach_document_puts_it_in_the_first_question_only(
 
 def test_qa_mode_asks_every_question_from_the_root(service: ChatService, document_file: Path) -> None:
     service.new_conversation()
-    view, tokens = service.attach_document(document_file)
+    view, tokens = attach(service, document_file)
     service.set_qa_mode(True)
     assert service.view().conversation.qa_mode
     first = service.ask(QUESTION)
@@ -411,7 +412,7 @@ def long_text(service: ChatService, root: MessageRecord, target_tokens: int) -> 
     low, high = 1, 400
     while low < high:
         middle = (low + high + 1) // 2
-        if service.prefix_tokens(root, Document("report.txt", (sentence * middle).strip())) < target_tokens:
+        if prefix_tokens(service, root, Document("report.txt", (sentence * middle).strip())) < target_tokens:
             low = middle
         else:
             high = middle - 1
@@ -422,7 +423,7 @@ def test_a_document_that_does_not_fit_is_refused_with_both_numbers(service: Chat
     view = service.new_conversation()
     path = tmp_path / "report.txt"
     path.write_text("The river report lists one more finding for the audit. " * 200, encoding="utf-8")
-    tokens = service.prefix_tokens(view.root, load_document(path))
+    tokens = prefix_tokens(service, view.root, load_document(path))
     assert service.engine is not None
     limit = service.engine.info.n_ctx_per_sequence
     assert tokens > limit == 1024
@@ -436,7 +437,7 @@ def test_a_document_that_does_not_fit_is_refused_with_both_numbers(service: Chat
 
     # A document that fits, but leaves no room for the question: refused when asked, not saved.
     path.write_text(long_text(service, view.root, limit - 2), encoding="utf-8")
-    attached, fitted = service.attach_document(path)
+    attached, fitted = attach(service, path)
     assert limit - 8 <= fitted < limit
     with pytest.raises(DocumentError) as raised:
         service.ask("What does the report say about the audit findings, in detail?")
@@ -471,7 +472,7 @@ def test_a_document_longer_than_a_small_context_is_refused(
         assert engine.info.n_ctx_per_sequence == 256
         path = tmp_path / "notes.md"
         path.write_text("\n".join([DOCUMENT_TEXT] * 3), encoding="utf-8")
-        tokens = service.prefix_tokens(view.root, load_document(path))
+        tokens = prefix_tokens(service, view.root, load_document(path))
         assert tokens >= 256
         with pytest.raises(DocumentError) as raised:
             service.attach_document(path)
@@ -479,7 +480,7 @@ def test_a_document_longer_than_a_small_context_is_refused(
         assert f"{tokens:,} tokens" in str(raised.value)
         assert "holds 256" in str(raised.value)
         # The short one fits, and the view shows it.
-        attached, fitted = service.attach_document(document_file)
+        attached, fitted = attach(service, document_file)
         assert fitted < 256
         assert attached.document is not None
         assert attached.document.name == "minutes.txt"
@@ -493,7 +494,7 @@ def test_warm_ahead_computes_the_persona_and_document_before_the_question(
     service: ChatService, library: Library, tmp_path: Path
 ) -> None:
     service.new_conversation(library.personas.get_by_name(PERSONA_NAME))
-    _, tokens = service.attach_document(unique_document(tmp_path, "wetland"))
+    _, tokens = attach(service, unique_document(tmp_path, "wetland"))
     handle = service.warm_ahead("")
     assert handle is not None
     assert handle.wait().stop_reason == StopReason.PREFILLED
@@ -560,13 +561,13 @@ def test_document_tokens_follow_the_persona_of_the_open_branch(
     service: ChatService, library: Library, document_file: Path
 ) -> None:
     service.new_conversation(library.personas.get_by_name(PERSONA_NAME))
-    with_persona, tokens = service.attach_document(document_file)
+    with_persona, tokens = attach(service, document_file)
     assert with_persona.document is not None
     assert service.document_tokens(with_persona.document) == tokens
     without_persona = service.set_persona(None)  # keeps the document, drops the persona's prompt
     assert without_persona.document is not None
     assert without_persona.document.id == with_persona.document.id
-    expected = service.prefix_tokens(without_persona.root, as_document(without_persona.document))
+    expected = prefix_tokens(service, without_persona.root, as_document(without_persona.document))
     assert expected < tokens
     assert service.document_tokens(without_persona.document) == expected
 

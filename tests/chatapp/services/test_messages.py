@@ -33,6 +33,14 @@ def test_persona_first_and_the_document_in_the_first_question_only() -> None:
     assert conversation_messages("", None, turns[:1]) == [ChatMessage.of(Role.USER, "When?")], "no persona: no system"
 
 
+def test_an_answer_without_ids_is_tokenized_from_its_text() -> None:
+    """An engine that could not vouch for its ids reports none: the answer must not vanish from the prompt."""
+    (message,) = conversation_messages(None, None, [Turn(Role.ASSISTANT, "Twice.", ())])
+    assert message.generated_ids is None
+    (empty,) = conversation_messages(None, None, [Turn(Role.ASSISTANT, "", ())])
+    assert empty.generated_ids == ()
+
+
 def test_the_next_question_carries_the_document_until_one_was_asked() -> None:
     assert next_question_parts(DOCUMENT, []) == (document_block(DOCUMENT),)
     assert next_question_parts(DOCUMENT, [Turn(Role.USER, "When?")]) == ()

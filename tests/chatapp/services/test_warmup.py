@@ -14,8 +14,9 @@ from chatapp.engine.handle import GenerationHandle
 from chatapp.engine.prompt import ChatMessage
 from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.services.conversation import Conversation
+from chatapp.services.drafts import draft_prompt_tokens, settled_text
 from chatapp.services.messages import document_block
-from chatapp.services.warmup import Prewarmer, draft_prompt_tokens, settled_text
+from chatapp.services.warmup import Prewarmer
 from chatapp.vocabulary import Role, StopReason
 from tests.cache_support import cached_engine
 
