@@ -11,7 +11,11 @@ without a gate pays one attribute check per step.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from enum import StrEnum
+
+from chatapp.engine.requests import GenerationRequest
 
 POLL_SECONDS = 0.005  # how often a held step looks at its request's cancel flag
 HOLD_TIMEOUT_SECONDS = 120.0  # a test waiting for a step that never comes fails instead of hanging
@@ -66,3 +70,29 @@ class StepGate:
         finally:
             self._released.set()  # hold once: a cancelled request releases the gate for good
             self.holding.clear()
+
+
+class ArmedGates:
+    """The gates armed on one engine, each with the requests it counts (None: all)."""
+
+    def __init__(self) -> None:
+        self._armed: tuple[tuple[StepGate, Callable[[GenerationRequest], bool] | None], ...] = ()
+
+    @contextmanager
+    def holding(
+        self, step: Step, after: int, where: Callable[[GenerationRequest], bool] | None = None
+    ) -> Iterator[StepGate]:
+        """Arm a gate for the block; leaving it releases and disarms the gate."""
+        gate = StepGate(step, after)
+        self._armed = (*self._armed, (gate, where))
+        try:
+            yield gate
+        finally:
+            gate.release()
+            self._armed = tuple(armed for armed in self._armed if armed[0] is not gate)
+
+    def reach(self, step: Step, request: GenerationRequest, cancelled: threading.Event) -> None:
+        """Engine thread: a step of `request` was taken; an armed gate that counts it may hold here."""
+        for gate, where in self._armed:
+            if where is None or where(request):
+                gate.reached(step, cancelled)

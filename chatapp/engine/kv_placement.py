@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -28,7 +28,6 @@ from cache.keys import as_token_array
 from cache.llama_state import read_sequence_state, write_sequence_state
 from cache.prefix_cache import FetchedPrefix, PrefixCache
 from cache.ready_states import ReadyState, ReadyStates
-from cache.resident import ResidentSequences
 from cache.state_format import (
     MemoryKind,
     MemoryLayout,
@@ -42,8 +41,10 @@ from cache.state_format import (
 )
 from chatapp.engine.batching import MIN_ROWS
 from chatapp.engine.events import RestoreTimings
+from chatapp.engine.handle import GenerationHandle
 from chatapp.engine.llama_native import NativeContext
 from chatapp.engine.restore_costs import WHOLE_STATE, RestoreCosts
+from chatapp.engine.sequences import Sequences
 from chatapp.vocabulary import ReuseTier
 
 log = logging.getLogger(__name__)
@@ -54,8 +55,6 @@ RESTORE_MARGIN_TOKENS = 8
 # computes a one-token batch with matrix-vector kernels whose results differ from a larger
 # batch's, so a re-asked prompt evaluated from its last token could answer unlike a cold run.
 FRESH_TOKENS = 2
-# Checkpoints this session keeps per sequence for rewinds (the newest ones).
-SESSION_CHECKPOINTS = 8
 
 
 @dataclass(frozen=True)
@@ -82,11 +81,10 @@ class KVPlacer:
         self.cache = cache
         self.kind = kind
         self.layout = layout  # None when the state format is not understood: no rewinds, no checkpoints
-        self.resident = ResidentSequences(context.shape.n_sequences)
+        self.sequences = Sequences(context.shape.n_sequences)
         # The model's own window, not the layout's: a cut must be judged safe even when the state
         # format was not understood.
         self._window = window
-        self._checkpoints: list[dict[int, bytes]] = [{} for _ in range(context.shape.n_sequences)]
         self._state_buffer = StateBuffer()  # restores and rewinds assemble here: llama.cpp copies it at once
         # Whole states a plain KV cache loads with no assembly (a window or recurrent state cannot be cut after).
         self.ready = ReadyStates(ready_state_bytes if kind is MemoryKind.PLAIN else 0)
@@ -107,28 +105,48 @@ class KVPlacer:
         use_cache: bool,
         *,
         need_logits: bool = True,
-        busy: frozenset[int] = frozenset(),
+        holder: GenerationHandle | None = None,
     ) -> Placement:
-        """Choose the sequence, restore or keep the longest known prefix, drop the rest.
+        """Choose the sequence, restore or keep the longest known prefix, drop the rest; `holder` holds it.
 
         Without `need_logits` (a prefill-only warm-up) every prompt token may be reused, and a
         sequence that already holds the whole prompt is kept as it is, longer tail included.
-        `busy` sequences serve other requests now: they are neither chosen nor cut.
+        Sequences other requests hold are neither chosen nor cut.
+
+        The tier reported is where the reused tokens came from since the last real request: a
+        warm-up's restore into the sequence is credited to the answer that then reuses it in place.
         """
-        if sequence is not None and sequence in busy:
+        if sequence is not None and self.sequences[sequence].holder not in (None, holder):
             raise RuntimeError(f"sequence {sequence} serves another request now")
+        placement = self._place(prompt, sequence, use_cache, need_logits, holder)
+        live = self.sequences[placement.sequence]
+        live.holder = holder
+        if need_logits:
+            return replace(placement, tier=live.take_credit(placement.reused_tokens, placement.tier))
+        if placement.tier in (ReuseTier.RAM, ReuseTier.DISK):
+            live.note_warm_restore(placement.tier, placement.reused_tokens)
+        return placement
+
+    def _place(
+        self,
+        prompt: list[int],
+        sequence: int | None,
+        use_cache: bool,
+        need_logits: bool,
+        holder: GenerationHandle | None,
+    ) -> Placement:
         limit = max(0, len(prompt) - self.fresh_tokens) if need_logits else len(prompt)
         if not use_cache:
-            target = self.resident.least_recently_used(busy) if sequence is None else sequence
+            target = self.sequences.least_recently_used(holder) if sequence is None else sequence
             return self._keep(target, 0, ReuseTier.NONE)
         array = as_token_array(prompt)
         if sequence is None:
-            resident_sequence, resident_length = self.resident.best_match(array, busy)
+            resident_sequence, resident_length = self.sequences.best_match(array, holder)
         else:
-            resident_sequence, resident_length = sequence, self.resident.best_match_in(sequence, array)
+            resident_sequence, resident_length = sequence, self.sequences.match_in(sequence, array)
         resident_length = min(resident_length, limit)
         if not need_logits and resident_length == len(prompt):
-            self.resident.touch(resident_sequence)  # nothing to compute, nothing to cut
+            self.sequences.touch(resident_sequence)  # nothing to compute, nothing to cut
             return Placement(resident_sequence, resident_length, ReuseTier.DEVICE)
         if not need_logits and self.warm_up_rest:
             limit = max(0, len(prompt) - self.warm_up_rest)
@@ -142,7 +160,7 @@ class KVPlacer:
             if found.tokens > keepable + RESTORE_MARGIN_TOKENS and self.costs.should_restore(
                 path, found.tokens, found.tokens - keepable
             ):
-                target = self.resident.least_recently_used(busy) if sequence is None else sequence
+                target = self.sequences.least_recently_used(holder) if sequence is None else sequence
                 if ready is not None:
                     loaded = self._load_ready(target, ready, found.tokens, time.perf_counter() - looking)
                     if loaded is not None:
@@ -157,13 +175,13 @@ class KVPlacer:
                     keepable = 0  # the failed restore emptied it
         if keepable > 0:
             return self._keep(resident_sequence, resident_length, ReuseTier.DEVICE)
-        target = self.resident.least_recently_used(busy) if sequence is None else sequence
+        target = self.sequences.least_recently_used(holder) if sequence is None else sequence
         return self._keep(target, 0, ReuseTier.NONE)
 
     # Cutting and rewinding a resident sequence.
     def _keepable(self, sequence: int, length: int) -> int:
         """How much of `length` the sequence can keep in place (a cut, or a rewind to a checkpoint)."""
-        held = len(self.resident.tokens[sequence])
+        held = len(self.sequences[sequence].tokens)
         if length == held or self.kind is MemoryKind.PLAIN or self._window_intact(sequence, length):
             return length
         return self._session_checkpoint(sequence, length) or 0
@@ -179,17 +197,16 @@ class KVPlacer:
 
     def _session_checkpoint(self, sequence: int, length: int) -> int | None:
         """The position of the newest checkpoint this session holds for `sequence` at or before `length`."""
-        positions = [position for position in self._checkpoints[sequence] if position <= length]
-        return max(positions) if positions else None
+        return self.sequences[sequence].checkpoint_before(length)
 
     def _keep(self, sequence: int, length: int, tier: ReuseTier) -> Placement:
         kept = self.cut(sequence, length)
-        self.resident.touch(sequence)
+        self.sequences.touch(sequence)
         return Placement(sequence, kept, tier if kept else ReuseTier.NONE)
 
     def cut(self, sequence: int, length: int) -> int:
         """Make `sequence` hold its first `length` tokens (or fewer); how many it holds after."""
-        held = len(self.resident.tokens[sequence])
+        held = len(self.sequences[sequence].tokens)
         if length >= held:
             return held
         if length > 0 and self.kind is not MemoryKind.PLAIN and not self._window_intact(sequence, length):
@@ -212,8 +229,7 @@ class KVPlacer:
             # llama.cpp cannot cut this sequence: start over.
             self.forget(sequence)
             return 0
-        self.resident.truncate(sequence, length)
-        self._drop_checkpoints_after(sequence, length)
+        self.sequences[sequence].truncate(length)
         if self.kind.has_window and length > 0 and not self._window_holds(sequence, length):
             return self._rewind(sequence, length)
         return length
@@ -234,7 +250,7 @@ class KVPlacer:
         except StateFormatError as error:
             log.info("the window after a cut at %d is not whole (%s); rewinding", length, error)
             return False
-        self._keep_checkpoint(sequence, length, payload)
+        self.sequences[sequence].keep_checkpoint(length, payload)
         return True
 
     def _rewind(self, sequence: int, length: int) -> int:
@@ -259,7 +275,7 @@ class KVPlacer:
                 pieces,
                 sequence,
                 cells=position,
-                checkpoint=self._checkpoints[sequence][position],
+                checkpoint=self.sequences[sequence].checkpoints[position],
                 buffer=self._state_buffer,
             )
         except StateFormatError as error:
@@ -270,8 +286,7 @@ class KVPlacer:
             log.warning("llama.cpp refused a rewound sequence; computing it instead")
             self.forget(sequence)
             return 0
-        self.resident.truncate(sequence, position)
-        self._drop_checkpoints_after(sequence, position)
+        self.sequences[sequence].truncate(position)
         return position
 
     # Checkpoints.
@@ -285,19 +300,8 @@ class KVPlacer:
         except StateFormatError as error:
             log.warning("cannot take a checkpoint: %s", error)
             return None
-        self._keep_checkpoint(sequence, position, payload)
+        self.sequences[sequence].keep_checkpoint(position, payload)
         return payload
-
-    def _keep_checkpoint(self, sequence: int, position: int, payload: bytes) -> None:
-        kept = self._checkpoints[sequence]
-        kept[position] = payload
-        while len(kept) > SESSION_CHECKPOINTS:
-            del kept[min(kept)]
-
-    def _drop_checkpoints_after(self, sequence: int, length: int) -> None:
-        kept = self._checkpoints[sequence]
-        for position in [position for position in kept if position > length]:
-            del kept[position]
 
     # Restoring from the cache.
     def _restore(self, sequence: int, fetched: FetchedPrefix, read: tuple[float, float]) -> Placement | None:
@@ -327,10 +331,10 @@ class KVPlacer:
         timings = RestoreTimings(
             lookup_s * 1000, read_s * 1000, (loading - assembling) * 1000, (loaded - loading) * 1000
         )
-        self.resident.replace(sequence, list(fetched.prompt_tokens))
+        self.sequences[sequence].replace(list(fetched.prompt_tokens))
         if fetched.checkpoint is not None and self.takes_checkpoints:
-            self._checkpoints[sequence][fetched.tokens] = fetched.checkpoint
-        self.resident.touch(sequence)
+            self.sequences[sequence].keep_checkpoint(fetched.tokens, fetched.checkpoint)
+        self.sequences.touch(sequence)
         return Placement(sequence, fetched.tokens, fetched.tier, timings)
 
     def _noted(self, placement: Placement, path: str) -> Placement:
@@ -348,23 +352,22 @@ class KVPlacer:
             self.forget(sequence)
             return None
         self.ready.used(ready)
-        self.resident.replace(sequence, ready.tokens.tolist())
+        self.sequences[sequence].replace(ready.tokens.tolist())
         if self._cut_in_place(sequence, reuse) != reuse:
             self.forget(sequence)
             return None
         timings = RestoreTimings(lookup_s * 1000, 0.0, 0.0, (time.perf_counter() - loading) * 1000, whole_state=True)
-        self.resident.touch(sequence)
+        self.sequences.touch(sequence)
         return Placement(sequence, reuse, ReuseTier.RAM, timings)
 
     def forget(self, sequence: int) -> None:
         """Empty a sequence whose contents are in doubt."""
         self.context.remove(sequence, 0, -1)
-        self.resident.replace(sequence, [])
-        self._checkpoints[sequence].clear()
+        self.sequences[sequence].replace([])
 
     def save(self, sequence: int) -> None:
         """Hand the sequence's new blocks to the cache (reads its state; the rest is background work)."""
-        tokens = self.resident.tokens[sequence]
+        tokens = self.sequences[sequence].tokens
         if self.cache is None or not tokens or not self.cache.has_new_blocks(tokens):
             return
         state = read_sequence_state(self.context.pointer, sequence)

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import llama_cpp
 
+from chatapp.engine.config import CacheFactory, EngineConfig, default_thread_count
 from chatapp.engine.contract import EngineClient, LocalEngine
-from chatapp.engine.engine import CacheFactory, Engine, EngineConfig, default_thread_count
+from chatapp.engine.engine import Engine
 from chatapp.engine.llama_native import NativeModel
 from chatapp.engine.prompt import PromptBuilder
 from chatapp.engine.remote import RemoteConfig, RemoteEngine

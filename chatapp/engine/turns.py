@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from chatapp.engine.phases import Phase
+
 # Shared tokens worth waiting for: fewer cost less to compute again than a store and restore.
 MIN_SHARED_TOKENS = 64
 
@@ -30,7 +32,7 @@ class TurnState:
 
     prompt: np.ndarray
     shares_prompt: bool  # its prompt's KV goes to the cache, and it may reuse another's
-    placed: bool = False
+    phase: Phase = Phase.PENDING
     prefill_left: int = 0  # prompt tokens still to compute, once placed
     computing_from: int = 0  # the prompt tokens it reused; it computes the rest
     passed_over: int = 0  # turns its prompt waited for another's
@@ -55,15 +57,15 @@ def take_turns(states: Sequence[TurnState], batch: int) -> list[TurnState]:
     for state in states:
         state.store_at = 0
     for state in states:
-        if not state.placed and _computing_for(state, states, chosen) is None:
+        if not state.phase.placed and _computing_for(state, states, chosen) is None:
             chosen.append(state)
-    computing = [state for state in states if state.placed and state.prefill_left > 0]
+    computing = [state for state in states if state.phase.placed and state.prefill_left > 0]
     if computing:
         first = min(computing, key=lambda state: state.prefill_left - state.passed_over * batch)
         for state in computing:
             state.passed_over = 0 if state is first else state.passed_over + 1
         chosen.append(first)
-    chosen.extend(state for state in states if state.placed and state.prefill_left <= 0)
+    chosen.extend(state for state in states if state.phase.placed and state.prefill_left <= 0)
     order = {id(state): position for position, state in enumerate(states)}
     return sorted(chosen, key=lambda state: order[id(state)])
 
@@ -81,7 +83,7 @@ def _computing_for(waiting: TurnState, states: Sequence[TurnState], placed_now: 
             continue
         if other in placed_now:
             computing_from = 0
-        elif other.placed and other.prefill_left > 0:
+        elif other.phase.placed and other.prefill_left > 0:
             computing_from = other.computing_from
         else:
             continue

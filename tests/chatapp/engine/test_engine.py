@@ -118,7 +118,7 @@ def test_cancel_during_prefill_then_the_sequence_is_still_exact(engine: Engine) 
         cancelled = handle.wait()
     assert cancelled.stop_reason == StopReason.CANCELLED
     assert cancelled.stats.generated_tokens == 0
-    assert engine.placer.resident.tokens[0] == list(prompt[: engine.context.shape.n_batch])  # a partial prefill stays
+    assert engine.sequences[0].tokens == list(prompt[: engine.context.shape.n_batch])  # a partial prefill stays
     after = run(engine, prompt, sequence=0)  # continues from the partial prefill
     assert 0 < after.stats.reused_tokens < len(prompt) - 2
     assert after.token_ids == reference.token_ids

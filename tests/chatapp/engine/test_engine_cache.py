@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from chatapp.engine.engine import Engine, EngineConfig
-from chatapp.engine.events import GenerationResult
+from chatapp.engine.events import GenerationResult, PromptPlaced
 from chatapp.engine.kv_placement import FRESH_TOKENS
 from chatapp.engine.prompt import ChatMessage
 from chatapp.engine.requests import GenerationRequest, SamplingParams
@@ -92,6 +92,35 @@ def test_restore_after_a_restart_comes_from_disk_and_equals_cold(
     assert warm.stats.reuse_tier == "disk"
     assert warm.stats.reused_tokens == len(target) - FRESH_TOKENS
     assert warm.token_ids == cold.token_ids
+
+
+def placed_and_answered(engine: Engine, request: GenerationRequest) -> tuple[PromptPlaced, GenerationResult]:
+    """The request's PromptPlaced event and its result."""
+    handle = engine.generate(request)
+    placed = [event for event in handle.events() if isinstance(event, PromptPlaced)]
+    return placed[0], handle.wait()
+
+
+def test_a_warm_up_restored_from_disk_credits_the_answer_to_disk(tmp_path: Path, model_path: Path) -> None:
+    with cached_engine(tmp_path / "kv", model_path) as first:
+        target = prompt(first, "What is an interjection?")
+        answer(first, target)
+    with cached_engine(tmp_path / "kv", model_path) as second:
+        assert second.cache is not None
+        # The app's warm-up while the user types: the prompt less its last few tokens, nothing sampled.
+        warm_up = second.generate(GenerationRequest(target[:-4], GREEDY, sequence=0, prefill_only=True)).wait()
+        assert warm_up.stats.reuse_tier == "disk"
+        placed, asked = placed_and_answered(second, GenerationRequest(target, GREEDY, sequence=0))
+        # Answered in place, but every reused token came from disk since the restart.
+        assert placed.tier == asked.stats.reuse_tier == "disk"
+        assert asked.stats.reused_tokens == len(target) - 4
+        by_tier = second.cache.stats()["reused_by_tier"]
+        assert by_tier["disk"] == asked.stats.reused_tokens > 0
+        assert by_tier["device"] == 0
+        follow_up = (*target, *asked.token_ids, *second.tokenize(" Give one more example."))
+        placed, next_turn = placed_and_answered(second, GenerationRequest(follow_up, GREEDY, sequence=0))
+        assert placed.tier == next_turn.stats.reuse_tier == "device"  # the credit was used once
+        assert second.cache.stats()["reused_by_tier"]["device"] == next_turn.stats.reused_tokens > 0
 
 
 def test_a_cut_inside_a_block_reuses_every_shared_token(cached: Engine, engine: Engine) -> None:

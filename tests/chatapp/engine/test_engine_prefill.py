@@ -83,7 +83,7 @@ def test_warming_what_is_resident_computes_nothing_and_cuts_nothing(cached: Engi
     target = prompt(cached, "What is a verb?")
     first = answer(cached, target)
     cached.flush_cache()  # the engine thread is done with the answer (its KV recomputed in batches)
-    held = max(len(tokens) for tokens in cached.placer.resident.tokens)
+    held = max(len(live.tokens) for live in cached.sequences)
     assert held > len(target)  # the prompt and most of the answer
     again = prefill(cached, target).wait()  # every token may be reused: no logits are needed
     assert again.stop_reason == StopReason.PREFILLED
@@ -108,7 +108,7 @@ def test_a_cancelled_long_warm_up_keeps_its_finished_batches_exactly(engine: Eng
         handle.cancel()
         cancelled = handle.wait()
     assert cancelled.stop_reason == StopReason.CANCELLED
-    assert engine.placer.resident.tokens[0] == list(target[:batch])  # the first batch, exactly
+    assert engine.sequences[0].tokens == list(target[:batch])  # the first batch, exactly
     after = answer(engine, target, sequence=0)
     assert after.stats.reused_tokens == batch
     assert after.stats.reuse_tier == "device"
@@ -118,7 +118,7 @@ def test_a_cancelled_long_warm_up_keeps_its_finished_batches_exactly(engine: Eng
 def test_a_warm_up_cancelled_while_queued_touches_no_sequence(engine: Engine) -> None:
     answer(engine, prompt(engine, "What is a preposition?"), sequence=1, use_cache=False)
     engine.flush_cache()  # the engine thread is done with the answer
-    held = list(engine.placer.resident.tokens[1])
+    held = list(engine.sequences[1].tokens)
     with engine.holding(Step.TOKEN, after=1) as gate:  # the answer runs until the warm-up is cancelled
         busy = engine.generate(
             GenerationRequest(
@@ -132,7 +132,7 @@ def test_a_warm_up_cancelled_while_queued_touches_no_sequence(engine: Engine) ->
     busy.wait()
     assert result.stop_reason == StopReason.CANCELLED
     assert result.stats.reused_tokens == 0
-    assert engine.placer.resident.tokens[1] == held
+    assert engine.sequences[1].tokens == held
 
 
 def test_drafts_stay_out_of_the_cache_tiers_unless_asked(cached: Engine) -> None:
@@ -167,7 +167,7 @@ def test_warming_one_token_at_a_time_still_answers_as_cold(cached: Engine, engin
     for end in range(len(target) - 24, len(target) - 4):
         result = prefill(cached, target[:end], store=False).wait()
         assert result.stop_reason == StopReason.PREFILLED
-    assert cached.placer.resident.tokens[0] == list(target[: len(target) - 5])
+    assert cached.sequences[0].tokens == list(target[: len(target) - 5])
     warm = cached.generate(GenerationRequest(target, longer)).wait()
     assert warm.stats.reused_tokens == len(target) - 5
     assert warm.stats.reuse_tier == "device"

@@ -224,7 +224,7 @@ def test_a_warm_up_one_token_past_a_batch_finishes_and_answers_as_cold(
         for length in (SMALL_BATCH + 1, 2 * SMALL_BATCH + 1):
             warm = GenerationRequest(full.prompt_tokens[:length], GREEDY, prefill_only=True)
             assert engine.generate(warm).wait().stop_reason is StopReason.PREFILLED
-            assert engine.placer.resident.tokens[0] == list(warm.prompt_tokens)
+            assert engine.sequences[0].tokens == list(warm.prompt_tokens)
         assert ask(engine, messages).token_ids == cold_answer(cold, messages)
 
 
@@ -238,7 +238,7 @@ def test_a_cancelled_prefill_keeps_its_finished_batches_and_answers_as_cold(
             assert gate.wait_until_holding()
             handle.cancel()
             assert handle.wait().stop_reason is StopReason.CANCELLED
-        held = list(engine.placer.resident.tokens[0])
+        held = list(engine.sequences[0].tokens)
         prompt = engine.prompt_builder.build(messages)
         assert 0 < len(held) < len(prompt)
         assert held == prompt[: len(held)]
@@ -262,7 +262,7 @@ def test_an_answer_stopped_between_tokens_leaves_exact_state(
         assert stopped.stop_reason is StopReason.CANCELLED
         engine.flush_cache()
         prompt = engine.prompt_builder.build(messages)
-        held = engine.placer.resident.tokens[0]
+        held = engine.sequences[0].tokens
         assert held == [*prompt, *stopped.token_ids][: len(held)]
         assert ask(engine, messages).token_ids == cold_answer(cold, messages)
 
@@ -315,4 +315,4 @@ def test_a_window_with_a_gap_is_never_kept_by_a_cut(iswa: tuple[MemoryKind, Path
         assert engine.context.min_position(0) == 0  # the oldest cell alone does not show the gap
         kept = engine.placer.cut(0, cut)
         assert kept == persona_end(engine)  # rewound to the checkpoint at the persona's end
-        assert engine.placer.resident.tokens[0] == engine.prompt_builder.build(messages)[:kept]
+        assert engine.sequences[0].tokens == engine.prompt_builder.build(messages)[:kept]

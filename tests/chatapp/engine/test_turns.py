@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from chatapp.engine.phases import Phase
 from chatapp.engine.turns import MIN_SHARED_TOKENS, TurnState, common_prefix_length, take_turns
 
 BATCH = 8
@@ -11,7 +12,7 @@ BATCH = 8
 
 def computing(left: int, prompt: np.ndarray | None = None, computing_from: int = 0) -> TurnState:
     tokens = prompt if prompt is not None else np.arange(left, dtype=np.int32)
-    return TurnState(tokens, True, placed=True, prefill_left=left, computing_from=computing_from)
+    return TurnState(tokens, True, Phase.PREFILLING, prefill_left=left, computing_from=computing_from)
 
 
 def test_common_prefix_length() -> None:
@@ -58,7 +59,7 @@ def test_no_wait_for_a_few_shared_tokens_or_a_prompt_kept_out_of_the_cache() -> 
     )
     waiting = TurnState(np.concatenate([shared, [9]]).astype(np.int32), True)
     assert waiting in take_turns([mostly_reused, waiting], BATCH)
-    not_stored = TurnState(np.concatenate([shared, [7]]).astype(np.int32), False, placed=True, prefill_left=300)
+    not_stored = TurnState(np.concatenate([shared, [7]]).astype(np.int32), False, Phase.PREFILLING, prefill_left=300)
     assert waiting in take_turns([not_stored, waiting], BATCH)
 
 

@@ -1,0 +1,60 @@
+"""How a local engine is set up: the model to load, its context's shape, and where its cache comes from.
+
+Its own module so the composition root (opening.py) and the engine's parts read one
+definition without importing the engine thread.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from cache.prefix_cache import PrefixCache
+from cache.state_format import MemoryLayout
+from chatapp.engine.batching import FLASH_ATTENTION_ROWS, MIN_BATCH
+from chatapp.engine.model_card import ModelInfo
+
+
+def default_thread_count() -> int:
+    """One thread per core: llama.cpp runs slower on hyper-threads than on cores."""
+    logical = os.cpu_count() or 1
+    return logical if logical <= 4 else max(4, logical // 2)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How to load the model and shape its context."""
+
+    model_path: Path
+    context_cap: int = 8192
+    sequences: int = 4
+    n_gpu_layers: int = -1  # -1: all layers when the build can offload, else none
+    threads: int | None = None
+    # On, every prompt batch has at least FLASH_ATTENTION_ROWS tokens (batching.py), which keeps
+    # restores exact; off by default: each answer then computes 64 prompt tokens, not 2.
+    flash_attention: bool = False
+    n_batch: int = 512
+    # Sliding-window models: a full-size window cache keeps every cell (cuts anywhere); off, about
+    # one window per sequence (less memory; a cut behind the window rewinds to a checkpoint).
+    swa_full: bool = True
+    # Models with uncuttable state (sliding window, recurrent): a checkpoint every this many
+    # prompt tokens, besides the prompt's end and the boundaries a request names.
+    checkpoint_interval: int = 1024
+    # Plain KV caches: the newest whole sequence states kept ready to load (cache/ready_states.py).
+    ready_state_bytes: int = 256 << 20
+
+    def __post_init__(self) -> None:
+        if self.n_batch < MIN_BATCH:
+            # batch_end never leaves one token alone, which needs room for three in a batch.
+            raise ValueError(f"n_batch must be at least {MIN_BATCH}, got {self.n_batch}")
+        if self.flash_attention and self.n_batch < 2 * FLASH_ATTENTION_ROWS:
+            # Every batch has FLASH_ATTENTION_ROWS tokens or more, and none leaves fewer behind.
+            raise ValueError(
+                f"with flash attention n_batch must be at least {2 * FLASH_ATTENTION_ROWS}, got {self.n_batch}"
+            )
+
+
+# Opens the prefix cache once the state format is verified (the layout) and the model is known.
+CacheFactory = Callable[[MemoryLayout, ModelInfo], PrefixCache]

@@ -1,0 +1,137 @@
+"""Loading the model and its context, and the self-test that decides whether the cache may run.
+
+The cache and the rewinds of an uncuttable sequence both rebuild llama.cpp's state bytes, so
+before either is used the state format is checked on a few real tokens (cache/selftest.py);
+when it fails the engine still answers, without a cache. Runs on the engine thread, which
+owns the context from here on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from cache.llama_state import read_sequence_state, write_sequence_state
+from cache.prefix_cache import PrefixCache
+from cache.selftest import verify_layout
+from cache.state_format import MemoryLayout, StateFormatError
+from chatapp.engine.batching import FLASH_ATTENTION_ROWS, MIN_ROWS
+from chatapp.engine.config import CacheFactory, EngineConfig, default_thread_count
+from chatapp.engine.llama_native import NativeContext, NativeModel, gpu_offload_supported
+from chatapp.engine.model_card import ModelInfo
+from chatapp.engine.prompt import PromptBuilder
+
+log = logging.getLogger(__name__)
+
+ALL_LAYERS = 999
+SELF_TEST_TEXT = "chatapp cache self-test: the quick brown fox"
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """The model, its context and what was learned loading them; the engine thread owns all of it."""
+
+    model: NativeModel
+    context: NativeContext
+    info: ModelInfo
+    prompt_builder: PromptBuilder
+    layout: MemoryLayout | None  # None when the state format failed the self-test
+    cache: PrefixCache | None
+    cache_problem: str | None  # why there is no cache, in one line
+
+    @property
+    def min_rows(self) -> int:
+        """The fewest tokens in a prompt batch (see batching.py): more with flash attention (if it attends)."""
+        attends = self.model.memory_kind.has_base
+        return FLASH_ATTENTION_ROWS if self.context.shape.flash_attention and attends else MIN_ROWS
+
+    def close(self) -> None:
+        """Finish the cache's writes, then free the context and the model."""
+        if self.cache is not None:
+            self.cache.close()
+        self.context.close()
+        self.model.close()
+
+
+def load_model(
+    config: EngineConfig, cache_factory: CacheFactory | None, should_abort: Callable[[], bool]
+) -> LoadedModel:
+    """Load the weights and a context shaped by `config`, test the state format, open the cache."""
+    layers = config.n_gpu_layers
+    if layers < 0:
+        layers = ALL_LAYERS if gpu_offload_supported() else 0
+    model = NativeModel(config.model_path, n_gpu_layers=layers)
+    threads = config.threads or default_thread_count()
+    per_sequence = min(model.n_ctx_train or config.context_cap, config.context_cap)
+    try:
+        context = NativeContext(
+            model,
+            n_sequences=config.sequences,
+            n_ctx_per_sequence=per_sequence,
+            n_threads=threads,
+            n_batch=config.n_batch,
+            flash_attention=config.flash_attention,
+            swa_full=config.swa_full,
+            should_abort=should_abort,
+        )
+    except BaseException:
+        model.close()
+        raise
+    shape = context.shape
+    info = ModelInfo(
+        path=config.model_path,
+        name=model.metadata("general.name") or config.model_path.stem,
+        description=model.description(),
+        n_ctx_train=model.n_ctx_train,
+        n_ctx_per_sequence=shape.n_ctx_per_sequence,
+        n_sequences=shape.n_sequences,
+        flash_attention=shape.flash_attention,
+        gpu_layers=min(layers, model.n_layer + 1),
+        threads=threads,
+        memory_kind=model.memory_kind,
+        window=model.window,
+        swa_full=shape.swa_full,
+        n_vocab=model.n_vocab,
+    )
+    try:
+        layout, problem = verify_state_format(model, context)
+        cache = cache_factory(layout, info) if cache_factory is not None and layout is not None else None
+    except BaseException:
+        context.close()
+        model.close()
+        raise
+    return LoadedModel(model, context, info, PromptBuilder.for_model(model), layout, cache, problem)
+
+
+def verify_state_format(model: NativeModel, context: NativeContext) -> tuple[MemoryLayout | None, str | None]:
+    """Verify the state format on a few real tokens: the layout, or None and why.
+
+    Without a verified layout there is no cache, and no rewind of an uncuttable sequence.
+    """
+    probe = model.tokenize(SELF_TEST_TEXT, add_special=False, parse_special=False)
+    source, target = 0, min(1, context.shape.n_sequences - 1)
+    kind = model.memory_kind
+    try:
+        batch = context.shape.n_batch
+        for start in range(0, len(probe), batch):
+            context.decode(probe[start : start + batch], start_pos=start, sequence=source, logits_for_last=False)
+        state = read_sequence_state(context.pointer, source)
+        partial = read_sequence_state(context.pointer, source, partial=True) if kind.needs_checkpoints else None
+        context.remove(source, 0, -1)
+
+        def restore_and_read_back(moved: np.ndarray) -> np.ndarray | None:
+            if not write_sequence_state(context.pointer, target, moved):
+                return None
+            return read_sequence_state(context.pointer, target)
+
+        return verify_layout(kind, model.window, state, partial, source, target, restore_and_read_back), None
+    except (StateFormatError, RuntimeError) as error:
+        problem = f"KV cache disabled: this llama.cpp's state format failed the self-test ({error})"
+        log.warning(problem)
+        return None, problem
+    finally:
+        context.remove(source, 0, -1)
+        context.remove(target, 0, -1)
