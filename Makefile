@@ -16,6 +16,11 @@ NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
 LLAMA_CMAKE_ARGS := -DCMAKE_C_FLAGS='$(NO_AMX)' -DCMAKE_CXX_FLAGS='$(NO_AMX)'
 endif
 
+# Tests run in parallel: a worker per core, at most 4 (each loads the model), a module's tests on
+# one worker (they share its engine). PYTEST_ARGS= runs them one at a time.
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; echo $$n)
+PYTEST_ARGS ?= -n $(TEST_WORKERS) --dist loadfile
+
 .PHONY: run test test-fast lint install gpu-build clean
 
 run: $(STAMP)

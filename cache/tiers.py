@@ -13,6 +13,7 @@ class ReuseTier(StrEnum):
     RAM = "ram"  # restored from host memory
     DISK = "disk"  # restored from the disk tier
     SERVER = "server"  # reused by a remote engine's own prefix cache (it does not say from where)
+    UNREPORTED = "unreported"  # a remote engine that does not say what it reused
 
 
 REUSING_TIERS = (ReuseTier.DEVICE, ReuseTier.RAM, ReuseTier.DISK)

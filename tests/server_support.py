@@ -15,6 +15,7 @@ from pathlib import Path
 
 from chatapp.benchmark.server_process import free_port
 from chatapp.engine.engine import Engine
+from chatapp.engine.gate import Step
 from chatapp.server.answering import ServerContext
 from chatapp.server.run import build_server
 from chatapp.services.serving import Serving
@@ -112,3 +113,21 @@ class Backend:
 def running_backend(data_dir: Path, model_path: Path) -> Iterator[Backend]:
     with running_server(data_dir, model_path, api_key=BACKEND_KEY) as server, cut_proxy(server.port) as proxy:
         yield Backend(server, proxy)
+
+
+@contextmanager
+def dying_mid_answer(backend: Backend, after_tokens: int = 3) -> Iterator[None]:
+    """The backend 'dies' in the middle of the next answer: once it has sent `after_tokens` tokens
+    and is held there, the connection to it is cut, whatever the client is reading."""
+    with backend.server.engine.holding(Step.TOKEN, after_tokens) as gate:
+
+        def cut_when_held() -> None:
+            assert gate.wait_until_holding()
+            backend.proxy.cut()
+
+        cutter = threading.Thread(target=cut_when_held, name="test-cutter")
+        cutter.start()
+        try:
+            yield
+        finally:
+            cutter.join()

@@ -12,6 +12,10 @@ side-by-side ratios mean anything). A goal whose peers did not run is left out.
 - D: busy time of the best llama-cpp-python peer / chatapp's >= 3; llama-server's / chatapp's >= 1.5.
 - E: after a restart, chatapp's TTFT / the ideal's <= 1.15, and every other peer's / chatapp's >= 8.
 - A-E over HTTP: `chatapp serve`'s median TTFT / the in-process chatapp peer's <= 1.1, per workload.
+- A, C and E through the remote engine (chatapp in front of a `chatapp serve` the bench started,
+  `chatapp-remote`): its median TTFT / the in-process chatapp peer's <= 1.15, every request
+  computing the same prompt tokens (the share that does: 1), per workload; the same for
+  `chatapp-remote+warm` beside `chatapp+warm` on C. (Equal answers: the run's equality check.)
 - F (agent loop, clients at once), for chatapp and for `chatapp serve`: TTFT after the restart /
   the ideal's <= 1.15, llama-server's (restarted cold) / chatapp's >= 5, and requests per minute
   / llama-server's (one slot per client) >= 1.
@@ -44,6 +48,10 @@ TYPED = "chatapp+typed"
 IDEAL = "ideal"
 SERVER = "llama-server"
 SERVE = "chatapp-serve"
+REMOTE = "chatapp-remote"
+REMOTE_WARM = "chatapp-remote+warm"
+REMOTE_URL = "remote:"  # peers on a server the bench did not start (restarts only reconnect)
+REMOTE_WORKLOADS = "ACE"
 LLAMA_CPP_PYTHON = ("no-cache", "llama-prefix", "llama-ram", "llama-disk")
 
 
@@ -76,6 +84,10 @@ def _ttft(run: dict[str, Any], chosen: Callable[[int, dict[str, Any]], bool]) ->
     return _median([request["ttft_ms"] for index, request in enumerate(run["requests"]) if chosen(index, request)])
 
 
+def _every(index: int, request: dict[str, Any]) -> bool:
+    return True
+
+
 def _at_most(goal: str, measure: str, value: float, limit: float) -> Verdict:
     return Verdict(goal, measure, value, f"<= {limit:g}", value <= limit)
 
@@ -101,9 +113,6 @@ def goal_verdicts(runs: Iterable[dict[str, Any]]) -> list[Verdict]:
     def first(index: int, request: dict[str, Any]) -> bool:
         return index == 0
 
-    def every(index: int, request: dict[str, Any]) -> bool:
-        return True
-
     chatapp, ideal, server = run_of("A", CHATAPP), run_of("A", IDEAL), run_of("A", SERVER)
     if chatapp and ideal:
         verdicts.append(
@@ -127,7 +136,7 @@ def goal_verdicts(runs: Iterable[dict[str, Any]]) -> list[Verdict]:
         )
     if typed and ideal:
         verdicts.append(
-            _at_most("C", "TTFT after Enter, typed / question alone", _ttft(typed, every) / _ttft(ideal, every), 0.3)
+            _at_most("C", "TTFT after Enter, typed / question alone", _ttft(typed, _every) / _ttft(ideal, _every), 0.3)
         )
 
     chatapp = run_of("D", CHATAPP)
@@ -149,7 +158,7 @@ def goal_verdicts(runs: Iterable[dict[str, Any]]) -> list[Verdict]:
     others = [
         run
         for (workload, name), run in by_key.items()
-        if workload == "E" and name not in (CHATAPP, WARM, TYPED, IDEAL, SERVE)
+        if workload == "E" and name not in (CHATAPP, WARM, TYPED, IDEAL, SERVE) and not _remote(name)
     ]
     if chatapp and others:
         worst_ratio = min(_ttft(run, after_restart) for run in others) / _ttft(chatapp, after_restart)
@@ -159,9 +168,33 @@ def goal_verdicts(runs: Iterable[dict[str, Any]]) -> list[Verdict]:
     for workload in "ABCDE":
         chatapp, serve = run_of(workload, CHATAPP), run_of(workload, SERVE)
         if chatapp and serve:
-            ratio = _ttft(serve, every) / _ttft(chatapp, every)
+            ratio = _ttft(serve, _every) / _ttft(chatapp, _every)
             verdicts.append(_at_most(workload, "median TTFT over HTTP (chatapp serve) / in-process", ratio, 1.1))
+    for in_process, remote in ((CHATAPP, REMOTE), (WARM, REMOTE_WARM)):
+        for workload in REMOTE_WORKLOADS:
+            verdicts += _remote_verdicts(workload, remote, run_of(workload, in_process), run_of(workload, remote))
     return verdicts
+
+
+def _remote(peer: str) -> bool:
+    """chatapp through its remote engine: beside chatapp, not another cache (and not restarted, on a URL)."""
+    return peer.startswith((REMOTE, REMOTE_URL))
+
+
+def _remote_verdicts(
+    workload: str, peer: str, in_process: dict[str, Any] | None, remote: dict[str, Any] | None
+) -> list[Verdict]:
+    """The remote engine's path against the in-process engine's: the same TTFT, give or take, and the same work."""
+    if in_process is None or remote is None:
+        return []
+    ttft = _ttft(remote, _every) / _ttft(in_process, _every)
+    pairs = list(zip(in_process["requests"], remote["requests"], strict=False))
+    same = sum(mine["computed_tokens"] == theirs["computed_tokens"] for mine, theirs in pairs)
+    requests = max(len(in_process["requests"]), len(remote["requests"]))
+    return [
+        _at_most(workload, f"median TTFT, {peer} / in-process", ttft, 1.15),
+        _at_least(workload, f"requests computing the same tokens, {peer}", same / requests if requests else 0.0, 1.0),
+    ]
 
 
 def requests_per_minute(run: dict[str, Any]) -> float:
@@ -235,9 +268,10 @@ def prefill_verdicts(*, default: float, flash: float) -> list[Verdict]:
 
 def goals_table(verdicts: list[Verdict]) -> str:
     lines = ["Goals (ratios from this run)"]
+    width = max([52, *(len(verdict.measure) for verdict in verdicts)])
     for verdict in verdicts:
         lines.append(
-            f"  {verdict.goal}  {verdict.measure:52} {verdict.value:7.3f}  {verdict.target:7}  "
+            f"  {verdict.goal}  {verdict.measure:{width}} {verdict.value:7.3f}  {verdict.target:7}  "
             f"{'met' if verdict.met else 'MISSED'}"
         )
     return "\n".join(lines)

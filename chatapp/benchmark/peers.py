@@ -16,6 +16,8 @@ closing it and calling the factory again with the same folder.
 - `ChatappWarmAheadPeer`, `ChatappTypedPeer`: the same, plus what the app computes before
   Enter (the persona and document; then the question as it is typed). Only on workloads
   whose requests carry a `Draft` (C).
+- In remote_peer.py, the same through the remote engine: `chatapp-remote` (a `chatapp serve`
+  the bench starts) and `remote:URL` (a server already running).
 - `IdealPeer`: the yardstick, not a cache: the longest prefix any cache could know is made
   live off the clock before each request.
 
@@ -47,11 +49,13 @@ from cache.fingerprint import hash_file
 from cache.keys import as_token_array, common_prefix_length
 from cache.prefix_cache import CacheConfig
 from chatapp.benchmark.workloads import Draft, Request
+from chatapp.engine.contract import EngineClient, LocalEngine
 from chatapp.engine.kv_placement import FRESH_TOKENS
 from chatapp.engine.opening import EngineConfig, start_local_engine
 from chatapp.engine.requests import GenerationRequest, SamplingParams
+from chatapp.services.answer_run import AnswerRun
 from chatapp.services.drafts import draft_prompt_tokens, settled_text
-from chatapp.services.prompt_plan import builder_of
+from chatapp.services.prompt_plan import PromptPlan, TooLongWording, builder_of, start_answer
 from chatapp.services.startup import kv_cache_factory
 
 
@@ -287,6 +291,44 @@ class LlamaDiskCachePeer(_LlamaPeer):
 # chatapp.
 
 
+def open_chatapp_engine(settings: PeerSettings, folder: Path) -> LocalEngine:
+    """chatapp's engine in this process, with its prefix cache (device, RAM and disk tiers) in `folder`."""
+    config = CacheConfig(
+        block_size=settings.block_size,
+        ram_budget_bytes=settings.ram_budget_bytes,
+        disk_budget_bytes=settings.disk_budget_bytes,
+        ttl_seconds=7 * 86400,
+    )
+    factory = kv_cache_factory(folder / "kv", settings.fingerprint(), config)
+    engine = start_local_engine(
+        EngineConfig(
+            model_path=settings.model_path,
+            context_cap=settings.context,
+            sequences=settings.chatapp_sequences,
+            n_gpu_layers=0,
+            threads=settings.threads,
+            n_batch=settings.n_batch,
+        ),
+        factory,
+    )
+    if engine.cache is None:
+        problem = engine.cache_problem
+        engine.close()
+        raise RuntimeError(f"chatapp's cache did not open: {problem}")
+    return engine
+
+
+def close_engine(engine: EngineClient) -> None:
+    """Store what is pending (a restart keeps everything answered so far), then stop."""
+    try:
+        engine.flush_cache()
+    finally:
+        engine.close()
+
+
+TOO_LONG = TooLongWording("the workload's prompt", "run the bench with a larger --context")
+
+
 class ChatappPeer:
     """chatapp's engine with its prefix cache (device, RAM and disk tiers) in the peer's folder."""
 
@@ -294,33 +336,20 @@ class ChatappPeer:
     serves_together = True  # several clients' requests run at once (F), each on its own sequence
 
     def __init__(self, settings: PeerSettings, folder: Path) -> None:
-        config = CacheConfig(
-            block_size=settings.block_size,
-            ram_budget_bytes=settings.ram_budget_bytes,
-            disk_budget_bytes=settings.disk_budget_bytes,
-            ttl_seconds=7 * 86400,
-        )
-        factory = kv_cache_factory(folder / "kv", settings.fingerprint(), config)
-        self.engine = start_local_engine(
-            EngineConfig(
-                model_path=settings.model_path,
-                context_cap=settings.context,
-                sequences=settings.chatapp_sequences,
-                n_gpu_layers=0,
-                threads=settings.threads,
-                n_batch=settings.n_batch,
-            ),
-            factory,
-        )
-        if self.engine.cache is None:
-            raise RuntimeError(f"chatapp's cache did not open: {self.engine.cache_problem}")
+        self.engine = self.open_engine(settings, folder)
         self._boundaries: dict[tuple[int, ...], tuple[int, ...]] = {}  # by prompt: clients prepare at once
 
+    def open_engine(self, settings: PeerSettings, folder: Path) -> EngineClient:
+        """The engine the requests go to: chatapp's own, in this process (remote_peer.py: a server's)."""
+        return open_chatapp_engine(settings, folder)
+
     def ask(self, prompt_tokens: Sequence[int], max_tokens: int) -> PeerAnswer:
+        """The answer as the app's pipeline runs it (prompt_plan.py, answer_run.py); the bench keeps its figures."""
         sampling = SamplingParams(temperature=0.0, max_tokens=max_tokens)
         prompt = tuple(prompt_tokens)
-        request = GenerationRequest(prompt, sampling, checkpoints=self._boundaries.pop(prompt, ()))
-        result = self.engine.generate(request).wait()
+        plan = PromptPlan(prompt, self._boundaries.pop(prompt, ()))
+        run = AnswerRun(start_answer(self.engine, plan, sampling, TOO_LONG))
+        result = run.wait()
         stats = result.stats
         return PeerAnswer(
             text=result.text,
@@ -342,11 +371,7 @@ class ChatappPeer:
         self.engine.flush_cache()
 
     def close(self) -> None:
-        """Store what is pending (a restart keeps everything answered so far), then stop."""
-        try:
-            self.engine.flush_cache()
-        finally:
-            self.engine.close()
+        close_engine(self.engine)
 
 
 _WARM_UP = SamplingParams(temperature=0.0, max_tokens=1)  # prefill-only requests sample nothing

@@ -130,8 +130,9 @@ def _fmt(value: float, spec: str) -> str:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
+    width = max([13, *(len(row["peer"]) for row in rows)])  # remote:HOST:PORT names are longer
     header = (
-        f"{'wl':2} {'peer':13} {'n':>3} {'TTFT med':>9} {'p95':>8} {'computed/prompt':>17} {'hit':>5} "
+        f"{'wl':2} {'peer':{width}} {'n':>3} {'TTFT med':>9} {'p95':>8} {'computed/prompt':>17} {'hit':>5} "
         f"{'wall s':>7} {'peak RSS':>9} {'disk':>9} {'x no-cache':>10} {'x best other':>18}"
     )
     lines = [header, "-" * len(header)]
@@ -143,7 +144,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         last = row["workload"]
         best = f"{_fmt(row['ttft_vs_best_other'], '.2f')} ({row['best_other_peer'] or '-'})"
         lines.append(
-            f"{row['workload']:2} {row['peer']:13} {row['requests']:3d} {_fmt(row['ttft_median_ms'], '9.0f')} "
+            f"{row['workload']:2} {row['peer']:{width}} {row['requests']:3d} {_fmt(row['ttft_median_ms'], '9.0f')} "
             f"{_fmt(row['ttft_p95_ms'], '8.0f')} {row['computed_tokens']:>8,}/{row['prompt_tokens']:<8,} "
             f"{_fmt(row['hit_rate'], '5.2f')} {row['wall_s']:7.1f} {row['peak_rss_bytes'] / MIB:7.0f}Mi "
             f"{row['disk_bytes'] / MIB:7.1f}Mi {_fmt(row['ttft_vs_no_cache'], '10.2f')} {best:>18}"

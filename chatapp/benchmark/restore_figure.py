@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from chatapp.benchmark.goals import Verdict, restore_verdicts
-from chatapp.benchmark.peers import ChatappPeer, PeerSettings
+from chatapp.benchmark.peers import PeerSettings, close_engine, open_chatapp_engine
 from chatapp.benchmark.workloads import PromptKit
 from chatapp.engine.contract import LocalEngine
 from chatapp.engine.events import GenerationResult, RestoreTimings
@@ -63,8 +63,7 @@ def measure_restores(
     """Store one prefix, restore it `repeats` times by each path, then time misses against no cache."""
     started = time.perf_counter()
     persona = kit.texts.persona(7, prefix_tokens)
-    peer = ChatappPeer(settings, folder)
-    engine = peer.engine
+    engine = open_chatapp_engine(settings, folder)
     try:
 
         def prompt(question: int, system: str = persona) -> tuple[int, ...]:
@@ -84,7 +83,7 @@ def measure_restores(
             without.append(_until_idle(engine, prompt(1, kit.texts.persona(500 + repeat, prefix_tokens)), False))
             misses.append(_until_idle(engine, prompt(1, kit.texts.persona(600 + repeat, prefix_tokens)), True))
     finally:
-        peer.close()
+        close_engine(engine)
     return RestoreFigures(
         prefix_tokens=prefix_tokens,
         repeats=repeats,

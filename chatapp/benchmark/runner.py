@@ -9,9 +9,10 @@ peer (no-cache by default); otherwise the run fails loudly (exit status 2) unles
 `--allow-mismatch`.
 
 Peak RSS is measured in this process by a thread sampling VmRSS from /proc/self/status every
-10 ms while a peer runs (VmHWM cannot be reset between peers); for llama-server, the server
-process's own peak is added. Memory a previous peer freed but the allocator kept shows up
-in later peers' figures too: `start_rss_bytes` says how much was there before each peer.
+10 ms while a peer runs (VmHWM cannot be reset between peers); for a server the bench starts
+(llama-server, chatapp serve), the server process's own peak is added. Memory a previous peer
+freed but the allocator kept shows up in later peers' figures too: `start_rss_bytes` says how
+much was there before each peer.
 """
 
 from __future__ import annotations
@@ -53,6 +54,13 @@ from chatapp.benchmark.prefill_figure import (
     prefill_record,
     prefill_table,
 )
+from chatapp.benchmark.remote_peer import (
+    ENV_BACKEND_KEY,
+    LOOPBACK_PEER,
+    PeerSpecError,
+    RemotePeerFactory,
+    remote_peer_factory,
+)
 from chatapp.benchmark.report import MIB, table, write_reports
 from chatapp.benchmark.restore_figure import (
     RESTORE_NAME,
@@ -72,10 +80,12 @@ from chatapp.benchmark.trace_figure import (
 )
 from chatapp.benchmark.workloads import SCALES, WORKLOAD_NAMES, PromptKit, Request, Scale, Workload, build_workloads
 from chatapp.engine.opening import default_thread_count
+from chatapp.errors import ChatappError
 from chatapp.model_files import resolve_model_path
 
 SERVER_PEER = "llama-server"
 SERVE_PEER = "chatapp-serve"
+DEFAULT_PEERS = (*PEERS, SERVE_PEER, LOOPBACK_PEER)
 ALL_NAMES = (*WORKLOAD_NAMES, *FIGURE_NAMES, RESTORE_NAME, PREFILL_NAME, TRACE_NAME)
 SKIP_SERVER = "llama-server: skipped (not built; run scripts/build_llama_server.py or pass --llama-server PATH)"
 
@@ -84,9 +94,10 @@ NOTES = """\
 ideal: not a cache but the yardstick: before each request, the longest prefix any cache could know (shared with an
   earlier request, or the persona and document) is made live off the clock. chatapp+warm: the app's warm-ahead of the
   persona and document before the question; chatapp+typed: also the question computed as it is typed at 5 chars/s.
-TTFT: Llama peers, create_completion to the first streamed chunk; chatapp, submission to the first token. B and D
-  send requests back to back (throughput); between the others' requests every peer finishes its post-answer work
-  off the clock, as while a user reads (wall time includes it)."""
+TTFT: Llama peers, create_completion to the first streamed chunk; chatapp, submission to the first token; servers
+  (chatapp-serve, llama-server; chatapp-remote and remote:URL through chatapp's remote engine), sending the request
+  to the first streamed text. B and D send requests back to back (throughput); between the others' requests every
+  peer finishes its post-answer work off the clock, as while a user reads (wall time includes it)."""
 
 
 def run_peer_on_workload(
@@ -107,6 +118,7 @@ def run_peer_on_workload(
     is the time spent serving, restarts left out.
     """
     folder.mkdir(parents=True, exist_ok=True)
+    restart_note: str | None = getattr(factory, "restart_note", None)  # a server the bench cannot restart
     records: dict[int, dict[str, Any]] = {}
     extra_peak = 0
     served_s = 0.0
@@ -121,7 +133,7 @@ def run_peer_on_workload(
                 if number > 0:
                     extra_peak = max(extra_peak, _server_peak(peer))
                     peer.close()
-                    log(f"{name} {workload.name}: restart")
+                    log(f"{name} {workload.name}: {restart_note or 'restart'}")
                     peer = factory(settings, folder)
                 phase_started = time.perf_counter()
                 served = _PhaseRunner(peer, name, workload, max_tokens, log).run(phase)
@@ -141,6 +153,7 @@ def run_peer_on_workload(
         "peak_rss_bytes": rss.peak_bytes + extra_peak,
         "disk_bytes": folder_bytes(folder),
         "requests": [records[index] for index in sorted(records)],
+        **({"restart": restart_note} if restart_note and restart is not None else {}),
     }
 
 
@@ -213,6 +226,11 @@ class _PhaseRunner:
         }
 
 
+def _folder_name(peer: str) -> str:
+    """A peer's work folder: its name, without the separators a `remote:URL` peer's name has."""
+    return "".join(character if character.isalnum() or character in "+-._" else "_" for character in peer)
+
+
 def _settings_for(settings: PeerSettings, workload: Workload) -> PeerSettings:
     """A workload of several clients gives each a sequence (chatapp, one spare) or a slot (llama-server)."""
     if workload.clients <= 1:
@@ -281,9 +299,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--peers",
-        default=",".join([*PEERS, SERVE_PEER]),
-        help=f"which peers, in order (default: {','.join([*PEERS, SERVE_PEER])}, and {SERVER_PEER} when it is "
-        "built; the first is the reference for the answers)",
+        default=",".join(DEFAULT_PEERS),
+        help=f"which peers, in order (default: {','.join(DEFAULT_PEERS)}, and {SERVER_PEER} when it is "
+        "built; the first is the reference for the answers). remote:URL: chatapp through its remote engine "
+        f"in front of a server already running (llama-server or chatapp serve; API key in ${ENV_BACKEND_KEY}); "
+        f"{LOOPBACK_PEER}: the same in front of a chatapp serve the bench starts; +warm after either adds "
+        "the warm-ahead on C",
     )
     parser.add_argument(
         "--out", default="bench-results", help="folder for bench.json and ttft.svg (default ./bench-results)"
@@ -327,19 +348,37 @@ def run(args: argparse.Namespace) -> int:
     workload_names = tuple(name.strip().upper() for name in args.workloads.split(",") if name.strip())
     unknown = [name for name in workload_names if name not in ALL_NAMES]
     peer_names = [name.strip() for name in args.peers.split(",") if name.strip()]
-    unknown += [name for name in peer_names if name not in PEERS and name not in (SERVER_PEER, SERVE_PEER)]
+    try:
+        remotes = {name: remote for name in peer_names if (remote := remote_peer_factory(name)) is not None}
+    except PeerSpecError as error:
+        print(f"chatapp bench: {error}", file=sys.stderr)
+        return 2
+    unknown += [name for name in peer_names if name not in (*PEERS, SERVER_PEER, SERVE_PEER, *remotes)]
     if unknown:
         print(
             f"chatapp bench: unknown workload or peer: {', '.join(unknown)} (workloads {','.join(ALL_NAMES)}; "
-            f"peers {','.join([*PEERS, SERVE_PEER, SERVER_PEER])})",
+            f"peers {','.join([*DEFAULT_PEERS, SERVER_PEER])}, {LOOPBACK_PEER}+warm, remote:URL)",
             file=sys.stderr,
         )
         return 2
-    factories: dict[str, PeerFactory] = {name: PEERS[name] for name in peer_names if name in PEERS}
-    if SERVE_PEER in peer_names:
-        from chatapp.benchmark.serve_peer import ChatappServePeer
+    factories: dict[str, PeerFactory] = {}
+    for name in peer_names:
+        if name in PEERS:
+            factories[name] = PEERS[name]
+        elif name == SERVE_PEER:
+            from chatapp.benchmark.serve_peer import ChatappServePeer
 
-        factories[SERVE_PEER] = ChatappServePeer
+            factories[name] = ChatappServePeer
+        elif name in remotes:
+            factories[remotes[name].name] = remotes[name]
+    for factory in factories.values():
+        if isinstance(factory, RemotePeerFactory):
+            try:
+                factory.check()
+            except ChatappError as error:
+                where = f" (the bench reads it from ${ENV_BACKEND_KEY})" if "API key" in str(error) else ""
+                print(f"chatapp bench: peer {factory.name}: {error}{where}", file=sys.stderr)
+                return 2
     server = find_llama_server(args.llama_server)
     if args.llama_server and (server is None or not server.is_file()):
         print(
@@ -348,7 +387,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    if server is not None and (SERVER_PEER in peer_names or args.peers == ",".join([*PEERS, SERVE_PEER])):
+    if server is not None and (SERVER_PEER in peer_names or args.peers == ",".join(DEFAULT_PEERS)):
         factories[SERVER_PEER] = LlamaServerFactory(server, args.ram_budget_mib)
     elif server is None:
         print(SKIP_SERVER, file=sys.stderr)
@@ -400,11 +439,11 @@ def run(args: argparse.Namespace) -> int:
             "llama_cpp_python": llama_cpp.__version__,
             "elapsed_s": time.perf_counter() - started,
             "complete": complete,
-            "rss": "in-process VmRSS sampled every 10 ms (llama-server: plus its process's peak)",
+            "rss": "in-process VmRSS sampled every 10 ms (servers the bench starts: plus their process's peak)",
             "ttft": (
                 "Llama peers: create_completion call to first streamed chunk; chatapp: engine's figure from "
                 "submission to the first sampled token (chatapp+typed: plus any warm-up still running when Enter "
-                "is pressed)"
+                "is pressed); servers and remote peers: sending the request to the first streamed text"
             ),
             "between_requests": (
                 "B and D back to back; otherwise each peer settles off the clock (chatapp: the answer's "
@@ -431,7 +470,7 @@ def run(args: argparse.Namespace) -> int:
                         factory,
                         _settings_for(settings, workload),
                         workload,
-                        work / name / workload.name,
+                        work / _folder_name(name) / workload.name,
                         max_tokens,
                         _log,
                     )
@@ -501,6 +540,9 @@ def run(args: argparse.Namespace) -> int:
     if rows:
         print(table(rows))
         print(NOTES)
+        for item in runs:
+            if item.get("restart"):
+                print(f"{item['workload']} {item['peer']}: {item['restart']}")
     if lookup is not None or storage is not None:
         print()
         print(figures_table(lookup, storage))

@@ -12,7 +12,10 @@ new one on the same folder.
 
 from __future__ import annotations
 
+import http.client
+import os
 import sys
+import urllib.parse
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -22,6 +25,31 @@ from chatapp.benchmark.server_process import ServerPeerError, ServerProcessPeer,
 
 RUN_CLI = "import sys; from chatapp.cli import main; sys.exit(main(sys.argv[1:]))"
 MIB = 1 << 20
+ENV_API_KEY = "CHATAPP_API_KEY"  # what `chatapp serve` would require of every request
+
+
+def flush_server(base_url: str, api_key: str | None, timeout_s: float, who: str) -> bool:
+    """`POST /chatapp/flush`: wait until the server has stored every answer so far.
+
+    False when the server has no such route (llama-server: it stores nothing after an answer).
+    """
+    address = urllib.parse.urlsplit(base_url)
+    connection_class = http.client.HTTPSConnection if address.scheme == "https" else http.client.HTTPConnection
+    connection = connection_class(address.netloc, timeout=timeout_s)
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
+    try:
+        connection.request("POST", f"{address.path}/chatapp/flush", body=b"{}", headers=headers)
+        response = connection.getresponse()
+        detail = response.read().decode("utf-8", "replace").strip()[:200]
+    except OSError as error:
+        raise ServerPeerError(f"{who}: /chatapp/flush failed ({error})") from None
+    finally:
+        connection.close()
+    if response.status in (404, 405):
+        return False
+    if response.status != 200:
+        raise ServerPeerError(f"{who}: /chatapp/flush answered HTTP {response.status}: {detail}")
+    return True
 
 
 def write_settings(folder: Path, settings: PeerSettings) -> None:
@@ -64,12 +92,12 @@ class ChatappServePeer(ServerProcessPeer):
         ]
         self.model_id = settings.model_path.stem
         self.serving = f" (model {settings.model_path}, data folder {data})"
-        super().__init__(command, port)
+        # On loopback the server needs no key: one from $CHATAPP_API_KEY would lock the bench out.
+        env = {key: value for key, value in os.environ.items() if key != ENV_API_KEY}
+        super().__init__(command, port, env=env)
 
     def settle(self) -> None:
-        status, body = self._request("POST", "/chatapp/flush", b"{}", timeout=self.request_timeout_s)
-        if status != 200:
-            raise ServerPeerError(f"{self.name}: /chatapp/flush answered {status or 'nothing'}: {body[:200]}")
+        flush_server(self.base_url, None, self.request_timeout_s, self.name)
 
     def ask(self, prompt_tokens: Sequence[int], max_tokens: int) -> PeerAnswer:
         payload = {

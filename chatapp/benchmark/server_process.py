@@ -87,6 +87,10 @@ class ServerProcessPeer:
             self.close()
             raise
 
+    @property
+    def base_url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
     # -- life cycle -----------------------------------------------------------------------
 
     def _wait_healthy(self, timeout_s: float) -> None:

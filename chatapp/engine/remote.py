@@ -174,7 +174,7 @@ class _CompletionRequest(StreamedRequest):
         timings = final.get("timings") or {}
         stats = self.stats(
             len(self.handle.request.prompt_tokens),
-            int(timings.get("cache_n") or 0),
+            _reused(final, timings),
             reported=bool(final),
             generated=max(len(self._tokens), int(final.get("tokens_predicted") or 0)),
             prefill_ms=float(timings.get("prompt_ms") or 0.0),
@@ -199,6 +199,13 @@ class _CompletionRequest(StreamedRequest):
             log.info("the server's token ids do not spell its answer: the answer's text will be tokenized")
             return ()
         return tuple(ids)
+
+
+def _reused(final: dict[str, Any], timings: dict[str, Any]) -> int | None:
+    """What the server reused: none before its report (a cancel), None when its report does not say."""
+    if not final:
+        return 0
+    return int(timings["cache_n"]) if "cache_n" in timings else None
 
 
 def served_model_fingerprint(props: dict[str, Any]) -> str:

@@ -135,9 +135,10 @@ class _ChatRequest(StreamedRequest):
     def _result(self, reason: StopReason) -> GenerationResult:
         usage = self._usage
         details = usage.get("prompt_tokens_details") or {}
+        cached = details.get("cached_tokens")
         stats = self.stats(
             int(usage.get("prompt_tokens") or 0),
-            int(details.get("cached_tokens") or 0),
+            int(cached) if cached is not None else (None if usage else 0),
             reported=bool(usage),
             generated=int(usage.get("completion_tokens") or len(self.pieces)),
         )

@@ -216,12 +216,18 @@ class StreamedRequest:
             self.handle.emit(TokenText(text=text, token_id=-1))
 
     def stats(
-        self, prompt_tokens: int, reused: int, *, reported: bool, generated: int, prefill_ms: float = 0.0
+        self, prompt_tokens: int, reused: int | None, *, reported: bool, generated: int, prefill_ms: float = 0.0
     ) -> GenerationStats:
-        """The request's figures; what the server `reported` reusing goes out as the prompt's placement."""
+        """The request's figures; `reused` None when the server does not say (tier UNREPORTED).
+
+        What the server `reported` goes out as the prompt's placement.
+        """
         ended = time.perf_counter()
-        reused = max(0, min(reused, prompt_tokens))
-        tier = ReuseTier.SERVER if reused else ReuseTier.NONE
+        if reused is None:
+            reused, tier = 0, ReuseTier.UNREPORTED
+        else:
+            reused = max(0, min(reused, prompt_tokens))
+            tier = ReuseTier.SERVER if reused else ReuseTier.NONE
         if reported:
             self.handle.emit(PromptPlaced(reused, prompt_tokens, tier))
         first = self._first_text_at if self._first_text_at is not None else ended

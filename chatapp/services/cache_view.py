@@ -77,6 +77,10 @@ class CacheService:
             f"the cache is the server's at {server}; these figures are what its answers reported "
             "(prompt tokens it reused). Pins, prune and clear apply to a cache on this machine only."
         )
+        if figures.unreported:
+            memory += (
+                f" {figures.unreported:,} of this session's answers came without a figure: the server does not say."
+            )
         return CacheOverview(stats, True, [], list(figures.ttft_ms), None, memory, divergence, server=server)
 
     def pin_persona(self, persona: PersonaRecord) -> int:

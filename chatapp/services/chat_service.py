@@ -31,7 +31,7 @@ from chatapp.services.warmup import Prewarmer, draft_plan
 from chatapp.store.conversations import ConversationStore
 from chatapp.store.personas import PersonaStore
 from chatapp.store.pins import PinStore
-from chatapp.vocabulary import Role
+from chatapp.vocabulary import ReuseTier, Role
 
 NEW_TITLE = "New conversation"
 SETTINGS_KEY = "(F5)"
@@ -63,6 +63,7 @@ class SessionFigures:
     last_divergence: Divergence | None = None  # the last prompt that left an earlier one, and where
     prompt_tokens: int = 0
     reused_tokens: int = 0  # as the engine reported them (a remote server's own count)
+    unreported: int = 0  # answers whose server did not say what it reused
 
 
 class ChatService:
@@ -393,6 +394,7 @@ class ChatService:
         figures.ttft_ms.append(stats.ttft_ms)
         figures.prompt_tokens += stats.prompt_tokens
         figures.reused_tokens += stats.reused_tokens
+        figures.unreported += stats.reuse_tier is ReuseTier.UNREPORTED
 
     def _root_document(self, root: MessageRecord) -> Document | None:
         return as_document(self.conversations.get_document(root.document_id)) if root.document_id else None

@@ -58,7 +58,7 @@ class ChatApp(App[None]):
         if not self.service.ready:  # the app is closing: the service closed the model again
             return
         for notice in self.service.startup_notices():
-            self.notify(notice, title="KV cache", severity="warning", timeout=15)
+            self.notify(notice, title="Engine and cache", severity="warning", timeout=15)
         self.main_screen.engine_ready(self.service.model_label())
 
     def _engine_failed(self, reason: str) -> None:

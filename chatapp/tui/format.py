@@ -24,8 +24,10 @@ STATUS_NOTES = {
 def reuse_text(stats: dict[str, Any]) -> str:
     """'reused 2,000 of 2,210 prompt tokens from disk'."""
     reused, prompt = int(stats.get("reused_tokens", 0)), int(stats.get("prompt_tokens", 0))
-    text = f"reused {reused:,} of {prompt:,} prompt tokens"
     tier = stats.get("reuse_tier", ReuseTier.NONE)
+    if tier == ReuseTier.UNREPORTED:
+        return f"{prompt:,} prompt tokens; the server does not say what it reused"
+    text = f"reused {reused:,} of {prompt:,} prompt tokens"
     return text + (f" from {TIER_NAMES.get(tier, tier)}" if reused else "")
 
 
@@ -60,5 +62,8 @@ def speed_fields(stats: dict[str, Any]) -> tuple[str, ...]:
         fields.append(f"{float(stats['decode_tokens_per_s']):.1f} tok/s")
     reused, prompt = int(stats.get("reused_tokens", 0)), int(stats.get("prompt_tokens", 0))
     tier = stats.get("reuse_tier", ReuseTier.NONE)
-    fields.append(f"cache {reused:,}/{prompt:,}" + (f" from {SHORT_TIER_NAMES.get(tier, tier)}" if reused else ""))
+    if tier == ReuseTier.UNREPORTED:
+        fields.append("cache not reported")
+    else:
+        fields.append(f"cache {reused:,}/{prompt:,}" + (f" from {SHORT_TIER_NAMES.get(tier, tier)}" if reused else ""))
     return tuple(fields)

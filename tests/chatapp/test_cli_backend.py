@@ -14,7 +14,7 @@ from chatapp.engine.remote import served_model_fingerprint
 from chatapp.engine.remote_chat import RemoteChatEngine
 from chatapp.engine.remote_http import RemoteClient
 from chatapp.services import startup
-from tests.server_support import SYSTEM_PROMPT, Backend
+from tests.server_support import SYSTEM_PROMPT, Backend, dying_mid_answer
 
 pytestmark = pytest.mark.slow
 QUICK = ["--max-tokens", "8", "--temperature", "0"]
@@ -77,3 +77,16 @@ def test_ask_on_a_server_that_builds_its_own_prompts_says_so(
     assert record["reused_tokens"] + record["computed_tokens"] == record["prompt_tokens"] > 0
     assert f"chatapp: warning: the engine at {backend.url} builds its own prompts" in captured.err
     assert captured.err.count("\n") == 1
+
+
+def test_a_backend_dying_mid_answer_keeps_what_was_printed_and_is_one_line(
+    data_dir: Path, capsys: pytest.CaptureFixture[str], backend: Backend
+) -> None:
+    args = ["ask", "Tell me a long story about a lighthouse keeper.", "--max-tokens", "40"]
+    with dying_mid_answer(backend):
+        code = main([*args, "--backend", backend.url, "--backend-key", backend.key])
+    captured = capsys.readouterr()
+    assert code == 2
+    assert captured.out.strip(), "the answer's beginning was printed before the server died"
+    assert captured.err.count("\n") == 1
+    assert captured.err.startswith(f"chatapp: error: the connection to the engine at {backend.url} broke")

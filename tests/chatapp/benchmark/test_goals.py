@@ -97,3 +97,29 @@ def test_goals_whose_peers_did_not_run_are_left_out() -> None:
     )
     assert "B" in table
     assert "MISSED" in table
+
+
+def test_the_remote_engine_is_judged_against_the_in_process_peer_on_a_c_and_e() -> None:
+    def computed(run_: dict[str, Any], tokens: list[int]) -> dict[str, Any]:
+        for request, count in zip(run_["requests"], tokens, strict=True):
+            request["computed_tokens"] = count
+        return run_
+
+    runs = [
+        computed(run("A", "chatapp", [100, 200, 300]), [50, 5, 5]),
+        computed(run("A", "chatapp-remote", [110, 220, 300]), [50, 5, 5]),
+        computed(run("E", "chatapp", [100, 100], after_restart=1), [50, 5]),
+        computed(run("E", "chatapp-remote", [130, 130], after_restart=1), [50, 9]),
+        computed(run("E", "no-cache", [1000, 1000], after_restart=1), [50, 50]),
+        computed(run("E", "remote:gpu-box:8080", [1, 1], after_restart=1), [50, 5]),
+        computed(run("B", "chatapp", [100]), [5]),
+        computed(run("B", "chatapp-remote", [900]), [5]),
+    ]
+    found = verdicts_by_measure(runs)
+    assert found["A median TTFT, chatapp-remote / in-process"] == pytest.approx((1.1, True))
+    assert found["A requests computing the same tokens, chatapp-remote"] == pytest.approx((1.0, True))
+    assert found["E median TTFT, chatapp-remote / in-process"] == pytest.approx((1.3, False))
+    assert found["E requests computing the same tokens, chatapp-remote"] == pytest.approx((0.5, False))
+    assert not [measure for measure in found if measure.startswith("B") and "remote" in measure]
+    # A server the bench did not restart is no other cache after a restart.
+    assert found["E TTFT after restart, fastest other peer / chatapp"] == pytest.approx((10.0, True))

@@ -6,12 +6,14 @@ import json
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from chatapp.benchmark import runner
 from chatapp.benchmark.memory import RssSampler
 from chatapp.benchmark.peers import PEERS, NoCachePeer, PeerAnswer, PeerSettings
+from chatapp.benchmark.remote_peer import ENV_BACKEND_KEY
 from chatapp.benchmark.workloads import Request
 
 
@@ -171,6 +173,67 @@ def test_allow_mismatch_reports_without_failing(
     monkeypatch.setitem(PEERS, "wrong", WrongPeer)
     assert runner.main(argv(tiny_model, tmp_path, "no-cache,wrong", "A", "--allow-mismatch")) == 0
     assert "warning: 1 answer(s) differ" in capsys.readouterr().out
+
+
+def runs_by_peer(out: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    saved = json.loads((out / "bench.json").read_text())
+    return saved, {run["peer"]: run for run in saved["runs"]}
+
+
+def answers_and_work(run: dict[str, Any]) -> list[tuple[str, int, bool]]:
+    return [(request["text"], request["computed_tokens"], request["after_restart"]) for request in run["requests"]]
+
+
+@pytest.mark.slow
+def test_chatapp_through_its_remote_engine_in_front_of_chatapp_serve_does_the_same_work(
+    tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert runner.main(argv(tiny_model, tmp_path, "chatapp,chatapp-remote", "E")) == 0
+    saved, runs = runs_by_peer(tmp_path)
+    assert saved["mismatches"] == []
+    # The same answers and the same prompt tokens computed, before and after the server's restart.
+    assert answers_and_work(runs["chatapp-remote"]) == answers_and_work(runs["chatapp"])
+    assert any(request["after_restart"] for request in runs["chatapp-remote"]["requests"])
+    assert "restart" not in runs["chatapp-remote"]  # the bench started the server: it restarted it
+    goals = {goal["measure"]: goal for goal in saved["goals"]}
+    assert goals["median TTFT, chatapp-remote / in-process"]["value"] > 0
+    assert goals["requests computing the same tokens, chatapp-remote"]["met"]
+
+
+@pytest.mark.slow
+def test_a_remote_url_peer_uses_a_server_already_running_with_its_key(
+    tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.server_support import running_server
+
+    monkeypatch.delenv(ENV_BACKEND_KEY, raising=False)
+    with running_server(tmp_path / "server", tiny_model, api_key="sekret", context_cap=512, sequences=2) as server:
+        peers = f"chatapp,remote:{server.url}"
+        assert runner.main(argv(tiny_model, tmp_path / "keyless", peers, "E")) == 2
+        err = capsys.readouterr().err
+        assert "refused the API key" in err
+        assert f"${ENV_BACKEND_KEY}" in err
+        monkeypatch.setenv(ENV_BACKEND_KEY, "sekret")  # also on /chatapp/flush, where settle waits for the store
+        assert runner.main(argv(tiny_model, tmp_path / "out", peers, "E")) == 0
+    out = capsys.readouterr().out
+    saved, runs = runs_by_peer(tmp_path / "out")
+    name = f"remote:127.0.0.1:{server.port}"
+    assert saved["mismatches"] == []
+    assert [request["text"] for request in runs[name]["requests"]] == [
+        request["text"] for request in runs["chatapp"]["requests"]
+    ]
+    assert "not restarted" in runs[name]["restart"]
+    assert f"E {name}: reconnected only" in out
+
+
+def test_a_remote_peer_that_is_not_a_url_is_refused_with_the_fix(
+    tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert runner.main(argv(tiny_model, tmp_path, "chatapp,remote:localhost:8080")) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err
+    assert err.startswith("chatapp bench: --peers remote:localhost:8080:")
+    assert "remote:http://127.0.0.1:8080" in err
 
 
 def test_unknown_names_are_refused(tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -8,7 +8,9 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.server_support import SYSTEM_PROMPT, Backend, RunningServer, running_server
+from chatapp.benchmark.server_process import free_port
+from chatapp.cli import main
+from tests.server_support import SYSTEM_PROMPT, Backend, RunningServer, dying_mid_answer, running_server
 
 pytestmark = pytest.mark.slow
 
@@ -48,3 +50,35 @@ def test_a_front_server_answers_from_the_backend_and_reports_its_cached_tokens(
     # backend's cache held the whole first exchange.
     assert first.usage is not None
     assert usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens
+
+
+def test_a_backend_dying_mid_answer_ends_the_clients_stream_with_an_error_and_the_next_request_works(
+    front: RunningServer, backend: Backend
+) -> None:
+    question = [{"role": "user", "content": "Tell me a long story about a lighthouse keeper."}]
+    with openai.OpenAI(base_url=f"{front.url}/v1", api_key="unused", max_retries=0, timeout=300) as client:
+        model = client.models.list().data[0].id
+        received: list[object] = []
+        with dying_mid_answer(backend):
+            stream = client.chat.completions.create(model=model, messages=question, max_tokens=40, stream=True)
+            with pytest.raises(openai.APIError) as raised:
+                received.extend(stream)
+        assert "the answer failed" in str(raised.value)
+        assert "broke" in str(raised.value)
+        assert received, "what came before the cut reached the client"
+        again = client.chat.completions.create(model=model, messages=question, max_tokens=8, temperature=0)
+        assert again.choices[0].message.content
+
+
+@pytest.mark.parametrize(
+    ("wrong", "expected"),
+    [("key", "refused the API key (HTTP 401); set --backend-key"), ("address", "cannot reach the engine at")],
+)
+def test_serve_with_a_wrong_key_or_an_unreachable_backend_is_one_line_and_exit_2(
+    data_dir: Path, capsys: pytest.CaptureFixture[str], backend: Backend, wrong: str, expected: str
+) -> None:
+    url, key = (backend.url, "wrong") if wrong == "key" else (f"http://127.0.0.1:{free_port()}", "unused")
+    assert main(["serve", "--port", str(free_port()), "--backend", url, "--backend-key", key]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("chatapp: error")]
+    assert len(errors) == 1
+    assert expected in errors[0]
