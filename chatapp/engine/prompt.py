@@ -53,6 +53,14 @@ class ChatMessage:
     def content(self) -> str:
         return "".join(self.parts)
 
+    @property
+    def known_ids(self) -> tuple[int, ...] | None:
+        """The generated ids to use: none for a text means the engine could not vouch for them (a chat API,
+        ids that did not spell the answer), so the text is tokenized rather than the answer left out."""
+        if self.generated_ids is not None and not self.generated_ids and self.content:
+            return None
+        return self.generated_ids
+
     def as_template_input(self) -> dict[str, str]:
         return {"role": self.role.value, "content": self.content}
 
@@ -134,12 +142,11 @@ class PromptBuilder:
         )
         prefix, sentinel, suffix = sentinel_segment.partition(CONTENT_SENTINEL)
         found = bool(sentinel) and CONTENT_SENTINEL not in suffix
-        if message.generated_ids is not None:
+        ids = message.known_ids
+        if ids is not None:
             closing = suffix if found else ""
             return (
-                self._template_tokens(self.generation_header_text(history))
-                + list(message.generated_ids)
-                + self._template_tokens(closing)
+                self._template_tokens(self.generation_header_text(history)) + list(ids) + self._template_tokens(closing)
             )
         actual_segment = self._segment(before, history, message)
         if found and actual_segment == prefix + message.content + suffix:
@@ -159,7 +166,7 @@ class PromptBuilder:
 
     def _open_message_tokens(self, history: list[ChatMessage], message: ChatMessage) -> list[int]:
         """`message`'s header and content as they will be once more text follows it (no closing)."""
-        if message.generated_ids is not None:
+        if message.known_ids is not None:
             return self.message_tokens(history, message)  # an answer is complete: nothing to draft
         before = self._render_history(history)
         probe = self._segment(before, history, replace(message, parts=(CONTENT_SENTINEL,)))

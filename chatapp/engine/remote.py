@@ -80,14 +80,13 @@ class RemoteEngine(HttpEngine):
         The client is this engine's from here on: closed with it, or at once if this fails.
         """
         super().__init__(client)
-        self._client = client
         try:
             bos_text, eos_text = str(props.get("bos_token") or ""), str(props.get("eos_token") or "")
-            self._vocabulary = RemoteVocabulary(self._client, bos_text, eos_text)
+            self._vocabulary = RemoteVocabulary(self.client, bos_text, eos_text)
             template = ChatTemplate(str(props.get("chat_template") or FALLBACK_CHATML), bos_text, eos_text)
             self.prompt_builder = PromptBuilder(template, self._vocabulary)
         except BaseException:
-            self._client.close()
+            self.client.close()
             raise
         settings = props.get("default_generation_settings") or {}
         n_ctx = int(settings.get("n_ctx") or props.get("n_ctx") or 0)

@@ -53,7 +53,7 @@ def as_document(record: DocumentRecord | None) -> Document | None:
 
 def branch_turns(path: list[MessageRecord]) -> list[Turn]:
     """The turns of a branch (root excluded), answers with their saved token ids."""
-    return [Turn(record.role, record.content, record.generated_ids or None) for record in path]
+    return [Turn(record.role, record.content, record.generated_ids) for record in path]
 
 
 def prompt_messages(root: MessageRecord, document: Document | None, path: list[MessageRecord]) -> list[ChatMessage]:

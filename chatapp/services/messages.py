@@ -52,7 +52,7 @@ def conversation_messages(persona: str | None, document: Document | None, turns:
             messages.append(question_message(turn.text, carries_document))
             carries_document = None
         elif turn.role is Role.ASSISTANT:
-            messages.append(ChatMessage(role=Role.ASSISTANT, parts=(turn.text,), generated_ids=_spelling_ids(turn)))
+            messages.append(ChatMessage(role=Role.ASSISTANT, parts=(turn.text,), generated_ids=turn.generated_ids))
         else:
             messages.append(ChatMessage.of(turn.role, turn.text))
     return messages
@@ -63,14 +63,3 @@ def next_question_parts(document: Document | None, turns: Sequence[Turn]) -> tup
     if document is None or any(turn.role is Role.USER for turn in turns):
         return ()
     return (document_block(document),)
-
-
-def _spelling_ids(answer: Turn) -> tuple[int, ...] | None:
-    """The answer's ids, unless they cannot spell it (none for a text): then its text is tokenized.
-
-    An engine that could not vouch for its ids reports none; taken as the answer's tokens they
-    would leave the answer out of every later prompt.
-    """
-    if answer.generated_ids is not None and not answer.generated_ids and answer.text:
-        return None
-    return answer.generated_ids
