@@ -43,3 +43,7 @@ class StoreError(ChatappError):
 
 class PersonaError(ChatappError):
     """A persona is unknown, has a bad name, or its file cannot be read or parsed."""
+
+
+class GrammarError(ChatappError):
+    """An answer's grammar could not be built (a schema it cannot express, or llama.cpp refused it)."""

@@ -20,6 +20,7 @@ class Role(StrEnum):
     SYSTEM = "system"
     USER = "user"
     ASSISTANT = "assistant"
+    TOOL = "tool"  # what tools returned to an agent's calls (the API only)
 
 
 class StopReason(StrEnum):

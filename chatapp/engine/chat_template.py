@@ -7,6 +7,7 @@ a sandbox: a model file is input, and its template must not reach the Python run
 from __future__ import annotations
 
 import datetime
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,14 @@ class TemplateRenderError(ChatappError):
 REFUSED = "the model's chat template refused this conversation ({}); start a new branch or use another model"
 
 
+def _tojson(value: Any, indent: int | None = None, separators: Any = None, sort_keys: bool = False) -> str:
+    """JSON as Hugging Face renders it for templates (Jinja's own escapes `<` and sorts keys).
+
+    Models were trained on that text: tools and call arguments must read the same here.
+    """
+    return json.dumps(value, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
 def _raise_exception(message: str) -> None:
     raise TemplateRenderError(REFUSED.format(message))
 
@@ -51,20 +60,25 @@ class ChatTemplate:
         environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, loader=None)
         environment.globals["raise_exception"] = _raise_exception
         environment.globals["strftime_now"] = self.today.strftime
+        environment.filters["tojson"] = _tojson
         try:
             compiled = environment.from_string(self.source)
         except jinja2.TemplateError as error:
             raise ModelError(f"the model's chat template does not compile ({error}); use another GGUF file") from None
         object.__setattr__(self, "_compiled", compiled)
 
-    def render(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool) -> str:
-        """The template's text for `messages`; TemplateRenderError when it refuses them."""
+    def render(
+        self, messages: list[dict[str, Any]], *, add_generation_prompt: bool, tools: list[dict[str, Any]] | None = None
+    ) -> str:
+        """The template's text for `messages` (and `tools`, when given); TemplateRenderError when it refuses them."""
+        extra = {"tools": tools} if tools else {}
         try:
             return self._compiled.render(
                 messages=messages,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token,
                 eos_token=self.eos_token,
+                **extra,
             )
         except TemplateRenderError:
             raise

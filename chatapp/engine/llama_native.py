@@ -9,18 +9,21 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import re
 import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import llama_cpp
 import numpy as np
 
 from cache.state_format import MemoryKind
+from chatapp.engine.grammar import Grammar
 from chatapp.engine.requests import SamplingParams
-from chatapp.errors import ModelError
+from chatapp.errors import GrammarError, ModelError
 
 llama_logger = logging.getLogger("chatapp.llama")
 # ggml_log_level in the llama.cpp this package pins: NONE, DEBUG, INFO, WARN, ERROR, CONT (5).
@@ -315,11 +318,13 @@ class NativeContext:
 
 
 class NativeSampler:
-    """A llama.cpp sampler chain built from `SamplingParams`."""
+    """A llama.cpp sampler chain built from `SamplingParams` (a grammar first: it only masks tokens)."""
 
-    def __init__(self, params: SamplingParams) -> None:
+    def __init__(self, params: SamplingParams, model: NativeModel) -> None:
         chain_params = llama_cpp.llama_sampler_chain_default_params()
         self.pointer = llama_cpp.llama_sampler_chain_init(chain_params)
+        if params.grammar is not None:
+            llama_cpp.llama_sampler_chain_add(self.pointer, _grammar_sampler(params.grammar, model))
         if params.temperature <= 0:
             llama_cpp.llama_sampler_chain_add(self.pointer, llama_cpp.llama_sampler_init_greedy())
             return
@@ -337,3 +342,21 @@ class NativeSampler:
         if self.pointer:
             llama_cpp.llama_sampler_free(self.pointer)
             self.pointer = None
+
+
+def _grammar_sampler(grammar: Grammar, model: NativeModel) -> Any:
+    """llama.cpp's grammar sampler; lazy (waiting for a trigger text) when the grammar has triggers."""
+    text, root = grammar.gbnf.encode("utf-8"), grammar.root.encode("utf-8")
+    if grammar.triggers:
+        # A trigger pattern must match all the text so far; the grammar takes it from the group on.
+        patterns = [f"[\\s\\S]*?({re.escape(trigger)})[\\s\\S]*".encode() for trigger in grammar.triggers]
+        pattern_array = (ctypes.c_char_p * len(patterns))(*patterns)
+        no_tokens = (llama_cpp.llama_token * 0)()
+        pointer = llama_cpp.llama_sampler_init_grammar_lazy_patterns(
+            model.vocab, text, root, pattern_array, len(patterns), no_tokens, 0
+        )
+    else:
+        pointer = llama_cpp.llama_sampler_init_grammar(model.vocab, text, root)
+    if not pointer:
+        raise GrammarError(f"llama.cpp refused the answer's grammar ({last_llama_problem()})")
+    return pointer

@@ -22,9 +22,11 @@ import logging
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, replace
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from chatapp.engine.chat_template import FALLBACK_CHATML, ChatTemplate, TemplateRenderError
+from chatapp.engine.tool_formats import HERMES, PROBE_TOOL, HermesToolFormat, native_format
+from chatapp.tools import ToolCall, ToolResult, ToolSpec
 from chatapp.vocabulary import Role
 
 log = logging.getLogger(__name__)
@@ -35,15 +37,22 @@ MEMO_ENTRIES = 16
 LONG_TEXT_CHARACTERS = 2000
 # Stands in for a message's content to find where the template puts it.
 CONTENT_SENTINEL = "\x00chatapp-content\x00"
+TOOL_BUILDERS = 8  # builders kept for the tool sets seen last (agents send the same tools every time)
 
 
 @dataclass(frozen=True)
 class ChatMessage:
-    """One message. `parts` are tokenized separately; `generated_ids` are the model's own tokens."""
+    """One message. `parts` are tokenized separately; `generated_ids` are the model's own tokens.
+
+    An assistant message may hold the `tool_calls` it made; a TOOL message holds the `results`
+    of consecutive calls, since templates render a run of results together.
+    """
 
     role: Role
     parts: tuple[str, ...]
     generated_ids: tuple[int, ...] | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    results: tuple[ToolResult, ...] = ()
 
     @classmethod
     def of(cls, role: Role, *parts: str) -> ChatMessage:
@@ -61,8 +70,14 @@ class ChatMessage:
             return None
         return self.generated_ids
 
-    def as_template_input(self) -> dict[str, str]:
-        return {"role": self.role.value, "content": self.content}
+    def template_inputs(self) -> list[dict[str, Any]]:
+        """The template's messages for this one (a TOOL message: one per result)."""
+        if self.role is Role.TOOL:
+            return [result.template_input(result.content) for result in self.results]
+        message: dict[str, Any] = {"role": self.role.value, "content": self.content}
+        if self.tool_calls:
+            message["tool_calls"] = [call.template_input() for call in self.tool_calls]
+        return [message]
 
 
 class Tokenizer(Protocol):
@@ -98,13 +113,32 @@ class PromptBuilder:
         )
         return cls(template, vocabulary)
 
-    def __init__(self, template: ChatTemplate, tokenizer: Tokenizer) -> None:
+    def __init__(self, template: ChatTemplate, tokenizer: Tokenizer, tools: tuple[ToolSpec, ...] = ()) -> None:
         self.template = template
         self.tokenizer = tokenizer
+        self.tools = tools  # offered to the model in every prompt this builder makes
         self._history_memo: OrderedDict[tuple[ChatMessage, ...], tuple[int, ...]] = OrderedDict()
         self._text_memo: OrderedDict[str, tuple[int, ...]] = OrderedDict()
         self._memo_lock = threading.Lock()  # the answer and warm-up workers build prompts at once
+        self._tool_builders: OrderedDict[tuple[ToolSpec, ...], PromptBuilder] = OrderedDict()
         self.supports_system = self._accepts_system_messages()
+        native = native_format(template.source, self._renders_tools())
+        self.native_tools = native is not None
+        self.tool_format: HermesToolFormat = native or HERMES
+
+    def with_tools(self, tools: tuple[ToolSpec, ...]) -> PromptBuilder:
+        """A builder whose prompts offer `tools` (in the template's own way, or taught in the system prompt)."""
+        if tools == self.tools:
+            return self
+        with self._memo_lock:
+            known = self._tool_builders.get(tools)
+            if known is None:
+                known = PromptBuilder(self.template, self.tokenizer, tools)
+                self._tool_builders[tools] = known
+            self._tool_builders.move_to_end(tools)
+            while len(self._tool_builders) > TOOL_BUILDERS:
+                self._tool_builders.popitem(last=False)
+        return known
 
     def close(self) -> None:
         """Free the vocabulary when it has something to free (a model loaded for this builder alone)."""
@@ -114,7 +148,7 @@ class PromptBuilder:
 
     def build(self, messages: list[ChatMessage], *, add_generation_prompt: bool = True) -> list[int]:
         """The prompt tokens for `messages`, ending with the assistant header when asked."""
-        messages = self._fold_system_messages(messages)
+        messages = self._prepared(messages)
         tokens = self._history_tokens(messages) if messages else []
         if add_generation_prompt:
             tokens += self._template_tokens(self.generation_header_text(messages))
@@ -130,15 +164,18 @@ class PromptBuilder:
         e.g. trimmed at the start only). With a non-empty last part only all but the last
         token is expected to stay (the tokenizer may merge it with what is typed next).
         """
-        folded = self._fold_system_messages([*messages, draft])
+        folded = self._prepared([*messages, draft])
         history, last = folded[:-1], folded[-1]
         return self._with_bos(self._history_tokens(history) + self._open_message_tokens(history, last))
 
     def message_tokens(self, history: list[ChatMessage], message: ChatMessage) -> list[int]:
         """The tokens `message` adds after `history` (BOS aside)."""
         before = self._render_history(history)
+        if message.results:
+            return self._results_tokens(before, history, message)
+        # Known ids spell the calls too: the probe finds the closing text after plain content.
         sentinel_segment = self._segment(
-            before, history, replace(message, parts=(CONTENT_SENTINEL,), generated_ids=None)
+            before, history, replace(message, parts=(CONTENT_SENTINEL,), generated_ids=None, tool_calls=())
         )
         prefix, sentinel, suffix = sentinel_segment.partition(CONTENT_SENTINEL)
         found = bool(sentinel) and CONTENT_SENTINEL not in suffix
@@ -185,7 +222,7 @@ class PromptBuilder:
     def generation_header_text(self, history: list[ChatMessage]) -> str:
         """What the template appends to `history` to ask for an assistant answer."""
         without = self._render_history(history)
-        with_header = self.template.render([m.as_template_input() for m in history], add_generation_prompt=True)
+        with_header = self._render(history, add_generation_prompt=True)
         if with_header.startswith(without):
             return with_header[len(without) :]
         log.warning("chat template's generation prompt does not extend the history; using the assistant prefix")
@@ -201,6 +238,41 @@ class PromptBuilder:
             return False
         return True
 
+    def _renders_tools(self) -> bool:
+        """Whether the template shows the model the tools it is given (many have no tools at all)."""
+        probe = [{"role": Role.USER.value, "content": "u"}]
+        try:
+            rendered = self.template.render(probe, add_generation_prompt=True, tools=[PROBE_TOOL.template_input()])
+        except TemplateRenderError:
+            return False
+        return PROBE_TOOL.name in rendered
+
+    def _prepared(self, messages: list[ChatMessage]) -> list[ChatMessage]:
+        """The messages the template is given: tools taught in the system prompt if it has none; system folded."""
+        if not self.native_tools:
+            messages = self._tools_as_text(messages)
+        return self._fold_system_messages(messages)
+
+    def _tools_as_text(self, messages: list[ChatMessage]) -> list[ChatMessage]:
+        """For a template without tools: the format taught after the persona, calls and results written out."""
+        form = self.tool_format
+        written = []
+        for message in messages:
+            if message.role is Role.TOOL:
+                message = ChatMessage(Role.USER, (form.results_text(message.results),))
+            elif message.tool_calls:
+                calls = "\n".join(form.call_text(call) for call in message.tool_calls)
+                lead = message.content + "\n" if message.content else ""
+                message = replace(message, parts=(lead + calls,), tool_calls=())
+            written.append(message)
+        if not self.tools:
+            return written
+        teaching = form.instructions(self.tools)
+        if written and written[0].role is Role.SYSTEM:
+            persona = written[0]  # a part of its own: the persona's tokens stay those of a request without tools
+            return [replace(persona, parts=(*persona.parts, "\n\n" + teaching)), *written[1:]]
+        return [ChatMessage.of(Role.SYSTEM, teaching), *written]
+
     def _fold_system_messages(self, messages: list[ChatMessage]) -> list[ChatMessage]:
         """Without a system role, the persona becomes the first part of the first user message."""
         if self.supports_system or not messages or messages[0].role != Role.SYSTEM:
@@ -212,8 +284,10 @@ class PromptBuilder:
         return [ChatMessage.of(Role.USER, persona.content), *rest]
 
     def _render_history(self, history: list[ChatMessage]) -> str:
+        if not history and self.tools and self.native_tools:
+            return ""  # what a template prints for tools alone it prints inside the first message
         try:
-            return self.template.render([m.as_template_input() for m in history], add_generation_prompt=False)
+            return self._render(history, add_generation_prompt=False)
         except TemplateRenderError:
             if history:
                 raise
@@ -221,15 +295,44 @@ class PromptBuilder:
 
     def _segment(self, before: str, history: list[ChatMessage], message: ChatMessage) -> str:
         """The text the template adds for `message` after `history` (rendered as `before`)."""
-        after = self.template.render([m.as_template_input() for m in [*history, message]], add_generation_prompt=False)
+        after = self._render([*history, message], add_generation_prompt=False)
         if after.startswith(before):
             return after[len(before) :]
         # The template rewrites earlier text when a message is added; the prompt must not
         # change behind us, so render the message on its own instead.
         log.warning("chat template is not prefix-stable for a %s message; rendering it alone", message.role)
-        alone = self.template.render([message.as_template_input()], add_generation_prompt=False)
+        alone = self._render([message], add_generation_prompt=False)
         empty = self._render_history([])
         return alone[len(empty) :] if alone.startswith(empty) else alone
+
+    def _render(self, messages: list[ChatMessage], *, add_generation_prompt: bool) -> str:
+        inputs = [item for message in messages for item in message.template_inputs()]
+        if self.tools and self.native_tools:
+            tools = [tool.template_input() for tool in self.tools]
+            return self.template.render(inputs, add_generation_prompt=add_generation_prompt, tools=tools)
+        return self.template.render(inputs, add_generation_prompt=add_generation_prompt)
+
+    def _results_tokens(self, before: str, history: list[ChatMessage], message: ChatMessage) -> list[int]:
+        """Tool results as the template writes them: its text parsed for special tokens, each result's not."""
+        sentinels = [f"\x00chatapp-result-{index}\x00" for index in range(len(message.results))]
+        probe = replace(
+            message,
+            results=tuple(
+                replace(result, content=mark) for result, mark in zip(message.results, sentinels, strict=True)
+            ),
+        )
+        segment = self._segment(before, history, probe)
+        pieces: list[str] = []
+        rest = segment
+        for mark in sentinels:
+            head, found, rest = rest.partition(mark)
+            if not found:
+                return self._template_tokens(self._segment(before, history, message))
+            pieces.append(head)
+        tokens: list[int] = []
+        for head, result in zip(pieces, message.results, strict=True):
+            tokens += self._template_tokens(head) + self._content_tokens(result.content)
+        return tokens + self._template_tokens(rest)
 
     def _history_tokens(self, messages: list[ChatMessage]) -> list[int]:
         """What the template prints before any message (often the BOS text), then each message.

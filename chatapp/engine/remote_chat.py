@@ -100,7 +100,7 @@ class _ChatRequest(StreamedRequest):
     def _body(self) -> dict[str, Any]:
         return {
             "model": self.engine.model,
-            "messages": [message.as_template_input() for message in self.handle.request.messages],
+            "messages": [item for message in self.handle.request.messages for item in message.template_inputs()],
             "stream_options": {"include_usage": True},
             **self.sampling_fields("max_tokens"),
         }

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from chatapp.engine.grammar import Grammar
 from chatapp.engine.prompt import ChatMessage
 
 
@@ -19,6 +20,7 @@ class SamplingParams:
     top_p: float = 0.95
     seed: int | None = None
     max_tokens: int = 512
+    grammar: Grammar | None = None
 
 
 @dataclass(frozen=True)

@@ -214,7 +214,7 @@ class Runner:
         tokens = live.tokens
         limit = self.context.shape.n_ctx_per_sequence
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        sampler = NativeSampler(request.sampling)
+        sampler = NativeSampler(request.sampling, self.model)
         first_token_at: float | None = None
         stop_reason = StopReason.CANCELLED
         try:

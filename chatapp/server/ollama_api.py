@@ -27,11 +27,11 @@ from chatapp.server.schemas import (
     OllamaBase,
     OllamaChatBody,
     OllamaGenerateBody,
-    checked_message,
     checked_stop,
     refuse_unsupported,
 )
-from chatapp.services.completions import CompletionOutcome
+from chatapp.server.tool_fields import chat_message, ollama_call, ollama_shape
+from chatapp.services.completions import ApiMessage, CompletionOutcome
 from chatapp.services.serving import SamplingOptions
 from chatapp.services.streams import AnswerText
 from chatapp.vocabulary import Role
@@ -123,12 +123,13 @@ async def chat(request: Request) -> Response:
     options, stop = _checked(context, body)
     if not body.messages:
         raise ApiError(400, "messages is empty; send at least one user message", param="messages")
+    shape = ollama_shape(body.fields_sent())
     messages = [
-        checked_message(index, message.role, message.content, message.fields_sent(), OLLAMA_UNSUPPORTED)
+        chat_message(index, message.role, message.content or "", message.fields_sent(), OLLAMA_UNSUPPORTED)
         for index, message in enumerate(body.messages)
     ]
     serving = context.serving
-    answer = Answer(context, await start(lambda: serving.chat(messages, options, stop)))
+    answer = Answer(context, await start(lambda: serving.chat(messages, options, stop, shape)))
     return await _respond(request, body, answer, chat=True)
 
 
@@ -143,8 +144,10 @@ async def generate(request: Request) -> Response:
     if body.raw:
         answer = Answer(context, await start(lambda: serving.complete(body.prompt, options, stop)))
     else:
-        messages = ([(Role.SYSTEM, body.system)] if body.system else []) + [(Role.USER, body.prompt)]
-        answer = Answer(context, await start(lambda: serving.chat(messages, options, stop)))
+        shape = ollama_shape({"format": body.fields_sent().get("format")})
+        persona = [ApiMessage(Role.SYSTEM, body.system)] if body.system else []
+        messages = [*persona, ApiMessage(Role.USER, body.prompt)]
+        answer = Answer(context, await start(lambda: serving.chat(messages, options, stop, shape)))
     return await _respond(request, body, answer, chat=False)
 
 
@@ -153,10 +156,13 @@ def _piece(model: str, text: str, chat: bool, done: bool) -> dict[str, Any]:
     return {"model": model, "created_at": _now(), **content, "done": done}
 
 
-def _final(model: str, outcome: CompletionOutcome, chat: bool, text: str) -> dict[str, Any]:
+def _final(model: str, outcome: CompletionOutcome, chat: bool, text: str, *, with_calls: bool) -> dict[str, Any]:
     usage = outcome.usage
+    final = _piece(model, text, chat, True)
+    if with_calls and outcome.tool_calls:
+        final["message"]["tool_calls"] = [ollama_call(call) for call in outcome.tool_calls]
     return {
-        **_piece(model, text, chat, True),
+        **final,
         "done_reason": finish_reason(outcome.stop_reason),
         "total_duration": int(usage.total_ms * NS_PER_MS),
         "load_duration": 0,
@@ -177,16 +183,28 @@ async def _respond(request: Request, body: OllamaBase, answer: Answer, *, chat: 
     outcome = await answer.to_end(request)
     if outcome is None:
         return Response(status_code=CLIENT_GONE)
-    return JSONResponse(_final(body.model, outcome, chat, outcome.text), headers=answer.final_headers(outcome))
+    final = _final(body.model, outcome, chat, outcome.text, with_calls=True)
+    return JSONResponse(final, headers=answer.final_headers(outcome))
 
 
 async def _lines(answer: Answer, model: str, chat: bool) -> AsyncIterator[str]:
+    """The answer as it comes (held back where a call may begin), then its calls, then the figures."""
+    shown = answer.feed.completion.streamed_content()
     try:
         async for event in answer.events():
             if isinstance(event, AnswerText) and event.text:
-                yield json.dumps(_piece(model, event.text, chat, False), ensure_ascii=False) + "\n"
+                text = shown.feed(event.text)
+                if text:
+                    yield json.dumps(_piece(model, text, chat, False), ensure_ascii=False) + "\n"
         outcome = answer.outcome()
     except Exception as error:  # the headers are sent: Ollama reports a failure as an error line
         yield json.dumps({"error": f"the answer failed ({type(error).__name__}: {error})"}) + "\n"
         return
-    yield json.dumps(_final(model, outcome, chat, ""), ensure_ascii=False) + "\n"
+    rest = shown.rest(answer.feed.completion.shaped_answer())
+    if rest:
+        yield json.dumps(_piece(model, rest, chat, False), ensure_ascii=False) + "\n"
+    if outcome.tool_calls:  # Ollama sends the calls in a message of their own before the end
+        calls = _piece(model, "", chat, False)
+        calls["message"]["tool_calls"] = [ollama_call(call) for call in outcome.tool_calls]
+        yield json.dumps(calls, ensure_ascii=False) + "\n"
+    yield json.dumps(_final(model, outcome, chat, "", with_calls=False), ensure_ascii=False) + "\n"

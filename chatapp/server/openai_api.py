@@ -25,10 +25,10 @@ from chatapp.server.schemas import (
     ChatCompletionBody,
     CompletionBody,
     OpenAISampling,
-    checked_message,
     checked_stop,
     refuse_unsupported,
 )
+from chatapp.server.tool_fields import chat_message, openai_call, openai_shape
 from chatapp.services.completions import CompletionOutcome, CompletionUsage
 from chatapp.services.serving import SamplingOptions
 from chatapp.services.streams import AnswerText
@@ -70,17 +70,19 @@ async def list_models(request: Request) -> dict[str, Any]:
 async def chat_completions(request: Request) -> Response:
     context = context_of(request)
     body = await read_body(request, ChatCompletionBody, context.body_limit_bytes)
-    refuse_unsupported(body.fields_sent(), OPENAI_UNSUPPORTED)
+    fields = body.fields_sent()
+    refuse_unsupported(fields, OPENAI_UNSUPPORTED)
     context.check_model(body.model)
+    shape = openai_shape(fields)
     messages = [
-        checked_message(index, message.role, message.text(index), message.fields_sent(), OPENAI_MESSAGE_UNSUPPORTED)
+        chat_message(index, message.role, message.text(index), message.fields_sent(), OPENAI_MESSAGE_UNSUPPORTED)
         for index, message in enumerate(body.messages)
     ]
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     options = _options(body, max_tokens)
     stop = checked_stop(body.stop, "stop")
     serving = context.serving
-    answer = Answer(context, await start(lambda: serving.chat(messages, options, stop)))
+    answer = Answer(context, await start(lambda: serving.chat(messages, options, stop, shape)))
     return await _respond(request, body, answer, "chat.completion", "chatcmpl")
 
 
@@ -124,9 +126,12 @@ async def _respond(request: Request, body: OpenAISampling, answer: Answer, kind:
     if outcome is None:
         return Response(status_code=CLIENT_GONE)
     usage = outcome.usage
-    choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason(outcome.stop_reason), "logprobs": None}
+    choice: dict[str, Any] = {"index": 0, "finish_reason": _finish(outcome), "logprobs": None}
     if chat:
         choice["message"] = {"role": "assistant", "content": outcome.text}
+        if outcome.tool_calls:
+            choice["message"]["content"] = outcome.text or None  # OpenAI's calls come with null content
+            choice["message"]["tool_calls"] = [openai_call(call) for call in outcome.tool_calls]
     else:
         choice["text"] = outcome.text
     payload = {
@@ -161,16 +166,29 @@ async def _chunks(
         def piece(text: str, finish: str | None) -> dict[str, Any]:
             return {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
 
+    shown = answer.feed.completion.streamed_content()
     try:
         async for event in answer.events():
             if isinstance(event, AnswerText) and event.text:
-                yield chunk([piece(event.text, None)])
+                text = shown.feed(event.text)
+                if text:
+                    yield chunk([piece(text, None)])
         outcome: CompletionOutcome = answer.outcome()
     except Exception as error:  # headers are sent: the error goes in the stream, as OpenAI does
         failure = {"message": f"the answer failed ({type(error).__name__}: {error})", "type": "server_error"}
         yield f"data: {json.dumps({'error': {**failure, 'param': None, 'code': None}})}\n\n"
         return
-    yield chunk([piece("", finish_reason(outcome.stop_reason))])
+    rest = shown.rest(answer.feed.completion.shaped_answer())
+    if rest:
+        yield chunk([piece(rest, None)])
+    for index, call in enumerate(outcome.tool_calls):  # a call's one delta carries its id, name and arguments
+        yield chunk([{"index": 0, "delta": {"tool_calls": [openai_call(call, index)]}, "finish_reason": None}])
+    yield chunk([piece("", _finish(outcome))])
     if include_usage:
         yield chunk([], usage=_usage(outcome.usage))
     yield "data: [DONE]\n\n"
+
+
+def _finish(outcome: CompletionOutcome) -> str:
+    """`finish_reason`: "tool_calls" when the answer made calls, else how it ended."""
+    return "tool_calls" if outcome.tool_calls else finish_reason(outcome.stop_reason)

@@ -2,8 +2,9 @@
 
 Fields the server does not know are ignored (clients send plenty that changes nothing, such
 as `user` or `keep_alive`); fields known to change the answer in a way it cannot honour
-(tools, several choices, log probabilities, penalties, images...) are refused with a 400 that
-names them, unless they hold the value that changes nothing.
+(several choices, log probabilities, penalties, images...) are refused with a 400 that
+names them, unless they hold the value that changes nothing. Tools and response formats are
+read in tool_fields.py.
 """
 
 from __future__ import annotations
@@ -18,7 +19,13 @@ from chatapp.vocabulary import Role
 MAX_STOP_STRINGS = 16
 SEED_LIMIT = 2**32
 
-ROLES = {"system": Role.SYSTEM, "developer": Role.SYSTEM, "user": Role.USER, "assistant": Role.ASSISTANT}
+ROLES = {
+    "system": Role.SYSTEM,
+    "developer": Role.SYSTEM,
+    "user": Role.USER,
+    "assistant": Role.ASSISTANT,
+    "tool": Role.TOOL,
+}
 
 
 def _unset(value: Any) -> bool:
@@ -29,25 +36,14 @@ def _is_one(value: Any) -> bool:
     return value is None or value == 1
 
 
-def _no_tool_choice(value: Any) -> bool:
-    return value is None or value == "none"
-
-
-def _text_format(value: Any) -> bool:
-    return value is None or value == "" or (isinstance(value, dict) and value.get("type") in (None, "text"))
-
-
 # name -> the values that change nothing (anything else is refused)
 OPENAI_UNSUPPORTED = {
     "n": _is_one,
     "best_of": _is_one,
-    "tools": _unset,
-    "functions": _unset,
-    "tool_choice": _no_tool_choice,
-    "function_call": _no_tool_choice,
+    "functions": _unset,  # the old form of tools: clients send `tools` now
+    "function_call": lambda value: value is None or value == "none",
     "logprobs": _unset,
     "top_logprobs": _unset,
-    "response_format": _text_format,
     "frequency_penalty": _unset,
     "presence_penalty": _unset,
     "logit_bias": _unset,
@@ -58,16 +54,13 @@ OPENAI_UNSUPPORTED = {
     "prediction": _unset,
     "reasoning_effort": _unset,
 }
-OPENAI_MESSAGE_UNSUPPORTED = {"tool_calls": _unset, "function_call": _unset, "audio": _unset}
+OPENAI_MESSAGE_UNSUPPORTED = {"function_call": _unset, "audio": _unset}
 OLLAMA_UNSUPPORTED = {
-    "tools": _unset,
-    "format": _unset,
     "images": _unset,
     "suffix": _unset,
     "template": _unset,
     "context": _unset,
     "think": _unset,
-    "tool_calls": _unset,
     "logprobs": _unset,
     "top_logprobs": _unset,
 }
@@ -100,21 +93,10 @@ def role_of(name: str, index: int) -> Role:
     if role is None:
         raise ApiError(
             400,
-            f"messages[{index}].role is {name!r}; use system, user or assistant (tool messages are not supported)",
+            f"messages[{index}].role is {name!r}; use system, user, assistant or tool",
             param=f"messages[{index}].role",
         )
     return role
-
-
-def checked_message(
-    index: int, role_name: str, text: str, fields: dict[str, Any], unsupported: dict[str, Any]
-) -> tuple[Role, str]:
-    """One chat message as (role, text): fields it cannot have, an unknown role or empty text are a 400."""
-    refuse_unsupported(fields, unsupported, prefix=f"messages[{index}].")
-    role = role_of(role_name, index)
-    if role is not Role.ASSISTANT and not text.strip():
-        raise ApiError(400, f"messages[{index}].content is empty; send some text", param=f"messages[{index}]")
-    return role, text
 
 
 def checked_stop(stop: str | list[str] | None, param: str) -> tuple[str, ...]:
@@ -196,7 +178,7 @@ class OllamaOptions(Lenient):
 
 class OllamaMessage(Lenient):
     role: str
-    content: str = ""
+    content: str | None = ""
 
 
 class OllamaBase(Lenient):

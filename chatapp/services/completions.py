@@ -17,21 +17,23 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import xxhash
 
 from chatapp.engine.contract import EngineClient
 from chatapp.engine.handle import GenerationHandle
-from chatapp.engine.prompt import ChatMessage
+from chatapp.engine.prompt import ChatMessage, PromptBuilder
 from chatapp.engine.requests import SamplingParams
 from chatapp.errors import ChatappError
 from chatapp.services.answer_run import AnswerRun, EndedAnswer
+from chatapp.services.answer_shape import FREE_TEXT, AnswerShape, ShapedAnswer, ShapeError, StreamedContent, read_answer
 from chatapp.services.divergence import Divergence, PromptLog
 from chatapp.services.messages import Turn, conversation_messages
 from chatapp.services.prompt_plan import PromptPlan, TooLongWording, plan_for, start_answer
 from chatapp.services.streams import StreamEvent
 from chatapp.store.answer_ids import AnswerIdStore
+from chatapp.tools import ToolCall, ToolResult, canonical_json
 from chatapp.vocabulary import ReuseTier, Role, StopReason
 
 TOO_LONG_CHAT = TooLongWording("the conversation", "send fewer or shorter messages")
@@ -52,10 +54,13 @@ class ServerBusyError(ChatappError):
 
 @dataclass(frozen=True)
 class ApiMessage:
-    """One message of a chat request as the client sent it."""
+    """One message of a chat request as the client sent it (an assistant's calls; the call a result answers)."""
 
     role: Role
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str = ""
+    name: str = ""
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,7 @@ class CompletionRequest:
     messages: tuple[ApiMessage, ...] = ()
     prompt: str | tuple[int, ...] | None = None
     stop: tuple[str, ...] = ()
+    shape: AnswerShape = FREE_TEXT
 
 
 @dataclass(frozen=True)
@@ -87,11 +93,12 @@ class CompletionUsage:
 
 @dataclass(frozen=True)
 class CompletionOutcome:
-    """The answer as the client sees it (stop strings cut off) and why it ended."""
+    """The answer as the client sees it (stop strings cut off, calls apart from the text) and why it ended."""
 
     text: str
     stop_reason: StopReason  # each API words it its own way
     usage: CompletionUsage
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 class HistoryDigest:
@@ -106,13 +113,28 @@ class HistoryDigest:
         self._hash.update(_canonical(model_fingerprint))
 
     def add(self, message: ChatMessage) -> None:
-        self._hash.update(_canonical([message.role.value, list(message.parts), message.generated_ids]))
+        fields: list[object] = [message.role.value, list(message.parts), message.generated_ids]
+        if message.tool_calls or message.results:  # only then: the keys of plain chats stay as they were
+            fields.append([call.signature() for call in message.tool_calls])
+            fields.append([[result.call_id, result.content] for result in message.results])
+        self._hash.update(_canonical(fields))
 
     def answer_key(self, text: str) -> str:
         """The key of the answer `text` given after the messages added so far."""
         with_answer = self._hash.copy()
         with_answer.update(_canonical(text))
         return with_answer.hexdigest()
+
+
+def reply_text(content: str, calls: Sequence[ToolCall]) -> str:
+    """What identifies an answer when it comes back: its text, or its text and calls.
+
+    Clients send a call back re-serialized (other spacing, content null or ""), so a call is
+    known by its name and canonical arguments; the id this server gave it is not needed.
+    """
+    if not calls:
+        return content
+    return "\x00calls" + canonical_json([content.strip(), [list(call.signature()) for call in calls]])
 
 
 def _canonical(value: object) -> bytes:
@@ -133,11 +155,16 @@ class Completion(AnswerRun):
         history: list[ChatMessage] | None,
         stops: tuple[str, ...],
         divergence: Divergence | None = None,
+        shape: AnswerShape = FREE_TEXT,
+        builder: PromptBuilder | None = None,
     ) -> None:
         super().__init__(handle, stops)
         self.divergence = divergence  # where the prompt left the closest earlier one, if it did
+        self.shaped: ShapedAnswer | None = None  # the answer read for calls, once it ended
         self._service = service
         self._history = history  # None: a plain completion, whose answer is not remembered
+        self._shape = shape
+        self._builder = builder
         self._released = threading.Event()  # the pending slot is given back once
 
     def events(self) -> Iterator[StreamEvent]:
@@ -145,6 +172,16 @@ class Completion(AnswerRun):
             yield from super().events()
         finally:
             self._release()
+
+    def streamed_content(self) -> StreamedContent:
+        """What a stream may show of the text as it comes (held back where a call may begin)."""
+        return StreamedContent(self._shape, self._builder)
+
+    def shaped_answer(self) -> ShapedAnswer:
+        """The answer read for calls (after `events()`)."""
+        if self.shaped is None:
+            raise RuntimeError("the completion has not ended yet: read its events first")
+        return self.shaped
 
     def cancel(self) -> None:
         """Stop the request; its place among the pending ones is free at once (it ends at its next step)."""
@@ -166,13 +203,16 @@ class Completion(AnswerRun):
             total_ms=stats.total_ms,
             prefill_ms=stats.prefill_ms,
         )
-        return CompletionOutcome(ended.text, ended.stop_reason, usage)
+        shaped = self.shaped or ShapedAnswer(ended.text)
+        return CompletionOutcome(shaped.content, ended.stop_reason, usage, shaped.calls)
 
     def _keep_answer(self, answer: EndedAnswer) -> None:
+        self.shaped = read_answer(answer.text, self._shape, self._builder)
         if self._history is None or answer.stop_reason is StopReason.CANCELLED:
             return  # a plain completion, or an answer the client abandoned
         if answer.token_ids is not None and answer.text:
-            self._service.remember_answer(self._history, answer.text, answer.token_ids)
+            reply = reply_text(self.shaped.content, self.shaped.calls)
+            self._service.remember_answer(self._history, reply, answer.token_ids)
 
     def _release(self) -> None:
         if not self._released.is_set():
@@ -197,21 +237,36 @@ class CompletionService:
 
     def start(self, request: CompletionRequest) -> Completion:
         """Queue `request`; RequestError, ContextOverflowError or ServerBusyError if it cannot be."""
+        shape = request.shape
+        builder = self.engine.prompt_builder
         if request.prompt is not None:
             history = None
             plan = PromptPlan(tuple(self._plain_prompt(request.prompt)))
             wording = TOO_LONG_PROMPT
         else:
             history = self.chat_messages(request.messages)
-            plan = plan_for(self.engine, history)
+            if builder is None and (shape.tools or shape.json_schema is not None or _has_tools(history)):
+                raise RequestError(
+                    "this server's backend builds its own prompts (a chat API): tools and response formats "
+                    "need a backend chatapp builds prompts for (llama-server, another chatapp serve)",
+                    "tools" if shape.tools else "messages",
+                )
+            if builder is not None:
+                builder = builder.with_tools(shape.tools)
+            plan = plan_for(self.engine, history, builder)
             wording = TOO_LONG_CHAT
+        try:
+            sampling = replace(request.sampling, grammar=shape.grammar(builder))
+        except ShapeError as error:
+            raise RequestError(str(error), error.param) from None
         self._take_slot()
         try:
-            handle = start_answer(self.engine, plan, request.sampling, wording)
+            handle = start_answer(self.engine, plan, sampling, wording)
         except BaseException:
             self._finished()
             raise
-        return Completion(self, handle, history, request.stop, self._prompts.compare(list(plan.tokens)))
+        divergence = self._prompts.compare(list(plan.tokens))
+        return Completion(self, handle, history, request.stop, divergence, shape, builder)
 
     def chat_messages(self, messages: tuple[ApiMessage, ...]) -> list[ChatMessage]:
         """The app's messages for a chat request; assistant turns get their generated ids back when known."""
@@ -223,14 +278,23 @@ class CompletionService:
             )
         converted: list[ChatMessage] = []
         digest = HistoryDigest(self.model_fingerprint)
-        for message in messages:
-            ids = None
-            if message.role is Role.ASSISTANT and self.answer_ids is not None and message.content:
-                ids = self.answer_ids.recall(digest.answer_key(message.content))
-            (chat_message,) = conversation_messages(None, None, [Turn(message.role, message.content, ids)])
+        for group in _runs_of_results(messages):
+            if isinstance(group, tuple):
+                chat_message = ChatMessage(Role.TOOL, (), results=_results(group, converted))
+            else:
+                chat_message = self._chat_message(group, digest)
             digest.add(chat_message)
             converted.append(chat_message)
         return converted
+
+    def _chat_message(self, message: ApiMessage, digest: HistoryDigest) -> ChatMessage:
+        """One message; an assistant's gets its generated ids back when this server gave that answer."""
+        ids = None
+        reply = reply_text(message.content, message.tool_calls)
+        if message.role is Role.ASSISTANT and self.answer_ids is not None and reply:
+            ids = self.answer_ids.recall(digest.answer_key(reply))
+        (chat_message,) = conversation_messages(None, None, [Turn(message.role, message.content, ids)])
+        return replace(chat_message, tool_calls=message.tool_calls) if message.tool_calls else chat_message
 
     def remember_answer(self, history: list[ChatMessage], text: str, token_ids: tuple[int, ...]) -> None:
         if self.answer_ids is None or not token_ids:
@@ -278,3 +342,31 @@ class CompletionService:
     def _finished(self) -> None:
         with self._lock:
             self._pending -= 1
+
+
+def _runs_of_results(messages: Sequence[ApiMessage]) -> Iterator[ApiMessage | tuple[ApiMessage, ...]]:
+    """The messages, a run of consecutive tool results as one tuple (templates render them together)."""
+    run: list[ApiMessage] = []
+    for message in messages:
+        if message.role is Role.TOOL:
+            run.append(message)
+            continue
+        if run:
+            yield tuple(run)
+            run = []
+        yield message
+    if run:
+        yield tuple(run)
+
+
+def _results(run: tuple[ApiMessage, ...], earlier: list[ChatMessage]) -> tuple[ToolResult, ...]:
+    """Tool messages as results, each named after the call it answers (clients often send only the id)."""
+    names = {call.id: call.name for message in earlier for call in message.tool_calls}
+    return tuple(
+        ToolResult(message.tool_call_id, message.name or names.get(message.tool_call_id, ""), message.content)
+        for message in run
+    )
+
+
+def _has_tools(history: list[ChatMessage]) -> bool:
+    return any(message.tool_calls or message.results for message in history)

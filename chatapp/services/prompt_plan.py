@@ -67,9 +67,12 @@ def plan_prompt(builder: PromptBuilder, messages: Sequence[ChatMessage], *, chec
     return PromptPlan(tokens, reuse_boundaries(builder, listed) if checkpoints else (), tuple(listed))
 
 
-def plan_for(engine: EngineClient, messages: Sequence[ChatMessage]) -> PromptPlan:
-    """The plan for `engine`: checkpoints only where it keeps them; messages alone where its server builds prompts."""
-    builder = engine.prompt_builder
+def plan_for(engine: EngineClient, messages: Sequence[ChatMessage], builder: PromptBuilder | None = None) -> PromptPlan:
+    """The plan for `engine`: checkpoints only where it keeps them; messages alone where its server builds prompts.
+
+    `builder` is the engine's own or one derived from it (offering tools).
+    """
+    builder = builder or engine.prompt_builder
     if builder is None:
         return PromptPlan((), (), tuple(messages))
     return plan_prompt(builder, messages, checkpoints=engine.takes_checkpoints)

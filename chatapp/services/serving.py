@@ -14,6 +14,7 @@ from typing import Any
 
 from chatapp.engine.contract import EngineClient
 from chatapp.engine.requests import SamplingParams
+from chatapp.services.answer_shape import FREE_TEXT, AnswerShape
 from chatapp.services.completions import (
     ApiMessage,
     Completion,
@@ -24,7 +25,6 @@ from chatapp.services.completions import (
 from chatapp.services.prompt_plan import builder_of
 from chatapp.services.startup import Workspace, engine_notices
 from chatapp.store.answer_ids import AnswerIdStore
-from chatapp.vocabulary import Role
 
 log = logging.getLogger(__name__)
 
@@ -107,13 +107,15 @@ class Serving:
             max_tokens=max_tokens,
         )
 
-    def chat(self, messages: list[tuple[Role, str]], options: SamplingOptions, stop: tuple[str, ...]) -> Completion:
-        """Start a chat completion (queued behind the requests before it)."""
-        request = CompletionRequest(
-            sampling=self.sampling(options),
-            messages=tuple(ApiMessage(role, content) for role, content in messages),
-            stop=stop,
-        )
+    def chat(
+        self,
+        messages: list[ApiMessage],
+        options: SamplingOptions,
+        stop: tuple[str, ...],
+        shape: AnswerShape = FREE_TEXT,
+    ) -> Completion:
+        """Start a chat completion (queued behind the requests before it), shaped as asked (tools, JSON)."""
+        request = CompletionRequest(sampling=self.sampling(options), messages=tuple(messages), stop=stop, shape=shape)
         return self.completions.start(request)
 
     def complete(self, prompt: str | list[int], options: SamplingOptions, stop: tuple[str, ...]) -> Completion:

@@ -84,7 +84,7 @@ def test_prompt_text_is_what_the_template_renders(vocab: NativeModel, family: st
     for question, answer in zip(QUESTIONS, ANSWERS, strict=True):
         messages.append(ChatMessage.of(Role.USER, question))
         text = vocab.detokenize(builder.build(messages), special=True)
-        rendered = template.render([m.as_template_input() for m in messages], add_generation_prompt=True)
+        rendered = template.render([item for m in messages for item in m.template_inputs()], add_generation_prompt=True)
         assert text == rendered
         # The stored answer is what the model generated: here, its tokens as a model would.
         generated = vocab.tokenize(answer.strip(), add_special=False, parse_special=False)
@@ -209,7 +209,9 @@ def test_a_draft_stops_at_the_end_of_its_content(vocab: NativeModel) -> None:
     builder = PromptBuilder(template, vocab)
     for messages in openings(vocab):
         draft = ChatMessage.of(Role.USER, DOCUMENT, "When is the meeting? ")
-        rendered = template.render([m.as_template_input() for m in [*messages, draft]], add_generation_prompt=False)
+        rendered = template.render(
+            [item for m in [*messages, draft] for item in m.template_inputs()], add_generation_prompt=False
+        )
         text = vocab.detokenize(builder.draft_tokens(messages, draft), special=True)
         assert text == rendered[: rendered.rindex(draft.content) + len(draft.content)]
 

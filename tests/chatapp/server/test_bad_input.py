@@ -19,10 +19,11 @@ def chat(**fields: Any) -> dict[str, Any]:
 
 
 CASES = [
-    ("/v1/chat/completions", chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools"),
+    ("/v1/chat/completions", chat(tools=[{"type": "retrieval"}]), 400, "tools[0]"),
+    ("/v1/chat/completions", chat(tool_choice="required"), 400, "tool_choice"),
     ("/v1/chat/completions", chat(n=2), 400, "n"),
     ("/v1/chat/completions", chat(logprobs=True), 400, "logprobs"),
-    ("/v1/chat/completions", chat(response_format={"type": "json_object"}), 400, "response_format"),
+    ("/v1/chat/completions", chat(response_format={"type": "yaml"}), 400, "response_format"),
     ("/v1/chat/completions", chat(frequency_penalty=0.5), 400, "frequency_penalty"),
     (
         "/v1/chat/completions",
@@ -33,7 +34,6 @@ CASES = [
     ("/v1/chat/completions", chat(messages=[]), 400, "messages"),
     ("/v1/chat/completions", chat(messages=[{"role": "user", "content": "  "}]), 400, "messages[0]"),
     ("/v1/chat/completions", chat(messages=[{"role": "wizard", "content": "hi"}]), 400, "messages[0].role"),
-    ("/v1/chat/completions", chat(messages=[{"role": "tool", "content": "42"}]), 400, "messages[0].role"),
     ("/v1/chat/completions", chat(messages="hello"), 400, "messages"),
     ("/v1/chat/completions", chat(temperature="hot"), 400, "temperature"),
     (
@@ -55,6 +55,7 @@ CASES = [
     ("/v1/completions", {"model": MODEL, "prompt": [1, 2, 10**9]}, 400, "prompt"),
     ("/v1/completions", {"model": MODEL, "prompt": [1, -5]}, 400, "prompt"),
     ("/api/chat", {"model": MODEL, "messages": [USER], "tools": [{"type": "function"}]}, 400, None),
+    ("/api/chat", {"model": MODEL, "messages": [USER], "format": "yaml"}, 400, None),
     ("/api/chat", {"model": MODEL, "messages": [{"role": "user", "content": "hi", "images": ["aGk="]}]}, 400, None),
     ("/api/chat", {"model": MODEL, "messages": [USER], "options": {"top_k": 5}}, 400, None),
     ("/api/chat", {"model": "llama3", "messages": [USER]}, 404, None),

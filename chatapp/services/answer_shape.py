@@ -1,0 +1,160 @@
+"""What an API request asks the answer to be: free text, calls to its tools, or JSON of a schema.
+
+One place turns that into a grammar for sampling (never into the prompt: a request with a
+grammar reuses the same cached prefix as one without) and reads the answer back into text
+and calls. Both APIs (OpenAI's and Ollama's) describe their requests with `AnswerShape`.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from chatapp.engine.grammar import Grammar
+from chatapp.engine.json_grammar import ANY_OBJECT, schema_grammar
+from chatapp.engine.prompt import PromptBuilder
+from chatapp.errors import ChatappError, GrammarError
+from chatapp.tools import ToolCall, ToolSpec
+
+
+class ToolChoice(StrEnum):
+    """OpenAI's `tool_choice`: may call (auto), must not (none), must (required), must call one (function)."""
+
+    AUTO = "auto"
+    NONE = "none"
+    REQUIRED = "required"
+    FUNCTION = "function"
+
+
+class ShapeError(ChatappError):
+    """The answer cannot be shaped as asked (HTTP 400); `param` names the field at fault."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True)
+class AnswerShape:
+    """The tools offered and how they may be used, or the JSON the answer must be."""
+
+    tools: tuple[ToolSpec, ...] = ()
+    choice: ToolChoice = ToolChoice.AUTO
+    function: str | None = None  # with ToolChoice.FUNCTION: the one to call
+    parallel: bool = False  # several calls in one answer
+    json_schema: str | None = None  # canonical JSON of the schema the whole answer follows
+    schema_param: str = "response_format"
+
+    @property
+    def calls_tools(self) -> bool:
+        """Whether the answer is read for calls."""
+        return bool(self.tools) and self.choice is not ToolChoice.NONE
+
+    def grammar(self, builder: PromptBuilder | None) -> Grammar | None:
+        """The grammar that holds the answer to this shape (None: free text); ShapeError when it cannot."""
+        try:
+            if self.calls_tools and builder is not None:
+                return self._call_grammar(builder)
+            if self.json_schema is not None:
+                return Grammar(schema_grammar(json.loads(self.json_schema), self.schema_param))
+        except GrammarError as error:
+            raise ShapeError(str(error), "tools" if self.calls_tools else self.schema_param) from None
+        return None
+
+    def _call_grammar(self, builder: PromptBuilder) -> Grammar:
+        tools = self.tools
+        if self.choice is ToolChoice.FUNCTION:
+            tools = tuple(tool for tool in self.tools if tool.name == self.function)
+            if not tools:
+                names = ", ".join(tool.name for tool in self.tools)
+                raise ShapeError(
+                    f"tool_choice names the function {self.function!r}, which is not among the tools ({names})",
+                    "tool_choice",
+                )
+        parallel = self.parallel and self.choice is not ToolChoice.FUNCTION
+        lazy = self.choice is ToolChoice.AUTO
+        # With a response format too, the answer is a call or that JSON (Ollama's tools beside `format`).
+        formatted = json.loads(self.json_schema) if lazy and self.json_schema is not None else None
+        return builder.tool_format.grammar(tools, parallel=parallel, lazy=lazy, or_schema=formatted)
+
+
+FREE_TEXT = AnswerShape()  # no tools, no format: the answer as the model writes it
+
+
+def json_object_shape(param: str) -> AnswerShape:
+    """Any JSON object (OpenAI's `json_object`, Ollama's `format: "json"`)."""
+    return AnswerShape(json_schema=json.dumps(ANY_OBJECT), schema_param=param)
+
+
+def schema_shape(schema: Any, param: str) -> AnswerShape:
+    """JSON following `schema`; ShapeError when the schema is not a JSON object."""
+    if not isinstance(schema, dict):
+        raise ShapeError(f"{param} must be a JSON schema (an object)", param)
+    return AnswerShape(json_schema=json.dumps(schema, sort_keys=True), schema_param=param)
+
+
+@dataclass(frozen=True)
+class ShapedAnswer:
+    """An answer read back: its text and the calls it made (each with the id this server gave it)."""
+
+    content: str
+    calls: tuple[ToolCall, ...] = ()
+
+
+def read_answer(text: str, shape: AnswerShape, builder: PromptBuilder | None) -> ShapedAnswer:
+    """`text` split into content and calls when the request offered tools; otherwise the text as it is."""
+    if not shape.calls_tools or builder is None:
+        return ShapedAnswer(text)
+    parsed = builder.tool_format.parse(text)
+    calls = tuple(ToolCall(new_call_id(), call.name, call.arguments_json) for call in parsed.calls)
+    return ShapedAnswer(parsed.content, calls)
+
+
+def new_call_id() -> str:
+    """An id for a call, in OpenAI's form (clients send it back with the call's result)."""
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+class StreamedContent:
+    """The text a stream shows while an answer may still turn into calls.
+
+    Text is released as it comes, except what could begin a call (the format's opening, and
+    the blank space before it): once a call opens, the rest is calls, sent whole at the end.
+    So the pieces streamed always join to the content of the whole answer.
+    """
+
+    def __init__(self, shape: AnswerShape, builder: PromptBuilder | None) -> None:
+        self._trigger = builder.tool_format.trigger if shape.calls_tools and builder is not None else None
+        self._text = ""
+        self._shown = 0
+
+    def feed(self, piece: str) -> str:
+        """The part of the answer to show now."""
+        self._text += piece
+        if self._trigger is None:
+            self._shown = len(self._text)
+            return piece
+        start = self._text.find(self._trigger, max(self._shown - len(self._trigger), 0))
+        end = start if start >= 0 else len(self._text) - _partial_opening(self._text, self._trigger)
+        end = len(self._text[:end].rstrip())
+        if end <= self._shown:
+            return ""
+        released, self._shown = self._text[self._shown : end], end
+        return released
+
+    def rest(self, answer: ShapedAnswer) -> str:
+        """What is left to show once the answer ended (held-back text that began no call)."""
+        rest = answer.content[self._shown :] if len(answer.content) > self._shown else ""
+        self._shown = max(self._shown, len(answer.content))
+        return rest
+
+
+def _partial_opening(text: str, opening: str) -> int:
+    """The length of the longest end of `text` that begins `opening`."""
+    for length in range(min(len(text), len(opening) - 1), 0, -1):
+        if opening.startswith(text[-length:]):
+            return length
+    return 0
