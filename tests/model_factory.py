@@ -24,7 +24,7 @@ import functools
 import mmap
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -109,8 +109,11 @@ def write_tiny_llama(
     n_ff: int = 128,
     n_ctx_train: int = 4096,
     seed: int = 0,
+    chat_template: str | None = None,
 ) -> Path:
     """Write a random-weight llama model with the bundled tokenizer to `path`; returns `path`.
+
+    `chat_template` replaces the bundled model's (another family's template on the same vocabulary).
 
     The same arguments always give a byte-identical file. The weights are F16 (the norms
     F32), so the file is about 4 * 49,152 * n_embd bytes (the embeddings and the output
@@ -120,6 +123,16 @@ def write_tiny_llama(
     model = _TinyModel.start(
         path, gguf.MODEL_ARCH.LLAMA, n_layer, n_embd, n_ff, n_head, n_head_kv, n_ctx_train=n_ctx_train, seed=seed
     )
+    if chat_template is not None:
+        fields = model.tokenizer
+        template_key = gguf.Keys.Tokenizer.CHAT_TEMPLATE
+        model = replace(
+            model,
+            tokenizer=tuple(
+                MetadataField(field.key, chat_template, field.type) if field.key == template_key else field
+                for field in fields
+            ),
+        )
     model.writer.add_rope_dimension_count(head_dim)
     model.writer.add_rope_freq_base(ROPE_FREQ_BASE)
     model.writer.add_layer_norm_rms_eps(RMS_NORM_EPS)

@@ -1,0 +1,150 @@
+"""Grammars in the engine: an answer held to a tool call or to JSON is the same cold and from the cache.
+
+A tiny random model with a Qwen3-style template (tools rendered by the template itself):
+its answers are gibberish, but a grammar makes them calls and JSON all the same, and a
+grammar only masks tokens, so a cache hit must give the very tokens a cold run gives.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from chatapp.engine.engine import Engine, EngineConfig
+from chatapp.engine.grammar import Grammar
+from chatapp.engine.json_grammar import schema_grammar
+from chatapp.engine.prompt import ChatMessage, PromptBuilder
+from chatapp.engine.requests import GenerationRequest, SamplingParams
+from chatapp.errors import GrammarError
+from chatapp.tools import ToolCall, ToolResult, ToolSpec, canonical_json
+from chatapp.vocabulary import Role
+from tests.model_factory import TINY_MODEL_THREADS, write_tiny_llama
+
+TEMPLATES = Path(__file__).parent / "templates"
+WEATHER = ToolSpec(
+    "get_weather",
+    "The weather in a city.",
+    canonical_json(
+        {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"]}
+    ),
+)
+TIME = ToolSpec("get_time", "The time now.", canonical_json({"type": "object", "properties": {}}))
+SCHEMA = {
+    "type": "object",
+    "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer"}},
+    "required": ["ok", "n"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def qwen_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    template = (TEMPLATES / "qwen3_style.jinja").read_text()
+    path = write_tiny_llama(tmp_path_factory.mktemp("qwen") / "tiny-qwen3-style.gguf", chat_template=template)
+    config = EngineConfig(model_path=path, context_cap=1024, sequences=2, threads=TINY_MODEL_THREADS)
+    with Engine(config) as engine:
+        yield engine
+
+
+def builder(engine: Engine) -> PromptBuilder:
+    assert engine.prompt_builder is not None
+    return engine.prompt_builder
+
+
+def answer(engine: Engine, prompt: list[int], grammar: Grammar | None, *, use_cache: bool = True) -> tuple[int, ...]:
+    sampling = SamplingParams(temperature=0, max_tokens=48, grammar=grammar)
+    return engine.generate(GenerationRequest(tuple(prompt), sampling, use_cache=use_cache)).wait().token_ids
+
+
+def test_the_template_renders_the_tools_itself(qwen_engine: Engine) -> None:
+    tools = builder(qwen_engine).with_tools((WEATHER,))
+    assert tools.native_tools
+    text = qwen_engine.detokenize(tools.build([ChatMessage.of(Role.USER, "hi")]))
+    assert text.count("get_weather") == 1, "the template's own tools block, not a taught one beside it"
+
+
+@pytest.mark.parametrize("question", ["What is the weather in Oslo?", "Time?", "Tell me something long and true."])
+def test_grammars_give_the_same_answer_cold_and_from_the_cache(qwen_engine: Engine, question: str) -> None:
+    tools = builder(qwen_engine).with_tools((WEATHER, TIME))
+    prompt = tools.build([ChatMessage.of(Role.SYSTEM, "Be brief."), ChatMessage.of(Role.USER, question)])
+    grammars = {
+        "required": tools.tool_format.grammar((WEATHER, TIME), parallel=False, lazy=False),
+        "named": tools.tool_format.grammar((TIME,), parallel=False, lazy=False),
+        "auto": tools.tool_format.grammar((WEATHER, TIME), parallel=True, lazy=True),
+        "json": Grammar(schema_grammar(SCHEMA, "response_format")),
+    }
+    for name, grammar in grammars.items():
+        cold = answer(qwen_engine, prompt, grammar, use_cache=False)
+        first = answer(qwen_engine, prompt, grammar)
+        cached = answer(qwen_engine, prompt, grammar)  # the prompt is resident now: a hit
+        assert first == cold, name
+        assert cached == cold, name
+        text = qwen_engine.detokenize(list(cold))
+        if name == "json":
+            value = json.loads(text)
+            assert set(value) == {"ok", "n"}
+        elif name != "auto":
+            parsed = tools.tool_format.parse(text)
+            assert [call.name for call in parsed.calls] == (["get_time"] if name == "named" else [parsed.calls[0].name])
+            assert parsed.calls[0].name in ("get_weather", "get_time")
+
+
+def test_a_call_and_its_results_extend_the_prompt_it_was_generated_after(qwen_engine: Engine) -> None:
+    """The agent loop's next prompt begins with the last prompt and the call's own tokens."""
+    tools = builder(qwen_engine).with_tools((WEATHER, TIME))
+    history = [ChatMessage.of(Role.SYSTEM, "Be brief."), ChatMessage.of(Role.USER, "Weather in Oslo and Rome?")]
+    prompt = tools.build(history)
+    grammar = tools.tool_format.grammar((WEATHER,), parallel=True, lazy=False)
+    ids = answer(qwen_engine, prompt, grammar)
+    parsed = tools.tool_format.parse(qwen_engine.detokenize(list(ids)))
+    assert parsed.calls
+    made = tuple(ToolCall(f"call_{index}", call.name, call.arguments_json) for index, call in enumerate(parsed.calls))
+    calls = (*made, ToolCall("call_extra", "get_time", "{}"))  # two results at least, whatever the model made
+    results = tuple(ToolResult(call.id, call.name, f"result {index}") for index, call in enumerate(calls))
+    follow_up = [
+        *history,
+        ChatMessage(Role.ASSISTANT, ("",), generated_ids=ids, tool_calls=calls),
+        ChatMessage(Role.TOOL, (), results=results),
+    ]
+    next_prompt = tools.build(follow_up)
+    assert next_prompt[: len(prompt) + len(ids)] == [*prompt, *ids]
+    text = qwen_engine.detokenize(next_prompt[len(prompt) + len(ids) :])  # special tokens left out
+    assert text.count("user\n") == 1, "consecutive results share one user turn"
+    places = [text.index(f"<tool_response>\nresult {index}\n</tool_response>") for index in range(len(calls))]
+    assert places == sorted(places)
+
+
+def test_reasoning_stays_in_the_history_as_generated(qwen_engine: Engine) -> None:
+    """The template drops an earlier answer's <think> block; the answer's own ids keep it (and the cache)."""
+    base = builder(qwen_engine)
+    thought = "<think>\nThe user greets me.\n</think>\n\nHello!"
+    ids = tuple(qwen_engine.tokenize(thought))
+    history = [ChatMessage.of(Role.USER, "Hi")]
+    prompt = base.build(history)
+    follow_up = [*history, ChatMessage(Role.ASSISTANT, (thought,), generated_ids=ids), ChatMessage.of(Role.USER, "Bye")]
+    assert base.build(follow_up)[: len(prompt) + len(ids)] == [*prompt, *ids]
+    rendered = base.template.render(
+        [item for message in follow_up for item in message.template_inputs()], add_generation_prompt=True
+    )
+    assert "<think>" not in rendered, "the template alone would have dropped it (a miss from the first answer on)"
+
+
+@pytest.mark.parametrize(
+    ("schema", "keyword"),
+    [
+        ({"type": "object", "properties": {"n": {"type": "integer", "minimum": 0}}}, "minimum"),
+        ({"type": "array", "items": {"type": "string"}, "uniqueItems": True}, "uniqueItems"),
+        ({"type": "object", "properties": {"x": {"not": {"type": "null"}}}}, "not"),
+    ],
+)
+def test_what_a_grammar_cannot_enforce_is_refused_by_name(schema: dict[str, object], keyword: str) -> None:
+    with pytest.raises(GrammarError, match=keyword):
+        schema_grammar(schema, "response_format")
+
+
+def test_a_property_named_like_a_keyword_is_no_keyword() -> None:
+    schema = {"type": "object", "properties": {"minimum": {"type": "integer"}, "not": {"type": "string"}}}
+    assert "root ::=" in schema_grammar(schema, "response_format")
