@@ -16,10 +16,11 @@ class Capabilities:
     generated_ids: bool  # reports the ids of the tokens it generated
     reuse_before_first_token: bool  # says how much of a prompt it reused before answering
     local_cache: bool  # has a cache on this machine to administer (pins, prune, clear, tiers)
+    grammars: bool = False  # holds an answer to a grammar (tool calls, JSON output)
 
 
 LOCAL_CAPABILITIES = Capabilities(
-    token_prompts=True, generated_ids=True, reuse_before_first_token=True, local_cache=True
+    token_prompts=True, generated_ids=True, reuse_before_first_token=True, local_cache=True, grammars=True
 )
 
 

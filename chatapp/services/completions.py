@@ -38,6 +38,10 @@ from chatapp.vocabulary import ReuseTier, Role, StopReason
 
 TOO_LONG_CHAT = TooLongWording("the conversation", "send fewer or shorter messages")
 TOO_LONG_PROMPT = TooLongWording("the prompt", "send a shorter prompt")
+NO_REMOTE_SHAPES = (
+    "this server answers through another server (--backend), which chatapp cannot hold to a call or a schema "
+    "yet: tool calls and response formats need chatapp serve on a local model"
+)
 
 
 class RequestError(ChatappError):
@@ -246,19 +250,18 @@ class CompletionService:
         else:
             history = self.chat_messages(request.messages)
             if builder is None and (shape.tools or shape.json_schema is not None or _has_tools(history)):
-                raise RequestError(
-                    "this server's backend builds its own prompts (a chat API): tools and response formats "
-                    "need a backend chatapp builds prompts for (llama-server, another chatapp serve)",
-                    "tools" if shape.tools else "messages",
-                )
+                raise RequestError(NO_REMOTE_SHAPES, "tools" if shape.tools else "messages")
             if builder is not None:
                 builder = builder.with_tools(shape.tools)
             plan = plan_for(self.engine, history, builder)
             wording = TOO_LONG_CHAT
         try:
-            sampling = replace(request.sampling, grammar=shape.grammar(builder))
+            grammar = shape.grammar(builder)
         except ShapeError as error:
             raise RequestError(str(error), error.param) from None
+        if grammar is not None and not self.engine.capabilities.grammars:
+            raise RequestError(NO_REMOTE_SHAPES, "tools" if shape.calls_tools else shape.schema_param)
+        sampling = replace(request.sampling, grammar=grammar)
         self._take_slot()
         try:
             handle = start_answer(self.engine, plan, sampling, wording)
