@@ -136,7 +136,8 @@ class Answer:
             self.feed.close()
             raise
         if isinstance(first, PromptReuse):
-            return cache_headers(first.reused_tokens, first.prompt_tokens, first.tier.value, self.divergence)
+            reused = first.reused_tokens
+            return cache_headers(reused, first.prompt_tokens, first.tier.value, self.divergence(reused))
         self._first = first
         return {CACHE_HEADER: "tier=unknown; the engine reports its reuse with the answer's usage"}
 
@@ -179,14 +180,16 @@ class Answer:
         log.info("client hung up %s: request cancelled", when)
         return None
 
-    @property
-    def divergence(self) -> Divergence | None:
-        return self.feed.completion.divergence
+    def divergence(self, reused: int) -> Divergence | None:
+        """Where the prompt left the earlier one its `reused` tokens came from, when that one is known."""
+        divergence = self.feed.completion.divergence
+        return divergence if divergence is not None and divergence.concerns(reused) else None
 
     def final_headers(self, outcome: CompletionOutcome) -> dict[str, str]:
         """The cache headers of a whole answer, from its final figures."""
         usage = outcome.usage
-        return cache_headers(usage.cached_tokens, usage.prompt_tokens, usage.tier.value, self.divergence)
+        divergence = self.divergence(usage.cached_tokens)
+        return cache_headers(usage.cached_tokens, usage.prompt_tokens, usage.tier.value, divergence)
 
     def outcome(self) -> CompletionOutcome:
         outcome = self.feed.completion.outcome_for_client()
@@ -202,8 +205,8 @@ class Answer:
             outcome.stop_reason.value,
             usage.ttft_ms,
         )
-        if self.divergence is not None:
-            log.info("prompt %s", self.divergence.describe())
+        if (divergence := self.divergence(usage.cached_tokens)) is not None:
+            log.info("prompt %s", divergence.describe())
         return outcome
 
 

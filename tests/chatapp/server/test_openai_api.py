@@ -134,7 +134,9 @@ def test_a_prompt_that_breaks_the_prefix_says_where(client: openai.OpenAI, serve
         answers.append(raw.headers)
     figures = cache_header(answers[1])
     position = int(figures["diverged_at"])
-    assert int(figures["reused"]) <= position
+    # The earlier prompt is still in a sequence: every token up to the divergence is reused, no more.
+    assert figures["tier"] == "device"
+    assert int(figures["reused"]) == position
     excerpt = json.loads(answers[1]["x-chatapp-cache-divergence"])
     assert excerpt["after"].startswith("2:13")
     assert "It is now 10:4" in excerpt["before"]
