@@ -120,6 +120,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="requests waiting or running at once; more get 503 with Retry-After (default: 16)",
     )
+    serve_parser.add_argument(
+        "--max-tokens",
+        type=int,
+        metavar="N",
+        help="longest answer to a request that sets no max_tokens (default: until the model ends it or the "
+        "context is full, as OpenAI, Ollama and llama-server answer)",
+    )
     bench_parser = commands.add_parser(
         "bench",
         help="measure the cache against llama-cpp-python's caches, llama-server and no cache",
@@ -209,7 +216,7 @@ def run_cache(args: argparse.Namespace, workspace: Workspace) -> int:
 
 def run_serve(args: argparse.Namespace, workspace: Workspace) -> int:
     from chatapp.server.run import check_port_free, serve
-    from chatapp.services.serving import Serving
+    from chatapp.services.serving import MAX_ANSWER_TOKENS, Serving
 
     if not 0 < args.port < 65536:
         raise SettingsError(f"--port {args.port} is not a port; use 1-65535")
@@ -217,13 +224,15 @@ def run_serve(args: argparse.Namespace, workspace: Workspace) -> int:
         raise SettingsError(f"the API key is empty; pass a non-empty --api-key (or ${ENV_API_KEY}), or none at all")
     if args.max_pending < 1:
         raise SettingsError(f"--max-pending {args.max_pending} must be at least 1")
+    if args.max_tokens is not None and not 0 < args.max_tokens <= MAX_ANSWER_TOKENS:
+        raise SettingsError(f"--max-tokens {args.max_tokens} is not an answer length; use 1-{MAX_ANSWER_TOKENS:,}")
     check_port_free(args.host, args.port)
 
     def say(line: str) -> None:
         print(f"chatapp: {line}" if line.startswith("warning") else line, file=sys.stderr, flush=True)
 
     say(f"loading {workspace.model_label()}...")
-    serving = Serving(workspace, max_pending=args.max_pending)
+    serving = Serving(workspace, max_pending=args.max_pending, default_max_tokens=args.max_tokens)
     serve(serving, host=args.host, port=args.port, api_key=args.api_key, body_limit_bytes=MAX_BODY_BYTES, say=say)
     return 0
 

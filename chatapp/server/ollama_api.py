@@ -106,8 +106,8 @@ def _checked(context: ServerContext, body: OllamaBase) -> tuple[SamplingOptions,
         return SamplingOptions(), ()
     refuse_unsupported(options.fields_sent(), OLLAMA_OPTIONS_UNSUPPORTED, prefix="options.")
     predict = options.num_predict
-    if predict is not None and predict < 0:  # Ollama's "until the model stops": as long as the server allows
-        predict = context.serving.max_tokens_limit
+    if predict is not None and predict < 0:  # Ollama's -1 and -2 say 'no limit', as an absent num_predict does
+        predict = None
     elif predict == 0:
         raise ApiError(400, "options.num_predict is 0; ask for at least one token", param="options.num_predict")
     sampling = SamplingOptions(

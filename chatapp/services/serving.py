@@ -29,11 +29,12 @@ from chatapp.vocabulary import Role
 log = logging.getLogger(__name__)
 
 ANSWER_IDS_FOLDER = "api-answers"
+MAX_ANSWER_TOKENS = 8192  # the longest answer a request may ask for
 
 
 @dataclass(frozen=True)
 class SamplingOptions:
-    """Sampling a request asks for; None takes the settings file's value."""
+    """Sampling a request asks for; None takes the settings file's value (for max_tokens, the server's default)."""
 
     temperature: float | None = None
     top_p: float | None = None
@@ -57,9 +58,20 @@ class ModelCard:
 class Serving:
     """The engine, its cache and the completion service, opened once for the server's life."""
 
-    def __init__(self, workspace: Workspace, *, max_pending: int = 16, max_tokens_limit: int = 8192) -> None:
+    def __init__(
+        self,
+        workspace: Workspace,
+        *,
+        max_pending: int = 16,
+        max_tokens_limit: int = MAX_ANSWER_TOKENS,
+        default_max_tokens: int | None = None,
+    ) -> None:
         self.workspace = workspace
         self.max_tokens_limit = max_tokens_limit
+        # What a request without max_tokens gets. None: the answer goes on until the model ends it
+        # or the context is full, as OpenAI, Ollama and llama-server answer (not the chat screen's
+        # `max_tokens` setting, which is the length of an answer in the app).
+        self.default_max_tokens = default_max_tokens
         self.engine: EngineClient = workspace.open_engine()
         try:
             location, fingerprint = workspace.model_identity(self.engine.info)
@@ -92,10 +104,11 @@ class Serving:
         return engine_notices(self.engine)
 
     def sampling(self, options: SamplingOptions) -> SamplingParams:
-        """The request's sampling, the settings file filling what it leaves out; RequestError past a limit."""
+        """The request's sampling, the settings file filling what it leaves out but its length;
+        RequestError past the limit."""
         base = self.workspace.sampling()
-        max_tokens = options.max_tokens if options.max_tokens is not None else base.max_tokens
-        if max_tokens > self.max_tokens_limit:
+        max_tokens = options.max_tokens if options.max_tokens is not None else self.default_max_tokens
+        if max_tokens is not None and max_tokens > self.max_tokens_limit:
             raise RequestError(
                 f"max_tokens is {max_tokens:,} but this server answers at most {self.max_tokens_limit:,} tokens",
                 "max_tokens",

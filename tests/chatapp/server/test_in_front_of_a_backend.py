@@ -10,7 +10,14 @@ import pytest
 
 from chatapp.benchmark.server_process import free_port
 from chatapp.cli import main
-from tests.server_support import SYSTEM_PROMPT, Backend, RunningServer, dying_mid_answer, running_server
+from tests.server_support import (
+    SHORT_ANSWER_TOKENS,
+    SYSTEM_PROMPT,
+    Backend,
+    RunningServer,
+    dying_mid_answer,
+    running_server,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -18,7 +25,10 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def front(tmp_path_factory: pytest.TempPathFactory, model_path: Path, backend: Backend) -> Iterator[RunningServer]:
     data = tmp_path_factory.mktemp("front-data")
-    with running_server(data, model_path, backend=backend.url, backend_key=backend.key) as running:
+    # No answer length of its own: a request without one is sent on without one.
+    with running_server(
+        data, model_path, backend=backend.url, backend_key=backend.key, default_max_tokens=None
+    ) as running:
         yield running
 
 
@@ -32,6 +42,9 @@ def test_a_front_server_answers_from_the_backend_and_reports_its_cached_tokens(
         first = client.chat.completions.create(model=model, messages=question, temperature=0)
         answer = first.choices[0].message.content
         assert answer
+        # The front sent no max_tokens: the backend answered with its own default length.
+        assert first.usage is not None
+        assert first.usage.completion_tokens == SHORT_ANSWER_TOKENS
         follow_up = [*question, {"role": "assistant", "content": answer}, {"role": "user", "content": "Why?"}]
         stream = client.chat.completions.create(
             model=model,
@@ -48,7 +61,6 @@ def test_a_front_server_answers_from_the_backend_and_reports_its_cached_tokens(
     assert usage.prompt_tokens_details is not None
     # The front server sent the backend the exact ids it generated for the first answer, so the
     # backend's cache held the whole first exchange.
-    assert first.usage is not None
     assert usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens
 
 

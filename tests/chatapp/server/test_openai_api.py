@@ -56,7 +56,7 @@ def test_a_streamed_answer_equals_the_whole_one_with_the_same_usage(
             finish = choice.finish_reason or finish
     assert whole.choices[0].message.content
     assert "".join(pieces) == whole.choices[0].message.content
-    assert finish == whole.choices[0].finish_reason == "length"  # max_tokens 12 from the settings
+    assert finish == whole.choices[0].finish_reason == "length"  # the server's --max-tokens 12
     assert usage is not None
     assert usage.prompt_tokens == whole.usage.prompt_tokens
     assert usage.completion_tokens == whole.usage.completion_tokens == 12

@@ -68,14 +68,17 @@ def wait_healthy(url: str, process: subprocess.Popen[str]) -> None:
 def test_serve_answers_and_stops_cleanly(tmp_path: Path, model_path: Path, stop: signal.Signals) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    with serve(tmp_path / "data", model_path, "--port", str(port), env={"CHATAPP_API_KEY": "k"}) as process:
+    options = ("--port", str(port), "--max-tokens", "4")
+    with serve(tmp_path / "data", model_path, *options, env={"CHATAPP_API_KEY": "k"}) as process:
         wait_healthy(url, process)
         with openai.OpenAI(base_url=f"{url}/v1", api_key="k", max_retries=0, timeout=300) as client:
             model = client.models.list().data[0].id
             completion = client.chat.completions.create(
-                model=model, messages=[{"role": "user", "content": "Hello"}], max_tokens=4
+                model=model, messages=[{"role": "user", "content": "Tell me about lighthouses."}]
             )
         assert completion.choices[0].message.content
+        assert completion.usage is not None
+        assert completion.usage.completion_tokens == 4  # --max-tokens: the length of an answer without one
         process.send_signal(stop)
         _, errors = process.communicate(timeout=120)
     assert process.returncode == 0, errors
@@ -96,6 +99,13 @@ def test_a_port_in_use_is_a_one_line_error(tmp_path: Path, model_path: Path) -> 
     assert errors.strip().splitlines() == [
         f"chatapp: error: cannot listen on 127.0.0.1:{port} (Address already in use); choose another port with --port"
     ]
+
+
+def test_an_answer_length_over_the_limit_is_a_one_line_error(tmp_path: Path, model_path: Path) -> None:
+    with serve(tmp_path / "data", model_path, "--max-tokens", "9000") as process:
+        _, errors = process.communicate(timeout=120)
+    assert process.returncode == 2
+    assert errors.strip().splitlines() == ["chatapp: error: --max-tokens 9000 is not an answer length; use 1-8,192"]
 
 
 def test_an_empty_api_key_is_refused(tmp_path: Path, model_path: Path) -> None:
