@@ -102,8 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve the model and its cache over the OpenAI and Ollama HTTP APIs",
         description="An HTTP server on the same engine, prefix cache and data folder as the app: "
         "OpenAI's /v1/chat/completions, /v1/completions and /v1/models, Ollama's /api/chat, /api/generate, "
-        "/api/tags, /api/show and /api/version, and /health and /metrics. Ctrl-C (or SIGTERM) stops it cleanly, "
-        "with the cache written.",
+        "/api/tags, /api/show, /api/ps and /api/version, and /health and /metrics. Ctrl-C (or SIGTERM) stops it "
+        "cleanly, with the cache written.",
     )
     serve_parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     serve_parser.add_argument("--port", type=int, default=8080, metavar="N", help="port to listen on (default: 8080)")

@@ -18,7 +18,7 @@ from chatapp.engine.engine import Engine
 from chatapp.engine.gate import Step
 from chatapp.server.answering import ServerContext
 from chatapp.server.run import build_server
-from chatapp.services.serving import Serving
+from chatapp.services.serving import ModelCard, Serving
 from chatapp.services.startup import open_workspace
 from tests.conftest import local
 from tests.cut_proxy import CutProxy, cut_proxy
@@ -53,6 +53,10 @@ class RunningServer:
     @property
     def model_id(self) -> str:
         return self.serving.model.id
+
+    @property
+    def model(self) -> ModelCard:
+        return self.serving.model
 
 
 @contextmanager

@@ -1,5 +1,5 @@
 """The Ollama API: /api/chat, /api/generate (NDJSON streams unless `stream` is false), /api/tags,
-/api/show and /api/version.
+/api/show, /api/ps and /api/version.
 
 Counts follow Ollama: `prompt_eval_count` is the prompt tokens computed for this request
 (Ollama also leaves out what its cache held); `prompt_cache_count` adds the tokens the
@@ -9,14 +9,15 @@ cache gave, and `X-Chatapp-Cache` says the same in the headers. Durations are na
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from chatapp import __version__
+from chatapp.server import ollama_models
 from chatapp.server.answering import CLIENT_GONE, Answer, ServerContext, context_of, finish_reason, start
 from chatapp.server.bodies import read_body
 from chatapp.server.errors import ApiError
@@ -42,7 +43,7 @@ NS_PER_MS = 1_000_000
 
 
 def _now() -> str:
-    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+    return ollama_models.timestamp(time.time())
 
 
 @router.get("/version")
@@ -53,15 +54,14 @@ async def version() -> dict[str, str]:
 @router.get("/tags")
 async def tags(request: Request) -> dict[str, Any]:
     model = context_of(request).serving.model
-    entry = {
-        "name": f"{model.id}:latest",
-        "model": f"{model.id}:latest",
-        "modified_at": _modified(model.created),
-        "size": model.size_bytes,
-        "digest": model.fingerprint,
-        "details": _details(),
-    }
-    return {"models": [entry]}
+    return {"models": [ollama_models.tag(model.id, model)]}
+
+
+@router.get("/ps")
+async def running(request: Request) -> dict[str, Any]:
+    """The loaded model: oterm asks after every answer."""
+    model = context_of(request).serving.model
+    return {"models": [ollama_models.running(model.id, model)]}
 
 
 class OllamaShowBody(Lenient):
@@ -78,24 +78,7 @@ async def show(request: Request) -> dict[str, Any]:
     if not name:
         raise ApiError(400, "model is missing; name the model to show", param="model")
     context.check_model(name)
-    model = context.serving.model
-    return {
-        "modelfile": "",
-        "parameters": "",
-        "template": "",
-        "details": _details(),
-        "model_info": {"general.name": model.name, "general.context_length": model.context_tokens},
-        "capabilities": ["completion"],
-        "modified_at": _modified(model.created),
-    }
-
-
-def _details() -> dict[str, Any]:
-    return {"format": "gguf", "family": "", "families": None, "parameter_size": "", "quantization_level": ""}
-
-
-def _modified(timestamp: int) -> str:
-    return datetime.fromtimestamp(timestamp, UTC).isoformat().replace("+00:00", "Z")
+    return ollama_models.shown(context.serving.model)
 
 
 def _checked(context: ServerContext, body: OllamaBase) -> tuple[SamplingOptions, tuple[str, ...]]:

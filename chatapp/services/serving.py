@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from chatapp.engine.contract import EngineClient
+from chatapp.engine.model_card import ModelFacts, ModelInfo
 from chatapp.engine.requests import SamplingParams
 from chatapp.services.completions import (
     ApiMessage,
@@ -53,6 +54,15 @@ class ModelCard:
     context_tokens: int
     created: int  # the model file's modification time (seconds)
     size_bytes: int
+    facts: ModelFacts  # from the GGUF's metadata; empty behind a remote engine
+    template: str  # the chat template prompts are built with ("" where the backend builds them)
+    gpu_bytes: int  # the share of the weights offloaded to a GPU
+
+
+def _gpu_bytes(info: ModelInfo, size_bytes: int) -> int:
+    """Bytes of the weights on the GPU: the offloaded layers' share (llama.cpp counts the output layer as one)."""
+    layers = info.facts.layers
+    return size_bytes * min(info.gpu_layers, layers + 1) // (layers + 1) if layers else 0
 
 
 class Serving:
@@ -87,6 +97,7 @@ class Serving:
             created, size = int(stat.st_mtime), stat.st_size
         else:  # a model on a backend server: no file here
             created, size = int(time.time()), 0
+        builder = self.engine.prompt_builder
         self.model = ModelCard(
             id=info.short_name,
             name=info.name,
@@ -95,6 +106,9 @@ class Serving:
             context_tokens=info.n_ctx_per_sequence,
             created=created,
             size_bytes=size,
+            facts=info.facts,
+            template=builder.template.source if builder is not None else "",
+            gpu_bytes=_gpu_bytes(info, size),
         )
         self._closed = False
 

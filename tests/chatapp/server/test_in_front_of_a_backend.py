@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import ollama
 import openai
 import pytest
 
@@ -62,6 +63,19 @@ def test_a_front_server_answers_from_the_backend_and_reports_its_cached_tokens(
     # The front server sent the backend the exact ids it generated for the first answer, so the
     # backend's cache held the whole first exchange.
     assert usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens
+
+
+def test_a_front_server_describes_what_it_knows_of_the_backends_model(front: RunningServer, backend: Backend) -> None:
+    shown = ollama.Client(host=front.url, timeout=300).show(front.model_id)
+    # The backend's template and context come through; the GGUF's own facts stay on the backend.
+    assert shown.template == backend.server.model.template
+    assert shown.template
+    assert shown.modelinfo is not None
+    assert shown.modelinfo["general.context_length"] == backend.server.model.context_tokens
+    assert shown.details is not None
+    assert shown.details.family == ""
+    assert shown.details.quantization_level == ""
+    assert shown.capabilities == ["completion", "tools"]
 
 
 def test_a_backend_dying_mid_answer_ends_the_clients_stream_with_an_error_and_the_next_request_works(
