@@ -127,6 +127,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="longest answer to a request that sets no max_tokens (default: until the model ends it or the "
         "context is full, as OpenAI, Ollama and llama-server answer)",
     )
+    serve_parser.add_argument(
+        "--model-alias",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="another name the model answers to, listed by /v1/models and /api/tags (repeatable): for "
+        "clients with a model name built in, e.g. --model-alias gpt-4o",
+    )
+    serve_parser.add_argument(
+        "--any-model",
+        action="store_true",
+        help="answer whatever model a request names, instead of a 404 for a name not served here",
+    )
     bench_parser = commands.add_parser(
         "bench",
         help="measure the cache against llama-cpp-python's caches, llama-server and no cache",
@@ -226,6 +239,9 @@ def run_serve(args: argparse.Namespace, workspace: Workspace) -> int:
         raise SettingsError(f"--max-pending {args.max_pending} must be at least 1")
     if args.max_tokens is not None and not 0 < args.max_tokens <= MAX_ANSWER_TOKENS:
         raise SettingsError(f"--max-tokens {args.max_tokens} is not an answer length; use 1-{MAX_ANSWER_TOKENS:,}")
+    aliases = tuple(alias.strip() for alias in args.model_alias)
+    if not all(aliases):
+        raise SettingsError("a --model-alias is empty; pass a model name such as gpt-4o")
     check_port_free(args.host, args.port)
 
     def say(line: str) -> None:
@@ -233,7 +249,16 @@ def run_serve(args: argparse.Namespace, workspace: Workspace) -> int:
 
     say(f"loading {workspace.model_label()}...")
     serving = Serving(workspace, max_pending=args.max_pending, default_max_tokens=args.max_tokens)
-    serve(serving, host=args.host, port=args.port, api_key=args.api_key, body_limit_bytes=MAX_BODY_BYTES, say=say)
+    serve(
+        serving,
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key,
+        body_limit_bytes=MAX_BODY_BYTES,
+        aliases=aliases,
+        any_model=args.any_model,
+        say=say,
+    )
     return 0
 
 

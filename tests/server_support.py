@@ -68,6 +68,8 @@ def running_server(
     max_pending: int = 16,
     body_limit_bytes: int = 1 << 20,
     default_max_tokens: int | None = SHORT_ANSWER_TOKENS,
+    aliases: tuple[str, ...] = (),
+    any_model: bool = False,
     **settings: object,
 ) -> Iterator[RunningServer]:
     """Serve the model from `data_dir` until the block ends; then stop and close as Ctrl-C does."""
@@ -75,7 +77,14 @@ def running_server(
     serving = Serving(workspace, max_pending=max_pending, default_max_tokens=default_max_tokens)
     port = free_port()
     server, context = build_server(
-        serving, host="127.0.0.1", port=port, api_key=api_key, body_limit_bytes=body_limit_bytes, log_level="warning"
+        serving,
+        host="127.0.0.1",
+        port=port,
+        api_key=api_key,
+        body_limit_bytes=body_limit_bytes,
+        aliases=aliases,
+        any_model=any_model,
+        log_level="warning",
     )
     thread = threading.Thread(target=server.run, name="test-server", daemon=True)
     thread.start()

@@ -53,15 +53,15 @@ async def version() -> dict[str, str]:
 
 @router.get("/tags")
 async def tags(request: Request) -> dict[str, Any]:
-    model = context_of(request).serving.model
-    return {"models": [ollama_models.tag(model.id, model)]}
+    context = context_of(request)
+    return {"models": [ollama_models.tag(name, context.serving.model) for name in context.model_names()]}
 
 
 @router.get("/ps")
 async def running(request: Request) -> dict[str, Any]:
-    """The loaded model: oterm asks after every answer."""
-    model = context_of(request).serving.model
-    return {"models": [ollama_models.running(model.id, model)]}
+    """The loaded model (under each name it answers to): oterm asks after every answer."""
+    context = context_of(request)
+    return {"models": [ollama_models.running(name, context.serving.model) for name in context.model_names()]}
 
 
 class OllamaShowBody(Lenient):
