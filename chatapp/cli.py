@@ -102,8 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve the model and its cache over the OpenAI and Ollama HTTP APIs",
         description="An HTTP server on the same engine, prefix cache and data folder as the app: "
         "OpenAI's /v1/chat/completions, /v1/completions and /v1/models, Ollama's /api/chat, /api/generate, "
-        "/api/tags, /api/show and /api/version, and /health and /metrics. Ctrl-C (or SIGTERM) stops it cleanly, "
-        "with the cache written.",
+        "/api/tags, /api/show, /api/ps and /api/version, and /health and /metrics. Ctrl-C (or SIGTERM) stops it "
+        "cleanly, with the cache written.",
     )
     serve_parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     serve_parser.add_argument("--port", type=int, default=8080, metavar="N", help="port to listen on (default: 8080)")
@@ -119,6 +119,26 @@ def build_parser() -> argparse.ArgumentParser:
         default=16,
         metavar="N",
         help="requests waiting or running at once; more get 503 with Retry-After (default: 16)",
+    )
+    serve_parser.add_argument(
+        "--max-tokens",
+        type=int,
+        metavar="N",
+        help="longest answer to a request that sets no max_tokens (default: until the model ends it or the "
+        "context is full, as OpenAI, Ollama and llama-server answer)",
+    )
+    serve_parser.add_argument(
+        "--model-alias",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="another name the model answers to, listed by /v1/models and /api/tags (repeatable): for "
+        "clients with a model name built in, e.g. --model-alias gpt-4o",
+    )
+    serve_parser.add_argument(
+        "--any-model",
+        action="store_true",
+        help="answer whatever model a request names, instead of a 404 for a name not served here",
     )
     bench_parser = commands.add_parser(
         "bench",
@@ -209,7 +229,7 @@ def run_cache(args: argparse.Namespace, workspace: Workspace) -> int:
 
 def run_serve(args: argparse.Namespace, workspace: Workspace) -> int:
     from chatapp.server.run import check_port_free, serve
-    from chatapp.services.serving import Serving
+    from chatapp.services.serving import MAX_ANSWER_TOKENS, Serving
 
     if not 0 < args.port < 65536:
         raise SettingsError(f"--port {args.port} is not a port; use 1-65535")
@@ -217,14 +237,28 @@ def run_serve(args: argparse.Namespace, workspace: Workspace) -> int:
         raise SettingsError(f"the API key is empty; pass a non-empty --api-key (or ${ENV_API_KEY}), or none at all")
     if args.max_pending < 1:
         raise SettingsError(f"--max-pending {args.max_pending} must be at least 1")
+    if args.max_tokens is not None and not 0 < args.max_tokens <= MAX_ANSWER_TOKENS:
+        raise SettingsError(f"--max-tokens {args.max_tokens} is not an answer length; use 1-{MAX_ANSWER_TOKENS:,}")
+    aliases = tuple(alias.strip() for alias in args.model_alias)
+    if not all(aliases):
+        raise SettingsError("a --model-alias is empty; pass a model name such as gpt-4o")
     check_port_free(args.host, args.port)
 
     def say(line: str) -> None:
         print(f"chatapp: {line}" if line.startswith("warning") else line, file=sys.stderr, flush=True)
 
     say(f"loading {workspace.model_label()}...")
-    serving = Serving(workspace, max_pending=args.max_pending)
-    serve(serving, host=args.host, port=args.port, api_key=args.api_key, body_limit_bytes=MAX_BODY_BYTES, say=say)
+    serving = Serving(workspace, max_pending=args.max_pending, default_max_tokens=args.max_tokens)
+    serve(
+        serving,
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key,
+        body_limit_bytes=MAX_BODY_BYTES,
+        aliases=aliases,
+        any_model=args.any_model,
+        say=say,
+    )
     return 0
 
 

@@ -18,13 +18,14 @@ from chatapp.engine.engine import Engine
 from chatapp.engine.gate import Step
 from chatapp.server.answering import ServerContext
 from chatapp.server.run import build_server
-from chatapp.services.serving import Serving
+from chatapp.services.serving import ModelCard, Serving
 from chatapp.services.startup import open_workspace
 from tests.conftest import local
 from tests.cut_proxy import CutProxy, cut_proxy
 
 # Greedy and short: reproducible answers, a fast run on two cores.
-SERVER_SETTINGS = {"temperature": 0.0, "context_cap": 1024, "sequences": 4, "max_tokens": 12, "threads": 1}
+SERVER_SETTINGS = {"temperature": 0.0, "context_cap": 1024, "sequences": 4, "threads": 1}
+SHORT_ANSWER_TOKENS = 12  # what a request without max_tokens gets (`chatapp serve --max-tokens 12`)
 START_TIMEOUT_S = 120.0
 # Long enough that the first cache block is full, so a second request can reuse it.
 SYSTEM_PROMPT = (
@@ -53,6 +54,10 @@ class RunningServer:
     def model_id(self) -> str:
         return self.serving.model.id
 
+    @property
+    def model(self) -> ModelCard:
+        return self.serving.model
+
 
 @contextmanager
 def running_server(
@@ -62,14 +67,24 @@ def running_server(
     api_key: str | None = None,
     max_pending: int = 16,
     body_limit_bytes: int = 1 << 20,
+    default_max_tokens: int | None = SHORT_ANSWER_TOKENS,
+    aliases: tuple[str, ...] = (),
+    any_model: bool = False,
     **settings: object,
 ) -> Iterator[RunningServer]:
     """Serve the model from `data_dir` until the block ends; then stop and close as Ctrl-C does."""
     workspace = open_workspace(str(data_dir), {**SERVER_SETTINGS, "model": str(model_path), **settings})
-    serving = Serving(workspace, max_pending=max_pending)
+    serving = Serving(workspace, max_pending=max_pending, default_max_tokens=default_max_tokens)
     port = free_port()
     server, context = build_server(
-        serving, host="127.0.0.1", port=port, api_key=api_key, body_limit_bytes=body_limit_bytes, log_level="warning"
+        serving,
+        host="127.0.0.1",
+        port=port,
+        api_key=api_key,
+        body_limit_bytes=body_limit_bytes,
+        aliases=aliases,
+        any_model=any_model,
+        log_level="warning",
     )
     thread = threading.Thread(target=server.run, name="test-server", daemon=True)
     thread.start()

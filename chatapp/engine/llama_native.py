@@ -22,6 +22,7 @@ import numpy as np
 
 from cache.state_format import MemoryKind
 from chatapp.engine.grammar import Grammar
+from chatapp.engine.model_card import ModelFacts
 from chatapp.engine.requests import SamplingParams
 from chatapp.errors import GrammarError, ModelError
 
@@ -32,6 +33,12 @@ _recent_problems: deque[str] = deque(maxlen=8)
 _last_level = logging.DEBUG
 _init_lock = threading.Lock()
 _initialised = False
+# GGUF's general.file_type (llama_ftype) as quantizations are named: 3 -> Q4_1, 15 -> Q4_K_M, 0 -> F32.
+FILE_TYPES = {
+    value: name.removeprefix("LLAMA_FTYPE_").removeprefix("MOSTLY_").removeprefix("ALL_")
+    for name, value in vars(llama_cpp).items()
+    if name.startswith("LLAMA_FTYPE_") and name != "LLAMA_FTYPE_GUESSED" and isinstance(value, int)
+}
 # Set while a decode stops because we asked it to: llama.cpp then logs errors ("failed to
 # compute graph") that are no failure of ours, and they go to the debug log only.
 _abort_requested = threading.Event()
@@ -132,6 +139,17 @@ class NativeModel:
         buffer = ctypes.create_string_buffer(4096)
         length = llama_cpp.llama_model_meta_val_str(self.pointer, key.encode("utf-8"), buffer, ctypes.sizeof(buffer))
         return buffer.value.decode("utf-8", errors="replace") if length >= 0 else None
+
+    def facts(self) -> ModelFacts:
+        """What the file's metadata says of the model, for the APIs that describe it."""
+        file_type = self.metadata("general.file_type") or ""
+        return ModelFacts(
+            architecture=self.metadata("general.architecture") or "",
+            parameters=int(llama_cpp.llama_model_n_params(self.pointer)),
+            size_label=self.metadata("general.size_label") or "",
+            quantization=FILE_TYPES.get(int(file_type), "") if file_type.isdigit() else "",
+            layers=self.n_layer,
+        )
 
     def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
         """Token ids for `text`. Safe from any thread: it reads only the vocabulary."""

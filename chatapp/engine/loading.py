@@ -95,6 +95,7 @@ def load_model(
         window=model.window,
         swa_full=shape.swa_full,
         n_vocab=model.n_vocab,
+        facts=model.facts(),
     )
     try:
         layout, problem = verify_state_format(model, context)

@@ -25,6 +25,21 @@ LOCAL_CAPABILITIES = Capabilities(
 
 
 @dataclass(frozen=True)
+class ModelFacts:
+    """What a GGUF file says of its model, for the APIs that describe it (Ollama's /api/tags and /api/show).
+
+    Read from the model already loaded (its metadata), never by loading the file again; a model
+    behind a remote engine leaves them empty: its server does not say.
+    """
+
+    architecture: str = ""  # general.architecture: llama, qwen2, gemma3, ...
+    parameters: int = 0  # how many weights (0: unknown)
+    size_label: str = ""  # general.size_label, as the file names its size: 135M, 7B
+    quantization: str = ""  # the file type: Q4_1, Q4_K_M, F16
+    layers: int = 0  # 0: unknown
+
+
+@dataclass(frozen=True)
 class ModelInfo:
     """What the rest of the app may know about the loaded model and context."""
 
@@ -45,6 +60,7 @@ class ModelInfo:
     # What tells a served model apart when its file is not here (a hash of what the server says of
     # it); None for a local model, whose file is hashed.
     fingerprint: str | None = None
+    facts: ModelFacts = ModelFacts()
 
     @property
     def short_name(self) -> str:

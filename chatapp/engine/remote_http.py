@@ -194,11 +194,14 @@ class StreamedRequest:
         """The request's sampling in the fields both APIs share (`length_field`: how the API names max tokens).
 
         A warm-up asks for one token: the prompt is computed (and kept by the server), nothing is shown.
+        No limit is sent for an answer without one: the server answers until the end of generation
+        or of its context.
         """
         request = self.handle.request
         sampling = request.sampling
+        length = 1 if request.prefill_only else sampling.max_tokens
         fields: dict[str, Any] = {
-            length_field: 1 if request.prefill_only else sampling.max_tokens,
+            **({length_field: length} if length is not None else {}),
             "stream": True,
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,

@@ -19,7 +19,7 @@ class SamplingParams:
     temperature: float = 0.7
     top_p: float = 0.95
     seed: int | None = None
-    max_tokens: int = 512
+    max_tokens: int | None = 512  # None: until the end of generation or of the context
     grammar: Grammar | None = None
 
 

@@ -230,7 +230,7 @@ class Runner:
                 pieces.append(text)
                 handle.emit(TokenText(text=text, token_id=token))
                 self._gates.reach(Step.TOKEN, request, handle.cancel_event)
-                if len(generated) >= request.sampling.max_tokens:
+                if request.sampling.max_tokens is not None and len(generated) >= request.sampling.max_tokens:
                     stop_reason = StopReason.LENGTH
                     break
                 if len(tokens) >= limit:

@@ -55,21 +55,37 @@ COMPACT = (",", ":")  # JSON separators for streamed events
 
 @dataclass
 class ServerContext:
-    """What the routes share: the serving stack, the metrics, the limits and the key."""
+    """What the routes share: the serving stack, the metrics, the limits, the key and the model's names.
+
+    `aliases` are more names for the served model (a client with a name built in, such as
+    gpt-4o); with `any_model` every name is answered.
+    """
 
     serving: Serving
     metrics: ServerMetrics
     body_limit_bytes: int = 8 << 20
     api_key: str | None = None
+    aliases: tuple[str, ...] = ()
+    any_model: bool = False
+
+    def model_names(self) -> list[str]:
+        """The names /v1/models and /api/tags list: the model's id, then its aliases."""
+        return list(dict.fromkeys((self.serving.model.id, *self.aliases)))
+
+    def names_answered(self) -> str:
+        """The names requests may use, in words (for the start-up line)."""
+        listed = ", ".join(self.model_names())
+        return f"any model name ({listed} listed)" if self.any_model else listed
 
     def check_model(self, name: str, param: str = "model") -> None:
-        """A 404 unless `name` is the served model (as /v1/models or /api/tags list it)."""
-        model = self.serving.model
-        if name in (model.id, f"{model.id}:latest", f"{model.id}.gguf"):
+        """A 404 unless `name` is the served model or an alias (as /v1/models or /api/tags list them)."""
+        names = self.model_names()
+        if self.any_model or name.removesuffix(":latest") in names or name == f"{names[0]}.gguf":
             return
         raise ApiError(
             404,
-            f"model {name!r} is not served here; this server serves {model.id!r} (see GET /v1/models)",
+            f"model {name!r} is not served here; this server serves {' or '.join(map(repr, names))} "
+            "(see GET /v1/models)",
             param=param,
             kind="not_found_error",
         )
@@ -136,7 +152,8 @@ class Answer:
             self.feed.close()
             raise
         if isinstance(first, PromptReuse):
-            return cache_headers(first.reused_tokens, first.prompt_tokens, first.tier.value, self.divergence)
+            reused = first.reused_tokens
+            return cache_headers(reused, first.prompt_tokens, first.tier.value, self.divergence(reused))
         self._first = first
         return {CACHE_HEADER: "tier=unknown; the engine reports its reuse with the answer's usage"}
 
@@ -179,14 +196,16 @@ class Answer:
         log.info("client hung up %s: request cancelled", when)
         return None
 
-    @property
-    def divergence(self) -> Divergence | None:
-        return self.feed.completion.divergence
+    def divergence(self, reused: int) -> Divergence | None:
+        """Where the prompt left the earlier one its `reused` tokens came from, when that one is known."""
+        divergence = self.feed.completion.divergence
+        return divergence if divergence is not None and divergence.concerns(reused) else None
 
     def final_headers(self, outcome: CompletionOutcome) -> dict[str, str]:
         """The cache headers of a whole answer, from its final figures."""
         usage = outcome.usage
-        return cache_headers(usage.cached_tokens, usage.prompt_tokens, usage.tier.value, self.divergence)
+        divergence = self.divergence(usage.cached_tokens)
+        return cache_headers(usage.cached_tokens, usage.prompt_tokens, usage.tier.value, divergence)
 
     def outcome(self) -> CompletionOutcome:
         outcome = self.feed.completion.outcome_for_client()
@@ -202,8 +221,8 @@ class Answer:
             outcome.stop_reason.value,
             usage.ttft_ms,
         )
-        if self.divergence is not None:
-            log.info("prompt %s", self.divergence.describe())
+        if (divergence := self.divergence(usage.cached_tokens)) is not None:
+            log.info("prompt %s", divergence.describe())
         return outcome
 
 

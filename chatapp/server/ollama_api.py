@@ -1,5 +1,5 @@
 """The Ollama API: /api/chat, /api/generate (NDJSON streams unless `stream` is false), /api/tags,
-/api/show and /api/version.
+/api/show, /api/ps and /api/version.
 
 Counts follow Ollama: `prompt_eval_count` is the prompt tokens computed for this request
 (Ollama also leaves out what its cache held); `prompt_cache_count` adds the tokens the
@@ -9,14 +9,15 @@ cache gave, and `X-Chatapp-Cache` says the same in the headers. Durations are na
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from chatapp import __version__
+from chatapp.server import ollama_models
 from chatapp.server.answering import CLIENT_GONE, Answer, ServerContext, context_of, finish_reason, start
 from chatapp.server.bodies import read_body
 from chatapp.server.errors import ApiError
@@ -42,7 +43,7 @@ NS_PER_MS = 1_000_000
 
 
 def _now() -> str:
-    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+    return ollama_models.timestamp(time.time())
 
 
 @router.get("/version")
@@ -52,16 +53,15 @@ async def version() -> dict[str, str]:
 
 @router.get("/tags")
 async def tags(request: Request) -> dict[str, Any]:
-    model = context_of(request).serving.model
-    entry = {
-        "name": f"{model.id}:latest",
-        "model": f"{model.id}:latest",
-        "modified_at": _modified(model.created),
-        "size": model.size_bytes,
-        "digest": model.fingerprint,
-        "details": _details(),
-    }
-    return {"models": [entry]}
+    context = context_of(request)
+    return {"models": [ollama_models.tag(name, context.serving.model) for name in context.model_names()]}
+
+
+@router.get("/ps")
+async def running(request: Request) -> dict[str, Any]:
+    """The loaded model (under each name it answers to): oterm asks after every answer."""
+    context = context_of(request)
+    return {"models": [ollama_models.running(name, context.serving.model) for name in context.model_names()]}
 
 
 class OllamaShowBody(Lenient):
@@ -78,24 +78,7 @@ async def show(request: Request) -> dict[str, Any]:
     if not name:
         raise ApiError(400, "model is missing; name the model to show", param="model")
     context.check_model(name)
-    model = context.serving.model
-    return {
-        "modelfile": "",
-        "parameters": "",
-        "template": "",
-        "details": _details(),
-        "model_info": {"general.name": model.name, "general.context_length": model.context_tokens},
-        "capabilities": ["completion"],
-        "modified_at": _modified(model.created),
-    }
-
-
-def _details() -> dict[str, Any]:
-    return {"format": "gguf", "family": "", "families": None, "parameter_size": "", "quantization_level": ""}
-
-
-def _modified(timestamp: int) -> str:
-    return datetime.fromtimestamp(timestamp, UTC).isoformat().replace("+00:00", "Z")
+    return ollama_models.shown(context.serving.model)
 
 
 def _checked(context: ServerContext, body: OllamaBase) -> tuple[SamplingOptions, tuple[str, ...]]:
@@ -106,8 +89,8 @@ def _checked(context: ServerContext, body: OllamaBase) -> tuple[SamplingOptions,
         return SamplingOptions(), ()
     refuse_unsupported(options.fields_sent(), OLLAMA_OPTIONS_UNSUPPORTED, prefix="options.")
     predict = options.num_predict
-    if predict is not None and predict < 0:  # Ollama's "until the model stops": as long as the server allows
-        predict = context.serving.max_tokens_limit
+    if predict is not None and predict < 0:  # Ollama's -1 and -2 say 'no limit', as an absent num_predict does
+        predict = None
     elif predict == 0:
         raise ApiError(400, "options.num_predict is 0; ask for at least one token", param="options.num_predict")
     sampling = SamplingOptions(

@@ -51,17 +51,19 @@ def _options(body: OpenAISampling, max_tokens: int | None) -> SamplingOptions:
 
 @router.get("/models")
 async def list_models(request: Request) -> dict[str, Any]:
-    model = context_of(request).serving.model
+    context = context_of(request)
+    model = context.serving.model
     return {
         "object": "list",
         "data": [
             {
-                "id": model.id,
+                "id": name,
                 "object": "model",
                 "created": model.created,
                 "owned_by": "chatapp",
                 "max_model_len": model.context_tokens,  # vLLM's name: a client in front learns the context
             }
+            for name in context.model_names()
         ],
     }
 

@@ -61,11 +61,20 @@ def check_port_free(host: str, port: int) -> None:
 
 
 def build_server(
-    serving: Serving, *, host: str, port: int, api_key: str | None, body_limit_bytes: int, log_level: str = "info"
+    serving: Serving,
+    *,
+    host: str,
+    port: int,
+    api_key: str | None,
+    body_limit_bytes: int,
+    aliases: tuple[str, ...] = (),
+    any_model: bool = False,
+    log_level: str = "info",
 ) -> tuple[uvicorn.Server, ServerContext]:
     """The app on `serving` in a uvicorn server not yet started (`serve` runs it; tests run it on a
     thread), and what its routes share."""
-    context = ServerContext(serving, ServerMetrics(serving.cache_figures), body_limit_bytes, api_key)
+    metrics = ServerMetrics(serving.cache_figures)
+    context = ServerContext(serving, metrics, body_limit_bytes, api_key, aliases=aliases, any_model=any_model)
     config = uvicorn.Config(
         create_app(context),
         host=host,
@@ -85,15 +94,27 @@ def serve(
     api_key: str | None,
     body_limit_bytes: int,
     say: Callable[[str], None],
+    aliases: tuple[str, ...] = (),
+    any_model: bool = False,
 ) -> None:
     """Serve until interrupted; `serving` is closed on the way out."""
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
-    server, _ = build_server(serving, host=host, port=port, api_key=api_key, body_limit_bytes=body_limit_bytes)
+    server, context = build_server(
+        serving,
+        host=host,
+        port=port,
+        api_key=api_key,
+        body_limit_bytes=body_limit_bytes,
+        aliases=aliases,
+        any_model=any_model,
+    )
     shown_host = f"[{host}]" if ":" in host else host
     say(
         f"chatapp serving {serving.model.id} at http://{shown_host}:{port}/v1 (OpenAI) "
         f"and http://{shown_host}:{port}/api (Ollama)"
     )
+    if any_model or aliases:
+        say(f"it answers to {context.names_answered()}")
     for notice in serving.notices:
         say(f"warning: {notice}")
     if not is_loopback(host) and api_key is None:

@@ -30,6 +30,17 @@ class Divergence:
     after: str  # what this prompt has from the position
     earlier: str  # what the earlier prompt had there
 
+    def concerns(self, reused: int) -> bool:
+        """Whether this is where the prompt left the one its `reused` tokens came from.
+
+        The log holds only this process's last prompts. Reused tokens past `position` came
+        from a prompt it does not hold (stored before a restart, by another process, or
+        forgotten since): where the prompt left that one is not known here, and `position`
+        would point into tokens that did match. When the reused tokens are the whole shared
+        beginning, `position` is where they end.
+        """
+        return self.position >= reused
+
     def describe(self) -> str:
         """One line for the log and the cache screen."""
         return (

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from chatapp.engine.contract import EngineClient
+from chatapp.engine.model_card import ModelFacts, ModelInfo
 from chatapp.engine.requests import SamplingParams
 from chatapp.services.answer_shape import FREE_TEXT, AnswerShape
 from chatapp.services.completions import (
@@ -29,11 +30,12 @@ from chatapp.store.answer_ids import AnswerIdStore
 log = logging.getLogger(__name__)
 
 ANSWER_IDS_FOLDER = "api-answers"
+MAX_ANSWER_TOKENS = 8192  # the longest answer a request may ask for
 
 
 @dataclass(frozen=True)
 class SamplingOptions:
-    """Sampling a request asks for; None takes the settings file's value."""
+    """Sampling a request asks for; None takes the settings file's value (for max_tokens, the server's default)."""
 
     temperature: float | None = None
     top_p: float | None = None
@@ -52,14 +54,34 @@ class ModelCard:
     context_tokens: int
     created: int  # the model file's modification time (seconds)
     size_bytes: int
+    facts: ModelFacts  # from the GGUF's metadata; empty behind a remote engine
+    template: str  # the chat template prompts are built with ("" where the backend builds them)
+    gpu_bytes: int  # the share of the weights offloaded to a GPU
+
+
+def _gpu_bytes(info: ModelInfo, size_bytes: int) -> int:
+    """Bytes of the weights on the GPU: the offloaded layers' share (llama.cpp counts the output layer as one)."""
+    layers = info.facts.layers
+    return size_bytes * min(info.gpu_layers, layers + 1) // (layers + 1) if layers else 0
 
 
 class Serving:
     """The engine, its cache and the completion service, opened once for the server's life."""
 
-    def __init__(self, workspace: Workspace, *, max_pending: int = 16, max_tokens_limit: int = 8192) -> None:
+    def __init__(
+        self,
+        workspace: Workspace,
+        *,
+        max_pending: int = 16,
+        max_tokens_limit: int = MAX_ANSWER_TOKENS,
+        default_max_tokens: int | None = None,
+    ) -> None:
         self.workspace = workspace
         self.max_tokens_limit = max_tokens_limit
+        # What a request without max_tokens gets. None: the answer goes on until the model ends it
+        # or the context is full, as OpenAI, Ollama and llama-server answer (not the chat screen's
+        # `max_tokens` setting, which is the length of an answer in the app).
+        self.default_max_tokens = default_max_tokens
         self.engine: EngineClient = workspace.open_engine()
         try:
             location, fingerprint = workspace.model_identity(self.engine.info)
@@ -75,6 +97,7 @@ class Serving:
             created, size = int(stat.st_mtime), stat.st_size
         else:  # a model on a backend server: no file here
             created, size = int(time.time()), 0
+        builder = self.engine.prompt_builder
         self.model = ModelCard(
             id=info.short_name,
             name=info.name,
@@ -83,6 +106,9 @@ class Serving:
             context_tokens=info.n_ctx_per_sequence,
             created=created,
             size_bytes=size,
+            facts=info.facts,
+            template=builder.template.source if builder is not None else "",
+            gpu_bytes=_gpu_bytes(info, size),
         )
         self._closed = False
 
@@ -92,10 +118,11 @@ class Serving:
         return engine_notices(self.engine)
 
     def sampling(self, options: SamplingOptions) -> SamplingParams:
-        """The request's sampling, the settings file filling what it leaves out; RequestError past a limit."""
+        """The request's sampling, the settings file filling what it leaves out but its length;
+        RequestError past the limit."""
         base = self.workspace.sampling()
-        max_tokens = options.max_tokens if options.max_tokens is not None else base.max_tokens
-        if max_tokens > self.max_tokens_limit:
+        max_tokens = options.max_tokens if options.max_tokens is not None else self.default_max_tokens
+        if max_tokens is not None and max_tokens > self.max_tokens_limit:
             raise RequestError(
                 f"max_tokens is {max_tokens:,} but this server answers at most {self.max_tokens_limit:,} tokens",
                 "max_tokens",

@@ -15,7 +15,8 @@ from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.vocabulary import Role, StopReason
 from tests.cache_support import cached_engine
 
-GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
+ANSWER_TOKENS = 12
+GREEDY = SamplingParams(temperature=0.0, max_tokens=ANSWER_TOKENS)
 PERSONA = "You are a patient tutor. You explain one idea at a time, with a short example. " * 3
 
 
@@ -100,7 +101,7 @@ def test_a_cancelled_long_warm_up_keeps_its_finished_batches_exactly(engine: Eng
     long_question = "Summarise this: " + "the quick brown fox jumps over the lazy dog. " * 85
     target = prompt(engine, long_question)
     batch = engine.context.shape.n_batch
-    assert batch < len(target) < engine.info.n_ctx_per_sequence - GREEDY.max_tokens  # two batches, room to answer
+    assert batch < len(target) < engine.info.n_ctx_per_sequence - ANSWER_TOKENS  # two batches, room to answer
     reference = answer(engine, target, use_cache=False, sequence=1)
     with engine.holding(Step.BATCH, after=1) as gate:
         handle = prefill(engine, target, sequence=0, use_cache=False)
@@ -179,7 +180,7 @@ def test_a_warm_up_ending_just_before_a_batch_boundary_answers_as_cold(engine: E
         engine, "Summarise this: " + "The museum opens at nine and closes at five, except on Mondays. " * 45
     )
     batch = engine.context.shape.n_batch
-    assert batch + 8 < len(target) < engine.info.n_ctx_per_sequence - GREEDY.max_tokens
+    assert batch + 8 < len(target) < engine.info.n_ctx_per_sequence - ANSWER_TOKENS
     reference = answer(engine, target, use_cache=False, sequence=1)
     assert prefill(engine, target[: batch - 1], sequence=0, use_cache=False).wait().stop_reason == StopReason.PREFILLED
     handle = engine.generate(GenerationRequest(target, GREEDY, sequence=0))

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import ollama
+import openai
 import pytest
 
 from tests.server_support import RunningServer
@@ -121,3 +123,19 @@ def test_the_server_still_answers_after_bad_requests(http: httpx.Client, server:
     response = http.post("/v1/chat/completions", json={"model": server.model_id, "messages": [USER]})
     assert response.status_code == 200
     assert response.json()["choices"][0]["message"]["content"]
+
+
+def test_embeddings_are_refused_with_a_501_that_says_why(client: openai.OpenAI, server: RunningServer) -> None:
+    with pytest.raises(openai.APIStatusError) as refused:
+        client.embeddings.create(model=server.model_id, input="a lighthouse")
+    assert refused.value.status_code == 501
+    assert "does not compute embeddings" in refused.value.message
+    local = ollama.Client(host=server.url, timeout=300)
+    for ask in (
+        lambda: local.embed(model=server.model_id, input="a lighthouse"),
+        lambda: local.embeddings(model=server.model_id, prompt="a lighthouse"),
+    ):
+        with pytest.raises(ollama.ResponseError) as answered:
+            ask()
+        assert answered.value.status_code == 501
+        assert "does not compute embeddings" in answered.value.error

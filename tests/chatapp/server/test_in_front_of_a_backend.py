@@ -5,12 +5,20 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import ollama
 import openai
 import pytest
 
 from chatapp.benchmark.server_process import free_port
 from chatapp.cli import main
-from tests.server_support import SYSTEM_PROMPT, Backend, RunningServer, dying_mid_answer, running_server
+from tests.server_support import (
+    SHORT_ANSWER_TOKENS,
+    SYSTEM_PROMPT,
+    Backend,
+    RunningServer,
+    dying_mid_answer,
+    running_server,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -18,7 +26,10 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def front(tmp_path_factory: pytest.TempPathFactory, model_path: Path, backend: Backend) -> Iterator[RunningServer]:
     data = tmp_path_factory.mktemp("front-data")
-    with running_server(data, model_path, backend=backend.url, backend_key=backend.key) as running:
+    # No answer length of its own: a request without one is sent on without one.
+    with running_server(
+        data, model_path, backend=backend.url, backend_key=backend.key, default_max_tokens=None
+    ) as running:
         yield running
 
 
@@ -32,6 +43,9 @@ def test_a_front_server_answers_from_the_backend_and_reports_its_cached_tokens(
         first = client.chat.completions.create(model=model, messages=question, temperature=0)
         answer = first.choices[0].message.content
         assert answer
+        # The front sent no max_tokens: the backend answered with its own default length.
+        assert first.usage is not None
+        assert first.usage.completion_tokens == SHORT_ANSWER_TOKENS
         follow_up = [*question, {"role": "assistant", "content": answer}, {"role": "user", "content": "Why?"}]
         stream = client.chat.completions.create(
             model=model,
@@ -48,8 +62,20 @@ def test_a_front_server_answers_from_the_backend_and_reports_its_cached_tokens(
     assert usage.prompt_tokens_details is not None
     # The front server sent the backend the exact ids it generated for the first answer, so the
     # backend's cache held the whole first exchange.
-    assert first.usage is not None
     assert usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens
+
+
+def test_a_front_server_describes_what_it_knows_of_the_backends_model(front: RunningServer, backend: Backend) -> None:
+    shown = ollama.Client(host=front.url, timeout=300).show(front.model_id)
+    # The backend's template and context come through; the GGUF's own facts stay on the backend.
+    assert shown.template == backend.server.model.template
+    assert shown.template
+    assert shown.modelinfo is not None
+    assert shown.modelinfo["general.context_length"] == backend.server.model.context_tokens
+    assert shown.details is not None
+    assert shown.details.family == ""
+    assert shown.details.quantization_level == ""
+    assert shown.capabilities == ["completion", "tools"]
 
 
 def test_a_backend_dying_mid_answer_ends_the_clients_stream_with_an_error_and_the_next_request_works(

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+import time
+from pathlib import Path
+
+import gguf
 import httpx
 import ollama
 import pytest
 
+from chatapp.server import ollama_models
 from tests.server_support import SYSTEM_PROMPT, RunningServer
 
 OPTIONS = {"temperature": 0, "num_predict": 10}
@@ -16,13 +22,49 @@ def local(server: RunningServer) -> ollama.Client:
     return ollama.Client(host=server.url, timeout=300)
 
 
-def test_the_served_model_is_listed_with_a_version(local: ollama.Client, server: RunningServer) -> None:
-    names = [model.model for model in local.list().models]
-    assert names == [f"{server.model_id}:latest"]
+def gguf_says(path: Path) -> dict[str, object]:
+    """What the model file's metadata says, read by the `gguf` package (not the server's reader)."""
+    reader = gguf.GGUFReader(path)
+    fields = {name: reader.get_field(name) for name in ("general.architecture", "general.size_label")}
+    file_type = reader.get_field("general.file_type")
+    assert file_type is not None
+    return {
+        **{name: field.contents() if field is not None else "" for name, field in fields.items()},
+        "quantization": gguf.LlamaFileType(file_type.contents()).name.removeprefix("MOSTLY_"),
+    }
+
+
+def test_the_served_model_is_listed_with_its_details_and_a_version(
+    local: ollama.Client, server: RunningServer, model_path: Path
+) -> None:
+    said = gguf_says(model_path)
+    listed = local.list().models
+    assert [model.model for model in listed] == [f"{server.model_id}:latest"]
     assert httpx.get(f"{server.url}/api/version").json()["version"]
     shown = local.show(f"{server.model_id}:latest")
-    assert shown.capabilities == ["completion"]
+    for details in (listed[0].details, shown.details):
+        assert details is not None
+        assert details.family == said["general.architecture"]
+        assert details.parameter_size == said["general.size_label"]
+        assert details.quantization_level == said["quantization"]
+    assert listed[0].size == model_path.stat().st_size
+    assert shown.capabilities == ["completion", "tools"]
+    assert shown.template == server.serving.props()["chat_template"]
+    assert shown.template
     assert shown.modelinfo is not None
+    assert shown.modelinfo[f"{said['general.architecture']}.context_length"] == server.model.context_tokens
+
+
+def test_the_loaded_model_is_running_with_its_context(local: ollama.Client, server: RunningServer) -> None:
+    (running,) = local.ps().models
+    assert running.model == running.name == f"{server.model_id}:latest"
+    assert running.context_length == server.model.context_tokens == 1024
+    assert running.size == server.model.size_bytes > 0
+    assert running.size_vram == 0  # the tests run on the CPU: no layer offloaded
+    assert running.details is not None
+    assert running.details.family
+    assert running.expires_at is not None
+    assert running.expires_at.timestamp() > time.time() + 365 * 24 * 3600  # loaded until the server stops
 
 
 def test_chat_whole_and_streamed_agree_and_the_second_reuses_the_prompt(
@@ -69,3 +111,16 @@ def test_errors_reach_the_client_as_ollama_errors(local: ollama.Client) -> None:
         local.chat(model="llama3", messages=[{"role": "user", "content": "hi"}])
     assert raised.value.status_code == 404
     assert "not served here" in raised.value.error
+
+
+@pytest.mark.parametrize(
+    ("count", "written"),
+    [(134_515_008, "134.52M"), (7_000_000_000, "7B"), (8_030_261_248, "8.0B"), (0, "")],
+)
+def test_a_file_without_a_size_label_gets_its_parameter_count_as_ollama_writes_it(
+    server: RunningServer, count: int, written: str
+) -> None:
+    model = dataclasses.replace(
+        server.model, facts=dataclasses.replace(server.model.facts, size_label="", parameters=count)
+    )
+    assert ollama_models.details(model)["parameter_size"] == written

@@ -56,7 +56,7 @@ def test_a_streamed_answer_equals_the_whole_one_with_the_same_usage(
             finish = choice.finish_reason or finish
     assert whole.choices[0].message.content
     assert "".join(pieces) == whole.choices[0].message.content
-    assert finish == whole.choices[0].finish_reason == "length"  # max_tokens 12 from the settings
+    assert finish == whole.choices[0].finish_reason == "length"  # the server's --max-tokens 12
     assert usage is not None
     assert usage.prompt_tokens == whole.usage.prompt_tokens
     assert usage.completion_tokens == whole.usage.completion_tokens == 12
@@ -134,7 +134,9 @@ def test_a_prompt_that_breaks_the_prefix_says_where(client: openai.OpenAI, serve
         answers.append(raw.headers)
     figures = cache_header(answers[1])
     position = int(figures["diverged_at"])
-    assert int(figures["reused"]) <= position
+    # The earlier prompt is still in a sequence: every token up to the divergence is reused, no more.
+    assert figures["tier"] == "device"
+    assert int(figures["reused"]) == position
     excerpt = json.loads(answers[1]["x-chatapp-cache-divergence"])
     assert excerpt["after"].startswith("2:13")
     assert "It is now 10:4" in excerpt["before"]

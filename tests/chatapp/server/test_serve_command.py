@@ -68,18 +68,22 @@ def wait_healthy(url: str, process: subprocess.Popen[str]) -> None:
 def test_serve_answers_and_stops_cleanly(tmp_path: Path, model_path: Path, stop: signal.Signals) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    with serve(tmp_path / "data", model_path, "--port", str(port), env={"CHATAPP_API_KEY": "k"}) as process:
+    options = ("--port", str(port), "--model-alias", "gpt-4o", "--max-tokens", "4")
+    with serve(tmp_path / "data", model_path, *options, env={"CHATAPP_API_KEY": "k"}) as process:
         wait_healthy(url, process)
         with openai.OpenAI(base_url=f"{url}/v1", api_key="k", max_retries=0, timeout=300) as client:
-            model = client.models.list().data[0].id
+            model, alias = (listed.id for listed in client.models.list().data)
             completion = client.chat.completions.create(
-                model=model, messages=[{"role": "user", "content": "Hello"}], max_tokens=4
+                model=alias, messages=[{"role": "user", "content": "Tell me about lighthouses."}]
             )
         assert completion.choices[0].message.content
+        assert completion.usage is not None
+        assert completion.usage.completion_tokens == 4  # --max-tokens: the length of an answer without one
         process.send_signal(stop)
         _, errors = process.communicate(timeout=120)
     assert process.returncode == 0, errors
     assert f"at {url}/v1 (OpenAI)" in errors
+    assert f"it answers to {model}, gpt-4o" in errors
     assert "server stopped; the cache is written" in errors
     assert "Traceback" not in errors
     assert "warning" not in errors  # loopback: no warning about a missing key
@@ -96,6 +100,24 @@ def test_a_port_in_use_is_a_one_line_error(tmp_path: Path, model_path: Path) -> 
     assert errors.strip().splitlines() == [
         f"chatapp: error: cannot listen on 127.0.0.1:{port} (Address already in use); choose another port with --port"
     ]
+
+
+@pytest.mark.parametrize(
+    ("option", "expected"),
+    [
+        (("--max-tokens", "9000"), "--max-tokens 9000 is not an answer length; use 1-8,192"),
+        (("--model-alias", " "), "a --model-alias is empty"),
+    ],
+)
+def test_a_wrong_answer_length_or_alias_is_a_one_line_error(
+    tmp_path: Path, model_path: Path, option: tuple[str, ...], expected: str
+) -> None:
+    with serve(tmp_path / "data", model_path, *option) as process:
+        _, errors = process.communicate(timeout=120)
+    assert process.returncode == 2
+    (line,) = errors.strip().splitlines()
+    assert line.startswith("chatapp: error: ")
+    assert expected in line
 
 
 def test_an_empty_api_key_is_refused(tmp_path: Path, model_path: Path) -> None:
