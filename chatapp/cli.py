@@ -136,6 +136,12 @@ def build_parser() -> argparse.ArgumentParser:
         "clients with a model name built in, e.g. --model-alias gpt-4o",
     )
     serve_parser.add_argument(
+        "--sort-tools",
+        action="store_true",
+        help="offer a request's tools in name order: for clients that list their tools in another order "
+        "from one request to the next, which would otherwise change the prompt and miss the cache from there on",
+    )
+    serve_parser.add_argument(
         "--any-model",
         action="store_true",
         help="answer whatever model a request names, instead of a 404 for a name not served here",
@@ -248,7 +254,9 @@ def run_serve(args: argparse.Namespace, workspace: Workspace) -> int:
         print(f"chatapp: {line}" if line.startswith("warning") else line, file=sys.stderr, flush=True)
 
     say(f"loading {workspace.model_label()}...")
-    serving = Serving(workspace, max_pending=args.max_pending, default_max_tokens=args.max_tokens)
+    serving = Serving(
+        workspace, max_pending=args.max_pending, default_max_tokens=args.max_tokens, sort_tools=args.sort_tools
+    )
     serve(
         serving,
         host=args.host,

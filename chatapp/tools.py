@@ -17,6 +17,11 @@ def canonical_json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
 
 
+def compact_json(value: Any) -> str:
+    """JSON without spaces, keys in the order given (a schema's property order is meaningful)."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
 @dataclass(frozen=True)
 class ToolSpec:
     """A function the model may call: its name, what it does and its parameters' JSON schema."""

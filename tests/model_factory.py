@@ -449,3 +449,47 @@ def _read_array(data: mmap.mmap, offset: int, sub_type: gguf.GGUFValueType) -> t
     size = struct.calcsize(fmt)
     items = np.frombuffer(data, dtype=np.dtype(fmt), count=count, offset=offset).tolist()
     return items, offset + size * count
+
+
+def copy_with_chat_template(source: Path, target: Path, template: str) -> Path:
+    """A copy of the GGUF `source` whose chat template is `template`, all else byte for byte; returns `target`.
+
+    A real model speaking another family's template (the bundled SmolLM2, trained on ChatML,
+    with a Qwen3-style template and its tool format): only the template's key-value entry is
+    rewritten, and the tensor data moves to the next aligned offset after the header.
+    """
+    template_key = gguf.Keys.Tokenizer.CHAT_TEMPLATE.encode()
+    with source.open("rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        magic, version, n_tensors, n_kv = struct.unpack_from("<4sIQQ", data, 0)
+        if magic != b"GGUF" or version < 2:
+            raise ValueError(f"{source} is not a GGUF v2+ file")
+        offset, alignment, span = 24, gguf.GGUF_DEFAULT_ALIGNMENT, None
+        for _ in range(n_kv):
+            start = offset
+            key, offset = _read_string(data, offset)
+            value_type = gguf.GGUFValueType(struct.unpack_from("<I", data, offset)[0])
+            offset += 4
+            if value_type == gguf.GGUFValueType.ARRAY:
+                sub_type = gguf.GGUFValueType(struct.unpack_from("<I", data, offset)[0])
+                _, offset = _read_array(data, offset + 4, sub_type)
+            else:
+                value, offset = _read_value(data, offset, value_type)
+                if key == gguf.Keys.General.ALIGNMENT.encode():
+                    alignment = int(value)
+            if key == template_key:
+                span = (start, offset)
+        for _ in range(n_tensors):  # name, dimensions, type and offset of each tensor
+            _, offset = _read_string(data, offset)
+            (n_dims,) = struct.unpack_from("<I", data, offset)
+            offset += 4 + 8 * n_dims + 4 + 8
+        if span is None:
+            raise ValueError(f"{source} has no chat template to replace")
+        encoded = template.encode("utf-8")
+        entry = struct.pack("<Q", len(template_key)) + template_key
+        entry += struct.pack("<IQ", gguf.GGUFValueType.STRING, len(encoded)) + encoded
+        header = data[: span[0]] + entry + data[span[1] : offset]
+        data_start = offset + (-offset) % alignment
+        with target.open("wb") as out:
+            out.write(header + b"\0" * ((-len(header)) % alignment))
+            out.write(data[data_start:])
+    return target

@@ -13,6 +13,7 @@ from typing import Any
 
 from llama_cpp.llama_grammar import SchemaConverter
 
+from chatapp.engine.grammar import Grammar
 from chatapp.errors import GrammarError
 
 # Keywords the converter would ignore: the answer could break them.
@@ -46,6 +47,8 @@ SCHEMA_MAPS = ("properties", "$defs", "definitions")
 SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 SCHEMA_VALUES = ("items", "additionalProperties")
 
+# Our own rules' names begin with "chatapp-": the converter names its rules after the schema's.
+ROOT = "chatapp-root"
 # Any JSON object (OpenAI's json_object mode, Ollama's format "json").
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
 
@@ -64,8 +67,8 @@ class RuleSet:
 
     def schema_rule(self, schema: dict[str, Any], name: str, where: str) -> str:
         """The name of the rule for values that follow `schema`; GrammarError naming what it cannot hold."""
-        refuse_unsupported(schema, where)
         try:
+            refuse_unsupported(schema, where)
             resolved = self._converter.resolve_refs(schema, where)
             rule: str = self._converter.visit(resolved, name)
         except GrammarError:
@@ -98,10 +101,12 @@ def _keywords(schema: Any, path: str) -> Iterator[tuple[str, str]]:
     for keyword in schema:
         yield path, keyword
     for field in SCHEMA_MAPS:
-        for name, inner in (schema.get(field) or {}).items():
+        inner_map = schema.get(field)
+        for name, inner in inner_map.items() if isinstance(inner_map, dict) else ():
             yield from _keywords(inner, f"{path}.{field}.{name}")
     for field in SCHEMA_LISTS:
-        for index, inner in enumerate(schema.get(field) or []):
+        inner_list = schema.get(field)
+        for index, inner in enumerate(inner_list if isinstance(inner_list, list) else ()):
             yield from _keywords(inner, f"{path}.{field}[{index}]")
     for field in SCHEMA_VALUES:
         inner = schema.get(field)
@@ -112,9 +117,9 @@ def _keywords(schema: Any, path: str) -> Iterator[tuple[str, str]]:
             yield from _keywords(inner, f"{path}.{field}")
 
 
-def schema_grammar(schema: dict[str, Any], where: str) -> str:
-    """A grammar whose `root` is one JSON value following `schema` (structured output)."""
+def schema_grammar(schema: dict[str, Any], where: str) -> Grammar:
+    """A grammar whose root (ROOT) is one JSON value following `schema` (structured output)."""
     rules = RuleSet()
-    value = rules.schema_rule(schema, "value", where)
-    rules.add("root", value)
-    return rules.gbnf()
+    value = rules.schema_rule(schema, "chatapp-value", where)
+    rules.add(ROOT, value)
+    return Grammar(rules.gbnf(), root=ROOT)

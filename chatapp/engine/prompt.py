@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
 
 from chatapp.engine.chat_template import FALLBACK_CHATML, ChatTemplate, TemplateRenderError
-from chatapp.engine.tool_formats import HERMES, PROBE_TOOL, HermesToolFormat, native_format
+from chatapp.engine.tool_formats import HERMES, PROBE_TOOL, BlockToolFormat, native_format
 from chatapp.tools import ToolCall, ToolResult, ToolSpec
 from chatapp.vocabulary import Role
 
@@ -124,7 +124,7 @@ class PromptBuilder:
         self.supports_system = self._accepts_system_messages()
         native = native_format(template.source, self._renders_tools())
         self.native_tools = native is not None
-        self.tool_format: HermesToolFormat = native or HERMES
+        self.tool_format: BlockToolFormat = native or HERMES
 
     def with_tools(self, tools: tuple[ToolSpec, ...]) -> PromptBuilder:
         """A builder whose prompts offer `tools` (in the template's own way, or taught in the system prompt)."""
@@ -255,7 +255,7 @@ class PromptBuilder:
 
     def _tools_as_text(self, messages: list[ChatMessage]) -> list[ChatMessage]:
         """For a template without tools: the format taught after the persona, calls and results written out."""
-        form = self.tool_format
+        form = HERMES  # the format taught (tool_format is HERMES here too)
         written = []
         for message in messages:
             if message.role is Role.TOOL:
@@ -301,13 +301,16 @@ class PromptBuilder:
         # The template rewrites earlier text when a message is added; the prompt must not
         # change behind us, so render the message on its own instead.
         log.warning("chat template is not prefix-stable for a %s message; rendering it alone", message.role)
-        alone = self._render([message], add_generation_prompt=False)
-        empty = self._render_history([])
+        alone = self._render([message], add_generation_prompt=False, with_tools=False)  # tools come once, first
+        try:
+            empty = self.template.render([], add_generation_prompt=False)
+        except TemplateRenderError:
+            empty = ""
         return alone[len(empty) :] if alone.startswith(empty) else alone
 
-    def _render(self, messages: list[ChatMessage], *, add_generation_prompt: bool) -> str:
+    def _render(self, messages: list[ChatMessage], *, add_generation_prompt: bool, with_tools: bool = True) -> str:
         inputs = [item for message in messages for item in message.template_inputs()]
-        if self.tools and self.native_tools:
+        if with_tools and self.tools and self.native_tools:
             tools = [tool.template_input() for tool in self.tools]
             return self.template.render(inputs, add_generation_prompt=add_generation_prompt, tools=tools)
         return self.template.render(inputs, add_generation_prompt=add_generation_prompt)

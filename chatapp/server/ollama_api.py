@@ -22,6 +22,7 @@ from chatapp.server.answering import CLIENT_GONE, Answer, ServerContext, context
 from chatapp.server.bodies import read_body
 from chatapp.server.errors import ApiError
 from chatapp.server.schemas import (
+    OLLAMA_GENERATE_UNSUPPORTED,
     OLLAMA_OPTIONS_UNSUPPORTED,
     OLLAMA_UNSUPPORTED,
     Lenient,
@@ -121,8 +122,11 @@ async def generate(request: Request) -> Response:
     context = context_of(request)
     body = await read_body(request, OllamaGenerateBody, context.body_limit_bytes)
     options, stop = _checked(context, body)
+    refuse_unsupported(body.fields_sent(), OLLAMA_GENERATE_UNSUPPORTED)
     if not body.prompt.strip():
         raise ApiError(400, "prompt is empty; send some text", param="prompt")
+    if body.raw and body.fields_sent().get("format"):
+        raise ApiError(400, "format needs the chat template: remove raw, or format", param="format")
     serving = context.serving
     if body.raw:
         answer = Answer(context, await start(lambda: serving.complete(body.prompt, options, stop)))

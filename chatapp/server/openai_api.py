@@ -20,6 +20,7 @@ from chatapp.server.answering import CLIENT_GONE, COMPACT, Answer, context_of, f
 from chatapp.server.bodies import read_body
 from chatapp.server.errors import ApiError
 from chatapp.server.schemas import (
+    COMPLETION_UNSUPPORTED,
     OPENAI_MESSAGE_UNSUPPORTED,
     OPENAI_UNSUPPORTED,
     ChatCompletionBody,
@@ -32,6 +33,7 @@ from chatapp.server.tool_fields import chat_message, openai_call, openai_shape
 from chatapp.services.completions import CompletionOutcome, CompletionUsage
 from chatapp.services.serving import SamplingOptions
 from chatapp.services.streams import AnswerText
+from chatapp.vocabulary import StopReason
 
 router = APIRouter(prefix="/v1")
 
@@ -92,7 +94,7 @@ async def chat_completions(request: Request) -> Response:
 async def completions(request: Request) -> Response:
     context = context_of(request)
     body = await read_body(request, CompletionBody, context.body_limit_bytes)
-    refuse_unsupported(body.fields_sent(), OPENAI_UNSUPPORTED)
+    refuse_unsupported(body.fields_sent(), COMPLETION_UNSUPPORTED)
     context.check_model(body.model)
     prompt: str | list[int]
     if isinstance(body.prompt, str):
@@ -192,5 +194,7 @@ async def _chunks(
 
 
 def _finish(outcome: CompletionOutcome) -> str:
-    """`finish_reason`: "tool_calls" when the answer made calls, else how it ended."""
-    return "tool_calls" if outcome.tool_calls else finish_reason(outcome.stop_reason)
+    """`finish_reason`: "tool_calls" when the answer made calls (and was not cut off), else how it ended."""
+    if outcome.tool_calls and outcome.stop_reason not in (StopReason.LENGTH, StopReason.CONTEXT):
+        return "tool_calls"
+    return finish_reason(outcome.stop_reason)

@@ -54,6 +54,13 @@ OPENAI_UNSUPPORTED = {
     "prediction": _unset,
     "reasoning_effort": _unset,
 }
+# A plain completion has no tools and no response format: there they would change nothing, silently.
+COMPLETION_UNSUPPORTED = {
+    **OPENAI_UNSUPPORTED,
+    "tools": _unset,
+    "tool_choice": lambda value: value is None or value == "none",
+    "response_format": lambda value: value is None or (isinstance(value, dict) and value.get("type") == "text"),
+}
 OPENAI_MESSAGE_UNSUPPORTED = {"function_call": _unset, "audio": _unset}
 OLLAMA_UNSUPPORTED = {
     "images": _unset,
@@ -64,6 +71,7 @@ OLLAMA_UNSUPPORTED = {
     "logprobs": _unset,
     "top_logprobs": _unset,
 }
+OLLAMA_GENERATE_UNSUPPORTED = {**OLLAMA_UNSUPPORTED, "tools": _unset}  # generate takes no tools
 OLLAMA_OPTIONS_UNSUPPORTED = {
     "num_keep": lambda value: True,
     "top_k": _unset,

@@ -13,7 +13,7 @@ from chatapp.server.errors import ApiError
 from chatapp.server.schemas import refuse_unsupported, role_of
 from chatapp.services.answer_shape import AnswerShape, ShapeError, ToolChoice, json_object_shape, schema_shape
 from chatapp.services.completions import ApiMessage
-from chatapp.tools import ToolCall, ToolSpec, arguments_json, canonical_json
+from chatapp.tools import ToolCall, ToolSpec, arguments_json, compact_json
 from chatapp.vocabulary import Role
 
 TOOL_CHOICES = {choice.value: choice for choice in (ToolChoice.AUTO, ToolChoice.NONE, ToolChoice.REQUIRED)}
@@ -37,7 +37,8 @@ def tool_specs(tools: Any, param: str = "tools") -> tuple[ToolSpec, ...]:
         if not isinstance(parameters, dict):
             raise ApiError(400, f"{where}.function.parameters must be a JSON schema object", param=where)
         description = function.get("description") or ""
-        specs.append(ToolSpec(function["name"], str(description), canonical_json(parameters)))
+        # The client's own key order: a grammar writes properties in that order (reasoning first, say).
+        specs.append(ToolSpec(function["name"], str(description), compact_json(parameters)))
     names = [spec.name for spec in specs]
     repeated = next((name for name in names if names.count(name) > 1), None)
     if repeated is not None:
@@ -85,7 +86,11 @@ def _tool_choice(value: Any, has_tools: bool) -> tuple[ToolChoice, str | None]:
         return ToolChoice.AUTO, None
     if isinstance(value, str) and value in TOOL_CHOICES:
         choice = TOOL_CHOICES[value]
-    elif isinstance(value, dict) and isinstance((value.get("function") or {}).get("name"), str):
+    elif (
+        isinstance(value, dict)
+        and isinstance(value.get("function"), dict)
+        and isinstance(value["function"].get("name"), str)
+    ):
         choice = ToolChoice.FUNCTION
     else:
         raise ApiError(
@@ -101,13 +106,18 @@ def _tool_choice(value: Any, has_tools: bool) -> tuple[ToolChoice, str | None]:
 def _response_format(value: Any) -> AnswerShape:
     if value is None or value == "":
         return AnswerShape()
-    kind = value.get("type") if isinstance(value, dict) else None
+    if not isinstance(value, dict):
+        raise ApiError(
+            400, "response_format must be an object such as {'type': 'json_object'}", param="response_format"
+        )
+    kind = value.get("type")
     if kind in (None, "text"):
         return AnswerShape()
     if kind == "json_object":
         return json_object_shape("response_format")
     if kind == "json_schema":
-        schema = (value.get("json_schema") or {}).get("schema")
+        described = value.get("json_schema")
+        schema = described.get("schema") if isinstance(described, dict) else None
         if schema is None:
             missing = "response_format.json_schema.schema is missing; send the schema"
             raise ApiError(400, missing, param="response_format")

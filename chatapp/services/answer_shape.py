@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
@@ -48,6 +48,10 @@ class AnswerShape:
     json_schema: str | None = None  # canonical JSON of the schema the whole answer follows
     schema_param: str = "response_format"
 
+    def with_tools_by_name(self) -> AnswerShape:
+        """The same, its tools in name order (`chatapp serve --sort-tools`)."""
+        return replace(self, tools=tuple(sorted(self.tools, key=lambda tool: tool.name)))
+
     @property
     def calls_tools(self) -> bool:
         """Whether the answer is read for calls."""
@@ -59,7 +63,7 @@ class AnswerShape:
             if self.calls_tools and builder is not None:
                 return self._call_grammar(builder)
             if self.json_schema is not None:
-                return Grammar(schema_grammar(json.loads(self.json_schema), self.schema_param))
+                return schema_grammar(json.loads(self.json_schema), self.schema_param)
         except GrammarError as error:
             raise ShapeError(str(error), "tools" if self.calls_tools else self.schema_param) from None
         return None
@@ -93,7 +97,7 @@ def schema_shape(schema: Any, param: str) -> AnswerShape:
     """JSON following `schema`; ShapeError when the schema is not a JSON object."""
     if not isinstance(schema, dict):
         raise ShapeError(f"{param} must be a JSON schema (an object)", param)
-    return AnswerShape(json_schema=json.dumps(schema, sort_keys=True), schema_param=param)
+    return AnswerShape(json_schema=json.dumps(schema), schema_param=param)  # property order kept
 
 
 @dataclass(frozen=True)
@@ -102,15 +106,16 @@ class ShapedAnswer:
 
     content: str
     calls: tuple[ToolCall, ...] = ()
+    whole: bool = True  # False: cut inside a further call (its ids do not spell content and calls)
 
 
 def read_answer(text: str, shape: AnswerShape, builder: PromptBuilder | None) -> ShapedAnswer:
     """`text` split into content and calls when the request offered tools; otherwise the text as it is."""
     if not shape.calls_tools or builder is None:
         return ShapedAnswer(text)
-    parsed = builder.tool_format.parse(text)
+    parsed = builder.tool_format.parse(text, shape.tools)
     calls = tuple(ToolCall(new_call_id(), call.name, call.arguments_json) for call in parsed.calls)
-    return ShapedAnswer(parsed.content, calls)
+    return ShapedAnswer(parsed.content, calls, parsed.whole)
 
 
 def new_call_id() -> str:

@@ -214,7 +214,7 @@ class Completion(AnswerRun):
         self.shaped = read_answer(answer.text, self._shape, self._builder)
         if self._history is None or answer.stop_reason is StopReason.CANCELLED:
             return  # a plain completion, or an answer the client abandoned
-        if answer.token_ids is not None and answer.text:
+        if answer.token_ids is not None and answer.text and self.shaped.whole:
             reply = reply_text(self.shaped.content, self.shaped.calls)
             self._service.remember_answer(self._history, reply, answer.token_ids)
 

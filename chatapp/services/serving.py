@@ -75,8 +75,12 @@ class Serving:
         max_pending: int = 16,
         max_tokens_limit: int = MAX_ANSWER_TOKENS,
         default_max_tokens: int | None = None,
+        sort_tools: bool = False,
     ) -> None:
         self.workspace = workspace
+        # Tools offered in name order, whatever order a request lists them in: a client that
+        # reorders its tools from one request to the next would otherwise break its own prefix.
+        self.sort_tools = sort_tools
         self.max_tokens_limit = max_tokens_limit
         # What a request without max_tokens gets. None: the answer goes on until the model ends it
         # or the context is full, as OpenAI, Ollama and llama-server answer (not the chat screen's
@@ -142,6 +146,8 @@ class Serving:
         shape: AnswerShape = FREE_TEXT,
     ) -> Completion:
         """Start a chat completion (queued behind the requests before it), shaped as asked (tools, JSON)."""
+        if self.sort_tools:
+            shape = shape.with_tools_by_name()
         request = CompletionRequest(sampling=self.sampling(options), messages=tuple(messages), stop=stop, shape=shape)
         return self.completions.start(request)
 

@@ -1,8 +1,9 @@
 """Grammars in the engine: an answer held to a tool call or to JSON is the same cold and from the cache.
 
-A tiny random model with a Qwen3-style template (tools rendered by the template itself):
-its answers are gibberish, but a grammar makes them calls and JSON all the same, and a
-grammar only masks tokens, so a cache hit must give the very tokens a cold run gives.
+Tiny random models with a Qwen3-style template (calls as `<tool_call>` JSON) and a
+Qwen3-Coder-style one (calls as `<function=...>` parameter blocks), both rendering the tools
+themselves: their answers are gibberish, but a grammar makes them calls and JSON all the
+same, and a grammar only masks tokens, so a cache hit must give the very tokens a cold run gives.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from chatapp.engine.grammar import Grammar
 from chatapp.engine.json_grammar import schema_grammar
 from chatapp.engine.prompt import ChatMessage, PromptBuilder
 from chatapp.engine.requests import GenerationRequest, SamplingParams
+from chatapp.engine.tool_formats import HermesToolFormat, XmlToolFormat
 from chatapp.errors import GrammarError
 from chatapp.tools import ToolCall, ToolResult, ToolSpec, canonical_json
 from chatapp.vocabulary import Role
@@ -31,7 +33,18 @@ WEATHER = ToolSpec(
         {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"]}
     ),
 )
-TIME = ToolSpec("get_time", "The time now.", canonical_json({"type": "object", "properties": {}}))
+TIME = ToolSpec(
+    "get_time",
+    "The time in some hours.",
+    canonical_json(
+        {
+            "type": "object",
+            "properties": {"hours": {"type": "integer"}, "exact": {"type": "boolean"}},
+            "required": ["hours"],
+        }
+    ),
+)
+FORMATS = {"qwen3_style": HermesToolFormat, "qwen3_coder_style": XmlToolFormat}
 SCHEMA = {
     "type": "object",
     "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer"}},
@@ -40,13 +53,19 @@ SCHEMA = {
 }
 
 
-@pytest.fixture(scope="module")
-def qwen_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
-    template = (TEMPLATES / "qwen3_style.jinja").read_text()
-    path = write_tiny_llama(tmp_path_factory.mktemp("qwen") / "tiny-qwen3-style.gguf", chat_template=template)
+@pytest.fixture(scope="module", params=sorted(FORMATS))
+def qwen_engine(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    template = (TEMPLATES / f"{request.param}.jinja").read_text()
+    path = write_tiny_llama(tmp_path_factory.mktemp("qwen") / f"tiny-{request.param}.gguf", chat_template=template)
     config = EngineConfig(model_path=path, context_cap=1024, sequences=2, threads=TINY_MODEL_THREADS)
     with Engine(config) as engine:
         yield engine
+
+
+def family_of(engine: Engine) -> str:
+    """Which template the tiny model was written with (its file is named after it)."""
+    assert engine.info.path is not None
+    return engine.info.path.stem.removeprefix("tiny-")
 
 
 def builder(engine: Engine) -> PromptBuilder:
@@ -55,13 +74,14 @@ def builder(engine: Engine) -> PromptBuilder:
 
 
 def answer(engine: Engine, prompt: list[int], grammar: Grammar | None, *, use_cache: bool = True) -> tuple[int, ...]:
-    sampling = SamplingParams(temperature=0, max_tokens=48, grammar=grammar)
+    sampling = SamplingParams(temperature=0, max_tokens=96, grammar=grammar)
     return engine.generate(GenerationRequest(tuple(prompt), sampling, use_cache=use_cache)).wait().token_ids
 
 
 def test_the_template_renders_the_tools_itself(qwen_engine: Engine) -> None:
     tools = builder(qwen_engine).with_tools((WEATHER,))
     assert tools.native_tools
+    assert type(tools.tool_format) is FORMATS[family_of(qwen_engine)]
     text = qwen_engine.detokenize(tools.build([ChatMessage.of(Role.USER, "hi")]))
     assert text.count("get_weather") == 1, "the template's own tools block, not a taught one beside it"
 
@@ -74,7 +94,7 @@ def test_grammars_give_the_same_answer_cold_and_from_the_cache(qwen_engine: Engi
         "required": tools.tool_format.grammar((WEATHER, TIME), parallel=False, lazy=False),
         "named": tools.tool_format.grammar((TIME,), parallel=False, lazy=False),
         "auto": tools.tool_format.grammar((WEATHER, TIME), parallel=True, lazy=True),
-        "json": Grammar(schema_grammar(SCHEMA, "response_format")),
+        "json": schema_grammar(SCHEMA, "response_format"),
     }
     for name, grammar in grammars.items():
         cold = answer(qwen_engine, prompt, grammar, use_cache=False)
@@ -87,9 +107,17 @@ def test_grammars_give_the_same_answer_cold_and_from_the_cache(qwen_engine: Engi
             value = json.loads(text)
             assert set(value) == {"ok", "n"}
         elif name != "auto":
-            parsed = tools.tool_format.parse(text)
-            assert [call.name for call in parsed.calls] == (["get_time"] if name == "named" else [parsed.calls[0].name])
-            assert parsed.calls[0].name in ("get_weather", "get_time")
+            parsed = tools.tool_format.parse(text, (WEATHER, TIME))
+            assert len(parsed.calls) == 1
+            call = parsed.calls[0]
+            assert call.name == "get_time" if name == "named" else call.name in ("get_weather", "get_time")
+            arguments = json.loads(call.arguments_json)
+            if call.name == "get_time":
+                assert isinstance(arguments["hours"], int), "typed by the schema"
+                assert isinstance(arguments.get("exact", False), bool)
+            else:
+                assert isinstance(arguments["city"], str)
+                assert len(arguments["city"]) <= 12
 
 
 def test_a_call_and_its_results_extend_the_prompt_it_was_generated_after(qwen_engine: Engine) -> None:
@@ -99,10 +127,10 @@ def test_a_call_and_its_results_extend_the_prompt_it_was_generated_after(qwen_en
     prompt = tools.build(history)
     grammar = tools.tool_format.grammar((WEATHER,), parallel=True, lazy=False)
     ids = answer(qwen_engine, prompt, grammar)
-    parsed = tools.tool_format.parse(qwen_engine.detokenize(list(ids)))
+    parsed = tools.tool_format.parse(qwen_engine.detokenize(list(ids)), (WEATHER,))
     assert parsed.calls
     made = tuple(ToolCall(f"call_{index}", call.name, call.arguments_json) for index, call in enumerate(parsed.calls))
-    calls = (*made, ToolCall("call_extra", "get_time", "{}"))  # two results at least, whatever the model made
+    calls = (*made, ToolCall("call_extra", "get_time", '{"hours":2}'))  # two results at least, whatever the model made
     results = tuple(ToolResult(call.id, call.name, f"result {index}") for index, call in enumerate(calls))
     follow_up = [
         *history,
@@ -129,7 +157,8 @@ def test_reasoning_stays_in_the_history_as_generated(qwen_engine: Engine) -> Non
     rendered = base.template.render(
         [item for message in follow_up for item in message.template_inputs()], add_generation_prompt=True
     )
-    assert "<think>" not in rendered, "the template alone would have dropped it (a miss from the first answer on)"
+    if family_of(qwen_engine) == "qwen3_style":  # Qwen 3's way; the coder-style template keeps it
+        assert "<think>" not in rendered, "the template alone would have dropped it (a miss from the first answer on)"
 
 
 @pytest.mark.parametrize(
@@ -147,4 +176,18 @@ def test_what_a_grammar_cannot_enforce_is_refused_by_name(schema: dict[str, obje
 
 def test_a_property_named_like_a_keyword_is_no_keyword() -> None:
     schema = {"type": "object", "properties": {"minimum": {"type": "integer"}, "not": {"type": "string"}}}
-    assert "root ::=" in schema_grammar(schema, "response_format")
+    assert "chatapp-root ::=" in schema_grammar(schema, "response_format").gbnf
+
+
+def test_the_tools_block_comes_once_when_the_template_rewrites_history(qwen_engine: Engine) -> None:
+    """A new question makes a Qwen3-style template drop an earlier answer's reasoning (not prefix-stable):
+    the message rendered on its own then must not bring the tools block a second time."""
+    tools = builder(qwen_engine).with_tools((WEATHER,))
+    history = [
+        ChatMessage.of(Role.USER, "Hi"),
+        ChatMessage.of(Role.ASSISTANT, "<think>\nhm\n</think>\n\nHello"),
+        ChatMessage.of(Role.USER, "Weather?"),
+    ]
+    text = qwen_engine.detokenize(tools.build(history))
+    assert text.count("# Tools") == 1
+    assert text.count("get_weather") == 1

@@ -15,15 +15,26 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
+from tests.model_factory import copy_with_chat_template
 from tests.server_support import RunningServer, running_server
+
+TEMPLATES = Path(__file__).parents[1] / "engine" / "templates"
 
 pytestmark = pytest.mark.slow
 WEATHER_QUESTION = "What is the weather in Paris? Use the tool."
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, model_path: Path) -> Iterator[RunningServer]:
-    """A context that holds smolagents' own system prompt (1,200 tokens with one tool)."""
+@pytest.fixture(scope="module", params=["bundled", "bundled-qwen3-style"])
+def server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, model_path: Path
+) -> Iterator[RunningServer]:
+    """The bundled model (its template has no tools: the format is taught), and the same weights
+    with a Qwen3-style template (tools in the template's own format, written by the tests); a
+    context that holds smolagents' own system prompt (1,200 tokens with one tool)."""
+    if request.param != "bundled":
+        template = (TEMPLATES / "qwen3_style.jinja").read_text()
+        target = tmp_path_factory.mktemp("qwen") / "SmolLM2-qwen3-style.gguf"
+        model_path = copy_with_chat_template(model_path, target, template)
     with running_server(tmp_path_factory.mktemp("agents-data"), model_path, context_cap=4096) as running:
         yield running
 
@@ -139,3 +150,12 @@ def test_a_smolagents_tool_calling_agent_step(server: RunningServer) -> None:
     if call.name == "weather":
         assert asked
         assert isinstance(json.loads(json.dumps(call.arguments)), (dict, str))
+
+
+def test_the_format_is_the_templates_own_or_taught(server: RunningServer) -> None:
+    from chatapp.tools import ToolSpec
+
+    builder = server.serving.engine.prompt_builder
+    assert builder is not None
+    offered = builder.with_tools((ToolSpec("get_weather"),))
+    assert offered.native_tools == server.model.id.endswith("qwen3-style")

@@ -246,3 +246,19 @@ def test_ollama_tools_and_format(server: RunningServer) -> None:
     )
     assert after.message.role == "assistant"
     assert after.done
+
+
+def test_sorted_tools_keep_a_reordering_client_on_its_prefix(client: openai.OpenAI, server: RunningServer) -> None:
+    """`chatapp serve --sort-tools`: the same tools in another order build the same prompt."""
+    messages = [{"role": "system", "content": "You sort things (tool order)."}, {"role": "user", "content": "Hi"}]
+    forward, backward = [WEATHER_TOOL, TIME_TOOL], [TIME_TOOL, WEATHER_TOOL]
+    create(client, server, messages, tools=forward, max_tokens=2)
+    unsorted = create(client, server, messages, tools=backward, max_tokens=2)
+    server.serving.sort_tools = True
+    try:
+        create(client, server, messages, tools=forward, max_tokens=2)
+        reordered = create(client, server, messages, tools=backward, max_tokens=2)
+        again = create(client, server, messages, tools=forward, max_tokens=2)
+    finally:
+        server.serving.sort_tools = False
+    assert int(reordered.cache["reused"]) == int(again.cache["reused"]) > int(unsorted.cache["reused"])
