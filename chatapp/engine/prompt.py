@@ -25,7 +25,9 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
 
 from chatapp.engine.chat_template import FALLBACK_CHATML, ChatTemplate, TemplateRenderError
-from chatapp.engine.tool_formats import HERMES, PROBE_TOOL, BlockToolFormat, native_format
+from chatapp.engine.tool_blocks import HERMES
+from chatapp.engine.tool_detection import PROBE_TOOL, native_format
+from chatapp.engine.tool_formats import ToolFormat
 from chatapp.tools import ToolCall, ToolResult, ToolSpec
 from chatapp.vocabulary import Role
 
@@ -124,7 +126,7 @@ class PromptBuilder:
         self.supports_system = self._accepts_system_messages()
         native = native_format(template.source, self._renders_tools())
         self.native_tools = native is not None
-        self.tool_format: BlockToolFormat = native or HERMES
+        self.tool_format: ToolFormat = native or HERMES
 
     def with_tools(self, tools: tuple[ToolSpec, ...]) -> PromptBuilder:
         """A builder whose prompts offer `tools` (in the template's own way, or taught in the system prompt)."""

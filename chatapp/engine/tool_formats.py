@@ -1,34 +1,18 @@
-"""How a model writes tool calls, found from its chat template: the text it emits, its grammar, its parse.
+"""What every tool-call format gives: its opening (a lazy grammar's trigger), its grammar and its parse.
 
-A template that renders `tools` and marks calls with `<tool_call>` is used as it is, the
-model's own format: JSON inside (Hermes, Qwen 2.5, Qwen 3 and many fine-tunes) or parameter
-blocks (Qwen3-Coder, Qwen 3.5). Any other template (the
-bundled SmolLM2's has no tools at all) gets the same format taught in the system prompt
-(`instructions`), and the call is held to it by a grammar, so every model can call tools.
-Tool results then go back as a user message of `<tool_response>` blocks, as Hermes does.
+The formats (tool_blocks.py: `<tool_call>` blocks; tool_llama.py: Llama 3's bare JSON) are
+found from a model's chat template (tool_detection.py).
 """
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from chatapp.engine.grammar import Grammar
-from chatapp.engine.json_grammar import ROOT, RuleSet, literal, refuse_unsupported
-from chatapp.errors import GrammarError
-from chatapp.tools import ToolCall, ToolResult, ToolSpec, arguments_json
-
-CALL_OPEN = "<tool_call>"
-CALL_CLOSE = "</tool_call>"
-RESULT_OPEN = "<tool_response>"
-RESULT_CLOSE = "</tool_response>"
-NEWLINE = "\n"
-_FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.DOTALL)
-_PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
-_CALL_BLOCK = re.compile(re.escape(CALL_OPEN) + r"\s*(.*?)\s*(?:" + re.escape(CALL_CLOSE) + r"|$)", re.DOTALL)
+from chatapp.engine.json_grammar import ROOT, RuleSet
+from chatapp.tools import ToolSpec
 
 
 @dataclass(frozen=True)
@@ -48,10 +32,10 @@ class ParsedAnswer:
     whole: bool = True  # False: the answer was cut inside a further call, left out of `calls`
 
 
-class BlockToolFormat:
-    """Calls written as blocks between `<tool_call>` and `</tool_call>`; a subclass says what a block holds."""
+class ToolFormat(Protocol):
+    """How one family of models writes its calls."""
 
-    trigger = CALL_OPEN
+    trigger: str  # the text that opens a call
 
     def grammar(
         self, tools: Sequence[ToolSpec], *, parallel: bool, lazy: bool, or_schema: dict[str, Any] | None = None
@@ -62,164 +46,17 @@ class BlockToolFormat:
         is calls from its first token (required, or one named function), or JSON following
         `or_schema` instead (a response format beside tools the model may call).
         """
-        rules = RuleSet()
-        bodies = [self._body_rule(rules, index, tool) for index, tool in enumerate(tools)]
-        # Blank space is let in around the body: a token that completes the opening may carry some,
-        # and a lazy grammar must accept every character of that token.
-        rules.add("chatapp-blank", "[ \\t\\n]{0,4}")
-        rules.add(
-            "chatapp-call",
-            f"{literal(CALL_OPEN)} chatapp-blank ( {' | '.join(bodies)} ) chatapp-blank {literal(CALL_CLOSE)}",
-        )
-        calls = 'chatapp-call ( "\\n" chatapp-call )*' if parallel else "chatapp-call"
-        if or_schema is not None:
-            calls = f"{calls} | {rules.schema_rule(or_schema, 'chatapp-formatted', 'the response format')}"
-        rules.add(ROOT, calls)
-        return Grammar(rules.gbnf(), triggers=(CALL_OPEN,) if lazy and or_schema is None else (), root=ROOT)
+        ...
 
     def parse(self, text: str, tools: Sequence[ToolSpec] = ()) -> ParsedAnswer:
         """The text before the first call (its end trimmed) and each call; no call when one does not parse."""
-        start = text.find(CALL_OPEN)
-        if start < 0:
-            return ParsedAnswer(text, ())
-        calls: list[ParsedCall] = []
-        for block in _CALL_BLOCK.finditer(text, start):
-            call = self._parsed_body(block.group(1), tools)
-            if call is None and not block.group(0).endswith(CALL_CLOSE) and calls:
-                return ParsedAnswer(text[:start].rstrip(), tuple(calls), whole=False)  # the whole ones stand
-            if call is None:
-                return ParsedAnswer(text, ())
-            calls.append(call)
-        return ParsedAnswer(text[:start].rstrip(), tuple(calls))
-
-    def _body_rule(self, rules: RuleSet, index: int, tool: ToolSpec) -> str:
-        """Add the rule for a call to `tool` (the block's inside); its name."""
-        raise NotImplementedError
-
-    def _parsed_body(self, body: str, tools: Sequence[ToolSpec]) -> ParsedCall | None:
-        """The call a block holds; None when it holds none."""
-        raise NotImplementedError
+        ...
 
 
-class HermesToolFormat(BlockToolFormat):
-    """`<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>` (Hermes, Qwen 2.5, Qwen 3)."""
-
-    def _body_rule(self, rules: RuleSet, index: int, tool: ToolSpec) -> str:
-        arguments = rules.schema_rule(tool.parameters, f"chatapp-tool{index}-arguments", f"tools[{index}].parameters")
-        rule = f"chatapp-tool{index}-call"
-        opening = literal('{"name": ' + json.dumps(tool.name, ensure_ascii=False) + ', "arguments": ')
-        rules.add(rule, f'{opening} {arguments} "}}"')
-        return rule
-
-    def _parsed_body(self, body: str, tools: Sequence[ToolSpec]) -> ParsedCall | None:
-        try:
-            value = json.loads(body)
-        except json.JSONDecodeError:
-            return None
-        if not isinstance(value, dict) or not isinstance(value.get("name"), str):
-            return None
-        arguments = value.get("arguments", value.get("parameters", {}))
-        return ParsedCall(value["name"], arguments_json(arguments))
-
-    def call_text(self, call: ToolCall) -> str:
-        """A call as the model writes it (for an earlier call whose generated tokens are not known)."""
-        body = json.dumps({"name": call.name, "arguments": call.arguments}, ensure_ascii=False)
-        return f"{CALL_OPEN}\n{body}\n{CALL_CLOSE}"
-
-    def results_text(self, results: Sequence[ToolResult]) -> str:
-        """Consecutive results as one user message, a block each."""
-        return "\n".join(f"{RESULT_OPEN}\n{result.content}\n{RESULT_CLOSE}" for result in results)
-
-    def instructions(self, tools: Sequence[ToolSpec]) -> str:
-        """The format taught in the system prompt, for a template that has no tools of its own."""
-        schemas = "\n".join(json.dumps(tool.template_input(), ensure_ascii=False) for tool in tools)
-        return (
-            "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-            "You are provided with function signatures within <tools></tools> XML tags:\n"
-            f"<tools>\n{schemas}\n</tools>\n\n"
-            "For each function call, return a json object with function name and arguments within "
-            f"{CALL_OPEN}{CALL_CLOSE} XML tags:\n"
-            f'{CALL_OPEN}\n{{"name": <function-name>, "arguments": <args-json-object>}}\n{CALL_CLOSE}'
-        )
-
-
-class XmlToolFormat(BlockToolFormat):
-    """`<tool_call>\n<function=f>\n<parameter=k>\nvalue\n</parameter>\n</function>\n</tool_call>`.
-
-    Qwen3-Coder's and Qwen 3.5's form: each argument a parameter block, a text as it is and any
-    other value as JSON, typed back by the tool's schema.
-    """
-
-    def _body_rule(self, rules: RuleSet, index: int, tool: ToolSpec) -> str:
-        where = f"tools[{index}].parameters"
-        parameters = tool.parameters
-        refuse_unsupported(parameters, where)
-        required = set(parameters.get("required") or ())
-        rules.add("chatapp-text", '( [^<] | "<" [^/] )*')  # a text value: anything but a closing tag
-        pieces = []
-        for number, (name, schema) in enumerate((parameters.get("properties") or {}).items()):
-            if _is_text(schema):
-                value = _text_rule(rules, schema, f"{where}.properties.{name}")
-            else:
-                value = rules.schema_rule(schema, f"chatapp-tool{index}-value{number}", f"{where}.properties.{name}")
-            piece = f"{literal(f'<parameter={name}>' + NEWLINE)} {value} {literal(NEWLINE + '</parameter>' + NEWLINE)}"
-            pieces.append(piece if name in required else f"( {piece} )?")
-        rule = f"chatapp-tool{index}-call"
-        rules.add(rule, f"{literal(f'<function={tool.name}>' + NEWLINE)} {' '.join(pieces)} {literal('</function>')}")
-        return rule
-
-    def _parsed_body(self, body: str, tools: Sequence[ToolSpec]) -> ParsedCall | None:
-        function = _FUNCTION.match(body.strip())
-        if function is None:
-            return None
-        name = function.group(1).strip()
-        spec = next((tool for tool in tools if tool.name == name), None)
-        properties = (spec.parameters.get("properties") or {}) if spec is not None else {}
-        arguments = {
-            found.group(1).strip(): _typed(found.group(2), properties.get(found.group(1).strip(), {}))
-            for found in _PARAMETER.finditer(function.group(2))
-        }
-        return ParsedCall(name, arguments_json(arguments))
-
-
-def _text_rule(rules: RuleSet, schema: dict[str, Any], where: str) -> str:
-    """A text value as it stands between the tags, its length bounds kept."""
-    for keyword in ("pattern", "format"):
-        if keyword in schema:
-            raise GrammarError(
-                f"{where} uses {keyword!r}, which this model's parameter format cannot enforce; "
-                "remove it from the schema"
-            )
-    low, high = schema.get("minLength"), schema.get("maxLength")
-    if low is None and high is None:
-        return "chatapp-text"
-    rule = f"chatapp-text-{low or 0}-{'' if high is None else high}"
-    rules.add(rule, f"[^<]{{{low or 0},{'' if high is None else high}}}")
-    return rule
-
-
-def _is_text(schema: Any) -> bool:
-    return isinstance(schema, dict) and schema.get("type") == "string" and "enum" not in schema
-
-
-def _typed(raw: str, schema: Any) -> Any:
-    """A parameter's text as the value its schema names (a text stays text; JSON otherwise, Python's
-    True and False as booleans, and anything unreadable as the text it is)."""
-    if _is_text(schema):
-        return raw
-    try:
-        return json.loads(raw)
-    except json.JSONDecodeError:
-        return {"True": True, "False": False, "None": None}.get(raw.strip(), raw)
-
-
-HERMES = HermesToolFormat()
-XML = XmlToolFormat()
-PROBE_TOOL = ToolSpec("chatapp_probe_function", "probe", '{"type":"object","properties":{}}')
-
-
-def native_format(template_source: str, renders_tools: bool) -> BlockToolFormat | None:
-    """The template's own call format when it is one we parse; None: teach Hermes in the system prompt."""
-    if not renders_tools or CALL_OPEN not in template_source:
-        return None
-    return XML if "<function=" in template_source else HERMES
+def calls_grammar(rules: RuleSet, call: str, *, parallel: bool, lazy: bool, trigger: str, or_schema: Any) -> Grammar:
+    """The root over `call` (one, or several on lines of their own), or JSON of `or_schema` instead."""
+    calls = f'{call} ( "\\n" {call} )*' if parallel else call
+    if or_schema is not None:
+        calls = f"{calls} | {rules.schema_rule(or_schema, 'chatapp-formatted', 'the response format')}"
+    rules.add(ROOT, calls)
+    return Grammar(rules.gbnf(), triggers=(trigger,) if lazy and or_schema is None else (), root=ROOT)

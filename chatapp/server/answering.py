@@ -105,7 +105,7 @@ def cache_headers(reused: int, prompt_tokens: int, tier: str, divergence: Diverg
     value = f"reused={reused}; computed={prompt_tokens - reused}; tier={tier}"
     if divergence is None:
         return {CACHE_HEADER: value}
-    excerpt = {"before": divergence.before, "after": divergence.after}
+    excerpt = {"before": divergence.before, "after": divergence.after, "place": divergence.place}
     return {
         CACHE_HEADER: f"{value}; diverged_at={divergence.position}",
         DIVERGENCE_HEADER: json.dumps(excerpt, ensure_ascii=True),

@@ -29,6 +29,7 @@ from chatapp.errors import ChatappError
 from chatapp.services.answer_run import AnswerRun, EndedAnswer
 from chatapp.services.answer_shape import FREE_TEXT, AnswerShape, ShapedAnswer, ShapeError, StreamedContent, read_answer
 from chatapp.services.divergence import Divergence, PromptLog
+from chatapp.services.divergence_place import divergence_place
 from chatapp.services.messages import Turn, conversation_messages
 from chatapp.services.prompt_plan import PromptPlan, TooLongWording, plan_for, start_answer
 from chatapp.services.streams import StreamEvent
@@ -269,6 +270,9 @@ class CompletionService:
             self._finished()
             raise
         divergence = self._prompts.compare(list(plan.tokens))
+        if divergence is not None and builder is not None and history is not None:
+            place = divergence_place(builder, history, plan.tokens, divergence.position, self.engine.detokenize)
+            divergence = replace(divergence, place=place)
         return Completion(self, handle, history, request.stop, divergence, shape, builder)
 
     def chat_messages(self, messages: tuple[ApiMessage, ...]) -> list[ChatMessage]:

@@ -29,6 +29,7 @@ class Divergence:
     before: str  # the shared text just before the position
     after: str  # what this prompt has from the position
     earlier: str  # what the earlier prompt had there
+    place: str = ""  # where that is, in words: "line 3 of the system prompt", "the tools", "message 4 (user)"
 
     def concerns(self, reused: int) -> bool:
         """Whether this is where the prompt left the one its `reused` tokens came from.
@@ -43,8 +44,10 @@ class Divergence:
 
     def describe(self) -> str:
         """One line for the log and the cache screen."""
+        where = f" ({self.place})" if self.place else ""
         return (
-            f"diverged from an earlier prompt at token {self.position:,}: …{self.before!r} then {self.after!r}…, "
+            f"diverged from an earlier prompt at token {self.position:,}{where}: "
+            f"…{self.before!r} then {self.after!r}…, "
             f"where the earlier prompt had {self.earlier!r}…"
         )
 

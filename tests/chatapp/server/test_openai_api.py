@@ -140,4 +140,5 @@ def test_a_prompt_that_breaks_the_prefix_says_where(client: openai.OpenAI, serve
     excerpt = json.loads(answers[1]["x-chatapp-cache-divergence"])
     assert excerpt["after"].startswith("2:13")
     assert "It is now 10:4" in excerpt["before"]
-    assert set(excerpt) == {"before", "after"}  # the earlier prompt may be another client's: log only
+    assert set(excerpt) == {"before", "after", "place"}  # the earlier prompt may be another client's: log only
+    assert excerpt["place"] == "line 1 of the system prompt"

@@ -262,3 +262,26 @@ def test_sorted_tools_keep_a_reordering_client_on_its_prefix(client: openai.Open
     finally:
         server.serving.sort_tools = False
     assert int(reordered.cache["reused"]) == int(again.cache["reused"]) > int(unsorted.cache["reused"])
+
+
+@pytest.mark.parametrize(
+    ("date", "tools", "place"),
+    [
+        ("2026-12-01", [WEATHER_TOOL, TIME_TOOL], "the tools"),
+        ("2026-12-02", [WEATHER_TOOL], "line 2 of the system prompt"),
+    ],
+)
+def test_the_divergence_header_names_what_changed(
+    client: openai.OpenAI, server: RunningServer, date: str, tools: list[Any], place: str
+) -> None:
+    """An agent's usual culprits: its tool list, or a line of its system prompt (a date, a file tree)."""
+
+    def system(day: str) -> dict[str, str]:
+        return {"role": "system", "content": f"You are an agent ({place}).\nToday is {day}.\nBe brief."}
+
+    question = {"role": "user", "content": "Which day is it?"}
+    create(client, server, [system("2026-12-01"), question], tools=[WEATHER_TOOL], max_tokens=2)
+    raw = client.chat.completions.with_raw_response.create(
+        model=server.model_id, messages=[system(date), question], tools=tools, max_tokens=2, temperature=0
+    )
+    assert json.loads(raw.headers["x-chatapp-cache-divergence"])["place"] == place

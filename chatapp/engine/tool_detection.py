@@ -1,0 +1,24 @@
+"""Which tool-call format a model's chat template speaks, found once when its prompt builder is made."""
+
+from __future__ import annotations
+
+from chatapp.engine.tool_blocks import CALL_OPEN, HERMES, XML
+from chatapp.engine.tool_formats import ToolFormat
+from chatapp.engine.tool_llama import LLAMA_JSON
+from chatapp.tools import ToolSpec
+
+PROBE_TOOL = ToolSpec("chatapp_probe_function", "probe", '{"type":"object","properties":{}}')
+
+
+def native_format(template_source: str, renders_tools: bool) -> ToolFormat | None:
+    """The template's own call format when it is one we parse; None: teach Hermes in the system prompt.
+
+    `renders_tools`: the template shows the model the tools it is given (PROBE_TOOL's name).
+    """
+    if not renders_tools:
+        return None
+    if CALL_OPEN in template_source:
+        return XML if "<function=" in template_source else HERMES
+    if "ipython" in template_source and '"parameters"' in template_source:
+        return LLAMA_JSON  # Llama 3.1-3.3: a bare JSON object, results in the ipython role
+    return None

@@ -1,0 +1,60 @@
+"""Llama 3.1-3.3's tool calls: the answer is one bare JSON object, `{"name": ..., "parameters": {...}}`.
+
+The template shows the tools in the first user message and the results in the `ipython` role
+(a `tool` message renders there); the model writes one call per answer.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from chatapp.engine.grammar import Grammar
+from chatapp.engine.json_grammar import RuleSet, literal
+from chatapp.engine.tool_formats import ParsedAnswer, ParsedCall, calls_grammar
+from chatapp.tools import ToolSpec, arguments_json
+
+OPENING = '{"name": '
+PYTHON_TAG = "<|python_tag|>"
+
+
+class LlamaJsonToolFormat:
+    """`{"name": "f", "parameters": {...}}` as the whole answer (or after some text)."""
+
+    trigger = OPENING
+
+    def grammar(
+        self, tools: Sequence[ToolSpec], *, parallel: bool, lazy: bool, or_schema: dict[str, Any] | None = None
+    ) -> Grammar:
+        """Calls to `tools` only (see ToolFormat.grammar); one per answer, as the template renders them."""
+        rules = RuleSet()
+        bodies = []
+        for index, tool in enumerate(tools):
+            arguments = rules.schema_rule(
+                tool.parameters, f"chatapp-tool{index}-arguments", f"tools[{index}].parameters"
+            )
+            rule = f"chatapp-tool{index}-call"
+            opening = literal(OPENING + json.dumps(tool.name, ensure_ascii=False) + ', "parameters": ')
+            rules.add(rule, f'{opening} {arguments} "}}"')
+            bodies.append(rule)
+        rules.add("chatapp-call", f"( {' | '.join(bodies)} )")
+        return calls_grammar(rules, "chatapp-call", parallel=False, lazy=lazy, trigger=OPENING, or_schema=or_schema)
+
+    def parse(self, text: str, tools: Sequence[ToolSpec] = ()) -> ParsedAnswer:
+        """The text before the call and the call; no call when what follows the opening is no whole call."""
+        start = text.find(OPENING)
+        if start < 0:
+            return ParsedAnswer(text, ())
+        try:
+            value, _ = json.JSONDecoder().raw_decode(text, start)
+        except json.JSONDecodeError:
+            return ParsedAnswer(text, ())
+        if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+            return ParsedAnswer(text, ())
+        arguments = value.get("parameters", value.get("arguments", {}))
+        content = text[:start].removesuffix(PYTHON_TAG).rstrip()
+        return ParsedAnswer(content, (ParsedCall(value["name"], arguments_json(arguments)),))
+
+
+LLAMA_JSON = LlamaJsonToolFormat()

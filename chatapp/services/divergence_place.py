@@ -1,0 +1,40 @@
+"""What a prompt changed where it left an earlier one: a line of the system prompt, the tools, a message.
+
+The position alone (token 1,234) tells an agent's author little; the usual culprits are a
+date or a file tree in the system prompt and a tool list that changed or came in another
+order, so the place is named in those terms.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from chatapp.engine.prompt import ChatMessage, PromptBuilder
+from chatapp.vocabulary import Role
+
+
+def divergence_place(
+    builder: PromptBuilder,
+    messages: Sequence[ChatMessage],
+    tokens: Sequence[int],
+    position: int,
+    detokenize: Callable[[list[int]], str],
+) -> str:
+    """Where token `position` of the prompt built from `messages` lies, in words ("" when unknown)."""
+    for count in range(1, len(messages) + 1):
+        end = len(builder.build(list(messages[:count]), add_generation_prompt=False))
+        if end > position:
+            break
+    else:
+        return "the answer's header"
+    index = count - 1
+    message = messages[index]
+    if index > 0 or message.role is not Role.SYSTEM:
+        return f"message {count} ({message.role.value})"
+    turn = detokenize(list(tokens[:end]))
+    offset = len(detokenize(list(tokens[:position])))
+    persona = message.content
+    start = turn.find(persona) if persona else -1
+    if start >= 0 and start <= offset < start + len(persona):
+        return f"line {persona[: offset - start].count(chr(10)) + 1} of the system prompt"
+    return "the tools" if builder.tools else "the system prompt's template text"
