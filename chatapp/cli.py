@@ -136,6 +136,15 @@ def build_parser() -> argparse.ArgumentParser:
         "clients with a model name built in, e.g. --model-alias gpt-4o",
     )
     serve_parser.add_argument(
+        "--reasoning-history",
+        choices=("kept", "template"),
+        default="kept",
+        help="kept (the default): earlier answers' reasoning (<think>...</think>) stays in the history as "
+        "generated, and the whole conversation stays a cache hit; template: dropped before the latest "
+        "question as templates such as Qwen 3's write the history, which changes the prompt from the "
+        "first earlier answer on, so every new question misses the cache from there",
+    )
+    serve_parser.add_argument(
         "--sort-tools",
         action="store_true",
         help="offer a request's tools in name order: for clients that list their tools in another order "
@@ -255,7 +264,11 @@ def run_serve(args: argparse.Namespace, workspace: Workspace) -> int:
 
     say(f"loading {workspace.model_label()}...")
     serving = Serving(
-        workspace, max_pending=args.max_pending, default_max_tokens=args.max_tokens, sort_tools=args.sort_tools
+        workspace,
+        max_pending=args.max_pending,
+        default_max_tokens=args.max_tokens,
+        sort_tools=args.sort_tools,
+        keep_reasoning=args.reasoning_history == "kept",
     )
     serve(
         serving,

@@ -233,6 +233,9 @@ class CompletionService:
     model_fingerprint: str
     answer_ids: AnswerIdStore | None = None
     max_pending: int = 16
+    # False: answers before the latest question lose their reasoning, as templates such as
+    # Qwen 3's write the history; the prompt then changes from the first such answer on (a miss).
+    keep_reasoning: bool = True
     _pending: int = field(default=0, init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
     _prompts: PromptLog = field(init=False)
@@ -285,6 +288,8 @@ class CompletionService:
             )
         converted: list[ChatMessage] = []
         digest = HistoryDigest(self.model_fingerprint)
+        if not self.keep_reasoning:
+            messages = _without_old_reasoning(messages)
         for group in _runs_of_results(messages):
             if isinstance(group, tuple):
                 chat_message = ChatMessage(Role.TOOL, (), results=_results(group, converted))
@@ -377,3 +382,18 @@ def _results(run: tuple[ApiMessage, ...], earlier: list[ChatMessage]) -> tuple[T
 
 def _has_tools(history: list[ChatMessage]) -> bool:
     return any(message.tool_calls or message.results for message in history)
+
+
+REASONING_END = "</think>"
+
+
+def _without_old_reasoning(messages: tuple[ApiMessage, ...]) -> tuple[ApiMessage, ...]:
+    """The messages as a reasoning model's template writes them: answers before the latest question
+    keep only what follows their reasoning (`</think>`)."""
+    latest = max((index for index, message in enumerate(messages) if message.role is Role.USER), default=-1)
+    return tuple(
+        replace(message, content=message.content.split(REASONING_END)[-1].lstrip("\n"))
+        if index < latest and message.role is Role.ASSISTANT and REASONING_END in message.content
+        else message
+        for index, message in enumerate(messages)
+    )

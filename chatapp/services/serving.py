@@ -76,6 +76,7 @@ class Serving:
         max_tokens_limit: int = MAX_ANSWER_TOKENS,
         default_max_tokens: int | None = None,
         sort_tools: bool = False,
+        keep_reasoning: bool = True,
     ) -> None:
         self.workspace = workspace
         # Tools offered in name order, whatever order a request lists them in: a client that
@@ -94,7 +95,9 @@ class Serving:
         except BaseException:
             self.engine.close()
             raise
-        self.completions = CompletionService(self.engine, fingerprint, self._answer_ids, max_pending=max_pending)
+        self.completions = CompletionService(
+            self.engine, fingerprint, self._answer_ids, max_pending=max_pending, keep_reasoning=keep_reasoning
+        )
         info = self.engine.info
         if info.path is not None:
             stat = info.path.stat()

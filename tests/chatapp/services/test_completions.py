@@ -115,3 +115,21 @@ def test_an_answer_ending_where_a_stop_string_might_begin_is_remembered_whole(
     shorter = (*QUESTION, ApiMessage(Role.ASSISTANT, free[:-1]), QUESTION[1])
     assert service.chat_messages(shorter)[2].generated_ids is None
     store.close()
+
+
+def test_reasoning_stays_in_the_history_unless_told_to_go_as_the_template_would(shared_engine: Engine) -> None:
+    """`chatapp serve --reasoning-history template`: answers before the latest question lose their
+    <think> block (as Qwen 3's template writes them); the ones after it (an agent's tool loop) keep it."""
+    thought = "<think>\nThe user greets me.\n</think>\n\nHello!"
+    conversation = (
+        ApiMessage(Role.USER, "Hi"),
+        ApiMessage(Role.ASSISTANT, thought),
+        ApiMessage(Role.USER, "Bye"),
+        ApiMessage(Role.ASSISTANT, thought),
+        ApiMessage(Role.TOOL, "42", tool_call_id="call_1"),
+    )
+    kept = CompletionService(shared_engine, "model-a").chat_messages(conversation)
+    assert [message.content for message in kept][1::2] == [thought, thought]
+    dropped = CompletionService(shared_engine, "model-a", keep_reasoning=False).chat_messages(conversation)
+    assert dropped[1].content == "Hello!"
+    assert dropped[3].content == thought, "after the latest question: kept"
