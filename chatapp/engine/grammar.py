@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from typing import Any
+
+# llama-server's grammar trigger types (common_grammar_trigger_type): a word, or a regular
+# expression the whole text so far must match (the grammar takes it from the first group on).
+TRIGGER_WORD = 1
+TRIGGER_PATTERN_FULL = 3
 
 
 @dataclass(frozen=True)
@@ -17,3 +24,24 @@ class Grammar:
     gbnf: str
     triggers: tuple[str, ...] = ()
     root: str = "root"
+    patterns: tuple[str, ...] = ()  # triggers as regular expressions (what a client of /completion sent)
+
+    @property
+    def lazy(self) -> bool:
+        return bool(self.triggers or self.patterns)
+
+    def trigger_patterns(self) -> tuple[str, ...]:
+        """Every trigger as a pattern the whole text so far must match; the grammar takes it from the group."""
+        words = tuple(f"[\\s\\S]*?({re.escape(trigger)})[\\s\\S]*" for trigger in self.triggers)
+        return words + self.patterns
+
+    def server_fields(self) -> dict[str, Any]:
+        """The grammar in llama-server's /completion fields (its grammars start at a rule named root)."""
+        gbnf = self.gbnf if self.root == "root" else f"{self.gbnf}\nroot ::= {self.root}"
+        fields: dict[str, Any] = {"grammar": gbnf}
+        if self.lazy:
+            fields["grammar_lazy"] = True
+            fields["grammar_triggers"] = [
+                {"type": TRIGGER_PATTERN_FULL, "value": pattern} for pattern in self.trigger_patterns()
+            ]
+        return fields

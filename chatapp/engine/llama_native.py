@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import re
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -365,9 +364,8 @@ class NativeSampler:
 def _grammar_sampler(grammar: Grammar, model: NativeModel) -> Any:
     """llama.cpp's grammar sampler; lazy (waiting for a trigger text) when the grammar has triggers."""
     text, root = grammar.gbnf.encode("utf-8"), grammar.root.encode("utf-8")
-    if grammar.triggers:
-        # A trigger pattern must match all the text so far; the grammar takes it from the group on.
-        patterns = [f"[\\s\\S]*?({re.escape(trigger)})[\\s\\S]*".encode() for trigger in grammar.triggers]
+    if grammar.lazy:
+        patterns = [pattern.encode("utf-8") for pattern in grammar.trigger_patterns()]
         pattern_array = (ctypes.c_char_p * len(patterns))(*patterns)
         no_tokens = (llama_cpp.llama_token * 0)()
         pointer = llama_cpp.llama_sampler_init_grammar_lazy_patterns(

@@ -38,7 +38,7 @@ __all__ = ["RemoteConfig", "RemoteEngine", "RemoteEngineError", "served_model_fi
 log = logging.getLogger(__name__)
 
 REMOTE_CAPABILITIES = Capabilities(
-    token_prompts=True, generated_ids=True, reuse_before_first_token=False, local_cache=False
+    token_prompts=True, generated_ids=True, reuse_before_first_token=False, local_cache=False, grammars=True
 )
 STOP_REASONS = {"eos": StopReason.END, "word": StopReason.STOP_STRING, "limit": StopReason.LENGTH}
 
@@ -144,6 +144,7 @@ class _CompletionRequest(StreamedRequest):
             "cache_prompt": request.use_cache,
             "return_tokens": True,
             **self.sampling_fields("n_predict"),
+            **(request.sampling.grammar.server_fields() if request.sampling.grammar is not None else {}),
         }
 
     def stream(self) -> GenerationResult:

@@ -22,6 +22,7 @@ from chatapp.server.answering import CLIENT_GONE, COMPACT, Answer, context_of, s
 from chatapp.server.bodies import read_body
 from chatapp.server.errors import ApiError
 from chatapp.server.schemas import checked_stop
+from chatapp.services.answer_shape import AnswerGrammar, ShapeError, server_grammar
 from chatapp.services.completions import CompletionOutcome, RequestError
 from chatapp.services.serving import SamplingOptions
 from chatapp.services.streams import AnswerText
@@ -72,6 +73,24 @@ class LlamaCompletionBody(BaseModel):
     seed: int | None = Field(None, ge=-1)
     stop: list[str] | None = None
     return_tokens: bool = False
+    grammar: str | None = None
+    grammar_lazy: bool = False
+    grammar_triggers: list[GrammarTrigger] | None = None
+
+    def answer_grammar(self) -> AnswerGrammar | None:
+        """The grammar asked for (llama-server's fields); a 400 naming what cannot be honoured."""
+        if not self.grammar:
+            return None
+        triggers = [(trigger.type, trigger.value) for trigger in self.grammar_triggers or []]
+        try:
+            return server_grammar(self.grammar, lazy=self.grammar_lazy, triggers=triggers)
+        except ShapeError as error:
+            raise ApiError(400, str(error), param=error.param) from None
+
+
+class GrammarTrigger(BaseModel):
+    type: int
+    value: str
 
 
 @router.get("/props")
@@ -117,7 +136,8 @@ async def completion(request: Request) -> Response:
     stop = checked_stop(body.stop, "stop")
     serving = context.serving
     prompt = body.prompt
-    answer = Answer(context, await start(lambda: serving.complete(prompt, options, stop)))
+    grammar = body.answer_grammar()
+    answer = Answer(context, await start(lambda: serving.complete(prompt, options, stop, grammar)))
     headers = await answer.placed(request)
     if headers is None:
         return Response(status_code=CLIENT_GONE)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
-from chatapp.engine.grammar import Grammar
+from chatapp.engine.grammar import TRIGGER_PATTERN_FULL, TRIGGER_WORD, Grammar
 from chatapp.engine.json_grammar import ANY_OBJECT, schema_grammar
 from chatapp.engine.prompt import PromptBuilder
 from chatapp.errors import ChatappError, GrammarError
@@ -86,6 +86,26 @@ class AnswerShape:
 
 
 FREE_TEXT = AnswerShape()  # no tools, no format: the answer as the model writes it
+
+
+AnswerGrammar = Grammar  # what the server's llama routes hand on to Serving.complete
+
+
+def server_grammar(gbnf: str, *, lazy: bool, triggers: list[tuple[int, str]]) -> Grammar:
+    """A grammar as llama-server's /completion takes it (what a chatapp in front of this one sends)."""
+    if lazy and not triggers:
+        raise ShapeError("grammar_lazy needs grammar_triggers; send the words that start the grammar", "grammar_lazy")
+    for kind, _ in triggers:
+        if kind not in (TRIGGER_WORD, TRIGGER_PATTERN_FULL):
+            raise ShapeError(
+                f"grammar trigger type {kind} is not supported; send words ({TRIGGER_WORD}) "
+                f"or whole-text patterns ({TRIGGER_PATTERN_FULL})",
+                "grammar_triggers",
+            )
+    if not lazy:
+        return Grammar(gbnf)
+    words = tuple(value for kind, value in triggers if kind == TRIGGER_WORD)
+    return Grammar(gbnf, words, patterns=tuple(value for kind, value in triggers if kind == TRIGGER_PATTERN_FULL))
 
 
 def json_object_shape(param: str) -> AnswerShape:

@@ -260,7 +260,7 @@ class CompletionService:
             plan = plan_for(self.engine, history, builder)
             wording = TOO_LONG_CHAT
         try:
-            grammar = shape.grammar(builder)
+            grammar = shape.grammar(builder) or request.sampling.grammar
         except ShapeError as error:
             raise RequestError(str(error), error.param) from None
         if grammar is not None and not self.engine.capabilities.grammars:

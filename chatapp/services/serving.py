@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from chatapp.engine.contract import EngineClient
+from chatapp.engine.grammar import Grammar
 from chatapp.engine.model_card import ModelFacts, ModelInfo
 from chatapp.engine.requests import SamplingParams
 from chatapp.services.answer_shape import FREE_TEXT, AnswerShape
@@ -154,10 +155,14 @@ class Serving:
         request = CompletionRequest(sampling=self.sampling(options), messages=tuple(messages), stop=stop, shape=shape)
         return self.completions.start(request)
 
-    def complete(self, prompt: str | list[int], options: SamplingOptions, stop: tuple[str, ...]) -> Completion:
-        """Start a plain completion of `prompt`, text or token ids (no chat template)."""
+    def complete(
+        self, prompt: str | list[int], options: SamplingOptions, stop: tuple[str, ...], grammar: Grammar | None = None
+    ) -> Completion:
+        """Start a plain completion of `prompt`, text or token ids (no chat template), held to `grammar` if given
+        (a chatapp in front of this server sends its tool calls' and formats' grammars so)."""
         given = prompt if isinstance(prompt, str) else tuple(prompt)
-        return self.completions.start(CompletionRequest(sampling=self.sampling(options), prompt=given, stop=stop))
+        sampling = replace(self.sampling(options), grammar=grammar)
+        return self.completions.start(CompletionRequest(sampling=sampling, prompt=given, stop=stop))
 
     def props(self) -> dict[str, Any]:
         """The model's template, special tokens and context, as llama-server's /props gives them.

@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from chatapp.engine.engine import Engine, EngineConfig
 from chatapp.engine.grammar import Grammar
@@ -91,8 +93,8 @@ def test_the_template_renders_the_tools_itself(qwen_engine: Engine) -> None:
     assert text.count("get_weather") == 1, "the template's own tools block, not a taught one beside it"
 
 
-@pytest.mark.parametrize("question", ["What is the weather in Oslo?", "Time?", "Tell me something long and true."])
-def test_grammars_give_the_same_answer_cold_and_from_the_cache(qwen_engine: Engine, question: str) -> None:
+def test_grammars_give_calls_and_json_that_parse_the_same_cold_and_from_the_cache(qwen_engine: Engine) -> None:
+    question = "What is the weather in Oslo?"
     tools = builder(qwen_engine).with_tools((WEATHER, TIME))
     prompt = tools.build([ChatMessage.of(Role.SYSTEM, "Be brief."), ChatMessage.of(Role.USER, question)])
     grammars = {
@@ -198,3 +200,40 @@ def test_the_tools_block_comes_once_when_the_template_rewrites_history(qwen_engi
     ]
     text = qwen_engine.detokenize(tools.build(history))
     assert text.count("get_weather") == 1, "the tools are shown once"
+
+
+GRAMMAR_KINDS = ("required", "named", "auto", "json")
+words = st.lists(st.sampled_from(["weather", "time", "Oslo", "now", "please", "tell", "me", "a", "long", "story"]))
+
+
+@settings(
+    max_examples=6,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(
+    question=words.map(" ".join).filter(bool),
+    kind=st.sampled_from(GRAMMAR_KINDS),
+    persona=st.booleans(),
+    parallel=st.booleans(),
+)
+def test_a_grammar_never_makes_a_cached_answer_unlike_the_cold_one(
+    qwen_engine: Engine, question: str, kind: str, persona: bool, parallel: bool
+) -> None:
+    """Property: any question, any grammar, with or without a persona; the answer from the cache
+    (the prompt resident, or restored) is the cold answer, token for token."""
+    tools = builder(qwen_engine).with_tools((WEATHER, TIME))
+    history = [ChatMessage.of(Role.SYSTEM, "Be brief.")] if persona else []
+    prompt = tools.build([*history, ChatMessage.of(Role.USER, question)])
+    form = tools.tool_format
+    grammar = {
+        "required": lambda: form.grammar((WEATHER, TIME), parallel=parallel, lazy=False),
+        "named": lambda: form.grammar((TIME,), parallel=False, lazy=False),
+        "auto": lambda: form.grammar((WEATHER, TIME), parallel=parallel, lazy=True),
+        "json": lambda: schema_grammar(SCHEMA, "response_format"),
+    }[kind]()
+    cold = answer(qwen_engine, prompt, grammar, use_cache=False)
+    assert answer(qwen_engine, prompt, grammar) == cold
+    assert answer(qwen_engine, prompt, grammar) == cold

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -108,3 +109,31 @@ def test_serve_with_a_wrong_key_or_an_unreachable_backend_is_one_line_and_exit_2
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("chatapp: error")]
     assert len(errors) == 1
     assert expected in errors[0]
+
+
+def test_tool_calls_and_formats_hold_through_the_backend(front: RunningServer) -> None:
+    """The front builds the prompt (tools taught) and the grammar; the backend holds its answer to it."""
+    weather = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
+    question = [{"role": "user", "content": "What is the weather in Paris?"}]
+    with openai.OpenAI(base_url=f"{front.url}/v1", api_key="unused", max_retries=0, timeout=300) as client:
+        model = client.models.list().data[0].id
+        called = client.chat.completions.create(
+            model=model, messages=question, tools=[weather], tool_choice="required", temperature=0, max_tokens=40
+        )
+        shaped = client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": "Return a JSON object with the keys city and country for Paris."}],
+            response_format={"type": "json_object"},
+            temperature=0,
+            max_tokens=40,
+        )
+    (call,) = called.choices[0].message.tool_calls or []
+    assert call.function.name == "get_weather"
+    assert isinstance(json.loads(call.function.arguments)["city"], str)
+    assert isinstance(json.loads(shaped.choices[0].message.content or ""), dict)
