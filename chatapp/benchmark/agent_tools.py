@@ -230,13 +230,9 @@ class AgentTexts:
         """The user's task, the first message of a client's history."""
         rng = random.Random(60_000 + seed)
         head = f"Task T-{seed:04d}: "
-
-        def pieces() -> Iterator[str]:
-            while True:
-                for sentence in rng.sample(TASK_SENTENCES, len(TASK_SENTENCES)):
-                    yield self._fill(rng, sentence) + " "
-
-        return self.texts.grow(head, pieces(), tokens).rstrip()
+        return self.texts.shuffled(
+            rng, head, TASK_SENTENCES, tokens, lambda sentence: self._fill(rng, sentence)
+        ).rstrip()
 
     def call(self, client: int, number: int) -> ToolCall:
         """The call `client` makes at step `number`: to the tool the plan names there, with its arguments."""

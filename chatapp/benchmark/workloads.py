@@ -362,12 +362,19 @@ class TextMaker:
         rng = random.Random(10_000 + seed)
         head = f"Ticket {seed * 7919 % 100_000:05d} ({rng.choice(['urgent', 'routine', 'follow-up', 'new'])}): "
 
+        return self.shuffled(rng, head, QUESTION_SENTENCES, max(target - 12, 1)) + rng.choice(QUESTION_ENDINGS)
+
+    def shuffled(
+        self, rng: random.Random, head: str, bank: list[str], target: int, fill: Callable[[str], str] = str
+    ) -> str:
+        """`head`, then the bank's sentences (each through `fill`) in shuffled rounds, to about `target` tokens."""
+
         def pieces() -> Iterator[str]:
             while True:
-                for sentence in rng.sample(QUESTION_SENTENCES, len(QUESTION_SENTENCES)):
-                    yield sentence + " "
+                for sentence in rng.sample(bank, len(bank)):
+                    yield fill(sentence) + " "
 
-        return self.grow(head, pieces(), max(target - 12, 1)) + rng.choice(QUESTION_ENDINGS)
+        return self.grow(head, pieces(), target)
 
     def document(self, seed: int, target: int) -> str:
         """A report of numbered paragraphs of plausible figures."""
