@@ -316,9 +316,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="GGUF model (default: the bundled model)")
     parser.add_argument("--threads", type=int, help="CPU threads for every peer (default: one per core)")
     parser.add_argument(
-        "--context", type=int, help="context per conversation for every peer (default: 8192, quick 2048)"
+        "--context",
+        type=int,
+        help="context per conversation for every peer (default: 8192, quick 512; F gets at least what its "
+        "tools need: 4096 at quick)",
     )
-    parser.add_argument("--max-tokens", type=int, help="answer length for every request (default: 32, quick 8)")
+    parser.add_argument("--max-tokens", type=int, help="answer length for every request (default: 32, quick 2)")
     parser.add_argument(
         "--ram-budget-mib",
         type=int,
