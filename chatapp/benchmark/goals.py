@@ -17,8 +17,9 @@ side-by-side ratios mean anything). A goal whose peers did not run is left out.
   computing the same prompt tokens (the share that does: 1), per workload; the same for
   `chatapp-remote+warm` beside `chatapp+warm` on C. (Equal answers: the run's equality check.)
 - F (agent loop, clients at once), for chatapp and for `chatapp serve`: TTFT after the restart /
-  the ideal's <= 1.15, llama-server's (restarted cold) / chatapp's >= 5, and requests per minute
-  / llama-server's (one slot per client) >= 1.
+  the ideal's <= 1.15, llama-server's (restarted cold) / chatapp's >= 5, requests per minute
+  / llama-server's (one slot per client) >= 1, and every request after each client's first,
+  after the restart too, reuses >= 0.95 of its prompt tokens (the least such share is judged).
 - G (request traces replayed against a RAM budget, no model), per trace variant: the value
   policy's token hit rate / Belady's offline optimum >= 0.9, and / the better of LRU and LFU > 1.
 - R (one prefix restored again and again): a RAM restore / llama.cpp loading the same state from a
@@ -78,6 +79,24 @@ def _median(values: list[float]) -> float:
 def busy_s(run: dict[str, Any]) -> float:
     milliseconds: float = sum(request["total_ms"] + request.get("settle_ms", 0.0) for request in run["requests"])
     return milliseconds / 1000
+
+
+def reused_fraction(request: dict[str, Any]) -> float:
+    """The share of a request's prompt tokens the peer reused rather than computed (NaN for no prompt)."""
+    prompt: int = request["prompt_tokens"]
+    return (prompt - request["computed_tokens"]) / prompt if prompt else math.nan
+
+
+def later_requests(run: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each client's requests after its first (the requests are in the workload's order)."""
+    seen: set[int] = set()
+    later = []
+    for request in run["requests"]:
+        client = request.get("client", 0)
+        if client in seen:
+            later.append(request)
+        seen.add(client)
+    return later
 
 
 def _ttft(run: dict[str, Any], chosen: Callable[[int, dict[str, Any]], bool]) -> float:
@@ -213,6 +232,10 @@ def _agent_loop_verdicts(
         return bool(request.get("after_restart"))
 
     verdicts = []
+    later = [reused_fraction(request) for request in later_requests(chatapp)]
+    if later:
+        measure = f"least prompt share reused after a client's first request, {peer}"
+        verdicts.append(_at_least("F", measure, min(later), REUSED_AFTER_FIRST))
     mine = _ttft(chatapp, after_restart)
     if ideal:
         verdicts.append(_at_most("F", f"TTFT after restart, {peer} / ideal", mine / _ttft(ideal, after_restart), 1.15))
@@ -231,6 +254,7 @@ def _agent_loop_verdicts(
     return verdicts
 
 
+REUSED_AFTER_FIRST = 0.95  # F: each client's later requests, the restart included
 VALUE_OF_BELADY = 0.9  # G: the value policy's token hit rate at least this share of Belady's
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import escape
 
-from chatapp.benchmark.goals import IDEAL, Verdict, goal_verdicts
+from chatapp.benchmark.goals import IDEAL, Verdict, goal_verdicts, reused_fraction
 
 NO_CACHE = "no-cache"
 MIB = 1 << 20
@@ -149,6 +149,28 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"{_fmt(row['hit_rate'], '5.2f')} {row['wall_s']:7.1f} {row['peak_rss_bytes'] / MIB:7.0f}Mi "
             f"{row['disk_bytes'] / MIB:7.1f}Mi {_fmt(row['ttft_vs_no_cache'], '10.2f')} {best:>18}"
         )
+    return "\n".join(lines)
+
+
+def reuse_table(runs: list[dict[str, Any]], workload: str) -> str:
+    """Per request of `workload`, the share of its prompt tokens each peer reused (reused / prompt)."""
+    chosen = [run for run in runs if run["workload"] == workload]
+    if not chosen:
+        return ""
+    requests = chosen[0]["requests"]
+    width = max([7, *(len(request["label"]) for request in requests)])
+    columns = [max(6, len(run["peer"])) for run in chosen]
+    peers = " ".join(f"{run['peer']:>{column}}" for run, column in zip(chosen, columns, strict=True))
+    lines = [
+        f"{workload}: prompt tokens reused per request (reused / prompt)",
+        f"  {'request':{width}} {'prompt':>7} {peers}",
+    ]
+    for index, request in enumerate(requests):
+        shares = " ".join(
+            f"{_fmt(reused_fraction(run['requests'][index]), '.3f') if index < len(run['requests']) else '-':>{column}}"
+            for run, column in zip(chosen, columns, strict=True)
+        )
+        lines.append(f"  {request['label']:{width}} {request['prompt_tokens']:>7,} {shares}")
     return "\n".join(lines)
 
 

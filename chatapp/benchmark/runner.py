@@ -43,7 +43,7 @@ from chatapp.benchmark.cache_figures import (
     measure_lookup,
     measure_storage,
 )
-from chatapp.benchmark.goals import goals_table
+from chatapp.benchmark.goals import goals_table, reused_fraction
 from chatapp.benchmark.memory import RssSampler, folder_bytes
 from chatapp.benchmark.peers import PEERS, Peer, PeerFactory, PeerSettings
 from chatapp.benchmark.prefill_figure import (
@@ -61,7 +61,7 @@ from chatapp.benchmark.remote_peer import (
     RemotePeerFactory,
     remote_peer_factory,
 )
-from chatapp.benchmark.report import MIB, table, write_reports
+from chatapp.benchmark.report import MIB, reuse_table, table, write_reports
 from chatapp.benchmark.restore_figure import (
     RESTORE_NAME,
     RestoreFigures,
@@ -149,6 +149,7 @@ def run_peer_on_workload(
         "wall_s": wall_s,
         "served_s": served_s,
         "clients": workload.clients,
+        "context": settings.context,
         "start_rss_bytes": rss.start_bytes,
         "peak_rss_bytes": rss.peak_bytes + extra_peak,
         "disk_bytes": folder_bytes(folder),
@@ -209,7 +210,7 @@ class _PhaseRunner:
             f"{request.label}: ttft {answer.ttft_ms:.0f} ms, "
             f"computed {answer.computed_tokens}/{answer.prompt_tokens}"
         )
-        return index, {
+        record = {
             "label": request.label,
             "client": request.client,
             "ttft_ms": queued_ms + answer.ttft_ms,
@@ -224,6 +225,7 @@ class _PhaseRunner:
             "known_prefix": request.known_prefix,
             **({"prepare": prepared} if prepared else {}),
         }
+        return index, {**record, "reused_fraction": reused_fraction(record)}
 
 
 def _folder_name(peer: str) -> str:
@@ -232,7 +234,9 @@ def _folder_name(peer: str) -> str:
 
 
 def _settings_for(settings: PeerSettings, workload: Workload) -> PeerSettings:
-    """A workload of several clients gives each a sequence (chatapp, one spare) or a slot (llama-server)."""
+    """A workload of several clients gives each a sequence (chatapp, one spare) or a slot (llama-server);
+    one whose prompts need a longer context (F's tools) gets it."""
+    settings = replace(settings, context=max(settings.context, workload.context))
     if workload.clients <= 1:
         return settings
     sequences = max(settings.chatapp_sequences, workload.clients + 1)
@@ -312,9 +316,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="GGUF model (default: the bundled model)")
     parser.add_argument("--threads", type=int, help="CPU threads for every peer (default: one per core)")
     parser.add_argument(
-        "--context", type=int, help="context per conversation for every peer (default: 8192, quick 2048)"
+        "--context",
+        type=int,
+        help="context per conversation for every peer (default: 8192, quick 512; F gets at least what its "
+        "tools need: 4096 at quick)",
     )
-    parser.add_argument("--max-tokens", type=int, help="answer length for every request (default: 32, quick 8)")
+    parser.add_argument("--max-tokens", type=int, help="answer length for every request (default: 32, quick 2)")
     parser.add_argument(
         "--ram-budget-mib",
         type=int,
@@ -410,9 +417,10 @@ def run(args: argparse.Namespace) -> int:
     settings = replace(settings, model_fingerprint=hash_file(model_path))
     workloads = build_workloads(model_path, scale, tuple(name for name in workload_names if name in WORKLOAD_NAMES))
     for workload in workloads:
+        longer = f", context {workload.context:,}" if workload.context > context else ""
         _log(
             f"workload {workload.name}: {len(workload.requests)} requests, {workload.prompt_tokens:,} prompt tokens "
-            f"(longest {max(len(r.tokens) for r in workload.requests):,})"
+            f"(longest {max(len(r.tokens) for r in workload.requests):,}){longer}"
         )
     out.mkdir(parents=True, exist_ok=True)
     work = (
@@ -540,6 +548,9 @@ def run(args: argparse.Namespace) -> int:
     if rows:
         print(table(rows))
         print(NOTES)
+        if any(run["workload"] == "F" for run in runs):
+            print()
+            print(reuse_table(runs, "F"))
         for item in runs:
             if item.get("restart"):
                 print(f"{item['workload']} {item['peer']}: {item['restart']}")

@@ -13,8 +13,9 @@ bench/cache_bench.py, moved here), grown until the model's tokenizer counts the 
   C  a 5,000-token document, then ten questions about it
   D  three personas, two documents, branching conversations, requests in a shuffled order
   E  restart: conversations begun, the peer restarted on the same folders, conversations continued
-  F  an agent loop: clients at once, each with a 5,000-token system prompt of tool descriptions
-     and a growing history, back to back; the peer restarted half-way
+  F  an agent loop: clients at once, each sending a coding agent's ten tools (JSON schemas) with a
+     5,000-token system prompt and tools in all, a task, then one tool call and its result per
+     step (agent_tools.py), back to back; the peer restarted half-way
 """
 
 from __future__ import annotations
@@ -25,12 +26,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from cache.keys import as_token_array, common_prefix_length
+from chatapp.benchmark.agent_tools import TOOL_SET, AgentTexts
 from chatapp.documents import Document
 from chatapp.engine.opening import open_prompt_builder
 from chatapp.engine.prompt import ChatMessage
 from chatapp.services.drafts import draft_prompt_tokens
 from chatapp.services.messages import Turn, conversation_messages, next_question_parts
 from chatapp.services.prompt_plan import plan_prompt
+from chatapp.tools import ToolResult, ToolSpec
 from chatapp.vocabulary import Role
 
 WORKLOAD_NAMES = ("A", "B", "C", "D", "E", "F")
@@ -56,10 +59,11 @@ class Scale:
     max_tokens: int  # answer length asked of every peer
     context: int  # context per sequence (every peer)
     sessions: int = 5  # D: conversations (the first three cover the three personas and two documents)
-    agent_system: int = 5000  # F: the system prompt with its tool descriptions
-    agent_step: int = 150  # F: each turn's tool result or instruction
+    agent_system: int = 5000  # F: the system prompt and the tools (at least the tools' schemas: ~1,300)
+    agent_step: int = 150  # F: the task, and each step's tool call and result together
     agent_turns: int = 6  # F: turns per client (half before the restart)
     agent_clients: int = 3  # F: clients at once
+    agent_context: int = 8192  # F: context per conversation at least (the tools alone outgrow a small one)
     lookup_conversations: int = 10_000  # L: conversations in the index a lookup searches
     storage_conversations: int = 50  # S: conversations on one persona stored through the engine
     restore_repeats: int = 5  # R: restores of one prefix by each path
@@ -104,10 +108,11 @@ SCALES = {
         sessions=3,
         lookup_conversations=1000,
         storage_conversations=5,
-        agent_system=200,
-        agent_step=12,
+        agent_system=2500,
+        agent_step=60,
         agent_turns=4,
         agent_clients=2,
+        agent_context=4096,
     ),
     "tiny": Scale(
         "tiny",
@@ -133,6 +138,7 @@ SCALES = {
         agent_step=10,
         agent_turns=2,
         agent_clients=2,
+        agent_context=2048,
     ),
 }
 
@@ -162,6 +168,9 @@ class Request:
     # Where a later prompt is likely to leave this one (persona, document, history ends), as the
     # app names them: a model whose state cannot be cut is checkpointed there.
     boundaries: tuple[int, ...] = ()
+    # F: what a client would send for these tokens: the chat messages (tool calls, results) and tools.
+    messages: tuple[ChatMessage, ...] = ()
+    tools: tuple[ToolSpec, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -174,6 +183,7 @@ class Workload:
     # let the peer settle between requests, as a user reading the answer does.
     back_to_back: bool = False
     clients: int = 1  # F: clients sending their requests at once (their `Request.client`)
+    context: int = 0  # F: the context per conversation its prompts need, when the run's is smaller
 
     @property
     def prompt_tokens(self) -> int:
@@ -293,18 +303,6 @@ REPORT_SENTENCES = [
 ]
 MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October"]
 FEWSHOT_LABELS = ["billing", "shipping", "account", "technical", "other"]
-TOOL_VERBS = ["read", "write", "search", "list", "run", "patch", "rename", "delete", "inspect", "summarise"]
-TOOL_NOUNS = ["file", "directory", "test", "symbol", "commit", "branch", "issue", "build", "log", "package"]
-TOOL_PARAMETERS = [
-    ("path", "string"),
-    ("pattern", "string"),
-    ("limit", "integer"),
-    ("recursive", "boolean"),
-    ("encoding", "string"),
-    ("timeout_s", "number"),
-    ("dry_run", "boolean"),
-    ("message", "string"),
-]
 FEWSHOT_OPENERS = ["My", "Our", "The", "This week the", "Yesterday the", "Since Monday the"]
 FEWSHOT_OBJECTS = [
     "invoice",
@@ -336,7 +334,7 @@ class TextMaker:
     def __init__(self, tokenize: Callable[[str], list[int]]) -> None:
         self.tokenize = tokenize
 
-    def _grow(self, head: str, pieces: Iterator[str], target: int) -> str:
+    def grow(self, head: str, pieces: Iterator[str], target: int) -> str:
         text = head
         for piece in pieces:
             if len(self.tokenize(text)) >= target:
@@ -358,18 +356,25 @@ class TextMaker:
                         rule += 1
                         yield f"- Rule {seed}.{rule}: " + sentence.format(domain=domain) + "\n"
 
-        return self._grow(head, pieces(), target)
+        return self.grow(head, pieces(), target)
 
     def question(self, seed: int, target: int) -> str:
         rng = random.Random(10_000 + seed)
         head = f"Ticket {seed * 7919 % 100_000:05d} ({rng.choice(['urgent', 'routine', 'follow-up', 'new'])}): "
 
+        return self.shuffled(rng, head, QUESTION_SENTENCES, max(target - 12, 1)) + rng.choice(QUESTION_ENDINGS)
+
+    def shuffled(
+        self, rng: random.Random, head: str, bank: list[str], target: int, fill: Callable[[str], str] = str
+    ) -> str:
+        """`head`, then the bank's sentences (each through `fill`) in shuffled rounds, to about `target` tokens."""
+
         def pieces() -> Iterator[str]:
             while True:
-                for sentence in rng.sample(QUESTION_SENTENCES, len(QUESTION_SENTENCES)):
-                    yield sentence + " "
+                for sentence in rng.sample(bank, len(bank)):
+                    yield fill(sentence) + " "
 
-        return self._grow(head, pieces(), max(target - 12, 1)) + rng.choice(QUESTION_ENDINGS)
+        return self.grow(head, pieces(), target)
 
     def document(self, seed: int, target: int) -> str:
         """A report of numbered paragraphs of plausible figures."""
@@ -393,7 +398,7 @@ class TextMaker:
                     )
                 yield f"\n{paragraph}. " + " ".join(sentences) + "\n"
 
-        return self._grow(head, pieces(), target)
+        return self.grow(head, pieces(), target)
 
     def answer(self, seed: int, target: int) -> str:
         """An earlier assistant turn (the same for every peer, whatever the peer answered)."""
@@ -407,26 +412,20 @@ class TextMaker:
                 rule = rng.choice(PERSONA_SECTIONS[rng.choice(list(PERSONA_SECTIONS))]).format(domain="this")
                 yield f"Step {step}: {rule} "
 
-        return self._grow(head, pieces(), target)
+        return self.grow(head, pieces(), target)
 
-    def tools(self, seed: int, target: int) -> str:
-        """An agent's system prompt: its role, then tool descriptions with their parameters."""
+    def rules(self, seed: int, target: int, bullet: str) -> str:
+        """Lines of rules from the persona banks, about `target` tokens (nothing for 0 or less)."""
+        if target <= 0:
+            return ""
         rng = random.Random(50_000 + seed)
-        head = f"You are coding agent A-{seed:03d}. Call one tool per step and explain each call.\n\n# Tools\n"
 
         def pieces() -> Iterator[str]:
-            number = 0
             while True:
-                number += 1
-                verb, noun = rng.choice(TOOL_VERBS), rng.choice(TOOL_NOUNS)
-                parameters = ", ".join(
-                    f'"{name}": {{"type": "{kind}"}}' for name, kind in rng.sample(TOOL_PARAMETERS, rng.randint(2, 4))
-                )
-                rule = rng.choice(PERSONA_SECTIONS[rng.choice(list(PERSONA_SECTIONS))]).format(domain="the repository")
-                title = f"{verb}_{noun}_{number}"
-                yield f"\n## {title}\n{verb.capitalize()} a {noun}. {rule}\nParameters: {{{parameters}}}\n"
+                rule = rng.choice(PERSONA_SECTIONS[rng.choice(list(PERSONA_SECTIONS))])
+                yield bullet + rule.format(domain="the repository") + "\n"
 
-        return self._grow(head, pieces(), target)
+        return self.grow("", pieces(), target).rstrip("\n")
 
     def fewshot_example(self, seed: int, target: int) -> tuple[str, str]:
         """(a customer message, its label): one few-shot example of about `target` tokens."""
@@ -438,7 +437,7 @@ class TextMaker:
             while True:
                 yield f" Also the {rng.choice(FEWSHOT_OBJECTS)} {rng.choice(FEWSHOT_PROBLEMS)}."
 
-        return self._grow(text, pieces(), max(target - 8, 1)), f"Category: {label}"
+        return self.grow(text, pieces(), max(target - 8, 1)), f"Category: {label}"
 
 
 # --------------------------------------------------------------------------------------------
@@ -456,9 +455,12 @@ class PromptKit:
     def tokenize(self, text: str) -> list[int]:
         return self.builder.tokenizer.tokenize(text, add_special=False, parse_special=False)
 
-    def build(self, messages: list[ChatMessage]) -> tuple[int, ...]:
-        """The prompt as the app plans it (messages.py, prompt_plan.py), its checkpoints remembered."""
-        plan = plan_prompt(self.builder, messages, checkpoints=True)
+    def build(self, messages: list[ChatMessage], tools: tuple[ToolSpec, ...] = ()) -> tuple[int, ...]:
+        """The prompt as the app plans it (messages.py, prompt_plan.py), its checkpoints remembered.
+
+        With `tools`, the prompt offers them as a server builds it for a request that sends them.
+        """
+        plan = plan_prompt(self.builder.with_tools(tools), messages, checkpoints=True)
         self.boundaries[plan.tokens] = plan.checkpoints
         return plan.tokens
 
@@ -629,15 +631,27 @@ def workload_e(kit: PromptKit, scale: Scale) -> Workload:
 
 
 def workload_f(kit: PromptKit, scale: Scale) -> Workload:
-    """Clients of one agent: the same tool-laden system prompt, each its own growing history."""
-    t = kit.texts
-    system = t.tools(1, scale.agent_system)
-    conversations = []
+    """Clients of one coding agent: the same system prompt and tools, each its own task and tool calls.
+
+    Every request sends the tools; a client's history is its task, then per step the call the
+    agent made (an assistant message of one tool call) and the tool's output (a tool message).
+    A client's request k is that history up to step k-1: what the agent sends for its k-th answer.
+    """
+    agent = AgentTexts(kit.texts)
+    persona = agent.persona(1, scale.agent_system // 5)
+    system = conversation_messages(persona, None, [])
+    bare = len(kit.builder.with_tools(agent.tools(1, 0)).build(system))
+    tools = agent.tools(1, (scale.agent_system - bare) // len(TOOL_SET))
+    conversations: list[list[Request]] = []
     for client in range(scale.agent_clients):
-        seeds = [700 + 20 * client + turn for turn in range(scale.agent_turns)]
-        steps = [t.question(seed, scale.agent_step) for seed in seeds]
-        answers = [t.answer(seed, scale.answer) for seed in seeds]
-        conversations.append(_conversation_prompts(kit, system, None, steps, answers))
+        task = agent.task(700 + client, scale.agent_step)
+        messages = conversation_messages(persona, None, [Turn(Role.USER, task)])
+        prompts = []
+        for number in range(scale.agent_turns):
+            prompt = kit.build(messages, tools)
+            prompts.append(Request("", prompt, client, messages=tuple(messages), tools=tools))
+            messages += _agent_step(kit, agent, tools, messages, prompt, client, number, scale.agent_step)
+        conversations.append(prompts)
     requests: list[Request] = []
     restart = None
     for turn in range(scale.agent_turns):
@@ -645,15 +659,38 @@ def workload_f(kit: PromptKit, scale: Scale) -> Workload:
             restart = len(requests)
         for client, prompts in enumerate(conversations):
             label = f"{'after restart: ' if restart is not None else ''}client {client + 1} step {turn + 1}"
-            requests.append(Request(label, prompts[turn], client=client))
+            requests.append(replace(prompts[turn], label=label))
     return Workload(
         "F",
-        "agent loop: clients at once on one tool-laden system prompt, back to back, restarted half-way",
+        "agent loop: clients at once with a coding agent's tools, tool calls and results, restarted half-way",
         with_known_prefixes(kit, requests),
         restart,
         back_to_back=True,
         clients=scale.agent_clients,
+        context=scale.agent_context,
     )
+
+
+def _agent_step(
+    kit: PromptKit,
+    agent: AgentTexts,
+    tools: tuple[ToolSpec, ...],
+    history: list[ChatMessage],
+    prompt: tuple[int, ...],
+    client: int,
+    number: int,
+    tokens: int,
+) -> list[ChatMessage]:
+    """A step's call (an assistant message of one call, as clients send it) and its result (a tool message).
+
+    The step adds about `tokens` to the prompt: the call, the template's text around the result, the output.
+    """
+    call = agent.call(client, number)
+    calling = ChatMessage(Role.ASSISTANT, ("",), tool_calls=(call,))
+    empty = ChatMessage(Role.TOOL, (), results=(ToolResult(call.id, call.name, ""),))
+    framing = len(kit.builder.with_tools(tools).build([*history, calling, empty])) - len(prompt)
+    result = agent.result(client, number, call, tokens - framing)
+    return [calling, ChatMessage(Role.TOOL, (), results=(result,))]
 
 
 BUILDERS = {"A": workload_a, "B": workload_b, "C": workload_c, "D": workload_d, "E": workload_e, "F": workload_f}

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from chatapp.benchmark.goals import busy_s, goal_verdicts, goals_table
+from chatapp.benchmark.goals import busy_s, goal_verdicts, goals_table, later_requests
 
 
 def run(
@@ -123,3 +123,23 @@ def test_the_remote_engine_is_judged_against_the_in_process_peer_on_a_c_and_e() 
     assert not [measure for measure in found if measure.startswith("B") and "remote" in measure]
     # A server the bench did not restart is no other cache after a restart.
     assert found["E TTFT after restart, fastest other peer / chatapp"] == pytest.approx((10.0, True))
+
+
+def agent_run(peer: str, computed: list[int], prompt: int = 1000, clients: int = 2, restart: int = 2) -> dict[str, Any]:
+    """An F run: the clients' requests in turn (client 0, client 1, client 0...), restarted at `restart`."""
+    made = run("F", peer, [100.0] * len(computed), after_restart=restart)
+    for index, (request, count) in enumerate(zip(made["requests"], computed, strict=True)):
+        request.update(client=index % clients, prompt_tokens=prompt, computed_tokens=count)
+    return made
+
+
+def test_f_judges_the_least_share_reused_after_each_clients_first_request_restart_included() -> None:
+    # Each client's first request computes much (left out); after it, the worst is 60 tokens of 1,000.
+    runs = [agent_run("chatapp", [1000, 900, 30, 20, 60, 40]), agent_run("chatapp-serve", [1000, 900, 30, 20, 30, 30])]
+    assert [request["computed_tokens"] for request in later_requests(runs[0])] == [30, 20, 60, 40]
+    found = verdicts_by_measure(runs)
+    chatapp = found["F least prompt share reused after a client's first request, chatapp"]
+    assert chatapp == pytest.approx((0.94, False))  # the request after the restart falls short
+    serve = found["F least prompt share reused after a client's first request, chatapp-serve"]
+    assert serve == pytest.approx((0.97, True))
+    assert not [measure for measure in found if "ideal" in measure or "llama-server" in measure]

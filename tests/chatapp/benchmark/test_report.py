@@ -10,7 +10,15 @@ from typing import Any
 
 import pytest
 
-from chatapp.benchmark.report import mismatches, percentile, summarize, svg_chart, table, write_reports
+from chatapp.benchmark.report import (
+    mismatches,
+    percentile,
+    reuse_table,
+    summarize,
+    svg_chart,
+    table,
+    write_reports,
+)
 
 
 def request(ttft: float, computed: int, prompt: int = 100, text: str = "ok") -> dict[str, Any]:
@@ -128,3 +136,19 @@ def test_json_and_svg_are_written_and_parse(tmp_path: Path) -> None:
 def test_svg_escapes_names() -> None:
     runs = [run("a<b&c", "A", [1], [1])]
     ET.fromstring(svg_chart(summarize(runs)))
+
+
+def test_the_reuse_table_has_a_row_per_request_and_a_column_per_peer() -> None:
+    runs = [run("chatapp", "F", [1, 1, 1], [100, 4, 3]), run("no-cache", "F", [1, 1, 1], [100, 100, 100])]
+    for index, request in enumerate(runs[0]["requests"]):
+        request["label"] = f"client 1 step {index + 1}"
+    runs.append(run("chatapp", "A", [1], [50]))
+    lines = reuse_table(runs, "F").splitlines()
+    assert lines[0] == "F: prompt tokens reused per request (reused / prompt)"
+    assert lines[1].split() == ["request", "prompt", "chatapp", "no-cache"]
+    assert [line.split()[-4:] for line in lines[2:]] == [
+        ["1", "100", "0.000", "0.000"],
+        ["2", "100", "0.960", "0.000"],
+        ["3", "100", "0.970", "0.000"],
+    ]
+    assert reuse_table(runs, "E") == ""

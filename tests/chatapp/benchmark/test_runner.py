@@ -148,8 +148,21 @@ def test_the_agent_loop_runs_its_clients_at_once_and_restarts_half_way(
     assert all(request["computed_tokens"] < request["prompt_tokens"] for request in after)
     # One request at a time for peers that serve one at a time: the wait counts in their TTFT.
     assert any(request["queued_ms"] > 0 for request in no_cache)
+    # Every peer is sent the same prompts (the tools make them longer than the scale's context: F gets its own).
+    assert len({tuple(request["prompt_tokens"] for request in run["requests"]) for run in runs.values()}) == 1
+    assert {run["context"] for run in runs.values()} == {2048}
+    for run in runs.values():
+        for request in run["requests"]:
+            reused = request["prompt_tokens"] - request["computed_tokens"]
+            assert request["reused_fraction"] == pytest.approx(reused / request["prompt_tokens"])
+    assert all(request["reused_fraction"] > 0.9 for request in after)
     measures = {goal["measure"] for goal in saved["goals"]}
     assert {"TTFT after restart, chatapp / ideal", "TTFT after restart, chatapp-serve / ideal"} <= measures
+    for peer in ("chatapp", "chatapp-serve"):
+        assert f"least prompt share reused after a client's first request, {peer}" in measures
+    out = capsys.readouterr().out
+    assert "F: prompt tokens reused per request (reused / prompt)" in out
+    assert "after restart: client 2 step 2" in out
 
 
 @pytest.mark.slow
