@@ -142,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="kept (the default): earlier answers' reasoning (<think>...</think>) stays in the history as "
         "generated, and the whole conversation stays a cache hit; template: dropped before the latest "
         "question as templates such as Qwen 3's write the history, which changes the prompt from the "
-        "first earlier answer on, so every new question misses the cache from there",
+        "last answer before the new question on, so every new question misses the cache from there",
     )
     serve_parser.add_argument(
         "--sort-tools",

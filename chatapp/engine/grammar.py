@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,6 +9,13 @@ from typing import Any
 # expression the whole text so far must match (the grammar takes it from the first group on).
 TRIGGER_WORD = 1
 TRIGGER_PATTERN_FULL = 3
+REGEX_SPECIALS = frozenset("\\^$.|?*+()[]{}")
+
+
+def regex_literal(text: str) -> str:
+    """`text` as a regular expression that matches it alone, in the ECMAScript syntax llama.cpp's
+    std::regex reads (only its special characters escaped: an escaped space or quote is not valid there)."""
+    return "".join(f"\\{character}" if character in REGEX_SPECIALS else character for character in text)
 
 
 @dataclass(frozen=True)
@@ -32,7 +38,7 @@ class Grammar:
 
     def trigger_patterns(self) -> tuple[str, ...]:
         """Every trigger as a pattern the whole text so far must match; the grammar takes it from the group."""
-        words = tuple(f"[\\s\\S]*?({re.escape(trigger)})[\\s\\S]*" for trigger in self.triggers)
+        words = tuple(f"[\\s\\S]*?({regex_literal(trigger)})[\\s\\S]*" for trigger in self.triggers)
         return words + self.patterns
 
     def server_fields(self) -> dict[str, Any]:

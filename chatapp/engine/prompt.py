@@ -124,7 +124,7 @@ class PromptBuilder:
         self._memo_lock = threading.Lock()  # the answer and warm-up workers build prompts at once
         self._tool_builders: OrderedDict[tuple[ToolSpec, ...], PromptBuilder] = OrderedDict()
         self.supports_system = self._accepts_system_messages()
-        native = native_format(template.source, self._renders_tools())
+        native = native_format(template.source, self._renders_tools() and self._renders_a_tool_conversation())
         self.native_tools = native is not None
         self.tool_format: ToolFormat = native or HERMES
 
@@ -148,10 +148,15 @@ class PromptBuilder:
         if callable(close):
             close()
 
-    def build(self, messages: list[ChatMessage], *, add_generation_prompt: bool = True) -> list[int]:
-        """The prompt tokens for `messages`, ending with the assistant header when asked."""
+    def build(
+        self, messages: list[ChatMessage], *, add_generation_prompt: bool = True, remember: bool = True
+    ) -> list[int]:
+        """The prompt tokens for `messages`, ending with the assistant header when asked.
+
+        `remember=False` keeps the tokens out of the memo (a one-off look at a conversation's prefix).
+        """
         messages = self._prepared(messages)
-        tokens = self._history_tokens(messages) if messages else []
+        tokens = self._history_tokens(messages, remember) if messages else []
         if add_generation_prompt:
             tokens += self._template_tokens(self.generation_header_text(messages))
         return self._with_bos(tokens)
@@ -249,6 +254,26 @@ class PromptBuilder:
             return False
         return PROBE_TOOL.name in rendered
 
+    def _renders_a_tool_conversation(self) -> bool:
+        """Whether the template renders each step of a tool conversation as this builder renders them
+        (the system message alone first, a call, its result); some refuse a step (Llama 3.1's wants a
+        user message once tools are given), and then the format is taught instead."""
+        tools = [PROBE_TOOL.template_input()]
+        call = ToolCall("probecall", PROBE_TOOL.name, "{}")
+        steps = [
+            ChatMessage.of(Role.USER, "u"),
+            ChatMessage(Role.ASSISTANT, ("",), tool_calls=(call,)),
+            ChatMessage(Role.TOOL, (), results=(ToolResult(call.id, call.name, "r"),)),
+        ]
+        for conversation in ([ChatMessage.of(Role.SYSTEM, "s"), *steps], steps):
+            for count in range(1, len(conversation) + 1):
+                inputs = [item for message in conversation[:count] for item in message.template_inputs()]
+                try:
+                    self.template.render(inputs, add_generation_prompt=False, tools=tools)
+                except TemplateRenderError:
+                    return False
+        return True
+
     def _prepared(self, messages: list[ChatMessage]) -> list[ChatMessage]:
         """The messages the template is given: tools taught in the system prompt if it has none; system folded."""
         if not self.native_tools:
@@ -318,28 +343,43 @@ class PromptBuilder:
         return self.template.render(inputs, add_generation_prompt=add_generation_prompt)
 
     def _results_tokens(self, before: str, history: list[ChatMessage], message: ChatMessage) -> list[int]:
-        """Tool results as the template writes them: its text parsed for special tokens, each result's not."""
-        sentinels = [f"\x00chatapp-result-{index}\x00" for index in range(len(message.results))]
+        """Tool results as the template writes them: its own text parsed for special tokens, each result's not.
+
+        Markers stand in for the results to find the template's text around them (printable, so
+        a template that prints results through `tojson` keeps them); what stands between those
+        texts in the real render is the result as shown, tokenized as text: a tool's output never
+        becomes a special token.
+        """
+        marks = [f"\ue000chatapp-result-{index}\ue001" for index in range(len(message.results))]
         probe = replace(
             message,
-            results=tuple(
-                replace(result, content=mark) for result, mark in zip(message.results, sentinels, strict=True)
-            ),
+            results=tuple(replace(result, content=mark) for result, mark in zip(message.results, marks, strict=True)),
         )
-        segment = self._segment(before, history, probe)
-        pieces: list[str] = []
-        rest = segment
-        for mark in sentinels:
+        heads: list[str] = []
+        rest = self._segment(before, history, probe)
+        for mark in marks:
             head, found, rest = rest.partition(mark)
             if not found:
-                return self._template_tokens(self._segment(before, history, message))
-            pieces.append(head)
+                return self._content_tokens(self._segment(before, history, message))  # as text: never injected
+            heads.append(head)
+        actual = self._segment(before, history, message)
         tokens: list[int] = []
-        for head, result in zip(pieces, message.results, strict=True):
-            tokens += self._template_tokens(head) + self._content_tokens(result.content)
+        at = 0
+        for index, head in enumerate(heads):
+            following = heads[index + 1] if index + 1 < len(heads) else rest
+            if not actual.startswith(head, at):
+                return self._content_tokens(actual)
+            at += len(head)
+            end = actual.find(following, at) if following else len(actual)
+            if end < 0:
+                return self._content_tokens(actual)
+            tokens += self._template_tokens(head) + self._content_tokens(actual[at:end])
+            at = end
+        if actual[at:] != rest:
+            return self._content_tokens(actual)
         return tokens + self._template_tokens(rest)
 
-    def _history_tokens(self, messages: list[ChatMessage]) -> list[int]:
+    def _history_tokens(self, messages: list[ChatMessage], remember: bool = True) -> list[int]:
         """What the template prints before any message (often the BOS text), then each message.
 
         A message's tokens depend only on the messages before it, so the tokens of a history
@@ -357,7 +397,7 @@ class PromptBuilder:
             tokens = self._template_tokens(self._render_history([]))
         for index in range(start, len(messages)):
             tokens += self.message_tokens(messages[:index], messages[index])
-        if messages:
+        if messages and remember:
             self._remember(self._history_memo, tuple(messages), tuple(tokens))
         return tokens
 

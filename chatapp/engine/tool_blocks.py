@@ -25,6 +25,7 @@ CALL_OPEN = "<tool_call>"
 CALL_CLOSE = "</tool_call>"
 RESULT_OPEN = "<tool_response>"
 RESULT_CLOSE = "</tool_response>"
+PARAMETER_CLOSE = "</parameter>"
 NEWLINE = "\n"
 _FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.DOTALL)
 _PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
@@ -131,7 +132,7 @@ class XmlToolFormat(BlockToolFormat):
         parameters = tool.parameters
         refuse_unsupported(parameters, where)
         required = set(parameters.get("required") or ())
-        rules.add("chatapp-text", '( [^<] | "<" [^/] )*')  # a text value: anything but a closing tag
+        rules.add("chatapp-text", f"( {_anything_but(PARAMETER_CLOSE)} )*")  # a text value: all but its closing tag
         pieces = []
         for number, (name, schema) in enumerate((parameters.get("properties") or {}).items()):
             if _is_text(schema):
@@ -159,7 +160,9 @@ class XmlToolFormat(BlockToolFormat):
 
 
 def _text_rule(rules: RuleSet, schema: dict[str, Any], where: str) -> str:
-    """A text value as it stands between the tags, its length bounds kept."""
+    """A text value as it stands between the tags: one of its enum's values as they are, its length bounds kept."""
+    if "enum" in schema:
+        return f"( {' | '.join(literal(str(value)) for value in schema['enum'])} )"
     for keyword in ("pattern", "format"):
         if keyword in schema:
             raise GrammarError(
@@ -175,7 +178,20 @@ def _text_rule(rules: RuleSet, schema: dict[str, Any], where: str) -> str:
 
 
 def _is_text(schema: Any) -> bool:
-    return isinstance(schema, dict) and schema.get("type") == "string" and "enum" not in schema
+    return isinstance(schema, dict) and schema.get("type") == "string"
+
+
+def _anything_but(closing: str) -> str:
+    """GBNF alternatives for one piece of text that cannot begin `closing`: a character that is not its
+    first, or each beginning of it followed by a character that does not go on with it."""
+    pieces = [f"[^{_class_character(closing[0])}]"]
+    for length in range(1, len(closing)):
+        pieces.append(f"{literal(closing[:length])} [^{_class_character(closing[length])}]")
+    return " | ".join(pieces)
+
+
+def _class_character(character: str) -> str:
+    return "\\" + character if character in "\\]^-" else character
 
 
 def _typed(raw: str, schema: Any) -> Any:

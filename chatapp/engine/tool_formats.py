@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from chatapp.engine.grammar import Grammar
+from chatapp.engine.grammar import Grammar, regex_literal
 from chatapp.engine.json_grammar import ROOT, RuleSet
 from chatapp.tools import ToolSpec
 
@@ -53,10 +53,20 @@ class ToolFormat(Protocol):
         ...
 
 
-def calls_grammar(rules: RuleSet, call: str, *, parallel: bool, lazy: bool, trigger: str, or_schema: Any) -> Grammar:
-    """The root over `call` (one, or several on lines of their own), or JSON of `or_schema` instead."""
+def calls_grammar(
+    rules: RuleSet, call: str, *, parallel: bool, lazy: bool, trigger: str, or_schema: Any, at_start: bool = False
+) -> Grammar:
+    """The root over `call` (one, or several on lines of their own), or JSON of `or_schema` instead.
+
+    Lazy, it waits for `trigger` anywhere in the answer, or with `at_start` only at its beginning
+    (a format whose call is the whole answer: JSON elsewhere in a text is no call).
+    """
     calls = f'{call} ( "\\n" {call} )*' if parallel else call
     if or_schema is not None:
         calls = f"{calls} | {rules.schema_rule(or_schema, 'chatapp-formatted', 'the response format')}"
     rules.add(ROOT, calls)
-    return Grammar(rules.gbnf(), triggers=(trigger,) if lazy and or_schema is None else (), root=ROOT)
+    if not lazy or or_schema is not None:
+        return Grammar(rules.gbnf(), root=ROOT)
+    if at_start:
+        return Grammar(rules.gbnf(), root=ROOT, patterns=(f"\\s*({regex_literal(trigger)})[\\s\\S]*",))
+    return Grammar(rules.gbnf(), triggers=(trigger,), root=ROOT)

@@ -39,12 +39,18 @@ class LlamaJsonToolFormat:
             rules.add(rule, f'{opening} {arguments} "}}"')
             bodies.append(rule)
         rules.add("chatapp-call", f"( {' | '.join(bodies)} )")
-        return calls_grammar(rules, "chatapp-call", parallel=False, lazy=lazy, trigger=OPENING, or_schema=or_schema)
+        return calls_grammar(
+            rules, "chatapp-call", parallel=False, lazy=lazy, trigger=OPENING, or_schema=or_schema, at_start=True
+        )
 
     def parse(self, text: str, tools: Sequence[ToolSpec] = ()) -> ParsedAnswer:
-        """The text before the call and the call; no call when what follows the opening is no whole call."""
-        start = text.find(OPENING)
-        if start < 0:
+        """The call that is the whole answer (after blank space or the python tag); otherwise the text as it is.
+
+        JSON within a text is no call, nor a call to a function that is not among the tools.
+        """
+        body = text.lstrip().removeprefix(PYTHON_TAG).lstrip()
+        start = len(text) - len(body)
+        if not body.startswith(OPENING):
             return ParsedAnswer(text, ())
         try:
             value, _ = json.JSONDecoder().raw_decode(text, start)
@@ -52,9 +58,10 @@ class LlamaJsonToolFormat:
             return ParsedAnswer(text, ())
         if not isinstance(value, dict) or not isinstance(value.get("name"), str):
             return ParsedAnswer(text, ())
+        if tools and value["name"] not in {tool.name for tool in tools}:
+            return ParsedAnswer(text, ())
         arguments = value.get("parameters", value.get("arguments", {}))
-        content = text[:start].removesuffix(PYTHON_TAG).rstrip()
-        return ParsedAnswer(content, (ParsedCall(value["name"], arguments_json(arguments)),))
+        return ParsedAnswer("", (ParsedCall(value["name"], arguments_json(arguments)),))
 
 
 LLAMA_JSON = LlamaJsonToolFormat()

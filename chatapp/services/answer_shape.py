@@ -8,6 +8,7 @@ and calls. Both APIs (OpenAI's and Ollama's) describe their requests with `Answe
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass, replace
 from enum import StrEnum
@@ -88,6 +89,8 @@ class AnswerShape:
 FREE_TEXT = AnswerShape()  # no tools, no format: the answer as the model writes it
 
 
+# A literal (special characters escaped) after any text or after blank space, then anything.
+SAFE_PATTERN = re.compile(r"(?:\[\\s\\S\]\*\?|\\s\*)\((?:[^\\^$.|?*+()\[\]{}]|\\[\\^$.|?*+()\[\]{}])+\)\[\\s\\S\]\*")
 AnswerGrammar = Grammar  # what the server's llama routes hand on to Serving.complete
 
 
@@ -104,6 +107,15 @@ def server_grammar(gbnf: str, *, lazy: bool, triggers: list[tuple[int, str]]) ->
             )
     if not lazy:
         return Grammar(gbnf)
+    for kind, value in triggers:
+        if kind == TRIGGER_PATTERN_FULL and not SAFE_PATTERN.fullmatch(value):
+            # llama.cpp compiles patterns with std::regex, whose errors would end the process: only
+            # the forms chatapp sends (a literal, anywhere or at the start) are taken.
+            raise ShapeError(
+                f"grammar trigger pattern {value!r} is not one this server takes; send words (type "
+                f"{TRIGGER_WORD}) or chatapp's own patterns",
+                "grammar_triggers",
+            )
     words = tuple(value for kind, value in triggers if kind == TRIGGER_WORD)
     return Grammar(gbnf, words, patterns=tuple(value for kind, value in triggers if kind == TRIGGER_PATTERN_FULL))
 

@@ -15,12 +15,14 @@ grows without end.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 import xxhash
 
+from chatapp.engine.chat_template import TemplateRenderError
 from chatapp.engine.contract import EngineClient
 from chatapp.engine.handle import GenerationHandle
 from chatapp.engine.prompt import ChatMessage, PromptBuilder
@@ -36,6 +38,8 @@ from chatapp.services.streams import StreamEvent
 from chatapp.store.answer_ids import AnswerIdStore
 from chatapp.tools import ToolCall, ToolResult, canonical_json
 from chatapp.vocabulary import ReuseTier, Role, StopReason
+
+log = logging.getLogger(__name__)
 
 TOO_LONG_CHAT = TooLongWording("the conversation", "send fewer or shorter messages")
 TOO_LONG_PROMPT = TooLongWording("the prompt", "send a shorter prompt")
@@ -257,7 +261,10 @@ class CompletionService:
                 raise RequestError(NO_REMOTE_SHAPES, "tools" if shape.tools else "messages")
             if builder is not None:
                 builder = builder.with_tools(shape.tools)
-            plan = plan_for(self.engine, history, builder)
+            try:
+                plan = plan_for(self.engine, history, builder)
+            except TemplateRenderError as error:
+                raise RequestError(str(error), "messages") from None
             wording = TOO_LONG_CHAT
         try:
             grammar = shape.grammar(builder) or request.sampling.grammar
@@ -266,17 +273,24 @@ class CompletionService:
         if grammar is not None and not self.engine.capabilities.grammars:
             raise RequestError(NO_REMOTE_SHAPES, "tools" if shape.calls_tools else shape.schema_param)
         sampling = replace(request.sampling, grammar=grammar)
+        divergence = self._prompts.compare(list(plan.tokens))
+        if divergence is not None and builder is not None and history is not None:
+            divergence = replace(divergence, place=self._place(builder, history, plan.tokens, divergence.position))
         self._take_slot()
         try:
             handle = start_answer(self.engine, plan, sampling, wording)
         except BaseException:
             self._finished()
             raise
-        divergence = self._prompts.compare(list(plan.tokens))
-        if divergence is not None and builder is not None and history is not None:
-            place = divergence_place(builder, history, plan.tokens, divergence.position, self.engine.detokenize)
-            divergence = replace(divergence, place=place)
         return Completion(self, handle, history, request.stop, divergence, shape, builder)
+
+    def _place(self, builder: PromptBuilder, history: list[ChatMessage], tokens: Sequence[int], position: int) -> str:
+        """Where a prompt left an earlier one, in words; "" when that cannot be said (never a failed request)."""
+        try:
+            return divergence_place(builder, history, tokens, position, self.engine.detokenize)
+        except Exception:
+            log.warning("could not name where the prompt diverged", exc_info=True)
+            return ""
 
     def chat_messages(self, messages: tuple[ApiMessage, ...]) -> list[ChatMessage]:
         """The app's messages for a chat request; assistant turns get their generated ids back when known."""

@@ -20,17 +20,29 @@ def divergence_place(
     position: int,
     detokenize: Callable[[list[int]], str],
 ) -> str:
-    """Where token `position` of the prompt built from `messages` lies, in words ("" when unknown)."""
-    for count in range(1, len(messages) + 1):
-        end = len(builder.build(list(messages[:count]), add_generation_prompt=False))
-        if end > position:
-            break
-    else:
+    """Where token `position` of the prompt built from `messages` lies, in words ("" when unknown).
+
+    The message is found by bisection over the conversation's prefixes (their token counts only
+    grow), built without touching the builder's memo.
+    """
+
+    def end_of(count: int) -> int:
+        return len(builder.build(list(messages[:count]), add_generation_prompt=False, remember=False))
+
+    low, high = 1, len(messages)
+    if not messages or end_of(high) <= position:
         return "the answer's header"
-    index = count - 1
+    while low < high:  # the fewest messages whose tokens reach past `position`
+        middle = (low + high) // 2
+        if end_of(middle) > position:
+            high = middle
+        else:
+            low = middle + 1
+    index = low - 1
     message = messages[index]
-    if index > 0 or message.role is not Role.SYSTEM:
-        return f"message {count} ({message.role.value})"
+    if index > 0 or message.role is not Role.SYSTEM or not builder.supports_system:
+        return f"message {low} ({message.role.value})"
+    end = end_of(1)
     turn = detokenize(list(tokens[:end]))
     offset = len(detokenize(list(tokens[:position])))
     persona = message.content

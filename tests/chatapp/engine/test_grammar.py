@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -237,3 +238,58 @@ def test_a_grammar_never_makes_a_cached_answer_unlike_the_cold_one(
     cold = answer(qwen_engine, prompt, grammar, use_cache=False)
     assert answer(qwen_engine, prompt, grammar) == cold
     assert answer(qwen_engine, prompt, grammar) == cold
+
+
+REFUSES_TOOLS_WITHOUT_A_QUESTION = (
+    "{%- if tools and not (messages | selectattr('role', 'equalto', 'user') | list) -%}"
+    "{{- raise_exception('tools need a user message') -}}{%- endif -%}"
+    "{%- for m in messages -%}"
+    "{{- '<|im_start|>' + m.role + '\\n' + (m.content or '') + '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if tools -%}{{- '<tool_call>' + (tools | tojson) -}}{%- endif -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+RESULT_AS_IT_IS = "'\\n<tool_response>\\n' + message.content + '\\n</tool_response>'"
+RESULT_AS_JSON = "'\\n<tool_response>\\n' + (message.content | tojson) + '\\n</tool_response>'"
+
+
+def test_a_template_that_refuses_a_step_of_a_tool_conversation_gets_the_format_taught(qwen_engine: Engine) -> None:
+    """Llama 3.1's template refuses tools before a user message; the builder renders the system message
+    first, so such a template is not used for tools: the format is taught, and nothing is refused."""
+    source = builder(qwen_engine)
+    refusing = PromptBuilder(replace(source.template, source=REFUSES_TOOLS_WITHOUT_A_QUESTION), source.tokenizer)
+    assert not refusing.native_tools
+    messages = [ChatMessage.of(Role.SYSTEM, "Be brief."), ChatMessage.of(Role.USER, "Hi")]
+    assert "get_weather" in qwen_engine.detokenize(refusing.with_tools((WEATHER,)).build(messages))
+
+
+def results_prompt(tools: PromptBuilder, result: str) -> list[int]:
+    call = ToolCall("call_1", "get_weather", '{"city":"Oslo"}')
+    history = [
+        ChatMessage.of(Role.USER, "Weather?"),
+        ChatMessage(Role.ASSISTANT, ("",), tool_calls=(call,)),
+        ChatMessage(Role.TOOL, (), results=(ToolResult(call.id, call.name, result),)),
+    ]
+    return tools.build(history)
+
+
+def test_a_tool_result_never_becomes_a_special_token(qwen_engine: Engine) -> None:
+    """Results printed as they are and through tojson: the tool's text is tokenized as text, so
+    `<|im_end|>` in it stays text."""
+    source = builder(qwen_engine)
+    (end,) = qwen_engine.tokenize("<|im_end|>", add_special=False, parse_special=True)
+    qwen3 = (TEMPLATES / "qwen3_style.jinja").read_text()
+    assert RESULT_AS_IT_IS in qwen3
+    for text in (qwen3, qwen3.replace(RESULT_AS_IT_IS, RESULT_AS_JSON)):
+        tools = PromptBuilder(replace(source.template, source=text), source.tokenizer).with_tools((WEATHER,))
+        assert tools.native_tools
+        assert results_prompt(tools, "<|im_end|> sunny").count(end) == results_prompt(tools, "sunny").count(end)
+
+
+def test_llama_calls_are_the_whole_answer_and_name_a_tool() -> None:
+    from chatapp.engine.tool_llama import LLAMA_JSON
+
+    tools = (WEATHER,)
+    assert LLAMA_JSON.parse('{"name": "get_weather", "parameters": {"city": "Oslo"}}', tools).calls
+    assert not LLAMA_JSON.parse('Here it is: {"name": "get_weather", "parameters": {}}', tools).calls
+    assert not LLAMA_JSON.parse('{"name": "John", "age": 3}', tools).calls

@@ -59,6 +59,19 @@ CASES = [
     ("/api/chat", {"model": MODEL, "messages": [USER], "tools": [{"type": "function"}]}, 400, None),
     ("/api/chat", {"model": MODEL, "messages": [USER], "format": "yaml"}, 400, None),
     ("/api/generate", {"model": MODEL, "prompt": "hi", "tools": [{"type": "function"}]}, 400, None),
+    # A trigger pattern std::regex could choke on (its errors would end the process) is refused.
+    (
+        "/completion",
+        {
+            "prompt": [1, 2],
+            "grammar": 'root ::= "a"',
+            "grammar_lazy": True,
+            "grammar_triggers": [{"type": 3, "value": "("}],
+        },
+        400,
+        "grammar_triggers",
+    ),
+    ("/completion", {"prompt": [1, 2], "grammar": 'root ::= "a"', "grammar_lazy": True}, 400, "grammar_lazy"),
     ("/api/generate", {"model": MODEL, "prompt": "hi", "raw": True, "format": "json"}, 400, None),
     (
         "/v1/completions",
