@@ -8,6 +8,7 @@ and `edit` return an `AnswerJob` whose events a worker thread consumes.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -355,7 +356,8 @@ class ChatService:
         path = self.conversations.path(question.id)
         document = self._root_document(path[0])
         messages = prompt_messages(path[0], document, path[1:])
-        return AnswerJob(self.conversations, self._generate(messages, document), question, self._answered)
+        handle, answered = self._generate(messages, document)
+        return AnswerJob(self.conversations, handle, question, answered)
 
     def _ask(self, view: BranchView, parent: MessageRecord, text: str) -> AnswerJob:
         if not text.strip():
@@ -364,7 +366,7 @@ class ChatService:
         document = self._root_document(path[0])
         turns = [*branch_turns(path[1:]), Turn(Role.USER, text)]
         messages = conversation_messages(path[0].content, document, turns)
-        handle = self._generate(messages, document)
+        handle, answered = self._generate(messages, document)
         try:
             question = self.conversations.add_message(view.conversation.id, parent.id, Role.USER, text)
             if view.conversation.title == NEW_TITLE:
@@ -372,16 +374,18 @@ class ChatService:
         except BaseException:
             handle.cancel()  # the question could not be saved: no answer nobody will see
             raise
-        return AnswerJob(self.conversations, handle, question, self._answered)
+        return AnswerJob(self.conversations, handle, question, answered)
 
-    def _generate(self, messages: list[ChatMessage], document: Document | None) -> GenerationHandle:
+    def _generate(
+        self, messages: list[ChatMessage], document: Document | None
+    ) -> tuple[GenerationHandle, Callable[[GenerationResult], None]]:
+        """The answer started, and what to do with its result (its figures, where its prompt diverged)."""
         engine, prewarmer = self._running()
         plan = plan_for(engine, messages)
         prewarmer.before_send(plan.tokens)
         handle = start_answer(engine, plan, self.workspace.sampling(), _branch_too_long(document))
-        if self._prompts is not None and (divergence := self._prompts.compare(list(plan.tokens))) is not None:
-            self.figures.last_divergence = divergence
-        return handle
+        divergence = self._prompts.compare(list(plan.tokens)) if self._prompts is not None else None
+        return handle, lambda result: self._answered(result, divergence)
 
     def take_cache_notice(self) -> str | None:
         """A problem of the cache's disk tier not yet told (disk full, read-only, repaired), once."""
@@ -389,8 +393,12 @@ class ChatService:
         cache = engine.cache if engine is not None else None
         return cache.take_notice() if cache is not None else None
 
-    def _answered(self, result: GenerationResult) -> None:
+    def _answered(self, result: GenerationResult, divergence: Divergence | None) -> None:
+        """An answer's figures; where its prompt left an earlier one, when that is the one its tokens came from
+        (reused tokens from a prompt this session never saw: where it left that one is not known here)."""
         figures, stats = self.figures, result.stats
+        if divergence is not None and divergence.concerns(stats.reused_tokens):
+            figures.last_divergence = divergence
         figures.ttft_ms.append(stats.ttft_ms)
         figures.prompt_tokens += stats.prompt_tokens
         figures.reused_tokens += stats.reused_tokens
