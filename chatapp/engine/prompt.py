@@ -18,6 +18,7 @@ of the conversation, and appending a message appends tokens.
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 from collections import OrderedDict
@@ -135,12 +136,21 @@ class PromptBuilder:
         with self._memo_lock:
             known = self._tool_builders.get(tools)
             if known is None:
-                known = PromptBuilder(self.template, self.tokenizer, tools)
+                known = self._offering(tools)
                 self._tool_builders[tools] = known
             self._tool_builders.move_to_end(tools)
             while len(self._tool_builders) > TOOL_BUILDERS:
                 self._tool_builders.popitem(last=False)
         return known
+
+    def _offering(self, tools: tuple[ToolSpec, ...]) -> PromptBuilder:
+        """A builder like this one offering `tools`: what was learnt of the template and the tokenized
+        long texts (documents) are shared, the histories' tokens are its own (the tools change them)."""
+        derived = copy.copy(self)
+        derived.tools = tools
+        derived._history_memo = OrderedDict()
+        derived._tool_builders = OrderedDict()
+        return derived
 
     def close(self) -> None:
         """Free the vocabulary when it has something to free (a model loaded for this builder alone)."""

@@ -25,7 +25,7 @@ from chatapp.server.metrics import ServerMetrics
 from chatapp.services.completions import Completion, CompletionOutcome, RequestError, ServerBusyError
 from chatapp.services.divergence import Divergence
 from chatapp.services.serving import Serving
-from chatapp.services.streams import PromptReuse, StreamEvent
+from chatapp.services.streams import AnswerText, PromptReuse, StreamEvent
 from chatapp.vocabulary import StopReason
 
 # How the OpenAI and Ollama APIs name the end of an answer (StopReason is the app's one vocabulary).
@@ -167,6 +167,16 @@ class Answer:
                 yield event
         finally:
             self.feed.close()
+
+    async def shown_text(self) -> AsyncIterator[str]:
+        """The answer's text as a stream shows it (both APIs): held back where a call may begin,
+        what began no call once the answer ended; calls are sent whole after it."""
+        shown = self.feed.completion.streamed_content()
+        async for event in self.events():
+            if isinstance(event, AnswerText) and event.text and (text := shown.feed(event.text)):
+                yield text
+        if rest := shown.rest(self.feed.completion.shaped_answer()):
+            yield rest
 
     async def to_end(self, request: Request) -> CompletionOutcome | None:
         """Wait for the whole answer; None when the client hung up first (the request is cancelled)."""

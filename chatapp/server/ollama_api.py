@@ -35,7 +35,6 @@ from chatapp.server.schemas import (
 from chatapp.server.tool_fields import chat_message, ollama_call, ollama_shape
 from chatapp.services.completions import ApiMessage, CompletionOutcome
 from chatapp.services.serving import SamplingOptions
-from chatapp.services.streams import AnswerText
 from chatapp.vocabulary import Role
 
 router = APIRouter(prefix="/api")
@@ -176,20 +175,13 @@ async def _respond(request: Request, body: OllamaBase, answer: Answer, *, chat: 
 
 async def _lines(answer: Answer, model: str, chat: bool) -> AsyncIterator[str]:
     """The answer as it comes (held back where a call may begin), then its calls, then the figures."""
-    shown = answer.feed.completion.streamed_content()
     try:
-        async for event in answer.events():
-            if isinstance(event, AnswerText) and event.text:
-                text = shown.feed(event.text)
-                if text:
-                    yield json.dumps(_piece(model, text, chat, False), ensure_ascii=False) + "\n"
+        async for text in answer.shown_text():
+            yield json.dumps(_piece(model, text, chat, False), ensure_ascii=False) + "\n"
         outcome = answer.outcome()
     except Exception as error:  # the headers are sent: Ollama reports a failure as an error line
         yield json.dumps({"error": f"the answer failed ({type(error).__name__}: {error})"}) + "\n"
         return
-    rest = shown.rest(answer.feed.completion.shaped_answer())
-    if rest:
-        yield json.dumps(_piece(model, rest, chat, False), ensure_ascii=False) + "\n"
     if outcome.tool_calls:  # Ollama sends the calls in a message of their own before the end
         calls = _piece(model, "", chat, False)
         calls["message"]["tool_calls"] = [ollama_call(call) for call in outcome.tool_calls]

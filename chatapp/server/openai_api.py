@@ -32,7 +32,6 @@ from chatapp.server.schemas import (
 from chatapp.server.tool_fields import chat_message, openai_call, openai_shape
 from chatapp.services.completions import CompletionOutcome, CompletionUsage
 from chatapp.services.serving import SamplingOptions
-from chatapp.services.streams import AnswerText
 from chatapp.vocabulary import StopReason
 
 router = APIRouter(prefix="/v1")
@@ -170,21 +169,14 @@ async def _chunks(
         def piece(text: str, finish: str | None) -> dict[str, Any]:
             return {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
 
-    shown = answer.feed.completion.streamed_content()
     try:
-        async for event in answer.events():
-            if isinstance(event, AnswerText) and event.text:
-                text = shown.feed(event.text)
-                if text:
-                    yield chunk([piece(text, None)])
+        async for text in answer.shown_text():
+            yield chunk([piece(text, None)])
         outcome: CompletionOutcome = answer.outcome()
     except Exception as error:  # headers are sent: the error goes in the stream, as OpenAI does
         failure = {"message": f"the answer failed ({type(error).__name__}: {error})", "type": "server_error"}
         yield f"data: {json.dumps({'error': {**failure, 'param': None, 'code': None}})}\n\n"
         return
-    rest = shown.rest(answer.feed.completion.shaped_answer())
-    if rest:
-        yield chunk([piece(rest, None)])
     for index, call in enumerate(outcome.tool_calls):  # a call's one delta carries its id, name and arguments
         yield chunk([{"index": 0, "delta": {"tool_calls": [openai_call(call, index)]}, "finish_reason": None}])
     yield chunk([piece("", _finish(outcome))])

@@ -165,21 +165,24 @@ class StreamedContent:
 
     def __init__(self, shape: AnswerShape, builder: PromptBuilder | None) -> None:
         self._trigger = builder.tool_format.trigger if shape.calls_tools and builder is not None else None
-        self._text = ""
-        self._shown = 0
+        self._held = ""  # text not shown yet: blank space and what may begin a call
+        self._shown = 0  # characters shown
+        self._opened = False  # a call began: nothing more is shown
 
     def feed(self, piece: str) -> str:
-        """The part of the answer to show now."""
-        self._text += piece
-        if self._trigger is None:
-            self._shown = len(self._text)
-            return piece
-        start = self._text.find(self._trigger, max(self._shown - len(self._trigger), 0))
-        end = start if start >= 0 else len(self._text) - _partial_opening(self._text, self._trigger)
-        end = len(self._text[:end].rstrip())
-        if end <= self._shown:
+        """The part of the answer to show now (only the held-back tail is looked at: no work grows with the answer)."""
+        if self._opened:
             return ""
-        released, self._shown = self._text[self._shown : end], end
+        if self._trigger is None:
+            self._shown += len(piece)
+            return piece
+        held = self._held + piece
+        start = held.find(self._trigger)
+        self._opened = start >= 0
+        end = start if self._opened else len(held) - _partial_opening(held, self._trigger)
+        released = held[:end].rstrip()
+        self._held = held[len(released) :]
+        self._shown += len(released)
         return released
 
     def rest(self, answer: ShapedAnswer) -> str:
