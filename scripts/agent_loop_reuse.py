@@ -1,8 +1,9 @@
 """An agent loop through the official `openai` client against chatapp serve, on the bundled model.
 
-Each question is answered with a required tool call, its result sent back, then an answer; the
-server restarts (same data folder) before the last question. Prints, per request, the prompt
-tokens and the share reused. Run from the repository root:
+Each question is answered with a required tool call, its result sent back, then an answer (the
+tool's run and the user's typing give the engine time to put the last answer's tokens in the KV:
+`flush_cache`, as the time between requests does); the server restarts (same data folder) before
+the last question. Prints, per request, the prompt tokens and the share reused. Run from the repository root:
 
     .venv/bin/python scripts/agent_loop_reuse.py
 """
@@ -58,6 +59,7 @@ def ask(server: RunningServer, messages: list[dict[str, Any]], question: str) ->
         message = answer.choices[0].message
         if not message.tool_calls:
             messages.append({"role": "assistant", "content": message.content})
+            server.serving.engine.flush_cache()  # the user reads and types: the answer's tokens reach the KV
             break
         calls = [call.model_dump(include={"id", "type", "function"}) for call in message.tool_calls]
         messages.append({"role": "assistant", "content": None, "tool_calls": calls})
