@@ -1,6 +1,7 @@
 """An agent loop through the official `openai` client against chatapp serve, on the bundled model.
 
-Each question is answered with a required tool call, its result sent back, then an answer (the
+Each question is answered with a required tool call, its result sent back, then up to two more
+steps with tool_choice auto (text, or text and a further call: both are sent back, as clients do; the
 tool's run and the user's typing give the engine time to put the last answer's tokens in the KV:
 `flush_cache`, as the time between requests does); the server restarts (same data folder) before
 the last question. Prints, per request, the prompt tokens and the share reused. Run from the repository root:
@@ -47,14 +48,14 @@ def ask(server: RunningServer, messages: list[dict[str, Any]], question: str) ->
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
     messages.append({"role": "user", "content": question})
     rows = []
-    for step, choice in enumerate(["required", "auto"]):
+    for step, choice in enumerate(["required", "auto", "auto"]):
         answer = client.chat.completions.create(
             model=server.model_id, messages=messages, tools=TOOLS, tool_choice=choice, temperature=0, max_tokens=60
         )
         usage = answer.usage
         assert usage is not None
         assert usage.prompt_tokens_details is not None
-        label = f"{question[:30]} ({'call' if step == 0 else 'after its result'})"
+        label = f"{question[:30]} ({'call' if step == 0 else f'after result {step}'})"
         rows.append((label, usage.prompt_tokens, usage.prompt_tokens_details.cached_tokens or 0))
         message = answer.choices[0].message
         if not message.tool_calls:
@@ -62,7 +63,7 @@ def ask(server: RunningServer, messages: list[dict[str, Any]], question: str) ->
             server.serving.engine.flush_cache()  # the user reads and types: the answer's tokens reach the KV
             break
         calls = [call.model_dump(include={"id", "type", "function"}) for call in message.tool_calls]
-        messages.append({"role": "assistant", "content": None, "tool_calls": calls})
+        messages.append({"role": "assistant", "content": message.content, "tool_calls": calls})
         for call in message.tool_calls:
             messages.append({"role": "tool", "tool_call_id": call.id, "content": f"(what {call.function.name} gave)"})
         server.serving.engine.flush_cache()  # the tool runs meanwhile: the call's tokens reach the KV
