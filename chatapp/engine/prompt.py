@@ -266,8 +266,9 @@ class PromptBuilder:
 
     def _renders_a_tool_conversation(self) -> bool:
         """Whether the template renders each step of a tool conversation as this builder renders them
-        (the system message alone first, a call, its result); some refuse a step (Llama 3.1's wants a
-        user message once tools are given), and then the format is taught instead."""
+        (a call, its result); some refuse a step, and then the format is taught instead. A system
+        message alone may be refused (Llama 3.1's puts the tools in the first user message): the
+        builder prints it with the first question."""
         tools = [PROBE_TOOL.template_input()]
         call = ToolCall("probecall", PROBE_TOOL.name, "{}")
         steps = [
@@ -281,7 +282,8 @@ class PromptBuilder:
                 try:
                     self.template.render(inputs, add_generation_prompt=False, tools=tools)
                 except TemplateRenderError:
-                    return False
+                    if not all(message.role is Role.SYSTEM for message in conversation[:count]):
+                        return False
         return True
 
     def _prepared(self, messages: list[ChatMessage]) -> list[ChatMessage]:
@@ -326,13 +328,23 @@ class PromptBuilder:
         try:
             return self._render(history, add_generation_prompt=False)
         except TemplateRenderError:
-            if history:
+            if history and not self._may_wait_for_a_question(history):
                 raise
             return ""  # Some templates index messages[0] and cannot render nothing.
 
+    def _may_wait_for_a_question(self, messages: list[ChatMessage]) -> bool:
+        """Whether a template refusing `messages` may be one that prints the system message only with
+        the first question (Llama 3.1's puts the tools there): that text then comes with the question."""
+        return bool(self.tools) and self.native_tools and all(message.role is Role.SYSTEM for message in messages)
+
     def _segment(self, before: str, history: list[ChatMessage], message: ChatMessage) -> str:
         """The text the template adds for `message` after `history` (rendered as `before`)."""
-        after = self._render([*history, message], add_generation_prompt=False)
+        try:
+            after = self._render([*history, message], add_generation_prompt=False)
+        except TemplateRenderError:
+            if not self._may_wait_for_a_question([*history, message]):
+                raise
+            return ""  # printed with the first question
         if after.startswith(before):
             return after[len(before) :]
         # The template rewrites earlier text when a message is added; the prompt must not

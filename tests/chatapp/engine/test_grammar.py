@@ -12,6 +12,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import cast
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -20,7 +21,7 @@ from hypothesis import strategies as st
 from chatapp.engine.engine import Engine, EngineConfig
 from chatapp.engine.grammar import Grammar
 from chatapp.engine.json_grammar import schema_grammar
-from chatapp.engine.prompt import ChatMessage, PromptBuilder
+from chatapp.engine.prompt import ChatMessage, ModelVocabulary, PromptBuilder
 from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.engine.tool_blocks import HermesToolFormat, XmlToolFormat
 from chatapp.engine.tool_llama import LlamaJsonToolFormat
@@ -253,11 +254,34 @@ RESULT_AS_IT_IS = "'\\n<tool_response>\\n' + message.content + '\\n</tool_respon
 RESULT_AS_JSON = "'\\n<tool_response>\\n' + (message.content | tojson) + '\\n</tool_response>'"
 
 
-def test_a_template_that_refuses_a_step_of_a_tool_conversation_gets_the_format_taught(qwen_engine: Engine) -> None:
-    """Llama 3.1's template refuses tools before a user message; the builder renders the system message
-    first, so such a template is not used for tools: the format is taught, and nothing is refused."""
+def test_a_template_that_prints_the_system_message_only_with_the_first_question_speaks_its_own_format(
+    qwen_engine: Engine,
+) -> None:
+    """Llama 3.1's template refuses tools before a user message (it puts them in that message): the
+    builder prints the system message together with the first question, and the prompt is the
+    template's own, text for text."""
     source = builder(qwen_engine)
-    refusing = PromptBuilder(replace(source.template, source=REFUSES_TOOLS_WITHOUT_A_QUESTION), source.tokenizer)
+    waiting = PromptBuilder(replace(source.template, source=REFUSES_TOOLS_WITHOUT_A_QUESTION), source.tokenizer)
+    assert waiting.native_tools
+    tools = waiting.with_tools((WEATHER,))
+    messages = [ChatMessage.of(Role.SYSTEM, "Be brief."), ChatMessage.of(Role.USER, "Hi")]
+    vocabulary = cast(ModelVocabulary, source.tokenizer)
+    built = "".join(vocabulary.token_text(token) for token in tools.build(messages))
+    inputs = [item for message in messages for item in message.template_inputs()]
+    whole = tools.template.render(inputs, add_generation_prompt=True, tools=[WEATHER.template_input()])
+    assert built.endswith(whole)
+    assert built.count("Be brief.") == 1
+
+
+def test_a_template_that_refuses_a_step_of_a_tool_conversation_gets_the_format_taught(qwen_engine: Engine) -> None:
+    """A template that cannot render a tool result is not used for tools: the format is taught, and
+    nothing is refused."""
+    source = builder(qwen_engine)
+    refusing_results = REFUSES_TOOLS_WITHOUT_A_QUESTION.replace(
+        "{%- for m in messages -%}",
+        "{%- for m in messages -%}{%- if m.role == 'tool' -%}{{- raise_exception('no tool role') -}}{%- endif -%}",
+    )
+    refusing = PromptBuilder(replace(source.template, source=refusing_results), source.tokenizer)
     assert not refusing.native_tools
     messages = [ChatMessage.of(Role.SYSTEM, "Be brief."), ChatMessage.of(Role.USER, "Hi")]
     assert "get_weather" in qwen_engine.detokenize(refusing.with_tools((WEATHER,)).build(messages))
