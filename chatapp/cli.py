@@ -21,6 +21,7 @@ from chatapp.documents import load_document
 from chatapp.errors import ChatappError, SettingsError
 from chatapp.services.ask import AskRequest, ask
 from chatapp.services.cache_admin import cache_stats, clear_cache, format_stats, prune_cache
+from chatapp.services.model_list import format_models, model_record
 from chatapp.services.startup import (
     Workspace,
     engine_notices,
@@ -44,7 +45,11 @@ def _engine_options(default: object = None) -> argparse.ArgumentParser:
     """
     parser = argparse.ArgumentParser(add_help=False, argument_default=default)
     group = parser.add_argument_group("model and data")
-    group.add_argument("--model", metavar="PATH", help="GGUF model file (default: the bundled SmolLM2-135M)")
+    group.add_argument(
+        "--model",
+        metavar="PATH|NAME",
+        help="GGUF model file, or a name that `chatapp models` lists (default: the bundled SmolLM2-135M)",
+    )
     group.add_argument(
         "--data-dir", metavar="DIR", help="where conversations, cache and config live (or $CHATAPP_HOME)"
     )
@@ -164,6 +169,17 @@ def build_parser() -> argparse.ArgumentParser:
         "traces); print a table and the goals, and write bench.json and ttft.svg.",
     )
     add_bench_arguments(bench_parser)
+    models_parser = commands.add_parser(
+        "models",
+        parents=[shared],
+        help="list the GGUF models on this machine, with the names --model takes",
+        description="List the GGUF models found in the model_folders setting, with the bundled model, and in "
+        "the places other tools download to: Ollama ($OLLAMA_MODELS, ~/.ollama/models), LM Studio "
+        "(~/.lmstudio/models), the Hugging Face cache ($HF_HUB_CACHE, $HF_HOME/hub, ~/.cache/huggingface/hub) "
+        "and llama.cpp's ($LLAMA_CACHE, ~/.cache/llama.cpp), Jan and GPT4All. Read from each file's header; "
+        "nothing is loaded.",
+    )
+    models_parser.add_argument("--json", action="store_true", help="print the models as a JSON list")
     cache_parser = commands.add_parser("cache", parents=[shared], help="inspect or empty the KV cache")
     cache_commands = cache_parser.add_subparsers(dest="cache_command", metavar="ACTION", required=True)
     stats_parser = cache_commands.add_parser("stats", parents=[shared], help="entries, bytes, budgets and hit rate")
@@ -242,6 +258,15 @@ def run_cache(args: argparse.Namespace, workspace: Workspace) -> int:
     return 0
 
 
+def run_models(args: argparse.Namespace, workspace: Workspace) -> int:
+    models = workspace.model_catalog().models()
+    if args.json:
+        _write_stdout(json.dumps([model_record(model) for model in models], indent=2) + "\n")
+    else:
+        _write_stdout(format_models(models) + "\n")
+    return 0
+
+
 def run_serve(args: argparse.Namespace, workspace: Workspace) -> int:
     from chatapp.server.run import check_port_free, serve
     from chatapp.services.serving import MAX_ANSWER_TOKENS, Serving
@@ -308,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_ask(args, workspace)
         if args.command == "cache":
             return run_cache(args, workspace)
+        if args.command == "models":
+            return run_models(args, workspace)
         if args.command == "serve":
             return run_serve(args, workspace)
         return run_chat(workspace)

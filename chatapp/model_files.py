@@ -55,8 +55,3 @@ def check_gguf_file(path: Path) -> Path:
     if len(header) < GGUF_MIN_HEADER_BYTES:
         raise ModelError(f"{path} is a truncated GGUF file; download the model again")
     return path.resolve()
-
-
-def resolve_model_path(configured: Path | None) -> Path:
-    """The model to load: the configured path checked, or the bundled model."""
-    return check_gguf_file(configured if configured is not None else bundled_model_path())

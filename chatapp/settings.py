@@ -20,7 +20,16 @@ class Settings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    model: Path | None = Field(None, description="GGUF model file; empty means the bundled SmolLM2-135M")
+    model: Path | None = Field(
+        None,
+        description="GGUF model file, or a model's name as `chatapp models` lists it (llama3.2:3b); "
+        "empty means the bundled SmolLM2-135M",
+    )
+    model_folders: str | None = Field(
+        None,
+        description="more folders to look for GGUF models in, besides Ollama's, LM Studio's, the Hugging Face "
+        "cache and llama.cpp's, separated by ':' (';' on Windows)",
+    )
     context_cap: int = Field(8192, ge=256, description="largest context per conversation, in tokens")
     sequences: int = Field(4, ge=1, le=64, description="conversations resident in the llama.cpp context")
     n_gpu_layers: int = Field(
@@ -84,7 +93,7 @@ class Settings(BaseModel):
                 raise ValueError(f"{value!r} is not an http:// or https:// address; give the server's URL")
         return value
 
-    @field_validator("model", "backend_key", "backend_model", mode="before")
+    @field_validator("model", "model_folders", "backend_key", "backend_model", mode="before")
     @classmethod
     def _empty_means_unset(cls, value: object) -> object:
         """An empty value is the default: the bundled model, no key, the server's own model name."""

@@ -110,10 +110,12 @@ def write_tiny_llama(
     n_ctx_train: int = 4096,
     seed: int = 0,
     chat_template: str | None = None,
+    split_max_tensors: int = 0,
 ) -> Path:
     """Write a random-weight llama model with the bundled tokenizer to `path`; returns `path`.
 
     `chat_template` replaces the bundled model's (another family's template on the same vocabulary).
+    `split_max_tensors` writes a split model (`<stem>-00001-of-0000N.gguf`, ...) and returns its first part.
 
     The same arguments always give a byte-identical file. The weights are F16 (the norms
     F32), so the file is about 4 * 49,152 * n_embd bytes (the embeddings and the output
@@ -121,7 +123,16 @@ def write_tiny_llama(
     """
     head_dim = _head_dim(n_embd, n_head, [n_head_kv])
     model = _TinyModel.start(
-        path, gguf.MODEL_ARCH.LLAMA, n_layer, n_embd, n_ff, n_head, n_head_kv, n_ctx_train=n_ctx_train, seed=seed
+        path,
+        gguf.MODEL_ARCH.LLAMA,
+        n_layer,
+        n_embd,
+        n_ff,
+        n_head,
+        n_head_kv,
+        n_ctx_train=n_ctx_train,
+        seed=seed,
+        split_max_tensors=split_max_tensors,
     )
     if chat_template is not None:
         fields = model.tokenizer
@@ -307,12 +318,13 @@ class _TinyModel:
         n_ctx_train: int,
         seed: int,
         embedding_std: float = EMBEDDING_STD,
+        split_max_tensors: int = 0,
     ) -> _TinyModel:
         """Add the metadata keys every architecture has, and the token embeddings."""
         tokenizer = tokenizer_fields(bundled_model_path())
         n_vocab = next(len(field.value) for field in tokenizer if field.key == gguf.Keys.Tokenizer.LIST)
         arch_name = gguf.MODEL_ARCH_NAMES[arch]
-        writer = gguf.GGUFWriter(path, arch_name)
+        writer = gguf.GGUFWriter(path, arch_name, split_max_tensors=split_max_tensors)
         writer.add_type(gguf.GGUFType.MODEL)
         writer.add_name(f"tiny-random-{arch_name}-{n_layer}x{n_embd}-seed{seed}")
         writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
@@ -340,6 +352,8 @@ class _TinyModel:
             writer.write_tensors_to_file()
         finally:
             writer.close()
+        if self.writer.split_max_tensors:
+            return self.path.with_name(f"{self.path.stem}-00001-of-{len(self.writer.tensors):05d}.gguf")
         return self.path
 
     def add(

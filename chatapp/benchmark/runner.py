@@ -81,7 +81,7 @@ from chatapp.benchmark.trace_figure import (
 from chatapp.benchmark.workloads import SCALES, WORKLOAD_NAMES, PromptKit, Request, Scale, Workload, build_workloads
 from chatapp.engine.opening import default_thread_count
 from chatapp.errors import ChatappError
-from chatapp.model_files import resolve_model_path
+from chatapp.models.machine import resolve_model
 
 SERVER_PEER = "llama-server"
 SERVE_PEER = "chatapp-serve"
@@ -348,7 +348,7 @@ def _log(message: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     scale: Scale = SCALES[args.scale or ("quick" if args.quick else "full")]
-    model_path = resolve_model_path(Path(args.model).expanduser() if args.model else None)
+    model_path = resolve_model(Path(args.model).expanduser() if args.model else None)
     context = args.context or scale.context
     max_tokens = args.max_tokens or scale.max_tokens
     threads = args.threads or default_thread_count()

@@ -24,6 +24,7 @@ from chatapp.engine.grammar import Grammar
 from chatapp.engine.model_card import ModelFacts
 from chatapp.engine.requests import SamplingParams
 from chatapp.errors import GrammarError, ModelError
+from chatapp.models.file_types import quantization_name
 
 llama_logger = logging.getLogger("chatapp.llama")
 # ggml_log_level in the llama.cpp this package pins: NONE, DEBUG, INFO, WARN, ERROR, CONT (5).
@@ -32,12 +33,6 @@ _recent_problems: deque[str] = deque(maxlen=8)
 _last_level = logging.DEBUG
 _init_lock = threading.Lock()
 _initialised = False
-# GGUF's general.file_type (llama_ftype) as quantizations are named: 3 -> Q4_1, 15 -> Q4_K_M, 0 -> F32.
-FILE_TYPES = {
-    value: name.removeprefix("LLAMA_FTYPE_").removeprefix("MOSTLY_").removeprefix("ALL_")
-    for name, value in vars(llama_cpp).items()
-    if name.startswith("LLAMA_FTYPE_") and name != "LLAMA_FTYPE_GUESSED" and isinstance(value, int)
-}
 # Set while a decode stops because we asked it to: llama.cpp then logs errors ("failed to
 # compute graph") that are no failure of ours, and they go to the debug log only.
 _abort_requested = threading.Event()
@@ -146,7 +141,7 @@ class NativeModel:
             architecture=self.metadata("general.architecture") or "",
             parameters=int(llama_cpp.llama_model_n_params(self.pointer)),
             size_label=self.metadata("general.size_label") or "",
-            quantization=FILE_TYPES.get(int(file_type), "") if file_type.isdigit() else "",
+            quantization=quantization_name(int(file_type) if file_type.isdigit() else None),
             layers=self.n_layer,
         )
 

@@ -13,6 +13,7 @@ from cache.tiers import REUSING_TIERS
 from chatapp.errors import ChatappError
 from chatapp.services.library import open_library
 from chatapp.services.startup import Workspace
+from chatapp.services.units import byte_size
 
 MEMORY_KIND_NAMES = {
     "plain": "plain KV cache",
@@ -100,10 +101,10 @@ def format_stats(stats: dict[str, Any]) -> str:
         f"memory of the last model used: {stats['memory']['description']}",
         header,
         _row("ram", "-", "-", ram),
-        _row("disk", f"{disk['entries']:,}", _size(disk["bytes"]), disk),
+        _row("disk", f"{disk['entries']:,}", byte_size(disk["bytes"]), disk),
         f"device: {stats['device']['sequences']} sequences of up to {stats['device']['tokens_per_sequence']:,} tokens, "
         "resident in the llama.cpp context while the app runs",
-        f"pinned: {disk['pinned_entries']:,} entries, {_size(disk['pinned_bytes'])}",
+        f"pinned: {disk['pinned_entries']:,} entries, {byte_size(disk['pinned_bytes'])}",
         f"eviction: ram by {ram.get('eviction_policy', 'lru')}, disk by lru",
         f"hit rate: {stats['hit_rate']:.1%} ({stats['reused_tokens']:,} "
         f"of {stats['prompt_tokens']:,} prompt tokens reused "
@@ -115,19 +116,11 @@ def format_stats(stats: dict[str, Any]) -> str:
 
 def _row(name: str, entries: str, size: str, tier: dict[str, Any]) -> str:
     return (
-        f"{name:<6} {entries:>8} {size:>10} {_size(tier['budget_bytes']):>10} {tier['hits']:>8,} {tier['misses']:>8,} "
+        f"{name:<6} {entries:>8} {size:>10} {byte_size(tier['budget_bytes']):>10} "
+        f"{tier['hits']:>8,} {tier['misses']:>8,} "
         f"{tier['evictions']:>8,} {tier['expirations']:>8,} "
-        f"{_size(tier['bytes_written']):>10} {_size(tier['bytes_read']):>10}"
+        f"{byte_size(tier['bytes_written']):>10} {byte_size(tier['bytes_read']):>10}"
     )
-
-
-def _size(count: int) -> str:
-    value = float(count)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{count} B"
 
 
 def checkpoint_interval(workspace: Workspace) -> int:

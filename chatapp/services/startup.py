@@ -25,7 +25,8 @@ from chatapp.engine.opening import (
     start_local_engine,
 )
 from chatapp.engine.requests import SamplingParams
-from chatapp.model_files import resolve_model_path
+from chatapp.models.catalog import ModelCatalog
+from chatapp.models.machine import machine_catalog, resolve_model, split_folders
 from chatapp.paths import DataPaths, open_data_paths
 from chatapp.settings import Settings, load_settings
 
@@ -73,7 +74,11 @@ class Workspace:
     @cached_property
     def model_path(self) -> Path:
         """The model file, checked once (a failed check is not cached and raises again)."""
-        return resolve_model_path(self.settings.model)
+        return resolve_model(self.settings.model, self.model_catalog())
+
+    def model_catalog(self) -> ModelCatalog:
+        """The models on this machine: the folders in the settings, the bundled one, other tools' downloads."""
+        return machine_catalog(split_folders(self.settings.model_folders))
 
     def sampling(self) -> SamplingParams:
         settings = self.settings

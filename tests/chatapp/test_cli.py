@@ -257,3 +257,32 @@ def test_shared_options_mean_the_same_before_and_after_the_command(
     """`chatapp --model M ask ...` once silently ran the bundled model: the command's defaults won."""
     args = cli.build_parser().parse_args(argv)
     assert (args.model, args.data_dir, args.threads) == (model, data_dir, threads)
+
+
+def test_models_lists_what_is_on_the_machine_and_model_takes_a_listed_name(
+    data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    for variable in ("OLLAMA_MODELS", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME", "LLAMA_CACHE"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(home / ".cache"))
+    monkeypatch.setenv("XDG_DATA_HOME", str(home / ".local" / "share"))
+    studio = home / ".lmstudio" / "models" / "HuggingFaceTB" / "SmolLM2-GGUF"
+    studio.mkdir(parents=True)
+    (studio / "smollm2-q4_1.gguf").symlink_to(bundled_model_path())
+    assert main(["models"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split() == ["NAME", "FAMILY", "PARAMS", "QUANT", "CONTEXT", "MEMORY", "SIZE", "PATH"]
+    assert any(line.startswith("SmolLM2-135M-Instruct.Q4_1 ") for line in table), "the bundled model"
+    assert main(["models", "--json"]) == 0
+    records = {record["name"]: record for record in json.loads(capsys.readouterr().out)}
+    assert set(records) == {"SmolLM2-135M-Instruct.Q4_1"}, "the LM Studio link is the same file: listed once"
+    (studio / "smollm2-q4_1.gguf").unlink()
+    (studio / "smollm2-q4_1.gguf").write_bytes(bundled_model_path().read_bytes())
+    assert main(["models", "--json"]) == 0
+    records = {record["name"]: record for record in json.loads(capsys.readouterr().out)}
+    assert records["HuggingFaceTB/SmolLM2-GGUF:smollm2-q4_1"]["quantization"] == "Q4_1"
+    answer, _ = ask_json(capsys, "hi", "--model", "HuggingFaceTB/SmolLM2-GGUF:smollm2-q4_1")
+    assert answer["model"].endswith("SmolLM2-GGUF/smollm2-q4_1.gguf")
+    expect_error(capsys, ["ask", "hi", "--model", "smollm2-q4_2"], "closest: HuggingFaceTB/SmolLM2-GGUF:smollm2-q4_1")

@@ -9,14 +9,15 @@ import pytest
 
 from chatapp.engine.llama_native import NativeModel
 from chatapp.errors import ModelError
-from chatapp.model_files import bundled_model_path, check_gguf_file, resolve_model_path
+from chatapp.model_files import bundled_model_path, check_gguf_file
+from chatapp.models.machine import resolve_model
 
 
 def test_bundled_model_is_found_without_its_plugin_host() -> None:
     path = bundled_model_path()
     assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf"
     assert path.stat().st_size > 90_000_000
-    assert resolve_model_path(None) == path.resolve()
+    assert resolve_model(None) == path.resolve()
 
 
 @pytest.mark.parametrize(
