@@ -156,6 +156,29 @@ def build_parser() -> argparse.ArgumentParser:
         "from one request to the next, which would otherwise change the prompt and miss the cache from there on",
     )
     serve_parser.add_argument(
+        "--max-loaded",
+        type=int,
+        default=3,
+        metavar="N",
+        help="models loaded at once, the started one included: a request naming another model found on this "
+        "machine (`chatapp models`) loads it, unloading the least recently used idle one first (default: 3)",
+    )
+    serve_parser.add_argument(
+        "--models-memory",
+        type=int,
+        metavar="MiB",
+        help="the model files loaded at once may take this much memory together "
+        "(default: three quarters of this machine's)",
+    )
+    serve_parser.add_argument(
+        "--keep-alive",
+        default="5m",
+        metavar="DURATION",
+        help="how long a model loaded for a request stays loaded once idle, as Ollama's keep_alive: 30s, 5m, "
+        "1h, -1 for until the server stops (default: 5m; a request's keep_alive overrides it; the started "
+        "model stays loaded)",
+    )
+    serve_parser.add_argument(
         "--any-model",
         action="store_true",
         help="answer whatever model a request names, instead of a 404 for a name not served here",
@@ -269,7 +292,9 @@ def run_models(args: argparse.Namespace, workspace: Workspace) -> int:
 
 def run_serve(args: argparse.Namespace, workspace: Workspace) -> int:
     from chatapp.server.run import check_port_free, serve
-    from chatapp.services.serving import MAX_ANSWER_TOKENS, Serving
+    from chatapp.services.durations import duration_seconds
+    from chatapp.services.model_pool import ModelPool, PoolLimits, default_memory_budget
+    from chatapp.services.serving import MAX_ANSWER_TOKENS, Serving, ServingOptions
 
     if not 0 < args.port < 65536:
         raise SettingsError(f"--port {args.port} is not a port; use 1-65535")
@@ -277,6 +302,14 @@ def run_serve(args: argparse.Namespace, workspace: Workspace) -> int:
         raise SettingsError(f"the API key is empty; pass a non-empty --api-key (or ${ENV_API_KEY}), or none at all")
     if args.max_pending < 1:
         raise SettingsError(f"--max-pending {args.max_pending} must be at least 1")
+    try:
+        keep_alive = duration_seconds(args.keep_alive)
+    except ValueError as error:
+        raise SettingsError(f"--keep-alive: {error}") from None
+    if args.max_loaded < 1:
+        raise SettingsError(f"--max-loaded {args.max_loaded} must be at least 1")
+    if args.models_memory is not None and args.models_memory < 1:
+        raise SettingsError(f"--models-memory {args.models_memory} must be a positive number of MiB")
     if args.max_tokens is not None and not 0 < args.max_tokens <= MAX_ANSWER_TOKENS:
         raise SettingsError(f"--max-tokens {args.max_tokens} is not an answer length; use 1-{MAX_ANSWER_TOKENS:,}")
     aliases = tuple(alias.strip() for alias in args.model_alias)
@@ -288,23 +321,31 @@ def run_serve(args: argparse.Namespace, workspace: Workspace) -> int:
         print(f"chatapp: {line}" if line.startswith("warning") else line, file=sys.stderr, flush=True)
 
     say(f"loading {workspace.model_label()}...")
-    serving = Serving(
-        workspace,
+    options = ServingOptions(
         max_pending=args.max_pending,
         default_max_tokens=args.max_tokens,
         sort_tools=args.sort_tools,
         keep_reasoning=args.reasoning_history == "kept",
     )
-    serve(
-        serving,
-        host=args.host,
-        port=args.port,
-        api_key=args.api_key,
-        body_limit_bytes=MAX_BODY_BYTES,
-        aliases=aliases,
-        any_model=args.any_model,
-        say=say,
-    )
+    serving = Serving(workspace, options)
+    try:
+        limits = PoolLimits(
+            memory_bytes=(args.models_memory << 20) if args.models_memory else default_memory_budget(),
+            max_loaded=args.max_loaded,
+            keep_alive_s=keep_alive,
+        )
+        pool = ModelPool(
+            serving,
+            catalog=None if workspace.remote is not None else workspace.model_catalog(),
+            open_serving=serving.for_model,
+            limits=limits,
+            aliases=aliases,
+            any_model=args.any_model,
+        )
+    except BaseException:
+        serving.close()
+        raise
+    serve(pool, host=args.host, port=args.port, api_key=args.api_key, body_limit_bytes=MAX_BODY_BYTES, say=say)
     return 0
 
 

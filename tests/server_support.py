@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,9 +16,11 @@ from pathlib import Path
 from chatapp.benchmark.server_process import free_port
 from chatapp.engine.engine import Engine
 from chatapp.engine.gate import Step
+from chatapp.models.catalog import ModelCatalog
 from chatapp.server.answering import ServerContext
 from chatapp.server.run import build_server
-from chatapp.services.serving import ModelCard, Serving
+from chatapp.services.model_pool import ModelPool, PoolLimits
+from chatapp.services.serving import ModelCard, Serving, ServingOptions
 from chatapp.services.startup import open_workspace
 from tests.conftest import local
 from tests.cut_proxy import CutProxy, cut_proxy
@@ -70,21 +72,26 @@ def running_server(
     default_max_tokens: int | None = SHORT_ANSWER_TOKENS,
     aliases: tuple[str, ...] = (),
     any_model: bool = False,
+    catalog: ModelCatalog | None = None,
+    limits: PoolLimits | None = None,
+    clock: Callable[[], float] = time.monotonic,
     **settings: object,
 ) -> Iterator[RunningServer]:
     """Serve the model from `data_dir` until the block ends; then stop and close as Ctrl-C does."""
     workspace = open_workspace(str(data_dir), {**SERVER_SETTINGS, "model": str(model_path), **settings})
-    serving = Serving(workspace, max_pending=max_pending, default_max_tokens=default_max_tokens)
+    serving = Serving(workspace, ServingOptions(max_pending=max_pending, default_max_tokens=default_max_tokens))
     port = free_port()
-    server, context = build_server(
+    pool = ModelPool(
         serving,
-        host="127.0.0.1",
-        port=port,
-        api_key=api_key,
-        body_limit_bytes=body_limit_bytes,
+        catalog=catalog,
+        open_serving=serving.for_model,
+        limits=limits,
         aliases=aliases,
         any_model=any_model,
-        log_level="warning",
+        clock=clock,
+    )
+    server, context = build_server(
+        pool, host="127.0.0.1", port=port, api_key=api_key, body_limit_bytes=body_limit_bytes, log_level="warning"
     )
     thread = threading.Thread(target=server.run, name="test-server", daemon=True)
     thread.start()
@@ -98,7 +105,10 @@ def running_server(
     finally:
         server.should_exit = True
         thread.join()
-        serving.close()
+        try:
+            pool.close()
+        finally:
+            serving.close()
 
 
 BACKEND_KEY = "backend-test-key"

@@ -18,12 +18,13 @@ from typing import TypeVar
 from anyio import to_thread
 from fastapi import Request
 
-from chatapp.errors import ContextOverflowError
+from chatapp.errors import ContextOverflowError, ModelError
 from chatapp.server.errors import ApiError
 from chatapp.server.feed import CompletionFeed
 from chatapp.server.metrics import ServerMetrics
 from chatapp.services.completions import Completion, CompletionOutcome, RequestError, ServerBusyError
 from chatapp.services.divergence import Divergence
+from chatapp.services.model_pool import UNCHANGED, KeepAlive, ModelNotServed, ModelPool, ModelsBusy
 from chatapp.services.serving import Serving
 from chatapp.services.streams import AnswerText, PromptReuse, StreamEvent
 from chatapp.vocabulary import StopReason
@@ -55,40 +56,44 @@ COMPACT = (",", ":")  # JSON separators for streamed events
 
 @dataclass
 class ServerContext:
-    """What the routes share: the serving stack, the metrics, the limits, the key and the model's names.
+    """What the routes share: the served models, the metrics, the limits and the key.
 
-    `aliases` are more names for the served model (a client with a name built in, such as
-    gpt-4o); with `any_model` every name is answered.
+    The pool holds the model the server started with (under its id and aliases, or every name
+    with `any_model`) and loads any other model on this machine a request names.
     """
 
-    serving: Serving
+    pool: ModelPool
     metrics: ServerMetrics
     body_limit_bytes: int = 8 << 20
     api_key: str | None = None
-    aliases: tuple[str, ...] = ()
-    any_model: bool = False
 
-    def model_names(self) -> list[str]:
-        """The names /v1/models and /api/tags list: the model's id, then its aliases."""
-        return list(dict.fromkeys((self.serving.model.id, *self.aliases)))
+    @property
+    def serving(self) -> Serving:
+        """The model the server started with: what routes that name no model use."""
+        return self.pool.default
 
     def names_answered(self) -> str:
         """The names requests may use, in words (for the start-up line)."""
-        listed = ", ".join(self.model_names())
-        return f"any model name ({listed} listed)" if self.any_model else listed
+        listed = ", ".join(self.pool.default_names())
+        return f"any model name ({listed} listed)" if self.pool.any_model else listed
 
     def check_model(self, name: str, param: str = "model") -> None:
-        """A 404 unless `name` is the served model or an alias (as /v1/models or /api/tags list them)."""
-        names = self.model_names()
-        if self.any_model or name.removesuffix(":latest") in names or name == f"{names[0]}.gguf":
-            return
-        raise ApiError(
-            404,
-            f"model {name!r} is not served here; this server serves {' or '.join(map(repr, names))} "
-            "(see GET /v1/models)",
-            param=param,
-            kind="not_found_error",
-        )
+        """A 404 unless `name` is a model served here (as /v1/models or /api/tags list them)."""
+        try:
+            self.pool.check(name)
+        except ModelNotServed as error:
+            raise ApiError(404, str(error), param=param, kind="not_found_error") from None
+
+    async def serving_for(self, name: str, keep_alive_s: KeepAlive = UNCHANGED, param: str = "model") -> Serving:
+        """The model `name` names, loaded first if need be (off the event loop: loading takes seconds)."""
+        try:
+            return await to_thread.run_sync(lambda: self.pool.serving_for(name, keep_alive_s))
+        except ModelNotServed as error:
+            raise ApiError(404, str(error), param=param, kind="not_found_error") from None
+        except ModelsBusy as error:
+            raise ApiError(503, str(error), kind="server_error", headers={"Retry-After": RETRY_AFTER_SECONDS}) from None
+        except ModelError as error:
+            raise ApiError(500, str(error), param=param, kind="server_error") from None
 
 
 def context_of(request: Request) -> ServerContext:

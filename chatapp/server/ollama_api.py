@@ -13,6 +13,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from anyio import to_thread
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
@@ -21,6 +22,7 @@ from chatapp.server import ollama_models
 from chatapp.server.answering import CLIENT_GONE, Answer, ServerContext, context_of, finish_reason, start
 from chatapp.server.bodies import read_body
 from chatapp.server.errors import ApiError
+from chatapp.server.keep_alive import keep_alive_seconds
 from chatapp.server.schemas import (
     OLLAMA_GENERATE_UNSUPPORTED,
     OLLAMA_OPTIONS_UNSUPPORTED,
@@ -53,15 +55,16 @@ async def version() -> dict[str, str]:
 
 @router.get("/tags")
 async def tags(request: Request) -> dict[str, Any]:
-    context = context_of(request)
-    return {"models": [ollama_models.tag(name, context.serving.model) for name in context.model_names()]}
+    """Every model served here: the started one under each of its names, then the others on this machine."""
+    listed = await to_thread.run_sync(context_of(request).pool.listed)
+    return {"models": [ollama_models.tag(row.name, row.card) for row in listed]}
 
 
 @router.get("/ps")
 async def running(request: Request) -> dict[str, Any]:
-    """The loaded model (under each name it answers to): oterm asks after every answer."""
-    context = context_of(request)
-    return {"models": [ollama_models.running(name, context.serving.model) for name in context.model_names()]}
+    """The models loaded now, and when each is unloaded: oterm asks after every answer."""
+    rows = context_of(request).pool.running()
+    return {"models": [ollama_models.running(name, card, expires) for name, card, expires in rows]}
 
 
 class OllamaShowBody(Lenient):
@@ -77,8 +80,8 @@ async def show(request: Request) -> dict[str, Any]:
     name = body.model or body.name
     if not name:
         raise ApiError(400, "model is missing; name the model to show", param="model")
-    context.check_model(name)
-    return ollama_models.shown(context.serving.model)
+    serving = await context.serving_for(name)  # the template and context come with loading, as Ollama's do
+    return ollama_models.shown(serving.model)
 
 
 def _checked(context: ServerContext, body: OllamaBase) -> tuple[SamplingOptions, tuple[str, ...]]:
@@ -99,19 +102,34 @@ def _checked(context: ServerContext, body: OllamaBase) -> tuple[SamplingOptions,
     return sampling, checked_stop(options.stop, "options.stop")
 
 
+async def _load_or_unload(context: ServerContext, body: OllamaBase, chat: bool) -> Response:
+    """Ollama's way to load a model ahead (no messages) or unload it (no messages, keep_alive 0)."""
+    keep_alive = keep_alive_seconds(body.keep_alive)
+    if keep_alive == 0:
+        context.check_model(body.model)
+        await to_thread.run_sync(lambda: context.pool.unload(body.model))
+        reason = "unload"
+    else:
+        await context.serving_for(body.model, keep_alive)
+        reason = "load"
+    answer: dict[str, Any] = {"model": body.model, "created_at": _now()}
+    answer |= {"message": {"role": "assistant", "content": ""}} if chat else {"response": ""}
+    return JSONResponse({**answer, "done_reason": reason, "done": True})
+
+
 @router.post("/chat")
 async def chat(request: Request) -> Response:
     context = context_of(request)
     body = await read_body(request, OllamaChatBody, context.body_limit_bytes)
     options, stop = _checked(context, body)
     if not body.messages:
-        raise ApiError(400, "messages is empty; send at least one user message", param="messages")
+        return await _load_or_unload(context, body, chat=True)
     shape = ollama_shape(body.fields_sent())
     messages = [
         chat_message(index, message.role, message.content or "", message.fields_sent(), OLLAMA_UNSUPPORTED)
         for index, message in enumerate(body.messages)
     ]
-    serving = context.serving
+    serving = await context.serving_for(body.model, keep_alive_seconds(body.keep_alive))
     answer = Answer(context, await start(lambda: serving.chat(messages, options, stop, shape)))
     return await _respond(request, body, answer, chat=True)
 
@@ -122,11 +140,13 @@ async def generate(request: Request) -> Response:
     body = await read_body(request, OllamaGenerateBody, context.body_limit_bytes)
     options, stop = _checked(context, body)
     refuse_unsupported(body.fields_sent(), OLLAMA_GENERATE_UNSUPPORTED)
+    if not body.prompt and not body.system:  # Ollama's own test: an empty string, not blank space
+        return await _load_or_unload(context, body, chat=False)
     if not body.prompt.strip():
         raise ApiError(400, "prompt is empty; send some text", param="prompt")
     if body.raw and body.fields_sent().get("format"):
         raise ApiError(400, "format needs the chat template: remove raw, or format", param="format")
-    serving = context.serving
+    serving = await context.serving_for(body.model, keep_alive_seconds(body.keep_alive))
     if body.raw:
         answer = Answer(context, await start(lambda: serving.complete(body.prompt, options, stop)))
     else:

@@ -7,6 +7,7 @@ What the GGUF does not say (or a remote engine's server) stays empty, as Ollama 
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -14,7 +15,7 @@ from chatapp.services.serving import ModelCard
 
 # Every model served here can answer with tool calls: the server parses them from its output.
 CAPABILITIES = ["completion", "tools"]
-# The model stays loaded until the server stops: Ollama's "never expires" is a date far ahead.
+# A model kept loaded until the server stops: Ollama's "never expires" is a date far ahead.
 NEVER = "2318-01-01T00:00:00Z"
 MILLION, BILLION = 1_000_000, 1_000_000_000
 
@@ -65,15 +66,17 @@ def tag(name: str, model: ModelCard) -> dict[str, Any]:
     }
 
 
-def running(name: str, model: ModelCard) -> dict[str, Any]:
-    """One entry of /api/ps: loaded for as long as the server runs, with the context it serves."""
+def running(name: str, model: ModelCard, expires_in_s: float | None = None) -> dict[str, Any]:
+    """One entry of /api/ps: loaded until `expires_in_s` from now (None: while the server runs), with the
+    context it serves."""
+    expires = NEVER if expires_in_s is None else timestamp(time.time() + expires_in_s)
     return {
         "name": tagged(name),
         "model": tagged(name),
         "size": model.size_bytes,
         "digest": model.fingerprint,
         "details": details(model),
-        "expires_at": NEVER,
+        "expires_at": expires,
         "size_vram": model.gpu_bytes,
         "context_length": model.context_tokens,
     }

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from anyio import to_thread
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
@@ -52,19 +53,19 @@ def _options(body: OpenAISampling, max_tokens: int | None) -> SamplingOptions:
 
 @router.get("/models")
 async def list_models(request: Request) -> dict[str, Any]:
-    context = context_of(request)
-    model = context.serving.model
+    """The started model under each of its names, then every other model on this machine (loaded on use)."""
+    listed = await to_thread.run_sync(context_of(request).pool.listed)
     return {
         "object": "list",
         "data": [
             {
-                "id": name,
+                "id": row.name,
                 "object": "model",
-                "created": model.created,
+                "created": row.card.created,
                 "owned_by": "chatapp",
-                "max_model_len": model.context_tokens,  # vLLM's name: a client in front learns the context
+                "max_model_len": row.card.context_tokens,  # vLLM's name: a client in front learns the context
             }
-            for name in context.model_names()
+            for row in listed
         ],
     }
 
@@ -84,7 +85,7 @@ async def chat_completions(request: Request) -> Response:
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     options = _options(body, max_tokens)
     stop = checked_stop(body.stop, "stop")
-    serving = context.serving
+    serving = await context.serving_for(body.model)
     answer = Answer(context, await start(lambda: serving.chat(messages, options, stop, shape)))
     return await _respond(request, body, answer, "chat.completion", "chatcmpl")
 
@@ -106,7 +107,7 @@ async def completions(request: Request) -> Response:
         raise ApiError(400, f"prompt lists {len(body.prompt)} prompts; send one per request", param="prompt")
     options = _options(body, body.max_tokens)
     stop = checked_stop(body.stop, "stop")
-    serving = context.serving
+    serving = await context.serving_for(body.model)
     answer = Answer(context, await start(lambda: serving.complete(prompt, options, stop)))
     return await _respond(request, body, answer, "text_completion", "cmpl")
 

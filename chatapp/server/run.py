@@ -21,7 +21,7 @@ from chatapp.errors import ChatappError
 from chatapp.server.answering import ServerContext
 from chatapp.server.app import create_app
 from chatapp.server.metrics import ServerMetrics
-from chatapp.services.serving import Serving
+from chatapp.services.model_pool import ModelPool
 
 GRACEFUL_SHUTDOWN_SECONDS = 5
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -61,20 +61,18 @@ def check_port_free(host: str, port: int) -> None:
 
 
 def build_server(
-    serving: Serving,
+    pool: ModelPool,
     *,
     host: str,
     port: int,
     api_key: str | None,
     body_limit_bytes: int,
-    aliases: tuple[str, ...] = (),
-    any_model: bool = False,
     log_level: str = "info",
 ) -> tuple[uvicorn.Server, ServerContext]:
-    """The app on `serving` in a uvicorn server not yet started (`serve` runs it; tests run it on a
-    thread), and what its routes share."""
-    metrics = ServerMetrics(serving.cache_figures)
-    context = ServerContext(serving, metrics, body_limit_bytes, api_key, aliases=aliases, any_model=any_model)
+    """The app on `pool`'s models in a uvicorn server not yet started (`serve` runs it; tests run it on
+    a thread), and what its routes share."""
+    metrics = ServerMetrics(pool.default.cache_figures)
+    context = ServerContext(pool, metrics, body_limit_bytes, api_key)
     config = uvicorn.Config(
         create_app(context),
         host=host,
@@ -87,34 +85,29 @@ def build_server(
 
 
 def serve(
-    serving: Serving,
+    pool: ModelPool,
     *,
     host: str,
     port: int,
     api_key: str | None,
     body_limit_bytes: int,
     say: Callable[[str], None],
-    aliases: tuple[str, ...] = (),
-    any_model: bool = False,
 ) -> None:
-    """Serve until interrupted; `serving` is closed on the way out."""
+    """Serve until interrupted; every model is closed on the way out, the started one last."""
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
-    server, context = build_server(
-        serving,
-        host=host,
-        port=port,
-        api_key=api_key,
-        body_limit_bytes=body_limit_bytes,
-        aliases=aliases,
-        any_model=any_model,
-    )
+    serving = pool.default
+    server, context = build_server(pool, host=host, port=port, api_key=api_key, body_limit_bytes=body_limit_bytes)
     shown_host = f"[{host}]" if ":" in host else host
     say(
         f"chatapp serving {serving.model.id} at http://{shown_host}:{port}/v1 (OpenAI) "
         f"and http://{shown_host}:{port}/api (Ollama)"
     )
-    if any_model or aliases:
+    if pool.any_model or pool.aliases:
         say(f"it answers to {context.names_answered()}")
+    others = len(pool.listed()) - len(pool.default_names())
+    if others:
+        found = f"{others} more model{'s' if others > 1 else ''} found on this machine"
+        say(f"and {found}, each loaded when a request names it (GET /v1/models)")
     for notice in serving.notices:
         say(f"warning: {notice}")
     if not is_loopback(host) and api_key is None:
@@ -131,5 +124,8 @@ def serve(
         pass  # uvicorn raises the Ctrl-C (or SIGTERM) again once it has shut down: the stop asked for
     finally:
         signal.signal(signal.SIGTERM, previous)
-        serving.close()
+        try:
+            pool.close()
+        finally:
+            serving.close()
     say("chatapp server stopped; the cache is written")

@@ -1,7 +1,7 @@
 """Request bodies of the OpenAI and Ollama APIs, and the parameters the server refuses.
 
 Fields the server does not know are ignored (clients send plenty that changes nothing, such
-as `user` or `keep_alive`); fields known to change the answer in a way it cannot honour
+as `user`); fields known to change the answer in a way it cannot honour
 (several choices, log probabilities, penalties, images...) are refused with a 400 that
 names them, unless they hold the value that changes nothing. Tools and response formats are
 read in tool_fields.py.
@@ -193,6 +193,7 @@ class OllamaBase(Lenient):
     model: str
     stream: bool = True  # Ollama streams unless told not to
     options: OllamaOptions | None = None
+    keep_alive: float | str | None = None  # how long the model stays loaded after this request (Ollama's)
 
 
 class OllamaChatBody(OllamaBase):

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import xxhash
+
+from chatapp.engine.model_card import ModelFacts
 from chatapp.models.catalog import FoundModel
+from chatapp.services.serving import ModelCard
 from chatapp.services.units import byte_size
 
 COLUMNS = ("NAME", "FAMILY", "PARAMS", "QUANT", "CONTEXT", "MEMORY", "SIZE", "PATH")
@@ -68,3 +72,34 @@ def model_record(model: FoundModel) -> dict[str, Any]:
             "chat_template": summary.has_chat_template,
         }
     return record
+
+
+def found_card(model: FoundModel) -> ModelCard:
+    """A model not loaded yet as the APIs list it: what its header says (its template and fingerprint come
+    with loading; the digest here tells files apart by where they are, their size and their time)."""
+    summary = model.summary
+    try:
+        created = int(model.path.stat().st_mtime)
+    except OSError:
+        created = 0
+    digest = xxhash.xxh3_128_hexdigest(f"{model.path}\0{model.size_bytes}\0{created}".encode())
+    facts = ModelFacts()
+    if summary is not None:
+        facts = ModelFacts(
+            architecture=summary.architecture,
+            parameters=summary.parameters,
+            size_label=summary.size_label,
+            quantization=summary.quantization,
+        )
+    return ModelCard(
+        id=model.name,
+        name=summary.name if summary is not None and summary.name else model.name,
+        path=str(model.path),
+        fingerprint=digest,
+        context_tokens=summary.context_length if summary is not None else 0,
+        created=created,
+        size_bytes=model.size_bytes,
+        facts=facts,
+        template="",
+        gpu_bytes=0,
+    )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from chatapp.engine.contract import EngineClient
@@ -45,6 +46,17 @@ class SamplingOptions:
 
 
 @dataclass(frozen=True)
+class ServingOptions:
+    """How `chatapp serve` answers, the same for every model it serves."""
+
+    max_pending: int = 16
+    max_tokens_limit: int = MAX_ANSWER_TOKENS
+    default_max_tokens: int | None = None  # None: until the model ends the answer or the context is full
+    sort_tools: bool = False
+    keep_reasoning: bool = True
+
+
+@dataclass(frozen=True)
 class ModelCard:
     """The served model as the APIs list it."""
 
@@ -70,34 +82,36 @@ class Serving:
     """The engine, its cache and the completion service, opened once for the server's life."""
 
     def __init__(
-        self,
-        workspace: Workspace,
-        *,
-        max_pending: int = 16,
-        max_tokens_limit: int = MAX_ANSWER_TOKENS,
-        default_max_tokens: int | None = None,
-        sort_tools: bool = False,
-        keep_reasoning: bool = True,
+        self, workspace: Workspace, options: ServingOptions | None = None, answer_ids: AnswerIdStore | None = None
     ) -> None:
+        """`answer_ids`: a store shared with other models' servings (closed by its owner), else one of its own."""
         self.workspace = workspace
+        self.options = options = options or ServingOptions()
         # Tools offered in name order, whatever order a request lists them in: a client that
         # reorders its tools from one request to the next would otherwise break its own prefix.
-        self.sort_tools = sort_tools
-        self.max_tokens_limit = max_tokens_limit
+        self.sort_tools = options.sort_tools
+        self.max_tokens_limit = options.max_tokens_limit
         # What a request without max_tokens gets. None: the answer goes on until the model ends it
         # or the context is full, as OpenAI, Ollama and llama-server answer (not the chat screen's
         # `max_tokens` setting, which is the length of an answer in the app).
-        self.default_max_tokens = default_max_tokens
+        self.default_max_tokens = options.default_max_tokens
         self.engine: EngineClient = workspace.open_engine()
         try:
             location, fingerprint = workspace.model_identity(self.engine.info)
-            answers_dir = workspace.paths.private_dir(workspace.paths.cache_dir) / ANSWER_IDS_FOLDER
-            self._answer_ids = AnswerIdStore(answers_dir)
+            self._owns_answer_ids = answer_ids is None
+            if answer_ids is None:
+                answers_dir = workspace.paths.private_dir(workspace.paths.cache_dir) / ANSWER_IDS_FOLDER
+                answer_ids = AnswerIdStore(answers_dir)
+            self.answer_ids = answer_ids
         except BaseException:
             self.engine.close()
             raise
         self.completions = CompletionService(
-            self.engine, fingerprint, self._answer_ids, max_pending=max_pending, keep_reasoning=keep_reasoning
+            self.engine,
+            fingerprint,
+            self.answer_ids,
+            max_pending=options.max_pending,
+            keep_reasoning=options.keep_reasoning,
         )
         info = self.engine.info
         if info.path is not None:
@@ -164,6 +178,12 @@ class Serving:
         sampling = replace(self.sampling(options), grammar=grammar)
         return self.completions.start(CompletionRequest(sampling=sampling, prompt=given, stop=stop))
 
+    def for_model(self, model: Path) -> Serving:
+        """Another model served as this one is (same settings, options and answer store)."""
+        settings = self.workspace.settings.model_copy(update={"model": model})
+        workspace = replace(self.workspace, settings=settings)
+        return Serving(workspace, self.options, self.answer_ids)
+
     def props(self) -> dict[str, Any]:
         """The model's template, special tokens and context, as llama-server's /props gives them.
 
@@ -200,4 +220,5 @@ class Serving:
             self.engine.flush_cache()
         finally:
             self.engine.close()
-            self._answer_ids.close()
+            if self._owns_answer_ids:
+                self.answer_ids.close()

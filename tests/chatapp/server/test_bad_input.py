@@ -91,6 +91,8 @@ CASES = [
     ("/api/chat", {"model": MODEL, "messages": [USER], "options": {"top_k": 5}}, 400, None),
     ("/api/chat", {"model": "llama3", "messages": [USER]}, 404, None),
     ("/api/generate", {"model": MODEL, "prompt": " "}, 400, None),
+    ("/api/chat", {"model": MODEL, "messages": [USER], "keep_alive": "soon"}, 400, "keep_alive"),
+    ("/api/generate", {"model": "llama3", "prompt": ""}, 404, None),
 ]
 
 
