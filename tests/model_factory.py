@@ -34,6 +34,26 @@ import numpy as np
 from chatapp.model_files import bundled_model_path
 
 TINY_MODEL_THREADS = 1
+# Mistral's markers, special tokens in its vocabularies (`write_tiny_llama(special_tokens=...)`): BOS and EOS
+# as Mistral's, then the markers its chat templates print and its models write.
+MISTRAL_SPECIAL_TOKENS = (
+    "<s>",
+    "</s>",
+    "[INST]",
+    "[/INST]",
+    "[TOOL_CALLS]",
+    "[AVAILABLE_TOOLS]",
+    "[/AVAILABLE_TOOLS]",
+    "[TOOL_RESULTS]",
+    "[/TOOL_RESULTS]",
+    "[SYSTEM_PROMPT]",
+    "[/SYSTEM_PROMPT]",
+    "[ARGS]",
+    "[CALL_ID]",
+    "[TOOL_CONTENT]",
+    "[THINK]",
+    "[/THINK]",
+)
 TOKENIZER_PREFIX = "tokenizer."
 RMS_NORM_EPS = 1e-5
 ROPE_FREQ_BASE = 10_000.0
@@ -111,11 +131,15 @@ def write_tiny_llama(
     seed: int = 0,
     chat_template: str | None = None,
     split_max_tensors: int = 0,
+    special_tokens: Sequence[str] = (),
 ) -> Path:
     """Write a random-weight llama model with the bundled tokenizer to `path`; returns `path`.
 
     `chat_template` replaces the bundled model's (another family's template on the same vocabulary).
     `split_max_tensors` writes a split model (`<stem>-00001-of-0000N.gguf`, ...) and returns its first part.
+    `special_tokens` rename the vocabulary's special tokens from id 1 on (BOS, EOS, then SmolLM2's
+    spare `<repo_name>` ... `<empty_output>`, 16 in all), so another family's markers are single
+    special (control) tokens, as in its own vocabulary: Mistral's `[TOOL_CALLS]`, say.
 
     The same arguments always give a byte-identical file. The weights are F16 (the norms
     F32), so the file is about 4 * 49,152 * n_embd bytes (the embeddings and the output
@@ -144,6 +168,8 @@ def write_tiny_llama(
                 for field in fields
             ),
         )
+    if special_tokens:
+        model = replace(model, tokenizer=_renamed_special_tokens(model.tokenizer, special_tokens))
     model.writer.add_rope_dimension_count(head_dim)
     model.writer.add_rope_freq_base(ROPE_FREQ_BASE)
     model.writer.add_layer_norm_rms_eps(RMS_NORM_EPS)
@@ -391,6 +417,22 @@ class _TinyModel:
         self.matrix(T.FFN_GATE, n_ff, self.n_embd, LAYER_STD, layer)
         self.matrix(T.FFN_UP, n_ff, self.n_embd, LAYER_STD, layer)
         self.matrix(T.FFN_DOWN, self.n_embd, n_ff, LAYER_STD, layer)
+
+
+def _renamed_special_tokens(fields: tuple[MetadataField, ...], texts: Sequence[str]) -> tuple[MetadataField, ...]:
+    """The tokenizer keys with the special tokens from id 1 on renamed to `texts` (still control tokens)."""
+    token_types = next(field.value for field in fields if field.key == gguf.Keys.Tokenizer.TOKEN_TYPE)
+    renamed = range(1, 1 + len(texts))
+    if any(token_types[token] != gguf.TokenType.CONTROL for token in renamed):
+        raise ValueError("only control tokens can be renamed: the bundled vocabulary has 16 after id 0")
+    renamed_fields = []
+    for field in fields:
+        if field.key == gguf.Keys.Tokenizer.LIST:
+            tokens = list(field.value)
+            tokens[1 : 1 + len(texts)] = [text.encode("utf-8") for text in texts]
+            field = replace(field, value=tokens)
+        renamed_fields.append(field)
+    return tuple(renamed_fields)
 
 
 def _head_dim(n_embd: int, n_head: int, kv_heads: Sequence[int]) -> int:

@@ -25,12 +25,18 @@ class Grammar:
     With `triggers` it is lazy: the answer is free until one of these texts appears, and the
     grammar holds from that text on (it must begin with it). A grammar changes sampling
     only, never the prompt, so it costs no cache hit.
+
+    `preserved`: texts the grammar names that are special tokens in some vocabularies (Mistral's
+    `[TOOL_CALLS]`). llama.cpp's grammar and its triggers see a special token as its text, but an
+    answer's text leaves special tokens out; these are shown as their text, so the calls can be read
+    (llama-server's `preserved_tokens`).
     """
 
     gbnf: str
     triggers: tuple[str, ...] = ()
     root: str = "root"
     patterns: tuple[str, ...] = ()  # triggers as regular expressions (what a client of /completion sent)
+    preserved: tuple[str, ...] = ()
 
     @property
     def lazy(self) -> bool:
@@ -45,6 +51,8 @@ class Grammar:
         """The grammar in llama-server's /completion fields (its grammars start at a rule named root)."""
         gbnf = self.gbnf if self.root == "root" else f"{self.gbnf}\nroot ::= {self.root}"
         fields: dict[str, Any] = {"grammar": gbnf}
+        if self.preserved:
+            fields["preserved_tokens"] = list(self.preserved)
         if self.lazy:
             fields["grammar_lazy"] = True
             fields["grammar_triggers"] = [

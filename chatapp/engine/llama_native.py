@@ -172,6 +172,11 @@ class NativeModel:
     def detokenize(self, tokens: list[int], *, special: bool = False) -> str:
         return b"".join(self.token_bytes(token, special=special) for token in tokens).decode("utf-8", errors="replace")
 
+    def special_ids(self, texts: tuple[str, ...]) -> frozenset[int]:
+        """The ids of those `texts` that are one token each, read as special tokens (Grammar.preserved)."""
+        ids = (self.tokenize(text, add_special=False, parse_special=True) for text in texts)
+        return frozenset(found[0] for found in ids if len(found) == 1)
+
     def is_end_of_generation(self, token: int) -> bool:
         return bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
 

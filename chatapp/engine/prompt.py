@@ -247,13 +247,20 @@ class PromptBuilder:
         return probe.partition(CONTENT_SENTINEL)[0]
 
     def _accepts_system_messages(self) -> bool:
-        """Some templates (Gemma's, Mistral's) refuse a system role."""
-        probe = [{"role": Role.SYSTEM.value, "content": "s"}, {"role": Role.USER.value, "content": "u"}]
+        """Some templates (Gemma's, Mistral's) refuse a system role; Mistral Nemo's shows it in the latest
+        question only, which would change every earlier prompt. Either way the persona goes in the first question."""
+        persona, question = "chatapp-persona", "chatapp-question"
+        probe = [
+            {"role": Role.SYSTEM.value, "content": persona},
+            {"role": Role.USER.value, "content": question},
+            {"role": Role.ASSISTANT.value, "content": "a"},
+            {"role": Role.USER.value, "content": "u"},
+        ]
         try:
-            self.template.render(probe, add_generation_prompt=True)
+            rendered = self.template.render(probe, add_generation_prompt=True)
         except TemplateRenderError:
             return False
-        return True
+        return -1 < rendered.find(persona) < rendered.find(question)
 
     def _renders_tools(self) -> bool:
         """Whether the template shows the model the tools it is given (many have no tools at all)."""
@@ -354,15 +361,27 @@ class PromptBuilder:
         try:
             empty = self.template.render([], add_generation_prompt=False)
         except TemplateRenderError:
-            empty = ""
+            empty = self.template.bos_token  # what a template that cannot render nothing (Nemo's) prints first
         return alone[len(empty) :] if alone.startswith(empty) else alone
 
     def _render(self, messages: list[ChatMessage], *, add_generation_prompt: bool, with_tools: bool = True) -> str:
-        inputs = [item for message in messages for item in message.template_inputs()]
+        inputs = [item for message in messages for item in self._with_template_ids(message).template_inputs()]
         if with_tools and self.tools and self.native_tools:
             tools = [tool.template_input() for tool in self.tools]
             return self.template.render(inputs, add_generation_prompt=add_generation_prompt, tools=tools)
         return self.template.render(inputs, add_generation_prompt=add_generation_prompt)
+
+    def _with_template_ids(self, message: ChatMessage) -> ChatMessage:
+        """`message` with its calls' ids as the template takes them (Mistral's refuse all but nine letters
+        and digits; CallIds.for_template), the same for a call and for its result."""
+        ids = self.tool_format.call_ids
+        if ids.length is None or not (message.tool_calls or message.results):
+            return message
+        return replace(
+            message,
+            tool_calls=tuple(replace(call, id=ids.for_template(call.id)) for call in message.tool_calls),
+            results=tuple(replace(result, call_id=ids.for_template(result.call_id)) for result in message.results),
+        )
 
     def _results_tokens(self, before: str, history: list[ChatMessage], message: ChatMessage) -> list[int]:
         """Tool results as the template writes them: its own text parsed for special tokens, each result's not.
@@ -388,12 +407,14 @@ class PromptBuilder:
         tokens: list[int] = []
         at = 0
         for index, head in enumerate(heads):
-            following = heads[index + 1] if index + 1 < len(heads) else rest
+            last = index + 1 == len(heads)
+            following = rest if last else heads[index + 1]
             if not actual.startswith(head, at):
                 return self._content_tokens(actual)
             at += len(head)
-            end = actual.find(following, at) if following else len(actual)
-            if end < 0:
+            # The last result runs to the template's closing text: a result may hold that text itself.
+            end = len(actual) - len(rest) if last and actual.endswith(rest) else actual.find(following, at)
+            if end < at:
                 return self._content_tokens(actual)
             tokens += self._template_tokens(head) + self._content_tokens(actual[at:end])
             at = end

@@ -215,6 +215,8 @@ class Runner:
         limit = self.context.shape.n_ctx_per_sequence
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         sampler = NativeSampler(request.sampling, self.model)
+        grammar = request.sampling.grammar
+        shown = self.model.special_ids(grammar.preserved) if grammar is not None else frozenset()
         first_token_at: float | None = None
         stop_reason = StopReason.CANCELLED
         try:
@@ -226,7 +228,7 @@ class Runner:
                     stop_reason = StopReason.END
                     break
                 generated.append(token)
-                text = decoder.decode(self.model.token_bytes(token))
+                text = decoder.decode(self.model.token_bytes(token, special=token in shown))
                 pieces.append(text)
                 handle.emit(TokenText(text=text, token_id=token))
                 self._gates.reach(Step.TOKEN, request, handle.cancel_event)

@@ -17,7 +17,7 @@ from typing import Any
 
 from chatapp.engine.grammar import Grammar
 from chatapp.engine.json_grammar import RuleSet, literal, refuse_unsupported
-from chatapp.engine.tool_formats import ParsedAnswer, ParsedCall, calls_grammar
+from chatapp.engine.tool_formats import ANY_IDS, ParsedAnswer, ParsedCall, calls_grammar, json_call_rule
 from chatapp.errors import GrammarError
 from chatapp.tools import ToolCall, ToolResult, ToolSpec, arguments_json
 
@@ -36,6 +36,7 @@ class BlockToolFormat:
     """Calls written as blocks between `<tool_call>` and `</tool_call>`; a subclass says what a block holds."""
 
     trigger = CALL_OPEN
+    call_ids = ANY_IDS
 
     def grammar(
         self, tools: Sequence[ToolSpec], *, parallel: bool, lazy: bool, or_schema: dict[str, Any] | None = None
@@ -82,11 +83,7 @@ class HermesToolFormat(BlockToolFormat):
     """`<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>` (Hermes, Qwen 2.5, Qwen 3)."""
 
     def _body_rule(self, rules: RuleSet, index: int, tool: ToolSpec) -> str:
-        arguments = rules.schema_rule(tool.parameters, f"chatapp-tool{index}-arguments", f"tools[{index}].parameters")
-        rule = f"chatapp-tool{index}-call"
-        opening = literal('{"name": ' + json.dumps(tool.name, ensure_ascii=False) + ', "arguments": ')
-        rules.add(rule, f'{opening} {arguments} "}}"')
-        return rule
+        return json_call_rule(rules, index, tool, "arguments")
 
     def _parsed_body(self, body: str, tools: Sequence[ToolSpec]) -> ParsedCall | None:
         try:

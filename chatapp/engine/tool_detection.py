@@ -5,6 +5,7 @@ from __future__ import annotations
 from chatapp.engine.tool_blocks import CALL_OPEN, HERMES, XML
 from chatapp.engine.tool_formats import ToolFormat
 from chatapp.engine.tool_llama import LLAMA_JSON
+from chatapp.engine.tool_mistral import ARGS, CALL_ID, MISTRAL_ARGS, MISTRAL_ARGS_WITH_IDS, MISTRAL_JSON, TOOL_CALLS
 from chatapp.tools import ToolSpec
 
 PROBE_TOOL = ToolSpec("chatapp_probe_function", "probe", '{"type":"object","properties":{}}')
@@ -21,4 +22,8 @@ def native_format(template_source: str, renders_tools: bool) -> ToolFormat | Non
         return XML if "<function=" in template_source else HERMES
     if "ipython" in template_source and '"parameters"' in template_source:
         return LLAMA_JSON  # Llama 3.1-3.3: a bare JSON object, results in the ipython role
+    if TOOL_CALLS in template_source:  # Mistral's: `[TOOL_CALLS]name[ARGS]` from tokenizer v11 on, JSON before
+        if ARGS not in template_source:
+            return MISTRAL_JSON
+        return MISTRAL_ARGS_WITH_IDS if CALL_ID in template_source else MISTRAL_ARGS
     return None

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from chatapp.engine.grammar import Grammar
-from chatapp.engine.json_grammar import RuleSet, literal
-from chatapp.engine.tool_formats import ParsedAnswer, ParsedCall, calls_grammar
+from chatapp.engine.json_grammar import RuleSet
+from chatapp.engine.tool_formats import ANY_IDS, ParsedAnswer, ParsedCall, calls_grammar, json_call_rule
 from chatapp.tools import ToolSpec, arguments_json
 
 OPENING = '{"name": '
@@ -23,21 +23,14 @@ class LlamaJsonToolFormat:
     """`{"name": "f", "parameters": {...}}` as the whole answer (or after some text)."""
 
     trigger = OPENING
+    call_ids = ANY_IDS
 
     def grammar(
         self, tools: Sequence[ToolSpec], *, parallel: bool, lazy: bool, or_schema: dict[str, Any] | None = None
     ) -> Grammar:
         """Calls to `tools` only (see ToolFormat.grammar); one per answer, as the template renders them."""
         rules = RuleSet()
-        bodies = []
-        for index, tool in enumerate(tools):
-            arguments = rules.schema_rule(
-                tool.parameters, f"chatapp-tool{index}-arguments", f"tools[{index}].parameters"
-            )
-            rule = f"chatapp-tool{index}-call"
-            opening = literal(OPENING + json.dumps(tool.name, ensure_ascii=False) + ', "parameters": ')
-            rules.add(rule, f'{opening} {arguments} "}}"')
-            bodies.append(rule)
+        bodies = [json_call_rule(rules, index, tool, "parameters") for index, tool in enumerate(tools)]
         rules.add("chatapp-call", f"( {' | '.join(bodies)} )")
         return calls_grammar(
             rules, "chatapp-call", parallel=False, lazy=lazy, trigger=OPENING, or_schema=or_schema, at_start=True

@@ -76,6 +76,7 @@ class LlamaCompletionBody(BaseModel):
     grammar: str | None = None
     grammar_lazy: bool = False
     grammar_triggers: list[GrammarTrigger] | None = None
+    preserved_tokens: list[str] | None = None
 
     def answer_grammar(self) -> AnswerGrammar | None:
         """The grammar asked for (llama-server's fields); a 400 naming what cannot be honoured."""
@@ -83,7 +84,8 @@ class LlamaCompletionBody(BaseModel):
             return None
         triggers = [(trigger.type, trigger.value) for trigger in self.grammar_triggers or []]
         try:
-            return server_grammar(self.grammar, lazy=self.grammar_lazy, triggers=triggers)
+            preserved = tuple(self.preserved_tokens or ())
+            return server_grammar(self.grammar, lazy=self.grammar_lazy, triggers=triggers, preserved=preserved)
         except ShapeError as error:
             raise ApiError(400, str(error), param=error.param) from None
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
@@ -94,8 +93,11 @@ SAFE_PATTERN = re.compile(r"(?:\[\\s\\S\]\*\?|\\s\*)\((?:[^\\^$.|?*+()\[\]{}]|\\
 AnswerGrammar = Grammar  # what the server's llama routes hand on to Serving.complete
 
 
-def server_grammar(gbnf: str, *, lazy: bool, triggers: list[tuple[int, str]]) -> Grammar:
-    """A grammar as llama-server's /completion takes it (what a chatapp in front of this one sends)."""
+def server_grammar(
+    gbnf: str, *, lazy: bool, triggers: list[tuple[int, str]], preserved: tuple[str, ...] = ()
+) -> Grammar:
+    """A grammar as llama-server's /completion takes it (what a chatapp in front of this one sends);
+    `preserved`: the special tokens the answer's text shows (llama-server's `preserved_tokens`)."""
     if lazy and not triggers:
         raise ShapeError("grammar_lazy needs grammar_triggers; send the words that start the grammar", "grammar_lazy")
     for kind, _ in triggers:
@@ -106,7 +108,7 @@ def server_grammar(gbnf: str, *, lazy: bool, triggers: list[tuple[int, str]]) ->
                 "grammar_triggers",
             )
     if not lazy:
-        return Grammar(gbnf)
+        return Grammar(gbnf, preserved=preserved)
     for kind, value in triggers:
         if kind == TRIGGER_PATTERN_FULL and not SAFE_PATTERN.fullmatch(value):
             # llama.cpp compiles patterns with std::regex, whose errors would end the process: only
@@ -117,7 +119,8 @@ def server_grammar(gbnf: str, *, lazy: bool, triggers: list[tuple[int, str]]) ->
                 "grammar_triggers",
             )
     words = tuple(value for kind, value in triggers if kind == TRIGGER_WORD)
-    return Grammar(gbnf, words, patterns=tuple(value for kind, value in triggers if kind == TRIGGER_PATTERN_FULL))
+    patterns = tuple(value for kind, value in triggers if kind == TRIGGER_PATTERN_FULL)
+    return Grammar(gbnf, words, patterns=patterns, preserved=preserved)
 
 
 def json_object_shape(param: str) -> AnswerShape:
@@ -145,14 +148,15 @@ def read_answer(text: str, shape: AnswerShape, builder: PromptBuilder | None) ->
     """`text` split into content and calls when the request offered tools; otherwise the text as it is."""
     if not shape.calls_tools or builder is None:
         return ShapedAnswer(text)
-    parsed = builder.tool_format.parse(text, shape.tools)
-    calls = tuple(ToolCall(new_call_id(), call.name, call.arguments_json) for call in parsed.calls)
-    return ShapedAnswer(parsed.content, calls, parsed.whole)
-
-
-def new_call_id() -> str:
-    """An id for a call, in OpenAI's form (clients send it back with the call's result)."""
-    return f"call_{uuid.uuid4().hex[:24]}"
+    form = builder.tool_format
+    parsed = form.parse(text, shape.tools)
+    calls: list[ToolCall] = []
+    for call in parsed.calls:
+        # The model's own id where it wrote one its template takes (the result then names the id it saw).
+        own = call.id if call.id is not None and form.call_ids.valid(call.id) else None
+        call_id = own if own and all(own != made.id for made in calls) else form.call_ids.new()
+        calls.append(ToolCall(call_id, call.name, call.arguments_json))
+    return ShapedAnswer(parsed.content, tuple(calls), parsed.whole)
 
 
 class StreamedContent:

@@ -386,12 +386,20 @@ def _runs_of_results(messages: Sequence[ApiMessage]) -> Iterator[ApiMessage | tu
 
 
 def _results(run: tuple[ApiMessage, ...], earlier: list[ChatMessage]) -> tuple[ToolResult, ...]:
-    """Tool messages as results, each named after the call it answers (clients often send only the id)."""
+    """Tool messages as results, each named after the call it answers (clients often send only the id) and
+    with that call's id where the client sent none (Ollama's name only the function; some templates print
+    the id, Mistral's refuse a result without one): the first call not answered yet, of that name if named."""
     names = {call.id: call.name for message in earlier for call in message.tool_calls}
-    return tuple(
-        ToolResult(message.tool_call_id, message.name or names.get(message.tool_call_id, ""), message.content)
-        for message in run
-    )
+    unanswered = list(earlier[-1].tool_calls) if earlier else []
+    results = []
+    for message in run:
+        call_id = message.tool_call_id
+        if not call_id:
+            call = next((call for call in unanswered if call.name == message.name or not message.name), None)
+            call_id = call.id if call is not None else ""
+        unanswered = [call for call in unanswered if call.id != call_id]
+        results.append(ToolResult(call_id, message.name or names.get(call_id, ""), message.content))
+    return tuple(results)
 
 
 def _has_tools(history: list[ChatMessage]) -> bool:

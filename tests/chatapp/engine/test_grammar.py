@@ -1,9 +1,11 @@
 """Grammars in the engine: an answer held to a tool call or to JSON is the same cold and from the cache.
 
-Tiny random models with a Qwen3-style template (calls as `<tool_call>` JSON) and a
-Qwen3-Coder-style one (calls as `<function=...>` parameter blocks), both rendering the tools
-themselves: their answers are gibberish, but a grammar makes them calls and JSON all the
-same, and a grammar only masks tokens, so a cache hit must give the very tokens a cold run gives.
+Tiny random models with a Qwen3-style template (calls as `<tool_call>` JSON), a
+Qwen3-Coder-style one (calls as `<function=...>` parameter blocks), a Llama-3-style one and
+Mistral's own templates (`[TOOL_CALLS]`, its markers special tokens of the tiny model's
+vocabulary as of Mistral's), all rendering the tools themselves: their answers are gibberish,
+but a grammar makes them calls and JSON all the same, and a grammar only masks tokens, so a
+cache hit must give the very tokens a cold run gives.
 """
 
 from __future__ import annotations
@@ -19,16 +21,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from chatapp.engine.engine import Engine, EngineConfig
+from chatapp.engine.events import GenerationResult
 from chatapp.engine.grammar import Grammar
 from chatapp.engine.json_grammar import schema_grammar
 from chatapp.engine.prompt import ChatMessage, ModelVocabulary, PromptBuilder
 from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.engine.tool_blocks import HermesToolFormat, XmlToolFormat
 from chatapp.engine.tool_llama import LlamaJsonToolFormat
+from chatapp.engine.tool_mistral import MistralArgsToolFormat, MistralJsonToolFormat
 from chatapp.errors import GrammarError
 from chatapp.tools import ToolCall, ToolResult, ToolSpec, canonical_json
 from chatapp.vocabulary import Role
-from tests.model_factory import TINY_MODEL_THREADS, write_tiny_llama
+from tests.model_factory import MISTRAL_SPECIAL_TOKENS, TINY_MODEL_THREADS, write_tiny_llama
 
 TEMPLATES = Path(__file__).parent / "templates"
 WEATHER = ToolSpec(
@@ -53,7 +57,11 @@ FORMATS = {
     "qwen3_style": HermesToolFormat,
     "qwen3_coder_style": XmlToolFormat,
     "llama3_tools_style": LlamaJsonToolFormat,
+    "mistral_nemo": MistralJsonToolFormat,
+    "mistral_small_3_2": MistralArgsToolFormat,
+    "ministral_3": MistralArgsToolFormat,
 }
+MISTRAL_FAMILIES = ("mistral_nemo", "mistral_small_3_2", "ministral_3")
 SCHEMA = {
     "type": "object",
     "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer"}},
@@ -65,7 +73,10 @@ SCHEMA = {
 @pytest.fixture(scope="module", params=sorted(FORMATS))
 def qwen_engine(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     template = (TEMPLATES / f"{request.param}.jinja").read_text()
-    path = write_tiny_llama(tmp_path_factory.mktemp("qwen") / f"tiny-{request.param}.gguf", chat_template=template)
+    markers = MISTRAL_SPECIAL_TOKENS if request.param in MISTRAL_FAMILIES else ()
+    path = write_tiny_llama(
+        tmp_path_factory.mktemp("qwen") / f"tiny-{request.param}.gguf", chat_template=template, special_tokens=markers
+    )
     config = EngineConfig(model_path=path, context_cap=1024, sequences=2, threads=TINY_MODEL_THREADS)
     with Engine(config) as engine:
         yield engine
@@ -83,8 +94,15 @@ def builder(engine: Engine) -> PromptBuilder:
 
 
 def answer(engine: Engine, prompt: list[int], grammar: Grammar | None, *, use_cache: bool = True) -> tuple[int, ...]:
+    return generated(engine, prompt, grammar, use_cache=use_cache).token_ids
+
+
+def generated(
+    engine: Engine, prompt: list[int], grammar: Grammar | None, *, use_cache: bool = True
+) -> GenerationResult:
+    """The answer's ids and its text as the engine shows it (a grammar's preserved markers in it)."""
     sampling = SamplingParams(temperature=0, max_tokens=96, grammar=grammar)
-    return engine.generate(GenerationRequest(tuple(prompt), sampling, use_cache=use_cache)).wait().token_ids
+    return engine.generate(GenerationRequest(tuple(prompt), sampling, use_cache=use_cache)).wait()
 
 
 def test_the_template_renders_the_tools_itself(qwen_engine: Engine) -> None:
@@ -106,12 +124,13 @@ def test_grammars_give_calls_and_json_that_parse_the_same_cold_and_from_the_cach
         "json": schema_grammar(SCHEMA, "response_format"),
     }
     for name, grammar in grammars.items():
-        cold = answer(qwen_engine, prompt, grammar, use_cache=False)
+        result = generated(qwen_engine, prompt, grammar, use_cache=False)
+        cold = result.token_ids
         first = answer(qwen_engine, prompt, grammar)
         cached = answer(qwen_engine, prompt, grammar)  # the prompt is resident now: a hit
         assert first == cold, name
         assert cached == cold, name
-        text = qwen_engine.detokenize(list(cold))
+        text = result.text
         if name == "json":
             value = json.loads(text)
             assert set(value) == {"ok", "n"}
@@ -135,8 +154,9 @@ def test_a_call_and_its_results_extend_the_prompt_it_was_generated_after(qwen_en
     history = [ChatMessage.of(Role.SYSTEM, "Be brief."), ChatMessage.of(Role.USER, "Weather in Oslo and Rome?")]
     prompt = tools.build(history)
     grammar = tools.tool_format.grammar((WEATHER,), parallel=True, lazy=False)
-    ids = answer(qwen_engine, prompt, grammar)
-    parsed = tools.tool_format.parse(qwen_engine.detokenize(list(ids)), (WEATHER,))
+    result = generated(qwen_engine, prompt, grammar)
+    ids = result.token_ids
+    parsed = tools.tool_format.parse(result.text, (WEATHER,))
     assert parsed.calls
     made = tuple(ToolCall(f"call_{index}", call.name, call.arguments_json) for index, call in enumerate(parsed.calls))
     calls = (*made, ToolCall("call_extra", "get_time", '{"hours":2}'))  # two results at least, whatever the model made
@@ -151,6 +171,9 @@ def test_a_call_and_its_results_extend_the_prompt_it_was_generated_after(qwen_en
     text = qwen_engine.detokenize(next_prompt[len(prompt) + len(ids) :])  # special tokens left out
     if family_of(qwen_engine) == "llama3_tools_style":
         assert text.count("ipython") == len(calls), "Llama gives each result an ipython turn"
+    elif family_of(qwen_engine) in MISTRAL_FAMILIES:
+        (results_marker,) = qwen_engine.tokenize("[TOOL_RESULTS]", add_special=False, parse_special=True)
+        assert next_prompt.count(results_marker) == len(calls), "Mistral's templates give each result its own"
     else:
         assert text.count("user\n") == 1, "consecutive results share one user turn"
     places = [text.index(f"result {index}") for index in range(len(calls))]
@@ -297,6 +320,7 @@ def results_prompt(tools: PromptBuilder, result: str) -> list[int]:
     return tools.build(history)
 
 
+@pytest.mark.parametrize("qwen_engine", ["qwen3_style"], indirect=True)  # Mistral's markers: test_tool_mistral.py
 def test_a_tool_result_never_becomes_a_special_token(qwen_engine: Engine) -> None:
     """Results printed as they are and through tojson: the tool's text is tokenized as text, so
     `<|im_end|>` in it stays text."""

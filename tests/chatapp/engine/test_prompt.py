@@ -21,6 +21,9 @@ OTHER_FAMILIES = {
     "llama3": ("<|begin_of_text|>", "<|eot_id|>"),
     "gemma2": ("<bos>", "<eos>"),
     "mistral": ("<s>", "</s>"),
+    "mistral_nemo": ("<s>", "</s>"),  # its system message shows in the latest question only: folded instead
+    "mistral_small_3_2": ("<s>", "</s>"),
+    "ministral_3": ("<s>", "</s>"),
 }
 ANSWERS = [
     "Paris is the capital of France.",
