@@ -30,6 +30,13 @@ _META_HEAD = struct.Struct(
 _CHECK = struct.Struct("<Q")
 
 
+def record_namespace(data: bytes) -> bytes | None:
+    """The namespace id a stored record names (unchecked: for accounting, never for a restore)."""
+    if len(data) < _META_HEAD.size or data[:4] != META_MAGIC:
+        return None
+    return bytes(data[6:22])
+
+
 class RecordError(ValueError):
     """A stored record is damaged or from another format version."""
 

@@ -20,6 +20,7 @@ from typing import Any
 import diskcache
 
 from cache.atomic_file import replace_atomically
+from cache.blocks import record_namespace
 from cache.disk_tier import UNLIMITED, clear_store, open_bytes_store, remove_orphan_files
 
 fcntl: ModuleType | None
@@ -30,6 +31,7 @@ except ImportError:  # Windows
 
 TOTALS_FILE = "totals.json"
 MEMORY_FILE = "memory.json"  # how the last model that used this folder keeps its state
+NAMESPACES_FILE = "namespaces.json"  # what each namespace belongs to, as the app described it
 LOCK_FILE = ".totals.lock"
 _totals_lock = threading.Lock()
 
@@ -55,6 +57,56 @@ def remember_memory(directory: Path, description: dict[str, Any]) -> None:
 
 def read_memory(directory: Path) -> dict[str, Any]:
     return _read_json(directory / MEMORY_FILE)
+
+
+def remember_namespace(directory: Path, namespace_id: str, label: dict[str, Any]) -> None:
+    """Note what a namespace's entries belong to (the app's words: a model's name and file), for the
+    stats and clearing by model without loading it."""
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with _file_lock(directory / LOCK_FILE):
+        known = _read_json(directory / NAMESPACES_FILE)
+        if known.get(namespace_id) == label:
+            return
+        known[namespace_id] = label
+        replace_atomically(directory / NAMESPACES_FILE, json.dumps(known, sort_keys=True), durable=False)
+
+
+def read_namespaces(directory: Path) -> dict[str, dict[str, Any]]:
+    """namespace id -> the label the app gave it."""
+    return {key: value for key, value in _read_json(directory / NAMESPACES_FILE).items() if isinstance(value, dict)}
+
+
+def usage_by_namespace(directory: Path) -> dict[str, dict[str, int]]:
+    """namespace id -> entries and bytes stored (pinned ones too); records that name none are left out."""
+    usage: dict[str, dict[str, int]] = {}
+    for name in STORES:
+        if not (directory / name).exists():
+            continue
+        with _opened(directory / name) as store:
+            rows = store._sql("SELECT tag, size + IFNULL(LENGTH(value), 0) FROM Cache WHERE tag IS NOT NULL")
+            for tag, size in rows.fetchall():
+                namespace = record_namespace(bytes(tag))
+                if namespace is None:
+                    continue
+                entry = usage.setdefault(namespace.hex(), {"entries": 0, "bytes": 0})
+                entry["entries"] += 1
+                entry["bytes"] += int(size or 0)
+    return usage
+
+
+def clear_namespaces(directory: Path, namespace_ids: set[str]) -> int:
+    """Remove every entry (pinned ones too) of these namespaces; the others stay. Returns how many."""
+    removed = 0
+    for name in STORES:
+        if not (directory / name).exists():
+            continue
+        with _opened(directory / name) as store:
+            rows = store._sql("SELECT key, tag FROM Cache WHERE tag IS NOT NULL").fetchall()
+            for key, tag in rows:
+                namespace = record_namespace(bytes(tag))
+                if namespace is not None and namespace.hex() in namespace_ids and store.delete(key, retry=True):
+                    removed += 1
+    return removed
 
 
 def add_totals(directory: Path, session: dict[str, Any]) -> None:

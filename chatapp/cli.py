@@ -20,7 +20,7 @@ from chatapp.benchmark.runner import run as run_bench
 from chatapp.documents import load_document
 from chatapp.errors import ChatappError, SettingsError
 from chatapp.services.ask import AskRequest, ask
-from chatapp.services.cache_admin import cache_stats, clear_cache, format_stats, prune_cache
+from chatapp.services.cache_admin import cache_stats, clear_cache, clear_model_cache, format_stats, prune_cache
 from chatapp.services.model_list import format_models, model_record
 from chatapp.services.startup import (
     Workspace,
@@ -208,7 +208,11 @@ def build_parser() -> argparse.ArgumentParser:
     stats_parser = cache_commands.add_parser("stats", parents=[shared], help="entries, bytes, budgets and hit rate")
     stats_parser.add_argument("--json", action="store_true", help="print the statistics as JSON")
     cache_commands.add_parser("prune", parents=[shared], help="drop expired entries now")
-    cache_commands.add_parser("clear", parents=[shared], help="remove every cached entry and its files")
+    cache_commands.add_parser(
+        "clear",
+        parents=[shared],
+        help="remove every cached entry and its files; with --model PATH|NAME, only that model's",
+    )
     return parser
 
 
@@ -276,6 +280,9 @@ def run_cache(args: argparse.Namespace, workspace: Workspace) -> int:
         _write_stdout((json.dumps(stats) if args.json else format_stats(stats)) + "\n")
     elif args.cache_command == "prune":
         _write_stdout(f"pruned {prune_cache(workspace):,} expired entries\n")
+    elif args.model:
+        name, removed = clear_model_cache(workspace, args.model)
+        _write_stdout(f"removed {removed:,} entries of {name} from {workspace.kv_cache_dir}\n")
     else:
         _write_stdout(f"removed {clear_cache(workspace):,} entries from {workspace.kv_cache_dir}\n")
     return 0

@@ -11,6 +11,7 @@ from typing import Any
 from cache import maintenance
 from cache.tiers import REUSING_TIERS
 from chatapp.errors import ChatappError
+from chatapp.models.machine import resolve_model
 from chatapp.services.library import open_library
 from chatapp.services.startup import Workspace
 from chatapp.services.units import byte_size
@@ -51,7 +52,10 @@ def cache_stats(workspace: Workspace) -> dict[str, Any]:
     prompt_tokens = int(totals.get("prompt_tokens", 0))
     reused = int(totals.get("reused_tokens", 0))
     memory = maintenance.read_memory(directory)
+    with _readable_cache(directory):
+        models = models_in_cache(directory)
     return {
+        "models": models,
         "memory": {
             "kind": str(memory.get("kind", "unknown")),
             "window": int(memory.get("window", 0)),
@@ -82,6 +86,29 @@ def cache_stats(workspace: Workspace) -> dict[str, Any]:
     }
 
 
+def models_in_cache(directory: Path) -> list[dict[str, Any]]:
+    """Entries and bytes per model (its namespaces together), the largest first."""
+    labels = maintenance.read_namespaces(directory)
+    by_model: dict[str, dict[str, Any]] = {}
+    for namespace, usage in maintenance.usage_by_namespace(directory).items():
+        label = labels.get(namespace, {})
+        key = str(label.get("fingerprint") or namespace)
+        row = by_model.setdefault(
+            key,
+            {
+                "model": str(label.get("model") or f"unknown model (namespace {namespace[:8]})"),
+                "path": str(label.get("path") or ""),
+                "entries": 0,
+                "bytes": 0,
+                "namespaces": [],
+            },
+        )
+        row["entries"] += usage["entries"]
+        row["bytes"] += usage["bytes"]
+        row["namespaces"].append(namespace)
+    return sorted(by_model.values(), key=lambda row: -int(row["bytes"]))
+
+
 def _counters(values: Any) -> dict[str, int]:
     names = ("hits", "misses", "evictions", "expirations", "bytes_written", "bytes_read")
     values = values if isinstance(values, dict) else {}
@@ -106,6 +133,12 @@ def format_stats(stats: dict[str, Any]) -> str:
         "resident in the llama.cpp context while the app runs",
         f"pinned: {disk['pinned_entries']:,} entries, {byte_size(disk['pinned_bytes'])}",
         f"eviction: ram by {ram.get('eviction_policy', 'lru')}, disk by lru",
+        f"by model ({len(stats['models'])}):" if stats["models"] else "by model: nothing stored yet",
+        *(
+            f"  {row['model']}: {row['entries']:,} {'entry' if row['entries'] == 1 else 'entries'}, "
+            f"{byte_size(row['bytes'])}" + (f" ({row['path']})" if row["path"] else "")
+            for row in stats["models"]
+        ),
         f"hit rate: {stats['hit_rate']:.1%} ({stats['reused_tokens']:,} "
         f"of {stats['prompt_tokens']:,} prompt tokens reused "
         f"over {stats['requests']:,} requests: device {by_tier.get('device', 0):,}, ram {by_tier.get('ram', 0):,}, "
@@ -143,6 +176,17 @@ def _readable_cache(directory: Path) -> Iterator[None]:
             f"cannot read the KV cache in {directory} ({error}); `chatapp cache clear` empties it "
             "(conversations stay), or start chatapp, which sets a damaged cache aside"
         ) from None
+
+
+def clear_model_cache(workspace: Workspace, model: str) -> tuple[str, int]:
+    """Every cached entry of one model (a path or a name `chatapp models` lists), the others kept;
+    (the model's file name, entries removed). Pins of its entries stay listed until they miss."""
+    directory = workspace.kv_cache_dir
+    path = resolve_model(Path(model), workspace.model_catalog())
+    with _readable_cache(directory):
+        rows = models_in_cache(directory)
+        namespaces = {namespace for row in rows if row["path"] == str(path) for namespace in row["namespaces"]}
+        return path.name, maintenance.clear_namespaces(directory, namespaces) if namespaces else 0
 
 
 def clear_cache(workspace: Workspace) -> int:

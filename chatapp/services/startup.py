@@ -9,6 +9,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from cache import maintenance
 from cache.fingerprint import file_fingerprint
 from cache.namespace import Namespace
 from cache.prefix_cache import CacheConfig, PrefixCache
@@ -131,7 +132,8 @@ class Workspace:
     def cache_factory(self) -> CacheFactory:
         """Opens the cache once the engine knows its KV layout (the namespace needs it)."""
         model_path = self.model_path
-        return kv_cache_factory(self.kv_cache_dir, self.model_fingerprint(model_path), self.cache_config())
+        label = {"model": model_path.name, "path": str(model_path)}
+        return kv_cache_factory(self.kv_cache_dir, self.model_fingerprint(model_path), self.cache_config(), label)
 
     def model_fingerprint(self, model_path: Path) -> str:
         """The model's content hash, remembered in the cache folder."""
@@ -139,8 +141,14 @@ class Workspace:
         return file_fingerprint(model_path, memo)
 
 
-def kv_cache_factory(directory: Path, model_fingerprint: str, config: CacheConfig) -> CacheFactory:
-    """A factory the engine calls with the verified KV layout to open the cache in `directory`."""
+def kv_cache_factory(
+    directory: Path, model_fingerprint: str, config: CacheConfig, label: dict[str, str] | None = None
+) -> CacheFactory:
+    """A factory the engine calls with the verified KV layout to open the cache in `directory`.
+
+    `label` says whose entries the namespace holds (the model's file name and path), for `cache stats`
+    and `cache clear --model` without loading it.
+    """
 
     def open_cache(layout: MemoryLayout, info: ModelInfo) -> PrefixCache:
         sections = layout.base or layout.swa
@@ -155,6 +163,9 @@ def kv_cache_factory(directory: Path, model_fingerprint: str, config: CacheConfi
             layout_digest=layout.digest().hex(),
             context_size=info.n_ctx_per_sequence,
             batch_rows=FLASH_ATTENTION_ROWS if info.flash_attention else 0,
+        )
+        maintenance.remember_namespace(
+            directory, namespace.id, {**(label or {}), "fingerprint": model_fingerprint, "kind": layout.kind.value}
         )
         return PrefixCache(directory, namespace, layout, config)
 

@@ -19,6 +19,7 @@ from chatapp.model_files import bundled_model_path
 from chatapp.services.conversation import Conversation
 from chatapp.services.library import open_library
 from chatapp.services.startup import open_workspace
+from tests.model_factory import write_tiny_llama
 from tests.pdf_factory import write_pdf
 
 JSON_FIELDS = {
@@ -208,6 +209,26 @@ def test_cache_stats_prune_and_clear(data_dir: Path, capsys) -> None:
     library = open_library(open_workspace(str(data_dir)))
     assert library.pins.list() == []
     library.close()
+
+
+def test_cache_stats_and_clear_by_model(data_dir: Path, tmp_path: Path, capsys) -> None:
+    """Two models share the folder: stats show each one's bytes, clearing one leaves the other's."""
+    tiny = write_tiny_llama(tmp_path / "tiny.gguf")
+    persona = "You answer in one word, and always politely. " * 8  # a full block or more of tokens
+    for model in (str(bundled_model_path()), str(tiny)):
+        ask_json(capsys, "Name a colour.", "--system", persona, "--model", model)
+    assert main(["cache", "stats", "--json"]) == 0
+    models = {row["model"]: row for row in json.loads(capsys.readouterr().out)["models"]}
+    assert set(models) == {bundled_model_path().name, "tiny.gguf"}
+    assert all(row["bytes"] > 0 and row["entries"] > 0 for row in models.values())
+    assert main(["cache", "clear", "--model", str(tiny)]) == 0
+    assert f"removed {models['tiny.gguf']['entries']} entries of tiny.gguf" in capsys.readouterr().out
+    assert main(["cache", "stats"]) == 0
+    report = capsys.readouterr().out
+    assert "by model (1):" in report
+    assert bundled_model_path().name in report
+    answer, _ = ask_json(capsys, "Name a fruit.", "--system", persona)
+    assert answer["reused_tokens"] > 0, "the other model's entries stayed"
 
 
 def test_bench_is_a_command_and_a_missing_llama_server_is_one_line(capsys) -> None:
