@@ -16,6 +16,10 @@ class ModelError(ChatappError):
     """The model file is missing, unreadable, not GGUF, or llama.cpp cannot load it."""
 
 
+class LoadCancelled(ModelError):
+    """Loading a model was stopped before it finished (the user pressed Esc)."""
+
+
 class DocumentError(ChatappError):
     """A document cannot be read or does not fit."""
 

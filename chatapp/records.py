@@ -44,6 +44,7 @@ class ConversationRecord:
     updated_at: float
     active_leaf_id: int | None
     qa_mode: bool = False
+    model: str | None = None  # the model file it was last answered with (None: from before models were kept)
 
 
 @dataclass(frozen=True)

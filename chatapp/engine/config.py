@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cache.prefix_cache import PrefixCache
@@ -44,6 +44,8 @@ class EngineConfig:
     checkpoint_interval: int = 1024
     # Plain KV caches: the newest whole sequence states kept ready to load (cache/ready_states.py).
     ready_state_bytes: int = 256 << 20
+    # Hears the share of the weights loaded (0..1) while the model loads; False stops the load.
+    load_progress: Callable[[float], bool] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.n_batch < MIN_BATCH:

@@ -23,7 +23,7 @@ from cache.state_format import MemoryKind
 from chatapp.engine.grammar import Grammar
 from chatapp.engine.model_card import ModelFacts
 from chatapp.engine.requests import SamplingParams
-from chatapp.errors import GrammarError, ModelError
+from chatapp.errors import GrammarError, LoadCancelled, ModelError
 from chatapp.models.file_types import quantization_name
 
 llama_logger = logging.getLogger("chatapp.llama")
@@ -81,12 +81,33 @@ def gpu_offload_supported() -> bool:
 class NativeModel:
     """A loaded GGUF model: weights, vocabulary and metadata."""
 
-    def __init__(self, path: Path, *, n_gpu_layers: int = 0, vocab_only: bool = False) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        n_gpu_layers: int = 0,
+        vocab_only: bool = False,
+        progress: Callable[[float], bool] | None = None,
+    ) -> None:
+        """`progress` hears the share of the weights loaded (0..1); returning False stops the load
+        (LoadCancelled)."""
         initialise_llama()
         params = llama_cpp.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
         params.vocab_only = vocab_only
+        cancelled = False
+        if progress is not None:
+
+            def report(share: float, _data: object) -> bool:
+                nonlocal cancelled
+                cancelled = not progress(float(share))
+                return not cancelled
+
+            callback = llama_cpp.llama_progress_callback(report)
+            params.progress_callback = callback  # kept alive by `callback` until the load returns
         pointer = llama_cpp.llama_model_load_from_file(str(path).encode("utf-8"), params)
+        if not pointer and cancelled:
+            raise LoadCancelled(f"loading {path.name} was cancelled")
         if not pointer:
             raise ModelError(
                 f"llama.cpp could not load {path} ({last_llama_problem()}); "

@@ -63,7 +63,7 @@ def load_model(
     layers = config.n_gpu_layers
     if layers < 0:
         layers = ALL_LAYERS if gpu_offload_supported() else 0
-    model = NativeModel(config.model_path, n_gpu_layers=layers)
+    model = NativeModel(config.model_path, n_gpu_layers=layers, progress=config.load_progress)
     threads = config.threads or default_thread_count()
     per_sequence = min(model.n_ctx_train or config.context_cap, config.context_cap)
     try:

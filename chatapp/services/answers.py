@@ -37,7 +37,9 @@ class AnswerJob(AnswerRun):
         handle: GenerationHandle,
         question: MessageRecord,
         on_end: Callable[[GenerationResult], None] | None = None,
+        model: str = "",
     ) -> None:
+        """`model`: the name of the model answering, kept with the answer's figures."""
         super().__init__(handle)
         self.store = store
         self.question = question
@@ -46,6 +48,7 @@ class AnswerJob(AnswerRun):
         self._pieces: list[str] = []
         self._token_ids: list[int] = []
         self._saved_at = time.monotonic()
+        self._model = model
 
     def _keep_text(self, piece: AnswerText) -> None:
         self._pieces.append(piece.text)
@@ -56,7 +59,10 @@ class AnswerJob(AnswerRun):
             self._saved_at = time.monotonic()
 
     def _keep_answer(self, answer: EndedAnswer) -> None:
-        self._save(answer.text, list(answer.token_ids or ()), MessageStatus.after(answer.stop_reason), answer.figures())
+        figures = answer.figures()
+        if figures is not None and self._model:
+            figures = {**figures, "model": self._model}
+        self._save(answer.text, list(answer.token_ids or ()), MessageStatus.after(answer.stop_reason), figures)
         if self._on_end_callback is not None and answer.result is not None:
             self._on_end_callback(answer.result)
 

@@ -89,6 +89,7 @@ class ChatService:
         self._prefix_tokens: dict[tuple[str, int], int | None] = {}  # (persona prompt, document id) → tokens
         self._engine_lock = threading.Lock()  # attach and close may come from different threads
         self._closed = False
+        self._prepared: tuple[EngineClient, Path] | None = None  # a model loaded for a switch
 
     # The model.
     def load_model(self) -> None:
@@ -110,11 +111,78 @@ class ChatService:
             self.prewarmer = Prewarmer(engine)
             self._prompts = PromptLog(engine.detokenize)
 
+    def prepare_model(self, path: Path, progress: Callable[[float], bool] | None = None) -> None:
+        """Load another model as the settings load one (slow: off the UI thread) while the one attached
+        keeps answering; `switch_to_prepared` then answers with it. `progress` hears the share loaded;
+        False from it cancels (LoadCancelled)."""
+        engine = self.workspace.with_model(path).open_engine(load_progress=progress)
+        with self._engine_lock:
+            earlier, self._prepared = self._prepared, (engine, path)
+            closed = self._closed
+        if earlier is not None:
+            earlier[0].close()
+        if closed:
+            self.drop_prepared()
+
+    def drop_prepared(self) -> None:
+        """Close a model loaded for a switch that will not happen."""
+        with self._engine_lock:
+            prepared, self._prepared = self._prepared, None
+        if prepared is not None:
+            prepared[0].close()
+
+    def switch_to_prepared(self) -> str:
+        """Answer with the prepared model from now on; the old one is closed (its cache written first).
+        Slow (writing the cache): off the UI thread, and with no answer running. Returns the new model's label.
+
+        The open conversation remembers the model.
+        """
+        with self._engine_lock:
+            prepared, self._prepared = self._prepared, None
+            if prepared is None or self._closed:
+                raise ChatappError("no model is ready to switch to")
+            engine, path = prepared
+            old = self.engine
+            self.engine = engine
+            self.prewarmer = Prewarmer(engine)
+            self._prompts = PromptLog(engine.detokenize)
+            self.workspace = self.workspace.with_model(path)
+            self._prefix_tokens.clear()  # counted with the old model's vocabulary
+        if old is not None:
+            try:
+                old.flush_cache()  # its last answers' prefixes: there when the user comes back to it
+            finally:
+                old.close()
+        if self.conversation_id is not None:
+            self.conversations.set_model(self.conversation_id, str(path))
+        return engine.info.short_name
+
+    def remembered_model(self) -> Path | None:
+        """The model the open conversation was answered with, when it is another one still on disk."""
+        if self.conversation_id is None or self.engine is None:
+            return None
+        remembered = self._conversation().model
+        current = self.model_path()
+        if not remembered or current is None or not Path(remembered).is_file():
+            return None
+        return None if Path(remembered).resolve() == current.resolve() else Path(remembered)
+
+    def _remember_model(self) -> None:
+        path = self.model_path()
+        if self.conversation_id is not None and path is not None and self._conversation().model != str(path):
+            self.conversations.set_model(self.conversation_id, str(path))
+
+    def model_path(self) -> Path | None:
+        """The file of the model answering (None on a backend server, or before one is loaded)."""
+        engine = self.engine
+        return engine.info.path if engine is not None else None
+
     def close(self) -> None:
         """Stop what runs and free the model (the conversations database is the library's to close)."""
         with self._engine_lock:
             self._closed = True
             engine, self.engine, self.prewarmer = self.engine, None, None
+        self.drop_prepared()
         if engine is not None:
             engine.close()
 
@@ -357,7 +425,7 @@ class ChatService:
         document = self._root_document(path[0])
         messages = prompt_messages(path[0], document, path[1:])
         handle, answered = self._generate(messages, document)
-        return AnswerJob(self.conversations, handle, question, answered)
+        return AnswerJob(self.conversations, handle, question, answered, model=self.model_label())
 
     def _ask(self, view: BranchView, parent: MessageRecord, text: str) -> AnswerJob:
         if not text.strip():
@@ -374,13 +442,14 @@ class ChatService:
         except BaseException:
             handle.cancel()  # the question could not be saved: no answer nobody will see
             raise
-        return AnswerJob(self.conversations, handle, question, answered)
+        return AnswerJob(self.conversations, handle, question, answered, model=self.model_label())
 
     def _generate(
         self, messages: list[ChatMessage], document: Document | None
     ) -> tuple[GenerationHandle, Callable[[GenerationResult], None]]:
         """The answer started, and what to do with its result (its figures, where its prompt diverged)."""
         engine, prewarmer = self._running()
+        self._remember_model()
         plan = plan_for(engine, messages)
         prewarmer.before_send(plan.tokens)
         handle = start_answer(engine, plan, self.workspace.sampling(), _branch_too_long(document))

@@ -13,7 +13,6 @@ holds the model's fingerprint), so all of them share one data folder.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -24,6 +23,7 @@ from typing import Literal
 from chatapp.errors import ChatappError, ModelError
 from chatapp.models.catalog import FoundModel, ModelCatalog
 from chatapp.models.machine import check_found
+from chatapp.services.machine_memory import machine_memory_bytes
 from chatapp.services.model_list import found_card
 from chatapp.services.serving import ModelCard, Serving
 
@@ -327,14 +327,6 @@ class ModelPool:
                 self.reap()
             except Exception:
                 log.exception("unloading idle models failed")
-
-
-def machine_memory_bytes() -> int:
-    """This machine's physical memory (0 where the system does not say)."""
-    try:
-        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError, AttributeError):
-        return 0
 
 
 def default_memory_budget() -> int:

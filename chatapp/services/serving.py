@@ -180,9 +180,7 @@ class Serving:
 
     def for_model(self, model: Path) -> Serving:
         """Another model served as this one is (same settings, options and answer store)."""
-        settings = self.workspace.settings.model_copy(update={"model": model})
-        workspace = replace(self.workspace, settings=settings)
-        return Serving(workspace, self.options, self.answer_ids)
+        return Serving(self.workspace.with_model(model), self.options, self.answer_ids)
 
     def props(self) -> dict[str, Any]:
         """The model's template, special tokens and context, as llama-server's /props gives them.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
@@ -90,9 +91,16 @@ class Workspace:
             max_tokens=settings.max_tokens,
         )
 
-    def engine_config(self, sequences: int | None = None) -> EngineConfig:
+    def with_model(self, model: Path) -> Workspace:
+        """This workspace with another model (for this run: the settings file keeps its own)."""
+        return replace(self, settings=self.settings.model_copy(update={"model": model}))
+
+    def engine_config(
+        self, sequences: int | None = None, load_progress: Callable[[float], bool] | None = None
+    ) -> EngineConfig:
         settings = self.settings
         return EngineConfig(
+            load_progress=load_progress,
             model_path=self.model_path,
             context_cap=settings.context_cap,
             sequences=sequences or settings.sequences,
@@ -107,7 +115,13 @@ class Workspace:
     def kv_cache_dir(self) -> Path:
         return self.paths.private_dir(self.paths.cache_dir) / "kv"
 
-    def open_engine(self, *, use_cache: bool = True, sequences: int | None = None) -> EngineClient:
+    def open_engine(
+        self,
+        *,
+        use_cache: bool = True,
+        sequences: int | None = None,
+        load_progress: Callable[[float], bool] | None = None,
+    ) -> EngineClient:
         """Load the model; with `use_cache`, its KV prefixes are kept in the cache folder.
 
         `sequences` overrides the setting: one question needs one sequence, and each one
@@ -117,7 +131,8 @@ class Workspace:
         remote = self.remote
         if remote is not None:
             return connect_remote_engine(remote)
-        return start_local_engine(self.engine_config(sequences), self.cache_factory() if use_cache else None)
+        config = self.engine_config(sequences, load_progress)
+        return start_local_engine(config, self.cache_factory() if use_cache else None)
 
     def cache_config(self) -> CacheConfig:
         settings = self.settings

@@ -40,7 +40,7 @@ _MESSAGE_FIELDS = (
     "document_id",
 )
 _MESSAGE_COLUMNS = ", ".join(_MESSAGE_FIELDS)
-_CONVERSATION_COLUMNS = "id, title, created_at, updated_at, active_leaf_id, qa_mode"
+_CONVERSATION_COLUMNS = "id, title, created_at, updated_at, active_leaf_id, qa_mode, model"
 _DOCUMENT_COLUMNS = "id, name, text, source_path, added_at"
 _FOLD = "chatapp_fold"
 
@@ -99,6 +99,13 @@ class ConversationStore:
         with transaction(self._connection) as db:
             self._conversation(db, conversation_id)
             db.execute("UPDATE conversations SET title = ? WHERE id = ?", (title, conversation_id))
+            return self._conversation(db, conversation_id)
+
+    def set_model(self, conversation_id: int, model: str | None) -> ConversationRecord:
+        """Remember the model the conversation is answered with (its file's path)."""
+        with transaction(self._connection) as db:
+            self._conversation(db, conversation_id)
+            db.execute("UPDATE conversations SET model = ? WHERE id = ?", (model, conversation_id))
             return self._conversation(db, conversation_id)
 
     def set_qa_mode(self, conversation_id: int, on: bool) -> ConversationRecord:
@@ -444,7 +451,7 @@ def _message_record(row: tuple[Any, ...]) -> MessageRecord:
 
 
 def _conversation_record(row: tuple[Any, ...]) -> ConversationRecord:
-    conversation_id, title, created_at, updated_at, active_leaf_id, qa_mode = row
+    conversation_id, title, created_at, updated_at, active_leaf_id, qa_mode, model = row
     return ConversationRecord(
         id=conversation_id,
         title=title,
@@ -452,6 +459,7 @@ def _conversation_record(row: tuple[Any, ...]) -> ConversationRecord:
         updated_at=updated_at,
         active_leaf_id=active_leaf_id,
         qa_mode=bool(qa_mode),
+        model=model,
     )
 
 

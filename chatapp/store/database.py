@@ -21,7 +21,7 @@ from typing import Any
 
 from chatapp.errors import StoreError
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 FILE_MODE = 0o600
 BUSY_TIMEOUT_MS = 5000
 
@@ -126,8 +126,11 @@ def _allow_failed_status(connection: sqlite3.Connection) -> None:
         raise sqlite3.DatabaseError(f"the schema change left the file inconsistent: {problem}")
 
 
+# Version 4: the model a conversation was last answered with (its file's path; NULL: the default).
+_SCHEMA_4: tuple[str, ...] = ("ALTER TABLE conversations ADD COLUMN model TEXT",)
+
 # MIGRATIONS[n] takes a file from version n to n + 1.
-MIGRATIONS: list[Migration] = [_SCHEMA_1, _SCHEMA_2, _allow_failed_status]
+MIGRATIONS: list[Migration] = [_SCHEMA_1, _SCHEMA_2, _allow_failed_status, _SCHEMA_4]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 

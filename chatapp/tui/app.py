@@ -4,6 +4,7 @@ and hosts the main screen and its dialogs."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from textual import work
@@ -15,12 +16,14 @@ from chatapp.errors import ChatappError
 from chatapp.services.cache_view import CacheService
 from chatapp.services.chat_service import ChatService
 from chatapp.services.library import Library, open_library
+from chatapp.services.model_choice import model_choices
 from chatapp.services.startup import Workspace
 from chatapp.settings import Settings
 from chatapp.tui import commands
 from chatapp.tui.cache_screen import CacheScreen
 from chatapp.tui.help_screen import HelpScreen
 from chatapp.tui.main_screen import MainScreen
+from chatapp.tui.model_picker import ModelPicker
 from chatapp.tui.persona_screen import PersonaScreen
 from chatapp.tui.settings_screen import SettingsScreen
 
@@ -84,6 +87,28 @@ class ChatApp(App[None]):
     def action_cache(self) -> None:
         if not isinstance(self.screen, CacheScreen):
             self.push_screen(CacheScreen(self.cache_service))
+
+    def action_models(self) -> None:
+        if isinstance(self.screen, ModelPicker):
+            return
+        if self.workspace.remote is not None:
+            self.notify(
+                "The model runs on the backend server: choose it there, or clear the backend setting (F5).",
+                severity="warning",
+                timeout=10,
+            )
+            return
+        try:
+            choices = model_choices(self.service.workspace, self.service.model_path())
+        except ChatappError as error:
+            self.notify(str(error), severity="error", timeout=10)
+            return
+
+        def chosen(path: Path | None) -> None:
+            if path is not None:
+                self.main_screen.switch_model(path)
+
+        self.push_screen(ModelPicker(choices), chosen)
 
     def action_settings(self) -> None:
         if isinstance(self.screen, SettingsScreen):

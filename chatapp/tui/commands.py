@@ -176,6 +176,15 @@ COMMANDS: tuple[Command, ...] = (
         priority=True,
     ),
     Command(
+        "app.models",
+        "f7",
+        "app.models",
+        "Models",
+        "Switch to another model on this machine (Ollama's, LM Studio's, Hugging Face's...)",
+        footer=True,
+        priority=True,
+    ),
+    Command(
         "app.settings",
         "f5",
         "app.settings",

@@ -41,6 +41,8 @@ def answer_footnote(record: MessageRecord) -> str:
         parts.append(reuse_text(stats))
         parts.append(f"first token {float(stats.get('ttft_ms', 0)) / 1000:.2f} s")
         parts.append(f"{int(stats.get('generated_tokens', 0))} tokens")
+        if stats.get("model"):
+            parts.append(str(stats["model"]))
     note = STATUS_NOTES.get(record.status)
     if note:
         parts.append(note)

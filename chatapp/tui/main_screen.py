@@ -42,6 +42,7 @@ from chatapp.tui.messages import (
     PrefillAdvanced,
     WarmProgress,
 )
+from chatapp.tui.model_switch import ModelSwitch
 from chatapp.tui.sidebar import BranchTree, ConversationList, Sidebar
 from chatapp.tui.widgets import MessageView, PrefillRow, StatusLine, last_code_block
 from chatapp.vocabulary import Role
@@ -63,6 +64,7 @@ class MainScreen(Screen[None]):
         self._attaching = False
         self._model_failed = False
         self._settled = ""
+        self.model_switch = ModelSwitch(self, service, lambda: self.answering, self.engine_ready)
 
     @property
     def answering(self) -> bool:
@@ -109,6 +111,23 @@ class MainScreen(Screen[None]):
         self.status.state = "ready"
         self._update_branch_info()
         self.warm_ahead("")
+        self._follow_the_conversation_s_model()
+
+    def switch_model(self, path: Path) -> None:
+        """Load `path` while the model answering goes on, then answer with it (F7's choice)."""
+        self.model_switch.start(path)
+
+    def _follow_the_conversation_s_model(self) -> None:
+        """A conversation answered by another model that is still here gets that model back."""
+        try:
+            remembered = self.service.remembered_model()
+        except ChatappError:
+            return
+        if remembered is not None and not self.model_switch.loading:
+            current = self.service.model_label()
+            self.model_switch.start(
+                remembered, f"This conversation was with {remembered.name}: loading it (Esc stays with {current})."
+            )
 
     def engine_failed(self, reason: str) -> None:
         self._model_failed = True
@@ -168,6 +187,7 @@ class MainScreen(Screen[None]):
             return
         await self._run_view_change(lambda: self.service.open(event.conversation_id))
         self.query_one(Composer).focus()
+        self._follow_the_conversation_s_model()
 
     @on(Sidebar.BranchChosen)
     async def _jump(self, event: Sidebar.BranchChosen) -> None:
@@ -345,6 +365,7 @@ class MainScreen(Screen[None]):
         await self._reload_branch()
         self.status.state = "ready"
         self.flight = None  # the answer is over only now that the screen shows it as saved
+        self.model_switch.answer_ended()
         self.warm_ahead(self.query_one(Composer).text)
         if notice := self.service.take_cache_notice():
             self.notify(notice, title="KV cache", severity="warning", timeout=15)
@@ -365,6 +386,7 @@ class MainScreen(Screen[None]):
             self.notify(message.reason, severity="error", timeout=10)
         self.status.state = "ready"
         self.flight = None
+        self.model_switch.answer_ended()
 
     async def _close_stream(self) -> AnswerFlight | None:
         """The answer ended: hide its progress and finish writing its text."""
@@ -415,7 +437,7 @@ class MainScreen(Screen[None]):
             self.status.state = "stopping…"
         elif self._editing is not None:
             self._cancel_edit()
-        else:
+        elif not self.model_switch.cancel():
             self.service.stop_warming()
             self.query_one(PrefillRow).hide()
 

@@ -97,5 +97,11 @@ class PrefillRow(Horizontal):
         self.query_one("#prefill-label", Label).update(f"{what} {done:,}/{total:,} tokens · Esc cancels ")
         self.query_one("#prefill-bar", ProgressBar).update(total=total, progress=done)
 
+    def show_share(self, what: str, share: float) -> None:
+        """Progress of work measured as a share (loading a model's weights)."""
+        self.display = True
+        self.query_one("#prefill-label", Label).update(f"{what} {share:.0%} · Esc cancels ")
+        self.query_one("#prefill-bar", ProgressBar).update(total=100, progress=int(share * 100))
+
     def hide(self) -> None:
         self.display = False

@@ -32,6 +32,7 @@ ODD_PATH = Path('/models/it\'s "quoted"\\back\\slash/naïve 模型 🦙\tx\x01y.
 # A non-default value for every field, so every kind goes through the round trip.
 EVERYTHING = Settings(
     model=ODD_PATH,
+    model_folders="/srv/models:/data/gguf",
     context_cap=4096,
     sequences=2,
     n_gpu_layers=0,

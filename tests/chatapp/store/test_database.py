@@ -186,7 +186,8 @@ def test_a_version_1_file_gains_the_pins_table_and_keeps_its_conversations(
         old_code.setattr(database, "SCHEMA_VERSION", 1)
         old_code.setattr(database, "MIGRATIONS", database.MIGRATIONS[:1])
         first = open_database(path)
-        ConversationStore(first).create_conversation("From version 1")
+        with first:  # as version 1 wrote a conversation (today's store reads columns added since)
+            first.execute("INSERT INTO conversations (title, created_at, updated_at) VALUES ('From version 1', 0, 0)")
         first.close()
     assert _user_version(path) == 1
     connection = open_database(path)
@@ -219,12 +220,30 @@ def test_a_version_2_file_is_migrated_to_allow_failed_answers_and_keeps_its_rows
             )
     connection = open_database(path)
     try:
-        assert connection.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+        assert connection.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION >= 3
         connection.execute(
             "INSERT INTO messages (conversation_id, parent_id, role, content, created_at, status) "
             "VALUES (1, 1, 'assistant', 'half', 0, 'failed')"
         )
         assert [c.title for c in ConversationStore(connection).list_conversations()] == ["Kept"]
         assert connection.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    finally:
+        connection.close()
+
+
+def test_a_version_3_file_gains_each_conversation_s_model_and_keeps_its_rows(tmp_path: Path) -> None:
+    path = tmp_path / "chatapp.db"
+    with sqlite3.connect(path) as plain:  # the file as schema 3 wrote it
+        for statement in [*database._SCHEMA_1, *database._SCHEMA_2]:
+            plain.execute(statement)
+        plain.execute("PRAGMA user_version = 3")
+        plain.execute("INSERT INTO conversations (title, created_at, updated_at) VALUES ('Kept', 0, 0)")
+    connection = open_database(path)
+    try:
+        assert connection.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+        store = ConversationStore(connection)
+        (kept,) = store.list_conversations()
+        assert (kept.title, kept.model) == ("Kept", None)
+        assert store.set_model(kept.id, "/models/gemma.gguf").model == "/models/gemma.gguf"
     finally:
         connection.close()

@@ -1,0 +1,53 @@
+"""The models the chat screen can switch to: what `chatapp models` lists, with whether each fits now."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from chatapp.models.catalog import FoundModel
+from chatapp.services.machine_memory import available_memory_bytes
+from chatapp.services.model_list import model_row
+from chatapp.services.startup import Workspace
+from chatapp.services.units import byte_size
+
+# The weights are most of a model's memory; its context and the cache's RAM tier come on top.
+MEMORY_MARGIN = 1.1
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    """One row of the model picker."""
+
+    name: str
+    path: Path
+    fields: tuple[str, ...]  # as `chatapp models` shows them (model_list.COLUMNS)
+    current: bool  # the model answering now
+    problem: str  # why it cannot be chosen ("" when it can): not a language model, does not fit
+
+
+def model_choices(workspace: Workspace, current: Path | None, free_bytes: int | None = None) -> list[ModelChoice]:
+    """Every model on this machine, the one answering first; `free_bytes` is the memory free now
+    (measured when not given: the model answering keeps its memory while the new one loads)."""
+    free = available_memory_bytes() if free_bytes is None else free_bytes
+    choices = [
+        _choice(model, current, free) for model in workspace.model_catalog().models() if model.summary is not None
+    ]
+    return sorted(choices, key=lambda choice: not choice.current)
+
+
+def _choice(model: FoundModel, current: Path | None, free: int) -> ModelChoice:
+    is_current = current is not None and _same(model.path, current)
+    problem = ""
+    if not model.can_chat:
+        problem = model.problem or f"a {model.summary.use.value if model.summary else 'file'}, not a language model"
+    elif not is_current and free and model.size_bytes * MEMORY_MARGIN > free:
+        problem = f"needs about {byte_size(int(model.size_bytes * MEMORY_MARGIN))}, {byte_size(free)} free now"
+    return ModelChoice(model.name, model.path, model_row(model), is_current, problem)
+
+
+def _same(left: Path, right: Path) -> bool:
+    try:
+        return left.resolve() == right.resolve()
+    except OSError:
+        return left == right

@@ -1,0 +1,148 @@
+"""Switching models from the chat screen: load the new one beside the old, then swap.
+
+The model answering keeps answering while the new one loads (progress in the prefill row,
+Esc cancels). Once loaded, the switch waits for an answer in flight to end; writing the old
+model's cache and closing it run off the UI thread. The Textual layer only drives the
+service here: the engines stay inside it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from textual.screen import Screen
+
+from chatapp.errors import ChatappError, LoadCancelled
+from chatapp.services.chat_service import ChatService
+from chatapp.tui.widgets import PrefillRow, StatusLine
+
+PROGRESS_STEP = 0.02  # the share loaded between two updates of the progress row
+
+
+class ModelSwitch:
+    """One switch at a time; a newer choice cancels the load of an older one."""
+
+    def __init__(
+        self, screen: Screen[None], service: ChatService, answering: Callable[[], bool], ready: Callable[[str], None]
+    ) -> None:
+        self._screen = screen
+        self._service = service
+        self._answering = answering
+        self._ready = ready  # the screen's engine_ready: status line, context size, warm-up
+        self._cancel: threading.Event | None = None
+        self._target: Path | None = None
+        self._waiting = False  # loaded, waiting for the answer in flight to end
+
+    @property
+    def loading(self) -> bool:
+        return self._cancel is not None and not self._cancel.is_set()
+
+    def start(self, path: Path, why: str = "") -> None:
+        """Load `path`, then switch to it; `why` is told first (a conversation's own model, say)."""
+        if self._cancel is not None:
+            self._cancel.set()
+        cancel = self._cancel = threading.Event()
+        self._target, self._waiting = path, False
+        self._row.show_share(f"loading {path.name}", 0.0)
+        self._status.state = f"loading {path.name}…"
+        if why:
+            self._screen.notify(why, title="Model", timeout=8)
+        self._screen.run_worker(
+            lambda: self._load(path, cancel), thread=True, group="model-switch", exit_on_error=False
+        )
+
+    def cancel(self) -> bool:
+        """Esc: stop loading (or drop a model loaded and waiting); False when nothing was loading."""
+        if self._cancel is None or self._cancel.is_set():
+            return False
+        self._cancel.set()
+        self._end(f"stayed with {self._service.model_label()}")
+        if self._waiting:
+            self._waiting = False
+            self._screen.run_worker(self._service.drop_prepared, thread=True, exit_on_error=False)
+        return True
+
+    def answer_ended(self) -> None:
+        """The answer in flight ended: a model waiting for it takes over now."""
+        if self._waiting and not self._answering():
+            self._switch()
+
+    # Off the UI thread.
+    def _load(self, path: Path, cancel: threading.Event) -> None:
+        shown = [-PROGRESS_STEP]
+
+        def progress(share: float) -> bool:
+            if share - shown[0] >= PROGRESS_STEP or share >= 1.0:
+                shown[0] = share
+                self._screen.app.call_from_thread(self._show_progress, path, share, cancel)
+            return not cancel.is_set()
+
+        try:
+            self._service.prepare_model(path, progress)
+        except LoadCancelled:
+            return  # told already, when Esc was pressed
+        except ChatappError as error:
+            self._screen.app.call_from_thread(self._failed, str(error), cancel)
+            return
+        if cancel.is_set():
+            self._service.drop_prepared()
+            return
+        self._screen.app.call_from_thread(self._loaded, cancel)
+
+    def _swap(self, cancel: threading.Event) -> None:
+        try:
+            label = self._service.switch_to_prepared()
+        except ChatappError as error:
+            self._screen.app.call_from_thread(self._failed, str(error), cancel)
+            return
+        self._screen.app.call_from_thread(self._switched, label, cancel)
+
+    # On the UI thread.
+    def _show_progress(self, path: Path, share: float, cancel: threading.Event) -> None:
+        if cancel is self._cancel and not cancel.is_set():
+            self._row.show_share(f"loading {path.name}", share)
+
+    def _loaded(self, cancel: threading.Event) -> None:
+        if cancel is not self._cancel or cancel.is_set():
+            return
+        self._waiting = True
+        if self._answering():
+            name = self._target.name if self._target else "the new model"
+            self._status.state = f"{name} is ready: switching after this answer"
+            return
+        self._switch()
+
+    def _switch(self) -> None:
+        cancel = self._cancel
+        if cancel is None:
+            return
+        self._waiting = False
+        self._status.state = "switching models…"
+        self._screen.run_worker(lambda: self._swap(cancel), thread=True, group="model-switch", exit_on_error=False)
+
+    def _switched(self, label: str, cancel: threading.Event) -> None:
+        self._end("ready")
+        self._ready(label)
+        self._screen.notify(f"Now answering with {label}.", title="Model", timeout=6)
+        if cancel is self._cancel:
+            self._cancel = None
+
+    def _failed(self, reason: str, cancel: threading.Event) -> None:
+        if cancel is self._cancel:
+            self._cancel = None
+            self._end("ready")
+        self._screen.notify(reason, title="Cannot switch models", severity="error", timeout=15)
+
+    def _end(self, state: str) -> None:
+        self._row.hide()
+        self._status.state = state
+
+    @property
+    def _row(self) -> PrefillRow:
+        return self._screen.query_one(PrefillRow)
+
+    @property
+    def _status(self) -> StatusLine:
+        return self._screen.query_one(StatusLine)
