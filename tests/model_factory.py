@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import mmap
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,17 @@ TOKENIZER_PREFIX = "tokenizer."
 RMS_NORM_EPS = 1e-5
 ROPE_FREQ_BASE = 10_000.0
 T = gguf.MODEL_TENSOR
+# gpt-oss's harmony markers as single special tokens in place of unused ones (`special_tokens`):
+# llama.cpp then treats them as it treats gpt-oss's (`<|call|>` and `<|return|>` end generation).
+HARMONY_TOKENS = {
+    3: "<|channel|>",
+    4: "<|message|>",
+    5: "<|start|>",
+    6: "<|end|>",
+    7: "<|return|>",
+    8: "<|call|>",
+    9: "<|constrain|>",
+}
 
 # Standard deviations of the random weights, chosen by measurement. RMS norm precedes every
 # matrix product, so only ratios and the output scale matter:
@@ -110,10 +121,13 @@ def write_tiny_llama(
     n_ctx_train: int = 4096,
     seed: int = 0,
     chat_template: str | None = None,
+    special_tokens: Mapping[int, str] | None = None,
 ) -> Path:
     """Write a random-weight llama model with the bundled tokenizer to `path`; returns `path`.
 
-    `chat_template` replaces the bundled model's (another family's template on the same vocabulary).
+    `chat_template` replaces the bundled model's (another family's template on the same vocabulary);
+    `special_tokens` renames some of its special tokens (ids 3 to 16 are unused markers), so
+    another family's markers are single tokens, loaded with the attributes llama.cpp gives them.
 
     The same arguments always give a byte-identical file. The weights are F16 (the norms
     F32), so the file is about 4 * 49,152 * n_embd bytes (the embeddings and the output
@@ -123,16 +137,8 @@ def write_tiny_llama(
     model = _TinyModel.start(
         path, gguf.MODEL_ARCH.LLAMA, n_layer, n_embd, n_ff, n_head, n_head_kv, n_ctx_train=n_ctx_train, seed=seed
     )
-    if chat_template is not None:
-        fields = model.tokenizer
-        template_key = gguf.Keys.Tokenizer.CHAT_TEMPLATE
-        model = replace(
-            model,
-            tokenizer=tuple(
-                MetadataField(field.key, chat_template, field.type) if field.key == template_key else field
-                for field in fields
-            ),
-        )
+    if chat_template is not None or special_tokens:
+        model = replace(model, tokenizer=_tokenizer_with(model.tokenizer, chat_template, special_tokens or {}))
     model.writer.add_rope_dimension_count(head_dim)
     model.writer.add_rope_freq_base(ROPE_FREQ_BASE)
     model.writer.add_layer_norm_rms_eps(RMS_NORM_EPS)
@@ -377,6 +383,23 @@ class _TinyModel:
         self.matrix(T.FFN_GATE, n_ff, self.n_embd, LAYER_STD, layer)
         self.matrix(T.FFN_UP, n_ff, self.n_embd, LAYER_STD, layer)
         self.matrix(T.FFN_DOWN, self.n_embd, n_ff, LAYER_STD, layer)
+
+
+def _tokenizer_with(
+    fields: tuple[MetadataField, ...], chat_template: str | None, special_tokens: Mapping[int, str]
+) -> tuple[MetadataField, ...]:
+    """The tokenizer keys with another chat template and some special tokens renamed."""
+    changed = []
+    for field in fields:
+        if field.key == gguf.Keys.Tokenizer.CHAT_TEMPLATE and chat_template is not None:
+            field = replace(field, value=chat_template)
+        elif field.key == gguf.Keys.Tokenizer.LIST and special_tokens:
+            tokens = list(field.value)
+            for token, text in special_tokens.items():
+                tokens[token] = text.encode("utf-8")
+            field = replace(field, value=tokens)
+        changed.append(field)
+    return tuple(changed)
 
 
 def _head_dim(n_embd: int, n_head: int, kv_heads: Sequence[int]) -> int:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from chatapp.engine.harmony import speaks_harmony
 from chatapp.engine.tool_blocks import CALL_OPEN, HERMES, XML
 from chatapp.engine.tool_formats import ToolFormat
+from chatapp.engine.tool_harmony import HARMONY
 from chatapp.engine.tool_llama import LLAMA_JSON
 from chatapp.tools import ToolSpec
 
@@ -21,4 +23,6 @@ def native_format(template_source: str, renders_tools: bool) -> ToolFormat | Non
         return XML if "<function=" in template_source else HERMES
     if "ipython" in template_source and '"parameters"' in template_source:
         return LLAMA_JSON  # Llama 3.1-3.3: a bare JSON object, results in the ipython role
+    if speaks_harmony(template_source):
+        return HARMONY  # gpt-oss: a message to functions.NAME on the commentary channel
     return None

@@ -1,7 +1,8 @@
 """What every tool-call format gives: its opening (a lazy grammar's trigger), its grammar and its parse.
 
-The formats (tool_blocks.py: `<tool_call>` blocks; tool_llama.py: Llama 3's bare JSON) are
-found from a model's chat template (tool_detection.py).
+The formats (tool_blocks.py: `<tool_call>` blocks; tool_llama.py: Llama 3's bare JSON;
+tool_harmony.py: gpt-oss's messages to functions) are found from a model's chat template
+(tool_detection.py).
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ OTHER_FAMILIES = {
     "llama3": ("<|begin_of_text|>", "<|eot_id|>"),
     "gemma2": ("<bos>", "<eos>"),
     "mistral": ("<s>", "</s>"),
+    "gpt_oss": ("<|startoftext|>", "<|return|>"),  # its answers end in <|return|> or <|end|> by what follows
 }
 ANSWERS = [
     "Paris is the capital of France.",
