@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import mmap
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -58,6 +58,17 @@ TOKENIZER_PREFIX = "tokenizer."
 RMS_NORM_EPS = 1e-5
 ROPE_FREQ_BASE = 10_000.0
 T = gguf.MODEL_TENSOR
+# gpt-oss's harmony markers as single special tokens in place of unused ones (`special_tokens`):
+# llama.cpp then treats them as it treats gpt-oss's (`<|call|>` and `<|return|>` end generation).
+HARMONY_TOKENS = {
+    3: "<|channel|>",
+    4: "<|message|>",
+    5: "<|start|>",
+    6: "<|end|>",
+    7: "<|return|>",
+    8: "<|call|>",
+    9: "<|constrain|>",
+}
 
 # Standard deviations of the random weights, chosen by measurement. RMS norm precedes every
 # matrix product, so only ratios and the output scale matter:
@@ -131,15 +142,16 @@ def write_tiny_llama(
     seed: int = 0,
     chat_template: str | None = None,
     split_max_tensors: int = 0,
-    special_tokens: Sequence[str] = (),
+    special_tokens: Sequence[str] | Mapping[int, str] = (),
 ) -> Path:
     """Write a random-weight llama model with the bundled tokenizer to `path`; returns `path`.
 
     `chat_template` replaces the bundled model's (another family's template on the same vocabulary).
     `split_max_tensors` writes a split model (`<stem>-00001-of-0000N.gguf`, ...) and returns its first part.
-    `special_tokens` rename the vocabulary's special tokens from id 1 on (BOS, EOS, then SmolLM2's
-    spare `<repo_name>` ... `<empty_output>`, 16 in all), so another family's markers are single
-    special (control) tokens, as in its own vocabulary: Mistral's `[TOOL_CALLS]`, say.
+    `special_tokens` rename the vocabulary's special tokens, so another family's markers are single
+    special (control) tokens, as in its own vocabulary (Mistral's `[TOOL_CALLS]`, gpt-oss's
+    `<|channel|>`): a list renames them from id 1 on (BOS, EOS, then SmolLM2's spare `<repo_name>`
+    ... `<empty_output>`, 16 in all), a mapping renames the ids it names.
 
     The same arguments always give a byte-identical file. The weights are F16 (the norms
     F32), so the file is about 4 * 49,152 * n_embd bytes (the embeddings and the output
@@ -419,17 +431,20 @@ class _TinyModel:
         self.matrix(T.FFN_DOWN, self.n_embd, n_ff, LAYER_STD, layer)
 
 
-def _renamed_special_tokens(fields: tuple[MetadataField, ...], texts: Sequence[str]) -> tuple[MetadataField, ...]:
-    """The tokenizer keys with the special tokens from id 1 on renamed to `texts` (still control tokens)."""
+def _renamed_special_tokens(
+    fields: tuple[MetadataField, ...], texts: Sequence[str] | Mapping[int, str]
+) -> tuple[MetadataField, ...]:
+    """The tokenizer keys with some special tokens renamed (still control tokens): a list from id 1 on."""
+    renames = dict(texts) if isinstance(texts, Mapping) else {1 + index: text for index, text in enumerate(texts)}
     token_types = next(field.value for field in fields if field.key == gguf.Keys.Tokenizer.TOKEN_TYPE)
-    renamed = range(1, 1 + len(texts))
-    if any(token_types[token] != gguf.TokenType.CONTROL for token in renamed):
+    if any(token_types[token] != gguf.TokenType.CONTROL for token in renames):
         raise ValueError("only control tokens can be renamed: the bundled vocabulary has 16 after id 0")
     renamed_fields = []
     for field in fields:
         if field.key == gguf.Keys.Tokenizer.LIST:
             tokens = list(field.value)
-            tokens[1 : 1 + len(texts)] = [text.encode("utf-8") for text in texts]
+            for token, text in renames.items():
+                tokens[token] = text.encode("utf-8")
             field = replace(field, value=tokens)
         renamed_fields.append(field)
     return tuple(renamed_fields)

@@ -47,6 +47,16 @@ class Grammar:
         words = tuple(f"[\\s\\S]*?({regex_literal(trigger)})[\\s\\S]*" for trigger in self.triggers)
         return words + self.patterns
 
+    def whole_text_patterns(self) -> tuple[str, ...]:
+        """The trigger patterns anchored at both ends, as llama-server anchors whole-text patterns: given
+        to llama.cpp's grammar as they are, a pattern without `^...$` is searched for anywhere (a
+        trigger meant for the start would fire inside a text) and costs time that grows with the
+        square of the answer's length at every token."""
+        return tuple(
+            ("" if pattern.startswith("^") else "^") + pattern + ("" if pattern.endswith("$") else "$")
+            for pattern in self.trigger_patterns()
+        )
+
     def server_fields(self) -> dict[str, Any]:
         """The grammar in llama-server's /completion fields (its grammars start at a rule named root)."""
         gbnf = self.gbnf if self.root == "root" else f"{self.gbnf}\nroot ::= {self.root}"

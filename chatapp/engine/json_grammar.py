@@ -58,6 +58,19 @@ def literal(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
+def anything_but(closing: str) -> str:
+    """GBNF alternatives for one piece of text that cannot begin `closing`: a character that is not its
+    first, or each beginning of it followed by a character that does not go on with it."""
+    pieces = [f"[^{_class_character(closing[0])}]"]
+    for length in range(1, len(closing)):
+        pieces.append(f"{literal(closing[:length])} [^{_class_character(closing[length])}]")
+    return " | ".join(pieces)
+
+
+def _class_character(character: str) -> str:
+    return "\\" + character if character in "\\]^-" else character
+
+
 class RuleSet:
     """Grammar rules built from several schemas, each under its own name, written out once."""
 

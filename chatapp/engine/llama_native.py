@@ -386,7 +386,7 @@ def _grammar_sampler(grammar: Grammar, model: NativeModel) -> Any:
     """llama.cpp's grammar sampler; lazy (waiting for a trigger text) when the grammar has triggers."""
     text, root = grammar.gbnf.encode("utf-8"), grammar.root.encode("utf-8")
     if grammar.lazy:
-        patterns = [pattern.encode("utf-8") for pattern in grammar.trigger_patterns()]
+        patterns = [pattern.encode("utf-8") for pattern in grammar.whole_text_patterns()]
         pattern_array = (ctypes.c_char_p * len(patterns))(*patterns)
         no_tokens = (llama_cpp.llama_token * 0)()
         pointer = llama_cpp.llama_sampler_init_grammar_lazy_patterns(

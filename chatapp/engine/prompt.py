@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
 
 from chatapp.engine.chat_template import FALLBACK_CHATML, ChatTemplate, TemplateRenderError
+from chatapp.engine.harmony import CALL_END, as_in_inference, speaks_harmony
 from chatapp.engine.tool_blocks import HERMES
 from chatapp.engine.tool_detection import PROBE_TOOL, native_format
 from chatapp.engine.tool_formats import ToolFormat
@@ -124,6 +125,7 @@ class PromptBuilder:
         self._text_memo: OrderedDict[str, tuple[int, ...]] = OrderedDict()
         self._memo_lock = threading.Lock()  # the answer and warm-up workers build prompts at once
         self._tool_builders: OrderedDict[tuple[ToolSpec, ...], PromptBuilder] = OrderedDict()
+        self._harmony = speaks_harmony(template.source)  # gpt-oss's: an answer's end depends on what follows it
         self.supports_system = self._accepts_system_messages()
         native = native_format(template.source, self._renders_tools() and self._renders_a_tool_conversation())
         self.native_tools = native is not None
@@ -199,6 +201,8 @@ class PromptBuilder:
         ids = message.known_ids
         if ids is not None:
             closing = suffix if found else ""
+            if self._harmony and message.tool_calls:
+                closing = CALL_END  # the template ends a call with it (the model's stop token), not as an answer
             return (
                 self._template_tokens(self.generation_header_text(history)) + list(ids) + self._template_tokens(closing)
             )
@@ -297,6 +301,8 @@ class PromptBuilder:
         """The messages the template is given: tools taught in the system prompt if it has none; system folded."""
         if not self.native_tools:
             messages = self._tools_as_text(messages)
+        elif self._harmony:
+            messages = [_call_without_text(message) for message in messages]
         return self._fold_system_messages(messages)
 
     def _tools_as_text(self, messages: list[ChatMessage]) -> list[ChatMessage]:
@@ -368,8 +374,10 @@ class PromptBuilder:
         inputs = [item for message in messages for item in self._with_template_ids(message).template_inputs()]
         if with_tools and self.tools and self.native_tools:
             tools = [tool.template_input() for tool in self.tools]
-            return self.template.render(inputs, add_generation_prompt=add_generation_prompt, tools=tools)
-        return self.template.render(inputs, add_generation_prompt=add_generation_prompt)
+            text = self.template.render(inputs, add_generation_prompt=add_generation_prompt, tools=tools)
+        else:
+            text = self.template.render(inputs, add_generation_prompt=add_generation_prompt)
+        return as_in_inference(text) if self._harmony and not add_generation_prompt else text
 
     def _with_template_ids(self, message: ChatMessage) -> ChatMessage:
         """`message` with its calls' ids as the template takes them (Mistral's refuse all but nine letters
@@ -478,3 +486,11 @@ class PromptBuilder:
             known = tuple(self.tokenizer.tokenize(text, add_special=False, parse_special=False))
         self._remember(self._text_memo, text, known)
         return list(known)
+
+
+def _call_without_text(message: ChatMessage) -> ChatMessage:
+    """A call as a harmony template is given it: without its text (a preamble), which the template would
+    show as reasoning and drop once an answer follows, rewriting the history. Its ids keep it, when known."""
+    if not message.tool_calls or not message.content:
+        return message
+    return replace(message, parts=("",), generated_ids=message.known_ids)

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from chatapp.engine.grammar import Grammar
-from chatapp.engine.json_grammar import RuleSet, literal, refuse_unsupported
+from chatapp.engine.json_grammar import RuleSet, anything_but, literal, refuse_unsupported
 from chatapp.engine.tool_formats import ANY_IDS, ParsedAnswer, ParsedCall, calls_grammar, json_call_rule
 from chatapp.errors import GrammarError
 from chatapp.tools import ToolCall, ToolResult, ToolSpec, arguments_json
@@ -129,7 +129,7 @@ class XmlToolFormat(BlockToolFormat):
         parameters = tool.parameters
         refuse_unsupported(parameters, where)
         required = set(parameters.get("required") or ())
-        rules.add("chatapp-text", f"( {_anything_but(PARAMETER_CLOSE)} )*")  # a text value: all but its closing tag
+        rules.add("chatapp-text", f"( {anything_but(PARAMETER_CLOSE)} )*")  # a text value: all but its closing tag
         pieces = []
         for number, (name, schema) in enumerate((parameters.get("properties") or {}).items()):
             if _is_text(schema):
@@ -176,19 +176,6 @@ def _text_rule(rules: RuleSet, schema: dict[str, Any], where: str) -> str:
 
 def _is_text(schema: Any) -> bool:
     return isinstance(schema, dict) and schema.get("type") == "string"
-
-
-def _anything_but(closing: str) -> str:
-    """GBNF alternatives for one piece of text that cannot begin `closing`: a character that is not its
-    first, or each beginning of it followed by a character that does not go on with it."""
-    pieces = [f"[^{_class_character(closing[0])}]"]
-    for length in range(1, len(closing)):
-        pieces.append(f"{literal(closing[:length])} [^{_class_character(closing[length])}]")
-    return " | ".join(pieces)
-
-
-def _class_character(character: str) -> str:
-    return "\\" + character if character in "\\]^-" else character
 
 
 def _typed(raw: str, schema: Any) -> Any:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from chatapp.engine.harmony import speaks_harmony
 from chatapp.engine.tool_blocks import CALL_OPEN, HERMES, XML
 from chatapp.engine.tool_formats import ToolFormat
+from chatapp.engine.tool_harmony import HARMONY
 from chatapp.engine.tool_llama import LLAMA_JSON
 from chatapp.engine.tool_mistral import ARGS, CALL_ID, MISTRAL_ARGS, MISTRAL_ARGS_WITH_IDS, MISTRAL_JSON, TOOL_CALLS
 from chatapp.tools import ToolSpec
@@ -26,4 +28,6 @@ def native_format(template_source: str, renders_tools: bool) -> ToolFormat | Non
         if ARGS not in template_source:
             return MISTRAL_JSON
         return MISTRAL_ARGS_WITH_IDS if CALL_ID in template_source else MISTRAL_ARGS
+    if speaks_harmony(template_source):
+        return HARMONY  # gpt-oss: a message to functions.NAME on the commentary channel
     return None

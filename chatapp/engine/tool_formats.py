@@ -1,8 +1,8 @@
 """What every tool-call format gives: its opening (a lazy grammar's trigger), its grammar, its parse and its ids.
 
 The formats (tool_blocks.py: `<tool_call>` blocks; tool_llama.py: Llama 3's bare JSON;
-tool_mistral.py: Mistral's `[TOOL_CALLS]`) are found from a model's chat template
-(tool_detection.py).
+tool_mistral.py: Mistral's `[TOOL_CALLS]`; tool_harmony.py: gpt-oss's messages to functions) are
+found from a model's chat template (tool_detection.py).
 """
 
 from __future__ import annotations

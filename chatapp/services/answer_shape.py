@@ -14,8 +14,10 @@ from enum import StrEnum
 from typing import Any
 
 from chatapp.engine.grammar import TRIGGER_PATTERN_FULL, TRIGGER_WORD, Grammar
+from chatapp.engine.harmony import HarmonyReader
 from chatapp.engine.json_grammar import ANY_OBJECT, schema_grammar
 from chatapp.engine.prompt import PromptBuilder
+from chatapp.engine.tool_harmony import HarmonyToolFormat, is_trigger_pattern
 from chatapp.errors import ChatappError, GrammarError
 from chatapp.tools import ToolCall, ToolSpec
 
@@ -110,9 +112,9 @@ def server_grammar(
     if not lazy:
         return Grammar(gbnf, preserved=preserved)
     for kind, value in triggers:
-        if kind == TRIGGER_PATTERN_FULL and not SAFE_PATTERN.fullmatch(value):
+        if kind == TRIGGER_PATTERN_FULL and not SAFE_PATTERN.fullmatch(value) and not is_trigger_pattern(value):
             # llama.cpp compiles patterns with std::regex, whose errors would end the process: only
-            # the forms chatapp sends (a literal, anywhere or at the start) are taken.
+            # the forms chatapp sends (a literal, anywhere or at the start; gpt-oss's call headers) are taken.
             raise ShapeError(
                 f"grammar trigger pattern {value!r} is not one this server takes; send words (type "
                 f"{TRIGGER_WORD}) or chatapp's own patterns",
@@ -145,10 +147,14 @@ class ShapedAnswer:
 
 
 def read_answer(text: str, shape: AnswerShape, builder: PromptBuilder | None) -> ShapedAnswer:
-    """`text` split into content and calls when the request offered tools; otherwise the text as it is."""
-    if not shape.calls_tools or builder is None:
+    """`text` split into content and calls when the request offered tools; otherwise the text as it is,
+    but for a model that answers in harmony (gpt-oss): its reply without its reasoning, always."""
+    if builder is None:
         return ShapedAnswer(text)
     form = builder.tool_format
+    if not shape.calls_tools:
+        harmony = isinstance(form, HarmonyToolFormat)
+        return ShapedAnswer(form.parse(text).content if harmony else text)
     parsed = form.parse(text, shape.tools)
     calls: list[ToolCall] = []
     for call in parsed.calls:
@@ -164,17 +170,24 @@ class StreamedContent:
 
     Text is released as it comes, except what could begin a call (the format's opening, and
     the blank space before it): once a call opens, the rest is calls, sent whole at the end.
+    A harmony answer (gpt-oss), with tools or without, shows only its preambles' and reply's text.
     So the pieces streamed always join to the content of the whole answer.
     """
 
     def __init__(self, shape: AnswerShape, builder: PromptBuilder | None) -> None:
         self._trigger = builder.tool_format.trigger if shape.calls_tools and builder is not None else None
+        harmony = builder is not None and isinstance(builder.tool_format, HarmonyToolFormat)
+        self._harmony = HarmonyReader() if harmony else None
         self._held = ""  # text not shown yet: blank space and what may begin a call
         self._shown = 0  # characters shown
         self._opened = False  # a call began: nothing more is shown
 
     def feed(self, piece: str) -> str:
         """The part of the answer to show now (only the held-back tail is looked at: no work grows with the answer)."""
+        if self._harmony is not None:
+            shown = self._harmony.feed(piece)
+            self._shown += len(shown)
+            return shown
         if self._opened:
             return ""
         if self._trigger is None:

@@ -282,7 +282,8 @@ class CompletionService:
         except BaseException:
             self._finished()
             raise
-        return Completion(self, handle, history, request.stop, divergence, shape, builder)
+        chat_builder = builder if history is not None else None  # a plain completion's text is read as it is
+        return Completion(self, handle, history, request.stop, divergence, shape, chat_builder)
 
     def _place(self, builder: PromptBuilder, history: list[ChatMessage], tokens: Sequence[int], position: int) -> str:
         """Where a prompt left an earlier one, in words; "" when that cannot be said (never a failed request)."""

@@ -24,6 +24,7 @@ OTHER_FAMILIES = {
     "mistral_nemo": ("<s>", "</s>"),  # its system message shows in the latest question only: folded instead
     "mistral_small_3_2": ("<s>", "</s>"),
     "ministral_3": ("<s>", "</s>"),
+    "gpt_oss": ("<|startoftext|>", "<|return|>"),  # its answers end in <|return|> or <|end|> by what follows
 }
 ANSWERS = [
     "Paris is the capital of France.",
