@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
 
 from chatapp.engine.chat_template import FALLBACK_CHATML, ChatTemplate, TemplateRenderError
-from chatapp.engine.harmony import CALL_END, as_in_inference, speaks_harmony
+from chatapp.engine.harmony import CALL_END, CHANNEL, HarmonyReader, as_in_inference, speaks_harmony
 from chatapp.engine.tool_blocks import HERMES
 from chatapp.engine.tool_detection import PROBE_TOOL, native_format
 from chatapp.engine.tool_formats import ToolFormat
@@ -302,7 +302,7 @@ class PromptBuilder:
         if not self.native_tools:
             messages = self._tools_as_text(messages)
         elif self._harmony:
-            messages = [_call_without_text(message) for message in messages]
+            messages = [_as_harmony_templates_take(message) for message in messages]
         return self._fold_system_messages(messages)
 
     def _tools_as_text(self, messages: list[ChatMessage]) -> list[ChatMessage]:
@@ -488,9 +488,19 @@ class PromptBuilder:
         return list(known)
 
 
-def _call_without_text(message: ChatMessage) -> ChatMessage:
-    """A call as a harmony template is given it: without its text (a preamble), which the template would
-    show as reasoning and drop once an answer follows, rewriting the history. Its ids keep it, when known."""
-    if not message.tool_calls or not message.content:
+def _as_harmony_templates_take(message: ChatMessage) -> ChatMessage:
+    """An answer as a harmony template takes it; its ids, when known, keep what it said.
+
+    A call goes without its text (a preamble), which the template would show as reasoning and drop
+    once an answer follows, rewriting the history. An answer kept as generated, channels and all
+    (the chat screen keeps it so), goes as its reply: the template refuses channel markers in content.
+    """
+    if message.role is not Role.ASSISTANT or not message.content:
         return message
-    return replace(message, parts=("",), generated_ids=message.known_ids)
+    if message.tool_calls:
+        return replace(message, parts=("",), generated_ids=message.known_ids)
+    if CHANNEL in message.content:
+        reader = HarmonyReader()
+        reply = reader.feed(message.content) + reader.finish()
+        return replace(message, parts=(reply,), generated_ids=message.known_ids)
+    return message

@@ -288,3 +288,17 @@ def test_a_preamble_sent_back_with_a_call_does_not_rewrite_the_history(harmony_v
     )
     assert later[: len(before)] == before
     assert text_of(harmony_vocab, later).count("<|start|>system") == 1
+
+
+def test_an_answer_kept_with_its_channels_goes_on_as_generated(harmony_vocab: NativeModel) -> None:
+    """The chat screen keeps an answer as generated, channels and all: the next prompt still renders (the
+    template refuses channel markers in content) and begins with the answer's own tokens."""
+    builder = PromptBuilder.for_model(harmony_vocab)
+    history = [ChatMessage.of(Role.USER, "Weather in Oslo?")]
+    prompt = builder.build(history)
+    raw = THOUGHT + "<|channel|>final<|message|>It is sunny."
+    answer_ids = tuple(harmony_vocab.tokenize(raw, add_special=False, parse_special=True))
+    history += [ChatMessage(Role.ASSISTANT, (raw,), generated_ids=answer_ids), ChatMessage.of(Role.USER, "Thanks")]
+    following = builder.build(history)
+    assert following[: len(prompt) + len(answer_ids)] == [*prompt, *answer_ids]
+    assert text_of(harmony_vocab, following).endswith("<|start|>user<|message|>Thanks<|end|><|start|>assistant")
