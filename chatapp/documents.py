@@ -15,6 +15,7 @@ from chatapp.errors import DocumentError
 TEXT_SUFFIXES = {".txt", ".md", ".markdown", ".text", ""}
 PDF_SUFFIX = ".pdf"
 SUPPORTED = ".txt, .md or .pdf"
+ATTACHABLE_SUFFIXES = frozenset({*TEXT_SUFFIXES, PDF_SUFFIX})  # what load_document reads (lower case)
 
 
 @dataclass(frozen=True)
@@ -64,21 +65,37 @@ def _read_pdf_file(path: Path) -> str:
     return text
 
 
-def load_document(path: Path) -> Document:
-    """Read a .txt, .md or .pdf file; raise DocumentError with the fix when that fails."""
+def check_document_path(path: Path) -> Path:
+    """The path (`~` expanded) when it names an existing file of a type `load_document` reads.
+
+    Only the name and the file's kind are looked at, not its text: cheap enough for a
+    dialog to check a typed path. DocumentError names the problem and the fix.
+    """
     path = path.expanduser()
-    if not path.exists():
+    try:
+        exists, is_dir = path.exists(), path.is_dir()
+    except OSError as error:
+        raise DocumentError(f"cannot read document {path}: {error.strerror}") from None
+    except ValueError:  # a NUL byte in the path
+        raise DocumentError(f"cannot use the path {str(path)!r}; type the path of a {SUPPORTED} file") from None
+    if not exists:
         raise DocumentError(f"document {path} does not exist; check the path")
-    if path.is_dir():
+    if is_dir:
         raise DocumentError(f"document {path} is a folder; pass a {SUPPORTED} file")
     suffix = path.suffix.lower()
+    if suffix not in ATTACHABLE_SUFFIXES:
+        raise DocumentError(f"document {path} has an unsupported type '{suffix}'; use a {SUPPORTED} file")
+    return path
+
+
+def load_document(path: Path) -> Document:
+    """Read a .txt, .md or .pdf file; raise DocumentError with the fix when that fails."""
+    path = check_document_path(path)
     try:
-        if suffix == PDF_SUFFIX:
+        if path.suffix.lower() == PDF_SUFFIX:
             text = _read_pdf_file(path)
-        elif suffix in TEXT_SUFFIXES:
-            text = _read_text_file(path)
         else:
-            raise DocumentError(f"document {path} has an unsupported type '{suffix}'; use a {SUPPORTED} file")
+            text = _read_text_file(path)
     except PermissionError:
         raise DocumentError(f"document {path} is not readable; fix its permissions") from None
     except OSError as error:

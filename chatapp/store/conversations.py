@@ -331,6 +331,12 @@ class ConversationStore:
         with transaction(self._connection, write=False) as db:
             return self._document(db, document_id)
 
+    def latest_document_source(self) -> str | None:
+        """The path the newest stored document was read from (None when there is none)."""
+        with transaction(self._connection, write=False) as db:
+            row = db.execute("SELECT source_path FROM documents ORDER BY added_at DESC, id DESC LIMIT 1").fetchone()
+            return None if row is None else str(row[0])
+
     # --- helpers (called inside a transaction) ---------------------------------------
 
     def _conversation(self, db: sqlite3.Connection, conversation_id: int) -> ConversationRecord:

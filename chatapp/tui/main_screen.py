@@ -25,6 +25,7 @@ from chatapp.records import PersonaRecord
 from chatapp.services.answers import AnswerJob
 from chatapp.services.branches import BranchView
 from chatapp.services.chat_service import ChatService, PreparedDocument
+from chatapp.services.document_files import start_folder
 from chatapp.services.drafts import settled_text
 from chatapp.services.streams import AnswerText as TextEvent
 from chatapp.services.streams import PromptProgress
@@ -34,6 +35,7 @@ from chatapp.tui.attempt import attempt
 from chatapp.tui.chat_log import ChatLog
 from chatapp.tui.composer import Composer
 from chatapp.tui.dialogs import Confirm, TextPrompt
+from chatapp.tui.document_picker import DocumentPicker
 from chatapp.tui.messages import (
     AnswerFailed,
     AnswerFinished,
@@ -609,21 +611,11 @@ class MainScreen(Screen[None]):
         if self._refuse_while_answering() or not self._model_ready():
             return
 
-        def chosen(path: str | None) -> None:
-            if path:
-                try:
-                    self.attach(user_path(path))
-                except ChatappError as error:
-                    self.notify(str(error), severity="error", timeout=10)
+        def chosen(path: Path | None) -> None:
+            if path is not None:
+                self.attach(path)
 
-        self.app.push_screen(
-            TextPrompt(
-                "Attach a document",
-                placeholder="path to a .txt, .md or .pdf file",
-                hint="Its text goes after the persona; every question reuses its KV.",
-            ),
-            chosen,
-        )
+        self.app.push_screen(DocumentPicker(start_folder(self.service)), chosen)
 
     def attach(self, path: Path) -> None:
         """Read the document off the UI thread; sending waits until it is attached."""

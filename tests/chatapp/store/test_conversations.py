@@ -235,6 +235,13 @@ def test_the_same_document_is_stored_once(store: ConversationStore) -> None:
         store.get_document(12345)
 
 
+def test_the_latest_document_source_is_where_the_picker_opens(store: ConversationStore) -> None:
+    assert store.latest_document_source() is None
+    store.add_document("a.txt", "A", "/one/a.txt")
+    store.add_document("b.txt", "B", "/two/b.txt")
+    assert store.latest_document_source() == "/two/b.txt"
+
+
 def test_threads_can_add_messages_at_the_same_time(store: ConversationStore) -> None:
     conversation_id, root = _start(store)
     errors: list[BaseException] = []

@@ -9,7 +9,7 @@ from textual.pilot import Pilot
 from textual.widgets import Input
 
 from chatapp.tui.app import ChatApp
-from chatapp.tui.dialogs import TextPrompt
+from chatapp.tui.document_picker import DocumentPicker
 from tests.tui_support import SCREEN, make_app, notifications, send, views, wait_idle, wait_ready, wait_until
 
 NOTES = "\n".join(
@@ -18,9 +18,10 @@ NOTES = "\n".join(
 
 
 async def attach(pilot: Pilot[None], app: ChatApp, path: Path) -> None:
+    """Type the path into the document picker and press Enter."""
     await pilot.press("ctrl+o")
-    await wait_until(pilot, lambda: isinstance(app.screen, TextPrompt))
-    app.screen.query_one("#dialog-input", Input).value = str(path)
+    await wait_until(pilot, lambda: isinstance(app.screen, DocumentPicker))
+    app.screen.query_one("#document-path", Input).value = str(path)
     await pilot.press("enter")
 
 
@@ -72,11 +73,14 @@ async def test_a_document_that_does_not_fit_names_both_numbers(data_dir: Path, t
 
 
 async def test_an_unreadable_document_is_a_notification(data_dir: Path, tmp_path: Path) -> None:
+    document = tmp_path / "latin1.txt"
+    document.write_bytes("caf\u00e9".encode("latin-1"))  # passes the picker's check, fails the read
     app = make_app(data_dir)
     async with app.run_test(size=SCREEN) as pilot:
         await wait_ready(pilot, app)
-        await attach(pilot, app, tmp_path / "missing.txt")
-        await wait_until(pilot, lambda: any("does not exist" in n for n in notifications(app)))
+        await attach(pilot, app, document)
+        await wait_until(pilot, lambda: any("not UTF-8" in n for n in notifications(app)))
+        await wait_idle(pilot, app)
         assert app.service.view().document is None
 
 

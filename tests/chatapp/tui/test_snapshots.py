@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from textual.pilot import Pilot
-from textual.widgets import Input, Label, TextArea
+from textual.widgets import Input, Label, TextArea, Tree
 
 from chatapp.services.library import open_library
 from chatapp.services.startup import open_workspace
@@ -116,3 +116,26 @@ def test_settings_screen(snap_compare, seeded: ChatApp) -> None:
         await pilot.pause()
 
     assert snap_compare(seeded, terminal_size=SCREEN, run_before=open_settings)
+
+
+def test_document_picker(snap_compare, seeded: ChatApp, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    docs = tmp_path / "docs"
+    (docs / "archive").mkdir(parents=True)
+    for name in ("lighthouses.txt", "plan.md", "paper.pdf", "photo.png", ".hidden.md"):
+        (docs / name).write_text("text", encoding="utf-8")
+    monkeypatch.chdir(docs)  # no document attached yet: the picker starts in the working directory
+
+    async def open_picker(pilot: Pilot[None]) -> None:
+        await settle(pilot)
+        await pilot.press("ctrl+o")
+        await wait_until(pilot, lambda: type(pilot.app.screen).__name__ == "DocumentPicker")
+        tree = pilot.app.screen.query_one("#document-tree", Tree)
+        await wait_until(pilot, lambda: bool(tree.root.children))
+        field = pilot.app.screen.query_one("#document-path", Input)
+        field.value = ""  # the folder's temporary path would change the picture; a relative name completes too
+        await pilot.press("p", "l")
+        await wait_until(pilot, lambda: field._suggestion == "plan.md")
+        steady(pilot)
+        await pilot.pause()
+
+    assert snap_compare(seeded, terminal_size=SCREEN, run_before=open_picker)
