@@ -90,6 +90,7 @@ class ChatService:
         self._engine_lock = threading.Lock()  # attach and close may come from different threads
         self._closed = False
         self._prepared: tuple[EngineClient, Path] | None = None  # a model loaded for a switch
+        self._retired: list[EngineClient] = []  # models switched away from, not closed yet
 
     # The model.
     def load_model(self) -> None:
@@ -132,8 +133,8 @@ class ChatService:
             prepared[0].close()
 
     def switch_to_prepared(self) -> str:
-        """Answer with the prepared model from now on; the old one is closed (its cache written first).
-        Slow (writing the cache): off the UI thread, and with no answer running. Returns the new model's label.
+        """Answer with the prepared model from now on; returns its label. The old one is set aside for
+        `close_retired` (writing its cache takes a while: the new model answers meanwhile).
 
         The open conversation remembers the model.
         """
@@ -142,20 +143,26 @@ class ChatService:
             if prepared is None or self._closed:
                 raise ChatappError("no model is ready to switch to")
             engine, path = prepared
-            old = self.engine
+            if self.engine is not None:
+                self._retired.append(self.engine)
             self.engine = engine
             self.prewarmer = Prewarmer(engine)
             self._prompts = PromptLog(engine.detokenize)
             self.workspace = self.workspace.with_model(path)
             self._prefix_tokens.clear()  # counted with the old model's vocabulary
-        if old is not None:
-            try:
-                old.flush_cache()  # its last answers' prefixes: there when the user comes back to it
-            finally:
-                old.close()
         if self.conversation_id is not None:
             self.conversations.set_model(self.conversation_id, str(path))
         return engine.info.short_name
+
+    def close_retired(self) -> None:
+        """Write the caches of the models switched away from and close them (off the UI thread)."""
+        with self._engine_lock:
+            retired, self._retired = self._retired, []
+        for engine in retired:
+            try:
+                engine.flush_cache()  # its last answers' prefixes: there when the user comes back to it
+            finally:
+                engine.close()
 
     def remembered_model(self) -> Path | None:
         """The model the open conversation was answered with, when it is another one still on disk."""
@@ -183,6 +190,7 @@ class ChatService:
             self._closed = True
             engine, self.engine, self.prewarmer = self.engine, None, None
         self.drop_prepared()
+        self.close_retired()
         if engine is not None:
             engine.close()
 

@@ -13,12 +13,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from textual.screen import Screen
+from textual.timer import Timer
 
 from chatapp.errors import ChatappError, LoadCancelled
 from chatapp.services.chat_service import ChatService
 from chatapp.tui.widgets import PrefillRow, StatusLine
 
-PROGRESS_STEP = 0.02  # the share loaded between two updates of the progress row
+PROGRESS_EVERY_S = 0.1  # how often the progress row shows the share loaded
 
 
 class ModelSwitch:
@@ -34,6 +35,8 @@ class ModelSwitch:
         self._cancel: threading.Event | None = None
         self._target: Path | None = None
         self._waiting = False  # loaded, waiting for the answer in flight to end
+        self._share = 0.0  # of the weights loaded, written by the load's thread
+        self._timer: Timer | None = None
 
     @property
     def loading(self) -> bool:
@@ -45,7 +48,10 @@ class ModelSwitch:
             self._cancel.set()
         cancel = self._cancel = threading.Event()
         self._target, self._waiting = path, False
+        self._share = 0.0
         self._row.show_share(f"loading {path.name}", 0.0)
+        if self._timer is None:
+            self._timer = self._screen.set_interval(PROGRESS_EVERY_S, self._show_progress)
         self._status.state = f"loading {path.name}…"
         if why:
             self._screen.notify(why, title="Model", timeout=8)
@@ -71,12 +77,8 @@ class ModelSwitch:
 
     # Off the UI thread.
     def _load(self, path: Path, cancel: threading.Event) -> None:
-        shown = [-PROGRESS_STEP]
-
         def progress(share: float) -> bool:
-            if share - shown[0] >= PROGRESS_STEP or share >= 1.0:
-                shown[0] = share
-                self._screen.app.call_from_thread(self._show_progress, path, share, cancel)
+            self._share = share  # read by the timer: the load never waits for the screen
             return not cancel.is_set()
 
         try:
@@ -89,7 +91,8 @@ class ModelSwitch:
         if cancel.is_set():
             self._service.drop_prepared()
             return
-        self._screen.app.call_from_thread(self._loaded, cancel)
+        if self._screen.app.call_from_thread(self._loaded, cancel):
+            self._swap(cancel)  # no answer runs: switch in this worker, without another hop
 
     def _swap(self, cancel: threading.Event) -> None:
         try:
@@ -98,21 +101,24 @@ class ModelSwitch:
             self._screen.app.call_from_thread(self._failed, str(error), cancel)
             return
         self._screen.app.call_from_thread(self._switched, label, cancel)
+        self._service.close_retired()  # the old model's cache written while the new one answers
 
     # On the UI thread.
-    def _show_progress(self, path: Path, share: float, cancel: threading.Event) -> None:
-        if cancel is self._cancel and not cancel.is_set():
-            self._row.show_share(f"loading {path.name}", share)
+    def _show_progress(self) -> None:
+        if self.loading and not self._waiting and self._target is not None:
+            self._row.show_share(f"loading {self._target.name}", self._share)
 
-    def _loaded(self, cancel: threading.Event) -> None:
+    def _loaded(self, cancel: threading.Event) -> bool:
+        """Whether to switch now (no answer runs); else the switch waits for the answer's end."""
         if cancel is not self._cancel or cancel.is_set():
-            return
-        self._waiting = True
+            return False
         if self._answering():
+            self._waiting = True
             name = self._target.name if self._target else "the new model"
             self._status.state = f"{name} is ready: switching after this answer"
-            return
-        self._switch()
+            return False
+        self._status.state = "switching models…"
+        return True
 
     def _switch(self) -> None:
         cancel = self._cancel
@@ -136,6 +142,9 @@ class ModelSwitch:
         self._screen.notify(reason, title="Cannot switch models", severity="error", timeout=15)
 
     def _end(self, state: str) -> None:
+        if self._timer is not None:
+            self._timer.stop()
+            self._timer = None
         self._row.hide()
         self._status.state = state
 
