@@ -6,7 +6,9 @@ switch waits until the old model's cache is written, as a user's would). Between
 them, the same models are loaded as `chatapp ask` loads one (engine and cache opened). Run from the
 repository root:
 
-    .venv/bin/python scripts/model_switch_cost.py [ROUNDS]
+    .venv/bin/python scripts/model_switch_cost.py [ROUNDS] [OTHER_MODEL.gguf]
+
+OTHER_MODEL replaces Gemma (a larger model shows the switch's fixed cost against a longer load).
 """
 
 from __future__ import annotations
@@ -68,8 +70,15 @@ async def switch_times(data: Path, models: Path, rounds: int) -> list[tuple[str,
     return times
 
 
+OTHER = Path(sys.argv[2]) if len(sys.argv) > 2 else None
+
+
+def other_model() -> Path:
+    return OTHER if OTHER is not None else Path(assemble())
+
+
 def assemble_name() -> str:
-    return Path(assemble()).stem
+    return other_model().stem
 
 
 def main() -> None:
@@ -77,12 +86,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         models = Path(folder) / "models"
         models.mkdir()
-        (models / Path(assemble()).name).symlink_to(assemble())
+        (models / other_model().name).symlink_to(other_model())
         data = Path(folder) / "data"
         switched = asyncio.run(switch_times(data, models, rounds))
         alone = {
             name: [load_alone(data, path) for _ in range(rounds)]
-            for name, path in ((assemble_name(), Path(assemble())), (bundled_model_path().stem, bundled_model_path()))
+            for name, path in ((assemble_name(), other_model()), (bundled_model_path().stem, bundled_model_path()))
         }
     for name, loads in alone.items():
         switches = [seconds for target, seconds in switched if target == name]
