@@ -65,8 +65,13 @@ async def switch_times(data: Path, models: Path, rounds: int) -> list[tuple[str,
 
                 await wait_until(pilot, switched)
                 times.append((target, time.perf_counter() - started))
-                # The old model's cache is written after the switch: a user's next switch comes later.
+                # The old model's cache is written, and the conversation warmed on the new one, after the
+                # switch: a user's next switch comes later.
                 await wait_until(pilot, lambda: not [w for w in app.main_screen.workers if w.is_running])
+                engine = app.service.engine
+                assert engine is not None
+                await asyncio.to_thread(engine.flush_cache)
+                await pilot.pause(0.5)
     return times
 
 
