@@ -290,6 +290,11 @@ def prefill_verdicts(*, default: float, flash: float) -> list[Verdict]:
     ]
 
 
+def decode_verdict(ratio: float) -> Verdict:
+    """Issue 22's one-stream goal, in process: answer tokens per second at least 0.97x llama-server's."""
+    return _at_least("P", "decode tok/s of one stream, chatapp / llama-server", ratio, 0.97)
+
+
 def goals_table(verdicts: list[Verdict]) -> str:
     lines = ["Goals (ratios from this run)"]
     width = max([52, *(len(verdict.measure) for verdict in verdicts)])

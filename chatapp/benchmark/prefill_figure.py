@@ -1,10 +1,13 @@
-"""Figure P: prompt tokens per second, chatapp's engine beside llama-server, flash attention off and on.
+"""Figure P: prompt tokens per second, chatapp's engine beside llama-server, flash attention off and on;
+and one stream's answer tokens per second (the decode row), the same two side by side.
 
 Each side computes novel prompts of the A persona's length with nothing cached (chatapp:
 `use_cache` off; llama-server: `--cache-ram 0` and a new prompt each time), in the same
 model, context and threads; the speed is prompt tokens over the time to the first token.
 chatapp's flash-attention mode makes every batch 64 tokens or more (batching.py), which keeps
 its restores exact; llama-server's default is flash attention on where the device has it.
+The decode row is answer tokens after the first over the time after the first (each side's own
+count: a greedy answer to a question that asks for a long one), flash attention off, turn by turn.
 """
 
 from __future__ import annotations
@@ -12,11 +15,11 @@ from __future__ import annotations
 import statistics
 import time
 from contextlib import closing
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chatapp.benchmark.goals import Verdict, prefill_verdicts
+from chatapp.benchmark.goals import Verdict, decode_verdict, prefill_verdicts
 from chatapp.benchmark.llama_server import LlamaServerPeer
 from chatapp.benchmark.peers import PeerSettings
 from chatapp.benchmark.workloads import PromptKit
@@ -26,6 +29,8 @@ from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.vocabulary import Role
 
 PREFILL_NAME = "P"
+DECODE_TOKENS = 128  # answer tokens per decode measurement
+DECODE_QUESTION = "Write a long story about a lighthouse keeper and the sea."
 
 
 @dataclass(frozen=True)
@@ -34,6 +39,7 @@ class PrefillFigures:
     repeats: int
     tokens_per_s: dict[str, float]  # "chatapp" / "llama-server", each with " flash" for flash attention on
     elapsed_s: float
+    decode_tokens_per_s: dict[str, float] = field(default_factory=dict)  # "chatapp" / "llama-server"
 
 
 def measure_prefill(
@@ -56,11 +62,21 @@ def measure_prefill(
         speeds[f"chatapp{suffix}"] = _chatapp_speed(settings, prompts[:repeats], flash)
         if server is not None:
             speeds[f"llama-server{suffix}"] = _server_speed(settings, server, prompts[repeats:], flash)
-    return PrefillFigures(len(prompts[0]), repeats, speeds, time.perf_counter() - started)
+    question = kit.build([ChatMessage.of(Role.USER, DECODE_QUESTION)])
+    decode = {"chatapp": _chatapp_decode(settings, question, repeats)}
+    if server is not None:
+        decode["llama-server"] = _server_decode(settings, server, question, repeats)
+    return PrefillFigures(len(prompts[0]), repeats, speeds, time.perf_counter() - started, decode)
 
 
-def _chatapp_speed(settings: PeerSettings, prompts: list[tuple[int, ...]], flash: bool) -> float:
-    config = EngineConfig(
+def _after_first(tokens: int, ttft_ms: float, total_ms: float) -> float:
+    """Answer tokens per second after the first token (0 when the answer had one token or none)."""
+    seconds = (total_ms - ttft_ms) / 1000
+    return (tokens - 1) / seconds if tokens > 1 and seconds > 0 else 0.0
+
+
+def _engine_config(settings: PeerSettings, flash: bool) -> EngineConfig:
+    return EngineConfig(
         model_path=settings.model_path,
         context_cap=settings.context,
         sequences=1,
@@ -69,7 +85,43 @@ def _chatapp_speed(settings: PeerSettings, prompts: list[tuple[int, ...]], flash
         n_batch=settings.n_batch,
         flash_attention=flash,
     )
-    with closing(start_local_engine(config)) as engine:
+
+
+def _chatapp_decode(settings: PeerSettings, question: tuple[int, ...], repeats: int) -> float:
+    with closing(start_local_engine(_engine_config(settings, False))) as engine:
+        speeds = []
+        for _ in range(repeats):
+            request = GenerationRequest(
+                question, SamplingParams(temperature=0.0, max_tokens=DECODE_TOKENS), use_cache=False
+            )
+            stats = engine.generate(request).wait().stats
+            speeds.append(_after_first(stats.generated_tokens, stats.ttft_ms, stats.total_ms))
+    return statistics.median(speeds)
+
+
+def _server_decode(settings: PeerSettings, server: Path, question: tuple[int, ...], repeats: int) -> float:
+    peer = LlamaServerPeer(
+        server,
+        settings.model_path,
+        context=settings.context,
+        threads=settings.threads,
+        cache_ram_mib=0,
+        batch=settings.n_batch,
+        flash_attention=False,
+    )
+    try:
+        speeds = []
+        for _ in range(repeats):
+            answer = peer.ask(question, DECODE_TOKENS)
+            tokens = len(answer.token_ids) if answer.token_ids is not None else DECODE_TOKENS
+            speeds.append(_after_first(tokens, answer.ttft_ms, answer.total_ms))
+    finally:
+        peer.close()
+    return statistics.median(speeds)
+
+
+def _chatapp_speed(settings: PeerSettings, prompts: list[tuple[int, ...]], flash: bool) -> float:
+    with closing(start_local_engine(_engine_config(settings, flash))) as engine:
         speeds = []
         for prompt in prompts:
             request = GenerationRequest(prompt, SamplingParams(temperature=0.0, max_tokens=1), use_cache=False)
@@ -98,11 +150,14 @@ def _server_speed(settings: PeerSettings, server: Path, prompts: list[tuple[int,
 def prefill_figure_verdicts(figures: PrefillFigures | None) -> list[Verdict]:
     if figures is None or "llama-server flash" not in figures.tokens_per_s:
         return []
-    speeds = figures.tokens_per_s
-    return prefill_verdicts(
+    speeds, decode = figures.tokens_per_s, figures.decode_tokens_per_s
+    verdicts = prefill_verdicts(
         default=speeds["chatapp"] / speeds["llama-server flash"],
         flash=speeds["chatapp flash"] / speeds["llama-server flash"],
     )
+    if decode.get("llama-server"):
+        verdicts.append(decode_verdict(decode["chatapp"] / decode["llama-server"]))
+    return verdicts
 
 
 def prefill_record(figures: PrefillFigures) -> dict[str, Any]:
@@ -113,7 +168,9 @@ def prefill_record(figures: PrefillFigures) -> dict[str, Any]:
 def prefill_table(figures: PrefillFigures) -> str:
     speeds = figures.tokens_per_s
     cells = "  ".join(f"{name} {speed:,.0f}" for name, speed in speeds.items())
+    decode = "  ".join(f"{name} {speed:,.1f}" for name, speed in figures.decode_tokens_per_s.items())
     return (
         f"P  prefill of a {figures.prompt_tokens:,}-token prompt, nothing cached (median of {figures.repeats}, "
-        f"tokens/s; {figures.elapsed_s:.0f} s): {cells}"
+        f"tokens/s; {figures.elapsed_s:.0f} s): {cells}\n"
+        f"P  decode of one stream, answer tokens/s after the first (median of {figures.repeats}): {decode}"
     )
