@@ -36,7 +36,7 @@ def speed(url: str, model: str, stream: bool) -> float:
     started, first, tokens = time.perf_counter(), None, 0
     with httpx.Client(timeout=600) as client:
         if not stream:
-            tokens = client.post(f"{url}/v1/chat/completions", json=body).json()["usage"]["completion_tokens"]
+            tokens = int(client.post(f"{url}/v1/chat/completions", json=body).json()["usage"]["completion_tokens"])
             return tokens / (time.perf_counter() - started)
         body |= {"stream": True, "stream_options": {"include_usage": True}}
         with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
@@ -47,7 +47,7 @@ def speed(url: str, model: str, stream: bool) -> float:
                 if first is None and chunk.get("choices") and chunk["choices"][0]["delta"].get("content"):
                     first = time.perf_counter()
                 if chunk.get("usage"):
-                    tokens = chunk["usage"]["completion_tokens"]
+                    tokens = int(chunk["usage"]["completion_tokens"])
     assert first is not None
     return (tokens - 1) / (time.perf_counter() - first)
 
