@@ -64,3 +64,12 @@ def file_fingerprint(path: Path, memo_file: Path | None = None) -> str:
         memo[key] = fingerprint
         _write_memo(memo_file, memo)
     return fingerprint
+
+
+def files_fingerprint(paths: list[Path], memo_file: Path | None = None) -> str:
+    """The fingerprint of a model kept in several files (a split GGUF): every part's bytes count, so a
+    part changed behind an unchanged first one changes the namespace too. One file: its own."""
+    if len(paths) == 1:
+        return file_fingerprint(paths[0], memo_file)
+    parts = "\n".join(file_fingerprint(path, memo_file) for path in paths)
+    return FINGERPRINT_PREFIX + "parts:" + xxhash.xxh3_128_hexdigest(parts.encode("ascii"))

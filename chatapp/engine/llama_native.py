@@ -171,6 +171,11 @@ class NativeModel:
             llama_cpp.llama_model_free(self.pointer)
             self.pointer = None
 
+    def _check_open(self) -> None:
+        """A model used after it was freed would read freed memory (a crash): an error instead."""
+        if not self.pointer:
+            raise ModelError("the model was unloaded; send the request again")
+
     def description(self) -> str:
         buffer = ctypes.create_string_buffer(256)
         llama_cpp.llama_model_desc(self.pointer, buffer, ctypes.sizeof(buffer))
@@ -199,6 +204,7 @@ class NativeModel:
 
     def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
         """Token ids for `text`. Safe from any thread: it reads only the vocabulary."""
+        self._check_open()
         data = text.encode("utf-8")
         capacity = len(data) + 8
         tokens = (llama_cpp.llama_token * capacity)()
@@ -213,6 +219,7 @@ class NativeModel:
 
     def token_bytes(self, token: int, *, special: bool = False) -> bytes:
         """The bytes of one token (a piece may be part of a UTF-8 character)."""
+        self._check_open()
         with self._piece_lock:
             buffer = self._piece_buffer
             length = llama_cpp.llama_token_to_piece(self.vocab, token, buffer, ctypes.sizeof(buffer), 0, special)

@@ -8,6 +8,7 @@ part numbers; its first part is the path llama.cpp loads.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import json
 import os
@@ -66,7 +67,7 @@ class ModelCatalog:
         found: list[FoundModel] = []
         names: set[str] = set()
         seen_files: set[Path] = set()
-        for candidate in (candidate for place in self.places for candidate in _candidates(place)):
+        for candidate in (candidate for place in self.places for candidate in _safely(place)):
             real = _real(candidate.parts[0])
             if real in seen_files:
                 continue  # the same file reached through two places (a link, a folder named twice)
@@ -85,7 +86,7 @@ class ModelCatalog:
         models = self.models()
         by_name = {model.name.lower(): model for model in models}
         wanted = name.strip().lower()
-        exact = by_name.get(wanted) or by_name.get(f"{wanted}:latest")
+        exact = by_name.get(wanted) or by_name.get(f"{wanted}:latest") or by_name.get(wanted.removesuffix(":latest"))
         if exact is not None:
             return exact
         tagged = [model for model in models if model.name.lower().split(":", 1)[0] == wanted]
@@ -131,9 +132,20 @@ class ModelCatalog:
                 known = read_header(path)
             except GgufError as error:
                 known = str(error)
+            except (OSError, ValueError, RecursionError, MemoryError) as error:  # a file no tool should write
+                known = f"its header cannot be read ({type(error).__name__})"
             with self._lock:
                 self._summaries[key] = known
         return known
+
+
+def split_parts(first: Path) -> list[Path]:
+    """Every part of the split model whose first part is `first` (the file alone when it is not one)."""
+    match = SPLIT_PART.match(first.name)
+    if match is None:
+        return [first]
+    count = int(match["count"])
+    return [first.with_name(f"{match['base']}-{number:05d}-of-{count:05d}.gguf") for number in range(1, count + 1)]
 
 
 def _closest(wanted: str, models: list[FoundModel], count: int = 3) -> list[str]:
@@ -146,6 +158,14 @@ def _closest(wanted: str, models: list[FoundModel], count: int = 3) -> list[str]
 
     scored = sorted(((likeness(model), model.name) for model in models), key=lambda pair: -pair[0])
     return [name for score, name in scored[:count] if score >= 0.6]
+
+
+def _safely(place: ModelPlace) -> list[_Candidate]:
+    """A place's models; a place that fails midway (permissions, a folder removed) gives what it gave."""
+    found: list[_Candidate] = []
+    with contextlib.suppress(OSError):
+        found.extend(_candidates(place))  # extend keeps what came before a failure
+    return found
 
 
 def _candidates(place: ModelPlace) -> Iterator[_Candidate]:
@@ -175,8 +195,12 @@ def _ollama(place: ModelPlace) -> Iterator[_Candidate]:
             layers = json.loads(manifest.read_text(encoding="utf-8")).get("layers", [])
         except (OSError, ValueError, AttributeError):
             continue
-        digests = [layer.get("digest", "") for layer in layers if layer.get("mediaType") == OLLAMA_MODEL_LAYER]
-        if not digests:
+        digests = [
+            layer.get("digest")
+            for layer in (layers if isinstance(layers, list) else [])
+            if isinstance(layer, dict) and layer.get("mediaType") == OLLAMA_MODEL_LAYER
+        ]
+        if not digests or not isinstance(digests[0], str) or "/" in digests[0]:
             continue
         if host == OLLAMA_REGISTRY:
             name = f"{model}:{tag}" if namespace == "library" else f"{namespace}/{model}:{tag}"

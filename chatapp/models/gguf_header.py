@@ -7,7 +7,9 @@ front of the file (most of it the vocabulary), read here with plain file reads. 
 
 from __future__ import annotations
 
+import math
 import mmap
+import stat
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +17,7 @@ from typing import Any
 
 MAGIC = b"GGUF"
 KEPT_ARRAY_LENGTH = 1024  # longer arrays (tokens, merges, scores) are skipped
+MAX_ARRAY_DEPTH = 4  # arrays of arrays deeper than this are a damaged file
 # GGUF value types: their struct formats (fixed sizes); 8 is a string, 9 an array.
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
@@ -56,8 +59,11 @@ class GgufHeader:
         return value if isinstance(value, str) else ""
 
     def number(self, key: str) -> int:
+        """An integer field (0 when missing, not a number, or not finite)."""
         value = self.metadata.get(key)
-        return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            return 0
+        return int(value)
 
 
 class _Cursor:
@@ -81,6 +87,11 @@ class _Cursor:
         self.at += length
         return raw.decode("utf-8", errors="replace")
 
+    def check_count(self, count: int, smallest_item: int) -> None:
+        """A count of items that cannot fit in what is left of the file is a damaged header, not a long read."""
+        if count * smallest_item > len(self.data) - self.at:
+            raise GgufError("a count in the header runs past the end of the file: the file is damaged")
+
     def skip_strings(self, count: int) -> None:
         for _ in range(count):
             length = self.unpack("<Q")
@@ -88,14 +99,17 @@ class _Cursor:
         if self.at > len(self.data):
             raise GgufError("an array runs past the end of the file: the file is truncated")
 
-    def value(self, kind: int) -> Any:
+    def value(self, kind: int, depth: int = 0) -> Any:
         if kind in _SCALARS:
             return self.unpack(_SCALARS[kind])
         if kind == _STRING:
             return self.string()
         if kind == _ARRAY:
+            if depth >= MAX_ARRAY_DEPTH:
+                raise GgufError("arrays nested too deep: the file is damaged")
             item_kind = self.unpack("<I")
             length = self.unpack("<Q")
+            self.check_count(length, struct.calcsize(_SCALARS[item_kind]) if item_kind in _SCALARS else 8)
             if length > KEPT_ARRAY_LENGTH:
                 if item_kind == _STRING:
                     self.skip_strings(length)
@@ -104,13 +118,15 @@ class _Cursor:
                 else:
                     raise GgufError("an array of arrays too long to skip")
                 return SkippedArray(length)
-            return [self.value(item_kind) for _ in range(length)]
+            return [self.value(item_kind, depth + 1) for _ in range(length)]
         raise GgufError(f"unknown GGUF value type {kind}")
 
 
 def read_header(path: Path) -> GgufHeader:
     """The metadata and tensor list of a GGUF file (one part of a split model: its own tensors only)."""
     try:
+        if not stat.S_ISREG(path.stat().st_mode):
+            raise GgufError(f"{path} is not a regular file")
         with path.open("rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
             return _parse(_Cursor(data))
     except (OSError, ValueError) as error:
@@ -128,6 +144,8 @@ def _parse(cursor: _Cursor) -> GgufHeader:
         raise GgufError(f"GGUF version {version} is not read here (2 and 3 are)")
     tensor_count = cursor.unpack("<Q")
     metadata_count = cursor.unpack("<Q")
+    cursor.check_count(metadata_count, 8 + 4)  # a key's length and a value's type at least
+    cursor.check_count(tensor_count, 8 + 4 + 4 + 8)
     metadata: dict[str, Any] = {}
     for _ in range(metadata_count):
         key = cursor.string()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from chatapp.errors import ModelError
@@ -36,17 +36,26 @@ def looks_like_a_path(value: str) -> bool:
     )
 
 
-def resolve_model(configured: Path | None, catalog: ModelCatalog | None = None) -> Path:
-    """The GGUF file to load for `--model`/the setting: a path, a name from `chatapp models`, or the bundled model."""
+def resolve_model(
+    configured: Path | None, catalog: ModelCatalog | Callable[[], ModelCatalog] = machine_catalog
+) -> Path:
+    """The GGUF file to load for `--model`/the setting: a path, a name from `chatapp models`, or the bundled model.
+
+    The catalog (or the function that makes it) is asked only for a name: a path or the bundled
+    model never looks through other tools' folders. A value that looks like a path but is no
+    file is looked up as a name too (`org/repo` names have slashes), then refused as a path.
+    """
     if configured is None:
         return check_gguf_file(bundled_model_path())
     text = str(configured)
-    if configured.expanduser().exists() or looks_like_a_path(text):
+    if configured.expanduser().exists():
         return check_gguf_file(configured)
-    catalog = catalog or machine_catalog()
+    listed = catalog if isinstance(catalog, ModelCatalog) else catalog()
     try:
-        found = catalog.find(text)
+        found = listed.find(text)
     except LookupError as error:
+        if looks_like_a_path(text):
+            return check_gguf_file(configured)  # the missing file, named with the fix
         raise ModelError(str(error)) from None
     return check_found(found)
 

@@ -11,6 +11,7 @@ a home of their own.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -53,10 +54,18 @@ def model_places(
     found = []
     for place in places:
         key = (place.root, place.layout)
-        if key not in seen and place.root.is_dir():
+        if key not in seen and readable_folder(place.root):
             seen.add(key)
             found.append(place)
     return found
+
+
+def readable_folder(path: Path) -> bool:
+    """A folder we may look into: one we cannot read (Ollama's service home is 0700) is as if absent."""
+    try:
+        return path.is_dir() and os.access(path, os.R_OK | os.X_OK)
+    except OSError:
+        return False
 
 
 def _ollama_roots(home: Path, environ: Mapping[str, str]) -> list[Path]:

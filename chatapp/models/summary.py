@@ -90,6 +90,6 @@ def _use(header: GgufHeader, architecture: str) -> ModelUse:
         return ModelUse.ADAPTER
     if architecture in EMBEDDING_ARCHITECTURES or header.number(f"{architecture}.pooling_type") > 0:
         return ModelUse.EMBEDDING
-    if not header.tensors and int(header.metadata.get("split.count", 0) or 0) <= 1:
+    if not header.tensors and header.number("split.count") <= 1:
         return ModelUse.VOCABULARY
     return ModelUse.CHAT

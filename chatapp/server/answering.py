@@ -12,6 +12,7 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -84,16 +85,24 @@ class ServerContext:
         except ModelNotServed as error:
             raise ApiError(404, str(error), param=param, kind="not_found_error") from None
 
-    async def serving_for(self, name: str, keep_alive_s: KeepAlive = UNCHANGED, param: str = "model") -> Serving:
-        """The model `name` names, loaded first if need be (off the event loop: loading takes seconds)."""
+    @asynccontextmanager
+    async def serving_for(
+        self, name: str, keep_alive_s: KeepAlive = UNCHANGED, param: str = "model"
+    ) -> AsyncIterator[Serving]:
+        """The model `name` names, loaded first if need be (off the event loop: loading takes seconds),
+        held for the block: start the request inside it (once started, its answer keeps the model)."""
         try:
-            return await to_thread.run_sync(lambda: self.pool.serving_for(name, keep_alive_s))
+            serving, release = await to_thread.run_sync(lambda: self.pool.acquire(name, keep_alive_s))
         except ModelNotServed as error:
             raise ApiError(404, str(error), param=param, kind="not_found_error") from None
         except ModelsBusy as error:
             raise ApiError(503, str(error), kind="server_error", headers={"Retry-After": RETRY_AFTER_SECONDS}) from None
         except ModelError as error:
             raise ApiError(500, str(error), param=param, kind="server_error") from None
+        try:
+            yield serving
+        finally:
+            release()
 
 
 def context_of(request: Request) -> ServerContext:

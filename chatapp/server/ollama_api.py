@@ -80,8 +80,8 @@ async def show(request: Request) -> dict[str, Any]:
     name = body.model or body.name
     if not name:
         raise ApiError(400, "model is missing; name the model to show", param="model")
-    serving = await context.serving_for(name)  # the template and context come with loading, as Ollama's do
-    return ollama_models.shown(serving.model)
+    context.check_model(name)
+    return ollama_models.shown(await to_thread.run_sync(lambda: context.pool.card(name)))
 
 
 def _checked(context: ServerContext, body: OllamaBase) -> tuple[SamplingOptions, tuple[str, ...]]:
@@ -110,8 +110,8 @@ async def _load_or_unload(context: ServerContext, body: OllamaBase, chat: bool) 
         await to_thread.run_sync(lambda: context.pool.unload(body.model))
         reason = "unload"
     else:
-        await context.serving_for(body.model, keep_alive)
-        reason = "load"
+        async with context.serving_for(body.model, keep_alive):
+            reason = "load"
     answer: dict[str, Any] = {"model": body.model, "created_at": _now()}
     answer |= {"message": {"role": "assistant", "content": ""}} if chat else {"response": ""}
     return JSONResponse({**answer, "done_reason": reason, "done": True})
@@ -129,8 +129,8 @@ async def chat(request: Request) -> Response:
         chat_message(index, message.role, message.content or "", message.fields_sent(), OLLAMA_UNSUPPORTED)
         for index, message in enumerate(body.messages)
     ]
-    serving = await context.serving_for(body.model, keep_alive_seconds(body.keep_alive))
-    answer = Answer(context, await start(lambda: serving.chat(messages, options, stop, shape)))
+    async with context.serving_for(body.model, keep_alive_seconds(body.keep_alive)) as serving:
+        answer = Answer(context, await start(lambda: serving.chat(messages, options, stop, shape)))
     return await _respond(request, body, answer, chat=True)
 
 
@@ -146,14 +146,14 @@ async def generate(request: Request) -> Response:
         raise ApiError(400, "prompt is empty; send some text", param="prompt")
     if body.raw and body.fields_sent().get("format"):
         raise ApiError(400, "format needs the chat template: remove raw, or format", param="format")
-    serving = await context.serving_for(body.model, keep_alive_seconds(body.keep_alive))
-    if body.raw:
-        answer = Answer(context, await start(lambda: serving.complete(body.prompt, options, stop)))
-    else:
-        shape = ollama_shape({"format": body.fields_sent().get("format")})
-        persona = [ApiMessage(Role.SYSTEM, body.system)] if body.system else []
-        messages = [*persona, ApiMessage(Role.USER, body.prompt)]
-        answer = Answer(context, await start(lambda: serving.chat(messages, options, stop, shape)))
+    shape = ollama_shape({"format": body.fields_sent().get("format")})
+    persona = [ApiMessage(Role.SYSTEM, body.system)] if body.system else []
+    messages = [*persona, ApiMessage(Role.USER, body.prompt)]
+    async with context.serving_for(body.model, keep_alive_seconds(body.keep_alive)) as serving:
+        if body.raw:
+            answer = Answer(context, await start(lambda: serving.complete(body.prompt, options, stop)))
+        else:
+            answer = Answer(context, await start(lambda: serving.chat(messages, options, stop, shape)))
     return await _respond(request, body, answer, chat=False)
 
 

@@ -85,8 +85,8 @@ async def chat_completions(request: Request) -> Response:
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     options = _options(body, max_tokens)
     stop = checked_stop(body.stop, "stop")
-    serving = await context.serving_for(body.model)
-    answer = Answer(context, await start(lambda: serving.chat(messages, options, stop, shape)))
+    async with context.serving_for(body.model) as serving:
+        answer = Answer(context, await start(lambda: serving.chat(messages, options, stop, shape)))
     return await _respond(request, body, answer, "chat.completion", "chatcmpl")
 
 
@@ -107,8 +107,8 @@ async def completions(request: Request) -> Response:
         raise ApiError(400, f"prompt lists {len(body.prompt)} prompts; send one per request", param="prompt")
     options = _options(body, body.max_tokens)
     stop = checked_stop(body.stop, "stop")
-    serving = await context.serving_for(body.model)
-    answer = Answer(context, await start(lambda: serving.complete(prompt, options, stop)))
+    async with context.serving_for(body.model) as serving:
+        answer = Answer(context, await start(lambda: serving.complete(prompt, options, stop)))
     return await _respond(request, body, answer, "text_completion", "cmpl")
 
 

@@ -182,7 +182,7 @@ def clear_model_cache(workspace: Workspace, model: str) -> tuple[str, int]:
     """Every cached entry of one model (a path or a name `chatapp models` lists), the others kept;
     (the model's file name, entries removed). Pins of its entries stay listed until they miss."""
     directory = workspace.kv_cache_dir
-    path = resolve_model(Path(model), workspace.model_catalog())
+    path = resolve_model(Path(model), workspace.model_catalog)
     with _readable_cache(directory):
         rows = models_in_cache(directory)
         namespaces = {namespace for row in rows if row["path"] == str(path) for namespace in row["namespaces"]}

@@ -7,6 +7,7 @@ and `edit` return an `AnswerJob` whose events a worker thread consumes.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,6 +34,8 @@ from chatapp.store.conversations import ConversationStore
 from chatapp.store.personas import PersonaStore
 from chatapp.store.pins import PinStore
 from chatapp.vocabulary import ReuseTier, Role
+
+log = logging.getLogger(__name__)
 
 NEW_TITLE = "New conversation"
 SETTINGS_KEY = "(F5)"
@@ -89,7 +92,7 @@ class ChatService:
         self._prefix_tokens: dict[tuple[str, int], int | None] = {}  # (persona prompt, document id) → tokens
         self._engine_lock = threading.Lock()  # attach and close may come from different threads
         self._closed = False
-        self._prepared: tuple[EngineClient, Path] | None = None  # a model loaded for a switch
+        self._prepared: tuple[EngineClient, Path, threading.Event | None] | None = None  # loaded for a switch
         self._retired: list[EngineClient] = []  # models switched away from, not closed yet
 
     # The model.
@@ -112,37 +115,44 @@ class ChatService:
             self.prewarmer = Prewarmer(engine)
             self._prompts = PromptLog(engine.detokenize)
 
-    def prepare_model(self, path: Path, progress: Callable[[float], bool] | None = None) -> None:
+    def prepare_model(
+        self, path: Path, progress: Callable[[float], bool] | None = None, cancelled: threading.Event | None = None
+    ) -> None:
         """Load another model as the settings load one (slow: off the UI thread) while the one attached
         keeps answering; `switch_to_prepared` then answers with it. `progress` hears the share loaded;
-        False from it cancels (LoadCancelled)."""
+        False from it cancels (LoadCancelled). `cancelled` names this switch: a later one's model, or
+        one cancelled meanwhile, is never taken for it."""
         engine = self.workspace.with_model(path).open_engine(load_progress=progress)
         with self._engine_lock:
-            earlier, self._prepared = self._prepared, (engine, path)
-            closed = self._closed
-        if earlier is not None:
-            earlier[0].close()
-        if closed:
-            self.drop_prepared()
+            if self._closed or (cancelled is not None and cancelled.is_set()):
+                dropped: EngineClient | None = engine
+            else:
+                dropped = self._prepared[0] if self._prepared is not None else None
+                self._prepared = (engine, path, cancelled)
+        if dropped is not None:
+            dropped.close()
 
-    def drop_prepared(self) -> None:
-        """Close a model loaded for a switch that will not happen."""
+    def drop_prepared(self, cancelled: threading.Event | None = None) -> None:
+        """Close a model loaded for a switch that will not happen (only that switch's, when named)."""
         with self._engine_lock:
-            prepared, self._prepared = self._prepared, None
-        if prepared is not None:
-            prepared[0].close()
+            prepared = self._prepared
+            if prepared is None or (cancelled is not None and prepared[2] is not cancelled):
+                return
+            self._prepared = None
+        prepared[0].close()
 
-    def switch_to_prepared(self) -> str:
+    def switch_to_prepared(self, cancelled: threading.Event | None = None) -> str:
         """Answer with the prepared model from now on; returns its label. The old one is set aside for
         `close_retired` (writing its cache takes a while: the new model answers meanwhile).
 
         The open conversation remembers the model.
         """
         with self._engine_lock:
-            prepared, self._prepared = self._prepared, None
-            if prepared is None or self._closed:
+            prepared = self._prepared
+            if prepared is None or self._closed or (cancelled is not None and prepared[2] is not cancelled):
                 raise ChatappError("no model is ready to switch to")
-            engine, path = prepared
+            self._prepared = None
+            engine, path, _switch = prepared
             if self.engine is not None:
                 self._retired.append(self.engine)
             self.engine = engine
@@ -151,7 +161,10 @@ class ChatService:
             self.workspace = self.workspace.with_model(path)
             self._prefix_tokens.clear()  # counted with the old model's vocabulary
         if self.conversation_id is not None:
-            self.conversations.set_model(self.conversation_id, str(path))
+            try:
+                self.conversations.set_model(self.conversation_id, str(path))
+            except ChatappError:  # switched all the same: the conversation forgets which model it had
+                log.warning("could not note the conversation's model", exc_info=True)
         return engine.info.short_name
 
     def close_retired(self) -> None:

@@ -51,3 +51,15 @@ def _same(left: Path, right: Path) -> bool:
         return left.resolve() == right.resolve()
     except OSError:
         return left == right
+
+
+def fit_problem(path: Path, free_bytes: int | None = None) -> str:
+    """Why the model at `path` would not fit beside the one answering ("" when it would)."""
+    free = available_memory_bytes() if free_bytes is None else free_bytes
+    try:
+        size = path.stat().st_size
+    except OSError as error:
+        return f"cannot read it: {error.strerror}"
+    if free and size * MEMORY_MARGIN > free:
+        return f"needs about {byte_size(int(size * MEMORY_MARGIN))}, {byte_size(free)} free now"
+    return ""

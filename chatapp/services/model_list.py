@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import xxhash
 
 from chatapp.engine.model_card import ModelFacts
 from chatapp.models.catalog import FoundModel
+from chatapp.models.gguf_header import GgufError, read_header
 from chatapp.services.serving import ModelCard
 from chatapp.services.units import byte_size
 
@@ -74,9 +76,10 @@ def model_record(model: FoundModel) -> dict[str, Any]:
     return record
 
 
-def found_card(model: FoundModel) -> ModelCard:
-    """A model not loaded yet as the APIs list it: what its header says (its template and fingerprint come
-    with loading; the digest here tells files apart by where they are, their size and their time)."""
+def found_card(model: FoundModel, *, with_template: bool = False) -> ModelCard:
+    """A model not loaded yet as the APIs list it: what its header says (its fingerprint comes with
+    loading; the digest here tells files apart by where they are, their size and their time), its
+    chat template read again from the header when asked (it is not kept: it can be long)."""
     summary = model.summary
     try:
         created = int(model.path.stat().st_mtime)
@@ -100,6 +103,13 @@ def found_card(model: FoundModel) -> ModelCard:
         created=created,
         size_bytes=model.size_bytes,
         facts=facts,
-        template="",
+        template=_template(model.path) if with_template else "",
         gpu_bytes=0,
     )
+
+
+def _template(path: Path) -> str:
+    try:
+        return read_header(path).text("tokenizer.chat_template")
+    except (GgufError, OSError, ValueError):
+        return ""

@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 DEFAULT_KEEP_ALIVE_S = 300.0  # Ollama's five minutes
 LISTING_MAX_AGE_S = 10.0  # how long a look through the model folders is trusted
 REAP_INTERVAL_S = 5.0
-JUST_USED_S = 2.0  # a model handed out this recently may be about to start an answer: never unloaded
+JUST_USED_S = 2.0  # a grace after a model was last used before it may be unloaded (no unload and reload in a burst)
 UNCHANGED: Literal["unchanged"] = "unchanged"
 KeepAlive = float | None | Literal["unchanged"]  # seconds; None: until the server stops; "unchanged": as it was
 
@@ -64,13 +64,19 @@ class _Loaded:
     name: str
     serving: Serving
     size_bytes: int
-    last_used: float
+    last_used: float  # when last handed out or released; kept fresh while it answers
     keep_alive_s: float | None
     pinned: bool = False  # the model the server started with
+    leases: int = 0  # requests handed this model that have not started on it yet
+
+    def idle(self) -> bool:
+        """Neither leased nor answering: it may be unloaded."""
+        return self.leases == 0 and self.serving.completions.pending == 0
 
 
 @dataclass
 class _Loading:
+    size_bytes: int  # counted against the limits while it loads
     done: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
 
@@ -141,46 +147,87 @@ class ModelPool:
             rows += [(name, held.serving.model, expires) for name in names]
         return rows
 
+    def card(self, name: str) -> ModelCard:
+        """What /api/show says of `name`, without loading it: the loaded model's card, else its header's
+        (template included), as Ollama answers from the model's files."""
+        found = self._resolve(name)
+        key = self._default_key if found is None else _key(found.path)
+        with self._lock:
+            held = self._loaded.get(key)
+        if held is not None or found is None:
+            return held.serving.model if held is not None else self.default.model
+        return found_card(found, with_template=True)
+
     def check(self, name: str) -> None:
         """ModelNotServed unless `name` is served here (loaded or not)."""
         self._resolve(name)
 
     # -- serving ------------------------------------------------------------------------------
 
-    def serving_for(self, name: str, keep_alive_s: KeepAlive = UNCHANGED) -> Serving:
-        """The model `name` names, loaded first if need be (blocking: call it off the event loop).
+    def acquire(self, name: str, keep_alive_s: KeepAlive = UNCHANGED) -> tuple[Serving, Callable[[], None]]:
+        """The model `name` names, loaded first if need be (blocking: call it off the event loop), and
+        the release to call once the request has started on it (or failed to): until then the model
+        is leased and never unloaded; once started, its pending answer keeps it.
 
         `keep_alive_s`: how long it stays loaded once idle (None: until the server stops; 0:
         unloaded when idle); "unchanged" keeps what it had.
         """
         found = self._resolve(name)
-        if found is None:
-            return self._touch(self._default_key, keep_alive_s)
-        key = _key(found.path)
+        key = self._default_key if found is None else _key(found.path)
         while True:
             with self._lock:
+                if self._stop.is_set():
+                    raise ModelsBusy("the server is stopping; retry against its next start")
                 if key in self._loaded:
-                    return self._touch_locked(key, keep_alive_s)
+                    return self._lease_locked(key, keep_alive_s)
                 loading = self._loading.get(key)
-                if loading is None:
-                    loading = self._loading[key] = _Loading()
+                if loading is None and found is not None:
+                    loading = self._loading[key] = _Loading(size_bytes=found.size_bytes)
                     break
+            if loading is None:  # the started model, gone: the server is stopping
+                raise ModelsBusy("the server is stopping; retry against its next start")
             loading.done.wait()
             if loading.error is not None:
                 raise loading.error
+        assert found is not None
         try:
             serving = self._load(found)
         except BaseException as error:
             loading.error = error
-            raise
-        finally:
             with self._lock:
                 self._loading.pop(key, None)
             loading.done.set()
+            raise
         with self._lock:
-            keep = self.limits.keep_alive_s if keep_alive_s == UNCHANGED else keep_alive_s
-            self._loaded[key] = _Loaded(found.name, serving, found.size_bytes, self._clock(), _seconds(keep))
-            return serving
+            self._loading.pop(key, None)
+            stopped = self._stop.is_set()
+            if not stopped:
+                keep = self.limits.keep_alive_s if keep_alive_s == UNCHANGED else keep_alive_s
+                self._loaded[key] = _Loaded(found.name, serving, found.size_bytes, self._clock(), _seconds(keep))
+                leased = self._lease_locked(key, UNCHANGED)
+        loading.done.set()
+        if stopped:  # closed while it loaded: nobody will close it later
+            self._close(_Loaded(found.name, serving, found.size_bytes, 0.0, None))
+            raise ModelsBusy("the server is stopping; retry against its next start")
+        return leased
+
+    def _lease_locked(self, key: str, keep_alive_s: KeepAlive) -> tuple[Serving, Callable[[], None]]:
+        held = self._loaded[key]
+        held.leases += 1
+        held.last_used = self._clock()
+        if keep_alive_s != UNCHANGED and not held.pinned:
+            held.keep_alive_s = _seconds(keep_alive_s)
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            with self._lock:
+                if not released:
+                    released = True
+                    held.leases -= 1
+                    held.last_used = self._clock()
+
+        return held.serving, release
 
     def unload(self, name: str) -> bool:
         """Unload the model `name` names once it is idle (Ollama's keep_alive 0); the started model stays."""
@@ -199,13 +246,16 @@ class ModelPool:
         """Unload the models idle past their keep-alive (their caches written first)."""
         now = self._clock()
         with self._lock:
+            for held in self._loaded.values():
+                if not held.idle():
+                    held.last_used = now  # keep-alive counts from the end of its last answer, as Ollama's
             expired = [
                 key
                 for key, held in self._loaded.items()
                 if not held.pinned
                 and held.keep_alive_s is not None
                 and now >= held.last_used + max(held.keep_alive_s, JUST_USED_S)
-                and held.serving.completions.pending == 0
+                and held.idle()
             ]
             closing = [self._loaded.pop(key) for key in expired]
         for held in closing:
@@ -242,35 +292,27 @@ class ModelPool:
         )
 
     def _find(self, name: str) -> FoundModel | None:
+        """The model listed under `name`: Ollama's clients add `:latest` to a name without a tag, as
+        /api/tags lists it, and leave it out for `:latest` models."""
         wanted = name.lower()
         for found in self._found():
             candidate = found.name.lower()
-            if candidate in (wanted, f"{wanted}:latest"):
+            if candidate in (wanted, f"{wanted}:latest", wanted.removesuffix(":latest")):
                 return found
         return None
 
     def _found(self) -> list[FoundModel]:
-        if self._catalog is None:
-            return []
-        now = self._clock()
+        """The models on the machine as last looked up: the folders are looked through again by the
+        reaper's thread, never on a request's way (the first look aside)."""
         with self._lock:
             listing = self._listing
-        if listing is None or now - listing[0] > LISTING_MAX_AGE_S:
-            listing = (now, self._catalog.models())
-            with self._lock:
-                self._listing = listing
-        return listing[1]
+        return listing[1] if listing is not None else self._refresh_listing()
 
-    def _touch(self, key: str, keep_alive_s: KeepAlive) -> Serving:
+    def _refresh_listing(self) -> list[FoundModel]:
+        models = self._catalog.models() if self._catalog is not None else []
         with self._lock:
-            return self._touch_locked(key, keep_alive_s)
-
-    def _touch_locked(self, key: str, keep_alive_s: KeepAlive) -> Serving:
-        held = self._loaded[key]
-        held.last_used = self._clock()
-        if keep_alive_s != UNCHANGED and not held.pinned:
-            held.keep_alive_s = _seconds(keep_alive_s)
-        return held.serving
+            self._listing = (time.monotonic(), models)
+        return models
 
     def _load(self, found: FoundModel) -> Serving:
         if self._open_serving is None:
@@ -293,21 +335,21 @@ class ModelPool:
         while True:
             with self._lock:
                 held = list(self._loaded.values())
-                used = sum(model.size_bytes for model in held)
-                if used + found.size_bytes <= self.limits.memory_bytes and len(held) < self.limits.max_loaded:
+                others_loading = [loading for key, loading in self._loading.items() if key != _key(found.path)]
+                used = sum(model.size_bytes for model in held) + sum(loading.size_bytes for loading in others_loading)
+                count = len(held) + len(others_loading)
+                if used + found.size_bytes <= self.limits.memory_bytes and count < self.limits.max_loaded:
                     return
                 now = self._clock()
                 idle = [
                     model
                     for model in held
-                    if not model.pinned
-                    and model.serving.completions.pending == 0
-                    and now - model.last_used >= JUST_USED_S
+                    if not model.pinned and model.idle() and now - model.last_used >= JUST_USED_S
                 ]
                 if not idle:
                     raise ModelsBusy(
                         f"model {found.name} does not fit beside the models answering now "
-                        f"({len(held)} loaded, {_gib(used)} of {_gib(self.limits.memory_bytes)}); retry shortly"
+                        f"({count} loaded or loading, {_gib(used)} of {_gib(self.limits.memory_bytes)}); retry shortly"
                     )
                 victim = min(idle, key=lambda model: model.last_used)
                 key = next(key for key, model in self._loaded.items() if model is victim)
@@ -325,6 +367,10 @@ class ModelPool:
         while not self._stop.wait(REAP_INTERVAL_S):
             try:
                 self.reap()
+                with self._lock:
+                    listing = self._listing
+                if listing is None or time.monotonic() - listing[0] > LISTING_MAX_AGE_S:
+                    self._refresh_listing()
             except Exception:
                 log.exception("unloading idle models failed")
 

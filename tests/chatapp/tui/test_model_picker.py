@@ -93,13 +93,18 @@ async def test_esc_cancels_a_load_and_the_old_model_stays(
     reported, go_on = threading.Event(), threading.Event()
     real = ChatService.prepare_model
 
-    def held(self: ChatService, path: Path, progress: Callable[[float], bool] | None = None) -> None:
+    def held(
+        self: ChatService,
+        path: Path,
+        progress: Callable[[float], bool] | None = None,
+        cancelled: threading.Event | None = None,
+    ) -> None:
         def first_waits(share: float) -> bool:
             reported.set()
             go_on.wait(timeout=600)
             return progress(share) if progress is not None else True
 
-        real(self, path, first_waits)
+        real(self, path, first_waits, cancelled)
 
     monkeypatch.setattr(ChatService, "prepare_model", held)
     app = make_app(data_dir, model_folders=str(tiny.parent))
