@@ -564,3 +564,24 @@ def copy_with_chat_template(source: Path, target: Path, template: str) -> Path:
             out.write(header + b"\0" * ((-len(header)) % alignment))
             out.write(data[data_start:])
     return target
+
+
+def quantize_model(source: Path, target: Path, kind: str, *, threads: int = 2) -> Path:
+    """Quantize the GGUF at `source` to `kind` (a llama_ftype name: "Q4_0", "Q4_K_M", ...) at `target`.
+
+    llama.cpp's own quantizer (llama_model_quantize), as `llama-quantize` does it: the same
+    mix of tensor types per kind (the output projection in Q6_K for most), so a test sees
+    the kernels a downloaded file of that kind would take. K-quants need rows a multiple of
+    256 wide: narrower tensors fall back to other types (write_tiny_llama's n_embd=256).
+    """
+    import llama_cpp
+
+    from chatapp.engine.llama_native import initialise_llama
+
+    initialise_llama()  # the quantizer logs every tensor: to Python logging, not the terminal
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.nthread = threads
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{kind}")
+    if llama_cpp.llama_model_quantize(str(source).encode("utf-8"), str(target).encode("utf-8"), params) != 0:
+        raise RuntimeError(f"llama.cpp could not quantize {source.name} to {kind}")
+    return target

@@ -118,13 +118,17 @@ class NativeModel:
         n_gpu_layers: int = 0,
         vocab_only: bool = False,
         progress: Callable[[float], bool] | None = None,
+        repack: bool = True,
     ) -> None:
         """`progress` hears the share of the weights loaded (0..1); returning False stops the load
-        (LoadCancelled)."""
+        (LoadCancelled). `repack` off keeps the weights in the file's layout (llama.cpp's
+        `use_extra_bufts`): repacked K-quant weights give a row results that depend on its place
+        in a group of rows, so batching several sequences is exact only without (batch_probe.py)."""
         initialise_llama()
         params = llama_cpp.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
         params.vocab_only = vocab_only
+        params.use_extra_bufts = repack
         cancelled = False
         if progress is not None:
 

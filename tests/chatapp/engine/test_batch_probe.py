@@ -1,0 +1,53 @@
+"""The batch-invariance probe tells batchable models from the others (issue 22, part 1).
+
+Measured on the project's machine (x86-64, 2 threads, flash attention off, default
+repacking): the bundled SmolLM2 Q4_1 and a tiny Q4_0 llama give every sequence the same bits
+batched with others as alone, answers and prompt chunks alike; the same tiny llama in F16
+does not (one row takes other kernels than several). If llama.cpp or the CPU changes that,
+these tests say so before the engine batches on a stale assumption.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from chatapp.engine.batch_probe import PROBE_TEXTS, ProbeSettings, chunk_ends, probe
+from chatapp.engine.batching import MIN_ROWS
+from chatapp.model_files import bundled_model_path
+from tests.model_factory import quantize_model, write_tiny_llama
+
+SHORT = ProbeSettings(answer_steps=4, chunk=16)
+
+
+@pytest.fixture(scope="module")
+def tiny_f16(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny-F16.gguf", n_embd=256, n_ff=512)
+
+
+@pytest.mark.parametrize("length", [*range(1, 70), 200])
+def test_prompt_chunks_end_at_the_prompt_and_have_no_lone_token(length: int) -> None:
+    ends = chunk_ends(length, 16)
+    sizes = [end - start for start, end in zip([0, *ends], ends, strict=False)]
+    assert ends[-1] == length
+    assert all(MIN_ROWS <= size <= 16 + 1 for size in sizes) or sizes == [length]
+
+
+@pytest.mark.slow
+def test_the_bundled_model_batches_bit_for_bit() -> None:
+    report = probe(bundled_model_path(), SHORT)
+    assert sorted(report.answers) == list(range(2, len(PROBE_TEXTS) + 1))
+    assert report.answers_identical, report.answers
+    assert report.prompts.identical, report.prompts
+    assert report.prompts.compared > len(PROBE_TEXTS)  # chunk ends and the answers after them
+
+
+@pytest.mark.slow
+def test_a_q4_0_model_batches_and_an_f16_one_does_not(tiny_f16: Path, tmp_path: Path) -> None:
+    q4_0 = probe(quantize_model(tiny_f16, tmp_path / "tiny-Q4_0.gguf", "Q4_0"), SHORT)
+    assert q4_0.answers_identical
+    assert q4_0.prompts.identical
+    f16 = probe(tiny_f16, SHORT)
+    assert not f16.answers_identical
+    assert 0 < f16.answers_max_diff < 1  # rounding, not a wrong sequence's logits
