@@ -585,3 +585,15 @@ def quantize_model(source: Path, target: Path, kind: str, *, threads: int = 2) -
     if llama_cpp.llama_model_quantize(str(source).encode("utf-8"), str(target).encode("utf-8"), params) != 0:
         raise RuntimeError(f"llama.cpp could not quantize {source.name} to {kind}")
     return target
+
+
+def write_projector(path: Path) -> Path:
+    """A vision projector's GGUF (general.type mmproj, architecture clip): a file that is no language model."""
+    writer = gguf.GGUFWriter(path, "clip")
+    writer.add_type("mmproj")
+    writer.add_tensor("v.patch_embd.weight", np.zeros((4, 4), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

@@ -25,7 +25,7 @@ from chatapp.server.feed import CompletionFeed
 from chatapp.server.metrics import ServerMetrics
 from chatapp.services.completions import Completion, CompletionOutcome, RequestError, ServerBusyError
 from chatapp.services.divergence import Divergence
-from chatapp.services.model_pool import UNCHANGED, KeepAlive, ModelNotServed, ModelPool, ModelsBusy
+from chatapp.services.model_pool import UNCHANGED, KeepAlive, ModelNotServed, ModelPool, ModelRefused, ModelsBusy
 from chatapp.services.serving import Serving
 from chatapp.services.streams import AnswerText, PromptReuse, StreamEvent
 from chatapp.vocabulary import StopReason
@@ -95,6 +95,8 @@ class ServerContext:
             serving, release = await to_thread.run_sync(lambda: self.pool.acquire(name, keep_alive_s))
         except ModelNotServed as error:
             raise ApiError(404, str(error), param=param, kind="not_found_error") from None
+        except ModelRefused as error:
+            raise ApiError(400, str(error), param=param) from None
         except ModelsBusy as error:
             raise ApiError(503, str(error), kind="server_error", headers={"Retry-After": RETRY_AFTER_SECONDS}) from None
         except ModelError as error:

@@ -41,6 +41,11 @@ class ModelNotServed(ChatappError):
     """A request names a model that is not on this machine (HTTP 404)."""
 
 
+class ModelRefused(ChatappError):
+    """A request names a model that cannot be served: not a language model, parts missing, too large
+    for the memory budget (HTTP 400: the client's choice, not the server's failure)."""
+
+
 class ModelsBusy(ChatappError):
     """A model cannot be loaded until others finish answering (HTTP 503: retry)."""
 
@@ -317,9 +322,12 @@ class ModelPool:
     def _load(self, found: FoundModel) -> Serving:
         if self._open_serving is None:
             raise ModelNotServed(f"model {found.name!r} is not served here")
-        path = check_found(found)
+        try:
+            path = check_found(found)
+        except ModelError as error:
+            raise ModelRefused(str(error)) from None
         if found.size_bytes > self.limits.memory_bytes:
-            raise ModelError(
+            raise ModelRefused(
                 f"model {found.name} ({_gib(found.size_bytes)}) is larger than the {_gib(self.limits.memory_bytes)} "
                 "this server loads models into; raise --models-memory or pick a smaller quantization"
             )

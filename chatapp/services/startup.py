@@ -148,7 +148,10 @@ class Workspace:
     def cache_factory(self) -> CacheFactory:
         """Opens the cache once the engine knows its KV layout (the namespace needs it)."""
         model_path = self.model_path
-        label = {"model": model_path.name, "path": str(model_path)}
+        named = self.settings.model
+        # A model chosen by name is labelled so (an Ollama blob's file is `sha256-…`).
+        shown = str(named) if named is not None and not named.expanduser().exists() else model_path.name
+        label = {"model": shown, "path": str(model_path)}
         return kv_cache_factory(self.kv_cache_dir, self.model_fingerprint(model_path), self.cache_config(), label)
 
     def model_fingerprint(self, model_path: Path) -> str:

