@@ -100,15 +100,7 @@ def _chatapp_decode(settings: PeerSettings, question: tuple[int, ...], repeats: 
 
 
 def _server_decode(settings: PeerSettings, server: Path, question: tuple[int, ...], repeats: int) -> float:
-    peer = LlamaServerPeer(
-        server,
-        settings.model_path,
-        context=settings.context,
-        threads=settings.threads,
-        cache_ram_mib=0,
-        batch=settings.n_batch,
-        flash_attention=False,
-    )
+    peer = _server_peer(settings, server, flash=False)
     try:
         speeds = []
         for _ in range(repeats):
@@ -118,6 +110,19 @@ def _server_decode(settings: PeerSettings, server: Path, question: tuple[int, ..
     finally:
         peer.close()
     return statistics.median(speeds)
+
+
+def _server_peer(settings: PeerSettings, server: Path, *, flash: bool) -> LlamaServerPeer:
+    """llama-server with nothing cached between requests, shaped as chatapp's engine is."""
+    return LlamaServerPeer(
+        server,
+        settings.model_path,
+        context=settings.context,
+        threads=settings.threads,
+        cache_ram_mib=0,
+        batch=settings.n_batch,
+        flash_attention=flash,
+    )
 
 
 def _chatapp_speed(settings: PeerSettings, prompts: list[tuple[int, ...]], flash: bool) -> float:
@@ -131,15 +136,7 @@ def _chatapp_speed(settings: PeerSettings, prompts: list[tuple[int, ...]], flash
 
 
 def _server_speed(settings: PeerSettings, server: Path, prompts: list[tuple[int, ...]], flash: bool) -> float:
-    peer = LlamaServerPeer(
-        server,
-        settings.model_path,
-        context=settings.context,
-        threads=settings.threads,
-        cache_ram_mib=0,
-        batch=settings.n_batch,
-        flash_attention=flash,
-    )
+    peer = _server_peer(settings, server, flash=flash)
     try:
         speeds = [len(prompt) / (peer.ask(prompt, 1).ttft_ms / 1000) for prompt in prompts]
     finally:

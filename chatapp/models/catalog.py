@@ -26,6 +26,10 @@ SPLIT_PART = re.compile(r"^(?P<base>.+)-(?P<number>\d{5})-of-(?P<count>\d{5})\.g
 OLLAMA_REGISTRY = "registry.ollama.ai"
 OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"
 FOLDER_DEPTH = 4  # how deep loose files are looked for below a folder
+# Headers read, by (path, size, mtime): shared by every catalog of the process, so a second listing
+# (F7 again, /api/tags, `--model NAME` after `models`) reads only what changed.
+_headers: dict[tuple[Path, int, int], GgufHeader | str] = {}
+_headers_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -55,12 +59,11 @@ class _Candidate:
 
 
 class ModelCatalog:
-    """Looks through the places on demand; headers already read are kept while their files are unchanged."""
+    """Looks through the places on demand; headers already read (by any catalog) are kept while their
+    files are unchanged."""
 
     def __init__(self, places: Sequence[ModelPlace]) -> None:
         self.places = tuple(places)
-        self._summaries: dict[tuple[Path, int, int], GgufHeader | str] = {}
-        self._lock = threading.Lock()
 
     def models(self) -> list[FoundModel]:
         """Every model found, each name once (a name found twice keeps the first; the others get `@source`)."""
@@ -125,8 +128,8 @@ class ModelCatalog:
         except OSError as error:
             return f"cannot read it: {error.strerror}"
         key = (path, status.st_size, status.st_mtime_ns)
-        with self._lock:
-            known = self._summaries.get(key)
+        with _headers_lock:
+            known = _headers.get(key)
         if known is None:
             try:
                 known = read_header(path)
@@ -134,8 +137,8 @@ class ModelCatalog:
                 known = str(error)
             except (OSError, ValueError, RecursionError, MemoryError) as error:  # a file no tool should write
                 known = f"its header cannot be read ({type(error).__name__})"
-            with self._lock:
-                self._summaries[key] = known
+            with _headers_lock:
+                _headers[key] = known
         return known
 
 

@@ -9,24 +9,22 @@ text, `<|call|>` and `<|return|>` ending generation). Grammars run in llama.cpp'
 
 from __future__ import annotations
 
-import ctypes
 from collections.abc import Iterator
 from pathlib import Path
 
-import llama_cpp
 import pytest
 
 from chatapp.engine.grammar import Grammar
 from chatapp.engine.harmony import CALL_END, END, RETURN
-from chatapp.engine.llama_native import NativeModel, NativeSampler
+from chatapp.engine.llama_native import NativeModel
 from chatapp.engine.prompt import ChatMessage, PromptBuilder
-from chatapp.engine.requests import SamplingParams
 from chatapp.engine.tool_blocks import HERMES
 from chatapp.engine.tool_detection import native_format
 from chatapp.engine.tool_harmony import HARMONY, is_trigger_pattern, trigger_pattern
 from chatapp.services.answer_shape import server_grammar
 from chatapp.tools import ToolCall, ToolResult, ToolSpec, canonical_json
 from chatapp.vocabulary import Role
+from tests.grammar_support import grammar_takes as takes
 from tests.model_factory import HARMONY_TOKENS, write_tiny_llama
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -123,27 +121,11 @@ def test_an_answer_cut_inside_a_further_call_keeps_the_whole_ones() -> None:
 # The grammar, in llama.cpp's own sampler over the harmony vocabulary.
 
 
-def allowed(sampler: NativeSampler, token: int) -> bool:
-    """Whether the sampler's grammar lets the model write `token` next."""
-    data = (llama_cpp.llama_token_data * 1)(llama_cpp.llama_token_data(token, 0.0, 0.0))
-    candidates = llama_cpp.llama_token_data_array(data, 1, -1, False)
-    llama_cpp.llama_sampler_apply(sampler.pointer, ctypes.byref(candidates))
-    return bool(data[0].logit != float("-inf"))
-
-
 def grammar_takes(vocab: NativeModel, grammar: Grammar, text: str) -> bool:
     """Whether `grammar` lets the model write `text` (its markers as the special tokens a model writes) and stop."""
     (call_end,) = vocab.tokenize(CALL_END, add_special=False, parse_special=True)
     assert vocab.is_end_of_generation(call_end)
-    sampler = NativeSampler(SamplingParams(temperature=0, grammar=grammar), vocab)
-    try:
-        for token in vocab.tokenize(text, add_special=False, parse_special=True):
-            if not allowed(sampler, token):
-                return False
-            llama_cpp.llama_sampler_accept(sampler.pointer, token)
-        return allowed(sampler, call_end)
-    finally:
-        sampler.close()
+    return takes(vocab, grammar, text, call_end)
 
 
 def test_a_required_call_is_a_call_to_a_tool_with_its_arguments(harmony_vocab: NativeModel) -> None:

@@ -9,19 +9,16 @@ Devstral's and Ministral 3's (`[TOOL_CALLS]f[ARGS]{...}`).
 
 from __future__ import annotations
 
-import ctypes
-import math
 import re
 from collections.abc import Iterator
 from pathlib import Path
 
-import llama_cpp
 import pytest
 
 from chatapp.engine.chat_template import ChatTemplate, TemplateRenderError
 from chatapp.engine.engine import Engine, EngineConfig
 from chatapp.engine.grammar import Grammar
-from chatapp.engine.llama_native import NativeModel, NativeSampler
+from chatapp.engine.llama_native import NativeModel
 from chatapp.engine.prompt import ChatMessage, PromptBuilder
 from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.engine.tool_blocks import HERMES
@@ -36,6 +33,7 @@ from chatapp.engine.tool_mistral import (
 from chatapp.services.answer_shape import AnswerShape, read_answer
 from chatapp.tools import ToolCall, ToolResult, ToolSpec, canonical_json
 from chatapp.vocabulary import Role
+from tests.grammar_support import grammar_takes
 from tests.model_factory import MISTRAL_SPECIAL_TOKENS, TINY_MODEL_THREADS, write_tiny_llama
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -176,27 +174,10 @@ def test_args_calls_are_read(
 # --- the grammar, as llama.cpp holds it ------------------------------------------------------------------
 
 
-def allowed(sampler: NativeSampler, token: int) -> bool:
-    """Whether the sampler's grammar lets `token` come next (never accepting a token it refuses: llama.cpp
-    aborts the process on one)."""
-    data = (llama_cpp.llama_token_data * 1)(llama_cpp.llama_token_data(token, 0.0, 0.0))
-    candidates = llama_cpp.llama_token_data_array(data, 1, -1, False)
-    llama_cpp.llama_sampler_apply(sampler.pointer, ctypes.byref(candidates))
-    return not math.isinf(data[0].logit)
-
-
 def accepts(vocab: NativeModel, grammar: Grammar, text: str, *, special: bool = True) -> bool:
     """Whether llama.cpp's grammar takes the whole of `text`, tokenized with Mistral's markers as special
     tokens (as the model writes them) or as plain text, and lets the answer end there."""
-    sampler = NativeSampler(SamplingParams(temperature=0, grammar=grammar), vocab)
-    try:
-        for token in vocab.tokenize(text, add_special=False, parse_special=special):
-            if not allowed(sampler, token):
-                return False
-            llama_cpp.llama_sampler_accept(sampler.pointer, token)
-        return allowed(sampler, vocab.eos_id)
-    finally:
-        sampler.close()
+    return grammar_takes(vocab, grammar, text, vocab.eos_id, special=special)
 
 
 def test_markers_are_special_tokens_of_the_tiny_vocabulary(mistral_vocab: NativeModel) -> None:
