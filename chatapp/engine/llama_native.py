@@ -10,10 +10,9 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
-import sys
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from cache.state_format import MemoryKind
 from chatapp.engine.grammar import Grammar
 from chatapp.engine.model_card import ModelFacts
 from chatapp.engine.requests import SamplingParams
+from chatapp.engine.thread_switches import brisk_thread_switches
 from chatapp.errors import GrammarError, LoadCancelled, ModelError
 from chatapp.models.file_types import quantization_name
 
@@ -80,34 +80,6 @@ def gpu_offload_supported() -> bool:
     return bool(llama_cpp.llama_supports_gpu_offload())
 
 
-# While a model loads with a progress callback, llama.cpp calls back into Python once per tensor
-# (hundreds of times), and each call waits for the GIL: behind a busy thread (a screen drawing,
-# another model answering) that is up to the switch interval each, measured 7.3 s instead of 0.1 s
-# for the bundled model's 273 tensors. A short interval while loading makes those waits short.
-LOAD_SWITCH_INTERVAL_S = 0.0002
-_switch_lock = threading.Lock()
-_loads_with_callbacks = 0
-_switch_interval_before = 0.0
-
-
-@contextlib.contextmanager
-def _prompt_callbacks() -> Iterator[None]:
-    """The interpreter's switch interval shortened while any load with callbacks runs (loads may overlap)."""
-    global _loads_with_callbacks, _switch_interval_before
-    with _switch_lock:
-        if _loads_with_callbacks == 0:
-            _switch_interval_before = sys.getswitchinterval()
-            sys.setswitchinterval(min(_switch_interval_before, LOAD_SWITCH_INTERVAL_S))
-        _loads_with_callbacks += 1
-    try:
-        yield
-    finally:
-        with _switch_lock:
-            _loads_with_callbacks -= 1
-            if _loads_with_callbacks == 0:
-                sys.setswitchinterval(_switch_interval_before)
-
-
 class NativeModel:
     """A loaded GGUF model: weights, vocabulary and metadata."""
 
@@ -139,7 +111,7 @@ class NativeModel:
 
             callback = llama_cpp.llama_progress_callback(report)
             params.progress_callback = callback  # kept alive by `callback` until the load returns
-        with _prompt_callbacks() if progress is not None else contextlib.nullcontext():
+        with brisk_thread_switches() if progress is not None else contextlib.nullcontext():
             pointer = llama_cpp.llama_model_load_from_file(str(path).encode("utf-8"), params)
         if not pointer and cancelled:
             raise LoadCancelled(f"loading {path.name} was cancelled")

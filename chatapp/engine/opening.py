@@ -19,11 +19,13 @@ from chatapp.engine.prompt import PromptBuilder
 from chatapp.engine.remote import RemoteConfig, RemoteEngine
 from chatapp.engine.remote_chat import RemoteChatEngine
 from chatapp.engine.remote_http import MissingEndpointError, RemoteClient
+from chatapp.engine.thread_switches import brisk_thread_switches
 
 __all__ = [
     "CacheFactory",
     "EngineConfig",
     "RemoteConfig",
+    "brisk_thread_switches",
     "connect_remote_engine",
     "default_thread_count",
     "library_version",

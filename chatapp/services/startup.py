@@ -22,6 +22,7 @@ from chatapp.engine.opening import (
     CacheFactory,
     EngineConfig,
     RemoteConfig,
+    brisk_thread_switches,
     connect_remote_engine,
     library_version,
     start_local_engine,
@@ -132,8 +133,9 @@ class Workspace:
         remote = self.remote
         if remote is not None:
             return connect_remote_engine(remote)
-        config = self.engine_config(sequences, load_progress)
-        return start_local_engine(config, self.cache_factory() if use_cache else None)
+        with brisk_thread_switches():  # its Python steps never starved by a screen drawing meanwhile
+            config = self.engine_config(sequences, load_progress)
+            return start_local_engine(config, self.cache_factory() if use_cache else None)
 
     def cache_config(self) -> CacheConfig:
         settings = self.settings

@@ -9,6 +9,7 @@ service here: the engines stay inside it.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,6 +21,9 @@ from chatapp.services.chat_service import ChatService
 from chatapp.tui.widgets import PrefillRow, StatusLine
 
 PROGRESS_EVERY_S = 0.1  # how often the progress row shows the share loaded
+# A load shorter than this shows no progress bar: it would only flash, and drawing it (a layout of
+# the screen each time the row shows or hides) competes with the load for the GIL and the cores.
+PROGRESS_AFTER_S = 0.5
 
 
 class ModelSwitch:
@@ -36,6 +40,7 @@ class ModelSwitch:
         self._target: Path | None = None
         self._waiting = False  # loaded, waiting for the answer in flight to end
         self._share = 0.0  # of the weights loaded, written by the load's thread
+        self._started = 0.0  # when the load began (time.monotonic)
         self._timer: Timer | None = None
 
     @property
@@ -52,7 +57,7 @@ class ModelSwitch:
         cancel = self._cancel = threading.Event()
         self._target, self._waiting = path, False
         self._share = 0.0
-        self._row.show_share(f"loading {path.name}", 0.0)
+        self._started = time.monotonic()
         if self._timer is None:
             self._timer = self._screen.set_interval(PROGRESS_EVERY_S, self._show_progress)
         self._status.state = f"loading {path.name}…"
@@ -117,6 +122,8 @@ class ModelSwitch:
 
     # On the UI thread.
     def _show_progress(self) -> None:
+        if time.monotonic() - self._started < PROGRESS_AFTER_S:
+            return
         if self.loading and not self._waiting and self._target is not None:
             self._row.show_share(f"loading {self._target.name}", self._share)
 

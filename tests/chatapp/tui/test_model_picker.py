@@ -8,13 +8,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from textual.widgets import DataTable
+from textual.widgets import DataTable, Label
 
 from chatapp.model_files import bundled_model_path
 from chatapp.services.chat_service import ChatService
 from chatapp.tui.model_picker import ModelPicker
 from chatapp.tui.sidebar import Sidebar
-from chatapp.tui.widgets import StatusLine
+from chatapp.tui.widgets import PrefillRow, StatusLine
 from tests.model_factory import write_tiny_llama
 from tests.tui_support import SCREEN, answers, footnote, make_app, notifications, send, wait_ready, wait_until
 
@@ -113,9 +113,15 @@ async def test_esc_cancels_a_load_and_the_old_model_stays(
         await choose(pilot, app, "tiny")
         await wait_until(pilot, reported.is_set)
         assert "loading tiny.gguf" in status(app)
+        row = app.main_screen.query_one(PrefillRow)
+        # A load held past the moment a progress bar is worth drawing shows its share and the way out.
+        await wait_until(pilot, lambda: row.display)
+        assert "loading tiny.gguf" in str(row.query_one("#prefill-label", Label).render())
+        assert "Esc cancels" in str(row.query_one("#prefill-label", Label).render())
         await pilot.press("escape")
         go_on.set()
         await wait_until(pilot, lambda: "stayed with" in status(app))
+        assert not row.display
         await pilot.pause(0.2)
         assert app.service.model_label() == BUNDLED
         await send(pilot, app, "Hi")
