@@ -25,6 +25,7 @@ from chatapp.services.branches import BranchMessage, BranchView, as_document, br
 from chatapp.services.divergence import Divergence, PromptLog
 from chatapp.services.export import branch_to_json, branch_to_markdown, write_export
 from chatapp.services.messages import Turn, conversation_messages, next_question_parts
+from chatapp.services.model_choice import fit_problem
 from chatapp.services.personas import PersonaService
 from chatapp.services.prompt_plan import PromptPlan, TooLongWording, check_fits, plan_for, start_answer
 from chatapp.services.startup import Workspace, engine_notices
@@ -99,10 +100,39 @@ class ChatService:
     def load_model(self) -> None:
         """Load the model and open its KV cache: slow, so call it off the UI thread.
 
-        A ChatappError names the problem and the fix. If the service was closed meanwhile
-        (the user quit while the model loaded), the model is closed again at once.
+        The latest conversation opens first: when it was answered with another model, still on disk
+        and fitting in memory, that model is loaded instead of the settings' (not one, then the
+        other); the settings' model when it fails. A ChatappError names the problem and the fix. If
+        the service was closed meanwhile (the user quit while the model loaded), the model is closed
+        again at once.
         """
+        remembered = self._latest_conversation_s_model()
+        if remembered is not None:
+            workspace = self.workspace.with_model(remembered)
+            try:
+                engine = workspace.open_engine()
+            except ChatappError as error:
+                log.warning("could not load %s, the latest conversation's model: %s", remembered, error)
+            else:
+                self.workspace = workspace
+                self.attach_engine(engine)
+                return
         self.attach_engine(self.workspace.open_engine())
+
+    def _latest_conversation_s_model(self) -> Path | None:
+        """The other model the conversation opened first was answered with, when it can be loaded now."""
+        if self.workspace.remote is not None:
+            return None
+        try:
+            latest = self.list_conversations()
+            remembered = latest[0].model if latest else None
+            if not remembered or not Path(remembered).is_file():
+                return None
+            if Path(remembered).resolve() == self.workspace.model_path.resolve() or fit_problem(Path(remembered)):
+                return None
+        except (ChatappError, OSError):  # the settings' model then says what is wrong with it
+            return None
+        return Path(remembered)
 
     def attach_engine(self, engine: EngineClient) -> None:
         with self._engine_lock:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from cache import maintenance
-from cache.fingerprint import files_fingerprint
+from cache.fingerprint import FingerprintCancelled, files_fingerprint, fingerprints_remembered
 from cache.namespace import Namespace
 from cache.prefix_cache import CacheConfig, PrefixCache
 from cache.state_format import MemoryLayout
@@ -28,6 +28,7 @@ from chatapp.engine.opening import (
     start_local_engine,
 )
 from chatapp.engine.requests import SamplingParams
+from chatapp.errors import LoadCancelled
 from chatapp.models.catalog import ModelCatalog, split_parts
 from chatapp.models.machine import machine_catalog, resolve_model, split_folders
 from chatapp.paths import DataPaths, open_data_paths
@@ -35,6 +36,8 @@ from chatapp.settings import Settings, load_settings
 
 log = logging.getLogger(__name__)
 FINGERPRINT_MEMO = "model-fingerprints.json"
+HASH_SHARE = 0.5  # of a first load's progress bar: the content hash reads the file once, the load again
+LoadProgress = Callable[[float], bool]  # the share done; False stops (LoadCancelled)
 
 
 @dataclass(frozen=True)
@@ -129,13 +132,23 @@ class Workspace:
         `sequences` overrides the setting: one question needs one sequence, and each one
         reserves a whole context of KV memory. With a backend in the settings, the engine is
         that server (its cache is its own; `use_cache` and `sequences` do not apply).
+        `load_progress` hears the share done, the first content hash of a model file included
+        (the first half then); False from it stops the hash or the load (LoadCancelled).
         """
         remote = self.remote
         if remote is not None:
             return connect_remote_engine(remote)
         with brisk_thread_switches():  # its Python steps never starved by a screen drawing meanwhile
-            config = self.engine_config(sequences, load_progress)
-            return start_local_engine(config, self.cache_factory() if use_cache else None)
+            hashing, loading = self._progress_parts(load_progress, use_cache)
+            config = self.engine_config(sequences, loading)
+            return start_local_engine(config, self.cache_factory(hashing) if use_cache else None)
+
+    def _progress_parts(self, progress: LoadProgress | None, use_cache: bool) -> tuple[LoadProgress | None, ...]:
+        """The progress of the content hash and of the weights' load: halves when the model is hashed first."""
+        if progress is None or not use_cache or fingerprints_remembered(self._model_parts(), self._fingerprint_memo):
+            return progress, progress
+        told = progress
+        return (lambda share: told(share * HASH_SHARE)), (lambda share: told(HASH_SHARE + share * (1 - HASH_SHARE)))
 
     def cache_config(self) -> CacheConfig:
         settings = self.settings
@@ -147,20 +160,31 @@ class Workspace:
             eviction_policy=settings.cache_eviction,
         )
 
-    def cache_factory(self) -> CacheFactory:
-        """Opens the cache once the engine knows its KV layout (the namespace needs it)."""
+    def cache_factory(self, hash_progress: LoadProgress | None = None) -> CacheFactory:
+        """Opens the cache once the engine knows its KV layout (the namespace needs it); the model's
+        content hash runs now (`hash_progress` hears its share; False stops it: LoadCancelled)."""
         model_path = self.model_path
         named = self.settings.model
         # A model chosen by name is labelled so (an Ollama blob's file is `sha256-…`).
         shown = str(named) if named is not None and not named.expanduser().exists() else model_path.name
         label = {"model": shown, "path": str(model_path)}
-        return kv_cache_factory(self.kv_cache_dir, self.model_fingerprint(model_path), self.cache_config(), label)
+        fingerprint = self.model_fingerprint(model_path, hash_progress)
+        return kv_cache_factory(self.kv_cache_dir, fingerprint, self.cache_config(), label)
 
-    def model_fingerprint(self, model_path: Path) -> str:
+    def model_fingerprint(self, model_path: Path, progress: LoadProgress | None = None) -> str:
         """The model's content hash (every part of a split model), remembered in the cache folder."""
-        memo = self.paths.private_dir(self.paths.cache_dir) / FINGERPRINT_MEMO
-        parts = [part for part in split_parts(model_path) if part.is_file()] or [model_path]
-        return files_fingerprint(parts, memo)
+        try:
+            return files_fingerprint(self._model_parts(model_path), self._fingerprint_memo, progress)
+        except FingerprintCancelled:
+            raise LoadCancelled(f"loading {model_path.name} was cancelled") from None
+
+    def _model_parts(self, model_path: Path | None = None) -> list[Path]:
+        path = model_path or self.model_path
+        return [part for part in split_parts(path) if part.is_file()] or [path]
+
+    @property
+    def _fingerprint_memo(self) -> Path:
+        return self.paths.private_dir(self.paths.cache_dir) / FINGERPRINT_MEMO
 
 
 def kv_cache_factory(

@@ -4,9 +4,19 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
-from cache.fingerprint import file_fingerprint, hash_file
+import pytest
+
+from cache.fingerprint import (
+    CHUNK_BYTES,
+    FingerprintCancelled,
+    file_fingerprint,
+    files_fingerprint,
+    fingerprints_remembered,
+    hash_file,
+)
 
 
 def test_fingerprint_follows_content_not_name(tmp_path: Path) -> None:
@@ -39,3 +49,33 @@ def test_corrupt_memo_is_ignored(tmp_path: Path) -> None:
     model.write_bytes(b"content")
     memo.write_text("{not json")
     assert file_fingerprint(model, memo) == hash_file(model)
+
+
+def test_hashing_reports_its_progress_and_stops_when_told(tmp_path: Path) -> None:
+    """A split model's parts count as one progress; a stop leaves nothing remembered of the part."""
+    parts = [tmp_path / "m-00001-of-00002.gguf", tmp_path / "m-00002-of-00002.gguf"]
+    parts[0].write_bytes(b"a" * (CHUNK_BYTES + 10))  # two chunks
+    parts[1].write_bytes(b"b" * 10)
+    memo = tmp_path / "memo.json"
+    shares: list[float] = []
+    assert not fingerprints_remembered(parts, memo)
+    whole = files_fingerprint(parts, memo, noting(shares))
+    total = CHUNK_BYTES + 20
+    assert shares == [CHUNK_BYTES / total, (CHUNK_BYTES + 10) / total, 1.0]
+    assert fingerprints_remembered(parts, memo)
+    assert files_fingerprint(parts, memo, lambda share: False) == whole, "remembered: nothing hashed"
+
+    memo.unlink()
+    with pytest.raises(FingerprintCancelled):
+        files_fingerprint(parts, memo, lambda share: share < 0.5)
+    assert not memo.exists(), "a part stopped half-way is not remembered"
+
+
+def noting(shares: list[float]) -> Callable[[float], bool]:
+    """A progress callback that notes each share and goes on."""
+
+    def note(share: float) -> bool:
+        shares.append(share)
+        return True
+
+    return note

@@ -23,6 +23,7 @@ from chatapp.services.messages import document_block, question_message
 from chatapp.services.prompt_plan import builder_of
 from chatapp.services.startup import Workspace, open_workspace
 from chatapp.vocabulary import Role, StopReason
+from tests.model_factory import write_tiny_llama
 from tests.service_support import attach, make_service, prefix_tokens, settings
 
 PERSONA_NAME = "Concise assistant"
@@ -609,3 +610,30 @@ def test_a_question_left_unanswered_is_replaced_not_followed(service: ChatServic
     assert job.question.parent_id == view.root.id, "a sibling of the unanswered question"
     roles = [m.record.role for m in service.view().messages]
     assert roles == [Role.USER, Role.ASSISTANT]
+
+
+def test_the_model_loaded_at_start_is_the_latest_conversation_s_own(
+    workspace: Workspace, library: Library, tmp_path: Path
+) -> None:
+    """Not the settings' model, then the other one: the conversation that opens first gets its model at
+    once; a remembered model that no longer loads leaves the settings' one answering."""
+    tiny = write_tiny_llama(tmp_path / "tiny.gguf")
+    earlier = make_service(workspace, library, None)
+    earlier.new_conversation()
+    assert earlier.conversation_id is not None
+    library.conversations.set_model(earlier.conversation_id, str(tiny))
+    starting = make_service(workspace, library, None)
+    starting.load_model()
+    try:
+        assert starting.model_path() == tiny.resolve()
+        starting.open_latest_or_new()
+        assert starting.remembered_model() is None, "nothing left to switch to"
+    finally:
+        starting.close()
+    tiny.write_bytes(b"GGUF" + bytes(64))  # a broken file where the model was
+    fallback = make_service(workspace, library, None)
+    fallback.load_model()
+    try:
+        assert fallback.model_path() == workspace.model_path
+    finally:
+        fallback.close()

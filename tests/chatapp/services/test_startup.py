@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 
 import pytest
 
 from chatapp.engine.opening import start_local_engine
 from chatapp.engine.thread_switches import LOAD_SWITCH_INTERVAL_S
-from chatapp.services.startup import Workspace
+from chatapp.errors import LoadCancelled
+from chatapp.services.startup import HASH_SHARE, Workspace
 
 
 def test_opening_an_engine_hands_the_gil_over_briskly_from_its_first_step(
@@ -38,3 +40,32 @@ def test_opening_an_engine_hands_the_gil_over_briskly_from_its_first_step(
         assert sys.getswitchinterval() == before
     finally:
         engine.close()
+
+
+def test_a_first_load_reports_the_content_hash_then_the_weights_and_stops_when_told(workspace: Workspace) -> None:
+    """The first time a model file is seen it is hashed (its cache namespace): the first half of the
+    progress, which Esc stops as it stops the load; once remembered, the weights take the whole bar."""
+    with pytest.raises(LoadCancelled):
+        workspace.open_engine(load_progress=lambda share: share < HASH_SHARE / 2)
+    shares: list[float] = []
+    engine = workspace.open_engine(load_progress=noting(shares))
+    engine.close()
+    hashed = [share for share in shares if share <= HASH_SHARE]
+    assert hashed[0] < HASH_SHARE / 2, "the hash reported its way"
+    assert shares == sorted(shares)
+    assert shares[-1] == pytest.approx(1.0)
+    again: list[float] = []
+    engine = workspace.open_engine(load_progress=noting(again))
+    engine.close()
+    assert again[0] < HASH_SHARE / 2, "remembered: the load's own progress from the start"
+    assert again == sorted(again)
+
+
+def noting(shares: list[float]) -> Callable[[float], bool]:
+    """A progress callback that notes each share and goes on."""
+
+    def note(share: float) -> bool:
+        shares.append(share)
+        return True
+
+    return note
