@@ -31,24 +31,31 @@ MESSAGES = [{"role": "user", "content": "Write a long story about a lighthouse k
 DEFAULT_SERVER = Path.home() / ".cache" / "chatapp" / "llama-server" / "0.3.36" / "llama-server"
 
 
+def stream_answer(url: str, body: dict[str, object]) -> tuple[int, float]:
+    """Stream one chat completion: its answer tokens and when the first text came (perf_counter)."""
+    first, tokens = None, 0
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    with httpx.Client(timeout=600) as client, client.stream("POST", f"{url}/v1/chat/completions", json=body) as reply:
+        for line in reply.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line.removeprefix("data: "))
+            if first is None and chunk.get("choices") and chunk["choices"][0]["delta"].get("content"):
+                first = time.perf_counter()
+            if chunk.get("usage"):
+                tokens = int(chunk["usage"]["completion_tokens"])
+    assert first is not None, "no answer text came"
+    return tokens, first
+
+
 def speed(url: str, model: str, stream: bool) -> float:
     body: dict[str, object] = {"model": model, "messages": MESSAGES, "max_tokens": ANSWER_TOKENS, "temperature": 0}
-    started, first, tokens = time.perf_counter(), None, 0
-    with httpx.Client(timeout=600) as client:
-        if not stream:
+    started = time.perf_counter()
+    if not stream:
+        with httpx.Client(timeout=600) as client:
             tokens = int(client.post(f"{url}/v1/chat/completions", json=body).json()["usage"]["completion_tokens"])
-            return tokens / (time.perf_counter() - started)
-        body |= {"stream": True, "stream_options": {"include_usage": True}}
-        with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
-            for line in response.iter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line.removeprefix("data: "))
-                if first is None and chunk.get("choices") and chunk["choices"][0]["delta"].get("content"):
-                    first = time.perf_counter()
-                if chunk.get("usage"):
-                    tokens = int(chunk["usage"]["completion_tokens"])
-    assert first is not None
+        return tokens / (time.perf_counter() - started)
+    tokens, first = stream_answer(url, body)
     return (tokens - 1) / (time.perf_counter() - first)
 
 
@@ -64,6 +71,16 @@ def wait_up(url: str) -> None:
     raise SystemExit(f"{url} did not start")
 
 
+def start_chatapp_serve(port: int, data: str) -> subprocess.Popen[bytes]:
+    """`chatapp serve` on the bundled model and 2 threads, with its own data folder."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "chatapp", "serve", "--port", str(port), "--threads", "2", "--context", "2048"],
+        env={"CHATAPP_HOME": data, "PATH": "/usr/bin:/bin"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("rounds", type=int, nargs="?", default=4)
@@ -72,12 +89,7 @@ def main() -> None:
     model = bundled_model_path()
     ours, theirs = free_port(), free_port()
     with tempfile.TemporaryDirectory() as data:
-        chatapp = subprocess.Popen(
-            [sys.executable, "-m", "chatapp", "serve", "--port", str(ours), "--threads", "2", "--context", "2048"],
-            env={"CHATAPP_HOME": data, "PATH": "/usr/bin:/bin"},
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        chatapp = start_chatapp_serve(ours, data)
         server = subprocess.Popen(
             [str(args.llama_server), "-m", str(model), "-t", "2", "-tb", "2", "-c", "2048", "-np", "1",
              "--port", str(theirs)],

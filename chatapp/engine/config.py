@@ -44,6 +44,10 @@ class EngineConfig:
     checkpoint_interval: int = 1024
     # Plain KV caches: the newest whole sequence states kept ready to load (cache/ready_states.py).
     ready_state_bytes: int = 256 << 20
+    # Answers of several requests in one llama_decode where the model is confirmed batch-invariant
+    # (batch_rule.py); the probe's verdicts are remembered in `batch_memo` (None: probed each load).
+    batch_answers: bool = True
+    batch_memo: Path | None = None
     # Hears the share of the weights loaded (0..1) while the model loads; False stops the load.
     load_progress: Callable[[float], bool] | None = field(default=None, compare=False, repr=False)
 

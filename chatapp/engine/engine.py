@@ -128,6 +128,16 @@ class Engine:
         return self._loaded.cache_problem
 
     @property
+    def batching(self) -> tuple[bool, str | None]:
+        """Whether several answers' tokens share one decode here, and why not (batch_rule.py)."""
+        return self._loaded.batch_answers, self._loaded.batch_problem
+
+    @property
+    def batched_decodes(self) -> int:
+        """Decodes so far that evaluated several answers' tokens at once."""
+        return self._runner.batched_decodes
+
+    @property
     def layout(self) -> MemoryLayout | None:
         """The verified state format (None when the self-test failed)."""
         return self._loaded.layout

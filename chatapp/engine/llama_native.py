@@ -12,7 +12,7 @@ import ctypes
 import logging
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -342,6 +342,29 @@ class NativeContext:
         if status != 0:
             raise RuntimeError(f"llama_decode failed with status {status} ({last_llama_problem()})")
 
+    def decode_answers(self, entries: Sequence[tuple[int, int, int]]) -> None:
+        """Evaluate one answer token of each of several sequences in one llama_decode: `entries` are
+        (token, position, sequence), each with logits (row i for entry i). Not abortable, like any
+        decode of one token per sequence. Exact beside decoding each alone only where the model's
+        kernels are batch-invariant (batch_rule.py): the engine batches only what passed."""
+        count = len(entries)
+        if not 0 < count <= self.shape.n_batch:
+            raise ValueError(f"decode takes 1..{self.shape.n_batch} tokens, got {count}")
+        if self._abort_installed:
+            llama_cpp.llama_set_abort_callback(self.pointer, self._no_abort_callback, None)
+            self._abort_installed = False
+        batch = self._batch
+        for index, (token, position, sequence) in enumerate(entries):
+            batch.token[index] = token
+            batch.pos[index] = position
+            batch.n_seq_id[index] = 1
+            batch.seq_id[index][0] = sequence
+            batch.logits[index] = True
+        batch.n_tokens = count
+        status = llama_cpp.llama_decode(self.pointer, batch)
+        if status != 0:
+            raise RuntimeError(f"llama_decode failed with status {status} ({last_llama_problem()})")
+
     def logits_split_at(self, tokens: list[int], splits: list[int]) -> np.ndarray:
         """The last token's logits after evaluating `tokens` from nothing in sequence 0, in batches
         that end at `splits` (a diagnostic: does the split change them? see batching.py)."""
@@ -386,9 +409,9 @@ class NativeSampler:
         llama_cpp.llama_sampler_chain_add(self.pointer, llama_cpp.llama_sampler_init_temp(params.temperature))
         llama_cpp.llama_sampler_chain_add(self.pointer, llama_cpp.llama_sampler_init_dist(seed))
 
-    def sample(self, context: NativeContext) -> int:
-        """Pick a token from the logits of the last evaluated output, and accept it."""
-        return int(llama_cpp.llama_sampler_sample(self.pointer, context.pointer, -1))
+    def sample(self, context: NativeContext, row: int = -1) -> int:
+        """Pick a token from the logits of output `row` of the last decode (its last by default), and accept it."""
+        return int(llama_cpp.llama_sampler_sample(self.pointer, context.pointer, row))
 
     def close(self) -> None:
         if self.pointer:

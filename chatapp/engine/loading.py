@@ -18,6 +18,7 @@ from cache.llama_state import read_sequence_state, write_sequence_state
 from cache.prefix_cache import PrefixCache
 from cache.selftest import verify_layout
 from cache.state_format import MemoryLayout, StateFormatError
+from chatapp.engine.batch_rule import answer_batching
 from chatapp.engine.batching import FLASH_ATTENTION_ROWS, MIN_ROWS
 from chatapp.engine.config import CacheFactory, EngineConfig, default_thread_count
 from chatapp.engine.llama_native import NativeContext, NativeModel, gpu_offload_supported
@@ -41,6 +42,8 @@ class LoadedModel:
     layout: MemoryLayout | None  # None when the state format failed the self-test
     cache: PrefixCache | None
     cache_problem: str | None  # why there is no cache, in one line
+    batch_answers: bool = False  # several requests' answer tokens share one decode (batch_rule.py)
+    batch_problem: str | None = None  # why they do not, in one line
 
     @property
     def min_rows(self) -> int:
@@ -99,12 +102,18 @@ def load_model(
     )
     try:
         layout, problem = verify_state_format(model, context)
+        batch, why_not = (
+            answer_batching(model, context, info.gpu_layers, config.batch_memo)
+            if config.batch_answers
+            else (False, "turned off in the settings")
+        )
         cache = cache_factory(layout, info) if cache_factory is not None and layout is not None else None
     except BaseException:
         context.close()
         model.close()
         raise
-    return LoadedModel(model, context, info, PromptBuilder.for_model(model), layout, cache, problem)
+    builder = PromptBuilder.for_model(model)
+    return LoadedModel(model, context, info, builder, layout, cache, problem, batch, why_not)
 
 
 def verify_state_format(model: NativeModel, context: NativeContext) -> tuple[MemoryLayout | None, str | None]:

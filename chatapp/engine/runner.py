@@ -11,7 +11,7 @@ from __future__ import annotations
 import codecs
 import logging
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Generator
 from typing import Protocol
 
 from cache.state_format import StateFormatError
@@ -25,7 +25,7 @@ from chatapp.engine.phases import Phase
 from chatapp.engine.prefill import Prefill
 from chatapp.engine.requests import GenerationRequest
 from chatapp.engine.sequences import LiveSequence
-from chatapp.engine.tasks import Task
+from chatapp.engine.tasks import AnswerToken, Task, TaskStep
 from chatapp.vocabulary import ReuseTier, StopReason
 
 log = logging.getLogger(__name__)
@@ -71,12 +71,13 @@ class Runner:
             checkpoint_interval=checkpoint_interval,
             gates=gates,
         )
+        self.batched_decodes = 0  # decodes that evaluated several answers' tokens (tests, the bench)
 
     def close(self) -> None:
         """The engine thread ends: free what was loaded (after the cache's last writes)."""
         self._loaded.close()
 
-    def serve(self, task: Task) -> Iterator[None]:
+    def serve(self, task: Task) -> Generator[TaskStep, None, None]:
         """A request from placement to the end of its answer, then the engine's own work after it.
 
         Yields between steps; failures end the request, never the engine.
@@ -127,7 +128,29 @@ class Runner:
             except (StateFormatError, RuntimeError) as error:
                 log.warning("could not keep the KV of this answer: %s", error)
 
-    def _rebatch_answer(self, task: Task, live: LiveSequence) -> Iterator[None]:
+    def evaluate_answers(self, tokens: list[AnswerToken]) -> None:
+        """Evaluate answer tokens: one alone as always, several (of different sequences) in one decode.
+
+        The scheduler groups several only where the model batches exactly (batch_rule.py), and
+        resumes each task evaluated before any other decode (its logits row is read then).
+        """
+        if len(tokens) == 1:
+            (pending,) = tokens
+            position, sequence = pending.position, pending.sequence
+            self.context.decode([pending.token], start_pos=position, sequence=sequence, logits_for_last=True)
+            pending.row, pending.evaluated = -1, True
+            return
+        ordered = sorted(tokens, key=lambda pending: pending.sequence)  # consecutive ids share ubatches
+        self.context.decode_answers([(pending.token, pending.position, pending.sequence) for pending in ordered])
+        for row, pending in enumerate(ordered):
+            pending.row, pending.evaluated = row, True
+        self.batched_decodes += 1
+
+    @property
+    def batches_answers(self) -> bool:
+        return self._loaded.batch_answers
+
+    def _rebatch_answer(self, task: Task, live: LiveSequence) -> Generator[TaskStep, None, None]:
         """Compute the answer's tokens again, as one prefill, once the caller has the answer.
 
         Answer tokens were evaluated one at a time, and llama.cpp computes a one-token batch
@@ -167,7 +190,7 @@ class Runner:
             self._own_work.end_own_work()
             task.current = answered
 
-    def _generate(self, task: Task, placement: Placement) -> Generator[None, None, GenerationResult]:
+    def _generate(self, task: Task, placement: Placement) -> Generator[TaskStep, None, GenerationResult]:
         handle = task.handle
         request = handle.request
         prompt = list(request.prompt_tokens)
@@ -204,11 +227,15 @@ class Runner:
 
     def _decode_answer(
         self, handle: GenerationHandle, live: LiveSequence, generated: list[int], pieces: list[str]
-    ) -> Generator[None, None, tuple[StopReason, float | None]]:
-        """Sample and evaluate answer tokens until a stop; returns the reason and first-token time.
+    ) -> Generator[TaskStep, None, tuple[StopReason, float | None]]:
+        """Sample answer tokens until a stop, each evaluated by the scheduler; returns the reason and
+        first-token time.
 
-        Other tasks take their steps after a token is handed out and before it is evaluated:
-        a step evaluates a token and samples the next from its logits at once.
+        A token handed out is yielded (AnswerToken) for the scheduler to evaluate, alone or in one
+        decode with other answers' tokens (evaluate_answers); resumed, the step samples the next
+        from its row of that decode's logits at once, before any other decode. After the last
+        token the step yields once more, so what follows (the recompute's decodes) never runs
+        between a batch's decode and another member's sampling.
         """
         request = handle.request
         tokens = live.tokens
@@ -219,9 +246,10 @@ class Runner:
         shown = self.model.special_ids(grammar.preserved) if grammar is not None else frozenset()
         first_token_at: float | None = None
         stop_reason = StopReason.CANCELLED
+        row = -1  # the prompt's last output, then each token's row in the decode that evaluated it
         try:
             while not handle.cancel_event.is_set():
-                token = sampler.sample(self.context)
+                token = sampler.sample(self.context, row)
                 if first_token_at is None:
                     first_token_at = time.perf_counter()
                 if self.model.is_end_of_generation(token):
@@ -238,13 +266,15 @@ class Runner:
                 if len(tokens) >= limit:
                     stop_reason = StopReason.CONTEXT
                     break
-                yield
-                if handle.cancel_event.is_set():
-                    break
                 # A single-token decode is not abortable (see NativeContext.decode): a stop is
                 # seen between tokens, so the sequence's tokens always list exactly what it holds.
-                self.context.decode([token], start_pos=len(tokens), sequence=live.index, logits_for_last=True)
+                pending = AnswerToken(token, len(tokens), live.index)
+                yield pending
+                if not pending.evaluated:
+                    break
                 tokens.append(token)
+                row = pending.row
+            yield None  # a turn's end after the last sampling (see above)
         finally:
             sampler.close()
             tail = decoder.decode(b"", final=True)

@@ -18,6 +18,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 
+from chatapp.engine.batch_rule import MAX_TOGETHER
 from chatapp.engine.handle import GenerationHandle
 from chatapp.engine.phases import Phase
 from chatapp.engine.requests import GenerationRequest
@@ -233,25 +234,62 @@ class Scheduler:
         return ready
 
     def _step_tasks(self, runner: Runner) -> None:
-        """One step of each task whose turn it is (see turns.py); a cancelled one ends at once."""
+        """One step of each task whose turn it is (see turns.py); a cancelled one ends at once.
+
+        An answer's step hands out a token (AnswerToken) for the next turn to evaluate. Where the
+        model batches exactly (batch_rule.py), the tokens of every answer in this turn are evaluated
+        in one decode at the turn's end, then each of those tasks samples its next; elsewhere
+        each is evaluated alone just before its task's step, as one request alone always is.
+        """
         stopping = [task for task in self._tasks if task.current.cancel_event.is_set()]
         running = [task for task in self._tasks if task not in stopping]
         chosen = {id(state) for state in take_turns([task.turn for task in running], runner.context.shape.n_batch)}
-        for task in [task for task in self._tasks if task in stopping or id(task.turn) in chosen]:
-            self._stepping = task
-            try:
-                next(task.steps)
-            except StopIteration:
-                self._end_task(runner, task)
-            except BaseException as error:  # serve handles its own failures: this is a bug, not a request's end
-                log.exception("engine task failed")
-                for live in runner.sequences.held_by(task.handle):
-                    runner.placer.forget(live.index)
-                if not task.handle.done:
-                    task.handle.finish(None, error)
-                self._end_task(runner, task)
-            finally:
-                self._stepping = None
+        stepping = [task for task in self._tasks if task in stopping or id(task.turn) in chosen]
+        answering = [task for task in stepping if task.pending is not None and task not in stopping]
+        together = runner.batches_answers and len(answering) > 1
+        for task in stepping:
+            if together and task in answering:
+                continue  # evaluated with the others below
+            if task.pending is not None and task not in stopping and not self._evaluate(runner, task, [task]):
+                continue
+            self._step(runner, task)
+        for start in range(0, len(answering) if together else 0, MAX_TOGETHER):
+            group = answering[start : start + MAX_TOGETHER]
+            if self._evaluate(runner, None, group):
+                for task in group:
+                    self._step(runner, task)
+
+    def _evaluate(self, runner: Runner, task: Task | None, tasks: list[Task]) -> bool:
+        """Evaluate the pending tokens of `tasks`; a failure ends each of them as a failed step would."""
+        pending = [waiting.pending for waiting in tasks if waiting.pending is not None]
+        self._stepping = task
+        try:
+            runner.evaluate_answers(pending)
+        except Exception as error:  # thrown into each request's steps: it forgets its sequence and fails
+            for failed in tasks:
+                self._step(runner, failed, error)
+            return False
+        finally:
+            self._stepping = None
+        return True
+
+    def _step(self, runner: Runner, task: Task, error: Exception | None = None) -> None:
+        """Resume the task to its next yield (with `error` raised at the one it stopped at)."""
+        task.pending = None
+        self._stepping = task
+        try:
+            task.pending = next(task.steps) if error is None else task.steps.throw(error)
+        except StopIteration:
+            self._end_task(runner, task)
+        except BaseException as failure:  # serve handles its own failures: this is a bug, not a request's end
+            log.exception("engine task failed")
+            for live in runner.sequences.held_by(task.handle):
+                runner.placer.forget(live.index)
+            if not task.handle.done:
+                task.handle.finish(None, failure)
+            self._end_task(runner, task)
+        finally:
+            self._stepping = None
 
     def _end_task(self, runner: Runner, task: Task) -> None:
         self._tasks.remove(task)

@@ -36,6 +36,7 @@ from chatapp.settings import Settings, load_settings
 
 log = logging.getLogger(__name__)
 FINGERPRINT_MEMO = "model-fingerprints.json"
+BATCH_VERDICTS = "batch-verdicts.json"  # per model, build, CPU and settings: do answers batch exactly here
 HASH_SHARE = 0.5  # of a first load's progress bar: the content hash reads the file once, the load again
 LoadProgress = Callable[[float], bool]  # the share done; False stops (LoadCancelled)
 
@@ -114,6 +115,7 @@ class Workspace:
             flash_attention=settings.flash_attention,
             swa_full=settings.swa_full,
             checkpoint_interval=settings.checkpoint_every_blocks * settings.cache_block_size,
+            batch_memo=self.paths.private_dir(self.paths.cache_dir) / BATCH_VERDICTS,
         )
 
     @property

@@ -1,0 +1,203 @@
+"""Whether answers of several requests may share one llama_decode and stay exact.
+
+Batching is usually not bit-exact: llama.cpp's CPU kernels are chosen by the number of rows.
+Measured on x86 (batch_probe.py, scripts/batch_invariance_probe.py): with flash attention off,
+weights in Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (and repacked IQ4_NL) give every row bit-identical
+results whatever else the batch holds. K-quants change kernel at 8 rows and, repacked, by a row's
+place in a group of 4; F16/BF16/F32 weights differ between one row and several; CPU flash
+attention splits one row's KV range across threads; GPU kernels are picked by row count.
+
+So the rule looks at the weight types of every matrix the model multiplies by (K-quants pass it:
+most Q4_0 and Q5_0 files keep their output projection in Q6_K, and unrepacked K-quants hold
+below 8 rows), flash attention and offload; a model that passes is then confirmed on its own
+context by a short probe: answers of every group size up to MAX_TOGETHER (or the sequences it
+has), so every row place in every size, alone then together, logits compared bit for bit. A
+tiny Q4_K_M model (Q4_K repacked on AVX2) agreed at 2 and 3 together and differed at 4. The
+verdict is remembered per model file, llama.cpp build, CPU and settings. Only a confirmed
+model batches.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+import llama_cpp
+import numpy as np
+
+from cache.atomic_file import replace_atomically
+from cache.state_format import MemoryKind
+from chatapp.engine.llama_native import NativeContext, NativeModel, NativeSampler
+from chatapp.engine.requests import SamplingParams
+from chatapp.models.file_types import quantization_name
+from chatapp.models.gguf_header import GgufError, read_header
+
+log = logging.getLogger(__name__)
+
+# ggml types whose CPU matmul gives a row the same bits alone or beside others (flash attention off).
+INVARIANT_WEIGHT_TYPES = {2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 20: "IQ4_NL"}
+# K-quants: the same below 8 rows unless this CPU's llama.cpp repacks them, when a row's result
+# may depend on its place in a group of 4: the probe tells (every group size, every place).
+K_QUANT_TYPES = {10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
+_GGML_TYPE_NAMES = {0: "F32", 1: "F16", 30: "BF16"}
+# Answers evaluated in one decode at most: K-quant kernels change at 8 rows (the tiled path).
+MAX_TOGETHER = 7
+PROBE_TEXTS = (
+    "The capital of France is",
+    "def add(a, b):\n    return",
+    "Once upon a time, in a",
+    "The three primary colours are",
+    "SELECT name FROM users WHERE",
+    "Dear Sir or Madam, I am writing",
+    "1, 1, 2, 3, 5, 8,",
+)
+PROBE_STEPS = 4
+
+
+def weights_problem(model_path: Path) -> str | None:
+    """Why the model's matrix weights are not batch-invariant (None when every one is of a type that is)."""
+    try:
+        header = read_header(model_path)
+    except (GgufError, OSError) as error:
+        return f"its tensor types could not be read ({error})"
+    names = {tensor.name for tensor in header.tensors}
+    tied_output = "output.weight" not in names  # token_embd is then also the output projection
+    for tensor in header.tensors:
+        if len(tensor.shape) < 2 or (tensor.name.startswith("token_embd") and not tied_output):
+            continue  # norms and biases, and an embedding only looked up
+        if tensor.ggml_type not in INVARIANT_WEIGHT_TYPES and tensor.ggml_type not in K_QUANT_TYPES:
+            kind = _GGML_TYPE_NAMES.get(tensor.ggml_type, f"type {tensor.ggml_type}")
+            return f"{tensor.name} is {kind}, whose kernels depend on the batch's size"
+    return None
+
+
+def rule_problem(model: NativeModel, context: NativeContext, gpu_layers: int) -> str | None:
+    """Why this model and context must not batch answers, by the rule alone (None: probe it)."""
+    if context.shape.n_sequences < 2:
+        return "one sequence: nothing to batch"
+    if context.shape.flash_attention:
+        return "flash attention splits one row's work across threads unlike several rows'"
+    if gpu_layers > 0:
+        return "GPU kernels are chosen by the number of rows"
+    if model.memory_kind is not MemoryKind.PLAIN:
+        return f"only plain attention models batch so far (this one's memory is {model.memory_kind.value})"
+    return weights_problem(model.path)
+
+
+def probe_problem(model: NativeModel, context: NativeContext) -> str | None:
+    """Answers of k = 2..n sequences decoded alone and together on this context (n: the sequences it
+    has, at most MAX_TOGETHER): the first difference, or None.
+
+    Greedy, teacher-forced by the alone run; every sequence used is cleared afterwards.
+    """
+    count = min(context.shape.n_sequences, MAX_TOGETHER, len(PROBE_TEXTS))
+    prompts = [model.tokenize(text, add_special=True, parse_special=False) for text in PROBE_TEXTS[:count]]
+    try:
+        alone = [_answer_alone(model, context, index, prompt) for index, prompt in enumerate(prompts)]
+        for size in range(2, count + 1):
+            for index, prompt in enumerate(prompts[:size]):
+                context.remove(index, 0, -1)
+                _decode_prompt(context, prompt, index)
+            for step in range(PROBE_STEPS):
+                entries = [(alone[index][0][step], len(prompts[index]) + step, index) for index in range(size)]
+                context.decode_answers(entries)
+                for index in range(size):
+                    if not np.array_equal(_logits(context, index), alone[index][1][step + 1]):
+                        return f"sequence {index}'s logits at answer step {step + 1} of {size} together differ"
+        return None
+    finally:
+        for index in range(count):
+            context.remove(index, 0, -1)
+
+
+def _answer_alone(
+    model: NativeModel, context: NativeContext, sequence: int, prompt: Sequence[int]
+) -> tuple[list[int], list[np.ndarray]]:
+    """PROBE_STEPS greedy tokens decoded one at a time, with the logits before each (and after the last)."""
+    context.remove(sequence, 0, -1)
+    _decode_prompt(context, prompt, sequence)
+    sampler = NativeSampler(SamplingParams(temperature=0.0), model)
+    tokens: list[int] = []
+    logits = [_logits(context, -1)]
+    try:
+        for step in range(PROBE_STEPS):
+            tokens.append(sampler.sample(context))
+            context.decode([tokens[-1]], start_pos=len(prompt) + step, sequence=sequence, logits_for_last=True)
+            logits.append(_logits(context, -1))
+    finally:
+        sampler.close()
+    context.remove(sequence, 0, -1)
+    return tokens, logits
+
+
+def _decode_prompt(context: NativeContext, prompt: Sequence[int], sequence: int) -> None:
+    """The prompt in batches of the context's size (the same ones alone and before batching)."""
+    size = context.shape.n_batch
+    for start in range(0, len(prompt), size):
+        chunk = list(prompt[start : start + size])
+        context.decode(chunk, start_pos=start, sequence=sequence, logits_for_last=start + size >= len(prompt))
+
+
+def _logits(context: NativeContext, row: int) -> np.ndarray:
+    pointer = llama_cpp.llama_get_logits_ith(context.pointer, row)
+    return np.ctypeslib.as_array(pointer, shape=(context.model.n_vocab,)).copy()
+
+
+def verdict_key(model: NativeModel, context: NativeContext, gpu_layers: int) -> str:
+    """What the probe's verdict depends on: the file, the build and CPU, the context's settings."""
+    stat = model.path.stat()
+    system = llama_cpp.llama_print_system_info().decode("utf-8", "replace")
+    shape = context.shape
+    return "|".join(
+        str(part)
+        for part in (
+            model.path.resolve(),
+            stat.st_size,
+            stat.st_mtime_ns,
+            llama_cpp.__version__,
+            system,
+            shape.n_threads,
+            shape.flash_attention,
+            gpu_layers,
+            model.facts().quantization or quantization_name(None),
+        )
+    )
+
+
+def answer_batching(
+    model: NativeModel, context: NativeContext, gpu_layers: int, memo: Path | None
+) -> tuple[bool, str | None]:
+    """Whether to batch answers here, and why not: the rule, then the probe (remembered in `memo`)."""
+    if problem := rule_problem(model, context, gpu_layers):
+        return False, problem
+    key = verdict_key(model, context, gpu_layers)
+    verdicts = _read(memo)
+    if key in verdicts:
+        problem = verdicts[key] or None
+    else:
+        problem = probe_problem(model, context)
+        if memo is not None:
+            _write(memo, {**verdicts, key: problem or ""})
+    if problem:
+        log.info("answers are not batched: %s", problem)
+    return problem is None, problem
+
+
+def _read(memo: Path | None) -> dict[str, str]:
+    if memo is None:
+        return {}
+    try:
+        data = json.loads(memo.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return {key: value for key, value in data.items() if isinstance(value, str)} if isinstance(data, dict) else {}
+
+
+def _write(memo: Path, verdicts: dict[str, str]) -> None:
+    try:
+        memo.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        replace_atomically(memo, json.dumps(verdicts, indent=0, sort_keys=True), durable=False)
+    except OSError as error:  # probed again next time
+        log.warning("could not remember the batching verdict: %s", error)
