@@ -41,6 +41,11 @@ class Settings(BaseModel):
         description="llama.cpp's flash attention; restores stay exact (every prompt batch has 64+ tokens), "
         "but each answer computes its last 64 prompt tokens and prompts under 64 tokens are not reused",
     )
+    batch_answers: bool = Field(
+        True,
+        description="answers streaming at once share one llama.cpp decode per token, where a probe at load finds "
+        "that bit-exact (Q4_0, Q4_1, Q5_0, Q8_0 and most K-quant files, flash attention off); off decodes each alone",
+    )
     temperature: float = Field(0.7, ge=0.0, le=5.0, description="0 is greedy and reproducible")
     top_p: float = Field(0.95, gt=0.0, le=1.0)
     max_tokens: int = Field(512, ge=1, description="longest answer, in tokens")

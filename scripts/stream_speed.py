@@ -71,8 +71,10 @@ def wait_up(url: str) -> None:
     raise SystemExit(f"{url} did not start")
 
 
-def start_chatapp_serve(port: int, data: str) -> subprocess.Popen[bytes]:
-    """`chatapp serve` on the bundled model and 2 threads, with its own data folder."""
+def start_chatapp_serve(port: int, data: str, settings: str = "") -> subprocess.Popen[bytes]:
+    """`chatapp serve` on the bundled model and 2 threads, with its own data folder (and `settings`, TOML)."""
+    if settings:
+        Path(data, "config.toml").write_text(settings, encoding="utf-8")
     return subprocess.Popen(
         [sys.executable, "-m", "chatapp", "serve", "--port", str(port), "--threads", "2", "--context", "2048"],
         env={"CHATAPP_HOME": data, "PATH": "/usr/bin:/bin"},

@@ -5,8 +5,9 @@ Both serve the bundled model on 2 threads. For N = 1..4, N clients each stream a
 a question of their own, all sent at once; the figure is every client's answer tokens over the time
 from the first request to the last answer's end (the median over rounds), and the clients' median
 time to first token. chatapp's after-answer work (each answer's KV recomputed for the cache) is
-waited for before llama-server's turn. chatapp's answers share one decode per step where the
-model batches exactly (batch_rule.py: the bundled Q4_1 does). Run from the repository root:
+waited for before the next server's turn. chatapp's answers share one decode per step where the
+model batches exactly (batch_rule.py: the bundled Q4_1 does); a second `chatapp serve` with
+`batch_answers = false` shows what that brings. Run from the repository root:
 
     .venv/bin/python scripts/streams_together.py [ROUNDS] [--clients 1,2,3,4] [--llama-server PATH]
 """
@@ -82,36 +83,46 @@ def main() -> None:
     parser.add_argument("--llama-server", type=Path, default=DEFAULT_SERVER)
     args = parser.parse_args()
     counts = [int(part) for part in args.clients.split(",")]
-    ours = free_port()
-    with tempfile.TemporaryDirectory() as data:
-        chatapp = start_chatapp_serve(ours, data)
+    ours, unbatched = free_port(), free_port()
+    with tempfile.TemporaryDirectory() as data, tempfile.TemporaryDirectory() as other:
+        chatapps = [start_chatapp_serve(ours, data), start_chatapp_serve(unbatched, other, "batch_answers = false\n")]
         try:
-            ours_url = f"http://127.0.0.1:{ours}"
-            wait_up(ours_url)
-            model_id = httpx.get(f"{ours_url}/v1/models").json()["data"][0]["id"]
+            urls = {"chatapp": f"http://127.0.0.1:{ours}", "chatapp unbatched": f"http://127.0.0.1:{unbatched}"}
+            for url in urls.values():
+                wait_up(url)
+            model_id = httpx.get(f"{urls['chatapp']}/v1/models").json()["data"][0]["id"]
             for clients in counts:
-                theirs = free_port()
-                server = start_llama_server(args.llama_server, theirs, clients)
-                try:
-                    theirs_url = f"http://127.0.0.1:{theirs}"
-                    wait_up(theirs_url)
-                    figures: dict[str, list[tuple[float, float]]] = {"chatapp": [], "llama-server": []}
-                    for _ in range(args.rounds):
-                        figures["chatapp"].append(together(ours_url, model_id, clients))
-                        httpx.post(f"{ours_url}/chatapp/flush", timeout=600)
-                        figures["llama-server"].append(together(theirs_url, "m", clients))
-                finally:
-                    server.terminate()
-                    server.wait(timeout=60)
-                mine, yours = (statistics.median(speed for speed, _ in figures[who]) for who in figures)
-                my_ttft, your_ttft = (statistics.median(ttft for _, ttft in figures[who]) for who in figures)
-                print(
-                    f"{clients} client(s): chatapp serve {mine:6.1f} tok/s (TTFT {my_ttft:.2f} s)  "
-                    f"llama-server -np {clients} {yours:6.1f} tok/s (TTFT {your_ttft:.2f} s)  ratio {mine / yours:.2f}"
-                )
+                print(measure(args, urls, model_id, clients), flush=True)
         finally:
-            chatapp.terminate()
-            chatapp.wait(timeout=60)
+            for process in chatapps:
+                process.terminate()
+                process.wait(timeout=60)
+
+
+def measure(args: argparse.Namespace, urls: dict[str, str], model_id: str, clients: int) -> str:
+    """One line: each server's median aggregate speed and TTFT for `clients` at once, rounds interleaved."""
+    theirs = free_port()
+    server = start_llama_server(args.llama_server, theirs, clients)
+    figures: dict[str, list[tuple[float, float]]] = {who: [] for who in (*urls, "llama-server")}
+    try:
+        wait_up(f"http://127.0.0.1:{theirs}")
+        for _ in range(args.rounds):
+            for who, url in urls.items():
+                figures[who].append(together(url, model_id, clients))
+                httpx.post(f"{url}/chatapp/flush", timeout=600)
+            figures["llama-server"].append(together(f"http://127.0.0.1:{theirs}", "m", clients))
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    speed = {who: statistics.median(value for value, _ in runs) for who, runs in figures.items()}
+    ttft = {who: statistics.median(value for _, value in runs) for who, runs in figures.items()}
+    parts = [f"{who} {speed[who]:6.1f} tok/s (TTFT {ttft[who]:.2f} s)" for who in figures]
+    return (
+        f"{clients} client(s): "
+        + ", ".join(parts)
+        + f"; chatapp/llama-server {speed['chatapp'] / speed['llama-server']:.2f}, "
+        f"batched/unbatched {speed['chatapp'] / speed['chatapp unbatched']:.2f}"
+    )
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ RESTART_FIELDS = frozenset(
         "n_gpu_layers",
         "threads",
         "flash_attention",
+        "batch_answers",
         "swa_full",
         "backend",
         "backend_key",

@@ -115,6 +115,7 @@ class Workspace:
             flash_attention=settings.flash_attention,
             swa_full=settings.swa_full,
             checkpoint_interval=settings.checkpoint_every_blocks * settings.cache_block_size,
+            batch_answers=settings.batch_answers,
             batch_memo=self.paths.private_dir(self.paths.cache_dir) / BATCH_VERDICTS,
         )
 

@@ -38,6 +38,7 @@ EVERYTHING = Settings(
     n_gpu_layers=0,
     threads=3,
     flash_attention=True,
+    batch_answers=False,
     temperature=0.0,
     top_p=0.5,
     max_tokens=1024,
@@ -95,7 +96,7 @@ def test_labels_kinds_and_restart_flags() -> None:
     assert kinds["cache_eviction"] == "choice"
     restart = {item.name for item in setting_fields() if item.restart_needed}
     assert restart == {
-        "model", "context_cap", "sequences", "n_gpu_layers", "threads", "flash_attention",
+        "model", "context_cap", "sequences", "n_gpu_layers", "threads", "flash_attention", "batch_answers",
         "cache_block_size", "cache_ram_mib", "cache_disk_mib", "cache_ttl_days", "cache_eviction", "swa_full",
         "backend", "backend_key", "backend_model",
         "checkpoint_every_blocks",
