@@ -54,6 +54,7 @@ PROBE_TEXTS = (
     "1, 1, 2, 3, 5, 8,",
 )
 PROBE_STEPS = 4
+_SEEN: dict[str, str] = {}  # verdicts this process found or read: a model loaded again is not probed again
 
 
 def weights_problem(model_path: Path) -> str | None:
@@ -173,13 +174,12 @@ def answer_batching(
     if problem := rule_problem(model, context, gpu_layers):
         return False, problem
     key = verdict_key(model, context, gpu_layers)
-    verdicts = _read(memo)
-    if key in verdicts:
-        problem = verdicts[key] or None
-    else:
-        problem = probe_problem(model, context)
-        if memo is not None:
-            _write(memo, {**verdicts, key: problem or ""})
+    stored = _read(memo)
+    known = stored.get(key, _SEEN.get(key))
+    problem = probe_problem(model, context) if known is None else known or None
+    if memo is not None and key not in stored:
+        _write(memo, {**stored, key: problem or ""})
+    _SEEN[key] = problem or ""
     if problem:
         log.info("answers are not batched: %s", problem)
     return problem is None, problem

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Callable
 
@@ -10,7 +11,8 @@ import pytest
 from chatapp.engine.opening import start_local_engine
 from chatapp.engine.thread_switches import LOAD_SWITCH_INTERVAL_S
 from chatapp.errors import LoadCancelled
-from chatapp.services.startup import HASH_SHARE, Workspace
+from chatapp.services.startup import BATCH_VERDICTS, HASH_SHARE, Workspace
+from tests.conftest import local
 
 
 def test_opening_an_engine_hands_the_gil_over_briskly_from_its_first_step(
@@ -69,3 +71,15 @@ def noting(shares: list[float]) -> Callable[[float], bool]:
         return True
 
     return note
+
+
+def test_the_batching_verdict_is_remembered_in_the_cache_folder(workspace: Workspace) -> None:
+    """Probed once per model, build, CPU and settings: the bundled model batches its answers."""
+    engine = workspace.open_engine()
+    try:
+        assert local(engine).batching == (True, None)
+    finally:
+        engine.close()
+    verdicts = json.loads((workspace.kv_cache_dir.parent / BATCH_VERDICTS).read_text(encoding="utf-8"))
+    assert list(verdicts.values()) == [""], "one verdict: no problem"
+    assert str(workspace.model_path.resolve()) in next(iter(verdicts))
