@@ -53,7 +53,7 @@ PROBE_TEXTS = (
     "Dear Sir or Madam, I am writing",
     "1, 1, 2, 3, 5, 8,",
 )
-PROBE_STEPS = 4
+PROBE_STEPS = 2  # differences showed at the first step batched (F16, a repacked Q4_K_M)
 _SEEN: dict[str, str] = {}  # verdicts this process found or read: a model loaded again is not probed again
 
 
@@ -99,8 +99,7 @@ def probe_problem(model: NativeModel, context: NativeContext) -> str | None:
         alone = [_answer_alone(model, context, index, prompt) for index, prompt in enumerate(prompts)]
         for size in range(2, count + 1):
             for index, prompt in enumerate(prompts[:size]):
-                context.remove(index, 0, -1)
-                _decode_prompt(context, prompt, index)
+                context.remove(index, len(prompt), -1)  # back to the prompt, computed alone
             for step in range(PROBE_STEPS):
                 entries = [(alone[index][0][step], len(prompts[index]) + step, index) for index in range(size)]
                 context.decode_answers(entries)
@@ -116,7 +115,8 @@ def probe_problem(model: NativeModel, context: NativeContext) -> str | None:
 def _answer_alone(
     model: NativeModel, context: NativeContext, sequence: int, prompt: Sequence[int]
 ) -> tuple[list[int], list[np.ndarray]]:
-    """PROBE_STEPS greedy tokens decoded one at a time, with the logits before each (and after the last)."""
+    """PROBE_STEPS greedy tokens decoded one at a time, with the logits before each (and after the last);
+    the sequence keeps its prompt's KV."""
     context.remove(sequence, 0, -1)
     _decode_prompt(context, prompt, sequence)
     sampler = NativeSampler(SamplingParams(temperature=0.0), model)
@@ -129,7 +129,6 @@ def _answer_alone(
             logits.append(_logits(context, -1))
     finally:
         sampler.close()
-    context.remove(sequence, 0, -1)
     return tokens, logits
 
 

@@ -165,6 +165,11 @@ def read_answer(text: str, shape: AnswerShape, builder: PromptBuilder | None) ->
     return ShapedAnswer(parsed.content, tuple(calls), parsed.whole)
 
 
+def shown_text(text: str, builder: PromptBuilder | None) -> str:
+    """What a screen shows of a saved answer: a harmony answer's (gpt-oss) preambles and reply, else the text."""
+    return read_answer(text, AnswerShape(), builder).content
+
+
 class StreamedContent:
     """The text a stream shows while an answer may still turn into calls.
 

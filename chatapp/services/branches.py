@@ -22,6 +22,7 @@ class BranchMessage:
     record: MessageRecord
     position: int
     siblings: int
+    shown: str = ""  # what the screen shows: a harmony answer's reply without its reasoning, else the content
 
 
 @dataclass(frozen=True)

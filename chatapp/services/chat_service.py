@@ -17,9 +17,10 @@ from chatapp.documents import Document, load_document
 from chatapp.engine.contract import EngineClient
 from chatapp.engine.events import GenerationResult
 from chatapp.engine.handle import GenerationHandle
-from chatapp.engine.prompt import ChatMessage
+from chatapp.engine.prompt import ChatMessage, PromptBuilder
 from chatapp.errors import ChatappError
 from chatapp.records import ConversationRecord, DocumentRecord, MessageRecord, PersonaRecord
+from chatapp.services.answer_shape import AnswerShape, StreamedContent, shown_text
 from chatapp.services.answers import AnswerJob
 from chatapp.services.branches import BranchMessage, BranchView, as_document, branch_turns, prompt_messages
 from chatapp.services.divergence import Divergence, PromptLog
@@ -241,6 +242,15 @@ class ChatService:
     def ready(self) -> bool:
         return self.engine is not None
 
+    def answer_display(self) -> StreamedContent:
+        """What a screen shows of an answer as it streams: a gpt-oss answer's reply, not its reasoning
+        (its pieces join to what `view` shows of the saved answer); any other answer as it comes."""
+        return StreamedContent(AnswerShape(), self._display_builder())
+
+    def _display_builder(self) -> PromptBuilder | None:
+        engine = self.engine
+        return engine.prompt_builder if engine is not None else None
+
     def model_label(self) -> str:
         """The loaded model's file name, for the status line."""
         return self.engine.info.short_name if self.engine is not None else "no model"
@@ -309,11 +319,13 @@ class ChatService:
         path = self.conversations.path(leaf_id)
         root = path[0]
         roots = self.conversations.roots(conversation.id)
+        builder = self._display_builder()
         messages = []
         for record in path[1:]:
             siblings = self.conversations.siblings(record.id)
             position = next(index for index, sibling in enumerate(siblings) if sibling.id == record.id)
-            messages.append(BranchMessage(record, position + 1, len(siblings)))
+            shown = shown_text(record.content, builder) if record.role is Role.ASSISTANT else record.content
+            messages.append(BranchMessage(record, position + 1, len(siblings), shown))
         document = self.conversations.get_document(root.document_id) if root.document_id else None
         root_position = next(index for index, other in enumerate(roots) if other.id == root.id) + 1
         return BranchView(conversation, root, root_position, len(roots), document, tuple(messages))

@@ -29,7 +29,7 @@ class ChatLog(VerticalScroll):
         for message in view.messages:
             record = message.record
             widget = MessageView(
-                record.role, record.content, message_id=record.id, position=message.position, siblings=message.siblings
+                record.role, message.shown, message_id=record.id, position=message.position, siblings=message.siblings
             )
             widgets.append(widget)
         if widgets:
@@ -48,8 +48,8 @@ class ChatLog(VerticalScroll):
         ):
             return False
         for widget, message in zip(widgets, view.messages, strict=True):
-            if widget.text != message.record.content:  # the saved text is the truth
-                await widget.body.update(message.record.content)
+            if widget.text != message.shown:  # the saved text is the truth
+                await widget.body.update(message.shown)
             widget.message_id = message.record.id
             widget.position, widget.version_count = message.position, message.siblings
             widget.show_versions()

@@ -113,8 +113,21 @@ class MainScreen(Screen[None]):
         self.status.context_size = self.service.context_size()
         self.status.state = "ready"
         self._update_branch_info()
+        self._show_answers_as_this_model_reads_them()
         self.warm_ahead("")
         self._follow_the_conversation_s_model()
+
+    def _show_answers_as_this_model_reads_them(self) -> None:
+        """Shown before the model loaded, a gpt-oss answer was its raw text: now its reply (see ChatService.view)."""
+        if self.branch is None or self.flight is not None:  # an answer in flight: its end refreshes the view
+            return
+        try:
+            view = self.service.view()
+        except ChatappError:
+            return
+        if any(message.shown != old.shown for message, old in zip(view.messages, self.branch.messages, strict=False)):
+            self.branch = view
+            self.call_later(self.query_one(ChatLog).refresh_versions, view)
 
     def switch_model(self, path: Path) -> None:
         """Load `path` while the model answering goes on, then answer with it (F7's choice)."""
@@ -333,11 +346,12 @@ class MainScreen(Screen[None]):
             return
         flight.started(job)
         self.post_message(AnswerStarted())
+        display = self.service.answer_display()  # a gpt-oss answer shows its reply, not its reasoning
         try:
             for event in job.events():
                 if isinstance(event, TextEvent):
                     if event.text:
-                        self.post_message(AnswerText(event.text))
+                        self.post_message(AnswerText(display.feed(event.text)))
                 elif isinstance(event, PromptProgress):
                     self.post_message(PrefillAdvanced(event.done, event.total))
         except Exception as error:

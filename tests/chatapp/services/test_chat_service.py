@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from chatapp.documents import Document, load_document
-from chatapp.engine.engine import Engine
+from chatapp.engine.engine import Engine, EngineConfig
 from chatapp.engine.kv_placement import FRESH_TOKENS
 from chatapp.engine.prompt import ChatMessage
 from chatapp.errors import ChatappError, DocumentError
@@ -23,7 +23,7 @@ from chatapp.services.messages import document_block, question_message
 from chatapp.services.prompt_plan import builder_of
 from chatapp.services.startup import Workspace, open_workspace
 from chatapp.vocabulary import Role, StopReason
-from tests.model_factory import write_tiny_llama
+from tests.model_factory import HARMONY_TOKENS, write_tiny_llama
 from tests.service_support import attach, make_service, prefix_tokens, settings
 
 PERSONA_NAME = "Concise assistant"
@@ -637,3 +637,32 @@ def test_the_model_loaded_at_start_is_the_latest_conversation_s_own(
         assert fallback.model_path() == workspace.model_path
     finally:
         fallback.close()
+
+
+def test_a_gpt_oss_answer_shows_its_reply_not_its_reasoning(
+    workspace: Workspace, library: Library, tmp_path: Path
+) -> None:
+    """Saved raw (the history needs its channels), shown as its reply: in the branch view and as it streams."""
+    template = (Path(__file__).parents[1] / "engine" / "templates" / "gpt_oss.jinja").read_text(encoding="utf-8")
+    model = write_tiny_llama(tmp_path / "tiny-gpt_oss.gguf", chat_template=template, special_tokens=HARMONY_TOKENS)
+    engine = Engine(EngineConfig(model, context_cap=256, sequences=1, threads=1))
+    service = make_service(workspace, library, engine)
+    try:
+        raw = (
+            "<|channel|>analysis<|message|>The user greets me.<|end|><|start|>assistant"
+            "<|channel|>final<|message|>Hello! How can I help?"
+        )
+        service.new_conversation()
+        assert service.conversation_id is not None
+        question = library.conversations.add_message(service.conversation_id, service.view().root.id, Role.USER, "Hi")
+        library.conversations.add_message(service.conversation_id, question.id, Role.ASSISTANT, raw)
+        answer = service.view().messages[-1]
+        assert answer.record.content == raw
+        assert answer.shown == "Hello! How can I help?"
+        display = service.answer_display()
+        assert "".join(display.feed(raw[start : start + 7]) for start in range(0, len(raw), 7)) == answer.shown
+        plain = make_service(workspace, library, None)  # no model yet: nothing to read it by
+        plain.open(service.conversation_id)
+        assert plain.view().messages[-1].shown == raw
+    finally:
+        service.close()
