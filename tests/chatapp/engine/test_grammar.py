@@ -127,6 +127,9 @@ def test_grammars_give_calls_and_json_that_parse_the_same_cold_and_from_the_cach
         "auto": tools.tool_format.grammar((WEATHER, TIME), parallel=True, lazy=True),
         "json": schema_grammar(SCHEMA, "response_format"),
     }
+    if family_of(qwen_engine) == "gpt_oss":  # a random model may think on past max_tokens first: held to the call
+        for name in ("required", "named"):
+            grammars[name] = replace(grammars[name], root="chatapp-call")
     for name, grammar in grammars.items():
         result = generated(qwen_engine, prompt, grammar, use_cache=False)
         cold = result.token_ids
