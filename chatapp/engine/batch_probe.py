@@ -161,19 +161,14 @@ def decode_together(context: NativeContext, pieces: Sequence[Piece]) -> list[np.
         status = llama_cpp.llama_decode(context.pointer, batch)
         if status != 0:
             raise RuntimeError(f"llama_decode failed with status {status}")
-        return [None if output is None else _logits(context, output) for output in outputs]
+        return [None if output is None else context.logits(output) for output in outputs]
     finally:
         llama_cpp.llama_batch_free(batch)
 
 
-def _logits(context: NativeContext, index: int) -> np.ndarray:
-    pointer = llama_cpp.llama_get_logits_ith(context.pointer, index)
-    return np.ctypeslib.as_array(pointer, shape=(context.model.n_vocab,)).copy()
-
-
 def _decode_alone(context: NativeContext, sequence: int, start: int, tokens: Sequence[int]) -> np.ndarray:
     context.decode(list(tokens), start_pos=start, sequence=sequence, logits_for_last=True)
-    return _logits(context, -1)
+    return context.logits()
 
 
 def _clear(context: NativeContext, sequences: int) -> None:

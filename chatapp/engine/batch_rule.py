@@ -31,17 +31,16 @@ from cache.atomic_file import replace_atomically
 from cache.state_format import MemoryKind
 from chatapp.engine.llama_native import NativeContext, NativeModel, NativeSampler
 from chatapp.engine.requests import SamplingParams
-from chatapp.models.file_types import quantization_name
+from chatapp.models.file_types import GGML_TYPES, ggml_type_name
 from chatapp.models.gguf_header import GgufError, read_header
 
 log = logging.getLogger(__name__)
 
 # ggml types whose CPU matmul gives a row the same bits alone or beside others (flash attention off).
-INVARIANT_WEIGHT_TYPES = {2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 20: "IQ4_NL"}
+INVARIANT_WEIGHT_TYPES = frozenset(GGML_TYPES[name] for name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL"))
 # K-quants: the same below 8 rows unless this CPU's llama.cpp repacks them, when a row's result
 # may depend on its place in a group of 4: the probe tells (every group size, every place).
-K_QUANT_TYPES = {10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
-_GGML_TYPE_NAMES = {0: "F32", 1: "F16", 30: "BF16"}
+K_QUANT_TYPES = frozenset(GGML_TYPES[name] for name in ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"))
 # Answers evaluated in one decode at most: K-quant kernels change at 8 rows (the tiled path).
 MAX_TOGETHER = 7
 PROBE_TEXTS = (
@@ -69,8 +68,7 @@ def weights_problem(model_path: Path) -> str | None:
         if len(tensor.shape) < 2 or (tensor.name.startswith("token_embd") and not tied_output):
             continue  # norms and biases, and an embedding only looked up
         if tensor.ggml_type not in INVARIANT_WEIGHT_TYPES and tensor.ggml_type not in K_QUANT_TYPES:
-            kind = _GGML_TYPE_NAMES.get(tensor.ggml_type, f"type {tensor.ggml_type}")
-            return f"{tensor.name} is {kind}, whose kernels depend on the batch's size"
+            return f"{tensor.name} is {ggml_type_name(tensor.ggml_type)}, whose kernels depend on the batch's size"
     return None
 
 
@@ -104,7 +102,7 @@ def probe_problem(model: NativeModel, context: NativeContext) -> str | None:
                 entries = [(alone[index][0][step], len(prompts[index]) + step, index) for index in range(size)]
                 context.decode_answers(entries)
                 for index in range(size):
-                    if not np.array_equal(_logits(context, index), alone[index][1][step + 1]):
+                    if not np.array_equal(context.logits(index), alone[index][1][step + 1]):
                         return f"sequence {index}'s logits at answer step {step + 1} of {size} together differ"
         return None
     finally:
@@ -121,12 +119,12 @@ def _answer_alone(
     _decode_prompt(context, prompt, sequence)
     sampler = NativeSampler(SamplingParams(temperature=0.0), model)
     tokens: list[int] = []
-    logits = [_logits(context, -1)]
+    logits = [context.logits()]
     try:
         for step in range(PROBE_STEPS):
             tokens.append(sampler.sample(context))
             context.decode([tokens[-1]], start_pos=len(prompt) + step, sequence=sequence, logits_for_last=True)
-            logits.append(_logits(context, -1))
+            logits.append(context.logits())
     finally:
         sampler.close()
     return tokens, logits
@@ -138,11 +136,6 @@ def _decode_prompt(context: NativeContext, prompt: Sequence[int], sequence: int)
     for start in range(0, len(prompt), size):
         chunk = list(prompt[start : start + size])
         context.decode(chunk, start_pos=start, sequence=sequence, logits_for_last=start + size >= len(prompt))
-
-
-def _logits(context: NativeContext, row: int) -> np.ndarray:
-    pointer = llama_cpp.llama_get_logits_ith(context.pointer, row)
-    return np.ctypeslib.as_array(pointer, shape=(context.model.n_vocab,)).copy()
 
 
 def verdict_key(model: NativeModel, context: NativeContext, gpu_layers: int) -> str:
@@ -161,7 +154,6 @@ def verdict_key(model: NativeModel, context: NativeContext, gpu_layers: int) -> 
             shape.n_threads,
             shape.flash_attention,
             gpu_layers,
-            model.facts().quantization or quantization_name(None),
         )
     )
 

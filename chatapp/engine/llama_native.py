@@ -373,11 +373,12 @@ class NativeContext:
         for end in [*splits, len(tokens)]:
             self.decode(tokens[position:end], start_pos=position, sequence=0, logits_for_last=end == len(tokens))
             position = end
-        vocabulary = llama_cpp.llama_vocab_n_tokens(
-            llama_cpp.llama_model_get_vocab(llama_cpp.llama_get_model(self.pointer))
-        )
-        pointer = llama_cpp.llama_get_logits_ith(self.pointer, -1)
-        return np.ctypeslib.as_array(pointer, shape=(vocabulary,)).copy()
+        return self.logits()
+
+    def logits(self, row: int = -1) -> np.ndarray:
+        """A copy of output `row`'s logits from the last decode (its last output by default)."""
+        pointer = llama_cpp.llama_get_logits_ith(self.pointer, row)
+        return np.ctypeslib.as_array(pointer, shape=(self.model.n_vocab,)).copy()
 
     def remove(self, sequence: int, start: int, end: int = -1) -> bool:
         """Drop the cells of `sequence` at positions [start, end); end -1 means to the end."""

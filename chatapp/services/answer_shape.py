@@ -146,6 +146,11 @@ class ShapedAnswer:
     whole: bool = True  # False: cut inside a further call (its ids do not spell content and calls)
 
 
+def speaks_harmony(builder: PromptBuilder | None) -> bool:
+    """Whether the model answers in harmony (gpt-oss): its reasoning is never shown."""
+    return builder is not None and isinstance(builder.tool_format, HarmonyToolFormat)
+
+
 def read_answer(text: str, shape: AnswerShape, builder: PromptBuilder | None) -> ShapedAnswer:
     """`text` split into content and calls when the request offered tools; otherwise the text as it is,
     but for a model that answers in harmony (gpt-oss): its reply without its reasoning, always."""
@@ -153,8 +158,7 @@ def read_answer(text: str, shape: AnswerShape, builder: PromptBuilder | None) ->
         return ShapedAnswer(text)
     form = builder.tool_format
     if not shape.calls_tools:
-        harmony = isinstance(form, HarmonyToolFormat)
-        return ShapedAnswer(form.parse(text).content if harmony else text)
+        return ShapedAnswer(form.parse(text).content if speaks_harmony(builder) else text)
     parsed = form.parse(text, shape.tools)
     calls: list[ToolCall] = []
     for call in parsed.calls:
@@ -181,8 +185,7 @@ class StreamedContent:
 
     def __init__(self, shape: AnswerShape, builder: PromptBuilder | None) -> None:
         self._trigger = builder.tool_format.trigger if shape.calls_tools and builder is not None else None
-        harmony = builder is not None and isinstance(builder.tool_format, HarmonyToolFormat)
-        self._harmony = HarmonyReader() if harmony else None
+        self._harmony = HarmonyReader() if speaks_harmony(builder) else None
         self._held = ""  # text not shown yet: blank space and what may begin a call
         self._shown = 0  # characters shown
         self._opened = False  # a call began: nothing more is shown

@@ -20,7 +20,7 @@ from chatapp.engine.handle import GenerationHandle
 from chatapp.engine.prompt import ChatMessage, PromptBuilder
 from chatapp.errors import ChatappError
 from chatapp.records import ConversationRecord, DocumentRecord, MessageRecord, PersonaRecord
-from chatapp.services.answer_shape import AnswerShape, StreamedContent, shown_text
+from chatapp.services.answer_shape import AnswerShape, StreamedContent, shown_text, speaks_harmony
 from chatapp.services.answers import AnswerJob
 from chatapp.services.branches import BranchMessage, BranchView, as_document, branch_turns, prompt_messages
 from chatapp.services.divergence import Divergence, PromptLog
@@ -246,6 +246,10 @@ class ChatService:
         """What a screen shows of an answer as it streams: a gpt-oss answer's reply, not its reasoning
         (its pieces join to what `view` shows of the saved answer); any other answer as it comes."""
         return StreamedContent(AnswerShape(), self._display_builder())
+
+    def hides_reasoning(self) -> bool:
+        """Whether the model answering shows less of an answer than it saves (gpt-oss: no reasoning)."""
+        return speaks_harmony(self._display_builder())
 
     def _display_builder(self) -> PromptBuilder | None:
         engine = self.engine

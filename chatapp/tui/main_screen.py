@@ -119,8 +119,8 @@ class MainScreen(Screen[None]):
 
     def _show_answers_as_this_model_reads_them(self) -> None:
         """Shown before the model loaded, a gpt-oss answer was its raw text: now its reply (see ChatService.view)."""
-        if self.branch is None or self.flight is not None:  # an answer in flight: its end refreshes the view
-            return
+        if self.branch is None or self.flight is not None or not self.service.hides_reasoning():
+            return  # nothing shown raw (an answer in flight: its end refreshes the view)
         try:
             view = self.service.view()
         except ChatappError:

@@ -18,8 +18,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import llama_cpp
-import numpy as np
 import pytest
 import xxhash
 from hypothesis import HealthCheck, given, settings
@@ -83,8 +81,7 @@ class LogitsLog:
             log.digests[id(params)] = []  # one sampler per request; an id may be a freed object's
 
         def sample(sampler: NativeSampler, context: NativeContext, row: int = -1) -> int:
-            pointer = llama_cpp.llama_get_logits_ith(context.pointer, row)
-            logits = np.ctypeslib.as_array(pointer, shape=(context.model.n_vocab,))
+            logits = context.logits(row)
             log.digests.setdefault(sampler.logged_as, []).append(xxhash.xxh3_64_hexdigest(logits.tobytes()))  # type: ignore[attr-defined]
             return real_sample(sampler, context, row)
 
