@@ -3,12 +3,13 @@ that typing with warm-ups sends the same prompt and gets the same answer as send
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from chatapp.documents import Document
-from chatapp.engine.engine import Engine
+from chatapp.engine.engine import Engine, EngineConfig
 from chatapp.engine.gate import Step
 from chatapp.engine.handle import GenerationHandle
 from chatapp.engine.prompt import ChatMessage
@@ -67,9 +68,17 @@ def test_draft_prompt_drops_the_token_at_the_settled_boundary(engine: Engine) ->
     assert sent[: len(typed)] == typed
 
 
+@pytest.fixture(scope="module")
+def small_batches(model_path: Path) -> Iterator[Engine]:
+    """An engine of 32-token batches: a prompt of a few batches is short to compute (the test model's
+    prefill is the slow part of these tests)."""
+    with Engine(EngineConfig(model_path=model_path, context_cap=512, sequences=2, n_batch=32)) as engine:
+        yield engine
+
+
 def long_prompt(engine: Engine, topic: str) -> tuple[int, ...]:
-    """About 900 tokens: two prefill batches, so the warm-up is still running when the next call comes."""
-    text = f"Notes on {topic}: " + f"the {topic} report lists one more finding for the audit. " * 70
+    """Several prefill batches, so the warm-up is still running when the next call comes."""
+    text = f"Notes on {topic}: " + f"the {topic} report lists one more finding for the audit. " * 4
     tokens = engine.prompt_builder.draft_tokens([], ChatMessage.of(Role.USER, text))
     assert engine.context.shape.n_batch < len(tokens) < engine.info.n_ctx_per_sequence - 64
     return tuple(tokens)
@@ -95,7 +104,8 @@ def test_nothing_new_is_not_warmed_again(engine: Engine) -> None:
     assert not prewarmer.busy
 
 
-def test_an_edit_to_earlier_text_cancels_the_running_warm_up(engine: Engine) -> None:
+def test_an_edit_to_earlier_text_cancels_the_running_warm_up(small_batches: Engine) -> None:
+    engine = small_batches
     prewarmer = Prewarmer(engine)
     original = long_prompt(engine, "rivers")
     edited = long_prompt(engine, "lakes")
@@ -113,7 +123,8 @@ def test_an_edit_to_earlier_text_cancels_the_running_warm_up(engine: Engine) -> 
     assert finished(extended) == StopReason.PREFILLED
 
 
-def test_before_send_keeps_only_warm_ups_that_start_the_prompt(engine: Engine) -> None:
+def test_before_send_keeps_only_warm_ups_that_start_the_prompt(small_batches: Engine) -> None:
+    engine = small_batches
     prewarmer = Prewarmer(engine)
     useful = long_prompt(engine, "forests")
     handle = prewarmer.warm(useful, store=False)
