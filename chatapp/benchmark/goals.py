@@ -27,7 +27,10 @@ side-by-side ratios mean anything). A goal whose peers did not run is left out.
   engine is idle, storing included) / the same prompt's cost without the cache <= 1.02.
 - P (prefill with nothing cached): chatapp's prompt tokens per second / llama-server's, both with
   flash attention (chatapp's exact mode) >= 1, and chatapp's default (off) / llama-server's default
-  (on) >= 1.
+  (on) >= 1; one stream's answer tokens per second / llama-server's >= 0.97.
+- N (clients at once over HTTP): three clients' aggregate answer tokens per second, `chatapp serve`
+  / llama-server with `-np 3` >= 1; one client alone, chatapp / chatapp with `batch_answers = false`
+  >= 0.98 (batching costs a lone stream nothing).
 
 "Busy time" is the sum over requests of the time to the last token plus the time the peer
 needed to settle afterwards (model loading left out); "the question alone" is the ideal
@@ -293,6 +296,26 @@ def prefill_verdicts(*, default: float, flash: float) -> list[Verdict]:
 def decode_verdict(ratio: float) -> Verdict:
     """Issue 22's one-stream goal, in process: answer tokens per second at least 0.97x llama-server's."""
     return _at_least("P", "decode tok/s of one stream, chatapp / llama-server", ratio, 0.97)
+
+
+STREAMS_TOGETHER = 3  # N: the clients whose aggregate speed is judged against llama-server's
+ALONE_UNCHANGED = 0.98  # N: one client, batched / unbatched
+
+
+def streams_verdicts(
+    by_clients: Mapping[int, Mapping[str, Any]], batched: str, unbatched: str, server: str
+) -> list[Verdict]:
+    """N's goals from its figures by client count, then side (see streams_figure.py)."""
+    verdicts = []
+    three = by_clients.get(STREAMS_TOGETHER, {})
+    if batched in three and server in three:
+        ratio = three[batched].answer_tokens_per_s / three[server].answer_tokens_per_s
+        verdicts.append(_at_least("N", f"answer tok/s, {STREAMS_TOGETHER} clients, chatapp / llama-server", ratio, 1.0))
+    one = by_clients.get(1, {})
+    if batched in one and unbatched in one:
+        ratio = one[batched].answer_tokens_per_s / one[unbatched].answer_tokens_per_s
+        verdicts.append(_at_least("N", "answer tok/s, 1 client, batched / unbatched", ratio, ALONE_UNCHANGED))
+    return verdicts
 
 
 def goals_table(verdicts: list[Verdict]) -> str:

@@ -28,7 +28,7 @@ from typing import Any
 
 import platformdirs
 
-from chatapp.benchmark.peers import PeerAnswer
+from chatapp.benchmark.peers import PeerAnswer, PeerSettings
 from chatapp.benchmark.server_process import HOST, ServerPeerError, ServerProcessPeer, free_port
 
 ENV_BINARY = "CHATAPP_LLAMA_SERVER"
@@ -192,4 +192,21 @@ class LlamaServerPeer(ServerProcessPeer):
             total_ms=total_ms,
             prompt_tokens=len(prompt_tokens),
             computed_tokens=int(computed),
+            answer_tokens=int(timings.get("predicted_n", len(tokens))),
         )
+
+
+def uncached_server(
+    settings: PeerSettings, binary: Path, *, slots: int = 1, flash_attention: bool = False
+) -> LlamaServerPeer:
+    """llama-server with nothing cached between requests, shaped as chatapp's engine is (figures P and N)."""
+    return LlamaServerPeer(
+        binary,
+        settings.model_path,
+        context=settings.context,
+        threads=settings.threads,
+        cache_ram_mib=0,
+        slots=slots,
+        batch=settings.n_batch,
+        flash_attention=flash_attention,
+    )

@@ -67,6 +67,7 @@ class PeerAnswer:
     total_ms: float
     prompt_tokens: int
     computed_tokens: int  # prompt tokens the peer evaluated (not reused from its caches)
+    answer_tokens: int | None = None  # tokens in the answer, where the peer says (servers' usage, timings)
 
 
 class Peer(Protocol):

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from chatapp.benchmark.goals import Verdict, decode_verdict, prefill_verdicts
-from chatapp.benchmark.llama_server import LlamaServerPeer
+from chatapp.benchmark.llama_server import uncached_server
 from chatapp.benchmark.peers import PeerSettings
 from chatapp.benchmark.workloads import PromptKit
 from chatapp.engine.opening import EngineConfig, start_local_engine
@@ -100,7 +100,7 @@ def _chatapp_decode(settings: PeerSettings, question: tuple[int, ...], repeats: 
 
 
 def _server_decode(settings: PeerSettings, server: Path, question: tuple[int, ...], repeats: int) -> float:
-    peer = _server_peer(settings, server, flash=False)
+    peer = uncached_server(settings, server)
     try:
         speeds = []
         for _ in range(repeats):
@@ -110,19 +110,6 @@ def _server_decode(settings: PeerSettings, server: Path, question: tuple[int, ..
     finally:
         peer.close()
     return statistics.median(speeds)
-
-
-def _server_peer(settings: PeerSettings, server: Path, *, flash: bool) -> LlamaServerPeer:
-    """llama-server with nothing cached between requests, shaped as chatapp's engine is."""
-    return LlamaServerPeer(
-        server,
-        settings.model_path,
-        context=settings.context,
-        threads=settings.threads,
-        cache_ram_mib=0,
-        batch=settings.n_batch,
-        flash_attention=flash,
-    )
 
 
 def _chatapp_speed(settings: PeerSettings, prompts: list[tuple[int, ...]], flash: bool) -> float:
@@ -136,7 +123,7 @@ def _chatapp_speed(settings: PeerSettings, prompts: list[tuple[int, ...]], flash
 
 
 def _server_speed(settings: PeerSettings, server: Path, prompts: list[tuple[int, ...]], flash: bool) -> float:
-    peer = _server_peer(settings, server, flash=flash)
+    peer = uncached_server(settings, server, flash_attention=flash)
     try:
         speeds = [len(prompt) / (peer.ask(prompt, 1).ttft_ms / 1000) for prompt in prompts]
     finally:

@@ -70,6 +70,14 @@ from chatapp.benchmark.restore_figure import (
     restore_record,
     restore_table,
 )
+from chatapp.benchmark.streams_figure import (
+    STREAMS_NAME,
+    StreamsFigures,
+    measure_streams,
+    streams_figure_verdicts,
+    streams_record,
+    streams_table,
+)
 from chatapp.benchmark.trace_figure import (
     TRACE_NAME,
     TraceFigures,
@@ -86,7 +94,7 @@ from chatapp.models.machine import resolve_model
 SERVER_PEER = "llama-server"
 SERVE_PEER = "chatapp-serve"
 DEFAULT_PEERS = (*PEERS, SERVE_PEER, LOOPBACK_PEER)
-ALL_NAMES = (*WORKLOAD_NAMES, *FIGURE_NAMES, RESTORE_NAME, PREFILL_NAME, TRACE_NAME)
+ALL_NAMES = (*WORKLOAD_NAMES, *FIGURE_NAMES, RESTORE_NAME, PREFILL_NAME, STREAMS_NAME, TRACE_NAME)
 SKIP_SERVER = "llama-server: skipped (not built; run scripts/build_llama_server.py or pass --llama-server PATH)"
 
 
@@ -298,7 +306,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=",".join(ALL_NAMES),
         help="which workloads, e.g. A,C (default: all: the peers on A-F, then chatapp's cache figures L "
         "(lookup among many conversations), S (storage of conversations on one persona), R (what one "
-        "restore and one total miss cost, step by step), P (prefill speed beside llama-server) and G "
+        "restore and one total miss cost, step by step), P (prefill speed beside llama-server), N (clients "
+        "at once over HTTP beside llama-server -np N) and G "
         "(eviction policies replayed on request traces, no model))",
     )
     parser.add_argument(
@@ -434,6 +443,7 @@ def run(args: argparse.Namespace) -> int:
     traces: TraceFigures | None = None
     restores: RestoreFigures | None = None
     prefills: PrefillFigures | None = None
+    streams: StreamsFigures | None = None
 
     def meta(complete: bool) -> dict[str, Any]:
         return {
@@ -463,6 +473,7 @@ def run(args: argparse.Namespace) -> int:
                 **({"traces": trace_record(traces)} if traces is not None else {}),
                 **({"restores": restore_record(restores)} if restores is not None else {}),
                 **({"prefill": prefill_record(prefills)} if prefills is not None else {}),
+                **({"streams": streams_record(streams)} if streams is not None else {}),
             },
         }
 
@@ -489,7 +500,7 @@ def run(args: argparse.Namespace) -> int:
             _log(f"L: lookup among {scale.lookup_conversations:,} conversations")
             lookup = measure_lookup(scale.lookup_conversations)
         # S, R and P build their prompts as the app does: one vocabulary for the three.
-        kit = PromptKit(model_path) if {"S", RESTORE_NAME, PREFILL_NAME} & set(workload_names) else None
+        kit = PromptKit(model_path) if {"S", RESTORE_NAME, PREFILL_NAME, STREAMS_NAME} & set(workload_names) else None
         try:
             if kit is not None and "S" in workload_names:
                 _log(f"S: storage of {scale.storage_conversations} conversations on one persona")
@@ -519,6 +530,20 @@ def run(args: argparse.Namespace) -> int:
                 prefills = measure_prefill(
                     settings, kit, server, prompt_tokens=scale.system, repeats=scale.restore_repeats
                 )
+            if kit is not None and STREAMS_NAME in workload_names:
+                counts = ", ".join(map(str, scale.stream_clients))
+                _log(f"{STREAMS_NAME}: {counts} clients at once, chatapp serve and llama-server -np N")
+                streams = measure_streams(
+                    settings,
+                    kit,
+                    server,
+                    work / "streams",
+                    clients=scale.stream_clients,
+                    rounds=scale.stream_rounds,
+                    answer_tokens=scale.stream_answer,
+                    prompt_context=scale.system,
+                    log=_log,
+                )
         finally:
             if kit is not None:
                 kit.close()
@@ -538,6 +563,7 @@ def run(args: argparse.Namespace) -> int:
             *cache_figure_verdicts(lookup, storage),
             *restore_figure_verdicts(restores),
             *prefill_figure_verdicts(prefills),
+            *streams_figure_verdicts(streams),
             *trace_figure_verdicts(traces),
         ],
     )
@@ -563,6 +589,9 @@ def run(args: argparse.Namespace) -> int:
     if prefills is not None:
         print()
         print(prefill_table(prefills))
+    if streams is not None:
+        print()
+        print(streams_table(streams))
     if traces is not None:
         print()
         print(trace_table(traces))

@@ -52,8 +52,8 @@ def flush_server(base_url: str, api_key: str | None, timeout_s: float, who: str)
     return True
 
 
-def write_settings(folder: Path, settings: PeerSettings) -> None:
-    """The run's budgets and shape as the server's config.toml."""
+def write_settings(folder: Path, settings: PeerSettings, *, batch_answers: bool = True) -> None:
+    """The run's budgets and shape as the server's config.toml (`batch_answers` false: figure N's unbatched side)."""
     folder.mkdir(parents=True, exist_ok=True)
     lines = [
         f"sequences = {settings.chatapp_sequences}",
@@ -61,6 +61,7 @@ def write_settings(folder: Path, settings: PeerSettings) -> None:
         f"cache_ram_mib = {settings.ram_budget_bytes // MIB}",
         f"cache_disk_mib = {settings.disk_budget_bytes // MIB}",
         "n_gpu_layers = 0",
+        f"batch_answers = {'true' if batch_answers else 'false'}",
     ]
     (folder / "config.toml").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
@@ -70,9 +71,9 @@ class ChatappServePeer(ServerProcessPeer):
 
     name = "chatapp-serve"
 
-    def __init__(self, settings: PeerSettings, folder: Path) -> None:
+    def __init__(self, settings: PeerSettings, folder: Path, *, batch_answers: bool = True) -> None:
         data = folder / "data"
-        write_settings(data, settings)
+        write_settings(data, settings, batch_answers=batch_answers)
         port = free_port()
         command = [
             sys.executable,
@@ -132,4 +133,5 @@ class ChatappServePeer(ServerProcessPeer):
             total_ms=total_ms,
             prompt_tokens=int(usage["prompt_tokens"]),
             computed_tokens=int(usage["prompt_tokens"]) - cached,
+            answer_tokens=int(usage.get("completion_tokens") or 0),
         )

@@ -68,6 +68,9 @@ class Scale:
     storage_conversations: int = 50  # S: conversations on one persona stored through the engine
     restore_repeats: int = 5  # R: restores of one prefix by each path
     miss_repeats: int = 2  # R: novel prompts with and without the cache, in turns
+    stream_clients: tuple[int, ...] = (1, 2, 3, 4)  # N: clients at once, each count in turn
+    stream_rounds: int = 3  # N: rounds per count (sides interleaved)
+    stream_answer: int = 128  # N: answer tokens asked of each client
     trace_scale: float = 1.0  # G: population, sessions and RAM budget of the request traces (no model: seconds)
 
 
@@ -113,6 +116,9 @@ SCALES = {
         agent_turns=4,
         agent_clients=2,
         agent_context=4096,
+        stream_clients=(1, 3),
+        stream_rounds=2,
+        stream_answer=32,
     ),
     "tiny": Scale(
         "tiny",
@@ -139,6 +145,9 @@ SCALES = {
         agent_turns=2,
         agent_clients=2,
         agent_context=2048,
+        stream_clients=(1, 3),
+        stream_rounds=1,
+        stream_answer=4,
     ),
 }
 
