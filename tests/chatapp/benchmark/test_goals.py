@@ -143,3 +143,19 @@ def test_f_judges_the_least_share_reused_after_each_clients_first_request_restar
     serve = found["F least prompt share reused after a client's first request, chatapp-serve"]
     assert serve == pytest.approx((0.97, True))
     assert not [measure for measure in found if "ideal" in measure or "llama-server" in measure]
+
+
+def test_f_judges_each_clients_first_request_after_the_restart_beside_the_median_of_all() -> None:
+    # Two clients, restarted before the third request: clients 0 and 1 each ask once more, then again.
+    chatapp = agent_run("chatapp", [1000, 30, 20, 20, 20, 20])
+    server = agent_run("llama-server", [1000, 1000, 900, 900, 20, 20])
+    for made, ttfts in ((chatapp, [9000, 500, 400, 800, 900, 1300]), (server, [9000, 9000, 6000, 7000, 300, 400])):
+        for request, ttft in zip(made["requests"], ttfts, strict=True):
+            request["ttft_ms"] = float(ttft)
+        made["served_s"] = 60.0
+    found = verdicts_by_measure([chatapp, server])
+    # After the restart: chatapp 400, 800 (each client's first), 900, 1300; the server 6000, 7000, 300, 400.
+    assert found["F TTFT after restart, llama-server / chatapp"] == pytest.approx((3200 / 850, False))
+    assert found["F each client's first TTFT after restart, llama-server / chatapp"] == pytest.approx(
+        (6500 / 600, True)
+    )
