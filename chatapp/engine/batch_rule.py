@@ -41,6 +41,10 @@ INVARIANT_WEIGHT_TYPES = frozenset(GGML_TYPES[name] for name in ("Q4_0", "Q4_1",
 # K-quants: the same below 8 rows unless this CPU's llama.cpp repacks them, when a row's result
 # may depend on its place in a group of 4: the probe tells (every group size, every place).
 K_QUANT_TYPES = frozenset(GGML_TYPES[name] for name in ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"))
+# Memory whose answer decodes may be batched: plain attention, and interleaved sliding-window attention
+# (each sequence's window is its own stream's; a tiny Gemma 3 in Q4_0 passes the probe). Recurrent and
+# hybrid models multiply by convolution and state tensors (F32) the rule does not yet tell apart.
+BATCHED_MEMORY = frozenset({MemoryKind.PLAIN, MemoryKind.ISWA})
 # Answers evaluated in one decode at most: K-quant kernels change at 8 rows (the tiled path).
 MAX_TOGETHER = 7
 PROBE_TEXTS = (
@@ -80,8 +84,8 @@ def rule_problem(model: NativeModel, context: NativeContext, gpu_layers: int) ->
         return "flash attention splits one row's work across threads unlike several rows'"
     if gpu_layers > 0:
         return "GPU kernels are chosen by the number of rows"
-    if model.memory_kind is not MemoryKind.PLAIN:
-        return f"only plain attention models batch so far (this one's memory is {model.memory_kind.value})"
+    if model.memory_kind not in BATCHED_MEMORY:
+        return f"only attention models batch so far (this one's memory is {model.memory_kind.value})"
     return weights_problem(model.path)
 
 
