@@ -171,13 +171,21 @@ def answer_batching(
     key = verdict_key(model, context, gpu_layers)
     stored = _read(memo)
     known = stored.get(key, _SEEN.get(key))
-    problem = probe_problem(model, context) if known is None else known or None
+    problem = _probed(model, context) if known is None else known or None
     if memo is not None and key not in stored:
         _write(memo, {**stored, key: problem or ""})
     _SEEN[key] = problem or ""
     if problem:
         log.info("answers are not batched: %s", problem)
     return problem is None, problem
+
+
+def _probed(model: NativeModel, context: NativeContext) -> str | None:
+    """The probe's verdict; a probe llama.cpp cannot run means no batching, never a failed load."""
+    try:
+        return probe_problem(model, context)
+    except RuntimeError as error:
+        return f"the probe could not run ({error})"
 
 
 def _read(memo: Path | None) -> dict[str, str]:

@@ -15,6 +15,9 @@ import pytest
 
 from chatapp.engine.batch_probe import PROBE_TEXTS, ProbeSettings, chunk_ends, probe
 from chatapp.engine.batching import MIN_ROWS
+from chatapp.engine.engine import Engine, EngineConfig
+from chatapp.engine.llama_native import NativeContext
+from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.model_files import bundled_model_path
 from tests.model_factory import quantize_model, write_tiny_llama
 
@@ -51,3 +54,20 @@ def test_a_q4_0_model_batches_and_an_f16_one_does_not(tiny_f16: Path, tmp_path: 
     f16 = probe(tiny_f16, SHORT)
     assert not f16.answers_identical
     assert 0 < f16.answers_max_diff < 1  # rounding, not a wrong sequence's logits
+
+
+@pytest.mark.slow
+def test_a_start_up_probe_llama_cpp_cannot_run_means_no_batching_not_a_failed_load(
+    tiny_f16: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refused(context: NativeContext, entries: object) -> None:
+        raise RuntimeError("llama_decode failed with status -1")
+
+    monkeypatch.setattr(NativeContext, "decode_answers", refused)
+    model = quantize_model(tiny_f16, tmp_path / "tiny-Q4_0.gguf", "Q4_0")  # the rule lets it through to the probe
+    with Engine(EngineConfig(model_path=model, context_cap=128, sequences=3, threads=1)) as engine:
+        batches, problem = engine.batching
+        assert not batches
+        assert problem == "the probe could not run (llama_decode failed with status -1)"
+        request = GenerationRequest(tuple(range(3, 12)), SamplingParams(temperature=0.0, max_tokens=3), use_cache=False)
+        assert engine.generate(request).wait().stats.computed_tokens == 9  # it answers, alone
