@@ -28,7 +28,6 @@ import llama_cpp
 import numpy as np
 
 from cache.atomic_file import replace_atomically
-from cache.state_format import MemoryKind
 from chatapp.engine.llama_native import NativeContext, NativeModel, NativeSampler
 from chatapp.engine.requests import SamplingParams
 from chatapp.models.file_types import GGML_TYPES, ggml_type_name
@@ -41,10 +40,9 @@ INVARIANT_WEIGHT_TYPES = frozenset(GGML_TYPES[name] for name in ("Q4_0", "Q4_1",
 # K-quants: the same below 8 rows unless this CPU's llama.cpp repacks them, when a row's result
 # may depend on its place in a group of 4: the probe tells (every group size, every place).
 K_QUANT_TYPES = frozenset(GGML_TYPES[name] for name in ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"))
-# Memory whose answer decodes may be batched: plain attention, and interleaved sliding-window attention
-# (each sequence's window is its own stream's; a tiny Gemma 3 in Q4_0 passes the probe). Recurrent and
-# hybrid models multiply by convolution and state tensors (F32) the rule does not yet tell apart.
-BATCHED_MEMORY = frozenset({MemoryKind.PLAIN, MemoryKind.ISWA})
+# Tensors of two or more dimensions no matmul reads: recurrent and hybrid models' convolution kernels
+# (Mamba, LFM2) and state decays, applied per sequence (ggml_ssm_conv, ggml_ssm_scan), not by row.
+NOT_MULTIPLIED = ("ssm_conv1d.weight", "shortconv.conv.weight", ".ssm_a", ".ssm_d")
 # Answers evaluated in one decode at most: K-quant kernels change at 8 rows (the tiled path).
 MAX_TOGETHER = 7
 PROBE_TEXTS = (
@@ -71,6 +69,8 @@ def weights_problem(model_path: Path) -> str | None:
     for tensor in header.tensors:
         if len(tensor.shape) < 2 or (tensor.name.startswith("token_embd") and not tied_output):
             continue  # norms and biases, and an embedding only looked up
+        if tensor.name.endswith(NOT_MULTIPLIED):
+            continue  # a convolution's kernel or a state's decay: applied per sequence, not by a matmul
         if tensor.ggml_type not in INVARIANT_WEIGHT_TYPES and tensor.ggml_type not in K_QUANT_TYPES:
             return f"{tensor.name} is {ggml_type_name(tensor.ggml_type)}, whose kernels depend on the batch's size"
     return None
@@ -84,8 +84,6 @@ def rule_problem(model: NativeModel, context: NativeContext, gpu_layers: int) ->
         return "flash attention splits one row's work across threads unlike several rows'"
     if gpu_layers > 0:
         return "GPU kernels are chosen by the number of rows"
-    if model.memory_kind not in BATCHED_MEMORY:
-        return f"only attention models batch so far (this one's memory is {model.memory_kind.value})"
     return weights_problem(model.path)
 
 
@@ -100,8 +98,12 @@ def probe_problem(model: NativeModel, context: NativeContext) -> str | None:
     try:
         alone = [_answer_alone(model, context, index, prompt) for index, prompt in enumerate(prompts)]
         for size in range(2, count + 1):
-            for index, prompt in enumerate(prompts[:size]):
-                context.remove(index, len(prompt), -1)  # back to the prompt, computed alone
+            for index, prompt in enumerate(prompts[:size]):  # back to the prompt, computed alone
+                if model.memory_kind.has_recurrent:  # a recurrent state cannot be cut: computed again
+                    context.remove(index, 0, -1)
+                    _decode_prompt(context, prompt, index)
+                else:
+                    context.remove(index, len(prompt), -1)
             for step in range(PROBE_STEPS):
                 entries = [(alone[index][0][step], len(prompts[index]) + step, index) for index in range(size)]
                 context.decode_answers(entries)

@@ -1,8 +1,8 @@
 """Answers batched in one decode are the answers computed alone, bit for bit (issue 22, part 3).
 
 Several requests stream at once on one engine: where the model is batch-invariant (batch_rule.py:
-Q4_0, Q4_1, Q5_0 and Q8_0 weights, flash attention off, plain or sliding-window attention,
-confirmed by the start-up probe), their
+Q4_0, Q4_1, Q5_0 and Q8_0 weights, flash attention off, confirmed by the start-up probe: plain,
+sliding-window and hybrid models alike), their
 answer tokens share one llama_decode per step; elsewhere (F16, K-quants) each is decoded alone,
 as before. Random sets of 1..4 concurrent requests (prompt lengths that leave one token over a
 batch, a short beside a long, staggered arrivals, cold runs and cache hits) must give every
@@ -31,13 +31,14 @@ from chatapp.engine.handle import GenerationHandle
 from chatapp.engine.llama_native import NativeContext, NativeModel, NativeSampler
 from chatapp.engine.requests import GenerationRequest, SamplingParams
 from tests.cache_support import cached_engine
-from tests.model_factory import quantize_model, write_tiny_gemma3, write_tiny_llama
+from tests.model_factory import quantize_model, write_tiny_gemma3, write_tiny_lfm2, write_tiny_llama
 
 pytestmark = pytest.mark.slow
 EXAMPLES = int(os.environ.get("CHATAPP_BATCH_EXAMPLES", "12"))
 BATCH = 16  # tokens per prompt batch: prompts of 16k + 1 tokens leave one over
 CONTEXT = 256
-BATCHING = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "gemma3-Q4_0")  # must batch (gemma3: sliding-window attention)
+# Must batch: gemma3 has sliding-window attention, lfm2 short convolutions beside attention (hybrid).
+BATCHING = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "gemma3-Q4_0", "lfm2-Q4_0")
 PLAIN_KINDS = BATCHING[:4]
 ALONE = ("F16",)  # must not: the rule refuses its weights' type
 PROBED = ("Q4_K_M", "Q6_K")  # the probe decides: unrepacked K-quants batch, repacked ones may not
@@ -61,8 +62,14 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     f16 = write_tiny_llama(folder / "tiny-F16.gguf", n_embd=256, n_ff=512)
     kinds = {kind: quantize_model(f16, folder / f"tiny-{kind}.gguf", kind) for kind in (*PLAIN_KINDS, *PROBED)}
     gemma3 = write_tiny_gemma3(folder / "tiny-gemma3-F16.gguf", n_embd=256, n_ff=512)
-    # A window of 16 positions: most prompts and answers here reach past it.
-    return {"F16": f16, **kinds, "gemma3-Q4_0": quantize_model(gemma3, folder / "tiny-gemma3-Q4_0.gguf", "Q4_0")}
+    lfm2 = write_tiny_lfm2(folder / "tiny-lfm2-F16.gguf", n_embd=256, n_ff=512)
+    return {
+        "F16": f16,
+        **kinds,
+        # A window of 16 positions: most prompts and answers here reach past it.
+        "gemma3-Q4_0": quantize_model(gemma3, folder / "tiny-gemma3-Q4_0.gguf", "Q4_0"),
+        "lfm2-Q4_0": quantize_model(lfm2, folder / "tiny-lfm2-Q4_0.gguf", "Q4_0"),
+    }
 
 
 Answer = tuple[tuple[int, ...], tuple[str, ...]]  # token ids, and a digest of the logits each was sampled from
