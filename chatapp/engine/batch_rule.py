@@ -28,8 +28,10 @@ import llama_cpp
 import numpy as np
 
 from cache.atomic_file import replace_atomically
+from chatapp.engine.config import LoadProgress
 from chatapp.engine.llama_native import NativeContext, NativeModel, NativeSampler
 from chatapp.engine.requests import SamplingParams
+from chatapp.errors import LoadCancelled
 from chatapp.models.file_types import GGML_TYPES, ggml_type_name
 from chatapp.models.gguf_header import GgufError, read_header
 
@@ -87,16 +89,29 @@ def rule_problem(model: NativeModel, context: NativeContext, gpu_layers: int) ->
     return weights_problem(model.path)
 
 
-def probe_problem(model: NativeModel, context: NativeContext) -> str | None:
+def probe_problem(model: NativeModel, context: NativeContext, progress: LoadProgress | None = None) -> str | None:
     """Answers of k = 2..n sequences decoded alone and together on this context (n: the sequences it
     has, at most MAX_TOGETHER): the first difference, or None.
 
-    Greedy, teacher-forced by the alone run; every sequence used is cleared afterwards.
+    Greedy, teacher-forced by the alone run; every sequence used is cleared afterwards. `progress`
+    hears the share done after each step; False from it stops the probe (LoadCancelled).
     """
     count = min(context.shape.n_sequences, MAX_TOGETHER, len(PROBE_TEXTS))
     prompts = [model.tokenize(text, add_special=True, parse_special=False) for text in PROBE_TEXTS[:count]]
+    steps = count + (count - 1)  # each answer alone, then each group size together
+    done = 0
+
+    def step_done() -> None:
+        nonlocal done
+        done += 1
+        if progress is not None and not progress(done / steps):
+            raise LoadCancelled(f"loading {model.path.name} was cancelled")
+
     try:
-        alone = [_answer_alone(model, context, index, prompt) for index, prompt in enumerate(prompts)]
+        alone = []
+        for index, prompt in enumerate(prompts):
+            alone.append(_answer_alone(model, context, index, prompt))
+            step_done()
         for size in range(2, count + 1):
             for index, prompt in enumerate(prompts[:size]):  # back to the prompt, computed alone
                 if model.memory_kind.has_recurrent:  # a recurrent state cannot be cut: computed again
@@ -110,6 +125,7 @@ def probe_problem(model: NativeModel, context: NativeContext) -> str | None:
                 for index in range(size):
                     if not np.array_equal(context.logits(index), alone[index][1][step + 1]):
                         return f"sequence {index}'s logits at answer step {step + 1} of {size} together differ"
+            step_done()
         return None
     finally:
         for index in range(count):
@@ -144,36 +160,35 @@ def _decode_prompt(context: NativeContext, prompt: Sequence[int], sequence: int)
         context.decode(chunk, start_pos=start, sequence=sequence, logits_for_last=start + size >= len(prompt))
 
 
-def verdict_key(model: NativeModel, context: NativeContext, gpu_layers: int) -> str:
-    """What the probe's verdict depends on: the file, the build and CPU, the context's settings."""
-    stat = model.path.stat()
+def verdict_key(model_path: Path, threads: int, flash_attention: bool, gpu_layers: int) -> str:
+    """What the probe's verdict depends on: the file, the build and CPU, the context's settings (as
+    asked for: known before the weights are loaded, so a load knows whether it will probe)."""
+    stat = model_path.stat()
     system = llama_cpp.llama_print_system_info().decode("utf-8", "replace")
-    shape = context.shape
-    return "|".join(
-        str(part)
-        for part in (
-            model.path.resolve(),
-            stat.st_size,
-            stat.st_mtime_ns,
-            llama_cpp.__version__,
-            system,
-            shape.n_threads,
-            shape.flash_attention,
-            gpu_layers,
-        )
-    )
+    parts = (model_path.resolve(), stat.st_size, stat.st_mtime_ns, llama_cpp.__version__, system, threads)
+    return "|".join(str(part) for part in (*parts, flash_attention, gpu_layers))
+
+
+def verdict_known(key: str, memo: Path | None) -> bool:
+    """Whether a load with this key finds its verdict (this process's, or the memo's) rather than probing."""
+    return key in _SEEN or key in _read(memo)
 
 
 def answer_batching(
-    model: NativeModel, context: NativeContext, gpu_layers: int, memo: Path | None
+    model: NativeModel,
+    context: NativeContext,
+    gpu_layers: int,
+    key: str,
+    memo: Path | None,
+    progress: LoadProgress | None = None,
 ) -> tuple[bool, str | None]:
-    """Whether to batch answers here, and why not: the rule, then the probe (remembered in `memo`)."""
+    """Whether to batch answers here, and why not: the rule, then the probe (remembered in `memo`
+    under `key`; `progress` hears the probe's share done, and False from it stops the load)."""
     if problem := rule_problem(model, context, gpu_layers):
         return False, problem
-    key = verdict_key(model, context, gpu_layers)
     stored = _read(memo)
     known = stored.get(key, _SEEN.get(key))
-    problem = _probed(model, context) if known is None else known or None
+    problem = _probed(model, context, progress) if known is None else known or None
     if memo is not None and key not in stored:
         _write(memo, {**stored, key: problem or ""})
     _SEEN[key] = problem or ""
@@ -182,10 +197,10 @@ def answer_batching(
     return problem is None, problem
 
 
-def _probed(model: NativeModel, context: NativeContext) -> str | None:
+def _probed(model: NativeModel, context: NativeContext, progress: LoadProgress | None) -> str | None:
     """The probe's verdict; a probe llama.cpp cannot run means no batching, never a failed load."""
     try:
-        return probe_problem(model, context)
+        return probe_problem(model, context, progress)
     except RuntimeError as error:
         return f"the probe could not run ({error})"
 

@@ -23,6 +23,17 @@ def default_thread_count() -> int:
     return logical if logical <= 4 else max(4, logical // 2)
 
 
+LoadProgress = Callable[[float], bool]  # hears the share done (0..1); False stops (LoadCancelled)
+
+
+def split_progress(progress: LoadProgress | None, at: float) -> tuple[LoadProgress | None, LoadProgress | None]:
+    """Two parts of one progress bar: the first's share done maps into [0, at], the second's into [at, 1]."""
+    if progress is None:
+        return None, None
+    told = progress
+    return (lambda share: told(share * at)), (lambda share: told(at + share * (1.0 - at)))
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """How to load the model and shape its context."""
@@ -49,7 +60,7 @@ class EngineConfig:
     batch_answers: bool = True
     batch_memo: Path | None = None
     # Hears the share of the weights loaded (0..1) while the model loads; False stops the load.
-    load_progress: Callable[[float], bool] | None = field(default=None, compare=False, repr=False)
+    load_progress: LoadProgress | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.n_batch < MIN_BATCH:

@@ -18,9 +18,9 @@ from cache.llama_state import read_sequence_state, write_sequence_state
 from cache.prefix_cache import PrefixCache
 from cache.selftest import verify_layout
 from cache.state_format import MemoryLayout, StateFormatError
-from chatapp.engine.batch_rule import answer_batching
+from chatapp.engine.batch_rule import answer_batching, verdict_key, verdict_known
 from chatapp.engine.batching import FLASH_ATTENTION_ROWS, MIN_ROWS
-from chatapp.engine.config import CacheFactory, EngineConfig, default_thread_count
+from chatapp.engine.config import CacheFactory, EngineConfig, default_thread_count, split_progress
 from chatapp.engine.llama_native import NativeContext, NativeModel, gpu_offload_supported
 from chatapp.engine.model_card import ModelInfo
 from chatapp.engine.prompt import PromptBuilder
@@ -28,6 +28,9 @@ from chatapp.engine.prompt import PromptBuilder
 log = logging.getLogger(__name__)
 
 ALL_LAYERS = 999
+# Of a load's progress, the batching probe's when it runs (a model's first load in these settings:
+# a few decodes per group size, seconds on a large model on a CPU); the weights have the rest.
+PROBE_SHARE = 0.3
 SELF_TEST_TEXT = "chatapp cache self-test: the quick brown fox"
 
 
@@ -66,8 +69,11 @@ def load_model(
     layers = config.n_gpu_layers
     if layers < 0:
         layers = ALL_LAYERS if gpu_offload_supported() else 0
-    model = NativeModel(config.model_path, n_gpu_layers=layers, progress=config.load_progress)
     threads = config.threads or default_thread_count()
+    verdict = verdict_key(config.model_path, threads, config.flash_attention, layers)
+    probes = config.batch_answers and not verdict_known(verdict, config.batch_memo)
+    weights_progress, probe_progress = split_progress(config.load_progress, 1.0 - PROBE_SHARE if probes else 1.0)
+    model = NativeModel(config.model_path, n_gpu_layers=layers, progress=weights_progress)
     per_sequence = min(model.n_ctx_train or config.context_cap, config.context_cap)
     try:
         context = NativeContext(
@@ -103,7 +109,7 @@ def load_model(
     try:
         layout, problem = verify_state_format(model, context)
         batch, why_not = (
-            answer_batching(model, context, info.gpu_layers, config.batch_memo)
+            answer_batching(model, context, info.gpu_layers, verdict, config.batch_memo, probe_progress)
             if config.batch_answers
             else (False, "turned off in the settings")
         )

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import llama_cpp
 
-from chatapp.engine.config import CacheFactory, EngineConfig, default_thread_count
+from chatapp.engine.config import CacheFactory, EngineConfig, LoadProgress, default_thread_count, split_progress
 from chatapp.engine.contract import EngineClient, LocalEngine
 from chatapp.engine.engine import Engine
 from chatapp.engine.llama_native import NativeModel
@@ -24,12 +24,14 @@ from chatapp.engine.thread_switches import brisk_thread_switches
 __all__ = [
     "CacheFactory",
     "EngineConfig",
+    "LoadProgress",
     "RemoteConfig",
     "brisk_thread_switches",
     "connect_remote_engine",
     "default_thread_count",
     "library_version",
     "open_prompt_builder",
+    "split_progress",
     "start_local_engine",
 ]
 

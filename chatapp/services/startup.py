@@ -21,10 +21,12 @@ from chatapp.engine.model_card import ModelInfo
 from chatapp.engine.opening import (
     CacheFactory,
     EngineConfig,
+    LoadProgress,
     RemoteConfig,
     brisk_thread_switches,
     connect_remote_engine,
     library_version,
+    split_progress,
     start_local_engine,
 )
 from chatapp.engine.requests import SamplingParams
@@ -38,7 +40,6 @@ log = logging.getLogger(__name__)
 FINGERPRINT_MEMO = "model-fingerprints.json"
 BATCH_VERDICTS = "batch-verdicts.json"  # per model, build, CPU and settings: do answers batch exactly here
 HASH_SHARE = 0.5  # of a first load's progress bar: the content hash reads the file once, the load again
-LoadProgress = Callable[[float], bool]  # the share done; False stops (LoadCancelled)
 
 
 @dataclass(frozen=True)
@@ -150,8 +151,7 @@ class Workspace:
         """The progress of the content hash and of the weights' load: halves when the model is hashed first."""
         if progress is None or not use_cache or fingerprints_remembered(self._model_parts(), self._fingerprint_memo):
             return progress, progress
-        told = progress
-        return (lambda share: told(share * HASH_SHARE)), (lambda share: told(HASH_SHARE + share * (1 - HASH_SHARE)))
+        return split_progress(progress, HASH_SHARE)
 
     def cache_config(self) -> CacheConfig:
         settings = self.settings

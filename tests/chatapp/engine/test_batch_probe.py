@@ -9,6 +9,7 @@ these tests say so before the engine batches on a stale assumption.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,9 @@ from chatapp.engine.batch_probe import PROBE_TEXTS, ProbeSettings, chunk_ends, p
 from chatapp.engine.batching import MIN_ROWS
 from chatapp.engine.engine import Engine, EngineConfig
 from chatapp.engine.llama_native import NativeContext
+from chatapp.engine.loading import PROBE_SHARE
 from chatapp.engine.requests import GenerationRequest, SamplingParams
+from chatapp.errors import LoadCancelled
 from chatapp.model_files import bundled_model_path
 from tests.model_factory import quantize_model, write_tiny_llama
 
@@ -71,3 +74,35 @@ def test_a_start_up_probe_llama_cpp_cannot_run_means_no_batching_not_a_failed_lo
         assert problem == "the probe could not run (llama_decode failed with status -1)"
         request = GenerationRequest(tuple(range(3, 12)), SamplingParams(temperature=0.0, max_tokens=3), use_cache=False)
         assert engine.generate(request).wait().stats.computed_tokens == 9  # it answers, alone
+
+
+@pytest.mark.slow
+def test_a_first_load_shows_the_probe_in_its_progress_and_a_later_one_does_not(tiny_f16: Path, tmp_path: Path) -> None:
+    model = quantize_model(tiny_f16, tmp_path / "tiny-Q4_0.gguf", "Q4_0")
+    memo = tmp_path / "verdicts.json"
+
+    def load(stop_above: float = 2.0) -> list[float]:
+        heard: list[float] = []
+
+        def progress(share: float) -> bool:
+            heard.append(share)
+            return share <= stop_above
+
+        config = EngineConfig(model_path=model, context_cap=128, sequences=3, threads=1, batch_memo=memo)
+        with Engine(replace(config, load_progress=progress)) as engine:
+            assert engine.batching == (True, None)
+        return heard
+
+    weights_end = 1.0 - PROBE_SHARE
+    with pytest.raises(LoadCancelled):  # Esc while the probe runs stops the load, and nothing is remembered
+        load(stop_above=weights_end + 0.01)
+    assert not memo.exists()
+    first = load()
+    assert first == sorted(first)
+    probing = [share for share in first if share > weights_end]  # each answer alone, then 2 and 3 together
+    assert probing == pytest.approx([weights_end + PROBE_SHARE * step / 5 for step in range(1, 6)])
+    assert max(share for share in first if share <= weights_end) == pytest.approx(weights_end)
+    later = load()  # the verdict is remembered: the weights fill the whole bar
+    assert later == sorted(later)
+    assert later[-1] == pytest.approx(1.0)
+    assert len(later) == len(first) - len(probing)
