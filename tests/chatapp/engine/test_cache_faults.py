@@ -29,13 +29,13 @@ from tests.chatapp.engine.fault_support import (
 )
 from tests.model_factory import write_tiny_llama
 
-# Fault injection: kills, two processes for 30 s, 100 damaged entries.
+# Fault injection: kills, two processes for 15 s, 100 damaged entries.
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[3]
 CORRUPTION_CASES = 100
 KILLS = 20
-TWO_PROCESS_SECONDS = 30.0
+TWO_PROCESS_SECONDS = 15.0
 
 
 @pytest.fixture(scope="module")
@@ -169,7 +169,7 @@ def test_20_kills_while_storing_never_leave_a_bad_entry(
     assert reused_after_kills > 0
 
 
-def test_two_processes_share_one_data_folder_for_30_seconds(tiny_model: Path, tmp_path: Path) -> None:
+def test_two_processes_share_one_data_folder_for_15_seconds(tiny_model: Path, tmp_path: Path) -> None:
     """Both ask, store, evict and cull in one KV cache folder, and save every message in one database."""
     data_dir = tmp_path / "data"
     kv = data_dir / "cache" / "kv"
