@@ -107,7 +107,7 @@ def measure_streams(
                     peer.settle()
                 runs: dict[str, list[_Round]] = {side: [] for side in sides}
                 for number in range(rounds):
-                    prompts = [_question(kit, client, number) for client in range(count)]
+                    prompts = [_question(kit, client, count, number) for client in range(count)]
                     order = list(sides)
                     for side in order[number % len(order) :] + order[: number % len(order)]:  # each goes first in turn
                         runs[side].append(_together(sides[side], prompts, answer_tokens))
@@ -129,10 +129,11 @@ def measure_streams(
     )
 
 
-def _question(kit: PromptKit, client: int, number: int) -> tuple[int, ...]:
-    """Each client's own question, new in each round (no side answers from a cached prompt)."""
+def _question(kit: PromptKit, client: int, count: int, number: int) -> tuple[int, ...]:
+    """Each client's own question, new in each round and client count: no side answers from a cached
+    prompt (the chatapp servers live through every count; llama-server starts again for each)."""
     question = QUESTIONS[client % len(QUESTIONS)]
-    return kit.build([ChatMessage.of(Role.USER, f"{question} (Take {number + 1}.)")])
+    return kit.build([ChatMessage.of(Role.USER, f"{question} (Take {count}.{number + 1}.)")])
 
 
 def _together(peer: Peer, prompts: list[tuple[int, ...]], answer_tokens: int) -> _Round:

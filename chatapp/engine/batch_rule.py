@@ -160,13 +160,17 @@ def _decode_prompt(context: NativeContext, prompt: Sequence[int], sequence: int)
         context.decode(chunk, start_pos=start, sequence=sequence, logits_for_last=start + size >= len(prompt))
 
 
-def verdict_key(model_path: Path, threads: int, flash_attention: bool, gpu_layers: int) -> str:
+def verdict_key(
+    model_path: Path, *, threads: int, flash_attention: bool, gpu_layers: int, sequences: int, swa_full: bool
+) -> str:
     """What the probe's verdict depends on: the file, the build and CPU, the context's settings (as
-    asked for: known before the weights are loaded, so a load knows whether it will probe)."""
+    asked for: known before the weights are loaded, so a load knows whether it will probe), and the
+    group sizes probed (a verdict for 3 sequences says nothing of 4 together)."""
     stat = model_path.stat()
     system = llama_cpp.llama_print_system_info().decode("utf-8", "replace")
     parts = (model_path.resolve(), stat.st_size, stat.st_mtime_ns, llama_cpp.__version__, system, threads)
-    return "|".join(str(part) for part in (*parts, flash_attention, gpu_layers))
+    settings = (flash_attention, gpu_layers, min(sequences, MAX_TOGETHER, len(PROBE_TEXTS)), swa_full)
+    return "|".join(str(part) for part in (*parts, *settings))
 
 
 def verdict_known(key: str, memo: Path | None) -> bool:
@@ -188,21 +192,20 @@ def answer_batching(
         return False, problem
     stored = _read(memo)
     known = stored.get(key, _SEEN.get(key))
-    problem = _probed(model, context, progress) if known is None else known or None
-    if memo is not None and key not in stored:
+    if known is not None:
+        problem = known or None
+    else:
+        try:
+            problem = probe_problem(model, context, progress)
+        except RuntimeError as error:  # no batching, never a failed load; not a verdict: probed again next load
+            log.info("answers are not batched: the probe could not run (%s)", error)
+            return False, f"the probe could not run ({error})"
+        _SEEN[key] = problem or ""
+    if memo is not None and key not in stored:  # this process's verdict is this folder's too
         _write(memo, {**stored, key: problem or ""})
-    _SEEN[key] = problem or ""
     if problem:
         log.info("answers are not batched: %s", problem)
     return problem is None, problem
-
-
-def _probed(model: NativeModel, context: NativeContext, progress: LoadProgress | None) -> str | None:
-    """The probe's verdict; a probe llama.cpp cannot run means no batching, never a failed load."""
-    try:
-        return probe_problem(model, context, progress)
-    except RuntimeError as error:
-        return f"the probe could not run ({error})"
 
 
 def _read(memo: Path | None) -> dict[str, str]:

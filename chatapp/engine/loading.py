@@ -70,7 +70,14 @@ def load_model(
     if layers < 0:
         layers = ALL_LAYERS if gpu_offload_supported() else 0
     threads = config.threads or default_thread_count()
-    verdict = verdict_key(config.model_path, threads, config.flash_attention, layers)
+    verdict = verdict_key(
+        config.model_path,
+        threads=threads,
+        flash_attention=config.flash_attention,
+        gpu_layers=layers,
+        sequences=config.sequences,
+        swa_full=config.swa_full,
+    )
     probes = config.batch_answers and not verdict_known(verdict, config.batch_memo)
     weights_progress, probe_progress = split_progress(config.load_progress, 1.0 - PROBE_SHARE if probes else 1.0)
     model = NativeModel(config.model_path, n_gpu_layers=layers, progress=weights_progress)
@@ -113,6 +120,8 @@ def load_model(
             if config.batch_answers
             else (False, "turned off in the settings")
         )
+        if probe_progress is not None:
+            probe_progress(1.0)  # the bar ends where a probe that found a difference early, or never ran, left it
         cache = cache_factory(layout, info) if cache_factory is not None and layout is not None else None
     except BaseException:
         context.close()

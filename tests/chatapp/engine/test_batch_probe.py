@@ -9,6 +9,7 @@ these tests say so before the engine batches on a stale assumption.
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -68,10 +69,12 @@ def test_a_start_up_probe_llama_cpp_cannot_run_means_no_batching_not_a_failed_lo
 
     monkeypatch.setattr(NativeContext, "decode_answers", refused)
     model = quantize_model(tiny_f16, tmp_path / "tiny-Q4_0.gguf", "Q4_0")  # the rule lets it through to the probe
-    with Engine(EngineConfig(model_path=model, context_cap=128, sequences=3, threads=1)) as engine:
+    memo = tmp_path / "verdicts.json"
+    with Engine(EngineConfig(model_path=model, context_cap=128, sequences=3, threads=1, batch_memo=memo)) as engine:
         batches, problem = engine.batching
         assert not batches
         assert problem == "the probe could not run (llama_decode failed with status -1)"
+        assert not memo.exists(), "not a verdict: the next load probes again"
         request = GenerationRequest(tuple(range(3, 12)), SamplingParams(temperature=0.0, max_tokens=3), use_cache=False)
         assert engine.generate(request).wait().stats.computed_tokens == 9  # it answers, alone
 
@@ -99,10 +102,32 @@ def test_a_first_load_shows_the_probe_in_its_progress_and_a_later_one_does_not(t
     assert not memo.exists()
     first = load()
     assert first == sorted(first)
-    probing = [share for share in first if share > weights_end]  # each answer alone, then 2 and 3 together
-    assert probing == pytest.approx([weights_end + PROBE_SHARE * step / 5 for step in range(1, 6)])
+    probing = [share for share in first if share > weights_end]  # each answer alone, 2 and 3 together, the end
+    assert probing == pytest.approx([weights_end + PROBE_SHARE * step / 5 for step in range(1, 6)] + [1.0])
     assert max(share for share in first if share <= weights_end) == pytest.approx(weights_end)
     later = load()  # the verdict is remembered: the weights fill the whole bar
     assert later == sorted(later)
     assert later[-1] == pytest.approx(1.0)
-    assert len(later) == len(first) - len(probing)
+    assert len(later) == len(first) - 5  # the same weights' steps and the end, no probe steps
+
+
+@pytest.mark.slow
+def test_a_verdict_holds_for_the_group_sizes_probed_and_a_refused_model_s_bar_still_ends(
+    tiny_f16: Path, tmp_path: Path
+) -> None:
+    model = quantize_model(tiny_f16, tmp_path / "tiny-Q4_0.gguf", "Q4_0")
+    memo = tmp_path / "verdicts.json"
+    for sequences in (2, 3, 3):  # 3 together were never probed by the first load
+        with Engine(EngineConfig(model_path=model, context_cap=128, sequences=sequences, threads=1, batch_memo=memo)):
+            pass
+    assert len(json.loads(memo.read_text(encoding="utf-8"))) == 2
+    heard: list[float] = []
+    config = EngineConfig(model_path=tiny_f16, context_cap=128, sequences=3, threads=1, batch_memo=memo)
+
+    def progress(share: float) -> bool:
+        heard.append(share)
+        return True
+
+    with Engine(replace(config, load_progress=progress)) as engine:
+        assert engine.batching[1] is not None  # the rule refuses F16 before any probe
+    assert heard[-1] == pytest.approx(1.0)
