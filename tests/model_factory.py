@@ -380,7 +380,13 @@ class _TinyModel:
     def finish(self, final_norm: gguf.MODEL_TENSOR) -> Path:
         """Add the final norm, the output projection and the tokenizer keys; write the file."""
         self.norm(final_norm)
-        self.matrix(T.OUTPUT, self.n_vocab, self.n_embd, OUTPUT_STD)
+        # The control tokens' rows are zero: their logit is exactly 0 where the words' reach about +10, so greedy
+        # answers never end by themselves (every end token is a control token) on any CPU, unless a grammar
+        # leaves nothing else. Same draws as `matrix`, so the other rows are what they always were.
+        output = self.rng.standard_normal((self.n_vocab, self.n_embd), dtype=np.float32) * np.float32(OUTPUT_STD)
+        token_types = next(field.value for field in self.tokenizer if field.key == gguf.Keys.Tokenizer.TOKEN_TYPE)
+        output[np.asarray(token_types) == gguf.TokenType.CONTROL] = 0.0
+        self.add(T.OUTPUT, output.astype(np.float16), None)
         writer = self.writer
         for field in self.tokenizer:
             writer.add_key_value(field.key, field.value, field.type, field.sub_type)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import gguf
+import numpy as np
 import pytest
 
 from chatapp.engine.engine import Engine, EngineConfig
@@ -91,6 +93,16 @@ def test_greedy_generation_is_deterministic_and_not_degenerate(tiny_engine: Engi
     assert first.token_ids == second.token_ids
     assert first.text == second.text
     assert len(set(first.token_ids)) > 1
+
+
+def test_no_end_token_can_win_a_greedy_step(tiny_model_path: Path, tiny_engine: Engine) -> None:
+    """The control tokens' output rows are zero (their logit is exactly 0), so an answer never ends by itself."""
+    output = next(tensor for tensor in gguf.GGUFReader(tiny_model_path).tensors if tensor.name == "output.weight")
+    rows = np.asarray(output.data).reshape(-1, output.data.shape[-1])
+    ends = tiny_engine.model.end_of_generation_ids
+    assert ends
+    assert not rows[list(ends)].any()
+    assert np.count_nonzero(rows.any(axis=1)) > 0.99 * len(rows)  # the words' rows are not
 
 
 def test_the_answer_depends_on_the_whole_prompt(tiny_engine: Engine) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import logging
 import threading
 from collections import deque
@@ -215,6 +216,12 @@ class NativeModel:
     def is_end_of_generation(self, token: int) -> bool:
         return bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
 
+    @functools.cached_property
+    def end_of_generation_ids(self) -> tuple[int, ...]:
+        """Every token that ends an answer (EOS, EOT, `<|im_end|>`...): what `ignore_eos` forbids."""
+        self._check_open()
+        return tuple(token for token in range(self.n_vocab) if self.is_end_of_generation(token))
+
     def token_text(self, token: int) -> str:
         """A special token's literal text (such as `<|im_start|>`), for chat templates."""
         if token < 0:
@@ -397,10 +404,19 @@ class NativeSampler:
     """A llama.cpp sampler chain built from `SamplingParams` (a grammar first: it only masks tokens)."""
 
     def __init__(self, params: SamplingParams, model: NativeModel) -> None:
+        if params.ignore_eos and params.grammar is not None:
+            # A complete grammar allows only the end tokens: with those banned, llama.cpp aborts the process.
+            raise ValueError("ignore_eos cannot be combined with a grammar")
         chain_params = llama_cpp.llama_sampler_chain_default_params()
         self.pointer = llama_cpp.llama_sampler_chain_init(chain_params)
+        if params.ignore_eos:
+            llama_cpp.llama_sampler_chain_add(self.pointer, _end_ban(model))
         if params.grammar is not None:
-            llama_cpp.llama_sampler_chain_add(self.pointer, _grammar_sampler(params.grammar, model))
+            try:
+                llama_cpp.llama_sampler_chain_add(self.pointer, _grammar_sampler(params.grammar, model))
+            except GrammarError:
+                self.close()
+                raise
         if params.temperature <= 0:
             llama_cpp.llama_sampler_chain_add(self.pointer, llama_cpp.llama_sampler_init_greedy())
             return
@@ -418,6 +434,15 @@ class NativeSampler:
         if self.pointer:
             llama_cpp.llama_sampler_free(self.pointer)
             self.pointer = None
+
+
+def _end_ban(model: NativeModel) -> Any:
+    """A logit bias of minus infinity on every end-of-generation token: the answer runs to its length."""
+    ends = model.end_of_generation_ids
+    biases = (llama_cpp.llama_logit_bias * len(ends))()
+    for slot, token in zip(biases, ends, strict=True):
+        slot.token, slot.bias = token, float("-inf")
+    return llama_cpp.llama_sampler_init_logit_bias(model.n_vocab, len(ends), biases)
 
 
 def _grammar_sampler(grammar: Grammar, model: NativeModel) -> Any:

@@ -208,6 +208,8 @@ class StreamedRequest:
         }
         if sampling.seed is not None:
             fields["seed"] = sampling.seed
+        if sampling.ignore_eos:  # llama-server, vLLM and chatapp serve all take it
+            fields["ignore_eos"] = True
         return fields
 
     def take_text(self, text: str) -> None:

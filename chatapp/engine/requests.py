@@ -21,6 +21,10 @@ class SamplingParams:
     seed: int | None = None
     max_tokens: int | None = 512  # None: until the end of generation or of the context
     grammar: Grammar | None = None
+    # True: the end-of-generation tokens are never sampled, so the answer runs to max_tokens or the
+    # context's end (llama-server's and vLLM's `ignore_eos`): answers of a known length for benchmarks
+    # and tests, whatever the model would write on this CPU.
+    ignore_eos: bool = False
 
 
 @dataclass(frozen=True)

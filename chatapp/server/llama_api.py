@@ -72,6 +72,7 @@ class LlamaCompletionBody(BaseModel):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     seed: int | None = Field(None, ge=-1)
     stop: list[str] | None = None
+    ignore_eos: bool | None = None
     return_tokens: bool = False
     grammar: str | None = None
     grammar_lazy: bool = False
@@ -134,6 +135,7 @@ async def completion(request: Request) -> Response:
         top_p=body.top_p,
         seed=body.seed if body.seed is not None and body.seed >= 0 else None,
         max_tokens=body.n_predict if body.n_predict is not None and body.n_predict >= 0 else None,
+        ignore_eos=bool(body.ignore_eos),
     )
     stop = checked_stop(body.stop, "stop")
     serving = context.serving

@@ -48,7 +48,13 @@ def _usage(usage: CompletionUsage) -> dict[str, Any]:
 
 
 def _options(body: OpenAISampling, max_tokens: int | None) -> SamplingOptions:
-    return SamplingOptions(temperature=body.temperature, top_p=body.top_p, seed=body.seed, max_tokens=max_tokens)
+    return SamplingOptions(
+        temperature=body.temperature,
+        top_p=body.top_p,
+        seed=body.seed,
+        max_tokens=max_tokens,
+        ignore_eos=bool(body.ignore_eos),
+    )
 
 
 @router.get("/models")

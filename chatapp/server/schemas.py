@@ -165,6 +165,7 @@ class OpenAISampling(Lenient):
     seed: int | None = Field(None, ge=0, lt=SEED_LIMIT)
     max_tokens: int | None = Field(None, ge=1)
     stop: str | list[str] | None = None
+    ignore_eos: bool | None = None  # llama-server's and vLLM's extension: answers of a known length
 
 
 class ChatCompletionBody(OpenAISampling):

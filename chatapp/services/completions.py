@@ -43,6 +43,10 @@ log = logging.getLogger(__name__)
 
 TOO_LONG_CHAT = TooLongWording("the conversation", "send fewer or shorter messages")
 TOO_LONG_PROMPT = TooLongWording("the prompt", "send a shorter prompt")
+IGNORE_EOS_WITH_GRAMMAR = (
+    "ignore_eos cannot be combined with tools, a response format or a grammar (a finished call or JSON value "
+    "must end the answer); send one or the other"
+)
 NO_REMOTE_SHAPES = (
     "this server answers through another server (--backend), which chatapp cannot hold to a call or a schema "
     "yet: tool calls and response formats need chatapp serve on a local model"
@@ -247,31 +251,42 @@ class CompletionService:
     def __post_init__(self) -> None:
         self._prompts = PromptLog(self.engine.detokenize)
 
+    def count_prompt(self, request: CompletionRequest) -> int:
+        """How many tokens `request`'s prompt is, built as `start` would build it (nothing is computed)."""
+        return len(self._prompt(request)[1].tokens)
+
+    def _prompt(
+        self, request: CompletionRequest
+    ) -> tuple[list[ChatMessage] | None, PromptPlan, PromptBuilder | None, TooLongWording]:
+        """The request's history (None for a plain completion), its prompt, the builder and how to word a refusal."""
+        builder = self.engine.prompt_builder
+        if request.prompt is not None:
+            return None, PromptPlan(tuple(self._plain_prompt(request.prompt))), builder, TOO_LONG_PROMPT
+        shape = request.shape
+        history = self.chat_messages(request.messages)
+        if builder is None and (shape.tools or shape.json_schema is not None or _has_tools(history)):
+            raise RequestError(NO_REMOTE_SHAPES, "tools" if shape.tools else "messages")
+        if builder is not None:
+            builder = builder.with_tools(shape.tools)
+        try:
+            plan = plan_for(self.engine, history, builder)
+        except TemplateRenderError as error:
+            raise RequestError(str(error), "messages") from None
+        return history, plan, builder, TOO_LONG_CHAT
+
     def start(self, request: CompletionRequest) -> Completion:
         """Queue `request`; RequestError, ContextOverflowError or ServerBusyError if it cannot be."""
         shape = request.shape
-        builder = self.engine.prompt_builder
-        if request.prompt is not None:
-            history = None
-            plan = PromptPlan(tuple(self._plain_prompt(request.prompt)))
-            wording = TOO_LONG_PROMPT
-        else:
-            history = self.chat_messages(request.messages)
-            if builder is None and (shape.tools or shape.json_schema is not None or _has_tools(history)):
-                raise RequestError(NO_REMOTE_SHAPES, "tools" if shape.tools else "messages")
-            if builder is not None:
-                builder = builder.with_tools(shape.tools)
-            try:
-                plan = plan_for(self.engine, history, builder)
-            except TemplateRenderError as error:
-                raise RequestError(str(error), "messages") from None
-            wording = TOO_LONG_CHAT
+        history, plan, builder, wording = self._prompt(request)
         try:
             grammar = shape.grammar(builder) or request.sampling.grammar
         except ShapeError as error:
             raise RequestError(str(error), error.param) from None
         if grammar is not None and not self.engine.capabilities.grammars:
             raise RequestError(NO_REMOTE_SHAPES, "tools" if shape.calls_tools else shape.schema_param)
+        if grammar is not None and request.sampling.ignore_eos:
+            # A grammar that is complete leaves only the end tokens, which ignore_eos forbids: nothing is left.
+            raise RequestError(IGNORE_EOS_WITH_GRAMMAR, "ignore_eos")
         sampling = replace(request.sampling, grammar=grammar)
         divergence = self._prompts.compare(list(plan.tokens))
         if divergence is not None and builder is not None and history is not None:

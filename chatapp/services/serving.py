@@ -43,6 +43,7 @@ class SamplingOptions:
     top_p: float | None = None
     seed: int | None = None
     max_tokens: int | None = None
+    ignore_eos: bool = False  # the end-of-generation tokens forbidden: the answer runs to its length
 
 
 @dataclass(frozen=True)
@@ -154,6 +155,7 @@ class Serving:
             top_p=options.top_p if options.top_p is not None else base.top_p,
             seed=options.seed if options.seed is not None else base.seed,
             max_tokens=max_tokens,
+            ignore_eos=options.ignore_eos,
         )
 
     def chat(
@@ -168,6 +170,13 @@ class Serving:
             shape = shape.with_tools_by_name()
         request = CompletionRequest(sampling=self.sampling(options), messages=tuple(messages), stop=stop, shape=shape)
         return self.completions.start(request)
+
+    def count_chat(self, messages: list[ApiMessage], shape: AnswerShape = FREE_TEXT) -> int:
+        """The prompt tokens `chat` would send for these messages and shape (nothing is computed)."""
+        if self.sort_tools:
+            shape = shape.with_tools_by_name()
+        request = CompletionRequest(sampling=SamplingParams(), messages=tuple(messages), shape=shape)
+        return self.completions.count_prompt(request)
 
     def complete(
         self, prompt: str | list[int], options: SamplingOptions, stop: tuple[str, ...], grammar: Grammar | None = None

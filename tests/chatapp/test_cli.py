@@ -51,7 +51,8 @@ def test_ask_json_has_every_field(data_dir: Path, capsys: pytest.CaptureFixture[
     assert record["reused_tokens"] + record["computed_tokens"] == record["prompt_tokens"]
     assert record["reuse_tier"] == "none"
     assert record["reused_tokens"] == 0
-    assert record["generated_tokens"] == 8
+    # At most --max-tokens: whether this answer ends by itself before 8 differs between CPUs.
+    assert 0 < record["generated_tokens"] <= 8
     assert record["model"].endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
     assert record["model_fingerprint"].startswith("xxh3-128:")
 

@@ -13,7 +13,8 @@ from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.errors import ContextOverflowError
 from chatapp.vocabulary import ReuseTier, Role, StopReason
 
-GREEDY = SamplingParams(temperature=0.0, max_tokens=24)
+# ignore_eos: every answer runs to max_tokens, whatever the model would write on this CPU.
+GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 
 
 def prompt_for(engine: Engine, question: str, persona: str | None = None) -> tuple[int, ...]:
@@ -97,7 +98,10 @@ def test_sequences_do_not_disturb_each_other(engine: Engine) -> None:
 def test_cancel_during_answer_keeps_what_was_generated(engine: Engine) -> None:
     with engine.holding(Step.TOKEN, after=3) as gate:  # the answer cannot end before the cancel
         handle = engine.generate(
-            GenerationRequest(prompt_for(engine, "Write a long story."), SamplingParams(temperature=0, max_tokens=500))
+            GenerationRequest(
+                prompt_for(engine, "Write a long story."),
+                SamplingParams(temperature=0, max_tokens=500, ignore_eos=True),
+            )
         )
         assert gate.wait_until_holding()
         handle.cancel()

@@ -20,7 +20,7 @@ from chatapp.engine.turns import common_prefix_length
 from chatapp.vocabulary import Role, StopReason
 from tests.cache_support import cached_engine
 
-GREEDY = SamplingParams(temperature=0.0, max_tokens=4)
+GREEDY = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)  # never ends before its length
 LONG_TEXT = " ".join(
     f"Lighthouse {number} stands on a rock and flashes every {number % 7 + 2} seconds." for number in range(40)
 )
@@ -71,7 +71,9 @@ def test_a_short_request_is_answered_while_a_long_prompt_is_read(small_batches: 
 def test_each_request_gets_its_own_sequence_and_a_cancel_stops_only_its_own(small_batches: Engine) -> None:
     engine = small_batches
     first = GenerationRequest(prompt(engine, LONG_TEXT), GREEDY, use_cache=False)
-    second = GenerationRequest(prompt(engine, "Name a number."), SamplingParams(temperature=0.0, max_tokens=16))
+    second = GenerationRequest(
+        prompt(engine, "Name a number."), SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    )
     with engine.holding(Step.TOKEN, 2, where=lambda request: request is second) as held:
         long_handle = engine.generate(first)
         short_handle = engine.generate(second)

@@ -11,7 +11,7 @@ from chatapp.engine.prompt import ChatMessage
 from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.vocabulary import Role, StopReason
 
-LONG = SamplingParams(temperature=0.0, max_tokens=40)
+LONG = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)  # never ends before its length
 
 
 def prompt(engine: Engine, text: str) -> tuple[int, ...]:
@@ -57,7 +57,7 @@ def test_a_batch_gate_holds_a_prefill_after_its_first_batch(engine: Engine) -> N
 
 def test_the_gate_holds_once_and_leaving_the_block_disarms_it(engine: Engine) -> None:
     question = prompt(engine, "Name a colour.")
-    short = SamplingParams(temperature=0.0, max_tokens=3)
+    short = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
     with engine.holding(Step.TOKEN, after=1) as gate:
         first = engine.generate(GenerationRequest(question, short, use_cache=False))
         assert gate.wait_until_holding()

@@ -23,6 +23,7 @@ from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.errors import ContextOverflowError
 from chatapp.services.prompt_plan import builder_of
 from chatapp.vocabulary import ReuseTier, Role, StopReason
+from tests.chatapp.engine.test_ignore_eos import SHORT_ANSWER
 from tests.cut_proxy import CutProxy
 from tests.server_support import SYSTEM_PROMPT, Backend, RunningServer
 
@@ -112,10 +113,24 @@ def test_a_warm_up_leaves_the_prefix_on_the_server(remote: RemoteEngine) -> None
     assert asked.stats.computed_tokens <= len(question) - len(prefix) + 1
 
 
+def test_ignore_eos_reaches_the_server(remote: RemoteEngine, server: RunningServer) -> None:
+    """The server forbids the end tokens too: the answer runs to max_tokens (on most CPUs it ends sooner)."""
+    prompt = tuple(remote.prompt_builder.build(_messages(SHORT_ANSWER)))
+    sampling = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    with server.engine.holding(Step.TOKEN, 1, where=lambda request: request.sampling.ignore_eos) as arrived:
+        handle = remote.generate(GenerationRequest(prompt, sampling))
+        assert arrived.wait_until_holding(), "the server's request carries ignore_eos"
+    answered = handle.wait()
+    assert answered.stop_reason is StopReason.LENGTH
+    assert answered.stats.generated_tokens == 24
+
+
 def test_cancelling_keeps_what_was_said(remote: RemoteEngine, server: RunningServer) -> None:
     prompt = tuple(remote.prompt_builder.build(_messages("Tell me a long story about a lighthouse.")))
     with server.engine.holding(Step.TOKEN, 2) as gate:
-        handle = remote.generate(GenerationRequest(prompt, SamplingParams(temperature=0.0, max_tokens=64)))
+        handle = remote.generate(
+            GenerationRequest(prompt, SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True))
+        )
         events = handle.events()
         received = [next(events), next(events)]
         assert gate.wait_until_holding()
@@ -133,7 +148,9 @@ def test_a_server_dying_mid_answer_is_one_clear_error_and_the_next_request_works
 ) -> None:
     prompt = tuple(remote.prompt_builder.build(_messages("Describe the lamp room.")))
     with server.engine.holding(Step.TOKEN, 3) as gate:
-        handle = remote.generate(GenerationRequest(prompt, SamplingParams(temperature=0.0, max_tokens=64)))
+        handle = remote.generate(
+            GenerationRequest(prompt, SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True))
+        )
         events = handle.events()
         received = [next(events) for _ in range(3)]
         assert gate.wait_until_holding()

@@ -21,6 +21,9 @@ TEMPLATES = Path(__file__).parents[1] / "engine" / "templates"
 
 pytestmark = pytest.mark.slow
 WEATHER_QUESTION = "What is the weather in Paris? Use the tool."
+# Room for a whole call or object however long this CPU's greedy strings run (the frameworks' schemas
+# leave strings unbounded): a cut call would fail the test for a reason that is not the server's.
+ANSWER_TOKENS = 120
 
 
 @pytest.fixture(scope="module", params=["bundled", "bundled-qwen3-style"])
@@ -54,7 +57,12 @@ def chat_model(server: RunningServer, **options: Any) -> Any:
     from langchain_openai import ChatOpenAI
 
     return ChatOpenAI(
-        base_url=f"{server.url}/v1", api_key="unused", model=server.model_id, temperature=0, max_tokens=60, **options
+        base_url=f"{server.url}/v1",
+        api_key="unused",
+        model=server.model_id,
+        temperature=0,
+        max_tokens=ANSWER_TOKENS,
+        **options,
     )
 
 
@@ -111,7 +119,7 @@ def test_an_agents_sdk_agent_calls_a_function_tool_and_uses_its_result(server: R
         name="weather",
         instructions="You answer questions about the weather with the weather tool.",
         model=OpenAIChatCompletionsModel(model=server.model_id, openai_client=client),
-        model_settings=ModelSettings(tool_choice="required", temperature=0, max_tokens=60),
+        model_settings=ModelSettings(tool_choice="required", temperature=0, max_tokens=ANSWER_TOKENS),
         tools=[weather],
     )
     result = Runner.run_sync(agent, WEATHER_QUESTION, max_turns=3)
@@ -138,7 +146,7 @@ def test_a_smolagents_tool_calling_agent_step(server: RunningServer) -> None:
         return get_weather(city)
 
     model = OpenAIServerModel(
-        model_id=server.model_id, api_base=f"{server.url}/v1", api_key="unused", temperature=0, max_tokens=60
+        model_id=server.model_id, api_base=f"{server.url}/v1", api_key="unused", temperature=0, max_tokens=ANSWER_TOKENS
     )
     agent = ToolCallingAgent(tools=[weather], model=model, max_steps=1, verbosity_level=0)
     agent.run(WEATHER_QUESTION)

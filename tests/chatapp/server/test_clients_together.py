@@ -37,11 +37,15 @@ def wait_for(condition: Any) -> None:
         time.sleep(0.01)
 
 
+# An answer a test holds at its n-th token must not end before it, on any CPU: its end tokens are forbidden.
+HELD = {"ignore_eos": True}
+
+
 @contextmanager
 def raw_story_request(server: RunningServer) -> Iterator[None]:
     """A whole-answer chat request on a bare socket, hung up when the block ends (no client cleanup between)."""
     host, port = server.url.removeprefix("http://").split(":")
-    story = {"model": server.model_id, "messages": [{"role": "user", "content": "Tell me a story."}]}
+    story = {"model": server.model_id, "messages": [{"role": "user", "content": "Tell me a story."}], **HELD}
     body = json.dumps(story).encode()
     head = (
         f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
@@ -69,7 +73,12 @@ def test_a_client_that_hangs_up_mid_stream_frees_its_request(
     http: httpx.Client, client: openai.OpenAI, server: RunningServer
 ) -> None:
     engine = server.engine
-    body = {"model": server.model_id, "messages": [{"role": "user", "content": "Tell me a story."}], "stream": True}
+    body = {
+        "model": server.model_id,
+        "messages": [{"role": "user", "content": "Tell me a story."}],
+        "stream": True,
+        **HELD,
+    }
     with engine.holding(Step.TOKEN, 2) as gate:
         with http.stream("POST", "/v1/chat/completions", json=body) as response:
             assert response.status_code == 200
@@ -99,7 +108,7 @@ def test_a_client_that_hangs_up_while_waiting_its_turn_frees_its_place(
 ) -> None:
     engine = server.engine
     completions = server.serving.completions
-    first = {"model": server.model_id, "messages": [{"role": "user", "content": "Hello"}], "stream": True}
+    first = {"model": server.model_id, "messages": [{"role": "user", "content": "Hello"}], "stream": True, **HELD}
     with engine.holding(Step.TOKEN, 1) as gate, http.stream("POST", "/v1/chat/completions", json=first) as running:
         assert gate.wait_until_holding()  # the engine thread is held: nothing else can start
         with raw_story_request(server):
@@ -114,7 +123,7 @@ def test_a_client_that_hangs_up_while_waiting_its_turn_frees_its_place(
 def test_over_the_pending_limit_a_client_is_told_to_retry(http: httpx.Client, server: RunningServer) -> None:
     engine = server.engine
     completions = server.serving.completions
-    body = {"model": server.model_id, "messages": [{"role": "user", "content": "Hello"}], "stream": True}
+    body = {"model": server.model_id, "messages": [{"role": "user", "content": "Hello"}], "stream": True, **HELD}
     limit = completions.max_pending
     completions.max_pending = 1
     try:

@@ -41,12 +41,16 @@ def test_a_front_server_answers_from_the_backend_and_reports_its_cached_tokens(
     question = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": "Name a lighthouse."}]
     with openai.OpenAI(base_url=f"{front.url}/v1", api_key="unused", max_retries=0, timeout=300) as client:
         model = client.models.list().data[0].id
-        first = client.chat.completions.create(model=model, messages=question, temperature=0)
+        # ignore_eos (sent on to the backend): the answer cannot end before its length on any CPU.
+        first = client.chat.completions.create(
+            model=model, messages=question, temperature=0, extra_body={"ignore_eos": True}
+        )
         answer = first.choices[0].message.content
         assert answer
         # The front sent no max_tokens: the backend answered with its own default length.
         assert first.usage is not None
         assert first.usage.completion_tokens == SHORT_ANSWER_TOKENS
+        assert first.choices[0].finish_reason == "length"
         follow_up = [*question, {"role": "assistant", "content": answer}, {"role": "user", "content": "Why?"}]
         stream = client.chat.completions.create(
             model=model,
@@ -117,21 +121,26 @@ def test_tool_calls_and_formats_hold_through_the_backend(front: RunningServer) -
         "type": "function",
         "function": {
             "name": "get_weather",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+            # A bounded string: the call ends within max_tokens whatever the model writes on this CPU.
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 24}},
+                "required": ["city"],
+            },
         },
     }
     question = [{"role": "user", "content": "What is the weather in Paris?"}]
     with openai.OpenAI(base_url=f"{front.url}/v1", api_key="unused", max_retries=0, timeout=300) as client:
         model = client.models.list().data[0].id
         called = client.chat.completions.create(
-            model=model, messages=question, tools=[weather], tool_choice="required", temperature=0, max_tokens=40
+            model=model, messages=question, tools=[weather], tool_choice="required", temperature=0, max_tokens=100
         )
         shaped = client.chat.completions.create(
             model=model,
             messages=[{"role": "user", "content": "Return a JSON object with the keys city and country for Paris."}],
             response_format={"type": "json_object"},
             temperature=0,
-            max_tokens=40,
+            max_tokens=100,
         )
     (call,) = called.choices[0].message.tool_calls or []
     assert call.function.name == "get_weather"

@@ -15,6 +15,9 @@ from chatapp.server import ollama_models
 from tests.server_support import SYSTEM_PROMPT, RunningServer
 
 OPTIONS = {"temperature": 0, "num_predict": 10}
+# Ollama has no ignore_eos: an answer held to a JSON string longer than 10 tokens can hold (no token is
+# 100 bytes long) runs to num_predict on every CPU, wherever the model would have ended a free answer.
+LONGER_THAN_THE_ANSWER = {"type": "string", "minLength": 1000}
 
 
 @pytest.fixture
@@ -74,12 +77,19 @@ def test_chat_whole_and_streamed_agree_and_the_second_reuses_the_prompt(
         {"role": "system", "content": SYSTEM_PROMPT + " (ollama)"},
         {"role": "user", "content": "Which lighthouse is the oldest?"},
     ]
-    whole = local.chat(model=f"{server.model_id}:latest", messages=messages, options=OPTIONS)
+    whole = local.chat(
+        model=f"{server.model_id}:latest", messages=messages, options=OPTIONS, format=LONGER_THAN_THE_ANSWER
+    )
     assert whole.done
     assert whole.message.content
+    assert whole.message.content.startswith('"')
     assert whole.eval_count == 10
     assert whole.done_reason == "length"
-    pieces = list(local.chat(model=server.model_id, messages=messages, options=OPTIONS, stream=True))
+    pieces = list(
+        local.chat(
+            model=server.model_id, messages=messages, options=OPTIONS, format=LONGER_THAN_THE_ANSWER, stream=True
+        )
+    )
     assert "".join(piece.message.content or "" for piece in pieces) == whole.message.content
     last = pieces[-1]
     assert last.done

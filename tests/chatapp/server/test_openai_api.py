@@ -7,10 +7,14 @@ import re
 from typing import Any
 
 import openai
+import pytest
 
 from tests.server_support import SYSTEM_PROMPT, RunningServer
 
 QUESTION = "Which lighthouse is the oldest?"
+# llama-server's and vLLM's extension, sent through the client's extra_body: the answer cannot end before its
+# length, so its finish reason and token count are the same on every CPU.
+NEVER_ENDS = {"ignore_eos": True}
 
 
 def cache_header(headers: Any) -> dict[str, str]:
@@ -39,13 +43,14 @@ def test_a_streamed_answer_equals_the_whole_one_with_the_same_usage(
     client: openai.OpenAI, server: RunningServer
 ) -> None:
     messages = [{"role": "system", "content": SYSTEM_PROMPT + " (stream)"}, {"role": "user", "content": QUESTION}]
-    whole = chat(client, server, messages)
+    whole = chat(client, server, messages, extra_body=NEVER_ENDS)
     stream = client.chat.completions.create(
         model=server.model_id,
         messages=messages,
         temperature=0,
         stream=True,
         stream_options={"include_usage": True},
+        extra_body=NEVER_ENDS,
     )
     pieces, finish, usage = [], None, None
     for chunk in stream:
@@ -111,15 +116,17 @@ def test_a_stop_string_ends_the_answer_before_it(client: openai.OpenAI, server: 
 
 def test_plain_completions_whole_and_streamed(client: openai.OpenAI, server: RunningServer) -> None:
     prompt = "The three primary colours are"
-    whole = client.completions.create(model=server.model_id, prompt=prompt, temperature=0, max_tokens=8)
+    asked: dict[str, Any] = {"model": server.model_id, "temperature": 0, "max_tokens": 8, "extra_body": NEVER_ENDS}
+    whole = client.completions.create(prompt=prompt, **asked)
     assert whole.choices[0].text
     assert whole.usage is not None
     assert whole.usage.completion_tokens == 8
-    stream = client.completions.create(model=server.model_id, prompt=prompt, temperature=0, max_tokens=8, stream=True)
+    assert whole.choices[0].finish_reason == "length"
+    stream = client.completions.create(prompt=prompt, stream=True, **asked)
     assert "".join(chunk.choices[0].text for chunk in stream if chunk.choices) == whole.choices[0].text
     # The same prompt as token ids (what benchmarks send): the same answer, all of it reused.
     ids = server.serving.engine.tokenize(prompt, add_special=True, parse_special=True)
-    by_ids = client.completions.create(model=server.model_id, prompt=ids, temperature=0, max_tokens=8)
+    by_ids = client.completions.create(prompt=ids, **asked)
     assert by_ids.choices[0].text == whole.choices[0].text
     assert by_ids.usage.prompt_tokens == whole.usage.prompt_tokens
 
@@ -142,3 +149,16 @@ def test_a_prompt_that_breaks_the_prefix_says_where(client: openai.OpenAI, serve
     assert "It is now 10:4" in excerpt["before"]
     assert set(excerpt) == {"before", "after", "place"}  # the earlier prompt may be another client's: log only
     assert excerpt["place"] == "line 1 of the system prompt"
+
+
+def test_ignore_eos_with_a_response_format_is_a_400_naming_it(client: openai.OpenAI, server: RunningServer) -> None:
+    with pytest.raises(openai.BadRequestError) as refused:
+        chat(
+            client,
+            server,
+            [{"role": "user", "content": QUESTION}],
+            response_format={"type": "json_object"},
+            extra_body=NEVER_ENDS,
+        )
+    assert refused.value.status_code == 400
+    assert "ignore_eos cannot be combined" in refused.value.message

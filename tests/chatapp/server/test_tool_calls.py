@@ -17,6 +17,10 @@ import pytest
 from tests.chatapp.server.test_openai_api import cache_header
 from tests.server_support import RunningServer
 
+# Bounded strings: a call held to these schemas ends well within ANSWER_TOKENS, whatever the model would
+# write on this CPU (an unbounded string could run past it and leave the call cut).
+CITY = {"type": "string", "maxLength": 24}
+ANSWER_TOKENS = 120
 WEATHER_TOOL = {
     "type": "function",
     "function": {
@@ -24,7 +28,7 @@ WEATHER_TOOL = {
         "description": "The weather now in a city.",
         "parameters": {
             "type": "object",
-            "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+            "properties": {"city": CITY, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
             "required": ["city", "unit"],
             "additionalProperties": False,
         },
@@ -36,7 +40,7 @@ TIME_TOOL = {
     "function": {
         "name": "get_time",
         "description": "The local time in a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        "parameters": {"type": "object", "properties": {"city": CITY}, "required": ["city"]},
     },
 }
 QUESTION = [
@@ -46,7 +50,7 @@ QUESTION = [
 
 
 def create(client: openai.OpenAI, server: RunningServer, messages: list[Any], **options: Any) -> Any:
-    options = {"temperature": 0, "max_tokens": 60, **options}
+    options = {"temperature": 0, "max_tokens": ANSWER_TOKENS, **options}
     raw = client.chat.completions.with_raw_response.create(model=server.model_id, messages=messages, **options)
     completion = raw.parse()
     completion.cache = cache_header(raw.headers)
@@ -85,7 +89,7 @@ def test_streamed_calls_join_to_the_whole_answer(client: openai.OpenAI, server: 
     options: dict[str, Any] = {"tools": [WEATHER_TOOL, TIME_TOOL], "tool_choice": "required"}
     whole = create(client, server, QUESTION, **options).choices[0]
     stream = client.chat.completions.create(
-        model=server.model_id, messages=QUESTION, temperature=0, max_tokens=60, stream=True, **options
+        model=server.model_id, messages=QUESTION, temperature=0, max_tokens=ANSWER_TOKENS, stream=True, **options
     )
     content, calls, finish = "", {}, None
     for chunk in stream:
@@ -135,7 +139,11 @@ def test_the_agent_loop_reuses_everything_but_the_tool_result(client: openai.Ope
 def test_json_schema_output_follows_the_schema(client: openai.OpenAI, server: RunningServer) -> None:
     schema = {
         "type": "object",
-        "properties": {"name": {"type": "string"}, "year": {"type": "integer"}, "kind": {"enum": ["fact", "myth"]}},
+        "properties": {
+            "name": {"type": "string", "maxLength": 40},
+            "year": {"type": "integer"},
+            "kind": {"enum": ["fact", "myth"]},
+        },
         "required": ["name", "year", "kind"],
         "additionalProperties": False,
     }

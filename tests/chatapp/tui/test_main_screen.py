@@ -4,6 +4,7 @@ regenerate, move between sibling answers, edit into a branch, the tree, export, 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -52,7 +53,9 @@ async def test_an_answer_streams_in_and_is_saved(data_dir: Path, monkeypatch: py
         assert len(appended) >= 3, "the answer should arrive piece by piece"
         assert "".join(appended) == answer.text != ""
         note = footnote(answer)
-        assert "30 tokens" in note
+        counted = re.search(r"(\d+) tokens", note)  # at most max_tokens: where it ends differs between CPUs
+        assert counted is not None
+        assert 0 < int(counted.group(1)) <= 30
         assert "first token" in note
         assert "prompt tokens" in note
         status = str(app.main_screen.query_one(StatusLine).render())
