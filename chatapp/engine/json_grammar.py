@@ -8,7 +8,7 @@ worse than a clear refusal, so those are refused before it runs.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from llama_cpp.llama_grammar import SchemaConverter
@@ -46,6 +46,37 @@ UNSUPPORTED_KEYWORDS = frozenset(
 SCHEMA_MAPS = ("properties", "$defs", "definitions")
 SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 SCHEMA_VALUES = ("items", "additionalProperties")
+# Keywords that say what a value may be; a schema with none of them allows any value.
+TYPING_KEYWORDS = frozenset(
+    {
+        "type",
+        "$ref",
+        "oneOf",
+        "anyOf",
+        "allOf",
+        "const",
+        "enum",
+        "properties",
+        "additionalProperties",
+        "items",
+        "prefixItems",
+        "minItems",
+        "maxItems",
+        "pattern",
+        "format",
+        "minLength",
+        "maxLength",
+        "required",
+    }
+)
+ANY_VALUE = "value"  # the converter's own rule for any JSON value, named as a type
+# Lengths and counts a grammar holds: the converter writes a bound of n as n nested rules, and llama.cpp
+# walks them recursively (Claude Code's Write tool allows 524,288 characters: the engine thread's stack
+# overflowed). A larger bound is left to the client in a tool's parameters, refused in a response format.
+LARGEST_BOUND = 512  # llama.cpp 0.3.36 parsed 1,000 nested rules and refused 1,024
+BOUNDS = ("minLength", "maxLength", "minItems", "maxItems")
+CONVERTER_CHAR = 'char ::= [^"\\\\] |'
+JSON_CHAR = 'char ::= [^"\\\\\\x7F\\x00-\\x1F] |'
 
 # Our own rules' names begin with "chatapp-": the converter names its rules after the schema's.
 ROOT = "chatapp-root"
@@ -78,10 +109,20 @@ class RuleSet:
         self._converter = SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
         self._extra: dict[str, str] = {}
 
-    def schema_rule(self, schema: dict[str, Any], name: str, where: str) -> str:
-        """The name of the rule for values that follow `schema`; GrammarError naming what it cannot hold."""
+    def schema_rule(self, schema: dict[str, Any], name: str, where: str, *, tool: bool = False) -> str:
+        """The name of the rule for values that follow `schema`; GrammarError naming what it cannot hold.
+
+        A `tool`'s parameters keep what a grammar cannot enforce to the client: the rule holds the rest,
+        and agents validate a call before they run it (Claude Code's own tools bound numbers with
+        `minimum`). An answer's own format is refused by the keyword's name instead: it is the output.
+        """
         try:
-            refuse_unsupported(schema, where)
+            if tool:
+                schema = enforceable_part(schema)
+            else:
+                refuse_unsupported(schema, where)
+                refuse_large_bounds(schema, where)
+            schema = any_value_where_untyped(schema)
             resolved = self._converter.resolve_refs(schema, where)
             rule: str = self._converter.visit(resolved, name)
         except GrammarError:
@@ -95,7 +136,9 @@ class RuleSet:
 
     def gbnf(self) -> str:
         lines = [f"{name} ::= {rule}" for name, rule in self._extra.items()]
-        return "\n".join([*lines, self._converter.format_grammar()])
+        # JSON strings hold no raw control characters (json.loads refuses them): the converter's rule allows them.
+        converted = self._converter.format_grammar().replace(CONVERTER_CHAR, JSON_CHAR)
+        return "\n".join([*lines, converted])
 
 
 def refuse_unsupported(schema: Any, where: str) -> None:
@@ -105,6 +148,57 @@ def refuse_unsupported(schema: Any, where: str) -> None:
             raise GrammarError(
                 f"{path} uses {keyword!r}, which this server cannot enforce while generating; remove it from the schema"
             )
+
+
+def enforceable_part(schema: Any) -> Any:
+    """`schema` without the keywords a grammar would not enforce (bounds past LARGEST_BOUND among them), in it
+    and in the schemas inside it."""
+    return _each_schema(schema, lambda one: {key: value for key, value in one.items() if _enforceable(key, value)})
+
+
+def _enforceable(keyword: str, value: Any) -> bool:
+    if keyword in UNSUPPORTED_KEYWORDS:
+        return False
+    return keyword not in BOUNDS or not isinstance(value, int) or value <= LARGEST_BOUND
+
+
+def refuse_large_bounds(schema: Any, where: str) -> None:
+    """GrammarError naming the first length or count in `schema` past what a grammar holds."""
+
+    def check(one: dict[str, Any]) -> dict[str, Any]:
+        for keyword in BOUNDS:
+            value = one.get(keyword)
+            if isinstance(value, int) and value > LARGEST_BOUND:
+                raise GrammarError(
+                    f"{where} has {keyword} {value:,}; a grammar holds at most {LARGEST_BOUND:,}: "
+                    "lower it, or leave it out"
+                )
+        return one
+
+    _each_schema(schema, check)
+
+
+def any_value_where_untyped(schema: Any) -> Any:
+    """`schema` with each schema that constrains nothing (`{}`, or a description alone) read as any JSON value,
+    as JSON Schema reads it (the converter would take `{}` for an object and refuse a lone description)."""
+    return _each_schema(schema, lambda one: one if TYPING_KEYWORDS & one.keys() else {"type": ANY_VALUE})
+
+
+def _each_schema(schema: Any, change: Callable[[dict[str, Any]], dict[str, Any]]) -> Any:
+    """`schema` with `change` applied to it and to every schema inside it (the inner ones first)."""
+    if not isinstance(schema, dict):
+        return schema
+    inside = dict(schema)
+    for field in SCHEMA_MAPS:
+        if isinstance(inside.get(field), dict):
+            inside[field] = {name: _each_schema(inner, change) for name, inner in inside[field].items()}
+    for field in (*SCHEMA_LISTS, *SCHEMA_VALUES):
+        inner = inside.get(field)
+        if isinstance(inner, list):
+            inside[field] = [_each_schema(item, change) for item in inner]
+        elif isinstance(inner, dict):
+            inside[field] = _each_schema(inner, change)
+    return change(inside)
 
 
 def _keywords(schema: Any, path: str) -> Iterator[tuple[str, str]]:

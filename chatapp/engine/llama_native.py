@@ -421,6 +421,8 @@ class NativeSampler:
             llama_cpp.llama_sampler_chain_add(self.pointer, llama_cpp.llama_sampler_init_greedy())
             return
         seed = params.seed if params.seed is not None else llama_cpp.LLAMA_DEFAULT_SEED
+        if params.top_k > 0:
+            llama_cpp.llama_sampler_chain_add(self.pointer, llama_cpp.llama_sampler_init_top_k(params.top_k))
         if params.top_p < 1.0:
             llama_cpp.llama_sampler_chain_add(self.pointer, llama_cpp.llama_sampler_init_top_p(params.top_p, 1))
         llama_cpp.llama_sampler_chain_add(self.pointer, llama_cpp.llama_sampler_init_temp(params.temperature))

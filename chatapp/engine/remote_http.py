@@ -208,6 +208,8 @@ class StreamedRequest:
         }
         if sampling.seed is not None:
             fields["seed"] = sampling.seed
+        if sampling.top_k > 0:  # llama-server's, vLLM's and chatapp serve's top_k
+            fields["top_k"] = sampling.top_k
         if sampling.ignore_eos:  # llama-server, vLLM and chatapp serve all take it
             fields["ignore_eos"] = True
         return fields

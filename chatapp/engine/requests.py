@@ -18,6 +18,7 @@ class SamplingParams:
 
     temperature: float = 0.7
     top_p: float = 0.95
+    top_k: int = 0  # 0: no top-k cut (Anthropic's and Ollama's top_k)
     seed: int | None = None
     max_tokens: int | None = 512  # None: until the end of generation or of the context
     grammar: Grammar | None = None

@@ -16,9 +16,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from chatapp.engine.grammar import Grammar
-from chatapp.engine.json_grammar import RuleSet, anything_but, literal, refuse_unsupported
+from chatapp.engine.json_grammar import RuleSet, anything_but, enforceable_part, literal
 from chatapp.engine.tool_formats import ANY_IDS, ParsedAnswer, ParsedCall, calls_grammar, json_call_rule
-from chatapp.errors import GrammarError
 from chatapp.tools import ToolCall, ToolResult, ToolSpec, arguments_json
 
 CALL_OPEN = "<tool_call>"
@@ -127,7 +126,7 @@ class XmlToolFormat(BlockToolFormat):
     def _body_rule(self, rules: RuleSet, index: int, tool: ToolSpec) -> str:
         where = f"tools[{index}].parameters"
         parameters = tool.parameters
-        refuse_unsupported(parameters, where)
+        parameters = enforceable_part(parameters)  # the client validates what a grammar cannot hold
         required = set(parameters.get("required") or ())
         rules.add("chatapp-text", f"( {anything_but(PARAMETER_CLOSE)} )*")  # a text value: all but its closing tag
         pieces = []
@@ -135,7 +134,9 @@ class XmlToolFormat(BlockToolFormat):
             if _is_text(schema):
                 value = _text_rule(rules, schema, f"{where}.properties.{name}")
             else:
-                value = rules.schema_rule(schema, f"chatapp-tool{index}-value{number}", f"{where}.properties.{name}")
+                value = rules.schema_rule(
+                    schema, f"chatapp-tool{index}-value{number}", f"{where}.properties.{name}", tool=True
+                )
             piece = f"{literal(f'<parameter={name}>' + NEWLINE)} {value} {literal(NEWLINE + '</parameter>' + NEWLINE)}"
             pieces.append(piece if name in required else f"( {piece} )?")
         rule = f"chatapp-tool{index}-call"
@@ -157,15 +158,10 @@ class XmlToolFormat(BlockToolFormat):
 
 
 def _text_rule(rules: RuleSet, schema: dict[str, Any], where: str) -> str:
-    """A text value as it stands between the tags: one of its enum's values as they are, its length bounds kept."""
+    """A text value as it stands between the tags: one of its enum's values as they are, its length bounds kept
+    (a `pattern` or `format` is left to the client, which validates a call before it runs it)."""
     if "enum" in schema:
         return f"( {' | '.join(literal(str(value)) for value in schema['enum'])} )"
-    for keyword in ("pattern", "format"):
-        if keyword in schema:
-            raise GrammarError(
-                f"{where} uses {keyword!r}, which this model's parameter format cannot enforce; "
-                "remove it from the schema"
-            )
     low, high = schema.get("minLength"), schema.get("maxLength")
     if low is None and high is None:
         return "chatapp-text"

@@ -123,7 +123,7 @@ def calls_grammar(
 
 def arguments_rule(rules: RuleSet, index: int, tool: ToolSpec) -> str:
     """The rule for the arguments of `tool` (its parameters' schema), named after its place among the tools."""
-    return rules.schema_rule(tool.parameters, f"chatapp-tool{index}-arguments", f"tools[{index}].parameters")
+    return rules.schema_rule(tool.parameters, f"chatapp-tool{index}-arguments", f"tools[{index}].parameters", tool=True)
 
 
 def json_call_rule(rules: RuleSet, index: int, tool: ToolSpec, key: str, tail: str = '"}"') -> str:

@@ -75,7 +75,7 @@ class HarmonyToolFormat:
         bodies = []
         for index, tool in enumerate(tools):
             arguments = rules.schema_rule(
-                tool.parameters, f"chatapp-tool{index}-arguments", f"tools[{index}].parameters"
+                tool.parameters, f"chatapp-tool{index}-arguments", f"tools[{index}].parameters", tool=True
             )
             recipient = literal(RECIPIENT + tool.name)
             headers = f"{literal(CHANNEL)} {channel} {recipient} | {recipient} {literal(CHANNEL)} {channel}"

@@ -149,6 +149,7 @@ class Answer:
         self.feed = feed
         self._events = aiter(feed)
         self._first: StreamEvent | None = None  # read by placed() and not yet handed on by events()
+        self.reuse: PromptReuse | None = None  # what the cache gave, once placed() knows (a local engine)
 
     async def placed(self, request: Request) -> dict[str, str] | None:
         """Wait until the engine has placed the prompt (or begun answering); the response's cache headers.
@@ -168,6 +169,7 @@ class Answer:
             self.feed.close()
             raise
         if isinstance(first, PromptReuse):
+            self.reuse = first
             reused = first.reused_tokens
             return cache_headers(reused, first.prompt_tokens, first.tier.value, self.divergence(reused))
         self._first = first

@@ -9,7 +9,7 @@ from fastapi import FastAPI, Request, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from chatapp import __version__
-from chatapp.server import llama_api, ollama_api, openai_api, unsupported
+from chatapp.server import anthropic_api, llama_api, ollama_api, openai_api, unsupported
 from chatapp.server.answering import ServerContext
 from chatapp.server.errors import ApiError, error_response, handle_api_error, handle_http_error, handle_unexpected
 from chatapp.server.metrics import CONTENT_TYPE
@@ -22,6 +22,7 @@ def create_app(context: ServerContext) -> FastAPI:
     app = FastAPI(title="chatapp", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.context = context
     app.include_router(openai_api.router)
+    app.include_router(anthropic_api.router)
     app.include_router(ollama_api.router)
     app.include_router(llama_api.router)
     app.include_router(unsupported.router)
@@ -51,7 +52,8 @@ def create_app(context: ServerContext) -> FastAPI:
                 path,
                 ApiError(
                     401,
-                    "missing or wrong API key; send the header 'Authorization: Bearer KEY' with the server's key",
+                    "missing or wrong API key; send the header 'Authorization: Bearer KEY' (or 'x-api-key: KEY') "
+                    "with the server's key",
                     kind="authentication_error",
                 ),
             )
@@ -66,7 +68,10 @@ def create_app(context: ServerContext) -> FastAPI:
 
 
 def _authorized(request: Request, key: str) -> bool:
-    """Constant-time comparison, so the time taken says nothing about how much of the key was right."""
+    """`Authorization: Bearer KEY` (OpenAI, Ollama, Claude Code's auth token) or `x-api-key: KEY` (Anthropic's SDK),
+    compared in constant time, so the time taken says nothing about how much of the key was right."""
     header = request.headers.get("authorization", "")
     scheme, _, given = header.partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), key.encode())
+    if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), key.encode()):
+        return True
+    return hmac.compare_digest(request.headers.get("x-api-key", "").strip().encode(), key.encode())

@@ -16,6 +16,17 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 log = logging.getLogger(__name__)
 
 OLLAMA_PREFIX = "/api/"
+ANTHROPIC_PREFIX = "/v1/messages"
+# Anthropic's error types by status (its clients read the type, Claude Code retries the overloaded ones).
+ANTHROPIC_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
 
 
 class ApiError(Exception):
@@ -42,6 +53,9 @@ def error_body(path: str, error: ApiError) -> dict[str, object]:
     """The error object in the dialect of the route that failed."""
     if path.startswith(OLLAMA_PREFIX):
         return {"error": error.message}
+    if path.startswith(ANTHROPIC_PREFIX):
+        kind = ANTHROPIC_ERROR_TYPES.get(error.status, "invalid_request_error" if error.status < 500 else "api_error")
+        return {"type": "error", "error": {"type": kind, "message": error.message}}
     return {"error": {"message": error.message, "type": error.kind, "param": error.param, "code": None}}
 
 

@@ -97,7 +97,7 @@ def _checked(context: ServerContext, body: OllamaBase) -> tuple[SamplingOptions,
     elif predict == 0:
         raise ApiError(400, "options.num_predict is 0; ask for at least one token", param="options.num_predict")
     sampling = SamplingOptions(
-        temperature=options.temperature, top_p=options.top_p, seed=options.seed, max_tokens=predict
+        temperature=options.temperature, top_p=options.top_p, top_k=options.top_k, seed=options.seed, max_tokens=predict
     )
     return sampling, checked_stop(options.stop, "options.stop")
 

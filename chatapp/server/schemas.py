@@ -74,7 +74,6 @@ OLLAMA_UNSUPPORTED = {
 OLLAMA_GENERATE_UNSUPPORTED = {**OLLAMA_UNSUPPORTED, "tools": _unset}  # generate takes no tools
 OLLAMA_OPTIONS_UNSUPPORTED = {
     "num_keep": lambda value: True,
-    "top_k": _unset,
     "min_p": _unset,
     "typical_p": lambda value: value is None or value == 1,
     "repeat_penalty": lambda value: value is None or value == 1,
@@ -180,6 +179,7 @@ class CompletionBody(OpenAISampling):
 class OllamaOptions(Lenient):
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0)
     seed: int | None = Field(None, ge=0, lt=SEED_LIMIT)
     num_predict: int | None = None
     stop: list[str] | None = None

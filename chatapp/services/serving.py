@@ -43,6 +43,7 @@ class SamplingOptions:
     top_p: float | None = None
     seed: int | None = None
     max_tokens: int | None = None
+    top_k: int | None = None  # None or 0: no top-k cut
     ignore_eos: bool = False  # the end-of-generation tokens forbidden: the answer runs to its length
 
 
@@ -155,6 +156,7 @@ class Serving:
             top_p=options.top_p if options.top_p is not None else base.top_p,
             seed=options.seed if options.seed is not None else base.seed,
             max_tokens=max_tokens,
+            top_k=options.top_k or 0,
             ignore_eos=options.ignore_eos,
         )
 

@@ -24,6 +24,7 @@ from chatapp.engine.engine import Engine, EngineConfig
 from chatapp.engine.events import GenerationResult
 from chatapp.engine.grammar import Grammar
 from chatapp.engine.json_grammar import schema_grammar
+from chatapp.engine.llama_native import NativeModel
 from chatapp.engine.prompt import ChatMessage, ModelVocabulary, PromptBuilder
 from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.engine.tool_blocks import HermesToolFormat, XmlToolFormat
@@ -33,6 +34,7 @@ from chatapp.engine.tool_mistral import MistralArgsToolFormat, MistralJsonToolFo
 from chatapp.errors import GrammarError
 from chatapp.tools import ToolCall, ToolResult, ToolSpec, canonical_json
 from chatapp.vocabulary import Role
+from tests.grammar_support import grammar_takes
 from tests.model_factory import HARMONY_TOKENS, MISTRAL_SPECIAL_TOKENS, TINY_MODEL_THREADS, write_tiny_llama
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -352,3 +354,33 @@ def test_llama_calls_are_the_whole_answer_and_name_a_tool() -> None:
     assert LLAMA_JSON.parse('{"name": "get_weather", "parameters": {"city": "Oslo"}}', tools).calls
     assert not LLAMA_JSON.parse('Here it is: {"name": "get_weather", "parameters": {}}', tools).calls
     assert not LLAMA_JSON.parse('{"name": "John", "age": 3}', tools).calls
+
+
+def test_a_json_string_holds_no_raw_control_character(vocab: NativeModel) -> None:
+    """json.loads refuses a raw newline or tab inside a string: the grammar must too (escaped ones are fine)."""
+    grammar = schema_grammar({"type": "object", "properties": {"note": {"type": "string"}}}, "response_format")
+    assert grammar_takes(vocab, grammar, '{"note": "a\\nb"}', vocab.eos_id, special=False)
+    assert not grammar_takes(vocab, grammar, '{"note": "a\nb"}', vocab.eos_id, special=False)
+    assert not grammar_takes(vocab, grammar, '{"note": "a\tb"}', vocab.eos_id, special=False)
+
+
+@pytest.mark.parametrize("untyped", [{}, {"description": "anything the script reads"}])
+def test_a_schema_that_constrains_nothing_allows_any_value(vocab: NativeModel, untyped: dict[str, str]) -> None:
+    schema = {"type": "object", "properties": {"args": untyped}, "required": ["args"]}
+    grammar = schema_grammar(schema, "tools[0].parameters")
+    for value in ('[1, "two"]', '"text"', "3", '{"k": null}'):
+        assert grammar_takes(vocab, grammar, '{"args": ' + value + "}", vocab.eos_id, special=False), value
+
+
+def test_a_length_past_what_a_grammar_holds_is_refused_in_a_format_and_left_to_the_client_in_a_tool(
+    vocab: NativeModel,
+) -> None:
+    """Claude Code's Write tool allows 524,288 characters: written as nested rules, that overflowed the stack."""
+    schema = {"type": "object", "properties": {"content": {"type": "string", "maxLength": 524_288}}}
+    with pytest.raises(GrammarError, match="maxLength 524,288"):
+        schema_grammar(schema, "response_format")
+    tools = (ToolSpec("write", "", json.dumps(schema)),)
+    grammar = HermesToolFormat().grammar(tools, parallel=False, lazy=False)
+    assert grammar_takes(
+        vocab, grammar, '<tool_call>\n{"name": "write", "arguments": {"content": "x"}}\n</tool_call>', vocab.eos_id
+    )

@@ -88,7 +88,7 @@ CASES = [
     ),
     ("/v1/chat/completions", chat(response_format="json_object"), 400, "response_format"),
     ("/api/chat", {"model": MODEL, "messages": [{"role": "user", "content": "hi", "images": ["aGk="]}]}, 400, None),
-    ("/api/chat", {"model": MODEL, "messages": [USER], "options": {"top_k": 5}}, 400, None),
+    ("/api/chat", {"model": MODEL, "messages": [USER], "options": {"min_p": 0.1}}, 400, None),
     ("/api/chat", {"model": "llama3", "messages": [USER]}, 404, None),
     ("/api/generate", {"model": MODEL, "prompt": " "}, 400, None),
     ("/api/chat", {"model": MODEL, "messages": [USER], "keep_alive": "soon"}, 400, "keep_alive"),

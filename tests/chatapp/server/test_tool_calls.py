@@ -189,16 +189,13 @@ def test_a_grammar_costs_no_cache_hit(client: openai.OpenAI, server: RunningServ
     [
         (
             {
-                "tools": [
-                    {
-                        "type": "function",
-                        "function": {
-                            "name": "f",
-                            "parameters": {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1}}},
-                        },
-                    }
-                ],
-                "tool_choice": "required",
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {
+                        "name": "x",
+                        "schema": {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1}}},
+                    },
+                }
             },
             "minimum",
         ),
@@ -224,13 +221,41 @@ def test_what_cannot_be_honoured_is_refused_by_name(
     assert named in str(refused.value)
 
 
+def test_a_tools_keywords_a_grammar_cannot_hold_are_left_to_the_client(
+    client: openai.OpenAI, server: RunningServer
+) -> None:
+    """Agents bound their tools' numbers (Claude Code's Read has `minimum`): the grammar holds the rest of the
+    schema and the client checks a call before it runs it, where a response format is refused by name."""
+    bounded = {
+        "type": "function",
+        "function": {
+            "name": "read_lines",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "offset": {"type": "integer", "minimum": 1, "maximum": 9999},
+                    "path": {"type": "string", "maxLength": 24, "format": "uri"},
+                },
+                "required": ["offset", "path"],
+                "additionalProperties": False,
+            },
+        },
+    }
+    answer = create(client, server, QUESTION, tools=[bounded], tool_choice="required")
+    (call,) = answer.choices[0].message.tool_calls
+    arguments = json.loads(call.function.arguments)
+    assert set(arguments) == {"offset", "path"}
+    assert isinstance(arguments["offset"], int)
+    assert isinstance(arguments["path"], str)
+
+
 def test_ollama_tools_and_format(server: RunningServer) -> None:
     client = ollama.Client(host=server.url)
     answer = client.chat(
         model=server.model_id,
         messages=[{"role": "user", "content": "What is the weather in Paris?"}],
         tools=[WEATHER_TOOL],
-        options={"temperature": 0, "num_predict": 60},
+        options={"temperature": 0, "num_predict": ANSWER_TOKENS},
         format={"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]},
     )
     if answer.message.tool_calls:  # with tools beside a format, the answer is a call or that JSON

@@ -1,0 +1,126 @@
+"""Anthropic's Messages API: POST /v1/messages (whole, or streamed with its typed events) and
+POST /v1/messages/count_tokens, for Claude Code and the `anthropic` SDK.
+
+The request rides the same answer pipeline as /v1/chat/completions (anthropic_fields.py
+translates at the edge). Usage says what the cache did: `cache_read_input_tokens` were
+reused, `input_tokens` computed now.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from anyio import to_thread
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from chatapp.server import anthropic_fields as fields
+from chatapp.server.answering import CLIENT_GONE, COMPACT, Answer, context_of, start
+from chatapp.server.bodies import read_body
+from chatapp.server.errors import ApiError
+from chatapp.services.completions import CompletionOutcome, RequestError
+from chatapp.services.serving import SamplingOptions
+
+router = APIRouter(prefix="/v1")
+
+
+@router.post("/messages")
+async def messages(request: Request) -> Response:
+    context = context_of(request)
+    body = await read_body(request, fields.MessagesBody, context.body_limit_bytes)
+    context.check_model(body.model)
+    shape = fields.anthropic_shape(body.fields_sent())
+    chat = fields.api_messages(body)
+    options = SamplingOptions(
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=body.top_k,
+        seed=body.seed,
+        max_tokens=body.max_tokens,
+        ignore_eos=body.ignore_eos,
+    )
+    stops = body.stops()
+    async with context.serving_for(body.model) as serving:
+        answer = Answer(context, await start(lambda: serving.chat(chat, options, stops, shape)))
+    message_id = f"msg_{uuid.uuid4().hex}"
+    headers = await answer.placed(request)
+    if headers is None:
+        return Response(status_code=CLIENT_GONE)
+    if body.stream:
+        events = _events(answer, message_id, body.model, stops)
+        return StreamingResponse(
+            events, media_type="text/event-stream", headers={**headers, "Cache-Control": "no-cache"}
+        )
+    outcome = await answer.to_end(request)
+    if outcome is None:
+        return Response(status_code=CLIENT_GONE)
+    payload = {
+        **_message(message_id, body.model),
+        "content": fields.content_blocks(outcome),
+        "stop_reason": fields.stop_reason(outcome),
+        "stop_sequence": fields.matched_stop(outcome, stops),
+        "usage": fields.final_usage(outcome.usage),
+    }
+    return JSONResponse(payload, headers=answer.final_headers(outcome))
+
+
+@router.post("/messages/count_tokens")
+async def count_tokens(request: Request) -> dict[str, int]:
+    """The prompt's length as the model will see it (tools taught in it included); nothing is computed."""
+    context = context_of(request)
+    body = await read_body(request, fields.MessagesBase, context.body_limit_bytes)
+    context.check_model(body.model)
+    shape = fields.anthropic_shape(body.fields_sent())
+    chat = fields.api_messages(body)
+    async with context.serving_for(body.model) as serving:
+        try:
+            count = await to_thread.run_sync(lambda: serving.count_chat(chat, shape))
+        except RequestError as error:
+            raise ApiError(400, str(error), param=error.param) from None
+    return {"input_tokens": count}
+
+
+def _message(message_id: str, model: str) -> dict[str, Any]:
+    return {"id": message_id, "type": "message", "role": "assistant", "model": model}
+
+
+def _event(kind: str, payload: dict[str, Any]) -> str:
+    return f"event: {kind}\ndata: {json.dumps({'type': kind, **payload}, ensure_ascii=False, separators=COMPACT)}\n\n"
+
+
+async def _events(answer: Answer, message_id: str, model: str, stops: tuple[str, ...]) -> AsyncIterator[str]:
+    """message_start, a text block as the text comes, each call as a tool_use block, message_delta, message_stop."""
+    placed = answer.reuse  # None for a remote engine: its figures come with message_delta
+    start_usage = fields.usage(placed.prompt_tokens, placed.reused_tokens) if placed else fields.usage(0, 0)
+    opening = {**_message(message_id, model), "content": [], "stop_reason": None, "stop_sequence": None}
+    yield _event("message_start", {"message": {**opening, "usage": start_usage}})
+    yield _event("ping", {})
+    index = 0
+    text_open = False
+    try:
+        async for text in answer.shown_text():
+            if not text_open:
+                yield _event("content_block_start", {"index": index, "content_block": {"type": "text", "text": ""}})
+                text_open = True
+            yield _event("content_block_delta", {"index": index, "delta": {"type": "text_delta", "text": text}})
+        outcome: CompletionOutcome = answer.outcome()
+    except Exception as error:  # the headers are sent: the error goes in the stream, as Anthropic does
+        message = f"the answer failed ({type(error).__name__}: {error})"
+        yield _event("error", {"error": {"type": "api_error", "message": message}})
+        return
+    if text_open:
+        yield _event("content_block_stop", {"index": index})
+        index += 1
+    for call in outcome.tool_calls:  # each call whole: its arguments in one input_json_delta
+        block = fields.tool_use_block(call, streamed=True)
+        yield _event("content_block_start", {"index": index, "content_block": block})
+        delta = {"type": "input_json_delta", "partial_json": call.arguments_json}
+        yield _event("content_block_delta", {"index": index, "delta": delta})
+        yield _event("content_block_stop", {"index": index})
+        index += 1
+    ended = {"stop_reason": fields.stop_reason(outcome), "stop_sequence": fields.matched_stop(outcome, stops)}
+    yield _event("message_delta", {"delta": ended, "usage": fields.final_usage(outcome.usage)})
+    yield _event("message_stop", {})

@@ -1,0 +1,244 @@
+"""Anthropic's Messages API read into the app's terms, and the app's answers written back in its shape.
+
+A translation at the edge only: the messages become the same `ApiMessage`s, the tools the same
+`AnswerShape`, as a `/v1/chat/completions` request's, so both ride one answer pipeline (the
+same prompts, grammars and remembered answer ids). Content blocks the server cannot read
+(images, documents) are a 400 naming the block; thinking blocks passed back are dropped, as
+the templates of models without visible reasoning drop them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from chatapp.server.errors import ApiError
+from chatapp.server.schemas import SEED_LIMIT, Lenient, checked_stop
+from chatapp.services.answer_shape import AnswerShape, ToolChoice
+from chatapp.services.completions import ApiMessage, CompletionOutcome, CompletionUsage
+from chatapp.tools import ToolCall, ToolSpec, arguments_json, compact_json
+from chatapp.vocabulary import Role, StopReason
+
+# Blocks an assistant turn may carry back that say nothing the prompt shows.
+DROPPED_BLOCKS = frozenset({"thinking", "redacted_thinking"})
+TOOL_CHOICES = {
+    "auto": ToolChoice.AUTO,
+    "any": ToolChoice.REQUIRED,
+    "tool": ToolChoice.FUNCTION,
+    "none": ToolChoice.NONE,
+}
+
+
+class AnthropicBlock(Lenient):
+    type: str
+    text: str | None = None
+    id: str | None = None
+    name: str | None = None
+    input: Any = None
+    tool_use_id: str | None = None
+    content: str | list[AnthropicBlock] | None = None
+    is_error: bool | None = None
+
+
+class AnthropicMessage(Lenient):
+    role: str
+    content: str | list[AnthropicBlock]
+
+
+class MessagesBase(Lenient):
+    """What both `/v1/messages` and `/v1/messages/count_tokens` read."""
+
+    model: str
+    messages: list[AnthropicMessage]
+    system: str | list[AnthropicBlock] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: dict[str, Any] | None = None
+
+
+class MessagesBody(MessagesBase):
+    max_tokens: int = Field(ge=1)
+    stop_sequences: list[str] | None = None
+    temperature: float | None = Field(None, ge=0, le=1)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0)
+    seed: int | None = Field(None, ge=0, lt=SEED_LIMIT)  # not Anthropic's: kept for reproducible tests
+    stream: bool = False
+    ignore_eos: bool = False  # not Anthropic's: as on the OpenAI routes
+
+    def stops(self) -> tuple[str, ...]:
+        return checked_stop(self.stop_sequences, "stop_sequences")
+
+
+def api_messages(body: MessagesBase) -> list[ApiMessage]:
+    """The system prompt, then each message: a user turn's tool results become tool messages, in order."""
+    messages: list[ApiMessage] = []
+    system = _text_of(body.system, "system")
+    if system.strip():
+        messages.append(ApiMessage(Role.SYSTEM, system))
+    for index, message in enumerate(body.messages):
+        where = f"messages[{index}]"
+        blocks = (
+            [AnthropicBlock(type="text", text=message.content)] if isinstance(message.content, str) else message.content
+        )
+        if message.role == "user":
+            messages.extend(_user_turn(blocks, where))
+        elif message.role == "assistant":
+            messages.append(_assistant_turn(blocks, where))
+        elif message.role == "system":  # Claude Code's mid-conversation system messages (a beta of 2026)
+            messages.append(ApiMessage(Role.SYSTEM, _text_of(blocks, f"{where}.content")))
+        else:
+            raise ApiError(
+                400, f"{where}.role is {message.role!r}; use user, assistant or system", param=f"{where}.role"
+            )
+    return messages
+
+
+def _text_of(content: str | list[AnthropicBlock] | None, where: str) -> str:
+    """Text, or text blocks joined by newlines (a system prompt, a tool result); any other block is a 400."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    pieces = []
+    for number, block in enumerate(content):
+        if block.type != "text":
+            raise ApiError(400, f"{where}[{number}] is of type {block.type!r}; send text blocks", param=where)
+        pieces.append(block.text or "")
+    return "\n".join(pieces)
+
+
+def _user_turn(blocks: list[AnthropicBlock], where: str) -> list[ApiMessage]:
+    results: list[ApiMessage] = []
+    texts: list[str] = []
+    for number, block in enumerate(blocks):
+        place = f"{where}.content[{number}]"
+        if block.type == "text":
+            texts.append(block.text or "")
+        elif block.type == "tool_result":
+            if not block.tool_use_id:
+                raise ApiError(400, f"{place}.tool_use_id is missing; name the call it answers", param=place)
+            text = _text_of(block.content, f"{place}.content")
+            results.append(ApiMessage(Role.TOOL, text, tool_call_id=block.tool_use_id))
+        else:
+            raise ApiError(
+                400, f"{place} is of type {block.type!r}; this server reads text and tool results", param=place
+            )
+    text = "\n".join(texts)
+    if not results and not text.strip():
+        raise ApiError(400, f"{where}.content is empty; send some text", param=f"{where}.content")
+    return [*results, *([ApiMessage(Role.USER, text)] if text.strip() else [])]
+
+
+def _assistant_turn(blocks: list[AnthropicBlock], where: str) -> ApiMessage:
+    texts: list[str] = []
+    calls: list[ToolCall] = []
+    for number, block in enumerate(blocks):
+        place = f"{where}.content[{number}]"
+        if block.type == "text":
+            texts.append(block.text or "")
+        elif block.type == "tool_use":
+            if not block.name or not block.id:
+                raise ApiError(400, f"{place} needs the call's id and name", param=place)
+            calls.append(ToolCall(block.id, block.name, arguments_json(block.input if block.input is not None else {})))
+        elif block.type not in DROPPED_BLOCKS:
+            raise ApiError(
+                400, f"{place} is of type {block.type!r}; an assistant turn holds text and tool_use", param=place
+            )
+    return ApiMessage(Role.ASSISTANT, "".join(texts), tool_calls=tuple(calls))
+
+
+def anthropic_shape(fields: dict[str, Any]) -> AnswerShape:
+    """`tools` (name, description, input_schema) and `tool_choice` of a Messages request."""
+    tools = _tool_specs(fields.get("tools"))
+    value = fields.get("tool_choice")
+    if value is None:
+        return AnswerShape(tools=tools)
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind not in TOOL_CHOICES:
+        raise ApiError(400, "tool_choice.type must be 'auto', 'any', 'tool' or 'none'", param="tool_choice")
+    choice = TOOL_CHOICES[kind]
+    name = value.get("name")
+    if choice is ToolChoice.FUNCTION and not isinstance(name, str):
+        raise ApiError(400, "tool_choice of type 'tool' needs the tool's name", param="tool_choice.name")
+    if choice in (ToolChoice.REQUIRED, ToolChoice.FUNCTION) and not tools:
+        raise ApiError(400, "tool_choice asks for a call but the request has no tools; send tools", param="tool_choice")
+    # One call per answer unless the client allows several (small models loop): llama-server's default too.
+    parallel = value.get("disable_parallel_tool_use") is False
+    return AnswerShape(
+        tools=tools, choice=choice, function=name if choice is ToolChoice.FUNCTION else None, parallel=parallel
+    )
+
+
+def _tool_specs(tools: Any) -> tuple[ToolSpec, ...]:
+    if tools is None:
+        return ()
+    if not isinstance(tools, list):
+        raise ApiError(400, "tools must be a list of tools", param="tools")
+    specs = []
+    for index, tool in enumerate(tools):
+        where = f"tools[{index}]"
+        if not isinstance(tool, dict) or tool.get("type", "custom") != "custom":
+            kind = tool.get("type") if isinstance(tool, dict) else None
+            raise ApiError(
+                400, f"{where} is of type {kind!r}; only client tools (with input_schema) are served", param=where
+            )
+        if not isinstance(tool.get("name"), str) or not tool["name"]:
+            raise ApiError(400, f"{where}.name is missing; name each tool", param=where)
+        schema = tool.get("input_schema") or {"type": "object", "properties": {}}
+        if not isinstance(schema, dict):
+            raise ApiError(400, f"{where}.input_schema must be a JSON schema object", param=where)
+        specs.append(ToolSpec(tool["name"], str(tool.get("description") or ""), compact_json(schema)))
+    names = [spec.name for spec in specs]
+    repeated = next((name for name in names if names.count(name) > 1), None)
+    if repeated is not None:
+        raise ApiError(400, f"tools names {repeated!r} twice; give each tool its own name", param="tools")
+    return tuple(specs)
+
+
+def stop_reason(outcome: CompletionOutcome) -> str:
+    """Anthropic's `stop_reason`: tool_use when the answer made calls (and was not cut off), else how it ended."""
+    cut = outcome.stop_reason in (StopReason.LENGTH, StopReason.CONTEXT)
+    if outcome.tool_calls and not cut:
+        return "tool_use"
+    if cut:
+        return "max_tokens"
+    if outcome.stop_reason is StopReason.STOP_STRING:
+        return "stop_sequence"
+    return "end_turn"
+
+
+def matched_stop(outcome: CompletionOutcome, stops: tuple[str, ...]) -> str | None:
+    """The stop sequence that ended the answer (Anthropic names it): the only one when there is one."""
+    if outcome.stop_reason is not StopReason.STOP_STRING or not stops:
+        return None
+    return stops[0] if len(stops) == 1 else None
+
+
+def usage(prompt: int, reused: int, output_tokens: int = 0) -> dict[str, int]:
+    """Anthropic's usage: `input_tokens` computed now, `cache_read_input_tokens` reused from the cache.
+
+    Every computed token's KV is kept by the cache for the next request, so none is counted as
+    `cache_creation_input_tokens` apart: the three add up to the prompt, as Anthropic's do.
+    """
+    return {
+        "input_tokens": prompt - reused,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": reused,
+        "output_tokens": output_tokens,
+    }
+
+
+def final_usage(figures: CompletionUsage) -> dict[str, int]:
+    """The usage of an answer that ended."""
+    return usage(figures.prompt_tokens, figures.cached_tokens, figures.completion_tokens)
+
+
+def content_blocks(outcome: CompletionOutcome) -> list[dict[str, Any]]:
+    """The answer's text (if any), then each call as a tool_use block."""
+    blocks: list[dict[str, Any]] = [{"type": "text", "text": outcome.text}] if outcome.text else []
+    blocks += [tool_use_block(call) for call in outcome.tool_calls]
+    return blocks
+
+
+def tool_use_block(call: ToolCall, *, streamed: bool = False) -> dict[str, Any]:
+    """A call as a tool_use block; a streamed one starts with an empty input (its JSON follows as deltas)."""
+    return {"type": "tool_use", "id": call.id, "name": call.name, "input": {} if streamed else call.arguments}

@@ -1,0 +1,186 @@
+"""Anthropic's Messages API driven by the official `anthropic` SDK against a real server on the bundled model:
+whole and streamed answers, tool use and the loop back, usage that says what the cache did, errors."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx
+import pytest
+
+from tests.server_support import SYSTEM_PROMPT, RunningServer, running_server
+
+API_KEY = "anthropic-test-key"
+QUESTION = "Which lighthouse is the oldest?"
+NEVER_ENDS = {"ignore_eos": True}  # as on the OpenAI routes: the answer's length is the same on every CPU
+# No temperature is sent: the test server's settings are greedy (and this SDK no longer sends one).
+WEATHER_TOOL: Any = {
+    "name": "get_weather",
+    "description": "The weather now in a city.",
+    # A bounded string: the call ends within max_tokens whatever the model writes on this CPU.
+    "input_schema": {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 24}},
+        "required": ["city"],
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, model_path: Path) -> Iterator[RunningServer]:
+    """A server with a key (sent as x-api-key by the SDK) that answers to any model name, as Claude Code needs."""
+    data = tmp_path_factory.mktemp("anthropic-data")
+    with running_server(data, model_path, api_key=API_KEY, any_model=True) as running:
+        yield running
+
+
+@pytest.fixture
+def claude(server: RunningServer) -> Iterator[anthropic.Anthropic]:
+    with anthropic.Anthropic(base_url=server.url, api_key=API_KEY, max_retries=0, timeout=300) as opened:
+        yield opened
+
+
+def test_a_whole_answer_and_a_streamed_one_agree_and_the_second_reuses_the_prompt(
+    claude: anthropic.Anthropic,
+) -> None:
+    asked: dict[str, Any] = {
+        "model": "claude-sonnet-4-5",
+        "max_tokens": 12,
+        "system": [{"type": "text", "text": SYSTEM_PROMPT, "cache_control": {"type": "ephemeral"}}],
+        "messages": [{"role": "user", "content": QUESTION}],
+        "extra_body": NEVER_ENDS,
+    }
+    whole = claude.messages.create(**asked)
+    assert whole.type == "message"
+    assert whole.role == "assistant"
+    assert whole.stop_reason == "max_tokens"
+    assert whole.usage.output_tokens == 12
+    (block,) = whole.content
+    assert block.type == "text"
+    assert block.text
+    with claude.messages.stream(**asked) as stream:
+        streamed_text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert streamed_text == block.text
+    assert final.stop_reason == "max_tokens"
+    assert final.usage.output_tokens == 12
+    # What the cache did: the second found the first one's prompt; the three counts add up to the prompt.
+    first_prompt = whole.usage.input_tokens + (whole.usage.cache_read_input_tokens or 0)
+    second_prompt = final.usage.input_tokens + (final.usage.cache_read_input_tokens or 0)
+    assert first_prompt == second_prompt
+    assert final.usage.cache_read_input_tokens is not None
+    assert final.usage.cache_read_input_tokens > first_prompt - 8
+    assert final.usage.cache_creation_input_tokens == 0
+
+
+def test_a_tool_is_called_and_the_loop_back_reuses_the_call(claude: anthropic.Anthropic, server: RunningServer) -> None:
+    messages: list[Any] = [{"role": "user", "content": "What is the weather in Paris?"}]
+    asked: dict[str, Any] = {
+        "model": "claude-haiku-4-5",
+        "max_tokens": 120,
+        "system": "You are a helpful assistant with tools (Anthropic).",
+        "tools": [WEATHER_TOOL],
+    }
+    first = claude.messages.create(messages=messages, tool_choice={"type": "any"}, **asked)
+    assert first.stop_reason == "tool_use"
+    calls = [block for block in first.content if block.type == "tool_use"]
+    assert len(calls) == 1
+    call = calls[0]
+    assert call.name == "get_weather"
+    assert isinstance(call.input, dict)
+    assert isinstance(call.input["city"], str)
+    messages += [
+        {"role": "assistant", "content": [block.model_dump() for block in first.content]},
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "18 degrees and sunny"}],
+        },
+    ]
+    server.serving.engine.flush_cache()  # the tool ran meanwhile: the call's tokens are in the KV
+    with claude.messages.stream(messages=messages, **asked) as stream:
+        second = stream.get_final_message()
+    earlier = first.usage.input_tokens + (first.usage.cache_read_input_tokens or 0) + first.usage.output_tokens - 1
+    assert (second.usage.cache_read_input_tokens or 0) >= earlier, "the first prompt and the call are reused"
+    assert second.usage.input_tokens < 40, "only the tool result and the turn's opening are computed"
+
+
+def test_a_streamed_call_comes_as_a_tool_use_block_with_its_json(claude: anthropic.Anthropic) -> None:
+    events: list[Any] = []
+    with claude.messages.stream(
+        model="claude-haiku-4-5",
+        max_tokens=120,
+        messages=[{"role": "user", "content": "What is the weather in Rome?"}],
+        tools=[WEATHER_TOOL],
+        tool_choice={"type": "tool", "name": "get_weather"},
+    ) as stream:
+        events.extend(stream)
+        final = stream.get_final_message()
+    kinds = [event.type for event in events]
+    assert kinds[0] == "message_start"
+    assert kinds[-1] == "message_stop"
+    (call,) = [block for block in final.content if block.type == "tool_use"]
+    assert call.name == "get_weather"
+    assert isinstance(call.input["city"], str)
+    assert final.stop_reason == "tool_use"
+
+
+def test_count_tokens_is_the_prompt_the_answer_is_computed_from(claude: anthropic.Anthropic) -> None:
+    asked: dict[str, Any] = {
+        "model": "claude-sonnet-4-5",
+        "system": "Count me (Anthropic).",
+        "messages": [{"role": "user", "content": QUESTION}],
+    }
+    counted = claude.messages.count_tokens(**asked)
+    answered = claude.messages.create(max_tokens=1, **asked)
+    assert counted.input_tokens == answered.usage.input_tokens + (answered.usage.cache_read_input_tokens or 0)
+    with_tools = claude.messages.count_tokens(tools=[WEATHER_TOOL], **asked)
+    assert with_tools.input_tokens > counted.input_tokens, "the tools are taught in the prompt"
+
+
+@pytest.mark.parametrize(
+    ("request_", "status", "kind", "words"),
+    [
+        ({"max_tokens": 8, "messages": [{"role": "robot", "content": "hi"}]}, 400, "invalid_request_error", "role"),
+        (
+            {"max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
+            400,
+            "invalid_request_error",
+            "'image'",
+        ),
+        ({"messages": [{"role": "user", "content": "hi"}]}, 400, "invalid_request_error", "max_tokens"),
+        (
+            {"max_tokens": 8, "messages": [{"role": "user", "content": "hi"}], "tool_choice": {"type": "any"}},
+            400,
+            "invalid_request_error",
+            "no tools",
+        ),
+    ],
+    ids=["unknown-role", "image", "no-max-tokens", "choice-without-tools"],
+)
+def test_bad_requests_get_anthropics_error_shape(
+    server: RunningServer, request_: dict[str, Any], status: int, kind: str, words: str
+) -> None:
+    body = {"model": "claude-sonnet-4-5", **request_}
+    answer = httpx.post(f"{server.url}/v1/messages", json=body, headers={"x-api-key": API_KEY}, timeout=60)
+    assert answer.status_code == status
+    error = answer.json()
+    assert error["type"] == "error"
+    assert error["error"]["type"] == kind
+    assert words in error["error"]["message"]
+    assert "\n" not in error["error"]["message"]
+
+
+def test_a_wrong_key_is_an_authentication_error(server: RunningServer) -> None:
+    with (
+        anthropic.Anthropic(base_url=server.url, api_key="wrong", max_retries=0) as wrong,
+        pytest.raises(anthropic.AuthenticationError) as refused,
+    ):
+        wrong.messages.create(model="claude-sonnet-4-5", max_tokens=4, messages=[{"role": "user", "content": "hi"}])
+    assert refused.value.status_code == 401
+    body = refused.value.body
+    assert isinstance(body, dict)
+    assert json.dumps(body).count("authentication_error") == 1
