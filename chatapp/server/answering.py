@@ -23,10 +23,11 @@ from chatapp.errors import ContextOverflowError, ModelError
 from chatapp.server.errors import ApiError
 from chatapp.server.feed import CompletionFeed
 from chatapp.server.metrics import ServerMetrics
-from chatapp.services.completions import Completion, CompletionOutcome, RequestError, ServerBusyError
+from chatapp.services.answer_shape import AnswerShape
+from chatapp.services.completions import ApiMessage, Completion, CompletionOutcome, RequestError, ServerBusyError
 from chatapp.services.divergence import Divergence
 from chatapp.services.model_pool import UNCHANGED, KeepAlive, ModelNotServed, ModelPool, ModelRefused, ModelsBusy
-from chatapp.services.serving import Serving
+from chatapp.services.serving import SamplingOptions, Serving
 from chatapp.services.streams import AnswerText, PromptReuse, StreamEvent
 from chatapp.vocabulary import StopReason
 
@@ -139,6 +140,20 @@ async def start(start_completion: Callable[[], Completion]) -> CompletionFeed:
     except ServerBusyError as error:
         raise ApiError(503, str(error), kind="server_error", headers={"Retry-After": RETRY_AFTER_SECONDS}) from None
     return CompletionFeed(completion)
+
+
+async def start_chat(
+    context: ServerContext,
+    model: str,
+    messages: list[ApiMessage],
+    options: SamplingOptions,
+    stops: tuple[str, ...],
+    shape: AnswerShape,
+    keep_alive_s: KeepAlive = UNCHANGED,
+) -> Answer:
+    """A chat answer started on the model a request names (every API's chat route comes through here)."""
+    async with context.serving_for(model, keep_alive_s) as serving:
+        return Answer(context, await start(lambda: serving.chat(messages, options, stops, shape)))
 
 
 class Answer:

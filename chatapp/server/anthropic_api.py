@@ -18,7 +18,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from chatapp.server import anthropic_fields as fields
-from chatapp.server.answering import CLIENT_GONE, COMPACT, Answer, context_of, start
+from chatapp.server.answering import CLIENT_GONE, COMPACT, Answer, context_of, start_chat
 from chatapp.server.bodies import read_body
 from chatapp.server.errors import ApiError
 from chatapp.services.completions import CompletionOutcome, RequestError
@@ -43,8 +43,7 @@ async def messages(request: Request) -> Response:
         ignore_eos=body.ignore_eos,
     )
     stops = body.stops()
-    async with context.serving_for(body.model) as serving:
-        answer = Answer(context, await start(lambda: serving.chat(chat, options, stops, shape)))
+    answer = await start_chat(context, body.model, chat, options, stops, shape)
     message_id = f"msg_{uuid.uuid4().hex}"
     headers = await answer.placed(request)
     if headers is None:

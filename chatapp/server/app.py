@@ -9,7 +9,7 @@ from fastapi import FastAPI, Request, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from chatapp import __version__
-from chatapp.server import anthropic_api, llama_api, ollama_api, openai_api, unsupported
+from chatapp.server import anthropic_api, llama_api, ollama_api, openai_api, responses_api, unsupported
 from chatapp.server.answering import ServerContext
 from chatapp.server.errors import ApiError, error_response, handle_api_error, handle_http_error, handle_unexpected
 from chatapp.server.metrics import CONTENT_TYPE
@@ -23,6 +23,7 @@ def create_app(context: ServerContext) -> FastAPI:
     app.state.context = context
     app.include_router(openai_api.router)
     app.include_router(anthropic_api.router)
+    app.include_router(responses_api.router)
     app.include_router(ollama_api.router)
     app.include_router(llama_api.router)
     app.include_router(unsupported.router)

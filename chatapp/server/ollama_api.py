@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from chatapp import __version__
 from chatapp.server import ollama_models
-from chatapp.server.answering import CLIENT_GONE, Answer, ServerContext, context_of, finish_reason, start
+from chatapp.server.answering import CLIENT_GONE, Answer, ServerContext, context_of, finish_reason, start, start_chat
 from chatapp.server.bodies import read_body
 from chatapp.server.errors import ApiError
 from chatapp.server.keep_alive import keep_alive_seconds
@@ -129,8 +129,7 @@ async def chat(request: Request) -> Response:
         chat_message(index, message.role, message.content or "", message.fields_sent(), OLLAMA_UNSUPPORTED)
         for index, message in enumerate(body.messages)
     ]
-    async with context.serving_for(body.model, keep_alive_seconds(body.keep_alive)) as serving:
-        answer = Answer(context, await start(lambda: serving.chat(messages, options, stop, shape)))
+    answer = await start_chat(context, body.model, messages, options, stop, shape, keep_alive_seconds(body.keep_alive))
     return await _respond(request, body, answer, chat=True)
 
 

@@ -17,7 +17,7 @@ from anyio import to_thread
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from chatapp.server.answering import CLIENT_GONE, COMPACT, Answer, context_of, finish_reason, start
+from chatapp.server.answering import CLIENT_GONE, COMPACT, Answer, context_of, finish_reason, start, start_chat
 from chatapp.server.bodies import read_body
 from chatapp.server.errors import ApiError
 from chatapp.server.schemas import (
@@ -91,8 +91,7 @@ async def chat_completions(request: Request) -> Response:
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     options = _options(body, max_tokens)
     stop = checked_stop(body.stop, "stop")
-    async with context.serving_for(body.model) as serving:
-        answer = Answer(context, await start(lambda: serving.chat(messages, options, stop, shape)))
+    answer = await start_chat(context, body.model, messages, options, stop, shape)
     return await _respond(request, body, answer, "chat.completion", "chatcmpl")
 
 

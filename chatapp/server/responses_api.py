@@ -1,0 +1,138 @@
+"""OpenAI's Responses API: POST /v1/responses, whole or streamed with its typed events, for Codex and the
+OpenAI Agents SDK's default path. Stateless: each request carries the whole conversation.
+
+`usage.input_tokens_details.cached_tokens` says how much of the prompt the cache gave.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from chatapp.server import responses_fields as fields
+from chatapp.server.answering import CLIENT_GONE, COMPACT, Answer, context_of, start_chat
+from chatapp.server.bodies import read_body
+from chatapp.services.completions import CompletionOutcome
+from chatapp.services.serving import SamplingOptions
+
+router = APIRouter(prefix="/v1")
+
+
+@router.post("/responses")
+async def responses(request: Request) -> Response:
+    context = context_of(request)
+    body = await read_body(request, fields.ResponsesBody, context.body_limit_bytes)
+    context.check_model(body.model)
+    sent = body.fields_sent()
+    shape = fields.responses_shape(sent)
+    chat = fields.api_messages(body)
+    options = SamplingOptions(
+        temperature=body.temperature,
+        top_p=body.top_p,
+        seed=body.seed,
+        max_tokens=body.max_output_tokens,
+        ignore_eos=bool(body.ignore_eos),
+    )
+    answer = await start_chat(context, body.model, chat, options, (), shape)
+    response_id = fields.new_id("resp")
+    headers = await answer.placed(request)
+    if headers is None:
+        return Response(status_code=CLIENT_GONE)
+    if body.stream:
+        events = _Events(response_id, body, sent).of(answer)
+        return StreamingResponse(
+            events, media_type="text/event-stream", headers={**headers, "Cache-Control": "no-cache"}
+        )
+    outcome = await answer.to_end(request)
+    if outcome is None:
+        return Response(status_code=CLIENT_GONE)
+    output = fields.output_items(outcome, fields.new_id("msg"))
+    payload = fields.response(response_id, body, sent, outcome, output)
+    return JSONResponse(payload, headers=answer.final_headers(outcome))
+
+
+class _Events:
+    """The typed server-sent events of one streamed response, numbered in order."""
+
+    def __init__(self, response_id: str, body: fields.ResponsesBody, sent: dict[str, Any]) -> None:
+        self.response_id = response_id
+        self.body = body
+        self.sent = sent
+        self.number = 0
+
+    def event(self, kind: str, **payload: Any) -> str:
+        data = {"type": kind, "sequence_number": self.number, **payload}
+        self.number += 1
+        return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False, separators=COMPACT)}\n\n"
+
+    def whole(self, outcome: CompletionOutcome | None, output: list[Any]) -> dict[str, Any]:
+        return fields.response(self.response_id, self.body, self.sent, outcome, output)
+
+    async def of(self, answer: Answer) -> AsyncIterator[str]:
+        """created, then a message item whose text streams as it comes, each call as a function_call item,
+        then completed (or incomplete, cut at max_output_tokens)."""
+        yield self.event("response.created", response=self.whole(None, []))
+        yield self.event("response.in_progress", response=self.whole(None, []))
+        message_id = fields.new_id("msg")
+        text: list[str] = []
+        output: list[dict[str, Any]] = []
+        try:
+            async for piece in answer.shown_text():
+                if not text:
+                    yield self.event(
+                        "response.output_item.added",
+                        output_index=0,
+                        item=fields.message_item(message_id, "", "in_progress"),
+                    )
+                    part = fields.text_part("")
+                    yield self.event(
+                        "response.content_part.added", item_id=message_id, output_index=0, content_index=0, part=part
+                    )
+                text.append(piece)
+                yield self.event(
+                    "response.output_text.delta", item_id=message_id, output_index=0, content_index=0, delta=piece
+                )
+            outcome = answer.outcome()
+        except Exception as error:  # the headers are sent: the failure goes in the stream
+            failed = {**self.whole(None, output), "status": "failed"}
+            failed["error"] = {
+                "code": "server_error",
+                "message": f"the answer failed ({type(error).__name__}: {error})",
+            }
+            yield self.event("response.failed", response=failed)
+            return
+        if text:
+            whole_text = "".join(text)
+            position = {"item_id": message_id, "output_index": 0, "content_index": 0}
+            yield self.event("response.output_text.done", **position, text=whole_text)
+            yield self.event("response.content_part.done", **position, part=fields.text_part(whole_text))
+            item = fields.message_item(message_id, whole_text)
+            yield self.event("response.output_item.done", output_index=0, item=item)
+            output.append(item)
+        for call in outcome.tool_calls:  # each call whole: its arguments in one delta
+            index = len(output)
+            started = fields.call_item(call, "in_progress")
+            yield self.event("response.output_item.added", output_index=index, item=started)
+            yield self.event(
+                "response.function_call_arguments.delta",
+                item_id=started["id"],
+                output_index=index,
+                delta=call.arguments_json,
+            )
+            yield self.event(
+                "response.function_call_arguments.done",
+                item_id=started["id"],
+                output_index=index,
+                arguments=call.arguments_json,
+            )
+            item = fields.call_item(call)
+            yield self.event("response.output_item.done", output_index=index, item=item)
+            output.append(item)
+        ended = self.whole(outcome, output)
+        yield self.event(
+            "response.completed" if ended["status"] == "completed" else "response.incomplete", response=ended
+        )
