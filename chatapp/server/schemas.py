@@ -52,7 +52,6 @@ OPENAI_UNSUPPORTED = {
     "audio": _unset,
     "modalities": lambda value: value is None or value == ["text"],
     "prediction": _unset,
-    "reasoning_effort": _unset,
 }
 # A plain completion has no tools and no response format: there they would change nothing, silently.
 COMPLETION_UNSUPPORTED = {

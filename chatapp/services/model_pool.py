@@ -147,9 +147,9 @@ class ModelPool:
             loaded = list(self._loaded.values())
         rows: list[tuple[str, ModelCard, float | None]] = []
         for held in loaded:
-            names = self.default_names() if held.pinned else [held.name]
+            name = self.default_names()[0] if held.pinned else held.name  # one row a model, not one an alias
             expires = None if held.keep_alive_s is None else max(0.0, held.last_used + held.keep_alive_s - now)
-            rows += [(name, held.serving.model, expires) for name in names]
+            rows.append((name, held.serving.model, expires))
         return rows
 
     def card(self, name: str) -> ModelCard:

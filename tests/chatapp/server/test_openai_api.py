@@ -162,3 +162,14 @@ def test_ignore_eos_with_a_response_format_is_a_400_naming_it(client: openai.Ope
         )
     assert refused.value.status_code == 400
     assert "ignore_eos cannot be combined" in refused.value.message
+
+
+def test_reasoning_effort_is_accepted_on_a_model_without_reasoning(
+    client: openai.OpenAI, server: RunningServer
+) -> None:
+    """Agents and benchmarks send it (`"none"` too); a model with no reasoning switch answers as without it."""
+    messages = [{"role": "user", "content": QUESTION}]
+    plain = chat(client, server, messages, max_tokens=4, extra_body=NEVER_ENDS)
+    for effort in ("none", "high"):
+        asked = chat(client, server, messages, max_tokens=4, reasoning_effort=effort, extra_body=NEVER_ENDS)
+        assert asked.choices[0].message.content == plain.choices[0].message.content
