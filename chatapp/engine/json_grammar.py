@@ -46,29 +46,14 @@ UNSUPPORTED_KEYWORDS = frozenset(
 SCHEMA_MAPS = ("properties", "$defs", "definitions")
 SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 SCHEMA_VALUES = ("items", "additionalProperties")
-# Keywords that say what a value may be; a schema with none of them allows any value.
-TYPING_KEYWORDS = frozenset(
-    {
-        "type",
-        "$ref",
-        "oneOf",
-        "anyOf",
-        "allOf",
-        "const",
-        "enum",
-        "properties",
-        "additionalProperties",
-        "items",
-        "prefixItems",
-        "minItems",
-        "maxItems",
-        "pattern",
-        "format",
-        "minLength",
-        "maxLength",
-        "required",
-    }
-)
+# Keywords the converter reads a value's kind from; without one, a schema's type is implied by its other
+# keywords (IMPLIED_TYPES), or it allows any value.
+TYPING_KEYWORDS = frozenset({"type", "$ref", "oneOf", "anyOf", "allOf", "const", "enum", "properties", "pattern"})
+IMPLIED_TYPES = {
+    "string": frozenset({"minLength", "maxLength", "format"}),
+    "array": frozenset({"items", "prefixItems", "minItems", "maxItems"}),
+    "object": frozenset({"required", "additionalProperties"}),
+}
 ANY_VALUE = "value"  # the converter's own rule for any JSON value, named as a type
 # Lengths and counts a grammar holds: the converter writes a bound of n as n nested rules, and llama.cpp
 # walks them recursively (Claude Code's Write tool allows 524,288 characters: the engine thread's stack
@@ -179,13 +164,23 @@ def refuse_large_bounds(schema: Any, where: str) -> None:
 
 
 def any_value_where_untyped(schema: Any) -> Any:
-    """`schema` with each schema that constrains nothing (`{}`, or a description alone) read as any JSON value,
-    as JSON Schema reads it (the converter would take `{}` for an object and refuse a lone description)."""
-    return _each_schema(schema, lambda one: one if TYPING_KEYWORDS & one.keys() else {"type": ANY_VALUE})
+    """`schema` with each schema that names no type read as JSON Schema reads it: the type its keywords imply
+    (`minLength` a string, `required` an object...), else any JSON value (the converter would take `{}` for an
+    object and refuse a lone description or `minLength`)."""
+    return _each_schema(schema, _typed)
+
+
+def _typed(one: dict[str, Any]) -> dict[str, Any]:
+    if TYPING_KEYWORDS & one.keys():
+        return one
+    implied = next((kind for kind, keywords in IMPLIED_TYPES.items() if keywords & one.keys()), ANY_VALUE)
+    return {**one, "type": implied}
 
 
 def _each_schema(schema: Any, change: Callable[[dict[str, Any]], dict[str, Any]]) -> Any:
     """`schema` with `change` applied to it and to every schema inside it (the inner ones first)."""
+    if schema is True:  # JSON Schema's `true`: any value
+        schema = {}
     if not isinstance(schema, dict):
         return schema
     inside = dict(schema)
@@ -196,7 +191,7 @@ def _each_schema(schema: Any, change: Callable[[dict[str, Any]], dict[str, Any]]
         inner = inside.get(field)
         if isinstance(inner, list):
             inside[field] = [_each_schema(item, change) for item in inner]
-        elif isinstance(inner, dict):
+        elif isinstance(inner, dict) or inner is True:
             inside[field] = _each_schema(inner, change)
     return change(inside)
 

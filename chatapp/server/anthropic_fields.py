@@ -117,6 +117,8 @@ def _user_turn(blocks: list[AnthropicBlock], where: str) -> list[ApiMessage]:
             if not block.tool_use_id:
                 raise ApiError(400, f"{place}.tool_use_id is missing; name the call it answers", param=place)
             text = _text_of(block.content, f"{place}.content")
+            if block.is_error:  # the model must tell a failed tool from a result
+                text = f"Error: {text}"
             results.append(ApiMessage(Role.TOOL, text, tool_call_id=block.tool_use_id))
         else:
             raise ApiError(
@@ -143,7 +145,7 @@ def _assistant_turn(blocks: list[AnthropicBlock], where: str) -> ApiMessage:
             raise ApiError(
                 400, f"{place} is of type {block.type!r}; an assistant turn holds text and tool_use", param=place
             )
-    return ApiMessage(Role.ASSISTANT, "".join(texts), tool_calls=tuple(calls))
+    return ApiMessage(Role.ASSISTANT, "\n".join(texts), tool_calls=tuple(calls))
 
 
 def anthropic_shape(fields: dict[str, Any]) -> AnswerShape:

@@ -7,6 +7,7 @@ OpenAI Agents SDK's default path. Stateless: each request carries the whole conv
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -63,6 +64,7 @@ class _Events:
         self.body = body
         self.sent = sent
         self.number = 0
+        self.created_at = int(time.time())  # one moment for every event's copy of the response
 
     def event(self, kind: str, **payload: Any) -> str:
         data = {"type": kind, "sequence_number": self.number, **payload}
@@ -70,7 +72,10 @@ class _Events:
         return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False, separators=COMPACT)}\n\n"
 
     def whole(self, outcome: CompletionOutcome | None, output: list[Any]) -> dict[str, Any]:
-        return fields.response(self.response_id, self.body, self.sent, outcome, output)
+        return {
+            **fields.response(self.response_id, self.body, self.sent, outcome, output),
+            "created_at": self.created_at,
+        }
 
     async def of(self, answer: Answer) -> AsyncIterator[str]:
         """created, then a message item whose text streams as it comes, each call as a function_call item,
@@ -94,7 +99,12 @@ class _Events:
                     )
                 text.append(piece)
                 yield self.event(
-                    "response.output_text.delta", item_id=message_id, output_index=0, content_index=0, delta=piece
+                    "response.output_text.delta",
+                    item_id=message_id,
+                    output_index=0,
+                    content_index=0,
+                    delta=piece,
+                    logprobs=[],
                 )
             outcome = answer.outcome()
         except Exception as error:  # the headers are sent: the failure goes in the stream
@@ -108,7 +118,7 @@ class _Events:
         if text:
             whole_text = "".join(text)
             position = {"item_id": message_id, "output_index": 0, "content_index": 0}
-            yield self.event("response.output_text.done", **position, text=whole_text)
+            yield self.event("response.output_text.done", **position, text=whole_text, logprobs=[])
             yield self.event("response.content_part.done", **position, part=fields.text_part(whole_text))
             item = fields.message_item(message_id, whole_text)
             yield self.event("response.output_item.done", output_index=0, item=item)

@@ -179,7 +179,7 @@ def usage(outcome: CompletionOutcome) -> dict[str, Any]:
     figures = outcome.usage
     return {
         "input_tokens": figures.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": figures.cached_tokens},
+        "input_tokens_details": {"cached_tokens": figures.cached_tokens, "cache_write_tokens": 0},
         "output_tokens": figures.completion_tokens,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": figures.prompt_tokens + figures.completion_tokens,
@@ -203,7 +203,7 @@ def response(
         "max_output_tokens": body.max_output_tokens,
         "model": body.model,
         "output": output,
-        "parallel_tool_calls": bool(fields.get("parallel_tool_calls", True)),
+        "parallel_tool_calls": bool(fields.get("parallel_tool_calls")),  # one call per answer unless asked
         "previous_response_id": None,
         "reasoning": {"effort": None, "summary": None},
         "store": False,

@@ -364,8 +364,8 @@ def test_a_json_string_holds_no_raw_control_character(vocab: NativeModel) -> Non
     assert not grammar_takes(vocab, grammar, '{"note": "a\tb"}', vocab.eos_id, special=False)
 
 
-@pytest.mark.parametrize("untyped", [{}, {"description": "anything the script reads"}])
-def test_a_schema_that_constrains_nothing_allows_any_value(vocab: NativeModel, untyped: dict[str, str]) -> None:
+@pytest.mark.parametrize("untyped", [{}, {"description": "anything the script reads"}, True])
+def test_a_schema_that_constrains_nothing_allows_any_value(vocab: NativeModel, untyped: object) -> None:
     schema = {"type": "object", "properties": {"args": untyped}, "required": ["args"]}
     grammar = schema_grammar(schema, "tools[0].parameters")
     for value in ('[1, "two"]', '"text"', "3", '{"k": null}'):
@@ -384,3 +384,20 @@ def test_a_length_past_what_a_grammar_holds_is_refused_in_a_format_and_left_to_t
     assert grammar_takes(
         vocab, grammar, '<tool_call>\n{"name": "write", "arguments": {"content": "x"}}\n</tool_call>', vocab.eos_id
     )
+
+
+@pytest.mark.parametrize(
+    ("schema", "taken", "refused"),
+    [
+        ({"minLength": 2}, '"ab"', "3"),
+        ({"items": {"type": "integer"}}, "[1, 2]", '"ab"'),
+        ({"required": ["k"], "properties": {"k": {"type": "integer"}}}, '{"k": 1}', "[1]"),
+    ],
+    ids=["string", "array", "object"],
+)
+def test_a_schema_without_a_type_has_the_one_its_keywords_imply(
+    vocab: NativeModel, schema: dict[str, object], taken: str, refused: str
+) -> None:
+    grammar = schema_grammar({"type": "object", "properties": {"v": schema}, "required": ["v"]}, "tools[0].parameters")
+    assert grammar_takes(vocab, grammar, '{"v": ' + taken + "}", vocab.eos_id, special=False)
+    assert not grammar_takes(vocab, grammar, '{"v": ' + refused + "}", vocab.eos_id, special=False)
