@@ -15,19 +15,16 @@ from pydantic import Field
 
 from chatapp.server.errors import ApiError
 from chatapp.server.schemas import SEED_LIMIT, Lenient, checked_stop
-from chatapp.services.answer_shape import AnswerShape, ToolChoice
+from chatapp.server.tool_fields import openai_shape
+from chatapp.services.answer_shape import AnswerShape
 from chatapp.services.completions import ApiMessage, CompletionOutcome, CompletionUsage
-from chatapp.tools import ToolCall, ToolSpec, arguments_json, compact_json
+from chatapp.tools import ToolCall, arguments_json
 from chatapp.vocabulary import Role, StopReason
 
 # Blocks an assistant turn may carry back that say nothing the prompt shows.
 DROPPED_BLOCKS = frozenset({"thinking", "redacted_thinking"})
-TOOL_CHOICES = {
-    "auto": ToolChoice.AUTO,
-    "any": ToolChoice.REQUIRED,
-    "tool": ToolChoice.FUNCTION,
-    "none": ToolChoice.NONE,
-}
+# Anthropic's tool_choice types in the chat API's words ("tool" names its function).
+CHAT_TOOL_CHOICES = {"auto": "auto", "any": "required", "tool": "function", "none": "none"}
 
 
 class AnthropicBlock(Lenient):
@@ -149,51 +146,38 @@ def _assistant_turn(blocks: list[AnthropicBlock], where: str) -> ApiMessage:
 
 
 def anthropic_shape(fields: dict[str, Any]) -> AnswerShape:
-    """`tools` (name, description, input_schema) and `tool_choice` of a Messages request."""
-    tools = _tool_specs(fields.get("tools"))
-    value = fields.get("tool_choice")
-    if value is None:
-        return AnswerShape(tools=tools)
-    kind = value.get("type") if isinstance(value, dict) else None
-    if kind not in TOOL_CHOICES:
-        raise ApiError(400, "tool_choice.type must be 'auto', 'any', 'tool' or 'none'", param="tool_choice")
-    choice = TOOL_CHOICES[kind]
-    name = value.get("name")
-    if choice is ToolChoice.FUNCTION and not isinstance(name, str):
-        raise ApiError(400, "tool_choice of type 'tool' needs the tool's name", param="tool_choice.name")
-    if choice in (ToolChoice.REQUIRED, ToolChoice.FUNCTION) and not tools:
-        raise ApiError(400, "tool_choice asks for a call but the request has no tools; send tools", param="tool_choice")
-    # One call per answer unless the client allows several (small models loop): llama-server's default too.
-    parallel = value.get("disable_parallel_tool_use") is False
-    return AnswerShape(
-        tools=tools, choice=choice, function=name if choice is ToolChoice.FUNCTION else None, parallel=parallel
-    )
-
-
-def _tool_specs(tools: Any) -> tuple[ToolSpec, ...]:
-    if tools is None:
-        return ()
-    if not isinstance(tools, list):
+    """`tools` (name, description, input_schema) and `tool_choice` of a Messages request, read as a chat request's
+    (tool_fields.openai_shape: the same checks and the same shape)."""
+    tools = fields.get("tools")
+    if tools is not None and not isinstance(tools, list):
         raise ApiError(400, "tools must be a list of tools", param="tools")
-    specs = []
-    for index, tool in enumerate(tools):
-        where = f"tools[{index}]"
-        if not isinstance(tool, dict) or tool.get("type", "custom") != "custom":
-            kind = tool.get("type") if isinstance(tool, dict) else None
+    nested = []
+    for index, tool in enumerate(tools or ()):
+        kind = tool.get("type", "custom") if isinstance(tool, dict) else None
+        if kind != "custom":
+            where = f"tools[{index}]"
             raise ApiError(
                 400, f"{where} is of type {kind!r}; only client tools (with input_schema) are served", param=where
             )
-        if not isinstance(tool.get("name"), str) or not tool["name"]:
-            raise ApiError(400, f"{where}.name is missing; name each tool", param=where)
-        schema = tool.get("input_schema") or {"type": "object", "properties": {}}
-        if not isinstance(schema, dict):
-            raise ApiError(400, f"{where}.input_schema must be a JSON schema object", param=where)
-        specs.append(ToolSpec(tool["name"], str(tool.get("description") or ""), compact_json(schema)))
-    names = [spec.name for spec in specs]
-    repeated = next((name for name in names if names.count(name) > 1), None)
-    if repeated is not None:
-        raise ApiError(400, f"tools names {repeated!r} twice; give each tool its own name", param="tools")
-    return tuple(specs)
+        function = {
+            "name": tool.get("name"),
+            "description": tool.get("description"),
+            "parameters": tool.get("input_schema"),
+        }
+        nested.append({"type": "function", "function": function})
+    chat_fields: dict[str, Any] = {"tools": nested or None}
+    value = fields.get("tool_choice")
+    if value is not None:
+        kind = value.get("type") if isinstance(value, dict) else None
+        if kind not in CHAT_TOOL_CHOICES:
+            raise ApiError(400, "tool_choice.type must be 'auto', 'any', 'tool' or 'none'", param="tool_choice")
+        name = value.get("name")
+        chat_fields["tool_choice"] = (
+            {"type": "function", "function": {"name": name}} if kind == "tool" else CHAT_TOOL_CHOICES[kind]
+        )
+        # One call per answer unless the client allows several (small models loop): llama-server's default too.
+        chat_fields["parallel_tool_calls"] = value.get("disable_parallel_tool_use") is False
+    return openai_shape(chat_fields)
 
 
 def stop_reason(outcome: CompletionOutcome) -> str:

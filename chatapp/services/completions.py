@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 
 TOO_LONG_CHAT = TooLongWording("the conversation", "send fewer or shorter messages")
 TOO_LONG_PROMPT = TooLongWording("the prompt", "send a shorter prompt")
+NO_REMOTE_COUNT = "this server's backend builds its own prompts, so their tokens cannot be counted here"
 IGNORE_EOS_WITH_GRAMMAR = (
     "ignore_eos cannot be combined with tools, a response format or a grammar (a finished call or JSON value "
     "must end the answer); send one or the other"
@@ -253,6 +254,8 @@ class CompletionService:
 
     def count_prompt(self, request: CompletionRequest) -> int:
         """How many tokens `request`'s prompt is, built as `start` would build it (nothing is computed)."""
+        if self.engine.prompt_builder is None:  # a backend's chat API builds its prompts there: nothing to count
+            raise RequestError(NO_REMOTE_COUNT, "messages")
         return len(self._prompt(request)[1].tokens)
 
     def _prompt(

@@ -19,6 +19,7 @@ from chatapp.engine.remote_chat import RemoteChatEngine
 from chatapp.engine.remote_http import RemoteClient, RemoteConfig, RemoteEngineError
 from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.services import startup
+from chatapp.services.completions import ApiMessage, CompletionRequest, CompletionService, RequestError
 from chatapp.services.prompt_plan import builder_of
 from chatapp.vocabulary import ReuseTier, Role, StopReason
 from tests.server_support import SYSTEM_PROMPT, Backend, RunningServer, running_server
@@ -116,3 +117,10 @@ def test_a_server_without_a_tokenizer_is_driven_by_chat_messages(chat_only_front
         assert result.stop_reason in (StopReason.END, StopReason.LENGTH)
     finally:
         engine.close()
+
+
+def test_a_prompt_the_server_builds_is_not_counted_here(chat: RemoteChatEngine) -> None:
+    """Anthropic's count_tokens on such a backend: a clear refusal, not a count of 0."""
+    request = CompletionRequest(SamplingParams(), messages=(ApiMessage(Role.USER, "Hello"),))
+    with pytest.raises(RequestError, match="cannot be counted"):
+        CompletionService(chat, "model-a").count_prompt(request)
