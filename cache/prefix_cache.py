@@ -16,6 +16,7 @@ import logging
 import os
 import queue
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -469,39 +470,53 @@ class PrefixCache:
         self.disk.delete(info)
 
     # Maintenance.
-    def pin(self, tokens: list[int], pinned: bool = True) -> int:
+    def pin(self, tokens: list[int], pinned: bool = True, keep: Sequence[Sequence[int]] = ()) -> int:
         """Pin (or unpin) the stored blocks of this prefix, and its deepest checkpoint, so eviction and TTL
-        pass over them; how many entries."""
+        pass over them; how many of its entries are now as asked.
+
+        Only entries whose state changes are read and moved, so pinning a prefix that extends a pinned
+        one costs its new blocks only. An unpin leaves pinned what the prefixes in `keep` (pins that
+        share blocks with this one) still hold.
+        """
         self.flush()
-        array = as_token_array(tokens)
-        found = self.lookup(array)
-        fetched = self.fetch(found, array)
-        if fetched is None:
-            return 0
-        entries = list(zip(fetched.blocks, fetched.payloads, strict=True))
-        if found.checkpoint is not None:  # as stored: a delta and the checkpoint it extends
-            chain = [found.checkpoint]
+        chain = self._pin_chain(self.lookup(as_token_array(tokens)))
+        kept: set[BlockKey] = set()
+        for other in keep if not pinned else ():
+            kept.update(info.key for info in self._pin_chain(self.lookup(as_token_array(other))))
+        done = 0
+        for info in chain:
+            if info.pinned == pinned:
+                done += 1
+                continue
+            if not pinned and (info.key in kept or self._pinned_delta_on(info)):
+                continue  # another pin still needs it
+            payload, _from_disk = self._payload(info)
+            if payload is None:
+                if pinned:
+                    break  # lost: what follows cannot be restored without it
+                continue
+            self.disk.set_pinned(info, payload, pinned)
+            self.ram.set_pinned(info.key, pinned)
+            done += 1
+        return done
+
+    def _pin_chain(self, found: CachedPrefix) -> list[BlockInfo]:
+        """The entries a restore of `found` reads, in order: its blocks, its checkpoint and the whole
+        checkpoint a delta extends."""
+        if found.tokens == 0:
+            return []
+        chain = list(found.blocks)
+        if found.checkpoint is not None:
+            chain.append(found.checkpoint)
             with self._lock:
                 base = self._base_of(found.checkpoint) if found.checkpoint.extends else None
             chain += [base] if base is not None else []
-            for info in chain:
-                if not pinned and info is not found.checkpoint and self._pinned_delta_on(info, found.checkpoint):
-                    continue  # another pinned conversation's delta still needs it
-                payload, _from_disk = self._payload(info)
-                if payload is not None:
-                    entries.append((info, payload))
-        for info, payload in entries:
-            if info.pinned != pinned:
-                self.disk.set_pinned(info, payload, pinned)
-                self.ram.set_pinned(info.key, pinned)
-        return len(entries)
+        return chain
 
-    def _pinned_delta_on(self, base: BlockInfo, besides: BlockInfo) -> bool:
+    def _pinned_delta_on(self, base: BlockInfo) -> bool:
+        """Whether a pinned checkpoint delta extends `base` (a chain unpins its own delta before its base)."""
         with self._lock:
-            return any(
-                info.pinned and info.extends == base.key and info.key != besides.key
-                for info in self.index.checkpoints.values()
-            )
+            return any(info.pinned and info.extends == base.key for info in self.index.checkpoints.values())
 
     def prune(self) -> int:
         return self.ram.prune() + self.disk.prune()

@@ -72,10 +72,13 @@ class PersonaRecord:
 
 @dataclass(frozen=True)
 class PinRecord:
-    """A prefix the user keeps out of eviction: a persona, or a persona with a document."""
+    """A prefix kept out of eviction: a persona, a persona with a document (pinned by the user, until
+    unpinned), or a prefix a request marked for keeping (until it expires)."""
 
     id: int
-    kind: str  # "persona" | "document"
+    kind: str  # "persona" | "document" | "request" (a client's cache_control)
     label: str
     tokens: tuple[int, ...]
     created_at: float
+    expires_at: float | None = None  # None: until the user unpins it
+    namespace: str = ""  # the cache namespace (model) whose blocks it holds; "" when not known

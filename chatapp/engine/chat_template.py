@@ -6,6 +6,7 @@ a sandbox: a model file is input, and its template must not reach the Python run
 
 from __future__ import annotations
 
+import copy
 import datetime
 import json
 from dataclasses import dataclass, field
@@ -54,6 +55,9 @@ class ChatTemplate:
     # Templates that print today's date would change a prompt's beginning at midnight and
     # defeat the cache: the date is fixed when the template is loaded.
     today: datetime.datetime = field(default_factory=datetime.datetime.now)
+    # Variables a request sets for the template (a reasoning model's switch: `enable_thinking`,
+    # `reasoning_effort`); a template that does not read them renders as without.
+    variables: tuple[tuple[str, Any], ...] = ()
     _compiled: jinja2.Template = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -67,6 +71,16 @@ class ChatTemplate:
             raise ModelError(f"the model's chat template does not compile ({error}); use another GGUF file") from None
         object.__setattr__(self, "_compiled", compiled)
 
+    def with_variables(self, variables: tuple[tuple[str, Any], ...]) -> ChatTemplate:
+        """The same template, rendered with these variables set (the compiled template is shared)."""
+        derived = copy.copy(self)
+        object.__setattr__(derived, "variables", variables)
+        return derived
+
+    def reads(self, name: str) -> bool:
+        """Whether the template refers to the variable `name` (a cheap look at its source)."""
+        return name in self.source
+
     def render(
         self, messages: list[dict[str, Any]], *, add_generation_prompt: bool, tools: list[dict[str, Any]] | None = None
     ) -> str:
@@ -74,6 +88,7 @@ class ChatTemplate:
         extra = {"tools": tools} if tools else {}
         try:
             return self._compiled.render(
+                **dict(self.variables),
                 messages=messages,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token,

@@ -61,7 +61,8 @@ class EngineClient(Protocol):
         ...
 
     def generate(self, request: GenerationRequest) -> GenerationHandle:
-        """Start an answer; ContextOverflowError when the prompt does not fit."""
+        """Start an answer; ContextOverflowError when the prompt does not fit, GrammarError when the
+        engine cannot hold the answer to its grammar (both before any prompt is computed)."""
         ...
 
     def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = False) -> list[int]: ...

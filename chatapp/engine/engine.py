@@ -74,7 +74,8 @@ class Engine:
 
     # Public API, safe from any thread.
     def generate(self, request: GenerationRequest) -> GenerationHandle:
-        """Queue a request; its prompt must fit in one sequence's context."""
+        """Queue a request; its prompt must fit in one sequence's context (else ContextOverflowError) and
+        llama.cpp must take its grammar (else GrammarError)."""
         if not request.prompt_tokens:
             raise ValueError("a generation request needs at least one prompt token")
         if request.sequence is not None and not 0 <= request.sequence < self.info.n_sequences:
@@ -87,6 +88,8 @@ class Engine:
                 prompt_tokens=len(request.prompt_tokens),
                 context_tokens=limit,
             )
+        if request.sampling.grammar is not None:
+            self._loaded.model.check_grammar(request.sampling.grammar)  # GrammarError before any prompt is computed
         handle = GenerationHandle(request)
         self._scheduler.submit(handle)
         return handle

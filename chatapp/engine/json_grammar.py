@@ -7,7 +7,9 @@ worse than a clear refusal, so those are refused before it runs.
 
 from __future__ import annotations
 
+import copy
 import json
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -63,6 +65,7 @@ BOUNDS = ("minLength", "maxLength", "minItems", "maxItems")
 CONVERTER_CHAR = 'char ::= [^"\\\\] |'
 JSON_CHAR = 'char ::= [^"\\\\\\x7F\\x00-\\x1F] |'
 
+REF_RULE_CHARACTERS = re.compile(r"[^A-Za-z0-9-]+")  # what a rule's name may not hold
 # Our own rules' names begin with "chatapp-": the converter names its rules after the schema's.
 ROOT = "chatapp-root"
 # Any JSON object (OpenAI's json_object mode, Ollama's format "json").
@@ -108,7 +111,7 @@ class RuleSet:
                 refuse_unsupported(schema, where)
                 refuse_large_bounds(schema, where)
             schema = any_value_where_untyped(schema)
-            resolved = self._converter.resolve_refs(schema, where)
+            resolved = resolve_local_refs(self._converter, schema, where)
             rule: str = self._converter.visit(resolved, name)
         except GrammarError:
             raise
@@ -124,6 +127,48 @@ class RuleSet:
         # JSON strings hold no raw control characters (json.loads refuses them): the converter's rule allows them.
         converted = self._converter.format_grammar().replace(CONVERTER_CHAR, JSON_CHAR)
         return "\n".join([*lines, converted])
+
+
+def resolve_local_refs(converter: SchemaConverter, schema: dict[str, Any], where: str) -> dict[str, Any]:
+    """A copy of `schema` whose every `$ref` (`#`, `#/$defs/...`) names a rule of its own, registered with
+    the converter, in the schemas references point to as well, so a schema may refer to itself (a
+    Pydantic model holding a list of itself). The converter's own `resolve_refs` does not look inside
+    what a reference points to, and names a reference's rule after its last part alone, so two schemas'
+    `#/$defs/Node` would share one rule."""
+    copied: dict[str, Any] = copy.deepcopy(schema)
+    registered: dict[str, Any] = converter._refs
+
+    def target_of(ref: str) -> Any:
+        target: Any = copied
+        for part in ref.removeprefix("#").split("/")[1:] if ref != "#" else ():
+            part = part.replace("~1", "/").replace("~0", "~")
+            if not isinstance(target, dict) or part not in target:
+                raise GrammarError(f"{where} refers to {ref!r}, which names nothing in the schema; fix the $ref")
+            target = target[part]
+        return target
+
+    def visit(node: Any) -> None:
+        if isinstance(node, list):
+            for item in node:
+                visit(item)
+            return
+        if not isinstance(node, dict):
+            return
+        ref = node.get("$ref")
+        if isinstance(ref, str):
+            if not ref.startswith("#"):
+                raise GrammarError(
+                    f"{where} refers to {ref!r} outside the schema; only references inside it (#/$defs/...) count"
+                )
+            rule = REF_RULE_CHARACTERS.sub("-", f"{where}-{ref}").strip("-") or "ref"
+            registered.setdefault(rule, target_of(ref))
+            node["$ref"] = rule
+        for key, value in node.items():
+            if key != "$ref":
+                visit(value)
+
+    visit(copied)
+    return copied
 
 
 def refuse_unsupported(schema: Any, where: str) -> None:

@@ -12,7 +12,7 @@ import ctypes
 import functools
 import logging
 import threading
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +31,7 @@ from chatapp.models.file_types import quantization_name
 
 llama_logger = logging.getLogger("chatapp.llama")
 # ggml_log_level in the llama.cpp this package pins: NONE, DEBUG, INFO, WARN, ERROR, CONT (5).
+COMPILED_GRAMMARS_KEPT = 64  # grammars remembered as compiling (a client's tool sets and schemas)
 _LOG_LEVELS = {0: logging.DEBUG, 1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
 _recent_problems: deque[str] = deque(maxlen=8)
 _last_level = logging.DEBUG
@@ -142,6 +143,7 @@ class NativeModel:
         )
         self._piece_buffer = ctypes.create_string_buffer(256)
         self._piece_lock = threading.Lock()
+        self._compiled_grammars: OrderedDict[Grammar, None] = OrderedDict()  # known to compile, newest last
 
     def close(self) -> None:
         if self.pointer:
@@ -152,6 +154,21 @@ class NativeModel:
         """A model used after it was freed would read freed memory (a crash): an error instead."""
         if not self.pointer:
             raise ModelError("the model was unloaded; send the request again")
+
+    def check_grammar(self, grammar: Grammar) -> None:
+        """GrammarError now, in the caller's thread, when llama.cpp would refuse `grammar` as the answer
+        starts: a request at fault is then refused before its prompt is computed. A grammar that compiled
+        once is not compiled again (an agent sends the same tools with every request)."""
+        self._check_open()
+        with self._piece_lock:
+            if grammar in self._compiled_grammars:
+                self._compiled_grammars.move_to_end(grammar)
+                return
+        llama_cpp.llama_sampler_free(_grammar_sampler(grammar, self))
+        with self._piece_lock:
+            self._compiled_grammars[grammar] = None
+            while len(self._compiled_grammars) > COMPILED_GRAMMARS_KEPT:
+                self._compiled_grammars.popitem(last=False)
 
     def description(self) -> str:
         buffer = ctypes.create_string_buffer(256)
@@ -460,5 +477,6 @@ def _grammar_sampler(grammar: Grammar, model: NativeModel) -> Any:
     else:
         pointer = llama_cpp.llama_sampler_init_grammar(model.vocab, text, root)
     if not pointer:
+        # The parser's own reason goes to the process's stderr, not the log: only its last word comes here.
         raise GrammarError(f"llama.cpp refused the answer's grammar ({last_llama_problem()})")
     return pointer

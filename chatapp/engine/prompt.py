@@ -30,6 +30,7 @@ from chatapp.engine.harmony import CALL_END, CHANNEL, HarmonyReader, as_in_infer
 from chatapp.engine.tool_blocks import HERMES
 from chatapp.engine.tool_detection import PROBE_TOOL, native_format
 from chatapp.engine.tool_formats import ToolFormat
+from chatapp.reasoning import Reasoning
 from chatapp.tools import ToolCall, ToolResult, ToolSpec
 from chatapp.vocabulary import Role
 
@@ -125,6 +126,7 @@ class PromptBuilder:
         self._text_memo: OrderedDict[str, tuple[int, ...]] = OrderedDict()
         self._memo_lock = threading.Lock()  # the answer and warm-up workers build prompts at once
         self._tool_builders: OrderedDict[tuple[ToolSpec, ...], PromptBuilder] = OrderedDict()
+        self._reasoning_builders: dict[tuple[tuple[str, Any], ...], PromptBuilder] = {}  # a few settings at most
         self._harmony = speaks_harmony(template.source)  # gpt-oss's: an answer's end depends on what follows it
         self.supports_system = self._accepts_system_messages()
         native = native_format(template.source, self._renders_tools() and self._renders_a_tool_conversation())
@@ -145,6 +147,25 @@ class PromptBuilder:
                 self._tool_builders.popitem(last=False)
         return known
 
+    def with_reasoning(self, reasoning: Reasoning | None) -> PromptBuilder:
+        """A builder whose template is told how much to reason (None: the template's default). Only the
+        variables the template reads are set, so a model without a switch keeps this very builder."""
+        if reasoning is None:
+            return self
+        variables = tuple((name, value) for name, value in reasoning.template_variables() if self.template.reads(name))
+        if not variables or variables == self.template.variables:
+            return self
+        with self._memo_lock:
+            known = self._reasoning_builders.get(variables)
+            if known is None:
+                known = copy.copy(self)
+                known.template = self.template.with_variables(variables)
+                known._history_memo = OrderedDict()
+                known._tool_builders = OrderedDict()
+                known._reasoning_builders = {}
+                self._reasoning_builders[variables] = known
+        return known
+
     def _offering(self, tools: tuple[ToolSpec, ...]) -> PromptBuilder:
         """A builder like this one offering `tools`: what was learnt of the template and the tokenized
         long texts (documents) are shared, the histories' tokens are its own (the tools change them)."""
@@ -152,6 +173,7 @@ class PromptBuilder:
         derived.tools = tools
         derived._history_memo = OrderedDict()
         derived._tool_builders = OrderedDict()
+        derived._reasoning_builders = {}
         return derived
 
     def close(self) -> None:

@@ -20,11 +20,19 @@ from anyio import to_thread
 from fastapi import Request
 
 from chatapp.errors import ContextOverflowError, ModelError
-from chatapp.server.errors import ApiError
+from chatapp.reasoning import Reasoning
+from chatapp.server.errors import ApiError, context_overflow
 from chatapp.server.feed import CompletionFeed
 from chatapp.server.metrics import ServerMetrics
 from chatapp.services.answer_shape import AnswerShape
-from chatapp.services.completions import ApiMessage, Completion, CompletionOutcome, RequestError, ServerBusyError
+from chatapp.services.completions import (
+    ApiMessage,
+    Completion,
+    CompletionOutcome,
+    KeepHint,
+    RequestError,
+    ServerBusyError,
+)
 from chatapp.services.divergence import Divergence
 from chatapp.services.model_pool import UNCHANGED, KeepAlive, ModelNotServed, ModelPool, ModelRefused, ModelsBusy
 from chatapp.services.serving import SamplingOptions, Serving
@@ -136,7 +144,7 @@ async def start(start_completion: Callable[[], Completion]) -> CompletionFeed:
     except RequestError as error:
         raise ApiError(400, str(error), param=error.param) from None
     except ContextOverflowError as error:
-        raise ApiError(400, str(error), param="messages") from None
+        raise context_overflow(str(error), error.prompt_tokens, error.context_tokens) from None
     except ServerBusyError as error:
         raise ApiError(503, str(error), kind="server_error", headers={"Retry-After": RETRY_AFTER_SECONDS}) from None
     return CompletionFeed(completion)
@@ -150,10 +158,14 @@ async def start_chat(
     stops: tuple[str, ...],
     shape: AnswerShape,
     keep_alive_s: KeepAlive = UNCHANGED,
+    keep: tuple[KeepHint, ...] = (),
+    reasoning: Reasoning | None = None,
 ) -> Answer:
-    """A chat answer started on the model a request names (every API's chat route comes through here)."""
+    """A chat answer started on the model a request names (every API's chat route comes through here);
+    `keep`: the prompt's beginnings the client asks to keep (Anthropic's cache_control), `reasoning`: the
+    model's reasoning switch, as the request set it."""
     async with context.serving_for(model, keep_alive_s) as serving:
-        return Answer(context, await start(lambda: serving.chat(messages, options, stops, shape)))
+        return Answer(context, await start(lambda: serving.chat(messages, options, stops, shape, keep, reasoning)))
 
 
 class Answer:

@@ -3,7 +3,9 @@ POST /v1/messages/count_tokens, for Claude Code and the `anthropic` SDK.
 
 The request rides the same answer pipeline as /v1/chat/completions (anthropic_fields.py
 translates at the edge). Usage says what the cache did: `cache_read_input_tokens` were
-reused, `input_tokens` computed now.
+reused, `cache_creation_input_tokens` computed now and kept for the next request (up to the
+last `cache_control` breakpoint, which pins that beginning for 5 minutes or an hour),
+`input_tokens` computed now after it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from chatapp.server import anthropic_fields as fields
 from chatapp.server.answering import CLIENT_GONE, COMPACT, Answer, context_of, start_chat
 from chatapp.server.bodies import read_body
 from chatapp.server.errors import ApiError
+from chatapp.server.reasoning_fields import anthropic_thinking
 from chatapp.services.completions import CompletionOutcome, RequestError
 from chatapp.services.serving import SamplingOptions
 
@@ -43,7 +46,8 @@ async def messages(request: Request) -> Response:
         ignore_eos=body.ignore_eos,
     )
     stops = body.stops()
-    answer = await start_chat(context, body.model, chat, options, stops, shape)
+    keep, reasoning = fields.keep_hints(body), anthropic_thinking(body.fields_sent().get("thinking"))
+    answer = await start_chat(context, body.model, chat, options, stops, shape, keep=keep, reasoning=reasoning)
     message_id = f"msg_{uuid.uuid4().hex}"
     headers = await answer.placed(request)
     if headers is None:
@@ -74,9 +78,10 @@ async def count_tokens(request: Request) -> dict[str, int]:
     context.check_model(body.model)
     shape = fields.anthropic_shape(body.fields_sent())
     chat = fields.api_messages(body)
+    reasoning = anthropic_thinking(body.fields_sent().get("thinking"))
     async with context.serving_for(body.model) as serving:
         try:
-            count = await to_thread.run_sync(lambda: serving.count_chat(chat, shape))
+            count = await to_thread.run_sync(lambda: serving.count_chat(chat, shape, reasoning))
         except RequestError as error:
             raise ApiError(400, str(error), param=error.param) from None
     return {"input_tokens": count}
@@ -93,7 +98,8 @@ def _event(kind: str, payload: dict[str, Any]) -> str:
 async def _events(answer: Answer, message_id: str, model: str, stops: tuple[str, ...]) -> AsyncIterator[str]:
     """message_start, a text block as the text comes, each call as a tool_use block, message_delta, message_stop."""
     placed = answer.reuse  # None for a remote engine: its figures come with message_delta
-    start_usage = fields.usage(placed.prompt_tokens, placed.reused_tokens) if placed else fields.usage(0, 0)
+    kept = answer.feed.completion.kept_tokens
+    start_usage = fields.usage(placed.prompt_tokens, placed.reused_tokens, kept=kept) if placed else fields.usage(0, 0)
     opening = {**_message(message_id, model), "content": [], "stop_reason": None, "stop_sequence": None}
     yield _event("message_start", {"message": {**opening, "usage": start_usage}})
     yield _event("ping", {})

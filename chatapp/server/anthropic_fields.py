@@ -17,7 +17,7 @@ from chatapp.server.errors import ApiError
 from chatapp.server.schemas import SEED_LIMIT, Lenient, checked_stop
 from chatapp.server.tool_fields import openai_shape
 from chatapp.services.answer_shape import AnswerShape
-from chatapp.services.completions import ApiMessage, CompletionOutcome, CompletionUsage
+from chatapp.services.completions import ApiMessage, CompletionOutcome, CompletionUsage, KeepHint
 from chatapp.tools import ToolCall, arguments_json
 from chatapp.vocabulary import Role, StopReason
 
@@ -25,6 +25,8 @@ from chatapp.vocabulary import Role, StopReason
 DROPPED_BLOCKS = frozenset({"thinking", "redacted_thinking"})
 # Anthropic's tool_choice types in the chat API's words ("tool" names its function).
 CHAT_TOOL_CHOICES = {"auto": "auto", "any": "required", "tool": "function", "none": "none"}
+CACHE_TTLS = {"5m": 300.0, "1h": 3600.0}  # cache_control's times to live, in seconds
+MAX_BREAKPOINTS = 4  # Anthropic's limit on blocks with cache_control
 
 
 class AnthropicBlock(Lenient):
@@ -36,6 +38,7 @@ class AnthropicBlock(Lenient):
     tool_use_id: str | None = None
     content: str | list[AnthropicBlock] | None = None
     is_error: bool | None = None
+    cache_control: Any = None
 
 
 class AnthropicMessage(Lenient):
@@ -69,7 +72,13 @@ class MessagesBody(MessagesBase):
 
 def api_messages(body: MessagesBase) -> list[ApiMessage]:
     """The system prompt, then each message: a user turn's tool results become tool messages, in order."""
+    return _converted(body)[0]
+
+
+def _converted(body: MessagesBase) -> tuple[list[ApiMessage], list[int]]:
+    """The request's messages, and after each of the client's how many of them are made."""
     messages: list[ApiMessage] = []
+    ends: list[int] = []
     system = _text_of(body.system, "system")
     if system.strip():
         messages.append(ApiMessage(Role.SYSTEM, system))
@@ -88,7 +97,8 @@ def api_messages(body: MessagesBase) -> list[ApiMessage]:
             raise ApiError(
                 400, f"{where}.role is {message.role!r}; use user, assistant or system", param=f"{where}.role"
             )
-    return messages
+        ends.append(len(messages))
+    return messages, ends
 
 
 def _text_of(content: str | list[AnthropicBlock] | None, where: str) -> str:
@@ -199,15 +209,15 @@ def matched_stop(outcome: CompletionOutcome, stops: tuple[str, ...]) -> str | No
     return stops[0] if len(stops) == 1 else None
 
 
-def usage(prompt: int, reused: int, output_tokens: int = 0) -> dict[str, int]:
-    """Anthropic's usage: `input_tokens` computed now, `cache_read_input_tokens` reused from the cache.
-
-    Every computed token's KV is kept by the cache for the next request, so none is counted as
-    `cache_creation_input_tokens` apart: the three add up to the prompt, as Anthropic's do.
-    """
+def usage(prompt: int, reused: int, output_tokens: int = 0, kept: int = 0) -> dict[str, int]:
+    """Anthropic's usage: `cache_read_input_tokens` reused from the cache, `cache_creation_input_tokens`
+    computed now up to the last `cache_control` breakpoint (`kept`: the beginning pinned for the next
+    request), `input_tokens` computed now after it. The three add up to the prompt, as Anthropic's do.
+    (chatapp keeps every computed token's KV, breakpoint or not: a breakpoint only pins it.)"""
+    created = max(0, min(kept, prompt) - reused)
     return {
-        "input_tokens": prompt - reused,
-        "cache_creation_input_tokens": 0,
+        "input_tokens": prompt - reused - created,
+        "cache_creation_input_tokens": created,
         "cache_read_input_tokens": reused,
         "output_tokens": output_tokens,
     }
@@ -215,7 +225,54 @@ def usage(prompt: int, reused: int, output_tokens: int = 0) -> dict[str, int]:
 
 def final_usage(figures: CompletionUsage) -> dict[str, int]:
     """The usage of an answer that ended."""
-    return usage(figures.prompt_tokens, figures.cached_tokens, figures.completion_tokens)
+    return usage(figures.prompt_tokens, figures.cached_tokens, figures.completion_tokens, figures.kept_tokens)
+
+
+def keep_hints(body: MessagesBase) -> tuple[KeepHint, ...]:
+    """The request's `cache_control` breakpoints: each keeps the prompt through the message that holds it
+    (tools and system: through the system prompt, which the tools are written into)."""
+    breakpoints: list[tuple[str, Any]] = []
+    system_blocks = body.system if isinstance(body.system, list) else []
+    breakpoints += [(f"tools[{index}]", tool.get("cache_control")) for index, tool in enumerate(body.tools or ())]
+    breakpoints += [(f"system[{index}]", block.cache_control) for index, block in enumerate(system_blocks)]
+    system_count = 1 if _text_of(body.system, "system").strip() else 0
+    hints = [(where, system_count, ttl) for where, ttl in _marked(breakpoints)]
+    ends = _message_ends(body)
+    for index, message in enumerate(body.messages):
+        if isinstance(message.content, list):
+            marked = [
+                (f"messages[{index}].content[{number}]", block.cache_control)
+                for number, block in enumerate(message.content)
+            ]
+            hints += [(where, ends[index], ttl) for where, ttl in _marked(marked)]
+    if len(hints) > MAX_BREAKPOINTS:
+        raise ApiError(
+            400,
+            f"{len(hints)} blocks carry cache_control; at most {MAX_BREAKPOINTS} may (mark fewer)",
+            param="cache_control",
+        )
+    return tuple(KeepHint(count, ttl) for _where, count, ttl in hints if count > 0)
+
+
+def _marked(places: list[tuple[str, Any]]) -> list[tuple[str, float]]:
+    """The places with a `cache_control`, each with its time to live in seconds; a 400 for a malformed one."""
+    marked = []
+    for where, control in places:
+        if control is None:
+            continue
+        param = f"{where}.cache_control"
+        if not isinstance(control, dict) or control.get("type") != "ephemeral":
+            raise ApiError(400, f"{param} must be {{'type': 'ephemeral'}} (with 'ttl' '5m' or '1h')", param=param)
+        ttl = control.get("ttl", "5m")
+        if ttl not in CACHE_TTLS:
+            raise ApiError(400, f"{param}.ttl is {ttl!r}; use '5m' or '1h'", param=param)
+        marked.append((where, CACHE_TTLS[ttl]))
+    return marked
+
+
+def _message_ends(body: MessagesBase) -> list[int]:
+    """For each message of the request, how many `ApiMessage`s `api_messages` has made once it is read."""
+    return list(_converted(body)[1])
 
 
 def content_blocks(outcome: CompletionOutcome) -> list[dict[str, Any]]:

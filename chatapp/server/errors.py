@@ -16,6 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 log = logging.getLogger(__name__)
 
 OLLAMA_PREFIX = "/api/"
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"  # OpenAI's code for a prompt over the context
 ANTHROPIC_PREFIX = "/v1/messages"
 # Anthropic's error types by status (its clients read the type, Claude Code retries the overloaded ones).
 ANTHROPIC_ERROR_TYPES = {
@@ -40,6 +41,7 @@ class ApiError(Exception):
         param: str | None = None,
         kind: str = "invalid_request_error",
         headers: dict[str, str] | None = None,
+        overflow: tuple[int, int] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -47,6 +49,14 @@ class ApiError(Exception):
         self.param = param
         self.kind = kind
         self.headers = headers or {}
+        self.overflow = overflow  # (prompt tokens, context tokens) of a prompt that does not fit
+
+
+def context_overflow(message: str, prompt_tokens: int, context_tokens: int) -> ApiError:
+    """A prompt longer than the context, told as each API's clients recognise it (agents compact their
+    history on it): OpenAI's code `context_length_exceeded`, Anthropic's "prompt is too long: N tokens > M
+    maximum"."""
+    return ApiError(400, message, param="messages", overflow=(prompt_tokens, context_tokens))
 
 
 def error_body(path: str, error: ApiError) -> dict[str, object]:
@@ -55,8 +65,13 @@ def error_body(path: str, error: ApiError) -> dict[str, object]:
         return {"error": error.message}
     if path.startswith(ANTHROPIC_PREFIX):
         kind = ANTHROPIC_ERROR_TYPES.get(error.status, "invalid_request_error" if error.status < 500 else "api_error")
-        return {"type": "error", "error": {"type": kind, "message": error.message}}
-    return {"error": {"message": error.message, "type": error.kind, "param": error.param, "code": None}}
+        message = error.message
+        if error.overflow is not None:
+            prompt, context = error.overflow
+            message = f"prompt is too long: {prompt} tokens > {context} maximum ({message})"
+        return {"type": "error", "error": {"type": kind, "message": message}}
+    code = CONTEXT_LENGTH_EXCEEDED if error.overflow is not None else None
+    return {"error": {"message": error.message, "type": error.kind, "param": error.param, "code": code}}
 
 
 def error_response(path: str, error: ApiError) -> JSONResponse:

@@ -23,6 +23,7 @@ from chatapp.server.answering import CLIENT_GONE, Answer, ServerContext, context
 from chatapp.server.bodies import read_body
 from chatapp.server.errors import ApiError
 from chatapp.server.keep_alive import keep_alive_seconds
+from chatapp.server.reasoning_fields import ollama_think
 from chatapp.server.schemas import (
     OLLAMA_GENERATE_UNSUPPORTED,
     OLLAMA_OPTIONS_UNSUPPORTED,
@@ -129,7 +130,9 @@ async def chat(request: Request) -> Response:
         chat_message(index, message.role, message.content or "", message.fields_sent(), OLLAMA_UNSUPPORTED)
         for index, message in enumerate(body.messages)
     ]
-    answer = await start_chat(context, body.model, messages, options, stop, shape, keep_alive_seconds(body.keep_alive))
+    reasoning = ollama_think(body.fields_sent().get("think"))
+    keep_alive = keep_alive_seconds(body.keep_alive)
+    answer = await start_chat(context, body.model, messages, options, stop, shape, keep_alive, reasoning=reasoning)
     return await _respond(request, body, answer, chat=True)
 
 

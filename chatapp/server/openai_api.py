@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from chatapp.server.answering import CLIENT_GONE, COMPACT, Answer, context_of, finish_reason, start, start_chat
 from chatapp.server.bodies import read_body
 from chatapp.server.errors import ApiError
+from chatapp.server.reasoning_fields import openai_reasoning
 from chatapp.server.schemas import (
     COMPLETION_UNSUPPORTED,
     OPENAI_MESSAGE_UNSUPPORTED,
@@ -91,7 +92,8 @@ async def chat_completions(request: Request) -> Response:
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     options = _options(body, max_tokens)
     stop = checked_stop(body.stop, "stop")
-    answer = await start_chat(context, body.model, messages, options, stop, shape)
+    reasoning = openai_reasoning(fields.get("reasoning_effort"))
+    answer = await start_chat(context, body.model, messages, options, stop, shape, reasoning=reasoning)
     return await _respond(request, body, answer, "chat.completion", "chatcmpl")
 
 

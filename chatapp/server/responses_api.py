@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from chatapp.server import responses_fields as fields
 from chatapp.server.answering import CLIENT_GONE, COMPACT, Answer, context_of, start_chat
 from chatapp.server.bodies import read_body
+from chatapp.server.reasoning_fields import responses_reasoning
 from chatapp.services.completions import CompletionOutcome
 from chatapp.services.serving import SamplingOptions
 
@@ -38,7 +39,8 @@ async def responses(request: Request) -> Response:
         max_tokens=body.max_output_tokens,
         ignore_eos=bool(body.ignore_eos),
     )
-    answer = await start_chat(context, body.model, chat, options, (), shape)
+    reasoning = responses_reasoning(sent.get("reasoning"))
+    answer = await start_chat(context, body.model, chat, options, (), shape, reasoning=reasoning)
     response_id = fields.new_id("resp")
     headers = await answer.placed(request)
     if headers is None:

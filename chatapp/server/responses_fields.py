@@ -8,7 +8,6 @@ every route rides one answer pipeline. The server is stateless: it keeps no resp
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from dataclasses import replace
@@ -18,10 +17,10 @@ from pydantic import Field
 
 from chatapp.server.errors import ApiError
 from chatapp.server.schemas import SEED_LIMIT, Lenient, role_of
-from chatapp.server.tool_fields import openai_shape
+from chatapp.server.tool_fields import openai_shape, request_arguments
 from chatapp.services.answer_shape import AnswerShape
 from chatapp.services.completions import ApiMessage, CompletionOutcome
-from chatapp.tools import ToolCall, arguments_json
+from chatapp.tools import ToolCall
 from chatapp.vocabulary import Role, StopReason
 
 TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
@@ -42,6 +41,8 @@ class ResponsesBody(Lenient):
     stream: bool = False
     ignore_eos: bool | None = None  # as on the chat route
     previous_response_id: str | None = None
+    conversation: Any = None
+    background: bool | None = None
 
 
 def api_messages(body: ResponsesBody) -> list[ApiMessage]:
@@ -49,6 +50,15 @@ def api_messages(body: ResponsesBody) -> list[ApiMessage]:
     before them, their outputs become tool messages."""
     if body.previous_response_id:
         raise ApiError(400, STATELESS, param="previous_response_id")
+    if body.conversation is not None:
+        raise ApiError(400, STATELESS.replace("previous_response_id", "conversation", 1), param="conversation")
+    if body.background:
+        raise ApiError(
+            400,
+            "background: this server answers within the request (it keeps no responses to poll); "
+            "send it without background, with stream if you want the text as it comes",
+            param="background",
+        )
     messages: list[ApiMessage] = [ApiMessage(Role.SYSTEM, body.instructions)] if body.instructions else []
     if isinstance(body.input, str):
         return [*messages, ApiMessage(Role.USER, body.input)]
@@ -90,13 +100,7 @@ def _call(item: dict[str, Any], where: str) -> ToolCall:
     name, call_id = item.get("name"), item.get("call_id")
     if not isinstance(name, str) or not name or not isinstance(call_id, str) or not call_id:
         raise ApiError(400, f"{where} needs the call's call_id and name", param=where)
-    arguments = item.get("arguments") or "{}"
-    if isinstance(arguments, str):
-        try:
-            json.loads(arguments)
-        except json.JSONDecodeError:
-            raise ApiError(400, f"{where}.arguments is not JSON; send them as a JSON object", param=where) from None
-    return ToolCall(call_id, name, arguments_json(arguments))
+    return ToolCall(call_id, name, request_arguments(item.get("arguments") or "{}", f"{where}.arguments"))
 
 
 def _content_text(content: Any, where: str) -> str:
@@ -205,7 +209,7 @@ def response(
         "output": output,
         "parallel_tool_calls": bool(fields.get("parallel_tool_calls")),  # one call per answer unless asked
         "previous_response_id": None,
-        "reasoning": {"effort": None, "summary": None},
+        "reasoning": {"effort": _asked_effort(fields), "summary": None},
         "store": False,
         "temperature": body.temperature,
         "text": fields.get("text") or {"format": {"type": "text"}},
@@ -216,3 +220,9 @@ def response(
         "usage": usage(outcome) if outcome is not None else None,
         "metadata": fields.get("metadata") or {},
     }
+
+
+def _asked_effort(fields: dict[str, Any]) -> str | None:
+    """The reasoning effort the request set (passed to the model's template where it has a switch)."""
+    reasoning = fields.get("reasoning")
+    return reasoning.get("effort") if isinstance(reasoning, dict) else None

@@ -66,7 +66,6 @@ OLLAMA_UNSUPPORTED = {
     "suffix": _unset,
     "template": _unset,
     "context": _unset,
-    "think": _unset,
     "logprobs": _unset,
     "top_logprobs": _unset,
 }

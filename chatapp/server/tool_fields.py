@@ -7,6 +7,7 @@ an object, `tool_call_id` or `tool_name`, `response_format` or `format`); each b
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from chatapp.server.errors import ApiError
@@ -51,6 +52,8 @@ def openai_shape(fields: dict[str, Any]) -> AnswerShape:
     tools = tool_specs(fields.get("tools"))
     choice, function = _tool_choice(fields.get("tool_choice"), bool(tools))
     parallel = fields.get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise ApiError(400, f"parallel_tool_calls is {parallel!r}; send true or false", param="parallel_tool_calls")
     try:
         shape = _response_format(fields.get("response_format"))
     except ShapeError as error:
@@ -158,8 +161,22 @@ def _calls(value: Any, param: str, message_index: int) -> tuple[ToolCall, ...]:
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
             raise ApiError(400, f"{param}[{number}].function.name is missing", param=param)
         call_id = call.get("id") or f"call_{message_index}_{number}"  # Ollama's calls carry no id
-        calls.append(ToolCall(str(call_id), function["name"], arguments_json(function.get("arguments", {}))))
+        arguments = request_arguments(function.get("arguments", {}), f"{param}[{number}].function.arguments")
+        calls.append(ToolCall(str(call_id), function["name"], arguments))
     return tuple(calls)
+
+
+def request_arguments(value: Any, param: str) -> str:
+    """A call's arguments from a request's history as canonical JSON; a 400 when they are text that is not
+    JSON (OpenAI refuses those too: the model would be shown a call it could never have made)."""
+    if isinstance(value, str) and value.strip():
+        try:
+            json.loads(value)
+        except json.JSONDecodeError as error:
+            raise ApiError(
+                400, f"{param} is not JSON ({error.msg}); send the arguments as a JSON object", param=param
+            ) from None
+    return arguments_json(value)
 
 
 def openai_call(call: ToolCall, index: int | None = None) -> dict[str, Any]:

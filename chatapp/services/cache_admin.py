@@ -12,7 +12,9 @@ from cache import maintenance
 from cache.tiers import REUSING_TIERS
 from chatapp.errors import ChatappError
 from chatapp.models.machine import resolve_model
-from chatapp.services.library import open_library
+from chatapp.records import PinRecord
+from chatapp.services.library import DATABASE_NAME, open_library
+from chatapp.services.pins import describe_pin
 from chatapp.services.startup import Workspace
 from chatapp.services.units import byte_size
 
@@ -56,6 +58,7 @@ def cache_stats(workspace: Workspace) -> dict[str, Any]:
         models = models_in_cache(directory)
     return {
         "models": models,
+        "pins": [_pin_fields(pin) for pin in _pins(workspace)],
         "memory": {
             "kind": str(memory.get("kind", "unknown")),
             "window": int(memory.get("window", 0)),
@@ -83,6 +86,27 @@ def cache_stats(workspace: Workspace) -> dict[str, Any]:
             "ttl_days": settings.cache_ttl_days,
             **_counters(totals.get("disk")),
         },
+    }
+
+
+def _pins(workspace: Workspace) -> list[PinRecord]:
+    """The pins the conversations database lists (none where there is no database yet: it is not made here)."""
+    if not (workspace.paths.root / DATABASE_NAME).exists():
+        return []
+    library = open_library(workspace)
+    try:
+        return library.pins.list()
+    finally:
+        library.close()
+
+
+def _pin_fields(pin: PinRecord) -> dict[str, Any]:
+    return {
+        "kind": pin.kind,
+        "label": pin.label,
+        "tokens": len(pin.tokens),
+        "expires_at": pin.expires_at,
+        "description": describe_pin(pin),
     }
 
 
@@ -131,7 +155,9 @@ def format_stats(stats: dict[str, Any]) -> str:
         _row("disk", f"{disk['entries']:,}", byte_size(disk["bytes"]), disk),
         f"device: {stats['device']['sequences']} sequences of up to {stats['device']['tokens_per_sequence']:,} tokens, "
         "resident in the llama.cpp context while the app runs",
-        f"pinned: {disk['pinned_entries']:,} entries, {byte_size(disk['pinned_bytes'])}",
+        f"pinned: {disk['pinned_entries']:,} entries, {byte_size(disk['pinned_bytes'])}"
+        + (f", {len(stats['pins'])} prefixes:" if stats["pins"] else ""),
+        *(f"  {pin['description']}" for pin in stats["pins"]),
         f"eviction: ram by {ram.get('eviction_policy', 'lru')}, disk by lru",
         f"by model ({len(stats['models'])}):" if stats["models"] else "by model: nothing stored yet",
         *(

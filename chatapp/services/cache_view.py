@@ -2,6 +2,7 @@
 
 Pinning keeps a persona's or a document's prefix out of eviction and TTL expiry. The prefix
 is computed and stored first if it is not in the cache yet, so a pin always holds blocks.
+Pins a server's requests asked for are listed too, with their end, and ended when it passes.
 These calls wait for the engine and the disk: run them off the UI thread.
 """
 
@@ -20,6 +21,7 @@ from chatapp.records import PersonaRecord, PinRecord
 from chatapp.services import cache_admin
 from chatapp.services.branches import as_document
 from chatapp.services.chat_service import ChatService
+from chatapp.services.pins import PinKeeper
 from chatapp.services.prompt_plan import builder_of
 from chatapp.vocabulary import Role
 
@@ -51,6 +53,9 @@ class CacheService:
         if engine is not None and engine.info.server is not None:
             return self._server_overview(engine.info.server, divergence)
         if engine is not None and engine.cache is not None:
+            if self.chat.pins is not None:
+                PinKeeper(engine.cache, self.chat.pins).sweep()  # pins a request asked for, whose time is up
+                pins = self.chat.pins.list()
             stats = engine.cache.stats()
             memory = cache_admin.describe_memory(stats["memory"]["kind"], stats["memory"]["window"], interval)
             if count := stats["memory"]["checkpoints"]:
@@ -108,11 +113,8 @@ class CacheService:
         return self._pin("document", label, tokens)
 
     def unpin(self, pin: PinRecord) -> int:
-        cache = self._cache()
-        count = cache.pin(list(pin.tokens), pinned=False)
-        assert self.chat.pins is not None
-        self.chat.pins.remove(pin.id)
-        return count
+        """End `pin`; what other pins hold stays pinned."""
+        return self._keeper().unpin(pin)
 
     def prune(self) -> int:
         return self._cache().prune()
@@ -126,18 +128,21 @@ class CacheService:
 
     def _pin(self, kind: str, label: str, tokens: list[int]) -> int:
         engine = self._engine()
-        cache = self._cache()
+        keeper = self._keeper()  # before computing anything: the cache may be off
         handle = engine.generate(
             GenerationRequest(prompt_tokens=tuple(tokens), sampling=SamplingParams(), prefill_only=True, store=True)
         )
         handle.wait()
         engine.flush_cache()
-        count = cache.pin(list(tokens))
+        count = keeper.pin(kind, label, tokens)
         if count == 0:
             raise ChatappError("nothing to pin: the prefix could not be stored (is the cache full or disabled?)")
-        assert self.chat.pins is not None
-        self.chat.pins.add(kind, label, tokens)
         return count
+
+    def _keeper(self) -> PinKeeper:
+        if self.chat.pins is None:
+            raise ChatappError("pins need the conversations database, which is not open in this session")
+        return PinKeeper(self._cache(), self.chat.pins)
 
     def _engine(self) -> EngineClient:
         if self.chat.engine is None:

@@ -22,17 +22,20 @@ from dataclasses import dataclass, field, replace
 
 import xxhash
 
+from cache.keys import as_token_array, common_prefix_length
 from chatapp.engine.chat_template import TemplateRenderError
 from chatapp.engine.contract import EngineClient
 from chatapp.engine.handle import GenerationHandle
 from chatapp.engine.prompt import ChatMessage, PromptBuilder
 from chatapp.engine.requests import SamplingParams
-from chatapp.errors import ChatappError
+from chatapp.errors import ChatappError, GrammarError
+from chatapp.reasoning import Reasoning
 from chatapp.services.answer_run import AnswerRun, EndedAnswer
 from chatapp.services.answer_shape import FREE_TEXT, AnswerShape, ShapedAnswer, ShapeError, StreamedContent, read_answer
 from chatapp.services.divergence import Divergence, PromptLog
 from chatapp.services.divergence_place import divergence_place
 from chatapp.services.messages import Turn, conversation_messages
+from chatapp.services.pins import PinAsked, RequestPins
 from chatapp.services.prompt_plan import PromptPlan, TooLongWording, plan_for, start_answer
 from chatapp.services.streams import StreamEvent
 from chatapp.store.answer_ids import AnswerIdStore
@@ -47,6 +50,10 @@ NO_REMOTE_COUNT = "this server's backend builds its own prompts, so their tokens
 IGNORE_EOS_WITH_GRAMMAR = (
     "ignore_eos cannot be combined with tools, a response format or a grammar (a finished call or JSON value "
     "must end the answer); send one or the other"
+)
+GRAMMAR_TOO_BIG = (
+    "simplify it (llama.cpp refuses grammars with very long repetitions, such as a pattern's {0,2000}, "
+    "or too many rules)"
 )
 NO_REMOTE_SHAPES = (
     "this server answers through another server (--backend), which chatapp cannot hold to a call or a schema "
@@ -78,6 +85,15 @@ class ApiMessage:
 
 
 @dataclass(frozen=True)
+class KeepHint:
+    """The client asks that the prompt's beginning, through its first `messages` messages, be kept for
+    `ttl_s` seconds (Anthropic's `cache_control`): a pin on the cache, never a change to the answer."""
+
+    messages: int
+    ttl_s: float
+
+
+@dataclass(frozen=True)
 class CompletionRequest:
     """A chat (`messages`) or a plain completion (`prompt`: text, or token ids), with sampling and stop strings."""
 
@@ -86,6 +102,8 @@ class CompletionRequest:
     prompt: str | tuple[int, ...] | None = None
     stop: tuple[str, ...] = ()
     shape: AnswerShape = FREE_TEXT
+    keep: tuple[KeepHint, ...] = ()
+    reasoning: Reasoning | None = None  # None: as the model's template does by default
 
 
 @dataclass(frozen=True)
@@ -99,10 +117,16 @@ class CompletionUsage:
     ttft_ms: float
     total_ms: float
     prefill_ms: float
+    kept_tokens: int = 0  # the prompt's beginning the client asked to keep (its last KeepHint), pinned
 
     @property
     def computed_tokens(self) -> int:
         return self.prompt_tokens - self.cached_tokens
+
+    @property
+    def newly_kept_tokens(self) -> int:
+        """Tokens computed now inside the beginning kept: what this request wrote for a later one to read."""
+        return max(0, min(self.kept_tokens, self.prompt_tokens) - self.cached_tokens)
 
 
 @dataclass(frozen=True)
@@ -171,8 +195,10 @@ class Completion(AnswerRun):
         divergence: Divergence | None = None,
         shape: AnswerShape = FREE_TEXT,
         builder: PromptBuilder | None = None,
+        kept: tuple[PinAsked, ...] = (),
     ) -> None:
         super().__init__(handle, stops)
+        self._kept = kept  # beginnings to pin once the answer ends (the prompt is stored by then)
         self.divergence = divergence  # where the prompt left the closest earlier one, if it did
         self.shaped: ShapedAnswer | None = None  # the answer read for calls, once it ended
         self._service = service
@@ -186,6 +212,11 @@ class Completion(AnswerRun):
             yield from super().events()
         finally:
             self._release()
+
+    @property
+    def kept_tokens(self) -> int:
+        """The prompt's beginning the client asked to keep (the longest), in tokens; 0 when none."""
+        return max((len(asked.tokens) for asked in self._kept), default=0)
 
     def streamed_content(self) -> StreamedContent:
         """What a stream may show of the text as it comes (held back where a call may begin)."""
@@ -216,11 +247,14 @@ class Completion(AnswerRun):
             ttft_ms=stats.ttft_ms,
             total_ms=stats.total_ms,
             prefill_ms=stats.prefill_ms,
+            kept_tokens=self.kept_tokens,
         )
         shaped = self.shaped or ShapedAnswer(ended.text)
         return CompletionOutcome(shaped.content, ended.stop_reason, usage, shaped.calls)
 
     def _keep_answer(self, answer: EndedAnswer) -> None:
+        if self._kept and self._service.pins is not None:
+            self._service.pins.ask(self._kept)
         self.shaped = read_answer(answer.text, self._shape, self._builder)
         if self._history is None or answer.stop_reason is StopReason.CANCELLED:
             return  # a plain completion, or an answer the client abandoned
@@ -245,6 +279,7 @@ class CompletionService:
     # False: answers before the latest question lose their reasoning, as templates such as
     # Qwen 3's write the history; the prompt then changes from the first such answer on (a miss).
     keep_reasoning: bool = True
+    pins: RequestPins | None = None  # where the beginnings requests ask to keep are pinned (None: ignored)
     _pending: int = field(default=0, init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
     _prompts: PromptLog = field(init=False)
@@ -270,7 +305,7 @@ class CompletionService:
         if builder is None and (shape.tools or shape.json_schema is not None or _has_tools(history)):
             raise RequestError(NO_REMOTE_SHAPES, "tools" if shape.tools else "messages")
         if builder is not None:
-            builder = builder.with_tools(shape.tools)
+            builder = builder.with_reasoning(request.reasoning).with_tools(shape.tools)
         try:
             plan = plan_for(self.engine, history, builder)
         except TemplateRenderError as error:
@@ -291,17 +326,47 @@ class CompletionService:
             # A grammar that is complete leaves only the end tokens, which ignore_eos forbids: nothing is left.
             raise RequestError(IGNORE_EOS_WITH_GRAMMAR, "ignore_eos")
         sampling = replace(request.sampling, grammar=grammar)
+        kept = self._kept(request, history, builder, plan)
+        if kept and self.engine.takes_checkpoints:  # where a kept beginning ends, a model that cannot cut resumes
+            ends = {len(asked.tokens) for asked in kept}
+            plan = replace(plan, checkpoints=tuple(sorted(ends.union(plan.checkpoints))))
         divergence = self._prompts.compare(list(plan.tokens))
         if divergence is not None and builder is not None and history is not None:
             divergence = replace(divergence, place=self._place(builder, history, plan.tokens, divergence.position))
         self._take_slot()
         try:
             handle = start_answer(self.engine, plan, sampling, wording)
+        except GrammarError as error:  # llama.cpp refused what the converter wrote: the request's schema
+            self._finished()
+            param = _grammar_param(request)
+            raise RequestError(f"{param}: {error}; {GRAMMAR_TOO_BIG}", param) from None
         except BaseException:
             self._finished()
             raise
         chat_builder = builder if history is not None else None  # a plain completion's text is read as it is
-        return Completion(self, handle, history, request.stop, divergence, shape, chat_builder)
+        return Completion(self, handle, history, request.stop, divergence, shape, chat_builder, kept)
+
+    def _kept(
+        self,
+        request: CompletionRequest,
+        history: list[ChatMessage] | None,
+        builder: PromptBuilder | None,
+        plan: PromptPlan,
+    ) -> tuple[PinAsked, ...]:
+        """The prompt's beginnings the request asks to keep, as tokens (where the cache can pin them)."""
+        if self.pins is None or builder is None or history is None or not request.keep:
+            return ()
+        asked = []
+        for hint in request.keep:
+            count = _chat_messages_in(request.messages, hint.messages)
+            if count == 0:
+                continue
+            tokens = builder.build(history[:count], add_generation_prompt=False)
+            same = common_prefix_length(as_token_array(tokens), as_token_array(plan.tokens))
+            if same:
+                label = f"a request's prompt through message {hint.messages} of {len(request.messages)}"
+                asked.append(PinAsked(tuple(plan.tokens[:same]), hint.ttl_s, label))
+        return tuple(asked)
 
     def _place(self, builder: PromptBuilder, history: list[ChatMessage], tokens: Sequence[int], position: int) -> str:
         """Where a prompt left an earlier one, in words; "" when that cannot be said (never a failed request)."""
@@ -323,10 +388,14 @@ class CompletionService:
         digest = HistoryDigest(self.model_fingerprint)
         if not self.keep_reasoning:
             messages = _without_old_reasoning(messages)
+        index = 0
         for group in _runs_of_results(messages):
             if isinstance(group, tuple):
+                _check_results_answer_calls(group, converted, index)
                 chat_message = ChatMessage(Role.TOOL, (), results=_results(group, converted))
+                index += len(group)
             else:
+                index += 1
                 chat_message = self._chat_message(group, digest)
             digest.add(chat_message)
             converted.append(chat_message)
@@ -389,6 +458,27 @@ class CompletionService:
             self._pending -= 1
 
 
+def _chat_messages_in(messages: Sequence[ApiMessage], count: int) -> int:
+    """How many of the app's messages the first `count` request messages make (a run of tool results
+    is one), counting only whole ones."""
+    made = 0
+    seen = 0
+    for group in _runs_of_results(messages):
+        seen += len(group) if isinstance(group, tuple) else 1
+        if seen > count:
+            break
+        made += 1
+    return made
+
+
+def _grammar_param(request: CompletionRequest) -> str:
+    """The field whose grammar llama.cpp refused."""
+    shape = request.shape
+    if shape.calls_tools:
+        return "tools"
+    return shape.schema_param if shape.json_schema is not None else "grammar"
+
+
 def _runs_of_results(messages: Sequence[ApiMessage]) -> Iterator[ApiMessage | tuple[ApiMessage, ...]]:
     """The messages, a run of consecutive tool results as one tuple (templates render them together)."""
     run: list[ApiMessage] = []
@@ -402,6 +492,27 @@ def _runs_of_results(messages: Sequence[ApiMessage]) -> Iterator[ApiMessage | tu
         yield message
     if run:
         yield tuple(run)
+
+
+def _check_results_answer_calls(run: tuple[ApiMessage, ...], earlier: list[ChatMessage], index: int) -> None:
+    """RequestError unless the tool results in `run` (from `messages[index]` on) answer calls of the assistant
+    message just before them: a result of no call would reach the model as a reply to nothing."""
+    calls = earlier[-1].tool_calls if earlier and earlier[-1].role is Role.ASSISTANT else ()
+    if not calls:
+        raise RequestError(
+            f"messages[{index}] is a tool result but the message before it is not an assistant message with "
+            "tool calls; send the assistant's call before its result",
+            f"messages[{index}]",
+        )
+    ids = [call.id for call in calls]
+    for offset, message in enumerate(run):
+        if message.tool_call_id and message.tool_call_id not in ids:
+            where = f"messages[{index + offset}]"
+            raise RequestError(
+                f"{where} answers the call {message.tool_call_id!r}, but the assistant message before it made "
+                f"{', '.join(repr(call_id) for call_id in ids)}; send the id of the call it answers",
+                f"{where}.tool_call_id",
+            )
 
 
 def _results(run: tuple[ApiMessage, ...], earlier: list[ChatMessage]) -> tuple[ToolResult, ...]:

@@ -8,6 +8,7 @@ KV block handed to the cache written, the stores closed).
 from __future__ import annotations
 
 import logging
+import sqlite3
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -17,17 +18,24 @@ from chatapp.engine.contract import EngineClient
 from chatapp.engine.grammar import Grammar
 from chatapp.engine.model_card import ModelFacts, ModelInfo
 from chatapp.engine.requests import SamplingParams
+from chatapp.errors import StoreError
+from chatapp.reasoning import Reasoning
 from chatapp.services.answer_shape import FREE_TEXT, AnswerShape
 from chatapp.services.completions import (
     ApiMessage,
     Completion,
     CompletionRequest,
     CompletionService,
+    KeepHint,
     RequestError,
 )
+from chatapp.services.library import DATABASE_NAME
+from chatapp.services.pins import PinKeeper, RequestPins
 from chatapp.services.prompt_plan import builder_of
 from chatapp.services.startup import Workspace, engine_notices
 from chatapp.store.answer_ids import AnswerIdStore
+from chatapp.store.database import open_database
+from chatapp.store.pins import PinStore
 
 log = logging.getLogger(__name__)
 
@@ -108,12 +116,15 @@ class Serving:
         except BaseException:
             self.engine.close()
             raise
+        self._pin_database: sqlite3.Connection | None = None
+        self.pins = self._request_pins()
         self.completions = CompletionService(
             self.engine,
             fingerprint,
             self.answer_ids,
             max_pending=options.max_pending,
             keep_reasoning=options.keep_reasoning,
+            pins=self.pins,
         )
         info = self.engine.info
         if info.path is not None:
@@ -135,6 +146,19 @@ class Serving:
             gpu_bytes=_gpu_bytes(info, size),
         )
         self._closed = False
+
+    def _request_pins(self) -> RequestPins | None:
+        """Where the beginnings requests ask to keep are pinned: the model's cache, listed with the app's
+        pins (the cache screen and `chatapp cache stats` show them). None without a local cache."""
+        cache = self.engine.cache
+        if cache is None:
+            return None
+        try:
+            self._pin_database = open_database(self.workspace.paths.root / DATABASE_NAME)
+        except StoreError as error:
+            log.warning("requests' cache_control is ignored: %s", error)
+            return None
+        return RequestPins(PinKeeper(cache, PinStore(self._pin_database)), self.engine.flush_cache)
 
     @property
     def notices(self) -> list[str]:
@@ -166,18 +190,32 @@ class Serving:
         options: SamplingOptions,
         stop: tuple[str, ...],
         shape: AnswerShape = FREE_TEXT,
+        keep: tuple[KeepHint, ...] = (),
+        reasoning: Reasoning | None = None,
     ) -> Completion:
-        """Start a chat completion (queued behind the requests before it), shaped as asked (tools, JSON)."""
+        """Start a chat completion (queued behind the requests before it), shaped as asked (tools, JSON);
+        `keep`: beginnings to pin (cache_control), `reasoning`: the model's reasoning switch if it has one."""
         if self.sort_tools:
             shape = shape.with_tools_by_name()
-        request = CompletionRequest(sampling=self.sampling(options), messages=tuple(messages), stop=stop, shape=shape)
+        request = CompletionRequest(
+            sampling=self.sampling(options),
+            messages=tuple(messages),
+            stop=stop,
+            shape=shape,
+            keep=keep,
+            reasoning=reasoning,
+        )
         return self.completions.start(request)
 
-    def count_chat(self, messages: list[ApiMessage], shape: AnswerShape = FREE_TEXT) -> int:
+    def count_chat(
+        self, messages: list[ApiMessage], shape: AnswerShape = FREE_TEXT, reasoning: Reasoning | None = None
+    ) -> int:
         """The prompt tokens `chat` would send for these messages and shape (nothing is computed)."""
         if self.sort_tools:
             shape = shape.with_tools_by_name()
-        request = CompletionRequest(sampling=SamplingParams(), messages=tuple(messages), shape=shape)
+        request = CompletionRequest(
+            sampling=SamplingParams(), messages=tuple(messages), shape=shape, reasoning=reasoning
+        )
         return self.completions.count_prompt(request)
 
     def complete(
@@ -227,7 +265,11 @@ class Serving:
         self._closed = True
         try:
             self.engine.flush_cache()
+            if self.pins is not None:
+                self.pins.close()  # the pins asked for so far made: their blocks are stored by now
         finally:
+            if self._pin_database is not None:
+                self._pin_database.close()
             self.engine.close()
             if self._owns_answer_ids:
                 self.answer_ids.close()

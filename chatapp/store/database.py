@@ -21,7 +21,7 @@ from typing import Any
 
 from chatapp.errors import StoreError
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 FILE_MODE = 0o600
 BUSY_TIMEOUT_MS = 5000
 
@@ -129,8 +129,15 @@ def _allow_failed_status(connection: sqlite3.Connection) -> None:
 # Version 4: the model a conversation was last answered with (its file's path; NULL: the default).
 _SCHEMA_4: tuple[str, ...] = ("ALTER TABLE conversations ADD COLUMN model TEXT",)
 
+# Version 5: pins that end (a request's cache_control: NULL never ends), and the cache namespace (the
+# model) whose blocks a pin holds ('' for pins made before: the model they were made with is unknown).
+_SCHEMA_5: tuple[str, ...] = (
+    "ALTER TABLE pins ADD COLUMN expires_at REAL",
+    "ALTER TABLE pins ADD COLUMN namespace TEXT NOT NULL DEFAULT ''",
+)
+
 # MIGRATIONS[n] takes a file from version n to n + 1.
-MIGRATIONS: list[Migration] = [_SCHEMA_1, _SCHEMA_2, _allow_failed_status, _SCHEMA_4]
+MIGRATIONS: list[Migration] = [_SCHEMA_1, _SCHEMA_2, _allow_failed_status, _SCHEMA_4, _SCHEMA_5]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 

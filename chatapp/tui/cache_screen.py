@@ -15,6 +15,7 @@ from textual.widgets.option_list import Option
 
 from chatapp.errors import ChatappError
 from chatapp.services.cache_view import CacheOverview, CacheService
+from chatapp.services.pins import describe_pin
 from chatapp.tui.dialogs import Confirm
 
 
@@ -51,7 +52,7 @@ class CacheScreen(ModalScreen[None]):
             yield Label("Time to first token this session (ms)", classes="sidebar-title")
             yield Sparkline([], id="ttft")
             yield Label("", id="ttft-range", classes="dialog-hint")
-            yield Label("Pinned prefixes (never evicted or expired)", classes="sidebar-title", id="pins-title")
+            yield Label("Pinned prefixes (kept from eviction and expiry)", classes="sidebar-title", id="pins-title")
             yield OptionList(id="pins")
             with Horizontal(classes="dialog-buttons"):
                 yield Button("Pin persona", id="pin-persona")
@@ -125,7 +126,7 @@ class CacheScreen(ModalScreen[None]):
         pins = self.query_one("#pins", OptionList)
         pins.clear_options()
         for pin in overview.pins:
-            pins.add_option(Option(f"{pin.kind}: {pin.label} ({len(pin.tokens):,} tokens)", id=str(pin.id)))
+            pins.add_option(Option(describe_pin(pin), id=str(pin.id)))
         if not overview.pins:
             pins.add_option(Option("(nothing pinned)", id="none", disabled=True))
 

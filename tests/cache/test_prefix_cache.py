@@ -223,3 +223,29 @@ def test_a_cache_open_in_another_process_finds_what_this_one_stores(tmp_path: Pa
     assert restored_state(reader, [*TOKENS, 999]) == (again, 11, "disk")
     writer.close()
     reader.close()
+
+
+def test_unpinning_a_prefix_leaves_pinned_what_an_overlapping_pin_holds(tmp_path: Path) -> None:
+    cache = open_cache(tmp_path)
+    other = [*TOKENS[:8], *range(300, 305)]  # the first two blocks shared with TOKENS, then its own
+    store_sequence(cache, TOKENS)
+    store_sequence(cache, other)
+    assert cache.pin(TOKENS) == 3
+    assert cache.pin(other) == 4  # its first two blocks were pinned already
+    assert cache.pin(TOKENS, pinned=False, keep=[other]) == 1  # only its third block was its own
+    pinned = sorted((info.start, info.tokens.size) for info in cache.index.entries.values() if info.pinned)
+    assert pinned == [(0, 4), (4, 4), (8, 4), (12, 1)]
+    assert cache.stats()["disk"]["pinned_entries"] == 4
+    assert cache.pin(other, pinned=False) == 4
+    assert not any(info.pinned for info in cache.index.entries.values())
+    cache.close()
+
+
+def test_pinning_stops_at_a_lost_block(tmp_path: Path) -> None:
+    cache = open_cache(tmp_path)
+    store_sequence(cache, TOKENS)
+    second = next(info for info in cache.index.entries.values() if info.start == 4)
+    cache.ram.discard(second.key)
+    cache.disk.delete(second)
+    assert cache.pin(TOKENS) == 1  # the first block; nothing after the lost one can be restored
+    cache.close()

@@ -401,3 +401,76 @@ def test_a_schema_without_a_type_has_the_one_its_keywords_imply(
     grammar = schema_grammar({"type": "object", "properties": {"v": schema}, "required": ["v"]}, "tools[0].parameters")
     assert grammar_takes(vocab, grammar, '{"v": ' + taken + "}", vocab.eos_id, special=False)
     assert not grammar_takes(vocab, grammar, '{"v": ' + refused + "}", vocab.eos_id, special=False)
+
+
+TREE = {  # a Pydantic model that holds a list of itself
+    "$defs": {
+        "Node": {
+            "type": "object",
+            "properties": {
+                "value": {"type": "integer"},
+                "children": {"type": "array", "items": {"$ref": "#/$defs/Node"}},
+            },
+            "required": ["value", "children"],
+        }
+    },
+    "$ref": "#/$defs/Node",
+}
+LINKED = {  # the whole schema refers to itself
+    "type": "object",
+    "properties": {"value": {"type": "integer"}, "next": {"anyOf": [{"$ref": "#"}, {"type": "null"}]}},
+    "required": ["value", "next"],
+}
+
+
+@pytest.mark.parametrize(
+    ("schema", "taken", "refused"),
+    [
+        (
+            TREE,
+            '{"value": 1, "children": [{"value": 2, "children": [{"value": 3, "children": []}]}]}',
+            '{"value": 1, "children": [{"value": 2}]}',
+        ),
+        (LINKED, '{"value": 1, "next": {"value": 2, "next": null}}', '{"value": 1, "next": {"value": 2}}'),
+    ],
+    ids=["defs", "root"],
+)
+def test_a_schema_that_refers_to_itself_holds_at_every_depth(
+    vocab: NativeModel, schema: dict[str, object], taken: str, refused: str
+) -> None:
+    grammar = schema_grammar(schema, "response_format.json_schema.schema")
+    assert grammar_takes(vocab, grammar, taken, vocab.eos_id, special=False)
+    assert not grammar_takes(vocab, grammar, refused, vocab.eos_id, special=False)
+
+
+def test_two_tools_with_the_same_defs_name_keep_their_own_shapes(vocab: NativeModel) -> None:
+    def tool(name: str, field: str) -> ToolSpec:
+        defs = {"Item": {"type": "object", "properties": {field: {"type": "integer"}}, "required": [field]}}
+        return ToolSpec(
+            name,
+            "",
+            json.dumps(
+                {
+                    "$defs": defs,
+                    "type": "object",
+                    "properties": {"item": {"$ref": "#/$defs/Item"}},
+                    "required": ["item"],
+                }
+            ),
+        )
+
+    grammar = HermesToolFormat().grammar((tool("a", "x"), tool("b", "y")), parallel=False, lazy=False)
+
+    def call(name: str, field: str) -> str:
+        return f'<tool_call>\n{{"name": "{name}", "arguments": {{"item": {{"{field}": 1}}}}}}\n</tool_call>'
+
+    assert grammar_takes(vocab, grammar, call("a", "x"), vocab.eos_id)
+    assert grammar_takes(vocab, grammar, call("b", "y"), vocab.eos_id)
+    assert not grammar_takes(vocab, grammar, call("b", "x"), vocab.eos_id)
+
+
+def test_a_reference_to_nothing_or_outside_the_schema_is_refused_by_name() -> None:
+    with pytest.raises(GrammarError, match="'#/\\$defs/Missing', which names nothing"):
+        schema_grammar({"$ref": "#/$defs/Missing"}, "response_format")
+    with pytest.raises(GrammarError, match="outside the schema"):
+        schema_grammar({"$ref": "https://example.com/schema.json"}, "response_format")

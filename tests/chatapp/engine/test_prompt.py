@@ -14,6 +14,7 @@ import pytest
 from chatapp.engine.chat_template import ChatTemplate
 from chatapp.engine.llama_native import NativeModel
 from chatapp.engine.prompt import ChatMessage, PromptBuilder
+from chatapp.reasoning import REASONING_OFF, Reasoning
 from chatapp.vocabulary import Role
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -274,3 +275,30 @@ def test_remembered_histories_give_the_tokens_of_a_fresh_build(vocab) -> None:
     assert warm.build(turns[:2]) == first == fresh.build(turns[:2])
     edited = [*turns[:-1], ChatMessage.of(Role.USER, "Until when?")]
     assert warm.build(edited) == fresh.build(edited) != warm.build(turns)
+
+
+QWEN3_THINKING_END = (
+    "{% if add_generation_prompt and enable_thinking is defined and enable_thinking is false %}"
+    "{{ '<think>\\n\\n</think>\\n\\n' }}{% endif %}"
+)
+
+
+def test_a_reasoning_switch_reaches_templates_that_read_it_and_no_other(vocab: NativeModel) -> None:
+    plain = PromptBuilder(smollm_template(vocab), vocab)
+    assert plain.with_reasoning(REASONING_OFF) is plain, "a template without a switch keeps its builder (and memo)"
+    base = smollm_template(vocab)
+    qwen_like = PromptBuilder(ChatTemplate(base.source + QWEN3_THINKING_END, base.bos_token, base.eos_token), vocab)
+    messages = [ChatMessage.of(Role.USER, QUESTIONS[0])]
+    default = qwen_like.build(messages)
+    off = qwen_like.with_reasoning(REASONING_OFF).build(messages)
+    assert vocab.detokenize(off).endswith("<think>\n\n</think>\n\n")
+    assert off[: len(default)] == default
+    assert qwen_like.with_reasoning(Reasoning(True, "high")).build(messages) == default
+    assert qwen_like.with_reasoning(REASONING_OFF) is qwen_like.with_reasoning(REASONING_OFF)
+    harmony = PromptBuilder(family_template("gpt_oss"), vocab)
+    for reasoning, shown in (
+        (None, "Reasoning: medium"),
+        (REASONING_OFF, "Reasoning: low"),
+        (Reasoning(True, "high"), "Reasoning: high"),
+    ):
+        assert shown in vocab.detokenize(harmony.with_reasoning(reasoning).build(messages))

@@ -4,6 +4,7 @@ whole and streamed answers, tool use and the loop back, usage that says what the
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ import anthropic
 import httpx
 import pytest
 
+from chatapp.services.pins import PinKeeper
 from tests.server_support import SYSTEM_PROMPT, RunningServer, running_server
 
 API_KEY = "anthropic-test-key"
@@ -69,12 +71,87 @@ def test_a_whole_answer_and_a_streamed_one_agree_and_the_second_reuses_the_promp
     assert final.stop_reason == "max_tokens"
     assert final.usage.output_tokens == 12
     # What the cache did: the second found the first one's prompt; the three counts add up to the prompt.
-    first_prompt = whole.usage.input_tokens + (whole.usage.cache_read_input_tokens or 0)
-    second_prompt = final.usage.input_tokens + (final.usage.cache_read_input_tokens or 0)
-    assert first_prompt == second_prompt
+    assert prompt_of(whole.usage) == prompt_of(final.usage)
     assert final.usage.cache_read_input_tokens is not None
-    assert final.usage.cache_read_input_tokens > first_prompt - 8
+    assert final.usage.cache_read_input_tokens > prompt_of(whole.usage) - 8
     assert final.usage.cache_creation_input_tokens == 0
+
+
+def prompt_of(usage: anthropic.types.Usage) -> int:
+    """Anthropic's three input counts add up to the prompt."""
+    return usage.input_tokens + (usage.cache_creation_input_tokens or 0) + (usage.cache_read_input_tokens or 0)
+
+
+def test_cache_control_pins_the_beginning_it_marks_until_its_time_is_up(
+    claude: anthropic.Anthropic, server: RunningServer
+) -> None:
+    assert server.serving.pins is not None
+    keeper = server.serving.pins.keeper
+    system = SYSTEM_PROMPT + " Keep a log (cache_control test)."  # a whole block and more
+    asked: dict[str, Any] = {
+        "model": "claude-sonnet-4-5",
+        "max_tokens": 4,
+        "system": [{"type": "text", "text": system, "cache_control": {"type": "ephemeral"}}],
+        "messages": [
+            {"role": "user", "content": "Which lighthouse is the tallest?"},
+            {"role": "assistant", "content": "The one at Ile Vierge."},
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": QUESTION, "cache_control": {"type": "ephemeral", "ttl": "1h"}}],
+            },
+        ],
+        "extra_body": NEVER_ENDS,
+    }
+    server.serving.pins.wait()  # pins earlier tests asked for are made before this one starts
+    started = time.time()
+    first = claude.messages.create(**asked)
+    server.serving.pins.wait()
+    mine = [pin for pin in keeper.store.list() if pin.kind == "request" and pin.created_at >= started]
+    assert sorted(pin.expires_at - pin.created_at for pin in mine if pin.expires_at) == pytest.approx(
+        [300, 3600], abs=5
+    )
+    through_question = max(len(pin.tokens) for pin in mine)
+    # Computed now up to the last breakpoint, which here ends the prompt but for the assistant's header.
+    assert first.usage.cache_creation_input_tokens == through_question - (first.usage.cache_read_input_tokens or 0)
+    assert 0 < first.usage.input_tokens < 8
+    assert server.engine.cache is not None
+    assert server.engine.cache.stats()["pinned_entries"] > 0
+    second = claude.messages.create(**asked)
+    assert second.usage.cache_creation_input_tokens == 0
+    assert second.usage.cache_read_input_tokens == prompt_of(second.usage) - second.usage.input_tokens
+    server.serving.pins.wait()
+    # An hour and a bit later both have ended, and what they held is no longer pinned.
+    later = PinKeeper(server.engine.cache, keeper.store, clock=lambda: time.time() + 3700)
+    assert later.sweep() >= 2
+    assert not [pin for pin in keeper.store.list() if pin.kind == "request"]
+    assert server.engine.cache.stats()["pinned_entries"] == 0
+
+
+@pytest.mark.parametrize(
+    ("control", "words"),
+    [({"type": "persistent"}, "must be {'type': 'ephemeral'}"), ({"type": "ephemeral", "ttl": "2d"}, "'5m' or '1h'")],
+)
+def test_a_malformed_cache_control_is_a_400_naming_the_block(
+    server: RunningServer, control: dict[str, Any], words: str
+) -> None:
+    body = {
+        "model": "claude-sonnet-4-5",
+        "max_tokens": 4,
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": control}]}],
+    }
+    answer = httpx.post(f"{server.url}/v1/messages", json=body, headers={"x-api-key": API_KEY}, timeout=60)
+    assert answer.status_code == 400
+    message = answer.json()["error"]["message"]
+    assert "messages[0].content[0].cache_control" in message
+    assert words in message
+
+
+def test_more_than_four_breakpoints_are_refused(server: RunningServer) -> None:
+    marked = [{"type": "text", "text": f"part {n}", "cache_control": {"type": "ephemeral"}} for n in range(5)]
+    body = {"model": "claude-sonnet-4-5", "max_tokens": 4, "messages": [{"role": "user", "content": marked}]}
+    answer = httpx.post(f"{server.url}/v1/messages", json=body, headers={"x-api-key": API_KEY}, timeout=60)
+    assert answer.status_code == 400
+    assert "at most 4" in answer.json()["error"]["message"]
 
 
 def test_a_tool_is_called_and_the_loop_back_reuses_the_call(claude: anthropic.Anthropic, server: RunningServer) -> None:
@@ -136,7 +213,7 @@ def test_count_tokens_is_the_prompt_the_answer_is_computed_from(claude: anthropi
     }
     counted = claude.messages.count_tokens(**asked)
     answered = claude.messages.create(max_tokens=1, **asked)
-    assert counted.input_tokens == answered.usage.input_tokens + (answered.usage.cache_read_input_tokens or 0)
+    assert counted.input_tokens == prompt_of(answered.usage)
     with_tools = claude.messages.count_tokens(tools=[WEATHER_TOOL], **asked)
     assert with_tools.input_tokens > counted.input_tokens, "the tools are taught in the prompt"
 
@@ -184,3 +261,14 @@ def test_a_wrong_key_is_an_authentication_error(server: RunningServer) -> None:
     body = refused.value.body
     assert isinstance(body, dict)
     assert json.dumps(body).count("authentication_error") == 1
+
+
+def test_thinking_is_accepted_and_changes_nothing_on_a_model_without_a_switch(claude: anthropic.Anthropic) -> None:
+    asked: dict[str, Any] = {"model": "claude-sonnet-4-5", "messages": [{"role": "user", "content": QUESTION}]}
+    plain = claude.messages.count_tokens(**asked)
+    for thinking in ({"type": "enabled", "budget_tokens": 2048}, {"type": "disabled"}):
+        assert claude.messages.count_tokens(thinking=thinking, **asked).input_tokens == plain.input_tokens  # type: ignore[arg-type]
+    answered = claude.messages.create(max_tokens=2, thinking={"type": "disabled"}, extra_body=NEVER_ENDS, **asked)
+    assert answered.usage.output_tokens == 2
+    with pytest.raises(anthropic.BadRequestError, match="thinking"):
+        claude.messages.create(max_tokens=2, thinking={"type": "enabled", "budget_tokens": 0}, **asked)

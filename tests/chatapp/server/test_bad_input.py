@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import httpx
@@ -14,6 +15,9 @@ from tests.server_support import RunningServer
 MODEL = "{model}"  # replaced by the served model's id
 USER = {"role": "user", "content": "Hello"}
 TOO_LONG = "lighthouse " * 1200  # over the tests' 1,024-token context
+A_CALL: dict[str, Any] = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+CALL: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": [A_CALL]}
+RESULT = {"role": "tool", "tool_call_id": "call_1", "content": "12 C"}
 
 
 def chat(**fields: Any) -> dict[str, Any]:
@@ -93,6 +97,29 @@ CASES = [
     ("/api/generate", {"model": MODEL, "prompt": " "}, 400, None),
     ("/api/chat", {"model": MODEL, "messages": [USER], "keep_alive": "soon"}, 400, "keep_alive"),
     ("/api/generate", {"model": "llama3", "prompt": ""}, 404, None),
+    # Tool histories that no model could have written: OpenAI answers these with a 400 too.
+    ("/v1/chat/completions", chat(messages=[USER, RESULT]), 400, "messages[1]"),
+    (
+        "/v1/chat/completions",
+        chat(messages=[USER, CALL, {**RESULT, "tool_call_id": "call_9"}]),
+        400,
+        "messages[2].tool_call_id",
+    ),
+    (
+        "/v1/chat/completions",
+        chat(
+            messages=[
+                USER,
+                {**CALL, "tool_calls": [{**A_CALL, "function": {"name": "f", "arguments": "{x"}}]},
+            ]
+        ),
+        400,
+        "messages[1].tool_calls[0].function.arguments",
+    ),
+    ("/v1/chat/completions", chat(parallel_tool_calls="yes"), 400, "parallel_tool_calls"),
+    ("/api/chat", {"model": MODEL, "messages": [USER, {"role": "tool", "content": "12 C"}]}, 400, None),
+    ("/v1/chat/completions", chat(reasoning_effort="extreme"), 400, "reasoning_effort"),
+    ("/api/chat", {"model": MODEL, "messages": [USER], "think": "very"}, 400, None),
 ]
 
 
@@ -170,3 +197,61 @@ def test_embeddings_are_refused_with_a_501_that_says_why(client: openai.OpenAI, 
             ask()
         assert answered.value.status_code == 501
         assert "does not compute embeddings" in answered.value.error
+
+
+UNCOMPILABLE = {"type": "string", "pattern": "^a{0,2000}$"}  # converted, then refused by llama.cpp's parser
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        (
+            "/v1/chat/completions",
+            chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": UNCOMPILABLE}}),
+            "response_format.json_schema.schema",
+        ),
+        (
+            "/v1/chat/completions",
+            chat(
+                stream=True,
+                tools=[
+                    {
+                        "type": "function",
+                        "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": UNCOMPILABLE}}},
+                    }
+                ],
+                tool_choice="required",
+            ),
+            "tools",
+        ),
+        ("/api/chat", {"model": MODEL, "messages": [USER], "format": UNCOMPILABLE, "stream": True}, None),
+    ],
+    ids=["response-format", "streamed-tools", "ollama-format"],
+)
+def test_a_schema_llama_cpp_cannot_compile_is_a_400_before_any_prompt_is_computed(
+    http: httpx.Client, server: RunningServer, path: str, body: dict[str, Any], param: str | None
+) -> None:
+    assert server.engine.cache is not None
+    before = server.engine.cache.stats()["requests"]
+    body = {key: server.model_id if value == MODEL else value for key, value in body.items()}
+    response = http.post(path, json=body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    message = error if isinstance(error, str) else error["message"]
+    assert "llama.cpp refused" in message
+    assert "simplify" in message
+    if param is not None:
+        assert error["param"] == param
+    assert server.engine.cache.stats()["requests"] == before, "nothing was computed"
+
+
+def test_a_prompt_over_the_context_is_told_as_agents_recognise_it(http: httpx.Client, server: RunningServer) -> None:
+    """Agents compact their history on these: OpenAI's code, Anthropic's "prompt is too long: N tokens > M"."""
+    too_long = [{"role": "user", "content": TOO_LONG}]
+    openai_error = http.post("/v1/chat/completions", json=chat(model=server.model_id, messages=too_long)).json()
+    assert openai_error["error"]["code"] == "context_length_exceeded"
+    responses_error = http.post("/v1/responses", json={"model": server.model_id, "input": TOO_LONG}).json()
+    assert responses_error["error"]["code"] == "context_length_exceeded"
+    body = {"model": server.model_id, "max_tokens": 4, "messages": too_long}
+    anthropic_error = http.post("/v1/messages", json=body).json()
+    assert re.match(r"prompt is too long: \d+ tokens > \d+ maximum", anthropic_error["error"]["message"])

@@ -157,8 +157,19 @@ def test_the_agents_sdks_default_path_runs_an_agent_with_a_function_tool(server:
         ({"input": [{"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{oops"}]}, "not JSON"),
         ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "'input_image'"),
         ({"input": "hi", "tools": ["web_search"]}, "function tool"),
+        ({"input": "hi", "conversation": "conv_1"}, "stateless"),
+        ({"input": "hi", "background": True}, "within the request"),
+        ({"input": "hi", "reasoning": {"effort": "maximal"}}, "reasoning.effort"),
     ],
-    ids=["previous-response", "arguments-not-json", "image", "tool-not-an-object"],
+    ids=[
+        "previous-response",
+        "arguments-not-json",
+        "image",
+        "tool-not-an-object",
+        "conversation",
+        "background",
+        "effort",
+    ],
 )
 def test_what_cannot_be_served_is_a_400_naming_it(server: RunningServer, body: dict[str, Any], words: str) -> None:
     answer = httpx.post(f"{server.url}/v1/responses", json={"model": server.model_id, **body}, timeout=60)

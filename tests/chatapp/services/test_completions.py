@@ -19,6 +19,7 @@ from chatapp.services.completions import (
     ServerBusyError,
 )
 from chatapp.store.answer_ids import AnswerIdStore
+from chatapp.tools import ToolCall
 from chatapp.vocabulary import Role, StopReason
 from tests.service_support import Hold
 
@@ -140,7 +141,7 @@ def test_reasoning_stays_in_the_history_unless_told_to_go_as_the_template_would(
         ApiMessage(Role.USER, "Hi"),
         ApiMessage(Role.ASSISTANT, thought),
         ApiMessage(Role.USER, "Bye"),
-        ApiMessage(Role.ASSISTANT, thought),
+        ApiMessage(Role.ASSISTANT, thought, tool_calls=(ToolCall("call_1", "answer", "{}"),)),
         ApiMessage(Role.TOOL, "42", tool_call_id="call_1"),
     )
     kept = CompletionService(shared_engine, "model-a").chat_messages(conversation)
