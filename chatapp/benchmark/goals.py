@@ -211,6 +211,28 @@ def goal_verdicts(runs: Iterable[dict[str, Any]]) -> list[Verdict]:
     for in_process, remote in ((CHATAPP, REMOTE), (WARM, REMOTE_WARM)):
         for workload in REMOTE_WORKLOADS:
             verdicts += _remote_verdicts(workload, remote, run_of(workload, in_process), run_of(workload, remote))
+    verdicts += _coder_verdicts(run_of("K", SERVE), run_of("K", SERVER))
+    return verdicts
+
+
+def _coder_verdicts(serve: dict[str, Any] | None, server: dict[str, Any] | None) -> list[Verdict]:
+    """K, a coding agent over Anthropic's Messages API: the median TTFT against llama-server's on its own
+    /v1/messages, the first turn after the restart, and the answers after it against cold runs."""
+    if serve is None:
+        return []
+    checks = serve.get("cold_check") or []
+    verdicts = []
+    if checks:
+        share = sum(1 for check in checks if check["equal"]) / len(checks)
+        verdicts.append(_at_least("K", "answers after restart equal to cold (share)", share, 1.0))
+    if server is not None:
+        verdicts.append(
+            _at_most(
+                "K", "median TTFT, chatapp serve / llama-server", _ttft(serve, _every) / _ttft(server, _every), 1.0
+            )
+        )
+        first = first_after_restart(server) / first_after_restart(serve)
+        verdicts.append(_at_least("K", "first TTFT after restart, llama-server / chatapp serve", first, 10.0))
     return verdicts
 
 

@@ -301,22 +301,28 @@ def open_chatapp_engine(settings: PeerSettings, folder: Path) -> LocalEngine:
         ttl_seconds=7 * 86400,
     )
     factory = kv_cache_factory(folder / "kv", settings.fingerprint(), config)
-    engine = start_local_engine(
-        EngineConfig(
-            model_path=settings.model_path,
-            context_cap=settings.context,
-            sequences=settings.chatapp_sequences,
-            n_gpu_layers=0,
-            threads=settings.threads,
-            n_batch=settings.n_batch,
-        ),
-        factory,
-    )
+    engine = start_local_engine(_engine_config(settings), factory)
     if engine.cache is None:
         problem = engine.cache_problem
         engine.close()
         raise RuntimeError(f"chatapp's cache did not open: {problem}")
     return engine
+
+
+def open_cold_engine(settings: PeerSettings) -> LocalEngine:
+    """chatapp's engine in this process without a cache: every prompt computed from its first token."""
+    return start_local_engine(_engine_config(settings))
+
+
+def _engine_config(settings: PeerSettings) -> EngineConfig:
+    return EngineConfig(
+        model_path=settings.model_path,
+        context_cap=settings.context,
+        sequences=settings.chatapp_sequences,
+        n_gpu_layers=0,
+        threads=settings.threads,
+        n_batch=settings.n_batch,
+    )
 
 
 def close_engine(engine: EngineClient) -> None:

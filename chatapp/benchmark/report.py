@@ -19,6 +19,7 @@ from typing import Any
 from xml.sax.saxutils import escape
 
 from chatapp.benchmark.goals import IDEAL, Verdict, goal_verdicts, reused_fraction
+from chatapp.benchmark.workloads import CODER_NAME
 
 NO_CACHE = "no-cache"
 MIB = 1 << 20
@@ -108,6 +109,20 @@ def mismatches(runs: list[dict[str, Any]], reference_peer: str | None = None) ->
     for run in runs:
         if run["peer"] == reference_peer:
             continue
+        for check in run.get("cold_check", []):
+            if not check["equal"]:
+                found.append(
+                    {
+                        "peer": run["peer"],
+                        "workload": run["workload"],
+                        "label": check["label"],
+                        "reference_peer": "the same prompt computed cold",
+                        "expected": check["cold"],
+                        "got": check["served"],
+                    }
+                )
+        if run["workload"] == CODER_NAME:
+            continue  # K's servers each build their own prompt from the messages: checked against cold runs
         for index, request in enumerate(run["requests"]):
             expected = reference.get((run["workload"], index))
             if expected is not None and request["text"] != expected:

@@ -33,6 +33,7 @@ from typing import Any
 
 import llama_cpp
 
+from chatapp.benchmark.anthropic_client import answer_as_read, anthropic_body
 from chatapp.benchmark.cache_figures import (
     FIGURE_NAMES,
     LookupFigures,
@@ -45,7 +46,7 @@ from chatapp.benchmark.cache_figures import (
 )
 from chatapp.benchmark.goals import goals_table, reused_fraction
 from chatapp.benchmark.memory import RssSampler, folder_bytes
-from chatapp.benchmark.peers import PEERS, Peer, PeerFactory, PeerSettings
+from chatapp.benchmark.peers import PEERS, Peer, PeerFactory, PeerSettings, open_cold_engine
 from chatapp.benchmark.prefill_figure import (
     PREFILL_NAME,
     PrefillFigures,
@@ -86,15 +87,29 @@ from chatapp.benchmark.trace_figure import (
     trace_record,
     trace_table,
 )
-from chatapp.benchmark.workloads import SCALES, WORKLOAD_NAMES, PromptKit, Request, Scale, Workload, build_workloads
+from chatapp.benchmark.workloads import (
+    CODER_NAME,
+    SCALES,
+    WORKLOAD_NAMES,
+    PromptKit,
+    Request,
+    Scale,
+    Workload,
+    build_workloads,
+)
 from chatapp.engine.opening import default_thread_count
+from chatapp.engine.prompt import PromptBuilder
+from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.errors import ChatappError
 from chatapp.models.machine import resolve_model
+from chatapp.services.answer_shape import AnswerShape, ToolChoice, read_answer
+from chatapp.services.prompt_plan import builder_of
 
 SERVER_PEER = "llama-server"
 SERVE_PEER = "chatapp-serve"
+MESSAGES_PEERS = (SERVE_PEER, SERVER_PEER)  # the peers that serve Anthropic's Messages API (K)
 DEFAULT_PEERS = (*PEERS, SERVE_PEER, LOOPBACK_PEER)
-ALL_NAMES = (*WORKLOAD_NAMES, *FIGURE_NAMES, RESTORE_NAME, PREFILL_NAME, STREAMS_NAME, TRACE_NAME)
+ALL_NAMES = (*WORKLOAD_NAMES, CODER_NAME, *FIGURE_NAMES, RESTORE_NAME, PREFILL_NAME, STREAMS_NAME, TRACE_NAME)
 SKIP_SERVER = "llama-server: skipped (not built; run scripts/build_llama_server.py or pass --llama-server PATH)"
 
 
@@ -208,7 +223,10 @@ class _PhaseRunner:
         prepared = peer.prepare(request)
         if off_clock is not None:
             off_clock.append((preparing, time.perf_counter()))
-        answer = peer.ask(request.tokens, self.max_tokens)
+        if workload.protocol == "anthropic":  # K: the request as Claude Code sends it
+            answer = peer.ask_messages(anthropic_body(request, self.max_tokens))  # type: ignore[attr-defined]
+        else:
+            answer = peer.ask(request.tokens, self.max_tokens)
         settle_started = time.perf_counter()
         if not workload.back_to_back:
             peer.settle()
@@ -234,6 +252,42 @@ class _PhaseRunner:
             **({"prepare": prepared} if prepared else {}),
         }
         return index, {**record, "reused_fraction": reused_fraction(record)}
+
+
+def cold_check(
+    settings: PeerSettings, workload: Workload, run: dict[str, Any], max_tokens: int, log: Callable[[str], None]
+) -> list[dict[str, Any]]:
+    """K's answers after the restart (the first, restored from disk, and the last) against the same prompts
+    computed cold by chatapp's engine in this process (no cache; greedy, the answer's length fixed), and the
+    prompt the server built from the messages against the one the workload built."""
+    chosen = [index for index, request in enumerate(run["requests"]) if request["after_restart"]]
+    checks = []
+    engine = open_cold_engine(settings)
+    try:
+        for index in sorted({chosen[0], chosen[-1]} if chosen else set()):
+            request, served = workload.requests[index], run["requests"][index]
+            # The tools offered as the server offers them (auto: a lazy grammar from a call's first word on).
+            builder = builder_of(engine).with_tools(request.tools)
+            shape = AnswerShape(tools=request.tools, choice=ToolChoice.AUTO)
+            sampling = SamplingParams(temperature=0.0, max_tokens=max_tokens, grammar=shape.grammar(builder))
+            # Batches end where the server's did: at its checkpoints, cache_control's ends among them.
+            checkpoints = tuple(sorted({*request.boundaries, *kept_ends(builder, request)}))
+            cold_request = GenerationRequest(request.tokens, sampling, use_cache=False, checkpoints=checkpoints)
+            cold_answer = read_answer(engine.generate(cold_request).wait().text, shape, builder)
+            cold = answer_as_read(cold_answer.content, cold_answer.calls)
+            same = cold == served["text"] and served["prompt_tokens"] == len(request.tokens)
+            log(f"{workload.name} {request.label}: {'equal to' if same else 'UNLIKE'} the same prompt computed cold")
+            checks.append({"label": request.label, "equal": same, "cold": cold, "served": served["text"]})
+    finally:
+        engine.close()
+    return checks
+
+
+def kept_ends(builder: PromptBuilder, request: Request) -> tuple[int, ...]:
+    """Where K's `cache_control` breakpoints end the prompt (the system prompt, the newest message), as the
+    server computes them: it checkpoints a model whose state cannot be cut there."""
+    history = list(request.messages)
+    return tuple(len(builder.build(history[:count], add_generation_prompt=False)) for count in (1, len(history)))
 
 
 def _folder_name(peer: str) -> str:
@@ -424,7 +478,8 @@ def run(args: argparse.Namespace) -> int:
     from cache.fingerprint import hash_file
 
     settings = replace(settings, model_fingerprint=hash_file(model_path))
-    workloads = build_workloads(model_path, scale, tuple(name for name in workload_names if name in WORKLOAD_NAMES))
+    built = (*WORKLOAD_NAMES, CODER_NAME)
+    workloads = build_workloads(model_path, scale, tuple(name for name in workload_names if name in built))
     for workload in workloads:
         longer = f", context {workload.context:,}" if workload.context > context else ""
         _log(
@@ -483,17 +538,20 @@ def run(args: argparse.Namespace) -> int:
             for name, factory in factories.items():
                 if getattr(factory, "drafts_only", False) and not any(request.draft for request in workload.requests):
                     continue  # warm-ahead and type-ahead need to know how the app builds the prompt (C)
-                runs.append(
-                    run_peer_on_workload(
-                        name,
-                        factory,
-                        _settings_for(settings, workload),
-                        workload,
-                        work / _folder_name(name) / workload.name,
-                        max_tokens,
-                        _log,
-                    )
+                if workload.protocol == "anthropic" and name not in MESSAGES_PEERS:
+                    continue  # K goes over Anthropic's Messages API: the servers that serve it
+                run = run_peer_on_workload(
+                    name,
+                    factory,
+                    _settings_for(settings, workload),
+                    workload,
+                    work / _folder_name(name) / workload.name,
+                    max_tokens,
+                    _log,
                 )
+                if workload.protocol == "anthropic" and name == SERVE_PEER:
+                    run["cold_check"] = cold_check(_settings_for(settings, workload), workload, run, max_tokens, _log)
+                runs.append(run)
             # A long run keeps what it measured.
             write_reports(out, meta(complete=False), runs, reference_peer=reference)
         if "L" in workload_names:

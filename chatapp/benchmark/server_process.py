@@ -19,7 +19,9 @@ import weakref
 from collections.abc import Iterator
 from typing import Any, Self
 
+from chatapp.benchmark.anthropic_client import MESSAGES_PATH, read_anthropic_stream
 from chatapp.benchmark.memory import proc_status_bytes
+from chatapp.benchmark.peers import PeerAnswer
 from chatapp.benchmark.workloads import Request
 from chatapp.errors import ChatappError
 
@@ -168,6 +170,13 @@ class ServerProcessPeer:
 
     def settle(self) -> None:
         """Nothing to wait for, unless the server says otherwise."""
+
+    def ask_messages(self, body: dict[str, Any]) -> PeerAnswer:
+        """A request in Anthropic's Messages API (K), streamed: chatapp serve and llama-server both serve it."""
+        body = {**body, "model": getattr(self, "model_id", body["model"])}  # the name it serves under, if any
+        answer = read_anthropic_stream(self.stream_events(MESSAGES_PATH, body))
+        self.peak_rss_bytes()
+        return answer
 
     def stream_events(self, path: str, payload: dict[str, Any]) -> Iterator[tuple[float, dict[str, Any]]]:
         """POST `payload` and yield (seconds since sending, event) for each server-sent `data:` event."""

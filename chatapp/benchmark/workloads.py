@@ -37,6 +37,7 @@ from chatapp.tools import ToolResult, ToolSpec
 from chatapp.vocabulary import Role
 
 WORKLOAD_NAMES = ("A", "B", "C", "D", "E", "F")
+CODER_NAME = "K"  # a coding agent over Anthropic's Messages API: run when asked (it needs a long context)
 BACK = "back:"  # A: a request to a persona asked before, after another one (goal A's requests)
 
 
@@ -64,6 +65,8 @@ class Scale:
     agent_turns: int = 6  # F: turns per client (half before the restart)
     agent_clients: int = 3  # F: clients at once
     agent_context: int = 8192  # F: context per conversation at least (the tools alone outgrow a small one)
+    coder_system: int = 20_000  # K: the system prompt and the tools, as Claude Code's first request (~19,600)
+    coder_turns: int = 10  # K: turns of one session (restarted half-way)
     lookup_conversations: int = 10_000  # L: conversations in the index a lookup searches
     storage_conversations: int = 50  # S: conversations on one persona stored through the engine
     restore_repeats: int = 5  # R: restores of one prefix by each path
@@ -116,6 +119,8 @@ SCALES = {
         agent_turns=4,
         agent_clients=2,
         agent_context=4096,
+        coder_system=2000,
+        coder_turns=4,
         stream_clients=(1, 3),
         stream_rounds=2,
         stream_answer=32,
@@ -145,6 +150,8 @@ SCALES = {
         agent_turns=2,
         agent_clients=2,
         agent_context=2048,
+        coder_system=300,
+        coder_turns=2,
         stream_clients=(1, 3),
         stream_rounds=1,
         stream_answer=4,
@@ -193,6 +200,7 @@ class Workload:
     back_to_back: bool = False
     clients: int = 1  # F: clients sending their requests at once (their `Request.client`)
     context: int = 0  # F: the context per conversation its prompts need, when the run's is smaller
+    protocol: str = "tokens"  # how requests are sent: prompt tokens, or "anthropic" (K: messages and tools)
 
     @property
     def prompt_tokens(self) -> int:
@@ -464,6 +472,10 @@ class PromptKit:
     def tokenize(self, text: str) -> list[int]:
         return self.builder.tokenizer.tokenize(text, add_special=False, parse_special=False)
 
+    def context_limit(self) -> int:
+        """The longest prompt the model was trained for (K sizes its prompt within it)."""
+        return int(getattr(self.builder.tokenizer, "n_ctx_train", 0) or 8192)
+
     def build(self, messages: list[ChatMessage], tools: tuple[ToolSpec, ...] = ()) -> tuple[int, ...]:
         """The prompt as the app plans it (messages.py, prompt_plan.py), its checkpoints remembered.
 
@@ -680,6 +692,43 @@ def workload_f(kit: PromptKit, scale: Scale) -> Workload:
     )
 
 
+def workload_k(kit: PromptKit, scale: Scale) -> Workload:
+    """One coding-agent session as Claude Code sends it over Anthropic's Messages API: a long system prompt
+    and tool schemas (about 20,000 tokens, within the model's trained context), then turns of a tool call and
+    its result, each request the whole history; the server restarts half-way."""
+    agent = AgentTexts(kit.texts)
+    room = kit.context_limit() - scale.coder_turns * (scale.agent_step + 64) - 256
+    system_tokens = max(256, min(scale.coder_system, room))
+    # The length is in the system prompt, the tools are their schemas: servers that drop a tool's
+    # description for a template without tools (llama-server) then compute as long a prompt as chatapp.
+    tools = agent.tools(2, 0)
+    bare = len(kit.builder.with_tools(tools).build(conversation_messages("", None, [])))
+    persona = agent.persona(2, max(64, system_tokens - bare))
+    messages = conversation_messages(persona, None, [Turn(Role.USER, agent.task(900, scale.agent_step))])
+    requests = []
+    for number in range(scale.coder_turns):
+        prompt = kit.build(messages, tools)
+        restarted = number >= scale.coder_turns // 2
+        label = f"{'after restart: ' if restarted else ''}turn {number + 1}"
+        requests.append(Request(label, prompt, 0, messages=tuple(messages), tools=tools))
+        messages += _agent_step(kit, agent, tools, messages, prompt, 0, number, scale.agent_step)
+    longest = max(len(request.tokens) for request in requests)
+    return Workload(
+        CODER_NAME,
+        f"coding agent over Anthropic's Messages API: {len(requests[0].tokens):,} tokens of instructions and tools, "
+        "a tool call and its result per turn, restarted half-way",
+        with_known_prefixes(kit, requests),
+        scale.coder_turns // 2,
+        context=_context_for(longest),
+        protocol="anthropic",
+    )
+
+
+def _context_for(tokens: int) -> int:
+    """A context that holds `tokens` and an answer: the next multiple of 1,024 past them."""
+    return (tokens // 1024 + 2) * 1024
+
+
 def _agent_step(
     kit: PromptKit,
     agent: AgentTexts,
@@ -702,7 +751,15 @@ def _agent_step(
     return [calling, ChatMessage(Role.TOOL, (), results=(result,))]
 
 
-BUILDERS = {"A": workload_a, "B": workload_b, "C": workload_c, "D": workload_d, "E": workload_e, "F": workload_f}
+BUILDERS = {
+    "A": workload_a,
+    "B": workload_b,
+    "C": workload_c,
+    "D": workload_d,
+    "E": workload_e,
+    "F": workload_f,
+    CODER_NAME: workload_k,
+}
 
 
 def build_workloads(model_path: Path, scale: Scale, names: tuple[str, ...] = WORKLOAD_NAMES) -> list[Workload]:

@@ -123,6 +123,7 @@ class RuleSet:
         self._extra[name] = rule
 
     def gbnf(self) -> str:
+        mend_additional_properties(self._converter._rules)
         lines = [f"{name} ::= {rule}" for name, rule in self._extra.items()]
         # JSON strings hold no raw control characters (json.loads refuses them): the converter's rule allows them.
         converted = self._converter.format_grammar().replace(CONVERTER_CHAR, JSON_CHAR)
@@ -169,6 +170,16 @@ def resolve_local_refs(converter: SchemaConverter, schema: dict[str, Any], where
 
     visit(copied)
     return copied
+
+
+def mend_additional_properties(rules: dict[str, str]) -> None:
+    """The converter writes an object whose properties are all optional and that allows other keys as
+    `"{" (a-kv a-rest | additional-kvs)? "}"` with `a-rest ::= additional-kvs`: after `a` it then demands
+    other keys, with no comma before them (`{"a": 1 "b": 2}`, which no JSON reader takes). After an
+    optional property the other keys are optional and follow a comma."""
+    for name, rule in rules.items():
+        if name.endswith("-rest") and rule.endswith("additional-kvs") and rule in rules:
+            rules[name] = f'( "," space {rule} )?'
 
 
 def refuse_unsupported(schema: Any, where: str) -> None:

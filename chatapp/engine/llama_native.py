@@ -143,6 +143,9 @@ class NativeModel:
         )
         self._piece_buffer = ctypes.create_string_buffer(256)
         self._piece_lock = threading.Lock()
+        if vocab_only:  # llama.cpp reads no hyperparameters then: the file's metadata says it
+            trained = self.metadata(f"{self.metadata('general.architecture')}.context_length") or ""
+            self.n_ctx_train = int(trained) if trained.isdigit() else 0
         self._compiled_grammars: OrderedDict[Grammar, None] = OrderedDict()  # known to compile, newest last
 
     def close(self) -> None:

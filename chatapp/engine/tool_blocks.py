@@ -130,7 +130,11 @@ class XmlToolFormat(BlockToolFormat):
         required = set(parameters.get("required") or ())
         rules.add("chatapp-text", f"( {anything_but(PARAMETER_CLOSE)} )*")  # a text value: all but its closing tag
         pieces = []
+        # A parameter's schema may refer to the root's definitions (a Pydantic model's `$ref`): they go with it.
+        definitions = {key: parameters[key] for key in ("$defs", "definitions") if key in parameters}
         for number, (name, schema) in enumerate((parameters.get("properties") or {}).items()):
+            if isinstance(schema, dict) and definitions:
+                schema = {**definitions, **schema}
             if _is_text(schema):
                 value = _text_rule(rules, schema, f"{where}.properties.{name}")
             else:

@@ -215,7 +215,10 @@ class Completion(AnswerRun):
 
     @property
     def kept_tokens(self) -> int:
-        """The prompt's beginning the client asked to keep (the longest), in tokens; 0 when none."""
+        """The prompt's beginning the client asked to keep (the longest) and the cache pins, in tokens; 0 when
+        none (or no cache keeps it)."""
+        if self._service.pins is None:
+            return 0
         return max((len(asked.tokens) for asked in self._kept), default=0)
 
     def streamed_content(self) -> StreamedContent:
@@ -353,8 +356,10 @@ class CompletionService:
         builder: PromptBuilder | None,
         plan: PromptPlan,
     ) -> tuple[PinAsked, ...]:
-        """The prompt's beginnings the request asks to keep, as tokens (where the cache can pin them)."""
-        if self.pins is None or builder is None or history is None or not request.keep:
+        """The prompt's beginnings the request asks to keep, as tokens. They are checkpoints of a model whose
+        state cannot be cut whether or not a cache pins them: where its batches end must not depend on the
+        cache (a run without one gives the answer of a restore)."""
+        if builder is None or history is None or not request.keep:
             return ()
         asked = []
         for hint in request.keep:

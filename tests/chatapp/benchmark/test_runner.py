@@ -270,3 +270,21 @@ def test_rss_sampler_sees_an_allocation() -> None:
     # Leaving the block samples once more, with the allocation still alive: no sleep needed.
     assert rss.peak_bytes - rss.start_bytes >= 32 << 20
     del block
+
+
+@pytest.mark.slow
+def test_the_coding_agent_goes_over_anthropics_messages_api_and_is_checked_against_cold_runs(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """K: only the servers run it; chatapp serve builds from the messages the prompt the workload built."""
+    assert runner.main(argv(tiny_model, tmp_path, "chatapp,chatapp-serve", "K")) == 0
+    saved = json.loads((tmp_path / "bench.json").read_text())
+    (run,) = saved["runs"]
+    assert run["peer"] == "chatapp-serve", "the in-process engine takes prompt tokens, not messages"
+    requests = run["requests"]
+    assert [request["after_restart"] for request in requests] == [False, True]
+    assert requests[1]["computed_tokens"] < requests[1]["prompt_tokens"], "found on disk after the restart"
+    assert [check["equal"] for check in run["cold_check"]] == [True]
+    assert not saved["mismatches"]
+    measures = {goal["measure"] for goal in saved["goals"]}
+    assert "answers after restart equal to cold (share)" in measures

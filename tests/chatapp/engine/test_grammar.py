@@ -474,3 +474,35 @@ def test_a_reference_to_nothing_or_outside_the_schema_is_refused_by_name() -> No
         schema_grammar({"$ref": "#/$defs/Missing"}, "response_format")
     with pytest.raises(GrammarError, match="outside the schema"):
         schema_grammar({"$ref": "https://example.com/schema.json"}, "response_format")
+
+
+def test_a_parameter_that_refers_to_the_root_definitions_holds_in_the_xml_format(vocab: NativeModel) -> None:
+    """Qwen3-Coder's parameter blocks: each parameter's schema is converted alone, its `$ref`s with it."""
+    parameters = {
+        "$defs": {"Point": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}},
+        "type": "object",
+        "properties": {"at": {"$ref": "#/$defs/Point"}},
+        "required": ["at"],
+    }
+    grammar = XmlToolFormat().grammar((ToolSpec("move", "", json.dumps(parameters)),), parallel=False, lazy=False)
+
+    def call(value: str) -> str:
+        return f"<tool_call>\n<function=move>\n<parameter=at>\n{value}\n</parameter>\n</function>\n</tool_call>"
+
+    assert grammar_takes(vocab, grammar, call('{"x": 3}'), vocab.eos_id)
+    assert not grammar_takes(vocab, grammar, call('{"y": 3}'), vocab.eos_id)
+
+
+@pytest.mark.parametrize("others", [True, {"type": "integer"}])
+def test_other_keys_beside_optional_properties_come_after_a_comma_and_only_if_wanted(
+    vocab: NativeModel, others: object
+) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "string"}, "c": {"type": "string"}},
+        "additionalProperties": others,
+    }
+    grammar = schema_grammar(schema, "response_format")
+    for taken in ("{}", '{"a": "x"}', '{"a": "x", "c": "y"}', '{"a": "x", "b": 1}', '{"a": "x", "c": "y", "b": 1}'):
+        assert grammar_takes(vocab, grammar, taken, vocab.eos_id, special=False), taken
+    assert not grammar_takes(vocab, grammar, '{"a": "x" "b": 1}', vocab.eos_id, special=False)
