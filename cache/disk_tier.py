@@ -15,6 +15,7 @@ database too damaged to open is moved aside, named in `problem`, and a new one s
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import logging
 import os
@@ -183,6 +184,7 @@ class DiskTier:
         self.enabled = True
         self._clock = clock or (lambda: time.time())  # looked up per call: diskcache reads the same clock
         self._lock = threading.Lock()
+        self._read_lock = threading.Lock()  # the rows read so far (`new_entries`)
         self._blocks: diskcache.Cache | None = None
         self._pinned: diskcache.Cache | None = None
         self._last_store_time = {False: 0.0, True: 0.0}  # per store (pinned or not): rows read up to here
@@ -242,7 +244,8 @@ class DiskTier:
         clear has a new store time and is read again; a clock set back hides new rows until
         the next start: a lost hit, never a wrong one.
         """
-        return self._guarded(self._rows_after_last_read, [])
+        with self._read_lock:  # the engine thread and the pins' thread both ask
+            return self._guarded(self._rows_after_last_read, [])
 
     def _rows_after_last_read(self) -> list[BlockInfo]:
         infos: list[BlockInfo] = []
@@ -340,12 +343,12 @@ class DiskTier:
             info.pinned = pinned
             return
         source, target = (self._store(False), self._store(True)) if pinned else (self._store(True), self._store(False))
-        info.pinned = pinned
         expire = None if pinned else self.ttl_seconds
-        if self._guarded(
-            lambda: target.set(info.key.hex(), payload, expire=expire, tag=info.encode(self.namespace_id), retry=True),
-            False,
-        ):
+        tag = dataclasses.replace(info, pinned=pinned).encode(self.namespace_id)
+        # The copy first, then the record says where it is, then the old copy goes: a reader in between
+        # finds the block in the store the record names (pins are made beside the engine's own reads).
+        if self._guarded(lambda: target.set(info.key.hex(), payload, expire=expire, tag=tag, retry=True), False):
+            info.pinned = pinned
             self._guarded(lambda: source.delete(info.key.hex(), retry=True), False)
 
     def prune(self) -> int:

@@ -138,6 +138,7 @@ def resolve_local_refs(converter: SchemaConverter, schema: dict[str, Any], where
     `#/$defs/Node` would share one rule."""
     copied: dict[str, Any] = copy.deepcopy(schema)
     registered: dict[str, Any] = converter._refs
+    rules: dict[str, str] = {}  # this schema's references -> their rules' names
 
     def target_of(ref: str) -> Any:
         target: Any = copied
@@ -157,13 +158,16 @@ def resolve_local_refs(converter: SchemaConverter, schema: dict[str, Any], where
             return
         ref = node.get("$ref")
         if isinstance(ref, str):
-            if not ref.startswith("#"):
+            if ref != "#" and not ref.startswith("#/"):
                 raise GrammarError(
-                    f"{where} refers to {ref!r} outside the schema; only references inside it (#/$defs/...) count"
+                    f"{where} refers to {ref!r}: only references inside the schema by path (#/$defs/...) count"
                 )
-            rule = REF_RULE_CHARACTERS.sub("-", f"{where}-{ref}").strip("-") or "ref"
-            registered.setdefault(rule, target_of(ref))
-            node["$ref"] = rule
+            if ref not in rules:
+                rules[ref] = _unused_name(
+                    REF_RULE_CHARACTERS.sub("-", f"{where}-{ref}").strip("-") or "ref", registered
+                )
+                registered[rules[ref]] = target_of(ref)
+            node["$ref"] = rules[ref]
         for key, value in node.items():
             if key != "$ref":
                 visit(value)
@@ -180,6 +184,16 @@ def mend_additional_properties(rules: dict[str, str]) -> None:
     for name, rule in rules.items():
         if name.endswith("-rest") and rule.endswith("additional-kvs") and rule in rules:
             rules[name] = f'( "," space {rule} )?'
+
+
+def _unused_name(name: str, taken: dict[str, Any]) -> str:
+    """`name`, or with a number after it where another reference has it (`a_b` and `a-b` read alike)."""
+    number = 0
+    found = name
+    while found in taken:
+        number += 1
+        found = f"{name}-{number}"
+    return found
 
 
 def refuse_unsupported(schema: Any, where: str) -> None:

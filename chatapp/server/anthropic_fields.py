@@ -126,7 +126,7 @@ def _user_turn(blocks: list[AnthropicBlock], where: str) -> list[ApiMessage]:
             text = _text_of(block.content, f"{place}.content")
             if block.is_error:  # the model must tell a failed tool from a result
                 text = f"Error: {text}"
-            results.append(ApiMessage(Role.TOOL, text, tool_call_id=block.tool_use_id))
+            results.append(ApiMessage(Role.TOOL, text, tool_call_id=block.tool_use_id, where=place))
         else:
             raise ApiError(
                 400, f"{place} is of type {block.type!r}; this server reads text and tool results", param=place
@@ -264,7 +264,7 @@ def _marked(places: list[tuple[str, Any]]) -> list[tuple[str, float]]:
         if not isinstance(control, dict) or control.get("type") != "ephemeral":
             raise ApiError(400, f"{param} must be {{'type': 'ephemeral'}} (with 'ttl' '5m' or '1h')", param=param)
         ttl = control.get("ttl", "5m")
-        if ttl not in CACHE_TTLS:
+        if not isinstance(ttl, str) or ttl not in CACHE_TTLS:
             raise ApiError(400, f"{param}.ttl is {ttl!r}; use '5m' or '1h'", param=param)
         marked.append((where, CACHE_TTLS[ttl]))
     return marked

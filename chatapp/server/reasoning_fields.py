@@ -18,7 +18,7 @@ BUDGET_EFFORTS = ((4096, "low"), (16384, "medium"))
 def openai_reasoning(value: Any, param: str = "reasoning_effort") -> Reasoning | None:
     if value is None:
         return None
-    if value not in OPENAI_EFFORTS:
+    if not isinstance(value, str) or value not in OPENAI_EFFORTS:
         raise ApiError(400, f"{param} is {value!r}; use one of {', '.join(OPENAI_EFFORTS)}", param=param)
     effort = OPENAI_EFFORTS[value]
     return Reasoning(True, effort) if effort is not None else REASONING_OFF
@@ -59,6 +59,6 @@ def ollama_think(value: Any) -> Reasoning | None:
         return None
     if isinstance(value, bool):
         return Reasoning(True) if value else REASONING_OFF
-    if value in EFFORTS:
+    if isinstance(value, str) and value in EFFORTS:
         return Reasoning(True, value)
     raise ApiError(400, f"think is {value!r}; use true, false, or one of {', '.join(EFFORTS)}", param="think")

@@ -78,7 +78,9 @@ def api_messages(body: ResponsesBody) -> list[ApiMessage]:
             if not call_id:
                 raise ApiError(400, f"{where}.call_id is missing; name the call this output answers", param=where)
             output = _content_text(item.get("output"), f"{where}.output")
-            messages.append(ApiMessage(Role.TOOL, output, tool_call_id=call_id, name=names.get(call_id, "")))
+            messages.append(
+                ApiMessage(Role.TOOL, output, tool_call_id=call_id, name=names.get(call_id, ""), where=where)
+            )
         elif kind not in DROPPED_ITEMS:
             raise ApiError(
                 400,

@@ -82,6 +82,9 @@ class ApiMessage:
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str = ""
     name: str = ""
+    where: str = (
+        ""  # the request's field it came from, for errors ("messages[3]", "input[2]"); "" where it is its index
+    )
 
 
 @dataclass(frozen=True)
@@ -122,11 +125,6 @@ class CompletionUsage:
     @property
     def computed_tokens(self) -> int:
         return self.prompt_tokens - self.cached_tokens
-
-    @property
-    def newly_kept_tokens(self) -> int:
-        """Tokens computed now inside the beginning kept: what this request wrote for a later one to read."""
-        return max(0, min(self.kept_tokens, self.prompt_tokens) - self.cached_tokens)
 
 
 @dataclass(frozen=True)
@@ -504,19 +502,20 @@ def _check_results_answer_calls(run: tuple[ApiMessage, ...], earlier: list[ChatM
     message just before them: a result of no call would reach the model as a reply to nothing."""
     calls = earlier[-1].tool_calls if earlier and earlier[-1].role is Role.ASSISTANT else ()
     if not calls:
+        where = run[0].where or f"messages[{index}]"
         raise RequestError(
-            f"messages[{index}] is a tool result but the message before it is not an assistant message with "
+            f"{where} is a tool result but the message before it is not an assistant message with "
             "tool calls; send the assistant's call before its result",
-            f"messages[{index}]",
+            where,
         )
     ids = [call.id for call in calls]
     for offset, message in enumerate(run):
         if message.tool_call_id and message.tool_call_id not in ids:
-            where = f"messages[{index + offset}]"
+            where = message.where or f"messages[{index + offset}]"
             raise RequestError(
                 f"{where} answers the call {message.tool_call_id!r}, but the assistant message before it made "
                 f"{', '.join(repr(call_id) for call_id in ids)}; send the id of the call it answers",
-                f"{where}.tool_call_id",
+                f"{where}.tool_call_id" if not message.where else where,
             )
 
 

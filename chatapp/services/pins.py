@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 
 REQUEST_PIN = "request"  # the kind of a pin a request asked for
 SWEEP_EVERY_S = 30.0  # how often a server ends the request pins whose time is up
+MAX_REQUEST_PINS = 32  # pins that end, per model: the oldest end first past this
 
 
 class PinKeeper:
@@ -42,7 +43,16 @@ class PinKeeper:
         if count:
             expires_at = self._clock() + ttl_s if ttl_s is not None else None
             self.store.add(kind, label, list(tokens), expires_at=expires_at, namespace=self.namespace)
+            if ttl_s is not None:
+                self._end_oldest_beyond(MAX_REQUEST_PINS)
         return count
+
+    def _end_oldest_beyond(self, limit: int) -> None:
+        """Pins that end are a client's hints: past `limit` of them on this model, the oldest end now (a
+        client cannot hold the cache's whole budget out of eviction)."""
+        ending = [pin for pin in self.store.list(self.namespace) if pin.expires_at is not None]
+        for pin in ending[: max(0, len(ending) - limit)]:
+            self.unpin(pin)
 
     def unpin(self, pin: PinRecord) -> int:
         """End `pin`, leaving pinned what the other live pins of this model hold."""
@@ -126,8 +136,8 @@ class RequestPins:
                     self._flush()
                     self.keeper.pin(REQUEST_PIN, asked.label, asked.tokens, asked.ttl_s)
                 if time.monotonic() >= next_sweep:
+                    next_sweep = time.monotonic() + self._sweep_every_s  # first: a sweep that fails waits too
                     self.keeper.sweep()
-                    next_sweep = time.monotonic() + self._sweep_every_s
             except Exception:  # a pin is a hint: a failure costs a later miss, never the server
                 log.warning("could not keep a prefix a request marked for keeping", exc_info=True)
             finally:

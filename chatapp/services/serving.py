@@ -265,11 +265,13 @@ class Serving:
         self._closed = True
         try:
             self.engine.flush_cache()
-            if self.pins is not None:
-                self.pins.close()  # the pins asked for so far made: their blocks are stored by now
         finally:
-            if self._pin_database is not None:
-                self._pin_database.close()
+            try:
+                if self.pins is not None:
+                    self.pins.close()  # the pins asked for so far made: their blocks are stored by now
+            finally:
+                if self._pin_database is not None:
+                    self._pin_database.close()
             self.engine.close()
             if self._owns_answer_ids:
                 self.answer_ids.close()

@@ -472,8 +472,17 @@ def test_two_tools_with_the_same_defs_name_keep_their_own_shapes(vocab: NativeMo
 def test_a_reference_to_nothing_or_outside_the_schema_is_refused_by_name() -> None:
     with pytest.raises(GrammarError, match="'#/\\$defs/Missing', which names nothing"):
         schema_grammar({"$ref": "#/$defs/Missing"}, "response_format")
-    with pytest.raises(GrammarError, match="outside the schema"):
-        schema_grammar({"$ref": "https://example.com/schema.json"}, "response_format")
+    for elsewhere in ("https://example.com/schema.json", "#Node"):
+        with pytest.raises(GrammarError, match="only references inside the schema by path"):
+            schema_grammar({"$ref": elsewhere}, "response_format")
+
+
+def test_references_whose_names_read_alike_keep_their_own_rules(vocab: NativeModel) -> None:
+    defs = {"a_b": {"type": "string"}, "a-b": {"type": "integer"}}
+    properties = {"s": {"$ref": "#/$defs/a_b"}, "i": {"$ref": "#/$defs/a-b"}}
+    grammar = schema_grammar({"$defs": defs, "type": "object", "properties": properties, "required": ["s", "i"]}, "x")
+    assert grammar_takes(vocab, grammar, '{"s": "t", "i": 3}', vocab.eos_id, special=False)
+    assert not grammar_takes(vocab, grammar, '{"s": 3, "i": 3}', vocab.eos_id, special=False)
 
 
 def test_a_parameter_that_refers_to_the_root_definitions_holds_in_the_xml_format(vocab: NativeModel) -> None:

@@ -119,6 +119,7 @@ CASES = [
     ("/v1/chat/completions", chat(parallel_tool_calls="yes"), 400, "parallel_tool_calls"),
     ("/api/chat", {"model": MODEL, "messages": [USER, {"role": "tool", "content": "12 C"}]}, 400, None),
     ("/v1/chat/completions", chat(reasoning_effort="extreme"), 400, "reasoning_effort"),
+    ("/v1/chat/completions", chat(reasoning_effort=["low"]), 400, "reasoning_effort"),
     ("/api/chat", {"model": MODEL, "messages": [USER], "think": "very"}, 400, None),
 ]
 
