@@ -103,6 +103,7 @@ from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.errors import ChatappError
 from chatapp.models.machine import resolve_model
 from chatapp.services.answer_shape import AnswerShape, ToolChoice, read_answer
+from chatapp.services.completions import kept_length
 from chatapp.services.prompt_plan import builder_of
 
 SERVER_PEER = "llama-server"
@@ -286,8 +287,8 @@ def cold_check(
 def kept_ends(builder: PromptBuilder, request: Request) -> tuple[int, ...]:
     """Where K's `cache_control` breakpoints end the prompt (the system prompt, the newest message), as the
     server computes them: it checkpoints a model whose state cannot be cut there."""
-    history = list(request.messages)
-    return tuple(len(builder.build(history[:count], add_generation_prompt=False)) for count in (1, len(history)))
+    history = request.messages
+    return tuple(kept_length(builder, history[:count], request.tokens) for count in (1, len(history)))
 
 
 def _folder_name(peer: str) -> str:

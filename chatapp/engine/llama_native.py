@@ -147,6 +147,7 @@ class NativeModel:
             trained = self.metadata(f"{self.metadata('general.architecture')}.context_length") or ""
             self.n_ctx_train = int(trained) if trained.isdigit() else 0
         self._compiled_grammars: OrderedDict[Grammar, None] = OrderedDict()  # known to compile, newest last
+        self._grammars_lock = threading.Lock()
 
     def close(self) -> None:
         if self.pointer:
@@ -163,12 +164,12 @@ class NativeModel:
         starts: a request at fault is then refused before its prompt is computed. A grammar that compiled
         once is not compiled again (an agent sends the same tools with every request)."""
         self._check_open()
-        with self._piece_lock:
+        with self._grammars_lock:
             if grammar in self._compiled_grammars:
                 self._compiled_grammars.move_to_end(grammar)
                 return
         llama_cpp.llama_sampler_free(_grammar_sampler(grammar, self))
-        with self._piece_lock:
+        with self._grammars_lock:
             self._compiled_grammars[grammar] = None
             while len(self._compiled_grammars) > COMPILED_GRAMMARS_KEPT:
                 self._compiled_grammars.popitem(last=False)

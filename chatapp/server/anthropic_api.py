@@ -36,7 +36,7 @@ async def messages(request: Request) -> Response:
     body = await read_body(request, fields.MessagesBody, context.body_limit_bytes)
     context.check_model(body.model)
     shape = fields.anthropic_shape(body.fields_sent())
-    chat = fields.api_messages(body)
+    chat, ends = fields.converted(body)
     options = SamplingOptions(
         temperature=body.temperature,
         top_p=body.top_p,
@@ -46,7 +46,7 @@ async def messages(request: Request) -> Response:
         ignore_eos=body.ignore_eos,
     )
     stops = body.stops()
-    keep, reasoning = fields.keep_hints(body), anthropic_thinking(body.fields_sent().get("thinking"))
+    keep, reasoning = fields.keep_hints(body, ends), anthropic_thinking(body.fields_sent().get("thinking"))
     answer = await start_chat(context, body.model, chat, options, stops, shape, keep=keep, reasoning=reasoning)
     message_id = f"msg_{uuid.uuid4().hex}"
     headers = await answer.placed(request)

@@ -72,10 +72,10 @@ class MessagesBody(MessagesBase):
 
 def api_messages(body: MessagesBase) -> list[ApiMessage]:
     """The system prompt, then each message: a user turn's tool results become tool messages, in order."""
-    return _converted(body)[0]
+    return converted(body)[0]
 
 
-def _converted(body: MessagesBase) -> tuple[list[ApiMessage], list[int]]:
+def converted(body: MessagesBase) -> tuple[list[ApiMessage], list[int]]:
     """The request's messages, and after each of the client's how many of them are made."""
     messages: list[ApiMessage] = []
     ends: list[int] = []
@@ -228,16 +228,16 @@ def final_usage(figures: CompletionUsage) -> dict[str, int]:
     return usage(figures.prompt_tokens, figures.cached_tokens, figures.completion_tokens, figures.kept_tokens)
 
 
-def keep_hints(body: MessagesBase) -> tuple[KeepHint, ...]:
+def keep_hints(body: MessagesBase, ends: list[int]) -> tuple[KeepHint, ...]:
     """The request's `cache_control` breakpoints: each keeps the prompt through the message that holds it
-    (tools and system: through the system prompt, which the tools are written into)."""
+    (tools and system: through the system prompt, which the tools are written into); `ends`: how many
+    messages `converted` had made after each of the client's."""
     breakpoints: list[tuple[str, Any]] = []
     system_blocks = body.system if isinstance(body.system, list) else []
     breakpoints += [(f"tools[{index}]", tool.get("cache_control")) for index, tool in enumerate(body.tools or ())]
     breakpoints += [(f"system[{index}]", block.cache_control) for index, block in enumerate(system_blocks)]
     system_count = 1 if _text_of(body.system, "system").strip() else 0
     hints = [(where, system_count, ttl) for where, ttl in _marked(breakpoints)]
-    ends = _message_ends(body)
     for index, message in enumerate(body.messages):
         if isinstance(message.content, list):
             marked = [
@@ -268,11 +268,6 @@ def _marked(places: list[tuple[str, Any]]) -> list[tuple[str, float]]:
             raise ApiError(400, f"{param}.ttl is {ttl!r}; use '5m' or '1h'", param=param)
         marked.append((where, CACHE_TTLS[ttl]))
     return marked
-
-
-def _message_ends(body: MessagesBase) -> list[int]:
-    """For each message of the request, how many `ApiMessage`s `api_messages` has made once it is read."""
-    return list(_converted(body)[1])
 
 
 def content_blocks(outcome: CompletionOutcome) -> list[dict[str, Any]]:

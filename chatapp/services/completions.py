@@ -322,7 +322,7 @@ class CompletionService:
         except ShapeError as error:
             raise RequestError(str(error), error.param) from None
         if grammar is not None and not self.engine.capabilities.grammars:
-            raise RequestError(NO_REMOTE_SHAPES, "tools" if shape.calls_tools else shape.schema_param)
+            raise RequestError(NO_REMOTE_SHAPES, _grammar_param(request))
         if grammar is not None and request.sampling.ignore_eos:
             # A grammar that is complete leaves only the end tokens, which ignore_eos forbids: nothing is left.
             raise RequestError(IGNORE_EOS_WITH_GRAMMAR, "ignore_eos")
@@ -364,8 +364,7 @@ class CompletionService:
             count = _chat_messages_in(request.messages, hint.messages)
             if count == 0:
                 continue
-            tokens = builder.build(history[:count], add_generation_prompt=False)
-            same = common_prefix_length(as_token_array(tokens), as_token_array(plan.tokens))
+            same = kept_length(builder, history[:count], plan.tokens)
             if same:
                 label = f"a request's prompt through message {hint.messages} of {len(request.messages)}"
                 asked.append(PinAsked(tuple(plan.tokens[:same]), hint.ttl_s, label))
@@ -459,6 +458,13 @@ class CompletionService:
     def _finished(self) -> None:
         with self._lock:
             self._pending -= 1
+
+
+def kept_length(builder: PromptBuilder, messages: Sequence[ChatMessage], prompt: Sequence[int]) -> int:
+    """How much of `prompt` the beginning through `messages` is (a cache_control breakpoint's end): where the
+    prompt of those messages alone stops agreeing with it."""
+    tokens = builder.build(list(messages), add_generation_prompt=False)
+    return common_prefix_length(as_token_array(tokens), as_token_array(prompt))
 
 
 def _chat_messages_in(messages: Sequence[ApiMessage], count: int) -> int:
