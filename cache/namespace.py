@@ -32,11 +32,15 @@ class Namespace:
     # round differently (flash attention's batches of 64+ since the rule was made). Left out of
     # the canonical form when 0, so caches written before the field keep their keys.
     batch_rows: int = 0
+    # Prompts computed in fixed batches of this many tokens (a model whose KV depends on where
+    # batches end); 0 (left out) where batches end anywhere.
+    batch_grid: int = 0
 
     def canonical(self) -> str:
         fields = asdict(self)
-        if not fields["batch_rows"]:
-            del fields["batch_rows"]
+        for optional in ("batch_rows", "batch_grid"):
+            if not fields[optional]:
+                del fields[optional]
         return json.dumps(fields, sort_keys=True)
 
     def _canonical_bytes(self) -> bytes:

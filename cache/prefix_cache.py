@@ -137,7 +137,7 @@ class PrefixCache:
             remember_memory(directory, {"kind": layout.kind.value, "window": layout.window})
         except OSError as error:  # a figure for `cache stats`; the disk tier says what is wrong
             log.warning("could not note the model's memory kind: %s", error)
-        self._queue: queue.Queue[tuple[np.ndarray, np.ndarray, bool] | None] = queue.Queue()
+        self._queue: queue.Queue[tuple[np.ndarray, np.ndarray, bool, int] | None] = queue.Queue()
         self._writer = threading.Thread(target=self._write_loop, name="chatapp-cache-writer", daemon=True)
         self._writer.start()
 
@@ -292,28 +292,36 @@ class PrefixCache:
                 self.requests.reused_by_tier[tier] += reused_tokens
 
     # Storing (engine thread hands over; the writer thread works).
-    def has_new_blocks(self, tokens: list[int]) -> bool:
-        """Whether `tokens` hold any block (or, where the model needs one, a checkpoint at their end)
-        not stored yet (cheap: hashes only)."""
+    def has_new_blocks(self, tokens: list[int], upto: int | None = None) -> bool:
+        """Whether the first `upto` of `tokens` (all by default) hold any block (or, where the model
+        needs one and `upto` is all of them, a checkpoint at their end) not stored yet (cheap: hashes only)."""
         array = as_token_array(tokens)
+        whole = upto is None or upto >= array.size
         with self._lock:
-            if self.layout.kind.needs_checkpoints and self.index.checkpoint_key(array)[0] not in self.index:
+            if whole and self.layout.kind.needs_checkpoints and self.index.checkpoint_key(array)[0] not in self.index:
                 return True
             return self.layout.kind.has_base and any(
-                key not in self.index for key, _, _, _ in self.index.keys_for(array)
+                key not in self.index for key, _, _, _ in self.index.keys_for(array if whole else array[:upto])
             )
 
     def has_checkpoint(self, tokens: list[int]) -> bool:
         with self._lock:
             return self.index.checkpoint_key(as_token_array(tokens))[0] in self.index
 
-    def store(self, tokens: list[int], state: np.ndarray) -> None:
-        """Keep the blocks (and checkpoint) of a sequence holding `tokens`, whose full state was just read."""
-        self._queue.put((as_token_array(tokens).copy(), state, False))
+    def store(self, tokens: list[int], state: np.ndarray, upto: int | None = None) -> None:
+        """Keep the blocks (and checkpoint) of a sequence holding `tokens`, whose full state was just read.
+
+        With `upto`, only the blocks within its first `upto` tokens, and no checkpoint unless that is
+        all of them: the rest was computed otherwise than a cold run computes it (a fixed grid's
+        last, partial batch, or an answer's tokens).
+        """
+        array = as_token_array(tokens).copy()
+        self._queue.put((array, state, False, array.size if upto is None else min(upto, array.size)))
 
     def store_checkpoint(self, tokens: list[int], payload: bytes) -> None:
         """Keep a checkpoint (`checkpoint_payload` of a state read after `tokens`)."""
-        self._queue.put((as_token_array(tokens).copy(), np.frombuffer(payload, dtype=np.uint8), True))
+        array = as_token_array(tokens).copy()
+        self._queue.put((array, np.frombuffer(payload, dtype=np.uint8), True, array.size))
 
     def flush(self) -> None:
         """Wait until everything handed to `store` is in RAM and on disk."""
@@ -354,7 +362,7 @@ class PrefixCache:
                 self._queue.task_done()
         self._queue.task_done()
 
-    def _store_now(self, tokens: np.ndarray, data: np.ndarray, is_checkpoint: bool) -> None:
+    def _store_now(self, tokens: np.ndarray, data: np.ndarray, is_checkpoint: bool, upto: int) -> None:
         kind = self.layout.kind
         try:
             if is_checkpoint:
@@ -369,7 +377,8 @@ class PrefixCache:
                 order, first = state.base.order()
                 if first != 0:
                     raise StateFormatError("the full-attention cells do not start at position 0")
-            checkpoint = checkpoint_payload(state, self.layout.window) if kind.needs_checkpoints else None
+            whole = upto == tokens.size
+            checkpoint = checkpoint_payload(state, self.layout.window) if kind.needs_checkpoints and whole else None
             if checkpoint is not None:
                 read_checkpoint(self.layout, checkpoint, int(tokens.size))
         except StateFormatError as error:
@@ -380,7 +389,7 @@ class PrefixCache:
         if state.base is None or order is None:
             return
         with self._lock:
-            planned = [entry for entry in self.index.keys_for(tokens) if entry[0] not in self.index]
+            planned = [entry for entry in self.index.keys_for(tokens[:upto]) if entry[0] not in self.index]
         for key, parent, start, end in planned:
             block_tokens = tokens[start:end].copy()
             if end - start < self.config.block_size and self._covered_by_sibling(parent, block_tokens):

@@ -46,6 +46,12 @@ class Settings(BaseModel):
         description="answers streaming at once share one llama.cpp decode per token, where a probe at load finds "
         "that bit-exact (Q4_0, Q4_1, Q5_0, Q8_0 and most K-quant files, flash attention off); off decodes each alone",
     )
+    prompt_batches: Literal["auto", "grid", "free"] = Field(
+        "auto",
+        description="where prompt batches end: auto probes the model at load and computes prompts in fixed "
+        "64-token batches where its results depend on the split (Gemma 3 on many CPUs, any GPU), so every reuse "
+        "equals a cold run; grid always; free never (faster reuse, a near tie may then answer otherwise)",
+    )
     temperature: float = Field(0.7, ge=0.0, le=5.0, description="0 is greedy and reproducible")
     top_p: float = Field(0.95, gt=0.0, le=1.0)
     max_tokens: int = Field(512, ge=1, description="longest answer, in tokens")

@@ -24,6 +24,7 @@ def cached_engine(
     ready_state_bytes: int = EngineConfig.ready_state_bytes,
     ram_bytes: int = 512 << 20,
     disk_bytes: int = 1 << 30,
+    fixed_batches: bool | None = None,
 ) -> Engine:
     config = CacheConfig(
         block_size=block_size, ram_budget_bytes=ram_bytes, disk_budget_bytes=disk_bytes, ttl_seconds=3600
@@ -37,5 +38,6 @@ def cached_engine(
         swa_full=swa_full,
         flash_attention=flash_attention,
         ready_state_bytes=ready_state_bytes,
+        fixed_batches=fixed_batches,
     )
     return Engine(engine_config, kv_cache_factory(folder, hash_file(model_path), config))

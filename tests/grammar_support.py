@@ -8,13 +8,13 @@ import math
 import llama_cpp
 
 from chatapp.engine.grammar import Grammar
-from chatapp.engine.llama_native import NativeModel, NativeSampler
+from chatapp.engine.llama_native import NativeModel
 from chatapp.engine.requests import SamplingParams
+from chatapp.engine.sampling import NativeSampler
 
 
-def allowed(sampler: NativeSampler, token: int) -> bool:
-    """Whether the sampler's grammar lets `token` come next (never accepting a token it refuses: llama.cpp
-    aborts the process on one)."""
+def chain_allows(sampler: NativeSampler, token: int) -> bool:
+    """Whether the sampler's chain (its bans, not its grammar) leaves `token` a finite logit."""
     data = (llama_cpp.llama_token_data * 1)(llama_cpp.llama_token_data(token, 0.0, 0.0))
     candidates = llama_cpp.llama_token_data_array(data, 1, -1, False)
     llama_cpp.llama_sampler_apply(sampler.pointer, ctypes.byref(candidates))
@@ -27,9 +27,9 @@ def grammar_takes(vocab: NativeModel, grammar: Grammar, text: str, end: int, *, 
     sampler = NativeSampler(SamplingParams(temperature=0, grammar=grammar), vocab)
     try:
         for token in vocab.tokenize(text, add_special=False, parse_special=special):
-            if not allowed(sampler, token):
+            if not sampler.allows(token):
                 return False
-            llama_cpp.llama_sampler_accept(sampler.pointer, token)
-        return allowed(sampler, end)
+            sampler.accept(token)
+        return sampler.allows(end)
     finally:
         sampler.close()

@@ -19,7 +19,6 @@ model batches.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,10 +26,11 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 
-from cache.atomic_file import replace_atomically
 from chatapp.engine.config import LoadProgress
-from chatapp.engine.llama_native import NativeContext, NativeModel, NativeSampler
+from chatapp.engine.llama_native import NativeContext, NativeModel
 from chatapp.engine.requests import SamplingParams
+from chatapp.engine.sampling import NativeSampler
+from chatapp.engine.verdict_memo import recall, remember
 from chatapp.errors import LoadCancelled
 from chatapp.models.file_types import GGML_TYPES, ggml_type_name
 from chatapp.models.gguf_header import GgufError, read_header
@@ -57,7 +57,6 @@ PROBE_TEXTS = (
     "1, 1, 2, 3, 5, 8,",
 )
 PROBE_STEPS = 2  # differences showed at the first step batched (F16, a repacked Q4_K_M)
-_SEEN: dict[str, str] = {}  # verdicts this process found or read: a model loaded again is not probed again
 
 
 def weights_problem(model_path: Path) -> str | None:
@@ -175,7 +174,7 @@ def verdict_key(
 
 def verdict_known(key: str, memo: Path | None) -> bool:
     """Whether a load with this key finds its verdict (this process's, or the memo's) rather than probing."""
-    return key in _SEEN or key in _read(memo)
+    return recall(key, memo) is not None
 
 
 def answer_batching(
@@ -190,8 +189,7 @@ def answer_batching(
     under `key`; `progress` hears the probe's share done, and False from it stops the load)."""
     if problem := rule_problem(model, context, gpu_layers):
         return False, problem
-    stored = _read(memo)
-    known = stored.get(key, _SEEN.get(key))
+    known = recall(key, memo)
     if known is not None:
         problem = known or None
     else:
@@ -200,27 +198,7 @@ def answer_batching(
         except RuntimeError as error:  # no batching, never a failed load; not a verdict: probed again next load
             log.info("answers are not batched: the probe could not run (%s)", error)
             return False, f"the probe could not run ({error})"
-        _SEEN[key] = problem or ""
-    if memo is not None and key not in stored:  # this process's verdict is this folder's too
-        _write(memo, {**stored, key: problem or ""})
+    remember(key, problem or "", memo)  # this process's verdict is this folder's too
     if problem:
         log.info("answers are not batched: %s", problem)
     return problem is None, problem
-
-
-def _read(memo: Path | None) -> dict[str, str]:
-    if memo is None:
-        return {}
-    try:
-        data = json.loads(memo.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return {key: value for key, value in data.items() if isinstance(value, str)} if isinstance(data, dict) else {}
-
-
-def _write(memo: Path, verdicts: dict[str, str]) -> None:
-    try:
-        memo.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        replace_atomically(memo, json.dumps(verdicts, indent=0, sort_keys=True), durable=False)
-    except OSError as error:  # probed again next time
-        log.warning("could not remember the batching verdict: %s", error)

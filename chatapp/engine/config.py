@@ -59,6 +59,10 @@ class EngineConfig:
     # (batch_rule.py); the probe's verdicts are remembered in `batch_memo` (None: probed each load).
     batch_answers: bool = True
     batch_memo: Path | None = None
+    # Prompts on a fixed grid of batches (batching.GRID_TOKENS), for models whose KV depends on where
+    # batches end (split_rule.py): None probes the model (remembered in `batch_memo`), True always,
+    # False never (a restore may then part from a cold run at a near tie on such a model).
+    fixed_batches: bool | None = None
     # Hears the share of the weights loaded (0..1) while the model loads; False stops the load.
     load_progress: LoadProgress | None = field(default=None, compare=False, repr=False)
 

@@ -64,6 +64,7 @@ class Engine:
                 # Whole states are a RAM restore too: never more than the RAM tier may hold.
                 ready_state_bytes=min(self.config.ready_state_bytes, cache.config.ram_budget_bytes) if cache else 0,
                 min_rows=loaded.min_rows,
+                grid=loaded.grid,
             )
         except BaseException:
             loaded.close()

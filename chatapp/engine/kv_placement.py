@@ -39,7 +39,7 @@ from cache.state_format import (
     parse_state,
     read_checkpoint,
 )
-from chatapp.engine.batching import MIN_ROWS
+from chatapp.engine.batching import MIN_ROWS, on_grid
 from chatapp.engine.events import RestoreTimings
 from chatapp.engine.handle import GenerationHandle
 from chatapp.engine.llama_native import NativeContext
@@ -76,12 +76,15 @@ class KVPlacer:
         window: int,
         ready_state_bytes: int = 0,
         min_rows: int = MIN_ROWS,
+        grid: int = 0,
     ) -> None:
         self.context = context
         self.cache = cache
         self.kind = kind
         self.layout = layout  # None when the state format is not understood: no rewinds, no checkpoints
-        self.sequences = Sequences(context.shape.n_sequences)
+        # Prompts on a fixed grid of batches (batching.py): reuse only whole grid batches.
+        self.grid = grid
+        self.sequences = Sequences(context.shape.n_sequences, grid)
         # The model's own window, not the layout's: a cut must be judged safe even when the state
         # format was not understood.
         self._window = window
@@ -135,7 +138,7 @@ class KVPlacer:
         need_logits: bool,
         holder: GenerationHandle | None,
     ) -> Placement:
-        limit = max(0, len(prompt) - self.fresh_tokens) if need_logits else len(prompt)
+        limit = on_grid(max(0, len(prompt) - self.fresh_tokens) if need_logits else len(prompt), self.grid)
         if not use_cache:
             target = self.sequences.least_recently_used(holder) if sequence is None else sequence
             return self._keep(target, 0, ReuseTier.NONE)
@@ -144,17 +147,19 @@ class KVPlacer:
             resident_sequence, resident_length = self.sequences.best_match(array, holder)
         else:
             resident_sequence, resident_length = sequence, self.sequences.match_in(sequence, array)
-        resident_length = min(resident_length, limit)
+        resident_length = on_grid(min(resident_length, limit, self.sequences[resident_sequence].reusable), self.grid)
         if not need_logits and resident_length == len(prompt):
             self.sequences.touch(resident_sequence)  # nothing to compute, nothing to cut
             return Placement(resident_sequence, resident_length, ReuseTier.DEVICE)
         if not need_logits and self.warm_up_rest:
-            limit = max(0, len(prompt) - self.warm_up_rest)
+            limit = on_grid(max(0, len(prompt) - self.warm_up_rest), self.grid)
             resident_length = min(resident_length, limit)
         keepable = self._keepable(resident_sequence, resident_length)
         if self.cache is not None:
             looking = time.perf_counter()
             found = self.cache.lookup(array, limit)
+            if on_grid(found.tokens, self.grid) != found.tokens:  # the prompt leaves it inside a grid batch
+                found = self.cache.lookup(array, on_grid(found.tokens, self.grid))
             ready = self.ready.best(array, found.tokens) if found.tokens > keepable else None
             path = WHOLE_STATE if ready is not None else self.cache.slowest_tier(found).value
             if found.tokens > keepable + RESTORE_MARGIN_TOKENS and self.costs.should_restore(
@@ -367,9 +372,11 @@ class KVPlacer:
 
     def save(self, sequence: int) -> None:
         """Hand the sequence's new blocks to the cache (reads its state; the rest is background work)."""
-        tokens = self.sequences[sequence].tokens
-        if self.cache is None or not tokens or not self.cache.has_new_blocks(tokens):
+        live = self.sequences[sequence]
+        tokens = live.tokens
+        if self.cache is None or not live.reusable or not self.cache.has_new_blocks(tokens, upto=live.reusable):
             return
         state = read_sequence_state(self.context.pointer, sequence)
-        self.ready.keep(as_token_array(tokens), state)
-        self.cache.store(list(tokens), state)
+        # On a grid a kept state is loaded for its whole grid batches only (a load cuts the rest).
+        self.ready.keep(as_token_array(tokens[: live.reusable]), state)
+        self.cache.store(list(tokens), state, upto=live.reusable)

@@ -24,7 +24,6 @@ import numpy as np
 from cache.state_format import MemoryKind
 from chatapp.engine.grammar import Grammar
 from chatapp.engine.model_card import ModelFacts
-from chatapp.engine.requests import SamplingParams
 from chatapp.engine.thread_switches import brisk_thread_switches
 from chatapp.errors import GrammarError, LoadCancelled, ModelError
 from chatapp.models.file_types import quantization_name
@@ -168,7 +167,7 @@ class NativeModel:
             if grammar in self._compiled_grammars:
                 self._compiled_grammars.move_to_end(grammar)
                 return
-        llama_cpp.llama_sampler_free(_grammar_sampler(grammar, self))
+        llama_cpp.llama_sampler_free(grammar_sampler(grammar, self))
         with self._grammars_lock:
             self._compiled_grammars[grammar] = None
             while len(self._compiled_grammars) > COMPILED_GRAMMARS_KEPT:
@@ -421,54 +420,7 @@ class NativeContext:
         return int(llama_cpp.llama_memory_seq_pos_min(self.memory, sequence))
 
 
-class NativeSampler:
-    """A llama.cpp sampler chain built from `SamplingParams` (a grammar first: it only masks tokens)."""
-
-    def __init__(self, params: SamplingParams, model: NativeModel) -> None:
-        if params.ignore_eos and params.grammar is not None:
-            # A complete grammar allows only the end tokens: with those banned, llama.cpp aborts the process.
-            raise ValueError("ignore_eos cannot be combined with a grammar")
-        chain_params = llama_cpp.llama_sampler_chain_default_params()
-        self.pointer = llama_cpp.llama_sampler_chain_init(chain_params)
-        if params.ignore_eos:
-            llama_cpp.llama_sampler_chain_add(self.pointer, _end_ban(model))
-        if params.grammar is not None:
-            try:
-                llama_cpp.llama_sampler_chain_add(self.pointer, _grammar_sampler(params.grammar, model))
-            except GrammarError:
-                self.close()
-                raise
-        if params.temperature <= 0:
-            llama_cpp.llama_sampler_chain_add(self.pointer, llama_cpp.llama_sampler_init_greedy())
-            return
-        seed = params.seed if params.seed is not None else llama_cpp.LLAMA_DEFAULT_SEED
-        if params.top_k > 0:
-            llama_cpp.llama_sampler_chain_add(self.pointer, llama_cpp.llama_sampler_init_top_k(params.top_k))
-        if params.top_p < 1.0:
-            llama_cpp.llama_sampler_chain_add(self.pointer, llama_cpp.llama_sampler_init_top_p(params.top_p, 1))
-        llama_cpp.llama_sampler_chain_add(self.pointer, llama_cpp.llama_sampler_init_temp(params.temperature))
-        llama_cpp.llama_sampler_chain_add(self.pointer, llama_cpp.llama_sampler_init_dist(seed))
-
-    def sample(self, context: NativeContext, row: int = -1) -> int:
-        """Pick a token from the logits of output `row` of the last decode (its last by default), and accept it."""
-        return int(llama_cpp.llama_sampler_sample(self.pointer, context.pointer, row))
-
-    def close(self) -> None:
-        if self.pointer:
-            llama_cpp.llama_sampler_free(self.pointer)
-            self.pointer = None
-
-
-def _end_ban(model: NativeModel) -> Any:
-    """A logit bias of minus infinity on every end-of-generation token: the answer runs to its length."""
-    ends = model.end_of_generation_ids
-    biases = (llama_cpp.llama_logit_bias * len(ends))()
-    for slot, token in zip(biases, ends, strict=True):
-        slot.token, slot.bias = token, float("-inf")
-    return llama_cpp.llama_sampler_init_logit_bias(model.n_vocab, len(ends), biases)
-
-
-def _grammar_sampler(grammar: Grammar, model: NativeModel) -> Any:
+def grammar_sampler(grammar: Grammar, model: NativeModel) -> Any:
     """llama.cpp's grammar sampler; lazy (waiting for a trigger text) when the grammar has triggers."""
     text, root = grammar.gbnf.encode("utf-8"), grammar.root.encode("utf-8")
     if grammar.lazy:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -19,11 +19,12 @@ from cache.prefix_cache import PrefixCache
 from cache.selftest import verify_layout
 from cache.state_format import MemoryLayout, StateFormatError
 from chatapp.engine.batch_rule import answer_batching, verdict_key, verdict_known
-from chatapp.engine.batching import FLASH_ATTENTION_ROWS, MIN_ROWS
+from chatapp.engine.batching import FLASH_ATTENTION_ROWS, GRID_TOKENS, MIN_ROWS
 from chatapp.engine.config import CacheFactory, EngineConfig, default_thread_count, split_progress
 from chatapp.engine.llama_native import NativeContext, NativeModel, gpu_offload_supported
 from chatapp.engine.model_card import ModelInfo
 from chatapp.engine.prompt import PromptBuilder
+from chatapp.engine.split_rule import fixed_batches
 
 log = logging.getLogger(__name__)
 
@@ -47,12 +48,13 @@ class LoadedModel:
     cache_problem: str | None  # why there is no cache, in one line
     batch_answers: bool = False  # several requests' answer tokens share one decode (batch_rule.py)
     batch_problem: str | None = None  # why they do not, in one line
+    grid: int = 0  # prompts computed in fixed batches of this many tokens (0: batches end anywhere)
+    grid_reason: str | None = None  # why, in one line
 
     @property
     def min_rows(self) -> int:
-        """The fewest tokens in a prompt batch (see batching.py): more with flash attention (if it attends)."""
-        attends = self.model.memory_kind.has_base
-        return FLASH_ATTENTION_ROWS if self.context.shape.flash_attention and attends else MIN_ROWS
+        """The fewest tokens in a prompt batch (see batching.py)."""
+        return prompt_min_rows(self.model, self.context)
 
     def close(self) -> None:
         """Finish the cache's writes, then free the context and the model."""
@@ -60,6 +62,28 @@ class LoadedModel:
             self.cache.close()
         self.context.close()
         self.model.close()
+
+
+def prompt_min_rows(model: NativeModel, context: NativeContext) -> int:
+    """The fewest tokens in a prompt batch (see batching.py): more with flash attention (if it attends)."""
+    attends = model.memory_kind.has_base
+    return FLASH_ATTENTION_ROWS if context.shape.flash_attention and attends else MIN_ROWS
+
+
+def prompt_grid(
+    config: EngineConfig, model: NativeModel, context: NativeContext, gpu_layers: int, verdict: str
+) -> tuple[int, str | None]:
+    """The fixed batch size prompts are computed in (0: none), and why (split_rule.py)."""
+    if config.fixed_batches is False:
+        return 0, None
+    if config.fixed_batches:
+        reason: str | None = "asked for in the settings"
+    else:
+        rows = prompt_min_rows(model, context)
+        reason = fixed_batches(
+            model, context, gpu_layers=gpu_layers, min_rows=rows, key=verdict, memo=config.batch_memo
+        )
+    return (min(GRID_TOKENS, context.shape.n_batch), reason) if reason else (0, None)
 
 
 def load_model(
@@ -120,6 +144,8 @@ def load_model(
             if config.batch_answers
             else (False, "turned off in the settings")
         )
+        grid, grid_reason = prompt_grid(config, model, context, info.gpu_layers, verdict)
+        info = replace(info, prompt_grid=grid)
         if probe_progress is not None:
             probe_progress(1.0)  # the bar ends where a probe that found a difference early, or never ran, left it
         cache = cache_factory(layout, info) if cache_factory is not None and layout is not None else None
@@ -128,7 +154,7 @@ def load_model(
         model.close()
         raise
     builder = PromptBuilder.for_model(model)
-    return LoadedModel(model, context, info, builder, layout, cache, problem, batch, why_not)
+    return LoadedModel(model, context, info, builder, layout, cache, problem, batch, why_not, grid, grid_reason)
 
 
 def verify_state_format(model: NativeModel, context: NativeContext) -> tuple[MemoryLayout | None, str | None]:

@@ -61,6 +61,9 @@ class ModelInfo:
     # it); None for a local model, whose file is hashed.
     fingerprint: str | None = None
     facts: ModelFacts = ModelFacts()
+    # Prompts computed in fixed batches of this many tokens, where the model's KV depends on where
+    # batches end (split_rule.py); 0: anywhere.
+    prompt_grid: int = 0
 
     @property
     def short_name(self) -> str:

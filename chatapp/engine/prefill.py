@@ -17,7 +17,7 @@ from collections.abc import Generator
 from cache.llama_state import read_sequence_state
 from cache.prefix_cache import PrefixCache
 from cache.state_format import StateFormatError
-from chatapp.engine.batching import batch_end, stored_checkpoint_positions
+from chatapp.engine.batching import batch_end, on_grid, stored_checkpoint_positions
 from chatapp.engine.events import PrefillProgress
 from chatapp.engine.gate import ArmedGates, Step
 from chatapp.engine.kv_placement import KVPlacer
@@ -44,11 +44,13 @@ class Prefill:
         min_rows: int,
         checkpoint_interval: int,
         gates: ArmedGates,
+        grid: int = 0,
     ) -> None:
         self.context = context
         self.cache = cache
         self.placer = placer
         self.min_rows = min_rows
+        self.grid = grid  # prompts in fixed batches of this many tokens (batching.py), 0: anywhere
         self._checkpoint_interval = checkpoint_interval
         self._gates = gates
 
@@ -79,8 +81,8 @@ class Prefill:
         while start < len(prompt):
             if job.cancel_event.is_set():
                 return StopReason.CANCELLED
-            end = batch_end(start, len(prompt), batch, checkpoints, rows)
-            if end - start < rows and start > 0:
+            end = batch_end(start, len(prompt), batch, checkpoints, rows, grid=self.grid)
+            if end - start < rows and start > 0 and not self.grid:
                 # A short rest after what was reused (a warm-up's last word, typed one at a
                 # time): evaluate it again with the tokens before it, so that later requests
                 # build on KV computed by the kernels a cold run uses.
@@ -102,11 +104,12 @@ class Prefill:
             if start == 0:  # a whole prompt shorter than a batch may be: see Runner.serve
                 live.short_first_batch = len(chunk) < rows
             tokens.extend(chunk)
+            live.computed(start, start + len(chunk))
             start += len(chunk)
             if not own_work:
                 task.turn.prefill_left = len(prompt) - start
                 self._store_if_awaited(task.turn, live, start, len(prompt))
-            if start in checkpoints and not live.short_first_batch:
+            if start in checkpoints and not live.short_first_batch and start <= live.reusable:
                 self._take_checkpoint(job.request, live)
             job.emit(PrefillProgress(done=start, total=len(prompt)))
             if not own_work:
@@ -153,14 +156,14 @@ class Prefill:
         if not self.placer.takes_checkpoints:
             return frozenset()
         length = len(request.prompt_tokens)
-        return frozenset(
-            stored_checkpoint_positions(
-                length,
-                request.checkpoints,
-                self._checkpoint_interval,
-                last=length if request.prefill_only else length - self.placer.fresh_tokens,
-            )
+        positions = stored_checkpoint_positions(
+            length,
+            request.checkpoints,
+            self._checkpoint_interval,
+            last=length if request.prefill_only else length - self.placer.fresh_tokens,
         )
+        # On a grid only whole grid batches are reused: a checkpoint sits on the grid point before.
+        return frozenset(on_grid(position, self.grid) for position in positions) - {0}
 
     def _take_checkpoint(self, request: GenerationRequest, live: LiveSequence) -> None:
         """Keep the uncuttable state at the sequence's end: for rewinds, and in the cache when allowed."""

@@ -15,15 +15,16 @@ from collections.abc import Generator
 from typing import Protocol
 
 from cache.state_format import StateFormatError
+from chatapp.engine.batching import on_grid
 from chatapp.engine.events import GenerationResult, GenerationStats, PromptPlaced, TokenText
 from chatapp.engine.gate import ArmedGates, Step
 from chatapp.engine.handle import GenerationHandle
 from chatapp.engine.kv_placement import KVPlacer, Placement
-from chatapp.engine.llama_native import NativeSampler
 from chatapp.engine.loading import LoadedModel
 from chatapp.engine.phases import Phase
 from chatapp.engine.prefill import Prefill
 from chatapp.engine.requests import GenerationRequest
+from chatapp.engine.sampling import NativeSampler
 from chatapp.engine.sequences import LiveSequence
 from chatapp.engine.tasks import AnswerToken, Task, TaskStep
 from chatapp.vocabulary import ReuseTier, StopReason
@@ -70,6 +71,7 @@ class Runner:
             min_rows=loaded.min_rows,
             checkpoint_interval=checkpoint_interval,
             gates=gates,
+            grid=loaded.grid,
         )
         self.batched_decodes = 0  # decodes that evaluated several answers' tokens (tests, the bench)
 
@@ -166,15 +168,20 @@ class Runner:
         answered = task.handle
         tokens = live.tokens
         prompt_length = len(answered.request.prompt_tokens)
-        if len(tokens) <= prompt_length:
+        grid = self._loaded.grid
+        # On a grid only whole grid batches are reused: the answer's are redone, its partial rest is not.
+        redone = on_grid(len(tokens), grid)
+        if redone <= (live.reusable if grid else prompt_length):
             return
         job = GenerationHandle(
-            GenerationRequest(tuple(tokens), answered.request.sampling, sequence=live.index, prefill_only=True)
+            GenerationRequest(tuple(tokens[:redone]), answered.request.sampling, sequence=live.index, prefill_only=True)
         )
         task.current = job
         self._own_work.begin_own_work(job)
         # With flash attention the redone batch needs FLASH_ATTENTION_ROWS tokens: it starts in the prompt.
         redo_from = min(prompt_length, len(tokens) - self._loaded.min_rows)
+        if grid:  # from the last whole grid batch (the prompt's own last one was partial)
+            redo_from = on_grid(min(redo_from, live.reusable), grid)
         if live.short_first_batch:
             redo_from = min(redo_from, 0)  # its first batch too: a short one is never kept
         try:

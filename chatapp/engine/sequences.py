@@ -17,6 +17,7 @@ import numpy as np
 
 from cache.keys import as_token_array, common_prefix_length
 from cache.tiers import ReuseTier
+from chatapp.engine.batching import on_grid
 from chatapp.engine.handle import GenerationHandle
 
 # Checkpoints this session keeps per sequence for rewinds (the newest ones).
@@ -26,8 +27,12 @@ SESSION_CHECKPOINTS = 8
 class LiveSequence:
     """One sequence of the context: what its KV holds, and what the engine must remember of it."""
 
-    def __init__(self, index: int) -> None:
+    def __init__(self, index: int, grid: int = 0) -> None:
         self.index = index
+        # On a fixed grid of batches (batching.py): its first `exact` tokens were computed in whole
+        # grid batches from position 0, as a cold run computes them; only those are reused.
+        self.grid = grid
+        self.exact = 0
         # Exactly the tokens its KV holds, in order. One list for its whole life: the runner
         # extends it batch by batch, so after a stop it still says what the sequence holds.
         self.tokens: list[int] = []
@@ -42,8 +47,12 @@ class LiveSequence:
         self.restored_tokens = 0
 
     def replace(self, tokens: list[int]) -> None:
-        """It now holds `tokens` (a restore, or nothing): what it held before is gone with its facts."""
+        """It now holds `tokens` (a restore, or nothing): what it held before is gone with its facts.
+
+        On a grid, restored tokens are whole grid batches: the cache keeps nothing else.
+        """
         self.tokens[:] = tokens
+        self.exact = on_grid(len(tokens), self.grid)
         self.checkpoints.clear()
         self.short_first_batch = False
         self.restored_from, self.restored_tokens = ReuseTier.NONE, 0
@@ -51,11 +60,22 @@ class LiveSequence:
     def truncate(self, length: int) -> None:
         """It now holds its first `length` tokens: later checkpoints and credit for dropped tokens go."""
         del self.tokens[length:]
+        self.exact = on_grid(min(self.exact, length), self.grid)
         for position in [position for position in self.checkpoints if position > length]:
             del self.checkpoints[position]
         self.restored_tokens = min(self.restored_tokens, length)
         if not self.restored_tokens:
             self.restored_from = ReuseTier.NONE
+
+    def computed(self, start: int, end: int) -> None:
+        """A prompt batch [start, end) is now in its KV (after its tokens were added)."""
+        if self.grid and start == self.exact and end == start + self.grid:
+            self.exact = end
+
+    @property
+    def reusable(self) -> int:
+        """How many of its tokens a later prompt may reuse: all, or on a grid its whole grid batches."""
+        return self.exact if self.grid else len(self.tokens)
 
     def keep_checkpoint(self, position: int, payload: bytes) -> None:
         self.checkpoints[position] = payload
@@ -81,8 +101,8 @@ class LiveSequence:
 class Sequences:
     """Every sequence of the context, and the choices between them (best match, least recently used)."""
 
-    def __init__(self, count: int) -> None:
-        self._all = [LiveSequence(index) for index in range(count)]
+    def __init__(self, count: int, grid: int = 0) -> None:
+        self._all = [LiveSequence(index, grid) for index in range(count)]
         self._clock = itertools.count(1)
 
     def __len__(self) -> int:

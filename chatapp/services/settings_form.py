@@ -43,6 +43,7 @@ RESTART_FIELDS = frozenset(
         "threads",
         "flash_attention",
         "batch_answers",
+        "prompt_batches",
         "swa_full",
         "backend",
         "backend_key",

@@ -117,6 +117,7 @@ class Workspace:
             swa_full=settings.swa_full,
             checkpoint_interval=settings.checkpoint_every_blocks * settings.cache_block_size,
             batch_answers=settings.batch_answers,
+            fixed_batches={"auto": None, "grid": True, "free": False}[settings.prompt_batches],
             batch_memo=self.paths.private_dir(self.paths.cache_dir) / BATCH_VERDICTS,
         )
 
@@ -212,6 +213,7 @@ def kv_cache_factory(
             layout_digest=layout.digest().hex(),
             context_size=info.n_ctx_per_sequence,
             batch_rows=FLASH_ATTENTION_ROWS if info.flash_attention else 0,
+            batch_grid=info.prompt_grid,
         )
         try:
             maintenance.remember_namespace(

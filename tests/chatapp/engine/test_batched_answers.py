@@ -28,8 +28,9 @@ from chatapp.engine.batch_rule import probe_problem
 from chatapp.engine.engine import Engine, EngineConfig
 from chatapp.engine.events import TokenText
 from chatapp.engine.handle import GenerationHandle
-from chatapp.engine.llama_native import NativeContext, NativeModel, NativeSampler
+from chatapp.engine.llama_native import NativeContext, NativeModel
 from chatapp.engine.requests import GenerationRequest, SamplingParams
+from chatapp.engine.sampling import NativeSampler
 from tests.cache_support import cached_engine
 from tests.model_factory import quantize_model, write_tiny_gemma3, write_tiny_lfm2, write_tiny_llama
 

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from chatapp.engine.batching import FLASH_ATTENTION_ROWS, batch_end, stored_checkpoint_positions
+from chatapp.engine.batching import FLASH_ATTENTION_ROWS, batch_end, on_grid, stored_checkpoint_positions
 
 
 def batches(
@@ -61,3 +61,28 @@ def test_interval_checkpoints_fall_between_boundaries_and_not_just_before_one() 
     assert document == {40, 1064, 2088, 3112, 4136, 5040, 6064, 7000}
     assert stored_checkpoint_positions(600, [], 1024, last=598) == {598}
     assert stored_checkpoint_positions(600, [700, 0], 1024, last=0) == set()  # out of range: dropped
+
+
+def test_on_a_grid_every_run_of_a_prompt_makes_the_same_batches_from_any_grid_point() -> None:
+    grid = 8
+    for length in range(1, 60):
+        cold = []
+        start = 0
+        while start < length:
+            end = batch_end(start, length, 512, frozenset({5, 13}), 2, grid=grid)
+            cold.append((start, end))
+            start = end
+        assert all(end - start == grid for start, end in cold[:-1]), cold  # checkpoints move no batch
+        for resume in range(0, length, grid):  # a warm run from a whole grid batch makes the cold run's rest
+            warm = []
+            start = resume
+            while start < length:
+                end = batch_end(start, length, 512, frozenset(), 2, grid=grid)
+                warm.append((start, end))
+                start = end
+            assert warm == [batch for batch in cold if batch[0] >= resume]
+
+
+def test_grid_points_round_down() -> None:
+    assert [on_grid(position, 64) for position in (0, 63, 64, 130)] == [0, 0, 64, 128]
+    assert on_grid(130, 0) == 130

@@ -19,13 +19,14 @@ from pathlib import Path
 import pytest
 
 from cache.state_format import MemoryKind
+from chatapp.engine.batching import on_grid
 from chatapp.engine.engine import Engine, EngineConfig
 from chatapp.engine.prompt import ChatMessage
 from chatapp.engine.requests import GenerationRequest
 from chatapp.services.boundaries import reuse_boundaries
 from chatapp.vocabulary import ReuseTier, Role
 from tests.cache_support import cached_engine
-from tests.chatapp.engine.gemma_support import CONTEXT, DOCUMENT, GREEDY, INSTALL, ask, conversation
+from tests.chatapp.engine.gemma_support import CONTEXT, DOCUMENT, GREEDY, INSTALL, PERSONA, ask, conversation
 
 pytestmark = pytest.mark.slow  # a 270M model on two cores: seconds per prompt
 
@@ -53,15 +54,20 @@ def cold_tokens(cold: Engine, messages: list[ChatMessage]) -> tuple[int, ...]:
 
 
 def test_the_persona_restores_from_ram_exactly(gemma: Path, cold: Engine, tmp_path: Path) -> None:
+    persona = PERSONA * 8  # past a grid batch, where prompts are computed on one (split_rule.py)
+
+    def about(question: str) -> list[ChatMessage]:
+        return [ChatMessage.of(Role.SYSTEM, persona), ChatMessage.of(Role.USER, question)]
+
     with cached_engine(tmp_path, gemma, block_size=64, context=CONTEXT, sequences=1) as engine:
         assert engine.cache is not None, engine.cache_problem
-        ask(engine, conversation("Which lighthouse is the oldest?"))
+        ask(engine, about("Which lighthouse is the oldest?"))
         ask(engine, [ChatMessage.of(Role.USER, "Something else entirely.")])  # the persona leaves the context
         engine.flush_cache()
-        second = conversation("Which lighthouse is the tallest?")
+        second = about("Which lighthouse is the tallest?")
         tokens, reused, tier = ask(engine, second)
         assert tier is ReuseTier.RAM
-        assert reused == reuse_boundaries(engine.prompt_builder, second)[0]
+        assert reused == on_grid(reuse_boundaries(engine.prompt_builder, second)[0], engine.info.prompt_grid) > 0
         assert tokens == cold_tokens(cold, second)
 
 
@@ -82,7 +88,7 @@ def test_a_document_past_the_window_restores_from_disk_in_a_new_process(
     report = json.loads(child.stdout.strip().splitlines()[-1])
     assert report["tier"] == "disk"
     document_end = reuse_boundaries(cold.prompt_builder, second)[-1]
-    assert report["reused"] == document_end > 1000
+    assert report["reused"] == on_grid(document_end, cold.info.prompt_grid) > 1000
     assert tuple(report["tokens"]) == cold_tokens(cold, second)
 
 
@@ -100,7 +106,7 @@ def test_a_cut_inside_a_block_and_behind_the_window_equals_cold(gemma: Path, col
         prompt_two = engine.prompt_builder.build(second)
         shared = next(i for i, (a, b) in enumerate(zip(prompt_one, prompt_two, strict=False)) if a != b)
         assert tier is ReuseTier.DEVICE
-        assert reused == shared
+        assert reused == on_grid(shared, engine.info.prompt_grid)
         assert shared % 64 != 0
         assert len(prompt_two) - shared > engine.info.window
         assert tokens == cold_tokens(cold, second)

@@ -6,11 +6,12 @@ import pytest
 
 from chatapp.engine.engine import Engine
 from chatapp.engine.grammar import Grammar
-from chatapp.engine.llama_native import NativeModel, NativeSampler
+from chatapp.engine.llama_native import NativeModel
 from chatapp.engine.prompt import ChatMessage
 from chatapp.engine.requests import GenerationRequest, SamplingParams
+from chatapp.engine.sampling import NativeSampler
 from chatapp.vocabulary import Role, StopReason
-from tests.grammar_support import allowed
+from tests.grammar_support import chain_allows
 
 SHORT_ANSWER = "What is 2+2?"
 
@@ -24,10 +25,10 @@ def test_every_end_token_is_forbidden_and_nothing_else(vocab: NativeModel) -> No
     banned = NativeSampler(SamplingParams(temperature=0.0, ignore_eos=True), vocab)
     free = NativeSampler(SamplingParams(temperature=0.0), vocab)
     try:
-        assert not any(allowed(banned, token) for token in ends)
-        assert all(allowed(free, token) for token in ends)
+        assert not any(chain_allows(banned, token) for token in ends)
+        assert all(chain_allows(free, token) for token in ends)
         others = [token for token in range(0, vocab.n_vocab, 97) if token not in ends]
-        assert all(allowed(banned, token) for token in others)
+        assert all(chain_allows(banned, token) for token in others)
     finally:
         banned.close()
         free.close()

@@ -59,3 +59,27 @@ def test_held_sequences_are_neither_matched_nor_chosen_for_others() -> None:
     assert sequences.least_recently_used(mine) == 1
     sequences.release(other)
     assert sequences.best_match(np.array([1, 2, 3], dtype=np.int32), mine) == (0, 3)
+
+
+def test_on_a_grid_only_whole_grid_batches_from_the_start_are_reusable() -> None:
+    live = LiveSequence(0, grid=4)
+    live.tokens.extend(range(10))
+    for start, end in ((0, 4), (4, 8), (8, 10)):  # a prompt's batches: the last one partial
+        live.computed(start, end)
+    assert live.reusable == 8
+    live.tokens.extend(range(10, 15))  # answer tokens, one at a time: never reusable
+    assert live.reusable == 8
+    live.truncate(6)  # a cut inside a whole batch keeps the whole ones before it
+    assert live.reusable == 4
+    live.tokens.extend(range(6, 12))
+    live.computed(6, 12)  # a batch that does not start where the whole ones end adds nothing
+    assert live.reusable == 4
+    live.replace(list(range(9)))  # a restore holds whole grid batches only
+    assert live.reusable == 8
+
+
+def test_without_a_grid_every_token_held_is_reusable() -> None:
+    live = LiveSequence(0)
+    live.replace(list(range(7)))
+    live.tokens.extend(range(7, 9))
+    assert live.reusable == 9

@@ -39,6 +39,7 @@ EVERYTHING = Settings(
     threads=3,
     flash_attention=True,
     batch_answers=False,
+    prompt_batches="grid",
     temperature=0.0,
     top_p=0.5,
     max_tokens=1024,
@@ -94,10 +95,12 @@ def test_labels_kinds_and_restart_flags() -> None:
     assert kinds["temperature"] == "float"
     assert kinds["flash_attention"] == "bool"
     assert kinds["cache_eviction"] == "choice"
+    assert kinds["prompt_batches"] == "choice"
     restart = {item.name for item in setting_fields() if item.restart_needed}
     assert restart == {
         "model", "context_cap", "sequences", "n_gpu_layers", "threads", "flash_attention", "batch_answers",
-        "cache_block_size", "cache_ram_mib", "cache_disk_mib", "cache_ttl_days", "cache_eviction", "swa_full",
+        "prompt_batches", "cache_block_size", "cache_ram_mib", "cache_disk_mib", "cache_ttl_days", "cache_eviction",
+        "swa_full",
         "backend", "backend_key", "backend_model",
         "checkpoint_every_blocks",
     }  # fmt: skip

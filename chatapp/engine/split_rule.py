@@ -1,0 +1,80 @@
+"""Whether a prompt's KV depends on where its batches end: free batches, or a fixed grid.
+
+On most CPU builds a token's KV is the same bits however the prompt is cut into batches (the
+bundled SmolLM2: every split tried, 0.0 apart), and a prefix may be reused at any token. Not
+everywhere: Gemma 3 270M's tinyBLAS path gives logits up to 0.95 apart when the same 100
+tokens are split 5+95, 37+63 or 97+3 instead of computed whole (and equal for 64+36 or
+67+33), and GPU kernels are chosen by the number of rows. There a prefix continued in place,
+or restored, is exact only if its batches were the ones a cold run uses: such a model
+computes every prompt on a fixed grid (batching.GRID_TOKENS).
+
+The probe computes one short prompt whole and split at a few places, last logits compared
+bit for bit, once per model file, build, CPU and settings (verdict_memo.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from chatapp.engine.llama_native import NativeContext, NativeModel
+from chatapp.engine.verdict_memo import recall, remember
+
+log = logging.getLogger(__name__)
+
+PROBE_TEXT = "The quick brown fox jumps over the lazy dog while the river runs down to the sea. " * 16
+PROBE_TOKENS = 100
+# Where the probe cuts its prompt, as (first batch, last batch) sizes: odd and even, small and large
+# (Gemma 3 270M differed at 5, 37, 2 and the last 3, 10, 31 tokens, agreed at 64 and 67).
+FIRST_BATCHES = (2, 5, 37)
+LAST_BATCHES = (3, 10, 31)
+
+
+def split_problem(model: NativeModel, context: NativeContext, min_rows: int) -> str | None:
+    """The first split of a short prompt whose last logits differ from the prompt computed whole, or None.
+
+    Every batch has at least `min_rows` tokens (flash attention's rule). Uses sequence 0 and
+    clears it afterwards.
+    """
+    tokens = model.tokenize(PROBE_TEXT, add_special=True, parse_special=False)
+    length = min(len(tokens), context.shape.n_batch, max(PROBE_TOKENS, 2 * min_rows + 40))
+    tokens = tokens[:length]
+    cuts = sorted({*FIRST_BATCHES, *(length - last for last in LAST_BATCHES), min_rows + 7, length - min_rows - 9})
+    cuts = [cut for cut in cuts if min_rows <= cut <= length - min_rows]
+    try:
+        whole = context.logits_split_at(tokens, [])
+        for cut in cuts:
+            split = context.logits_split_at(tokens, [cut])
+            if not np.array_equal(split, whole):
+                apart = float(np.abs(split - whole).max())
+                return f"{length} prompt tokens computed as {cut}+{length - cut} end {apart:.2g} apart from whole"
+        return None
+    finally:
+        context.remove(0, 0, -1)
+
+
+def fixed_batches(
+    model: NativeModel, context: NativeContext, *, gpu_layers: int, min_rows: int, key: str, memo: Path | None
+) -> str | None:
+    """Why this model computes prompts on the fixed grid (None: batches may end anywhere).
+
+    Offloaded layers always do (GPU kernels are chosen by row count); otherwise the probe
+    decides, remembered in `memo` under `key`. A probe that cannot run is a yes: when in doubt,
+    the grid, which is exact whatever the kernels do.
+    """
+    if gpu_layers > 0:
+        return "GPU kernels are chosen by the number of rows"
+    known = recall("splits|" + key, memo)
+    if known is not None:
+        return known or None
+    try:
+        problem = split_problem(model, context, min_rows)
+    except RuntimeError as error:
+        log.info("prompts are computed on a fixed grid: the split probe could not run (%s)", error)
+        return f"the split probe could not run ({error})"
+    remember("splits|" + key, problem or "", memo)
+    if problem:
+        log.info("prompts are computed on a fixed grid of batches: %s", problem)
+    return problem
