@@ -340,7 +340,14 @@ class KVPlacer:
         if fetched.checkpoint is not None and self.takes_checkpoints:
             self.sequences[sequence].keep_checkpoint(fetched.tokens, fetched.checkpoint)
         self.sequences.touch(sequence)
-        return Placement(sequence, fetched.tokens, fetched.tier, timings)
+        reused = fetched.tokens
+        if on_grid(reused, self.grid) != reused:
+            # Blocks of another size than the grid's batches (a block missing at fetch time ends it there):
+            # only whole grid batches are what a cold run computes.
+            reused = self.cut(sequence, on_grid(reused, self.grid))
+            if not reused:
+                return None
+        return Placement(sequence, reused, fetched.tier, timings)
 
     def _noted(self, placement: Placement, path: str) -> Placement:
         """A restore's speed, for the next choice between restoring and computing."""

@@ -62,6 +62,8 @@ class NativeSampler:
         if not self.allows(token):
             best = self._best_allowed(context, row) if self._greedy else None
             token = best if best is not None else self._pick(context, row, masked=True)
+            if not self.allows(token):  # every token the grammar allows is impossible: accepting aborts llama.cpp
+                raise GrammarError("the grammar allows no token the model can write here")
         self.accept(token)
         return token
 
@@ -86,8 +88,11 @@ class NativeSampler:
         logits = context.logits(row)
         tries = min(GREEDY_TRIES, logits.size)
         best = np.argpartition(-logits, tries - 1)[:tries]
+        # Tokens tied with the last one tried may have been left out, lower ids among them: from there on
+        # only the whole vocabulary tells which one greedy takes.
+        floor = logits[best].min()
         for token in best[np.lexsort((best, -logits[best]))]:  # highest first; a tie to the lower id, as greedy
-            if not np.isfinite(logits[token]):
+            if not logits[token] > floor:  # (a NaN too)
                 return None
             if self.allows(int(token)):
                 return int(token)

@@ -122,11 +122,11 @@ class Sequences:
         return [live for live in self._all if live.holder is None or live.holder is besides]
 
     def best_match(self, prompt: np.ndarray, besides: GenerationHandle | None = None) -> tuple[int, int]:
-        """The free sequence sharing the longest prefix with `prompt`, and that length."""
+        """The free sequence sharing the longest reusable prefix with `prompt`, and that length."""
         free = self._free_or_fail(besides)
         best, best_length = free[0], -1
         for live in free:
-            length = self.match_in(live.index, prompt)
+            length = min(self.match_in(live.index, prompt), live.reusable)
             if length > best_length or (length == best_length and live.last_used > best.last_used):
                 best, best_length = live, length
         return best.index, max(best_length, 0)

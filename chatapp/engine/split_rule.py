@@ -8,8 +8,9 @@ tokens are split 5+95, 37+63 or 97+3 instead of computed whole (and equal for 64
 or restored, is exact only if its batches were the ones a cold run uses: such a model
 computes every prompt on a fixed grid (batching.GRID_TOKENS).
 
-The probe computes one short prompt whole and split at a few places, last logits compared
-bit for bit, once per model file, build, CPU and settings (verdict_memo.py).
+The probe computes one short prompt whole and split at a few places, and one as long as a
+cold run's batch whole and split in two, last logits compared bit for bit, once per model
+file, build, CPU and settings (verdict_memo.py).
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ from chatapp.engine.verdict_memo import recall, remember
 
 log = logging.getLogger(__name__)
 
-PROBE_TEXT = "The quick brown fox jumps over the lazy dog while the river runs down to the sea. " * 16
+PROBE_TEXT = "The quick brown fox jumps over the lazy dog while the river runs down to the sea. " * 40
 PROBE_TOKENS = 100
+# And once at about a cold run's batch size (n_batch, at most this): kernels may change with size.
+LONG_PROBE_TOKENS = 512
 # Where the probe cuts its prompt, as (first batch, last batch) sizes: odd and even, small and large
 # (Gemma 3 270M differed at 5, 37, 2 and the last 3, 10, 31 tokens, agreed at 64 and 67).
 FIRST_BATCHES = (2, 5, 37)
@@ -38,18 +41,21 @@ def split_problem(model: NativeModel, context: NativeContext, min_rows: int) -> 
     Every batch has at least `min_rows` tokens (flash attention's rule). Uses sequence 0 and
     clears it afterwards.
     """
-    tokens = model.tokenize(PROBE_TEXT, add_special=True, parse_special=False)
-    length = min(len(tokens), context.shape.n_batch, max(PROBE_TOKENS, 2 * min_rows + 40))
-    tokens = tokens[:length]
+    text = model.tokenize(PROBE_TEXT, add_special=True, parse_special=False)
+    length = min(len(text), context.shape.n_batch, max(PROBE_TOKENS, 2 * min_rows + 40))
     cuts = sorted({*FIRST_BATCHES, *(length - last for last in LAST_BATCHES), min_rows + 7, length - min_rows - 9})
-    cuts = [cut for cut in cuts if min_rows <= cut <= length - min_rows]
+    trials = [(length, cut) for cut in cuts if min_rows <= cut <= length - min_rows]
+    long = min(len(text), context.shape.n_batch, LONG_PROBE_TOKENS)
+    if long > length:
+        trials.append((long, long // 2 + 1))
     try:
-        whole = context.logits_split_at(tokens, [])
-        for cut in cuts:
+        for size, cut in trials:
+            tokens = text[:size]
+            whole = context.logits_split_at(tokens, [])
             split = context.logits_split_at(tokens, [cut])
             if not np.array_equal(split, whole):
                 apart = float(np.abs(split - whole).max())
-                return f"{length} prompt tokens computed as {cut}+{length - cut} end {apart:.2g} apart from whole"
+                return f"{size} prompt tokens computed as {cut}+{size - cut} end {apart:.2g} apart from whole"
         return None
     finally:
         context.remove(0, 0, -1)
@@ -66,7 +72,8 @@ def fixed_batches(
     """
     if gpu_layers > 0:
         return "GPU kernels are chosen by the number of rows"
-    known = recall("splits|" + key, memo)
+    key = f"splits|{context.shape.n_batch}|{key}"  # the probe's lengths depend on n_batch
+    known = recall(key, memo)
     if known is not None:
         return known or None
     try:
@@ -74,7 +81,7 @@ def fixed_batches(
     except RuntimeError as error:
         log.info("prompts are computed on a fixed grid: the split probe could not run (%s)", error)
         return f"the split probe could not run ({error})"
-    remember("splits|" + key, problem or "", memo)
+    remember(key, problem or "", memo)
     if problem:
         log.info("prompts are computed on a fixed grid of batches: %s", problem)
     return problem

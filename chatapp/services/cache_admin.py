@@ -27,9 +27,18 @@ MEMORY_KIND_NAMES = {
 }
 
 
-def describe_memory(kind: str, window: int, interval_tokens: int) -> str:
-    """What reuse a model's memory allows, in one line (the cache screen, `cache stats`)."""
+def describe_memory(kind: str, window: int, interval_tokens: int, grid: int = 0) -> str:
+    """What reuse a model's memory allows, in one line (the cache screen, `cache stats`); `grid`: the
+    fixed batch size its prompts are computed in (split_rule.py), 0 where batches end anywhere."""
+    fixed = (
+        f"; prompts computed in fixed {grid}-token batches (this model's results depend on where a batch "
+        "ends), reused in whole batches"
+        if grid
+        else ""
+    )
     if kind == "plain":
+        if grid:
+            return f"plain KV cache: a cached prefix is restored and cut at whole batches{fixed}"
         return "plain KV cache: any cached prefix is restored, token-exact, and cut anywhere"
     parts = []
     if kind in ("iswa", "hybrid-iswa"):
@@ -40,7 +49,7 @@ def describe_memory(kind: str, window: int, interval_tokens: int) -> str:
     blocks = "" if kind == "recurrent" else "full-attention KV in blocks; "
     return (
         f"{MEMORY_KIND_NAMES.get(kind, kind)}: {blocks}{what} checkpointed at persona, document and turn ends and "
-        f"every {interval_tokens:,} tokens; a cached prefix resumes at the last checkpoint it shares"
+        f"every {interval_tokens:,} tokens; a cached prefix resumes at the last checkpoint it shares{fixed}"
     )
 
 

@@ -57,7 +57,8 @@ class CacheService:
                 PinKeeper(engine.cache, self.chat.pins).sweep()  # pins a request asked for, whose time is up
                 pins = self.chat.pins.list()
             stats = engine.cache.stats()
-            memory = cache_admin.describe_memory(stats["memory"]["kind"], stats["memory"]["window"], interval)
+            kind, window = stats["memory"]["kind"], stats["memory"]["window"]
+            memory = cache_admin.describe_memory(kind, window, interval, engine.info.prompt_grid)
             if count := stats["memory"]["checkpoints"]:
                 memory += f" ({count:,} checkpoint{'' if count == 1 else 's'} stored)"
             choice = engine.restore_costs.describe() if engine.restore_costs is not None else None

@@ -14,13 +14,14 @@ from chatapp.engine.batching import GRID_TOKENS, on_grid
 from chatapp.engine.engine import Engine
 from chatapp.engine.events import GenerationResult
 from chatapp.engine.kv_placement import FRESH_TOKENS
+from chatapp.engine.llama_native import NativeContext
 from chatapp.engine.prompt import ChatMessage
 from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.vocabulary import Role
 from tests.cache_support import cached_engine
 
 # Answers run to their limit, so that one crosses a grid point (its whole batches are then reused).
-LONG = SamplingParams(temperature=0.0, max_tokens=90, ignore_eos=True)
+LONG = SamplingParams(temperature=0.0, max_tokens=70, ignore_eos=True)
 SHORT = SamplingParams(temperature=0.0, max_tokens=8)
 PERSONA = "You are a careful librarian. You answer in two sentences and cite the shelf. " * 8
 
@@ -75,8 +76,11 @@ def test_a_next_turn_in_place_reuses_the_whole_batches_it_has_and_answers_as_col
             assert warm.stats.reused_tokens == on_grid(len(prompt) + LONG.max_tokens - 1, GRID_TOKENS)
             assert warm.stats.reused_tokens > on_grid(len(prompt), GRID_TOKENS)
         else:
-            # The follow-up came first: the answer's tokens, one at a time, are not reused.
-            assert warm.stats.reused_tokens == on_grid(len(prompt), GRID_TOKENS)
+            # The follow-up came first: the answer's own tokens (one at a time) are not reused, only
+            # what the recompute redid in whole grid batches before it stopped, if anything.
+            assert on_grid(len(prompt), GRID_TOKENS) <= warm.stats.reused_tokens
+            assert warm.stats.reused_tokens <= on_grid(len(prompt) + LONG.max_tokens - 1, GRID_TOKENS)
+            assert warm.stats.reused_tokens % GRID_TOKENS == 0
         assert warm.token_ids == cold.token_ids
 
 
@@ -113,3 +117,32 @@ def test_a_prompt_that_leaves_a_stored_one_inside_a_grid_batch_restores_only_the
     assert warm.stats.reuse_tier == "ram"
     assert warm.stats.reused_tokens == on_grid(shared, GRID_TOKENS)
     assert warm.token_ids == cold.token_ids
+
+
+def test_every_prompt_batch_starts_on_a_grid_point_and_stops_at_the_next(
+    tmp_path: Path, model_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with gridded(tmp_path, model_path) as engine:
+        batches: list[tuple[int, int]] = []
+        real = NativeContext.decode
+
+        def noted(
+            self: NativeContext, tokens: list[int], *, start_pos: int, sequence: int, logits_for_last: bool
+        ) -> None:
+            if len(tokens) > 1:
+                batches.append((start_pos, len(tokens)))
+            real(self, tokens, start_pos=start_pos, sequence=sequence, logits_for_last=logits_for_last)
+
+        monkeypatch.setattr(NativeContext, "decode", noted)
+        messages = first_turn(engine)
+        first = turn(engine, tuple(engine.prompt_builder.build(messages)), LONG)
+        engine.flush_cache()  # the answer computed again in batches
+        messages += [
+            ChatMessage(role=Role.ASSISTANT, parts=(first.text,), generated_ids=first.token_ids),
+            ChatMessage.of(Role.USER, "And the maps?"),
+        ]
+        turn(engine, tuple(engine.prompt_builder.build(messages)), SHORT)
+    assert len(batches) >= 5  # two prompts of several grid batches, and the recompute
+    for start, length in batches:
+        assert start % GRID_TOKENS == 0, batches
+        assert length <= GRID_TOKENS, batches

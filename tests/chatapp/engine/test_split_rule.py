@@ -32,23 +32,24 @@ def test_a_split_whose_logits_differ_in_one_bit_is_found_and_the_sequence_is_lef
     assert context.min_position(0) == -1  # nothing left in sequence 0
 
 
-def test_with_flash_attentions_rows_no_batch_of_the_probe_is_smaller(
+def test_every_split_is_tried_a_long_one_too_and_no_batch_is_smaller_than_the_rows_asked(
     loaded: tuple[NativeModel, NativeContext], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model, context = loaded
     seen: list[list[int]] = []
-    real = NativeContext.logits_split_at
 
-    def noted(self: NativeContext, tokens: list[int], splits: list[int]) -> np.ndarray:
+    def alike(self: NativeContext, tokens: list[int], splits: list[int]) -> np.ndarray:
         seen.append([*splits, len(tokens)])
-        return real(self, tokens, splits)
+        return np.zeros(model.n_vocab, dtype=np.float32)  # every split agrees: every one is tried
 
-    monkeypatch.setattr(NativeContext, "logits_split_at", noted)
-    split_problem(model, context, min_rows=20)
-    assert len(seen) > 2
-    for ends in seen:
+    monkeypatch.setattr(NativeContext, "logits_split_at", alike)
+    assert split_problem(model, context, min_rows=20) is None
+    splits = [ends for ends in seen if len(ends) == 2]
+    assert len(splits) >= 4
+    for ends in splits:
         sizes = np.diff([0, *ends])
         assert sizes.min() >= 20, ends
+    assert max(ends[-1] for ends in seen) == context.shape.n_batch  # a cold run's batch size, split too
 
 
 def test_the_verdict_is_probed_once_and_remembered_for_later_loads(
@@ -65,7 +66,7 @@ def test_the_verdict_is_probed_once_and_remembered_for_later_loads(
     memo = tmp_path / "verdicts.json"
     key = f"test|{tmp_path}"
     assert fixed_batches(model, context, gpu_layers=0, min_rows=2, key=key, memo=memo) == "it differs"
-    monkeypatch.delitem(verdict_memo._SEEN, "splits|" + key)  # a new process: only the file remembers
+    monkeypatch.setattr(verdict_memo, "_SEEN", {})  # a new process: only the file remembers
     assert fixed_batches(model, context, gpu_layers=0, min_rows=2, key=key, memo=memo) == "it differs"
     assert probes == ["probed"]
 

@@ -1,0 +1,17 @@
+"""What the cache screen and `cache stats` say a model's memory allows."""
+
+from __future__ import annotations
+
+from chatapp.services.cache_admin import describe_memory
+
+
+def test_a_model_on_a_fixed_grid_is_said_to_reuse_whole_batches_and_a_free_one_any_token() -> None:
+    assert "token-exact, and cut anywhere" in describe_memory("plain", 0, 1024)
+    gridded = describe_memory("plain", 0, 1024, grid=64)
+    assert "anywhere" not in gridded
+    assert "fixed 64-token batches" in gridded
+    window = describe_memory("iswa", 512, 1024, grid=64)
+    assert window.startswith("sliding window")
+    assert "512-token window" in window
+    assert window.endswith("reused in whole batches")
+    assert "batches" not in describe_memory("iswa", 512, 1024)
