@@ -13,10 +13,10 @@ import argparse
 
 import numpy as np
 
-from chatapp.engine.chat_template import ChatTemplate
 from chatapp.engine.llama_native import NativeContext, NativeModel
-from chatapp.engine.prompt import ChatMessage, PromptBuilder
 from chatapp.model_files import bundled_model_path
+from chatapp.prompting.chat_template import ChatTemplate
+from chatapp.prompting.prompt import ChatMessage, PromptBuilder
 from chatapp.vocabulary import Role
 
 

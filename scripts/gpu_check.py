@@ -19,8 +19,8 @@ from chatapp.engine.contract import EngineClient
 from chatapp.engine.engine import Engine, EngineConfig
 from chatapp.engine.events import GenerationResult
 from chatapp.engine.llama_native import gpu_offload_supported
-from chatapp.engine.prompt import ChatMessage
 from chatapp.engine.requests import GenerationRequest, SamplingParams
+from chatapp.prompting.prompt import ChatMessage
 from chatapp.services.prompt_plan import builder_of
 from chatapp.services.startup import open_workspace
 from chatapp.vocabulary import Role, StopReason

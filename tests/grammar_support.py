@@ -7,10 +7,10 @@ import math
 
 import llama_cpp
 
-from chatapp.engine.grammar import Grammar
 from chatapp.engine.llama_native import NativeModel
 from chatapp.engine.requests import SamplingParams
 from chatapp.engine.sampling import NativeSampler
+from chatapp.prompting.grammar import Grammar
 
 
 def chain_allows(sampler: NativeSampler, token: int) -> bool:

@@ -11,9 +11,9 @@ import pytest
 
 from chatapp.engine.engine import Engine, EngineConfig
 from chatapp.engine.llama_native import NativeModel
-from chatapp.engine.prompt import ChatMessage
 from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.model_files import bundled_model_path
+from chatapp.prompting.prompt import ChatMessage
 from chatapp.vocabulary import Role, StopReason
 from tests.model_factory import TINY_MODEL_THREADS, tokenizer_fields, write_tiny_llama
 

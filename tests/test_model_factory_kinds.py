@@ -18,8 +18,8 @@ import pytest
 
 from chatapp.engine.engine import Engine, EngineConfig
 from chatapp.engine.events import GenerationResult
-from chatapp.engine.prompt import ChatMessage
 from chatapp.engine.requests import GenerationRequest, SamplingParams
+from chatapp.prompting.prompt import ChatMessage
 from chatapp.vocabulary import Role, StopReason
 from tests.model_factory import (
     TINY_MODEL_THREADS,

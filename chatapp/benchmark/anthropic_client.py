@@ -15,7 +15,7 @@ from typing import Any
 
 from chatapp.benchmark.peers import PeerAnswer
 from chatapp.benchmark.workloads import Request
-from chatapp.engine.prompt import ChatMessage
+from chatapp.prompting.prompt import ChatMessage
 from chatapp.tools import ToolCall
 from chatapp.vocabulary import Role
 

@@ -26,7 +26,7 @@ from chatapp.benchmark.goals import Verdict
 from chatapp.benchmark.memory import folder_bytes
 from chatapp.benchmark.peers import ChatappPeer, PeerSettings
 from chatapp.benchmark.workloads import PromptKit
-from chatapp.engine.prompt import ChatMessage
+from chatapp.prompting.prompt import ChatMessage
 from chatapp.vocabulary import Role
 
 FIGURE_NAMES = ("L", "S")  # chosen with --workloads beside the peer workloads A-E

@@ -24,8 +24,8 @@ from chatapp.benchmark.llama_server import uncached_server
 from chatapp.benchmark.peers import PeerSettings
 from chatapp.benchmark.workloads import PromptKit
 from chatapp.engine.opening import EngineConfig, start_local_engine
-from chatapp.engine.prompt import ChatMessage
 from chatapp.engine.requests import GenerationRequest, SamplingParams
+from chatapp.prompting.prompt import ChatMessage
 from chatapp.vocabulary import Role
 
 PREFILL_NAME = "P"

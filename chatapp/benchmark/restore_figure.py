@@ -23,8 +23,8 @@ from chatapp.benchmark.peers import PeerSettings, close_engine, open_chatapp_eng
 from chatapp.benchmark.workloads import PromptKit
 from chatapp.engine.contract import LocalEngine
 from chatapp.engine.events import GenerationResult, RestoreTimings
-from chatapp.engine.prompt import ChatMessage
 from chatapp.engine.requests import GenerationRequest, SamplingParams
+from chatapp.prompting.prompt import ChatMessage
 from chatapp.vocabulary import ReuseTier, Role
 
 RESTORE_NAME = "R"

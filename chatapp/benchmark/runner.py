@@ -98,10 +98,10 @@ from chatapp.benchmark.workloads import (
     build_workloads,
 )
 from chatapp.engine.opening import default_thread_count
-from chatapp.engine.prompt import PromptBuilder
 from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.errors import ChatappError
 from chatapp.models.machine import resolve_model
+from chatapp.prompting.prompt import PromptBuilder
 from chatapp.services.answer_shape import AnswerShape, ToolChoice, read_answer
 from chatapp.services.completions import kept_length
 from chatapp.services.prompt_plan import builder_of

@@ -32,7 +32,7 @@ from chatapp.benchmark.peers import Peer, PeerAnswer, PeerSettings
 from chatapp.benchmark.serve_peer import ChatappServePeer
 from chatapp.benchmark.workloads import PromptKit
 from chatapp.engine.batch_cost import PROMPTS_TOGETHER, prompts_together_ratio
-from chatapp.engine.prompt import ChatMessage
+from chatapp.prompting.prompt import ChatMessage
 from chatapp.vocabulary import Role
 
 STREAMS_NAME = "N"

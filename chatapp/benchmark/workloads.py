@@ -29,7 +29,7 @@ from cache.keys import as_token_array, common_prefix_length
 from chatapp.benchmark.agent_tools import TOOL_SET, AgentTexts
 from chatapp.documents import Document
 from chatapp.engine.opening import open_prompt_builder
-from chatapp.engine.prompt import ChatMessage
+from chatapp.prompting.prompt import ChatMessage
 from chatapp.services.drafts import draft_prompt_tokens
 from chatapp.services.messages import Turn, conversation_messages, next_question_parts
 from chatapp.services.prompt_plan import plan_prompt

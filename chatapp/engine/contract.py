@@ -15,9 +15,9 @@ from typing import Protocol
 from cache.prefix_cache import PrefixCache
 from chatapp.engine.handle import GenerationHandle
 from chatapp.engine.model_card import Capabilities, ModelInfo
-from chatapp.engine.prompt import PromptBuilder
 from chatapp.engine.requests import GenerationRequest
 from chatapp.engine.restore_costs import RestoreCosts
+from chatapp.prompting.prompt import PromptBuilder
 
 
 class EngineClient(Protocol):

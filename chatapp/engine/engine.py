@@ -25,13 +25,13 @@ from chatapp.engine.kv_placement import KVPlacer
 from chatapp.engine.llama_native import NativeContext, NativeModel
 from chatapp.engine.loading import LoadedModel, load_model
 from chatapp.engine.model_card import LOCAL_CAPABILITIES, Capabilities, ModelInfo
-from chatapp.engine.prompt import PromptBuilder
 from chatapp.engine.requests import GenerationRequest
 from chatapp.engine.restore_costs import RestoreCosts
 from chatapp.engine.runner import Runner
 from chatapp.engine.scheduler import Scheduler
 from chatapp.engine.sequences import Sequences
 from chatapp.errors import ContextOverflowError
+from chatapp.prompting.prompt import PromptBuilder
 
 # EngineConfig and the rest stay importable from here (tests and older callers use this path).
 __all__ = ["CacheFactory", "Engine", "EngineConfig", "default_thread_count"]

@@ -22,11 +22,11 @@ import llama_cpp
 import numpy as np
 
 from cache.state_format import MemoryKind
-from chatapp.engine.grammar import Grammar
 from chatapp.engine.model_card import ModelFacts
 from chatapp.engine.thread_switches import brisk_thread_switches
 from chatapp.errors import GrammarError, LoadCancelled, ModelError
 from chatapp.models.file_types import quantization_name
+from chatapp.prompting.grammar import Grammar
 
 llama_logger = logging.getLogger("chatapp.llama")
 # ggml_log_level in the llama.cpp this package pins: NONE, DEBUG, INFO, WARN, ERROR, CONT (5).

@@ -23,8 +23,8 @@ from chatapp.engine.batching import FLASH_ATTENTION_ROWS, GRID_TOKENS, MIN_ROWS
 from chatapp.engine.config import CacheFactory, EngineConfig, default_thread_count, split_progress
 from chatapp.engine.llama_native import NativeContext, NativeModel, gpu_offload_supported
 from chatapp.engine.model_card import ModelInfo
-from chatapp.engine.prompt import PromptBuilder
 from chatapp.engine.split_rule import fixed_batches
+from chatapp.prompting.prompt import PromptBuilder
 
 log = logging.getLogger(__name__)
 

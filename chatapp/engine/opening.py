@@ -15,11 +15,11 @@ from chatapp.engine.config import CacheFactory, EngineConfig, LoadProgress, defa
 from chatapp.engine.contract import EngineClient, LocalEngine
 from chatapp.engine.engine import Engine
 from chatapp.engine.llama_native import NativeModel
-from chatapp.engine.prompt import PromptBuilder
 from chatapp.engine.remote import RemoteConfig, RemoteEngine
 from chatapp.engine.remote_chat import RemoteChatEngine
 from chatapp.engine.remote_http import MissingEndpointError, RemoteClient
 from chatapp.engine.thread_switches import brisk_thread_switches
+from chatapp.prompting.prompt import PromptBuilder
 
 __all__ = [
     "CacheFactory",

@@ -16,11 +16,9 @@ from typing import Any
 
 import xxhash
 
-from chatapp.engine.chat_template import FALLBACK_CHATML, ChatTemplate
 from chatapp.engine.events import GenerationResult
 from chatapp.engine.handle import GenerationHandle
 from chatapp.engine.model_card import Capabilities
-from chatapp.engine.prompt import PromptBuilder
 from chatapp.engine.remote_http import (
     HttpEngine,
     RemoteClient,
@@ -31,6 +29,8 @@ from chatapp.engine.remote_http import (
 )
 from chatapp.engine.requests import GenerationRequest
 from chatapp.errors import ContextOverflowError
+from chatapp.prompting.chat_template import FALLBACK_CHATML, ChatTemplate
+from chatapp.prompting.prompt import PromptBuilder
 from chatapp.vocabulary import StopReason
 
 __all__ = ["RemoteConfig", "RemoteEngine", "RemoteEngineError", "served_model_fingerprint"]

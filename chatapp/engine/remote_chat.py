@@ -19,9 +19,9 @@ import xxhash
 from chatapp.engine.events import GenerationResult
 from chatapp.engine.handle import GenerationHandle
 from chatapp.engine.model_card import Capabilities
-from chatapp.engine.prompt import PromptBuilder
 from chatapp.engine.remote_http import HttpEngine, RemoteClient, RemoteEngineError, StreamedRequest, served_model_info
 from chatapp.engine.requests import GenerationRequest
+from chatapp.prompting.prompt import PromptBuilder
 from chatapp.vocabulary import StopReason
 
 CHAT_CAPABILITIES = Capabilities(

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from chatapp.engine.grammar import Grammar
-from chatapp.engine.prompt import ChatMessage
+from chatapp.prompting.grammar import Grammar
+from chatapp.prompting.prompt import ChatMessage
 
 
 @dataclass(frozen=True)

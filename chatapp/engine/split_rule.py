@@ -41,11 +41,12 @@ def split_problem(model: NativeModel, context: NativeContext, min_rows: int) -> 
     Every batch has at least `min_rows` tokens (flash attention's rule). Uses sequence 0 and
     clears it afterwards.
     """
-    text = model.tokenize(PROBE_TEXT, add_special=True, parse_special=False)
-    length = min(len(text), context.shape.n_batch, max(PROBE_TOKENS, 2 * min_rows + 40))
+    room = min(context.shape.n_batch, context.shape.n_ctx_per_sequence)  # one batch, within one sequence
+    text = model.tokenize(PROBE_TEXT, add_special=True, parse_special=False)[:room]
+    length = min(len(text), max(PROBE_TOKENS, 2 * min_rows + 40))
     cuts = sorted({*FIRST_BATCHES, *(length - last for last in LAST_BATCHES), min_rows + 7, length - min_rows - 9})
     trials = [(length, cut) for cut in cuts if min_rows <= cut <= length - min_rows]
-    long = min(len(text), context.shape.n_batch, LONG_PROBE_TOKENS)
+    long = min(len(text), LONG_PROBE_TOKENS)
     if long > length:
         trials.append((long, long // 2 + 1))
     try:

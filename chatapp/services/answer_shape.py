@@ -13,12 +13,12 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
-from chatapp.engine.grammar import TRIGGER_PATTERN_FULL, TRIGGER_WORD, Grammar
-from chatapp.engine.harmony import HarmonyReader
-from chatapp.engine.json_grammar import ANY_OBJECT, schema_grammar
-from chatapp.engine.prompt import PromptBuilder
-from chatapp.engine.tool_harmony import HarmonyToolFormat, is_trigger_pattern
 from chatapp.errors import ChatappError, GrammarError
+from chatapp.prompting.grammar import TRIGGER_PATTERN_FULL, TRIGGER_WORD, Grammar
+from chatapp.prompting.harmony import HarmonyReader
+from chatapp.prompting.json_grammar import ANY_OBJECT, schema_grammar
+from chatapp.prompting.prompt import PromptBuilder
+from chatapp.prompting.tool_harmony import HarmonyToolFormat, is_trigger_pattern
 from chatapp.tools import ToolCall, ToolSpec
 
 

@@ -9,7 +9,7 @@ prefix, so a checkpoint sits where the next question's tokens begin.
 
 from __future__ import annotations
 
-from chatapp.engine.prompt import ChatMessage, PromptBuilder
+from chatapp.prompting.prompt import ChatMessage, PromptBuilder
 from chatapp.services.drafts import draft_prompt_tokens
 from chatapp.vocabulary import Role
 

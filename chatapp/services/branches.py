@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from chatapp.documents import Document
-from chatapp.engine.prompt import ChatMessage
+from chatapp.prompting.prompt import ChatMessage
 from chatapp.records import ConversationRecord, DocumentRecord, MessageRecord
 from chatapp.services.messages import Turn, conversation_messages
 

@@ -14,9 +14,9 @@ from typing import Any
 
 from cache.prefix_cache import PrefixCache
 from chatapp.engine.contract import EngineClient
-from chatapp.engine.prompt import ChatMessage
 from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.errors import ChatappError
+from chatapp.prompting.prompt import ChatMessage
 from chatapp.records import PersonaRecord, PinRecord
 from chatapp.services import cache_admin
 from chatapp.services.branches import as_document

@@ -17,8 +17,8 @@ from chatapp.documents import Document, load_document
 from chatapp.engine.contract import EngineClient
 from chatapp.engine.events import GenerationResult
 from chatapp.engine.handle import GenerationHandle
-from chatapp.engine.prompt import ChatMessage, PromptBuilder
 from chatapp.errors import ChatappError
+from chatapp.prompting.prompt import ChatMessage, PromptBuilder
 from chatapp.records import ConversationRecord, DocumentRecord, MessageRecord, PersonaRecord
 from chatapp.services.answer_shape import AnswerShape, StreamedContent, shown_text, speaks_harmony
 from chatapp.services.answers import AnswerJob

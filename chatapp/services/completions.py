@@ -23,12 +23,12 @@ from dataclasses import dataclass, field, replace
 import xxhash
 
 from cache.keys import as_token_array, common_prefix_length
-from chatapp.engine.chat_template import TemplateRenderError
 from chatapp.engine.contract import EngineClient
 from chatapp.engine.handle import GenerationHandle
-from chatapp.engine.prompt import ChatMessage, PromptBuilder
 from chatapp.engine.requests import SamplingParams
 from chatapp.errors import ChatappError, GrammarError
+from chatapp.prompting.chat_template import TemplateRenderError
+from chatapp.prompting.prompt import ChatMessage, PromptBuilder
 from chatapp.reasoning import Reasoning
 from chatapp.services.answer_run import AnswerRun, EndedAnswer
 from chatapp.services.answer_shape import FREE_TEXT, AnswerShape, ShapedAnswer, ShapeError, StreamedContent, read_answer

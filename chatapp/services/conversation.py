@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from chatapp.documents import Document
-from chatapp.engine.prompt import ChatMessage
+from chatapp.prompting.prompt import ChatMessage
 from chatapp.services.messages import Turn, conversation_messages
 from chatapp.vocabulary import Role
 

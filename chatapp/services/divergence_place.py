@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from chatapp.engine.prompt import ChatMessage, PromptBuilder
+from chatapp.prompting.prompt import ChatMessage, PromptBuilder
 from chatapp.vocabulary import Role
 
 

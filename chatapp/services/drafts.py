@@ -6,7 +6,7 @@ cannot be cut sit at the same places (boundaries.py), so both take them from her
 
 from __future__ import annotations
 
-from chatapp.engine.prompt import ChatMessage, PromptBuilder
+from chatapp.prompting.prompt import ChatMessage, PromptBuilder
 from chatapp.vocabulary import Role
 
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from chatapp.documents import Document
-from chatapp.engine.prompt import ChatMessage
+from chatapp.prompting.prompt import ChatMessage
 from chatapp.vocabulary import Role
 
 DOCUMENT_TEMPLATE = '<document name="{name}">\n{text}\n</document>\n\n'

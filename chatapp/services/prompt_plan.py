@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 from chatapp.engine.contract import EngineClient
 from chatapp.engine.handle import GenerationHandle
-from chatapp.engine.prompt import ChatMessage, PromptBuilder
 from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.errors import ChatappError, ContextOverflowError, DocumentError
+from chatapp.prompting.prompt import ChatMessage, PromptBuilder
 from chatapp.services.boundaries import reuse_boundaries
 
 

@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from chatapp.engine.contract import EngineClient
-from chatapp.engine.grammar import Grammar
 from chatapp.engine.model_card import ModelFacts, ModelInfo
 from chatapp.engine.requests import SamplingParams
 from chatapp.errors import StoreError
+from chatapp.prompting.grammar import Grammar
 from chatapp.reasoning import Reasoning
 from chatapp.services.answer_shape import FREE_TEXT, AnswerShape
 from chatapp.services.completions import (

@@ -14,9 +14,9 @@ from collections.abc import Sequence
 
 from chatapp.engine.contract import EngineClient
 from chatapp.engine.handle import GenerationHandle
-from chatapp.engine.prompt import ChatMessage
 from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.errors import ContextOverflowError
+from chatapp.prompting.prompt import ChatMessage
 from chatapp.services.drafts import draft_prompt_tokens, settled_text
 from chatapp.services.prompt_plan import PromptPlan
 from chatapp.vocabulary import Role

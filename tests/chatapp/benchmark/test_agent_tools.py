@@ -9,7 +9,7 @@ import pytest
 from chatapp.benchmark.agent_tools import ARGUMENTS, OUTPUTS, STEP_TOOLS, TOOL_SET, AgentTexts
 from chatapp.benchmark.workloads import TextMaker
 from chatapp.engine.llama_native import NativeModel
-from chatapp.engine.tool_blocks import HERMES, XML
+from chatapp.prompting.tool_blocks import HERMES, XML
 from chatapp.tools import ToolSpec
 
 TYPES: dict[str, type] = {"string": str, "integer": int, "boolean": bool, "array": list, "object": dict}

@@ -19,14 +19,14 @@ from chatapp.benchmark.workloads import SCALES, Request, Workload, build_workloa
 from chatapp.engine.handle import GenerationHandle
 from chatapp.engine.llama_native import NativeModel
 from chatapp.engine.opening import open_prompt_builder
-from chatapp.engine.prompt import ChatMessage
 from chatapp.engine.requests import GenerationRequest
+from chatapp.prompting.prompt import ChatMessage
 from chatapp.tools import ToolSpec
 from chatapp.vocabulary import Role
 from tests.chatapp.benchmark.test_agent_tools import TYPES, follows
 from tests.model_factory import write_tiny_llama
 
-TEMPLATES = Path(__file__).parents[1] / "engine" / "templates"
+TEMPLATES = Path(__file__).parents[1] / "prompting" / "templates"
 SCALE = SCALES["tiny"]
 
 

@@ -23,8 +23,8 @@ from typing import TypedDict
 
 from chatapp.engine.engine import Engine
 from chatapp.engine.events import GenerationResult
-from chatapp.engine.prompt import ChatMessage
 from chatapp.engine.requests import GenerationRequest, SamplingParams
+from chatapp.prompting.prompt import ChatMessage
 from chatapp.services.library import open_library
 from chatapp.services.startup import open_workspace
 from chatapp.vocabulary import Role

@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 from chatapp.engine.engine import Engine
-from chatapp.engine.prompt import ChatMessage
 from chatapp.engine.requests import GenerationRequest, SamplingParams
+from chatapp.prompting.prompt import ChatMessage
 from chatapp.services.boundaries import reuse_boundaries
 from chatapp.vocabulary import ReuseTier, Role
 from tests.cache_support import cached_engine

@@ -52,8 +52,8 @@ from cache.state_format import MemoryKind
 from chatapp.engine.batching import FLASH_ATTENTION_ROWS
 from chatapp.engine.engine import Engine, EngineConfig
 from chatapp.engine.kv_placement import RESTORE_MARGIN_TOKENS
-from chatapp.engine.prompt import ChatMessage
 from chatapp.engine.requests import GenerationRequest, SamplingParams
+from chatapp.prompting.prompt import ChatMessage
 from chatapp.services.boundaries import reuse_boundaries
 from chatapp.vocabulary import Role, StopReason
 from tests.cache_support import cached_engine

@@ -8,9 +8,9 @@ from chatapp.engine.engine import Engine
 from chatapp.engine.events import GenerationResult, PrefillProgress, PromptPlaced, TokenText
 from chatapp.engine.gate import Step
 from chatapp.engine.llama_native import DecodeAborted, NativeContext, NativeModel
-from chatapp.engine.prompt import ChatMessage
 from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.errors import ContextOverflowError
+from chatapp.prompting.prompt import ChatMessage
 from chatapp.vocabulary import ReuseTier, Role, StopReason
 
 # ignore_eos: every answer runs to max_tokens, whatever the model would write on this CPU.

@@ -10,8 +10,8 @@ import pytest
 from chatapp.engine.engine import Engine, EngineConfig
 from chatapp.engine.events import GenerationResult, PromptPlaced
 from chatapp.engine.kv_placement import FRESH_TOKENS
-from chatapp.engine.prompt import ChatMessage
 from chatapp.engine.requests import GenerationRequest, SamplingParams
+from chatapp.prompting.prompt import ChatMessage
 from chatapp.vocabulary import Role
 from tests.cache_support import cached_engine
 

@@ -10,8 +10,8 @@ from chatapp.engine.engine import Engine
 from chatapp.engine.events import GenerationResult, PrefillProgress, PromptPlaced
 from chatapp.engine.gate import Step
 from chatapp.engine.handle import GenerationHandle
-from chatapp.engine.prompt import ChatMessage
 from chatapp.engine.requests import GenerationRequest, SamplingParams
+from chatapp.prompting.prompt import ChatMessage
 from chatapp.vocabulary import Role, StopReason
 from tests.cache_support import cached_engine
 

@@ -14,9 +14,9 @@ from chatapp.engine.engine import Engine, EngineConfig
 from chatapp.engine.events import PrefillProgress
 from chatapp.engine.gate import Step
 from chatapp.engine.handle import EngineEvent, GenerationHandle
-from chatapp.engine.prompt import ChatMessage
 from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.engine.turns import common_prefix_length
+from chatapp.prompting.prompt import ChatMessage
 from chatapp.vocabulary import Role, StopReason
 from tests.cache_support import cached_engine
 

@@ -15,8 +15,8 @@ from chatapp.engine.engine import Engine
 from chatapp.engine.events import GenerationResult
 from chatapp.engine.kv_placement import FRESH_TOKENS
 from chatapp.engine.llama_native import NativeContext
-from chatapp.engine.prompt import ChatMessage
 from chatapp.engine.requests import GenerationRequest, SamplingParams
+from chatapp.prompting.prompt import ChatMessage
 from chatapp.vocabulary import Role
 from tests.cache_support import cached_engine
 

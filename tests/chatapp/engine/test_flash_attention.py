@@ -17,8 +17,8 @@ from chatapp.engine.batching import FLASH_ATTENTION_ROWS
 from chatapp.engine.engine import Engine, EngineConfig
 from chatapp.engine.events import GenerationResult
 from chatapp.engine.llama_native import NativeContext, NativeModel
-from chatapp.engine.prompt import ChatMessage
 from chatapp.engine.requests import GenerationRequest, SamplingParams
+from chatapp.prompting.prompt import ChatMessage
 from chatapp.vocabulary import Role
 from tests.cache_support import cached_engine
 

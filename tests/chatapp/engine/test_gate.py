@@ -7,8 +7,8 @@ import pytest
 from chatapp.engine.engine import Engine
 from chatapp.engine.events import PrefillProgress, TokenText
 from chatapp.engine.gate import Step, StepGate
-from chatapp.engine.prompt import ChatMessage
 from chatapp.engine.requests import GenerationRequest, SamplingParams
+from chatapp.prompting.prompt import ChatMessage
 from chatapp.vocabulary import Role, StopReason
 
 LONG = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)  # never ends before its length

@@ -21,8 +21,8 @@ import pytest
 from cache.state_format import MemoryKind
 from chatapp.engine.batching import on_grid
 from chatapp.engine.engine import Engine, EngineConfig
-from chatapp.engine.prompt import ChatMessage
 from chatapp.engine.requests import GenerationRequest
+from chatapp.prompting.prompt import ChatMessage
 from chatapp.services.boundaries import reuse_boundaries
 from chatapp.vocabulary import ReuseTier, Role
 from tests.cache_support import cached_engine

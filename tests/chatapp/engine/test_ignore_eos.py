@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from chatapp.engine.engine import Engine
-from chatapp.engine.grammar import Grammar
 from chatapp.engine.llama_native import NativeModel
-from chatapp.engine.prompt import ChatMessage
 from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.engine.sampling import NativeSampler
+from chatapp.prompting.grammar import Grammar
+from chatapp.prompting.prompt import ChatMessage
 from chatapp.vocabulary import Role, StopReason
 from tests.grammar_support import chain_allows
 

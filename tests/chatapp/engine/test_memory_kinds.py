@@ -18,8 +18,8 @@ from chatapp.engine.engine import Engine, EngineConfig
 from chatapp.engine.events import GenerationResult, PrefillProgress
 from chatapp.engine.gate import Step
 from chatapp.engine.kv_placement import FRESH_TOKENS
-from chatapp.engine.prompt import ChatMessage
 from chatapp.engine.requests import GenerationRequest, SamplingParams
+from chatapp.prompting.prompt import ChatMessage
 from chatapp.services.boundaries import reuse_boundaries
 from chatapp.vocabulary import ReuseTier, Role, StopReason
 from tests.cache_support import cached_engine

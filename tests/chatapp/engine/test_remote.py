@@ -17,10 +17,10 @@ from chatapp.benchmark.server_process import free_port
 from chatapp.engine.events import TokenText
 from chatapp.engine.gate import Step
 from chatapp.engine.opening import connect_remote_engine
-from chatapp.engine.prompt import ChatMessage
 from chatapp.engine.remote import RemoteConfig, RemoteEngine, RemoteEngineError, served_model_fingerprint
 from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.errors import ContextOverflowError
+from chatapp.prompting.prompt import ChatMessage
 from chatapp.services.prompt_plan import builder_of
 from chatapp.vocabulary import ReuseTier, Role, StopReason
 from tests.chatapp.engine.test_ignore_eos import SHORT_ANSWER

@@ -14,10 +14,10 @@ import pytest
 
 from chatapp.engine.events import TokenText
 from chatapp.engine.opening import connect_remote_engine
-from chatapp.engine.prompt import ChatMessage
 from chatapp.engine.remote_chat import RemoteChatEngine
 from chatapp.engine.remote_http import RemoteClient, RemoteConfig, RemoteEngineError
 from chatapp.engine.requests import GenerationRequest, SamplingParams
+from chatapp.prompting.prompt import ChatMessage
 from chatapp.services import startup
 from chatapp.services.completions import ApiMessage, CompletionRequest, CompletionService, RequestError
 from chatapp.services.prompt_plan import builder_of

@@ -10,10 +10,10 @@ import llama_cpp
 import pytest
 
 from chatapp.engine import sampling
-from chatapp.engine.grammar import Grammar
 from chatapp.engine.llama_native import NativeContext, NativeModel, grammar_sampler
 from chatapp.engine.requests import SamplingParams
 from chatapp.engine.sampling import NativeSampler
+from chatapp.prompting.grammar import Grammar
 
 # A shape the model's own first choice often breaks: both ways of picking are exercised.
 RECORD = Grammar(r'root ::= "{\"city\": \"" [A-Z] [a-z]{2,12} "\", \"year\": " [1-2] [0-9]{3} "}"')

@@ -86,3 +86,24 @@ def test_offloaded_layers_use_the_grid_and_a_probe_that_cannot_run_too(
     failed = fixed_batches(model, context, gpu_layers=0, min_rows=2, key=f"failed|{tmp_path}", memo=memo)
     assert failed == "the split probe could not run (llama_decode failed with status -1)"
     assert not memo.exists()  # not a verdict: the next load probes again
+
+
+def test_every_trial_fits_a_sequence_smaller_than_a_batch(
+    loaded: tuple[NativeModel, NativeContext], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, _ = loaded
+    small = NativeContext(model, n_sequences=1, n_ctx_per_sequence=128, n_threads=2, n_batch=512)
+    try:
+        sizes: list[int] = []
+        real = NativeContext.logits_split_at
+
+        def noted(self: NativeContext, tokens: list[int], splits: list[int]) -> np.ndarray:
+            sizes.append(len(tokens))
+            return real(self, tokens, splits)
+
+        monkeypatch.setattr(NativeContext, "logits_split_at", noted)
+        split_problem(model, small, min_rows=2)  # a trial past the sequence's room would raise (llama_decode)
+        assert sizes
+        assert max(sizes) <= small.shape.n_ctx_per_sequence
+    finally:
+        small.close()

@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from tests.model_factory import copy_with_chat_template
 from tests.server_support import RunningServer, running_server
 
-TEMPLATES = Path(__file__).parents[1] / "engine" / "templates"
+TEMPLATES = Path(__file__).parents[1] / "prompting" / "templates"
 
 pytestmark = pytest.mark.slow
 WEATHER_QUESTION = "What is the weather in Paris? Use the tool."

@@ -17,14 +17,14 @@ import ollama
 import openai
 import pytest
 
-from chatapp.engine.tool_mistral import MISTRAL_ARGS_WITH_IDS
+from chatapp.prompting.tool_mistral import MISTRAL_ARGS_WITH_IDS
 from chatapp.server.llama_api import LlamaCompletionBody
 from chatapp.server.tool_fields import chat_message, tool_specs
 from tests.chatapp.server.test_tool_calls import WEATHER_TOOL, create
 from tests.model_factory import MISTRAL_SPECIAL_TOKENS, write_tiny_llama
 from tests.server_support import RunningServer, running_server
 
-TEMPLATES = Path(__file__).parents[1] / "engine" / "templates"
+TEMPLATES = Path(__file__).parents[1] / "prompting" / "templates"
 NINE_ALNUM = re.compile(r"[a-zA-Z0-9]{9}")
 # test_tool_calls.py's tool with a short city: a tiny model's text runs on to the token limit otherwise.
 SHORT_WEATHER_TOOL: dict[str, Any] = json.loads(json.dumps(WEATHER_TOOL))

@@ -7,9 +7,9 @@ from typing import cast
 from hypothesis import given
 from hypothesis import strategies as st
 
-from chatapp.engine.prompt import PromptBuilder
-from chatapp.engine.tool_blocks import HERMES
-from chatapp.engine.tool_harmony import HARMONY
+from chatapp.prompting.prompt import PromptBuilder
+from chatapp.prompting.tool_blocks import HERMES
+from chatapp.prompting.tool_harmony import HARMONY
 from chatapp.services.answer_shape import FREE_TEXT, AnswerShape, ShapedAnswer, StreamedContent, read_answer
 from chatapp.tools import ToolSpec
 

@@ -10,8 +10,8 @@ import pytest
 from cache.keys import as_token_array
 from chatapp.engine.contract import EngineClient
 from chatapp.engine.engine import Engine
-from chatapp.engine.prompt import ChatMessage
 from chatapp.errors import ChatappError
+from chatapp.prompting.prompt import ChatMessage
 from chatapp.services.branches import as_document
 from chatapp.services.cache_view import CacheService
 from chatapp.services.chat_service import ChatService

@@ -12,8 +12,8 @@ import pytest
 from chatapp.documents import Document, load_document
 from chatapp.engine.engine import Engine, EngineConfig
 from chatapp.engine.kv_placement import FRESH_TOKENS
-from chatapp.engine.prompt import ChatMessage
 from chatapp.errors import ChatappError, DocumentError
+from chatapp.prompting.prompt import ChatMessage
 from chatapp.records import MessageRecord
 from chatapp.services.answers import AnswerJob
 from chatapp.services.branches import as_document, prompt_messages
@@ -645,7 +645,7 @@ def test_a_gpt_oss_answer_shows_its_reply_not_its_reasoning(
     workspace: Workspace, library: Library, tmp_path: Path
 ) -> None:
     """Saved raw (the history needs its channels), shown as its reply: in the branch view and as it streams."""
-    template = (Path(__file__).parents[1] / "engine" / "templates" / "gpt_oss.jinja").read_text(encoding="utf-8")
+    template = (Path(__file__).parents[1] / "prompting" / "templates" / "gpt_oss.jinja").read_text(encoding="utf-8")
     model = write_tiny_llama(tmp_path / "tiny-gpt_oss.gguf", chat_template=template, special_tokens=HARMONY_TOKENS)
     engine = Engine(EngineConfig(model, context_cap=256, sequences=1, threads=1))
     service = make_service(workspace, library, engine)

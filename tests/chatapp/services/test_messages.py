@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from chatapp.documents import Document
 from chatapp.engine.engine import Engine
-from chatapp.engine.prompt import ChatMessage
+from chatapp.prompting.prompt import ChatMessage
 from chatapp.records import MessageRecord
 from chatapp.services.branches import prompt_messages
 from chatapp.services.completions import ApiMessage, CompletionService

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from chatapp.engine.engine import Engine
-from chatapp.engine.prompt import ChatMessage
 from chatapp.engine.requests import SamplingParams
 from chatapp.errors import ContextOverflowError, DocumentError
+from chatapp.prompting.prompt import ChatMessage
 from chatapp.services.prompt_plan import (
     PromptPlan,
     PromptTooLongError,

@@ -12,8 +12,8 @@ from chatapp.documents import Document
 from chatapp.engine.engine import Engine, EngineConfig
 from chatapp.engine.gate import Step
 from chatapp.engine.handle import GenerationHandle
-from chatapp.engine.prompt import ChatMessage
 from chatapp.engine.requests import GenerationRequest, SamplingParams
+from chatapp.prompting.prompt import ChatMessage
 from chatapp.services.conversation import Conversation
 from chatapp.services.drafts import draft_prompt_tokens, settled_text
 from chatapp.services.messages import document_block

@@ -15,8 +15,8 @@ from typing import Any
 
 from llama_cpp.llama_grammar import SchemaConverter
 
-from chatapp.engine.grammar import Grammar
 from chatapp.errors import GrammarError
+from chatapp.prompting.grammar import Grammar
 
 # Keywords the converter would ignore: the answer could break them.
 UNSUPPORTED_KEYWORDS = frozenset(

@@ -15,9 +15,9 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from chatapp.engine.grammar import Grammar
-from chatapp.engine.json_grammar import RuleSet, anything_but, enforceable_part, literal
-from chatapp.engine.tool_formats import ANY_IDS, ParsedAnswer, ParsedCall, calls_grammar, json_call_rule
+from chatapp.prompting.grammar import Grammar
+from chatapp.prompting.json_grammar import RuleSet, anything_but, enforceable_part, literal
+from chatapp.prompting.tool_formats import ANY_IDS, ParsedAnswer, ParsedCall, calls_grammar, json_call_rule
 from chatapp.tools import ToolCall, ToolResult, ToolSpec, arguments_json
 
 CALL_OPEN = "<tool_call>"

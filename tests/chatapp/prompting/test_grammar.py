@@ -22,16 +22,16 @@ from hypothesis import strategies as st
 
 from chatapp.engine.engine import Engine, EngineConfig
 from chatapp.engine.events import GenerationResult
-from chatapp.engine.grammar import Grammar
-from chatapp.engine.json_grammar import schema_grammar
 from chatapp.engine.llama_native import NativeModel
-from chatapp.engine.prompt import ChatMessage, ModelVocabulary, PromptBuilder
 from chatapp.engine.requests import GenerationRequest, SamplingParams
-from chatapp.engine.tool_blocks import HermesToolFormat, XmlToolFormat
-from chatapp.engine.tool_harmony import HarmonyToolFormat
-from chatapp.engine.tool_llama import LlamaJsonToolFormat
-from chatapp.engine.tool_mistral import MistralArgsToolFormat, MistralJsonToolFormat
 from chatapp.errors import GrammarError
+from chatapp.prompting.grammar import Grammar
+from chatapp.prompting.json_grammar import schema_grammar
+from chatapp.prompting.prompt import ChatMessage, ModelVocabulary, PromptBuilder
+from chatapp.prompting.tool_blocks import HermesToolFormat, XmlToolFormat
+from chatapp.prompting.tool_harmony import HarmonyToolFormat
+from chatapp.prompting.tool_llama import LlamaJsonToolFormat
+from chatapp.prompting.tool_mistral import MistralArgsToolFormat, MistralJsonToolFormat
 from chatapp.tools import ToolCall, ToolResult, ToolSpec, canonical_json
 from chatapp.vocabulary import Role
 from tests.grammar_support import grammar_takes
@@ -348,7 +348,7 @@ def test_a_tool_result_never_becomes_a_special_token(qwen_engine: Engine) -> Non
 
 
 def test_llama_calls_are_the_whole_answer_and_name_a_tool() -> None:
-    from chatapp.engine.tool_llama import LLAMA_JSON
+    from chatapp.prompting.tool_llama import LLAMA_JSON
 
     tools = (WEATHER,)
     assert LLAMA_JSON.parse('{"name": "get_weather", "parameters": {"city": "Oslo"}}', tools).calls

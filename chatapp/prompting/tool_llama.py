@@ -10,9 +10,9 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from chatapp.engine.grammar import Grammar
-from chatapp.engine.json_grammar import RuleSet
-from chatapp.engine.tool_formats import ANY_IDS, ParsedAnswer, ParsedCall, calls_grammar, json_call_rule
+from chatapp.prompting.grammar import Grammar
+from chatapp.prompting.json_grammar import RuleSet
+from chatapp.prompting.tool_formats import ANY_IDS, ParsedAnswer, ParsedCall, calls_grammar, json_call_rule
 from chatapp.tools import ToolSpec, arguments_json
 
 OPENING = '{"name": '

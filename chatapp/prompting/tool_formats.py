@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from chatapp.engine.grammar import Grammar, regex_literal
-from chatapp.engine.json_grammar import ROOT, RuleSet, literal
+from chatapp.prompting.grammar import Grammar, regex_literal
+from chatapp.prompting.json_grammar import ROOT, RuleSet, literal
 from chatapp.tools import ToolSpec
 
 

@@ -14,10 +14,19 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from chatapp.engine.grammar import Grammar, regex_literal
-from chatapp.engine.harmony import CHANNEL, CONSTRAIN, END, FUNCTIONS, MESSAGE, NEXT_MESSAGE, HarmonyCall, HarmonyReader
-from chatapp.engine.json_grammar import ROOT, RuleSet, anything_but, literal
-from chatapp.engine.tool_formats import ANY_IDS, ParsedAnswer, ParsedCall
+from chatapp.prompting.grammar import Grammar, regex_literal
+from chatapp.prompting.harmony import (
+    CHANNEL,
+    CONSTRAIN,
+    END,
+    FUNCTIONS,
+    MESSAGE,
+    NEXT_MESSAGE,
+    HarmonyCall,
+    HarmonyReader,
+)
+from chatapp.prompting.json_grammar import ROOT, RuleSet, anything_but, literal
+from chatapp.prompting.tool_formats import ANY_IDS, ParsedAnswer, ParsedCall
 from chatapp.tools import ToolSpec, arguments_json
 
 RECIPIENT = " to=" + FUNCTIONS

@@ -25,11 +25,11 @@ from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
 
-from chatapp.engine.chat_template import FALLBACK_CHATML, ChatTemplate, TemplateRenderError
-from chatapp.engine.harmony import CALL_END, CHANNEL, HarmonyReader, as_in_inference, speaks_harmony
-from chatapp.engine.tool_blocks import HERMES
-from chatapp.engine.tool_detection import PROBE_TOOL, native_format
-from chatapp.engine.tool_formats import ToolFormat
+from chatapp.prompting.chat_template import FALLBACK_CHATML, ChatTemplate, TemplateRenderError
+from chatapp.prompting.harmony import CALL_END, CHANNEL, HarmonyReader, as_in_inference, speaks_harmony
+from chatapp.prompting.tool_blocks import HERMES
+from chatapp.prompting.tool_detection import PROBE_TOOL, native_format
+from chatapp.prompting.tool_formats import ToolFormat
 from chatapp.reasoning import Reasoning
 from chatapp.tools import ToolCall, ToolResult, ToolSpec
 from chatapp.vocabulary import Role

@@ -2,7 +2,7 @@
 and rendered again by the template in the next prompt.
 
 A tiny model whose vocabulary has Mistral's markers as special (control) tokens, as Mistral's
-vocabularies do, with Mistral's published templates (tests/chatapp/engine/templates):
+vocabularies do, with Mistral's published templates (tests/chatapp/prompting/templates):
 Nemo's (a JSON list of calls with their ids), Small 3.2's (`[TOOL_CALLS]f[CALL_ID]id[ARGS]{...}`),
 Devstral's and Ministral 3's (`[TOOL_CALLS]f[ARGS]{...}`).
 """
@@ -15,16 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from chatapp.engine.chat_template import ChatTemplate, TemplateRenderError
 from chatapp.engine.engine import Engine, EngineConfig
-from chatapp.engine.grammar import Grammar
 from chatapp.engine.llama_native import NativeModel
-from chatapp.engine.prompt import ChatMessage, PromptBuilder
 from chatapp.engine.requests import GenerationRequest, SamplingParams
-from chatapp.engine.tool_blocks import HERMES
-from chatapp.engine.tool_formats import ToolFormat
-from chatapp.engine.tool_llama import LLAMA_JSON
-from chatapp.engine.tool_mistral import (
+from chatapp.prompting.chat_template import ChatTemplate, TemplateRenderError
+from chatapp.prompting.grammar import Grammar
+from chatapp.prompting.prompt import ChatMessage, PromptBuilder
+from chatapp.prompting.tool_blocks import HERMES
+from chatapp.prompting.tool_formats import ToolFormat
+from chatapp.prompting.tool_llama import LLAMA_JSON
+from chatapp.prompting.tool_mistral import (
     MISTRAL_ARGS,
     MISTRAL_ARGS_WITH_IDS,
     MISTRAL_JSON,

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from chatapp.engine.harmony import speaks_harmony
-from chatapp.engine.tool_blocks import CALL_OPEN, HERMES, XML
-from chatapp.engine.tool_formats import ToolFormat
-from chatapp.engine.tool_harmony import HARMONY
-from chatapp.engine.tool_llama import LLAMA_JSON
-from chatapp.engine.tool_mistral import ARGS, CALL_ID, MISTRAL_ARGS, MISTRAL_ARGS_WITH_IDS, MISTRAL_JSON, TOOL_CALLS
+from chatapp.prompting.harmony import speaks_harmony
+from chatapp.prompting.tool_blocks import CALL_OPEN, HERMES, XML
+from chatapp.prompting.tool_formats import ToolFormat
+from chatapp.prompting.tool_harmony import HARMONY
+from chatapp.prompting.tool_llama import LLAMA_JSON
+from chatapp.prompting.tool_mistral import ARGS, CALL_ID, MISTRAL_ARGS, MISTRAL_ARGS_WITH_IDS, MISTRAL_JSON, TOOL_CALLS
 from chatapp.tools import ToolSpec
 
 PROBE_TOOL = ToolSpec("chatapp_probe_function", "probe", '{"type":"object","properties":{}}')

@@ -1,7 +1,7 @@
 """The append-only property of prompts, on SmolLM2's own template and three other families.
 
 Tokens come from the bundled model's real vocabulary; the other families' templates are
-their published template strings (tests/chatapp/engine/templates), with their own
+their published template strings (tests/chatapp/prompting/templates), with their own
 special-token strings.
 """
 
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from chatapp.engine.chat_template import ChatTemplate
 from chatapp.engine.llama_native import NativeModel
-from chatapp.engine.prompt import ChatMessage, PromptBuilder
+from chatapp.prompting.chat_template import ChatTemplate
+from chatapp.prompting.prompt import ChatMessage, PromptBuilder
 from chatapp.reasoning import REASONING_OFF, Reasoning
 from chatapp.vocabulary import Role
 
@@ -241,8 +241,8 @@ def test_trimming_templates_keep_the_document_tokens_whatever_follows(vocab: Nat
 
 
 def test_a_template_that_refuses_messages_gives_a_one_line_user_error() -> None:
-    from chatapp.engine.chat_template import ChatTemplate, TemplateRenderError
     from chatapp.errors import ChatappError
+    from chatapp.prompting.chat_template import ChatTemplate, TemplateRenderError
 
     template = ChatTemplate(
         source="{% for m in messages %}{% if m.role == 'user' and loop.index0 % 2 == 0 %}"

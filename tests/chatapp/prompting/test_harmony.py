@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from chatapp.engine.grammar import Grammar
-from chatapp.engine.harmony import CALL_END, END, RETURN
 from chatapp.engine.llama_native import NativeModel
-from chatapp.engine.prompt import ChatMessage, PromptBuilder
-from chatapp.engine.tool_blocks import HERMES
-from chatapp.engine.tool_detection import native_format
-from chatapp.engine.tool_harmony import HARMONY, is_trigger_pattern, trigger_pattern
+from chatapp.prompting.grammar import Grammar
+from chatapp.prompting.harmony import CALL_END, END, RETURN
+from chatapp.prompting.prompt import ChatMessage, PromptBuilder
+from chatapp.prompting.tool_blocks import HERMES
+from chatapp.prompting.tool_detection import native_format
+from chatapp.prompting.tool_harmony import HARMONY, is_trigger_pattern, trigger_pattern
 from chatapp.services.answer_shape import server_grammar
 from chatapp.tools import ToolCall, ToolResult, ToolSpec, canonical_json
 from chatapp.vocabulary import Role

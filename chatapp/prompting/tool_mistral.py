@@ -19,9 +19,16 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from chatapp.engine.grammar import Grammar
-from chatapp.engine.json_grammar import RuleSet, literal
-from chatapp.engine.tool_formats import CallIds, ParsedAnswer, ParsedCall, arguments_rule, calls_grammar, json_call_rule
+from chatapp.prompting.grammar import Grammar
+from chatapp.prompting.json_grammar import RuleSet, literal
+from chatapp.prompting.tool_formats import (
+    CallIds,
+    ParsedAnswer,
+    ParsedCall,
+    arguments_rule,
+    calls_grammar,
+    json_call_rule,
+)
 from chatapp.tools import ToolSpec, arguments_json
 
 TOOL_CALLS = "[TOOL_CALLS]"
