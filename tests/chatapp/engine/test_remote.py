@@ -82,6 +82,9 @@ def test_an_answer_equals_the_servers_own_and_the_next_turn_reuses_it(
     handle = remote.generate(GenerationRequest(prompt, GREEDY))
     streamed = [event for event in handle.events() if isinstance(event, TokenText)]
     result = handle.wait()
+    # The user reads the answer: the server computes its tokens again in batches meanwhile (a request
+    # sent at once would stop that, and the next turn would reuse the prompt only).
+    server.serving.engine.flush_cache()
     alone = server.serving.engine.generate(GenerationRequest(prompt, GREEDY, use_cache=False)).wait()
     assert (result.text, result.token_ids) == (alone.text, alone.token_ids)
     assert "".join(event.text for event in streamed) == result.text
