@@ -144,7 +144,16 @@ def load_model(
             if config.batch_answers
             else (False, "turned off in the settings")
         )
-        grid, grid_reason = prompt_grid(config, model, context, info.gpu_layers, verdict)
+        # The split probe's verdict does not depend on how many sequences the context has.
+        split_key = verdict_key(
+            config.model_path,
+            threads=threads,
+            flash_attention=config.flash_attention,
+            gpu_layers=layers,
+            sequences=1,
+            swa_full=config.swa_full,
+        )
+        grid, grid_reason = prompt_grid(config, model, context, info.gpu_layers, split_key)
         info = replace(info, prompt_grid=grid)
         if probe_progress is not None:
             probe_progress(1.0)  # the bar ends where a probe that found a difference early, or never ran, left it

@@ -4,13 +4,14 @@ On most CPU builds a token's KV is the same bits however the prompt is cut into 
 bundled SmolLM2: every split tried, 0.0 apart), and a prefix may be reused at any token. Not
 everywhere: Gemma 3 270M's tinyBLAS path gives logits up to 0.95 apart when the same 100
 tokens are split 5+95, 37+63 or 97+3 instead of computed whole (and equal for 64+36 or
-67+33), and GPU kernels are chosen by the number of rows. There a prefix continued in place,
-or restored, is exact only if its batches were the ones a cold run uses: such a model
-computes every prompt on a fixed grid (batching.GRID_TOKENS).
+67+33; 48 tokens split 21+27: 0.41 apart, while 2+46 and 5+43 agree), and GPU kernels
+are chosen by the number of rows. There a prefix continued in place, or restored, is exact
+only if its batches were the ones a cold run uses: such a model computes every prompt on a
+fixed grid (batching.GRID_TOKENS).
 
-The probe computes one short prompt whole and split at a few places, and one as long as a
-cold run's batch whole and split in two, last logits compared bit for bit, once per model
-file, build, CPU and settings (verdict_memo.py).
+The probe computes one short prompt whole and split at five places, and a longer one whole and
+split near its middle, last logits compared bit for bit (about 550 tokens of prefill), once per
+model file, build, CPU and settings (verdict_memo.py).
 """
 
 from __future__ import annotations
@@ -20,19 +21,20 @@ from pathlib import Path
 
 import numpy as np
 
+from chatapp.engine.batching import MIN_ROWS
 from chatapp.engine.llama_native import NativeContext, NativeModel
 from chatapp.engine.verdict_memo import recall, remember
 
 log = logging.getLogger(__name__)
 
 PROBE_TEXT = "The quick brown fox jumps over the lazy dog while the river runs down to the sea. " * 40
-PROBE_TOKENS = 100
-# And once at about a cold run's batch size (n_batch, at most this): kernels may change with size.
-LONG_PROBE_TOKENS = 512
-# Where the probe cuts its prompt, as (first batch, last batch) sizes: odd and even, small and large
-# (Gemma 3 270M differed at 5, 37, 2 and the last 3, 10, 31 tokens, agreed at 64 and 67).
-FIRST_BATCHES = (2, 5, 37)
-LAST_BATCHES = (3, 10, 31)
+PROBE_TOKENS = 48
+# And once longer, split near its middle: kernels may change with a batch's size.
+LONG_PROBE_TOKENS = 128
+# Where the probe cuts its prompt, as first batch sizes and last batch sizes: odd and even, small and
+# larger (Gemma 3 270M differed at 2, 5 and 37 first and 3, 10 and 31 last, agreed at 64+36 and 67+33).
+FIRST_BATCHES = (2, 5, 21)
+LAST_BATCHES = (3, 10)
 
 
 def split_problem(model: NativeModel, context: NativeContext, min_rows: int) -> str | None:
@@ -43,16 +45,23 @@ def split_problem(model: NativeModel, context: NativeContext, min_rows: int) -> 
     """
     room = min(context.shape.n_batch, context.shape.n_ctx_per_sequence)  # one batch, within one sequence
     text = model.tokenize(PROBE_TEXT, add_special=True, parse_special=False)[:room]
-    length = min(len(text), max(PROBE_TOKENS, 2 * min_rows + 40))
-    cuts = sorted({*FIRST_BATCHES, *(length - last for last in LAST_BATCHES), min_rows + 7, length - min_rows - 9})
-    trials = [(length, cut) for cut in cuts if min_rows <= cut <= length - min_rows]
-    long = min(len(text), LONG_PROBE_TOKENS)
+    if min_rows > MIN_ROWS:  # flash attention's rows: two cuts that leave batches of at least that many
+        length = min(len(text), 2 * min_rows + 40)
+        cuts = [min_rows + 7, length - min_rows - 9]
+    else:
+        length = min(len(text), PROBE_TOKENS)
+        cuts = [*FIRST_BATCHES, *(length - last for last in LAST_BATCHES)]
+    trials = [(length, cut) for cut in sorted(set(cuts)) if min_rows <= cut <= length - min_rows]
+    long = min(len(text), max(LONG_PROBE_TOKENS, length + 1))
     if long > length:
-        trials.append((long, long // 2 + 1))
+        trials.append((long, long // 2 - 3))
+    wholes: dict[int, np.ndarray] = {}
     try:
         for size, cut in trials:
             tokens = text[:size]
-            whole = context.logits_split_at(tokens, [])
+            if size not in wholes:
+                wholes[size] = context.logits_split_at(tokens, [])
+            whole = wholes[size]
             split = context.logits_split_at(tokens, [cut])
             if not np.array_equal(split, whole):
                 apart = float(np.abs(split - whole).max())
