@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from chatapp.engine.batching import on_grid
 from chatapp.engine.engine import Engine, EngineConfig
 from chatapp.engine.events import GenerationResult, PromptPlaced
 from chatapp.engine.kv_placement import FRESH_TOKENS
@@ -23,6 +24,12 @@ def prompt(engine: Engine, question: str, persona: str = PERSONA) -> tuple[int, 
     return tuple(
         engine.prompt_builder.build([ChatMessage.of(Role.SYSTEM, persona), ChatMessage.of(Role.USER, question)])
     )
+
+
+def kept(engine: Engine, tokens: int) -> int:
+    """What a prompt reuses of `tokens` it shares: all of them, or whole grid batches where the model
+    computes prompts on a grid (always on a GPU: split_rule.py)."""
+    return on_grid(tokens, engine.info.prompt_grid)
 
 
 def answer(engine: Engine, tokens: tuple[int, ...], *, use_cache: bool = True) -> GenerationResult:
@@ -65,7 +72,7 @@ def test_resident_conversation_is_answered_in_place(cached: Engine) -> None:
     answer(cached, first)
     again = answer(cached, first)
     assert again.stats.reuse_tier == "device"
-    assert again.stats.reused_tokens == len(first) - FRESH_TOKENS
+    assert again.stats.reused_tokens == kept(cached, len(first) - FRESH_TOKENS)
 
 
 def test_restore_from_ram_equals_cold(cached: Engine, engine: Engine) -> None:
@@ -75,7 +82,7 @@ def test_restore_from_ram_equals_cold(cached: Engine, engine: Engine) -> None:
     push_out(cached)
     warm = answer(cached, target)
     assert warm.stats.reuse_tier == "ram"
-    assert warm.stats.reused_tokens == len(target) - FRESH_TOKENS
+    assert warm.stats.reused_tokens == kept(cached, len(target) - FRESH_TOKENS)
     assert warm.token_ids == cold.token_ids
     restored_whole(cached, warm)
 
@@ -89,8 +96,9 @@ def test_restore_after_a_restart_comes_from_disk_and_equals_cold(
         answer(first, target)
     with cached_engine(tmp_path / "kv", model_path) as second:
         warm = answer(second, target)
+        expected = kept(second, len(target) - FRESH_TOKENS)
     assert warm.stats.reuse_tier == "disk"
-    assert warm.stats.reused_tokens == len(target) - FRESH_TOKENS
+    assert warm.stats.reused_tokens == expected
     assert warm.token_ids == cold.token_ids
 
 
@@ -113,7 +121,7 @@ def test_a_warm_up_restored_from_disk_credits_the_answer_to_disk(tmp_path: Path,
         placed, asked = placed_and_answered(second, GenerationRequest(target, GREEDY, sequence=0))
         # Answered in place, but every reused token came from disk since the restart.
         assert placed.tier == asked.stats.reuse_tier == "disk"
-        assert asked.stats.reused_tokens == len(target) - 4
+        assert asked.stats.reused_tokens == kept(second, len(target) - 4)
         by_tier = second.cache.stats()["reused_by_tier"]
         assert by_tier["disk"] == asked.stats.reused_tokens > 0
         assert by_tier["device"] == 0
@@ -132,7 +140,7 @@ def test_a_cut_inside_a_block_reuses_every_shared_token(cached: Engine, engine: 
     assert shared % 16 != 0  # diverges inside a block
     cold = cold_answer(engine, variant)
     warm = answer(cached, variant)
-    assert warm.stats.reused_tokens == shared
+    assert warm.stats.reused_tokens == kept(cached, shared)
     assert warm.stats.reuse_tier == "ram"
     assert warm.token_ids == cold.token_ids
     restored_whole(cached, warm)
@@ -147,7 +155,7 @@ def test_a_long_prefix_assembled_from_many_blocks_equals_cold(cached: Engine, en
     push_out(cached)
     warm = answer(cached, target)
     assert warm.stats.reuse_tier == "ram"
-    assert warm.stats.reused_tokens == len(target) - FRESH_TOKENS
+    assert warm.stats.reused_tokens == kept(cached, len(target) - FRESH_TOKENS)
     assert warm.token_ids == cold.token_ids
     restored_whole(cached, warm)
 
@@ -169,7 +177,7 @@ def test_stats_count_reuse_per_tier(cached: Engine) -> None:
     assert cached.cache is not None
     stats = cached.cache.stats()
     assert stats["requests"] == 2
-    assert stats["reused_by_tier"]["device"] == len(target) - FRESH_TOKENS
+    assert stats["reused_by_tier"]["device"] == kept(cached, len(target) - FRESH_TOKENS)
     assert 0.4 < stats["hit_rate"] < 0.6
 
 
@@ -179,7 +187,7 @@ def test_flush_waits_for_the_answer_just_given(cached: Engine) -> None:
         target = prompt(cached, f"Question number {index}: what is a clause?")
         answer(cached, target)
         cached.flush_cache()
-        assert cached.cache.lookup(np.asarray(target)).tokens == len(target)
+        assert cached.cache.lookup(np.asarray(target)).tokens == kept(cached, len(target))
 
 
 def test_a_hit_is_computed_when_computing_is_measured_faster(cached: Engine, engine: Engine) -> None:
