@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from chatapp.engine.batching import on_grid
 from chatapp.engine.engine import Engine
 from chatapp.engine.events import GenerationResult, PrefillProgress, PromptPlaced, TokenText
 from chatapp.engine.gate import Step
@@ -15,6 +16,11 @@ from chatapp.vocabulary import ReuseTier, Role, StopReason
 
 # ignore_eos: every answer runs to max_tokens, whatever the model would write on this CPU.
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+
+
+def first_batch(engine: Engine) -> int:
+    """How many tokens a prompt's first batch holds: n_batch, or a grid batch where the model is on one."""
+    return engine.info.prompt_grid or engine.context.shape.n_batch
 
 
 def prompt_for(engine: Engine, question: str, persona: str | None = None) -> tuple[int, ...]:
@@ -65,7 +71,7 @@ def test_greedy_is_reproducible_and_reports_consistent_stats(engine: Engine) -> 
 
 
 def test_reusing_the_live_prefix_gives_the_same_answer(engine: Engine) -> None:
-    persona = "You are a careful assistant who answers in one sentence."
+    persona = "You are a careful assistant who answers in one sentence. " * 6  # past a grid batch (a GPU's)
     cold = run(engine, prompt_for(engine, "Why is the sky blue?", persona), use_cache=False)
     run(engine, prompt_for(engine, "Why is grass green?", persona), use_cache=False)
     warm = run(engine, prompt_for(engine, "Why is the sky blue?", persona))
@@ -122,7 +128,7 @@ def test_cancel_during_prefill_then_the_sequence_is_still_exact(engine: Engine) 
         cancelled = handle.wait()
     assert cancelled.stop_reason == StopReason.CANCELLED
     assert cancelled.stats.generated_tokens == 0
-    assert engine.sequences[0].tokens == list(prompt[: engine.context.shape.n_batch])  # a partial prefill stays
+    assert engine.sequences[0].tokens == list(prompt[: first_batch(engine)])  # a partial prefill stays
     after = run(engine, prompt, sequence=0)  # continues from the partial prefill
     assert 0 < after.stats.reused_tokens < len(prompt) - 2
     assert after.token_ids == reference.token_ids
@@ -141,7 +147,7 @@ def test_cancel_between_prefill_batches(engine: Engine) -> None:
         result = handle.wait()
     assert result.stop_reason == StopReason.CANCELLED
     assert result.stats.generated_tokens == 0
-    assert progress == [engine.context.shape.n_batch]  # no batch ran after the cancel
+    assert progress == [first_batch(engine)]  # no batch ran after the cancel
 
 
 def test_abort_flag_interrupts_a_decode_in_flight(model_path) -> None:
@@ -195,7 +201,8 @@ def test_a_follow_up_sent_at_once_comes_before_the_recompute_and_still_equals_a_
     first_prompt, answer, prompt = _question_and_follow_up(engine, "Explain photosynthesis briefly.")
     warm = run(engine, prompt, FOLLOW_UP_SAMPLING, sequence=0)  # no pause: sent as the answer ends
     cold = run(engine, prompt, FOLLOW_UP_SAMPLING, sequence=1, use_cache=False)
-    assert len(first_prompt) - 2 <= warm.stats.reused_tokens < len(first_prompt) + answer.stats.generated_tokens
+    least = on_grid(len(first_prompt) - 2, engine.info.prompt_grid)  # whole grid batches where on one
+    assert least <= warm.stats.reused_tokens < len(first_prompt) + answer.stats.generated_tokens
     assert warm.token_ids == cold.token_ids
 
 
