@@ -48,8 +48,11 @@ class LoadedModel:
     cache_problem: str | None  # why there is no cache, in one line
     batch_answers: bool = False  # several requests' answer tokens share one decode (batch_rule.py)
     batch_problem: str | None = None  # why they do not, in one line
-    grid: int = 0  # prompts computed in fixed batches of this many tokens (0: batches end anywhere)
-    grid_reason: str | None = None  # why, in one line
+
+    @property
+    def grid(self) -> int:
+        """Prompts computed in fixed batches of this many tokens (0: batches end anywhere; split_rule.py)."""
+        return self.info.prompt_grid
 
     @property
     def min_rows(self) -> int:
@@ -70,20 +73,15 @@ def prompt_min_rows(model: NativeModel, context: NativeContext) -> int:
     return FLASH_ATTENTION_ROWS if context.shape.flash_attention and attends else MIN_ROWS
 
 
-def prompt_grid(
-    config: EngineConfig, model: NativeModel, context: NativeContext, gpu_layers: int, verdict: str
-) -> tuple[int, str | None]:
-    """The fixed batch size prompts are computed in (0: none), and why (split_rule.py)."""
+def prompt_grid(config: EngineConfig, model: NativeModel, context: NativeContext, gpu_layers: int, key: str) -> int:
+    """The fixed batch size prompts are computed in (0: none; split_rule.py logs why)."""
     if config.fixed_batches is False:
-        return 0, None
-    if config.fixed_batches:
-        reason: str | None = "asked for in the settings"
-    else:
-        rows = prompt_min_rows(model, context)
-        reason = fixed_batches(
-            model, context, gpu_layers=gpu_layers, min_rows=rows, key=verdict, memo=config.batch_memo
-        )
-    return (min(GRID_TOKENS, context.shape.n_batch), reason) if reason else (0, None)
+        return 0
+    forced = config.fixed_batches is True
+    rows = prompt_min_rows(model, context)
+    if forced or fixed_batches(model, context, gpu_layers=gpu_layers, min_rows=rows, key=key, memo=config.batch_memo):
+        return min(GRID_TOKENS, context.shape.n_batch)
+    return 0
 
 
 def load_model(
@@ -153,8 +151,7 @@ def load_model(
             sequences=1,
             swa_full=config.swa_full,
         )
-        grid, grid_reason = prompt_grid(config, model, context, info.gpu_layers, split_key)
-        info = replace(info, prompt_grid=grid)
+        info = replace(info, prompt_grid=prompt_grid(config, model, context, info.gpu_layers, split_key))
         if probe_progress is not None:
             probe_progress(1.0)  # the bar ends where a probe that found a difference early, or never ran, left it
         cache = cache_factory(layout, info) if cache_factory is not None and layout is not None else None
@@ -163,7 +160,7 @@ def load_model(
         model.close()
         raise
     builder = PromptBuilder.for_model(model)
-    return LoadedModel(model, context, info, builder, layout, cache, problem, batch, why_not, grid, grid_reason)
+    return LoadedModel(model, context, info, builder, layout, cache, problem, batch, why_not)
 
 
 def verify_state_format(model: NativeModel, context: NativeContext) -> tuple[MemoryLayout | None, str | None]:

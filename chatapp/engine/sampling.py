@@ -40,6 +40,7 @@ class NativeSampler:
         self.pointer = llama_cpp.llama_sampler_chain_init(chain_params)
         self._n_vocab = model.n_vocab
         self._candidates: np.ndarray | None = None  # every token's logit, made at the first check
+        self._ids = np.empty(0, dtype=np.int32)
         self._greedy = params.temperature <= 0
         if params.ignore_eos:
             llama_cpp.llama_sampler_chain_add(self.pointer, _end_ban(model))
@@ -58,10 +59,12 @@ class NativeSampler:
         """Pick a token from the logits of output `row` of the last decode (its last by default), and accept it."""
         if self.grammar is None:
             return int(llama_cpp.llama_sampler_sample(self.pointer, context.pointer, row))
-        token = self._pick(context, row, masked=False)
+        logits = context.logits(row)
+        # Greedy's choice is the first highest logit (the chain holds nothing else: no ban beside a grammar).
+        token = int(np.argmax(logits)) if self._greedy else self._pick(logits, masked=False)
         if not self.allows(token):
-            best = self._best_allowed(context, row) if self._greedy else None
-            token = best if best is not None else self._pick(context, row, masked=True)
+            best = self._best_allowed(logits) if self._greedy else None
+            token = best if best is not None else self._pick(logits, masked=True)
             if not self.allows(token):  # every token the grammar allows is impossible: accepting aborts llama.cpp
                 raise GrammarError("the grammar allows no token the model can write here")
         self.accept(token)
@@ -83,9 +86,8 @@ class NativeSampler:
             llama_cpp.llama_sampler_accept(self.grammar, token)
         llama_cpp.llama_sampler_accept(self.pointer, token)
 
-    def _best_allowed(self, context: NativeContext, row: int) -> int | None:
+    def _best_allowed(self, logits: np.ndarray) -> int | None:
         """The greedy pick among the tokens the grammar allows, when it is among the GREEDY_TRIES best."""
-        logits = context.logits(row)
         tries = min(GREEDY_TRIES, logits.size)
         best = np.argpartition(-logits, tries - 1)[:tries]
         # Tokens tied with the last one tried may have been left out, lower ids among them: from there on
@@ -98,13 +100,14 @@ class NativeSampler:
                 return int(token)
         return None
 
-    def _pick(self, context: NativeContext, row: int, *, masked: bool) -> int:
+    def _pick(self, logits: np.ndarray, *, masked: bool) -> int:
         """The chain's choice among every token (`masked`: those the grammar allows), not accepted yet."""
         if self._candidates is None:
             self._candidates = np.zeros(self._n_vocab, dtype=TOKEN_DATA)
+            self._ids = np.arange(self._n_vocab, dtype=np.int32)
         candidates = self._candidates
-        candidates["id"] = np.arange(self._n_vocab, dtype=np.int32)  # the chain may have reordered them
-        candidates["logit"] = context.logits(row)
+        candidates["id"] = self._ids  # the chain may have reordered them
+        candidates["logit"] = logits
         candidates["p"] = 0.0
         array = llama_cpp.llama_token_data_array(
             candidates.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token_data)), self._n_vocab, -1, False

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from functools import partial
 
 import llama_cpp
+import numpy as np
 import pytest
 
 from chatapp.engine import sampling
@@ -48,10 +49,10 @@ def test_a_greedy_answer_under_a_grammar_is_the_one_the_masked_vocabulary_gives(
     refusals = 0
     real_best = checked_after._best_allowed
 
-    def counted(context: NativeContext, row: int) -> int | None:
+    def counted(logits: np.ndarray) -> int | None:
         nonlocal refusals
         refusals += 1
-        return real_best(context, row)
+        return real_best(logits)
 
     checked_after._best_allowed = counted  # type: ignore[method-assign]
     try:
