@@ -15,6 +15,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from chatapp.prompting.call_reader import JsonCallReader
 from chatapp.prompting.grammar import Grammar
 from chatapp.prompting.json_grammar import RuleSet, anything_but, enforceable_part, literal
 from chatapp.prompting.tool_formats import ANY_IDS, ParsedAnswer, ParsedCall, calls_grammar, json_call_rule
@@ -69,6 +70,10 @@ class BlockToolFormat:
             calls.append(call)
         return ParsedAnswer(text[:start].rstrip(), tuple(calls))
 
+    def call_reader(self) -> JsonCallReader | None:
+        """Calls in parameter blocks are read whole (see ToolFormat.call_reader)."""
+        return None
+
     def _body_rule(self, rules: RuleSet, index: int, tool: ToolSpec) -> str:
         """Add the rule for a call to `tool` (the block's inside); its name."""
         raise NotImplementedError
@@ -80,6 +85,10 @@ class BlockToolFormat:
 
 class HermesToolFormat(BlockToolFormat):
     """`<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>` (Hermes, Qwen 2.5, Qwen 3)."""
+
+    def call_reader(self) -> JsonCallReader:
+        """Each block's JSON read as it is written."""
+        return JsonCallReader(CALL_OPEN)
 
     def _body_rule(self, rules: RuleSet, index: int, tool: ToolSpec) -> str:
         return json_call_rule(rules, index, tool, "arguments")

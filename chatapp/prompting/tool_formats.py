@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from chatapp.prompting.call_reader import JsonCallReader
 from chatapp.prompting.grammar import Grammar, regex_literal
 from chatapp.prompting.json_grammar import ROOT, RuleSet, literal
 from chatapp.tools import ToolSpec
@@ -87,6 +88,11 @@ class ToolFormat(Protocol):
 
     def parse(self, text: str, tools: Sequence[ToolSpec] = ()) -> ParsedAnswer:
         """The text before the first call (its end trimmed) and each call; no call when one does not parse."""
+        ...
+
+    def call_reader(self) -> JsonCallReader | None:
+        """A reader of calls while they are written (fed the answer from the first opening on); None where
+        calls are read whole once the answer ends."""
         ...
 
 

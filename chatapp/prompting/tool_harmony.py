@@ -14,6 +14,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from chatapp.prompting.call_reader import JsonCallReader
 from chatapp.prompting.grammar import Grammar, regex_literal
 from chatapp.prompting.harmony import (
     CHANNEL,
@@ -104,6 +105,10 @@ class HarmonyToolFormat:
         opening = f"( {literal(CHANNEL)} {channel} {literal(MESSAGE)} chatapp-thought {literal(END + NEXT_MESSAGE)} )"
         rules.add(ROOT, f"{opening}* {answer}")
         return Grammar(rules.gbnf(), root=ROOT)
+
+    def call_reader(self) -> JsonCallReader | None:
+        """Read whole, from the harmony messages (see ToolFormat.call_reader)."""
+        return None
 
     def parse(self, text: str, tools: Sequence[ToolSpec] = ()) -> ParsedAnswer:
         """The text the user sees and each call; no call when one does not parse or names no tool.

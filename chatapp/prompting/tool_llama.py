@@ -10,6 +10,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from chatapp.prompting.call_reader import JsonCallReader
 from chatapp.prompting.grammar import Grammar
 from chatapp.prompting.json_grammar import RuleSet
 from chatapp.prompting.tool_formats import ANY_IDS, ParsedAnswer, ParsedCall, calls_grammar, json_call_rule
@@ -35,6 +36,10 @@ class LlamaJsonToolFormat:
         return calls_grammar(
             rules, "chatapp-call", parallel=False, lazy=lazy, trigger=OPENING, or_schema=or_schema, at_start=True
         )
+
+    def call_reader(self) -> JsonCallReader:
+        """The one call read as it is written."""
+        return JsonCallReader()
 
     def parse(self, text: str, tools: Sequence[ToolSpec] = ()) -> ParsedAnswer:
         """The call that is the whole answer (after blank space or the python tag); otherwise the text as it is.

@@ -19,6 +19,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from chatapp.prompting.call_reader import JsonCallReader
 from chatapp.prompting.grammar import Grammar
 from chatapp.prompting.json_grammar import RuleSet, literal
 from chatapp.prompting.tool_formats import (
@@ -58,6 +59,10 @@ class MistralJsonToolFormat:
         # v0.3's template writes a space before the list (its vocabulary's words begin with one), Nemo's none.
         rules.add("chatapp-call", f'{literal(TOOL_CALLS)} " "? "[" {items} "]"')
         return _grammar(rules, parallel=False, lazy=lazy, or_schema=or_schema, preserved=(TOOL_CALLS,))  # one list
+
+    def call_reader(self) -> JsonCallReader | None:
+        """Read whole: the id the model writes follows its arguments (see ToolFormat.call_reader)."""
+        return None
 
     def parse(self, text: str, tools: Sequence[ToolSpec] = ()) -> ParsedAnswer:
         """The text before `[TOOL_CALLS]` and the calls of the list after it (and of any list after that)."""
@@ -116,6 +121,10 @@ class MistralArgsToolFormat:
         rules.add("chatapp-call", f"( {' | '.join(bodies)} )")
         preserved = (TOOL_CALLS, CALL_ID, ARGS) if self.with_ids else (TOOL_CALLS, ARGS)
         return _grammar(rules, parallel=parallel, lazy=lazy, or_schema=or_schema, preserved=preserved)
+
+    def call_reader(self) -> JsonCallReader | None:
+        """Read whole once the answer ends (see ToolFormat.call_reader)."""
+        return None
 
     def parse(self, text: str, tools: Sequence[ToolSpec] = ()) -> ParsedAnswer:
         """The text before the first `[TOOL_CALLS]` and each call after one; no call when one does not parse."""

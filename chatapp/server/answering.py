@@ -13,7 +13,7 @@ import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from anyio import to_thread
@@ -36,6 +36,7 @@ from chatapp.services.completions import (
 from chatapp.services.divergence import Divergence
 from chatapp.services.model_pool import UNCHANGED, KeepAlive, ModelNotServed, ModelPool, ModelRefused, ModelsBusy
 from chatapp.services.serving import SamplingOptions, Serving
+from chatapp.services.streamed_answer import Shown, StreamedContent
 from chatapp.services.streams import AnswerText, PromptReuse, StreamEvent
 from chatapp.vocabulary import StopReason
 
@@ -177,6 +178,7 @@ class Answer:
         self._events = aiter(feed)
         self._first: StreamEvent | None = None  # read by placed() and not yet handed on by events()
         self.reuse: PromptReuse | None = None  # what the cache gave, once placed() knows (a local engine)
+        self._streamed: StreamedContent | None = None  # what shown() showed: the ids its calls were given
 
     async def placed(self, request: Request) -> dict[str, str] | None:
         """Wait until the engine has placed the prompt (or begun answering); the response's cache headers.
@@ -213,15 +215,27 @@ class Answer:
         finally:
             self.feed.close()
 
-    async def shown_text(self) -> AsyncIterator[str]:
-        """The answer's text as a stream shows it (both APIs): held back where a call may begin,
-        what began no call once the answer ended; calls are sent whole after it."""
-        shown = self.feed.completion.streamed_content()
+    async def shown(self) -> AsyncIterator[Shown]:
+        """The answer as a stream shows it (every API): the text as it comes, held back where a call may
+        begin; each call as it is written where its format can be read so, else whole once the answer ended."""
+        shown = self._streamed = self.feed.completion.streamed_content()
         async for event in self.events():
-            if isinstance(event, AnswerText) and event.text and (text := shown.feed(event.text)):
-                yield text
-        if rest := shown.rest(self.feed.completion.shaped_answer()):
+            if isinstance(event, AnswerText) and event.text:
+                if text := shown.feed(event.text):
+                    yield text
+                for news in shown.calls():
+                    yield news
+        whole = self.feed.completion.shaped_answer()
+        if rest := shown.rest(whole):
             yield rest
+        for news in shown.ending(whole):
+            yield news
+
+    async def shown_text(self) -> AsyncIterator[str]:
+        """Only the text of `shown()`: for a stream that sends the calls whole from the outcome (Ollama's)."""
+        async for piece in self.shown():
+            if isinstance(piece, str):
+                yield piece
 
     async def to_end(self, request: Request) -> CompletionOutcome | None:
         """Wait for the whole answer; None when the client hung up first (the request is cancelled)."""
@@ -263,7 +277,10 @@ class Answer:
         return cache_headers(usage.cached_tokens, usage.prompt_tokens, usage.tier.value, divergence)
 
     def outcome(self) -> CompletionOutcome:
+        """The answer as the client sees it (its calls with the ids a stream gave them), its figures recorded."""
         outcome = self.feed.completion.outcome_for_client()
+        if self._streamed is not None:
+            outcome = replace(outcome, tool_calls=self._streamed.as_streamed(outcome.tool_calls))
         usage = outcome.usage
         self._context.metrics.completion_ended(usage)
         log.info(

@@ -26,6 +26,7 @@ from chatapp.server.errors import ApiError
 from chatapp.server.reasoning_fields import anthropic_thinking
 from chatapp.services.completions import CompletionOutcome, RequestError
 from chatapp.services.serving import SamplingOptions
+from chatapp.services.streamed_answer import CallArguments, CallBegins
 
 router = APIRouter(prefix="/v1")
 
@@ -96,36 +97,44 @@ def _event(kind: str, payload: dict[str, Any]) -> str:
 
 
 async def _events(answer: Answer, message_id: str, model: str, stops: tuple[str, ...]) -> AsyncIterator[str]:
-    """message_start, a text block as the text comes, each call as a tool_use block, message_delta, message_stop."""
+    """message_start, a text block as the text comes, each call as a tool_use block as it is written (its
+    input as input_json_delta pieces), message_delta, message_stop."""
     placed = answer.reuse  # None for a remote engine: its figures come with message_delta
     kept = answer.feed.completion.kept_tokens
     start_usage = fields.usage(placed.prompt_tokens, placed.reused_tokens, kept=kept) if placed else fields.usage(0, 0)
     opening = {**_message(message_id, model), "content": [], "stop_reason": None, "stop_sequence": None}
     yield _event("message_start", {"message": {**opening, "usage": start_usage}})
     yield _event("ping", {})
-    index = 0
+    blocks = 0  # blocks begun; the last is open until its stop
     text_open = False
     try:
-        async for text in answer.shown_text():
-            if not text_open:
-                yield _event("content_block_start", {"index": index, "content_block": {"type": "text", "text": ""}})
-                text_open = True
-            yield _event("content_block_delta", {"index": index, "delta": {"type": "text_delta", "text": text}})
+        async for piece in answer.shown():
+            if isinstance(piece, str) and not text_open:
+                yield _event("content_block_start", {"index": blocks, "content_block": {"type": "text", "text": ""}})
+                text_open, blocks = True, blocks + 1
+            if isinstance(piece, str):
+                yield _event(
+                    "content_block_delta", {"index": blocks - 1, "delta": {"type": "text_delta", "text": piece}}
+                )
+            elif isinstance(piece, CallBegins):
+                if text_open:
+                    yield _event("content_block_stop", {"index": blocks - 1})
+                    text_open = False
+                block = {"type": "tool_use", "id": piece.call_id, "name": piece.name, "input": {}}
+                yield _event("content_block_start", {"index": blocks, "content_block": block})
+                blocks += 1
+            elif isinstance(piece, CallArguments):
+                delta = {"type": "input_json_delta", "partial_json": piece.text}
+                yield _event("content_block_delta", {"index": blocks - 1, "delta": delta})
+            else:
+                yield _event("content_block_stop", {"index": blocks - 1})
         outcome: CompletionOutcome = answer.outcome()
     except Exception as error:  # the headers are sent: the error goes in the stream, as Anthropic does
         message = f"the answer failed ({type(error).__name__}: {error})"
         yield _event("error", {"error": {"type": "api_error", "message": message}})
         return
     if text_open:
-        yield _event("content_block_stop", {"index": index})
-        index += 1
-    for call in outcome.tool_calls:  # each call whole: its arguments in one input_json_delta
-        block = fields.tool_use_block(call, streamed=True)
-        yield _event("content_block_start", {"index": index, "content_block": block})
-        delta = {"type": "input_json_delta", "partial_json": call.arguments_json}
-        yield _event("content_block_delta", {"index": index, "delta": delta})
-        yield _event("content_block_stop", {"index": index})
-        index += 1
+        yield _event("content_block_stop", {"index": blocks - 1})
     ended = {"stop_reason": fields.stop_reason(outcome), "stop_sequence": fields.matched_stop(outcome, stops)}
     yield _event("message_delta", {"delta": ended, "usage": fields.final_usage(outcome.usage)})
     yield _event("message_stop", {})

@@ -277,6 +277,6 @@ def content_blocks(outcome: CompletionOutcome) -> list[dict[str, Any]]:
     return blocks
 
 
-def tool_use_block(call: ToolCall, *, streamed: bool = False) -> dict[str, Any]:
-    """A call as a tool_use block; a streamed one starts with an empty input (its JSON follows as deltas)."""
-    return {"type": "tool_use", "id": call.id, "name": call.name, "input": {} if streamed else call.arguments}
+def tool_use_block(call: ToolCall) -> dict[str, Any]:
+    """A call as a tool_use block."""
+    return {"type": "tool_use", "id": call.id, "name": call.name, "input": call.arguments}

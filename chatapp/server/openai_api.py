@@ -34,6 +34,7 @@ from chatapp.server.schemas import (
 from chatapp.server.tool_fields import chat_message, openai_call, openai_shape
 from chatapp.services.completions import CompletionOutcome, CompletionUsage
 from chatapp.services.serving import SamplingOptions
+from chatapp.services.streamed_answer import CallArguments, CallBegins, CallShown
 from chatapp.vocabulary import StopReason
 
 router = APIRouter(prefix="/v1")
@@ -178,19 +179,30 @@ async def _chunks(
             return {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
 
     try:
-        async for text in answer.shown_text():
-            yield chunk([piece(text, None)])
+        async for shown in answer.shown():
+            if isinstance(shown, str):
+                yield chunk([piece(shown, None)])
+            elif (call := _call_delta(shown)) is not None:
+                yield chunk([{"index": 0, "delta": {"tool_calls": [call]}, "finish_reason": None}])
         outcome: CompletionOutcome = answer.outcome()
     except Exception as error:  # headers are sent: the error goes in the stream, as OpenAI does
         failure = {"message": f"the answer failed ({type(error).__name__}: {error})", "type": "server_error"}
         yield f"data: {json.dumps({'error': {**failure, 'param': None, 'code': None}})}\n\n"
         return
-    for index, call in enumerate(outcome.tool_calls):  # a call's one delta carries its id, name and arguments
-        yield chunk([{"index": 0, "delta": {"tool_calls": [openai_call(call, index)]}, "finish_reason": None}])
     yield chunk([piece("", _finish(outcome))])
     if include_usage:
         yield chunk([], usage=_usage(outcome.usage))
     yield "data: [DONE]\n\n"
+
+
+def _call_delta(news: CallShown) -> dict[str, Any] | None:
+    """A call's streamed delta, as OpenAI sends them: its id and name first, then pieces of its arguments."""
+    if isinstance(news, CallBegins):
+        function = {"name": news.name, "arguments": ""}
+        return {"index": news.index, "id": news.call_id, "type": "function", "function": function}
+    if isinstance(news, CallArguments):
+        return {"index": news.index, "function": {"arguments": news.text}}
+    return None
 
 
 def _finish(outcome: CompletionOutcome) -> str:

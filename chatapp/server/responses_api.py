@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -20,6 +21,8 @@ from chatapp.server.bodies import read_body
 from chatapp.server.reasoning_fields import responses_reasoning
 from chatapp.services.completions import CompletionOutcome
 from chatapp.services.serving import SamplingOptions
+from chatapp.services.streamed_answer import CallArguments, CallBegins, CallEnds
+from chatapp.tools import ToolCall
 
 router = APIRouter(prefix="/v1")
 
@@ -80,34 +83,39 @@ class _Events:
         }
 
     async def of(self, answer: Answer) -> AsyncIterator[str]:
-        """created, then a message item whose text streams as it comes, each call as a function_call item,
-        then completed (or incomplete, cut at max_output_tokens)."""
+        """created, then a message item whose text streams as it comes, each call as a function_call item as it
+        is written, then completed (or incomplete, cut at max_output_tokens)."""
         yield self.event("response.created", response=self.whole(None, []))
         yield self.event("response.in_progress", response=self.whole(None, []))
         message_id = fields.new_id("msg")
-        text: list[str] = []
+        text: list[str] = []  # the message's text while its item is open
         output: list[dict[str, Any]] = []
+        call: ToolCall | None = None  # the call being written, its arguments so far
         try:
-            async for piece in answer.shown_text():
-                if not text:
-                    yield self.event(
-                        "response.output_item.added",
-                        output_index=0,
-                        item=fields.message_item(message_id, "", "in_progress"),
-                    )
-                    part = fields.text_part("")
-                    yield self.event(
-                        "response.content_part.added", item_id=message_id, output_index=0, content_index=0, part=part
-                    )
-                text.append(piece)
-                yield self.event(
-                    "response.output_text.delta",
-                    item_id=message_id,
-                    output_index=0,
-                    content_index=0,
-                    delta=piece,
-                    logprobs=[],
-                )
+            async for piece in answer.shown():
+                if isinstance(piece, str):
+                    if not text:
+                        for opening in self._message_opened(message_id, len(output)):
+                            yield opening
+                    text.append(piece)
+                    position = {"item_id": message_id, "output_index": len(output), "content_index": 0}
+                    yield self.event("response.output_text.delta", **position, delta=piece, logprobs=[])
+                    continue
+                if text:
+                    yield self._message_closed(message_id, "".join(text), output)
+                    text = []
+                if isinstance(piece, CallBegins):
+                    call = ToolCall(piece.call_id, piece.name, "")
+                    item = fields.call_item(call, "in_progress")
+                    yield self.event("response.output_item.added", output_index=len(output), item=item)
+                elif isinstance(piece, CallArguments) and call is not None:
+                    call = replace(call, arguments_json=call.arguments_json + piece.text)
+                    position = {"item_id": f"fc_{call.id}", "output_index": len(output)}
+                    yield self.event("response.function_call_arguments.delta", **position, delta=piece.text)
+                elif isinstance(piece, CallEnds) and call is not None:
+                    for closing in self._call_closed(call, piece.complete, output):
+                        yield closing
+                    call = None
             outcome = answer.outcome()
         except Exception as error:  # the headers are sent: the failure goes in the stream
             failed = {**self.whole(None, output), "status": "failed"}
@@ -118,33 +126,40 @@ class _Events:
             yield self.event("response.failed", response=failed)
             return
         if text:
-            whole_text = "".join(text)
-            position = {"item_id": message_id, "output_index": 0, "content_index": 0}
-            yield self.event("response.output_text.done", **position, text=whole_text, logprobs=[])
-            yield self.event("response.content_part.done", **position, part=fields.text_part(whole_text))
-            item = fields.message_item(message_id, whole_text)
-            yield self.event("response.output_item.done", output_index=0, item=item)
-            output.append(item)
-        for call in outcome.tool_calls:  # each call whole: its arguments in one delta
-            index = len(output)
-            started = fields.call_item(call, "in_progress")
-            yield self.event("response.output_item.added", output_index=index, item=started)
-            yield self.event(
-                "response.function_call_arguments.delta",
-                item_id=started["id"],
-                output_index=index,
-                delta=call.arguments_json,
-            )
-            yield self.event(
-                "response.function_call_arguments.done",
-                item_id=started["id"],
-                output_index=index,
-                arguments=call.arguments_json,
-            )
-            item = fields.call_item(call)
-            yield self.event("response.output_item.done", output_index=index, item=item)
-            output.append(item)
+            yield self._message_closed(message_id, "".join(text), output)
         ended = self.whole(outcome, output)
         yield self.event(
             "response.completed" if ended["status"] == "completed" else "response.incomplete", response=ended
         )
+
+    def _message_opened(self, message_id: str, index: int) -> list[str]:
+        item = fields.message_item(message_id, "", "in_progress")
+        part = fields.text_part("")
+        return [
+            self.event("response.output_item.added", output_index=index, item=item),
+            self.event(
+                "response.content_part.added", item_id=message_id, output_index=index, content_index=0, part=part
+            ),
+        ]
+
+    def _message_closed(self, message_id: str, text: str, output: list[dict[str, Any]]) -> str:
+        """The message item's closing events (one string: they go together); the item joins `output`."""
+        position = {"item_id": message_id, "output_index": len(output), "content_index": 0}
+        item = fields.message_item(message_id, text)
+        events = [
+            self.event("response.output_text.done", **position, text=text, logprobs=[]),
+            self.event("response.content_part.done", **position, part=fields.text_part(text)),
+            self.event("response.output_item.done", output_index=len(output), item=item),
+        ]
+        output.append(item)
+        return "".join(events)
+
+    def _call_closed(self, call: ToolCall, complete: bool, output: list[dict[str, Any]]) -> list[str]:
+        """A function_call item's closing events; the item (incomplete when the answer was cut in it) joins `output`."""
+        item = {**fields.call_item(call), "status": "completed" if complete else "incomplete"}
+        position = {"item_id": item["id"], "output_index": len(output)}
+        output.append(item)
+        return [
+            self.event("response.function_call_arguments.done", **position, arguments=call.arguments_json),
+            self.event("response.output_item.done", output_index=position["output_index"], item=item),
+        ]

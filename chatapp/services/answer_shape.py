@@ -15,7 +15,6 @@ from typing import Any
 
 from chatapp.errors import ChatappError, GrammarError
 from chatapp.prompting.grammar import TRIGGER_PATTERN_FULL, TRIGGER_WORD, Grammar
-from chatapp.prompting.harmony import HarmonyReader
 from chatapp.prompting.json_grammar import ANY_OBJECT, schema_grammar
 from chatapp.prompting.prompt import PromptBuilder
 from chatapp.prompting.tool_harmony import HarmonyToolFormat, is_trigger_pattern
@@ -172,54 +171,3 @@ def read_answer(text: str, shape: AnswerShape, builder: PromptBuilder | None) ->
 def shown_text(text: str, builder: PromptBuilder | None) -> str:
     """What a screen shows of a saved answer: a harmony answer's (gpt-oss) preambles and reply, else the text."""
     return read_answer(text, AnswerShape(), builder).content
-
-
-class StreamedContent:
-    """The text a stream shows while an answer may still turn into calls.
-
-    Text is released as it comes, except what could begin a call (the format's opening, and
-    the blank space before it): once a call opens, the rest is calls, sent whole at the end.
-    A harmony answer (gpt-oss), with tools or without, shows only its preambles' and reply's text.
-    So the pieces streamed always join to the content of the whole answer.
-    """
-
-    def __init__(self, shape: AnswerShape, builder: PromptBuilder | None) -> None:
-        self._trigger = builder.tool_format.trigger if shape.calls_tools and builder is not None else None
-        self._harmony = HarmonyReader() if speaks_harmony(builder) else None
-        self._held = ""  # text not shown yet: blank space and what may begin a call
-        self._shown = 0  # characters shown
-        self._opened = False  # a call began: nothing more is shown
-
-    def feed(self, piece: str) -> str:
-        """The part of the answer to show now (only the held-back tail is looked at: no work grows with the answer)."""
-        if self._harmony is not None:
-            shown = self._harmony.feed(piece)
-            self._shown += len(shown)
-            return shown
-        if self._opened:
-            return ""
-        if self._trigger is None:
-            self._shown += len(piece)
-            return piece
-        held = self._held + piece
-        start = held.find(self._trigger)
-        self._opened = start >= 0
-        end = start if self._opened else len(held) - _partial_opening(held, self._trigger)
-        released = held[:end].rstrip()
-        self._held = held[len(released) :]
-        self._shown += len(released)
-        return released
-
-    def rest(self, answer: ShapedAnswer) -> str:
-        """What is left to show once the answer ended (held-back text that began no call)."""
-        rest = answer.content[self._shown :] if len(answer.content) > self._shown else ""
-        self._shown = max(self._shown, len(answer.content))
-        return rest
-
-
-def _partial_opening(text: str, opening: str) -> int:
-    """The length of the longest end of `text` that begins `opening`."""
-    for length in range(min(len(text), len(opening) - 1), 0, -1):
-        if opening.startswith(text[-length:]):
-            return length
-    return 0

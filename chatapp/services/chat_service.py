@@ -20,7 +20,7 @@ from chatapp.engine.handle import GenerationHandle
 from chatapp.errors import ChatappError
 from chatapp.prompting.prompt import ChatMessage, PromptBuilder
 from chatapp.records import ConversationRecord, DocumentRecord, MessageRecord, PersonaRecord
-from chatapp.services.answer_shape import AnswerShape, StreamedContent, shown_text, speaks_harmony
+from chatapp.services.answer_shape import AnswerShape, shown_text, speaks_harmony
 from chatapp.services.answers import AnswerJob
 from chatapp.services.branches import BranchMessage, BranchView, as_document, branch_turns, prompt_messages
 from chatapp.services.divergence import Divergence, PromptLog
@@ -30,6 +30,7 @@ from chatapp.services.model_choice import fit_problem
 from chatapp.services.personas import PersonaService
 from chatapp.services.prompt_plan import PromptPlan, TooLongWording, check_fits, plan_for, start_answer
 from chatapp.services.startup import Workspace, engine_notices
+from chatapp.services.streamed_answer import StreamedContent
 from chatapp.services.streams import EngineStream
 from chatapp.services.warmup import Prewarmer, draft_plan
 from chatapp.store.conversations import ConversationStore

@@ -31,12 +31,13 @@ from chatapp.prompting.chat_template import TemplateRenderError
 from chatapp.prompting.prompt import ChatMessage, PromptBuilder
 from chatapp.reasoning import Reasoning
 from chatapp.services.answer_run import AnswerRun, EndedAnswer
-from chatapp.services.answer_shape import FREE_TEXT, AnswerShape, ShapedAnswer, ShapeError, StreamedContent, read_answer
+from chatapp.services.answer_shape import FREE_TEXT, AnswerShape, ShapedAnswer, ShapeError, read_answer
 from chatapp.services.divergence import Divergence, PromptLog
 from chatapp.services.divergence_place import divergence_place
 from chatapp.services.messages import Turn, conversation_messages
 from chatapp.services.pins import PinAsked, RequestPins
 from chatapp.services.prompt_plan import PromptPlan, TooLongWording, plan_for, start_answer
+from chatapp.services.streamed_answer import StreamedContent
 from chatapp.services.streams import StreamEvent
 from chatapp.store.answer_ids import AnswerIdStore
 from chatapp.tools import ToolCall, ToolResult, canonical_json

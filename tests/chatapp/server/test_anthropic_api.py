@@ -190,7 +190,9 @@ def test_a_tool_is_called_and_the_loop_back_reuses_the_call(claude: anthropic.An
     assert second.usage.input_tokens < 40, "only the tool result and the turn's opening are computed"
 
 
-def test_a_streamed_call_comes_as_a_tool_use_block_with_its_json(claude: anthropic.Anthropic) -> None:
+def test_a_streamed_call_comes_as_a_tool_use_block_as_it_is_written(claude: anthropic.Anthropic) -> None:
+    """The block begins once the function's name is known; its input follows in pieces (Claude Code's first event
+    comes tokens after the call begins, not after the answer ends)."""
     events: list[Any] = []
     with claude.messages.stream(
         model="claude-haiku-4-5",
@@ -204,7 +206,11 @@ def test_a_streamed_call_comes_as_a_tool_use_block_with_its_json(claude: anthrop
     kinds = [event.type for event in events]
     assert kinds[0] == "message_start"
     assert kinds[-1] == "message_stop"
+    pieces = [event.delta.partial_json for event in events if event.type == "content_block_delta"]
+    assert kinds.index("content_block_start") < kinds.index("content_block_delta")
+    assert len(pieces) > 1, "the input comes as it is written, not whole at the end"
     (call,) = [block for block in final.content if block.type == "tool_use"]
+    assert json.loads("".join(pieces)) == call.input
     assert call.name == "get_weather"
     assert isinstance(call.input["city"], str)
     assert final.stop_reason == "tool_use"

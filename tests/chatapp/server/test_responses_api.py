@@ -85,6 +85,35 @@ def test_a_function_call_and_its_output_sent_back_reuse_the_call(client: openai.
     assert second.usage.input_tokens_details.cached_tokens >= earlier, "the first prompt and the call are reused"
 
 
+def test_a_streamed_function_call_comes_as_it_is_written_and_is_the_one_completed(
+    client: openai.OpenAI, server: RunningServer
+) -> None:
+    """Codex reads the call's item as it begins, its arguments in pieces, then the completed response."""
+    events = list(
+        client.responses.create(
+            model=server.model_id,
+            input="What is the weather in Oslo?",
+            tools=[WEATHER_TOOL],
+            tool_choice="required",
+            max_output_tokens=120,
+            temperature=0,
+            stream=True,
+        )
+    )
+    kinds = [event.type for event in events]
+    added = next(event.item for event in events if event.type == "response.output_item.added")
+    assert added.type == "function_call"
+    assert added.name == "get_weather"
+    pieces = [event.delta for event in events if event.type == "response.function_call_arguments.delta"]
+    assert len(pieces) > 1, "the arguments come as they are written, not whole at the end"
+    assert kinds.index("response.output_item.added") < kinds.index("response.function_call_arguments.delta")
+    (done,) = [event.arguments for event in events if event.type == "response.function_call_arguments.done"]
+    assert done == "".join(pieces)
+    assert kinds[-1] == "response.completed"
+    (call,) = [item for item in events[-1].response.output if item.type == "function_call"]
+    assert (call.call_id, call.name, json.loads(call.arguments)) == (added.call_id, "get_weather", json.loads(done))
+
+
 def test_a_json_schema_format_is_held(client: openai.OpenAI, server: RunningServer) -> None:
     schema = {
         "type": "object",

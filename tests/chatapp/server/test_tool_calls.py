@@ -91,7 +91,7 @@ def test_streamed_calls_join_to_the_whole_answer(client: openai.OpenAI, server: 
     stream = client.chat.completions.create(
         model=server.model_id, messages=QUESTION, temperature=0, max_tokens=ANSWER_TOKENS, stream=True, **options
     )
-    content, calls, finish = "", {}, None
+    content, calls, finish, pieces = "", {}, None, 0
     for chunk in stream:
         delta = chunk.choices[0].delta
         content += delta.content or ""
@@ -100,9 +100,11 @@ def test_streamed_calls_join_to_the_whole_answer(client: openai.OpenAI, server: 
                 assert call.function.name
                 calls[call.index] = {"id": call.id, "name": call.function.name, "arguments": ""}
             calls[call.index]["arguments"] += call.function.arguments or ""
+            pieces += bool(call.function.arguments)
         finish = chunk.choices[0].finish_reason or finish
     assert finish == "tool_calls"
     assert content == ""
+    assert pieces > len(calls), "the arguments come as they are written, not whole at the end"
     streamed = [(call["name"], json.loads(call["arguments"])) for call in calls.values()]
     assert streamed == [(call.function.name, json.loads(call.function.arguments)) for call in whole.message.tool_calls]
 

@@ -1,0 +1,130 @@
+"""Calls read while they are written, for formats that write a call as JSON: `{"name": "f", "arguments": {...}}`.
+
+A stream can then say which function is called as soon as its name is complete and send the
+arguments as they come, as the hosted APIs do (and llama-server), instead of holding the
+whole call until the answer ends. The arguments are handed on as the model writes them: their
+pieces join to JSON text whose value is the call's (the answer read whole canonicalises it).
+Formats whose calls are read whole only (Mistral's, whose id follows the arguments; parameter
+blocks; harmony) have no reader: their calls are sent once the answer ends.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+# A call's beginning up to its arguments: complete only once the arguments' first character is written.
+_JSON_CALL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\S)')
+_LONGEST_HEAD = 4096  # characters without a call's head: not a call this reader can follow
+
+
+@dataclass(frozen=True)
+class CallNamed:
+    """A call began: the function it calls."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class ArgumentsWritten:
+    """More of the current call's arguments (JSON text as the model writes it)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class CallWritten:
+    """The current call's arguments are complete."""
+
+
+CallNews = CallNamed | ArgumentsWritten | CallWritten
+
+
+class JsonValueEnd:
+    """Finds where one JSON value ends in text given piece by piece (strings and nesting followed)."""
+
+    def __init__(self) -> None:
+        self._depth = 0
+        self._in_string = False
+        self._escaped = False
+        self._started = False
+
+    def feed(self, piece: str) -> int | None:
+        """The offset in `piece` just past the value's end; None while it goes on."""
+        for offset, char in enumerate(piece):
+            if self._in_string:
+                if self._escaped:
+                    self._escaped = False
+                elif char == "\\":
+                    self._escaped = True
+                elif char == '"':
+                    self._in_string = False
+                    if self._depth == 0:
+                        return offset + 1
+                continue
+            if char in " \t\r\n,}]" and self._depth == 0 and self._started:
+                return offset  # a number or a literal ended
+            self._started = True
+            if char == '"':
+                self._in_string = True
+            elif char in "{[":
+                self._depth += 1
+            elif char in "}]":
+                self._depth -= 1
+                if self._depth <= 0:
+                    return offset + 1
+        return None
+
+
+class JsonCallReader:
+    """Follows calls written as JSON objects, each after `opening` (Hermes' `<tool_call>`), or one call that is
+    the whole answer (`opening` empty: Llama 3's)."""
+
+    def __init__(self, opening: str = "") -> None:
+        self._opening = opening
+        self._several = bool(opening)
+        self._buffer = ""  # text not yet read: before a call's opening, or its head
+        self._seeking = bool(opening)  # looking for the next opening (else for a head)
+        self._value: JsonValueEnd | None = None  # the arguments being written
+        self._done = False
+
+    def feed(self, piece: str) -> list[CallNews]:
+        """What `piece` (the answer's next text, from the first call's opening on) tells of its calls."""
+        news: list[CallNews] = []
+        text = piece
+        while text and not self._done:
+            if self._value is not None:
+                end = self._value.feed(text)
+                written = text if end is None else text[:end]
+                if written:
+                    news.append(ArgumentsWritten(written))
+                if end is None:
+                    return news
+                news.append(CallWritten())
+                self._value = None
+                self._seeking, self._done = self._several, not self._several
+                text = text[end:]
+                continue
+            self._buffer += text
+            text = ""
+            if self._seeking:
+                start = self._buffer.find(self._opening)
+                if start < 0:
+                    self._buffer = self._buffer[-len(self._opening) :]
+                    return news
+                self._buffer = self._buffer[start + len(self._opening) :]
+                self._seeking = False
+            head = _JSON_CALL_HEAD.match(self._buffer)
+            if head is None:
+                self._done = len(self._buffer) > _LONGEST_HEAD
+                return news
+            try:
+                name = json.loads(f'"{head.group(1)}"')
+            except json.JSONDecodeError:
+                self._done = True
+                return news
+            news.append(CallNamed(name))
+            self._value = JsonValueEnd()
+            text, self._buffer = self._buffer[head.end() :], ""
+        return news

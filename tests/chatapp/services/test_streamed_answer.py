@@ -1,0 +1,147 @@
+"""What a stream shows of an answer that may turn into calls: its text pieces join to the whole answer's text,
+its calls are the calls the answer made, shown as they are written."""
+
+from __future__ import annotations
+
+import json
+from typing import cast
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from chatapp.prompting.prompt import PromptBuilder
+from chatapp.prompting.tool_blocks import HERMES
+from chatapp.prompting.tool_harmony import HARMONY
+from chatapp.services.answer_shape import FREE_TEXT, AnswerShape, ShapedAnswer, read_answer
+from chatapp.services.streamed_answer import CallArguments, CallBegins, CallEnds, Shown, StreamedContent
+from chatapp.tools import ToolSpec
+
+CALL = '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>'
+ANSWERS = ["hello there", f"Sure.  \n{CALL}", "a <tool no call", "x\n\n<tool_c", "<tool_call>{cut", f"  lead {CALL}"]
+
+
+THINKING = "<|channel|>analysis<|message|>Hidden thoughts.<|end|><|start|>assistant"
+HARMONY_CALL = '<|channel|>commentary to=functions.f <|constrain|>json<|message|>{"a": "<|en"}'
+HARMONY_ANSWERS = {  # an answer, and what the user sees of it
+    THINKING + "<|channel|>final<|message|>It is <|en sunny.": "It is <|en sunny.",
+    THINKING + "<|channel|>commentary<|message|>Looking.<|end|><|start|>assistant" + HARMONY_CALL: "Looking.",
+    " to=functions.f<|channel|>commentary json<|message|>{}": "",
+    "<|channel|>final<|message|>Cut <|": "Cut <|",
+    "<|chan": "<|chan",  # not harmony after all: plain text
+    " told you so": " told you so",
+}
+
+
+TOOLS = AnswerShape(tools=(ToolSpec("f"),))
+
+
+class HermesBuilder:
+    """What StreamedContent and read_answer ask of a builder: its call format."""
+
+    tool_format = HERMES
+
+
+class HarmonyBuilder:
+    tool_format = HARMONY
+
+
+def streamed_and_read(
+    answer: str, builder: object, data: st.DataObject, shape: AnswerShape = TOOLS
+) -> tuple[str, str, ShapedAnswer]:
+    """`answer` streamed in pieces cut anywhere: what the stream showed, what it showed at the end, the whole read."""
+    cuts = sorted(data.draw(st.sets(st.integers(1, len(answer) - 1), max_size=12)))
+    pieces = [answer[start:end] for start, end in zip([0, *cuts], [*cuts, len(answer)], strict=True)]
+    shown = StreamedContent(shape, cast(PromptBuilder, builder))
+    streamed = "".join(shown.feed(piece) for piece in pieces)
+    whole = read_answer(answer, shape, cast(PromptBuilder, builder))
+    return streamed, shown.rest(whole), whole
+
+
+@given(answer=st.sampled_from(ANSWERS), data=st.data())
+def test_streamed_pieces_join_to_the_whole_answer_however_the_tokens_fall(answer: str, data: st.DataObject) -> None:
+    streamed, rest, whole = streamed_and_read(answer, HermesBuilder(), data)
+    assert streamed + rest == whole.content
+    assert CALL not in streamed, "a call is never streamed as text"
+
+
+@given(answer=st.sampled_from(sorted(HARMONY_ANSWERS)), tools=st.booleans(), data=st.data())
+def test_a_harmony_stream_shows_only_the_reply_and_joins_to_it(answer: str, tools: bool, data: st.DataObject) -> None:
+    """gpt-oss, with tools or without: the reasoning and the calls are never streamed; what is, joins to
+    the answer's content."""
+    streamed, rest, whole = streamed_and_read(answer, HarmonyBuilder(), data, TOOLS if tools else FREE_TEXT)
+    assert streamed + rest == whole.content == HARMONY_ANSWERS[answer]
+    assert len(whole.calls) == (answer.count("to=functions.f") if tools else 0)
+
+
+def shown_with_calls(answer: str, data: st.DataObject) -> tuple[list[Shown], ShapedAnswer, StreamedContent]:
+    """Everything a stream shows of `answer` (Hermes calls offered), its pieces cut anywhere."""
+    cuts = sorted(data.draw(st.sets(st.integers(1, len(answer) - 1), max_size=12)))
+    pieces = [answer[start:end] for start, end in zip([0, *cuts], [*cuts, len(answer)], strict=True)]
+    stream = StreamedContent(TOOLS, cast(PromptBuilder, HermesBuilder()))
+    shown: list[Shown] = []
+    for piece in pieces:
+        if text := stream.feed(piece):
+            shown.append(text)
+        shown += stream.calls()
+    whole = read_answer(answer, TOOLS, cast(PromptBuilder, HermesBuilder()))
+    if rest := stream.rest(whole):
+        shown.append(rest)
+    return [*shown, *stream.ending(whole)], whole, stream
+
+
+def calls_shown(shown: list[Shown]) -> list[tuple[str, str, str, bool]]:
+    """Each call a stream showed: its id, name, arguments joined and whether it ended complete."""
+    calls: dict[int, tuple[str, str, str, bool]] = {}
+    for item in shown:
+        if isinstance(item, CallBegins):
+            assert item.index == len(calls), "calls are numbered in order"
+            calls[item.index] = (item.call_id, item.name, "", False)
+        elif isinstance(item, CallArguments):
+            call_id, name, written, _ = calls[item.index]
+            calls[item.index] = (call_id, name, written + item.text, False)
+        elif isinstance(item, CallEnds):
+            call_id, name, written, _ = calls[item.index]
+            calls[item.index] = (call_id, name, written, item.complete)
+    return list(calls.values())
+
+
+TWO_CALLS = 'Let me look.\n<tool_call>\n{"name": "f", "arguments": {"a": "x}"}}\n</tool_call>\n' + CALL
+
+
+@given(answer=st.sampled_from([CALL, TWO_CALLS, f"  lead {CALL}"]), data=st.data())
+def test_calls_are_shown_as_they_are_written_and_are_the_calls_the_answer_made(
+    answer: str, data: st.DataObject
+) -> None:
+    shown, whole, stream = shown_with_calls(answer, data)
+    text = "".join(item for item in shown if isinstance(item, str))
+    calls = calls_shown(shown)
+    assert text == whole.content
+    assert [(name, json.loads(arguments), complete) for _, name, arguments, complete in calls] == [
+        (call.name, call.arguments, True) for call in whole.calls
+    ]
+    assert [call.id for call in stream.as_streamed(whole.calls)] == [call_id for call_id, *_ in calls]
+    first_call = next(index for index, item in enumerate(shown) if isinstance(item, CallBegins))
+    assert isinstance(shown[first_call + 1], CallArguments), "the name is shown before the call's end"
+
+
+@given(data=st.data())
+def test_a_call_cut_before_its_end_is_shown_begun_and_ended_incomplete(data: st.DataObject) -> None:
+    answer = TWO_CALLS[: TWO_CALLS.index('"x}"') + 2]
+    shown, whole, _ = shown_with_calls(answer, data)
+    assert whole.calls == ()
+    assert "".join(item for item in shown if isinstance(item, str)) == "Let me look."
+    ((_, name, arguments, complete),) = calls_shown(shown)
+    assert (name, arguments, complete) == ("f", '{"a": "x', False)
+
+
+@given(data=st.data())
+def test_a_format_read_whole_shows_its_calls_once_the_answer_ended(data: st.DataObject) -> None:
+    answer = HARMONY_CALL + "<|call|>"
+    stream = StreamedContent(TOOLS, cast(PromptBuilder, HarmonyBuilder()))
+    assert all(not stream.feed(piece) and not stream.calls() for piece in answer)
+    whole = read_answer(answer, TOOLS, cast(PromptBuilder, HarmonyBuilder()))
+    calls = calls_shown(stream.ending(whole))
+    assert [(call_id, name, json.loads(arguments), complete) for call_id, name, arguments, complete in calls] == [
+        (call.id, call.name, call.arguments, True) for call in whole.calls
+    ]
+    assert len(calls) == 1
