@@ -4,6 +4,7 @@ its calls are the calls the answer made, shown as they are written."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import cast
 
 from hypothesis import given
@@ -89,7 +90,7 @@ def shown_with_calls(answer: str, data: st.DataObject) -> tuple[list[Shown], Sha
     return [*shown, *stream.ending(whole)], whole, stream
 
 
-def calls_shown(shown: list[Shown]) -> list[tuple[str, str, str, bool]]:
+def calls_shown(shown: Sequence[Shown]) -> list[tuple[str, str, str, bool]]:
     """Each call a stream showed: its id, name, arguments joined and whether it ended complete."""
     calls: dict[int, tuple[str, str, str, bool]] = {}
     for item in shown:
