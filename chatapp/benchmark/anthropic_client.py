@@ -5,18 +5,21 @@ turn the agent's tool call (a `tool_use` block) and its result (a `tool_result` 
 `cache_control` on the system prompt and on the newest block, as Claude Code marks them. The model
 may answer with text or a call (`tool_choice` auto, as Claude Code asks); the answer read back
 writes a call as `[tool_use NAME]` and its input, so it can be compared with the same prompt
-computed cold (`answer_as_read`).
+computed cold (`answer_as_shown`).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from typing import Any
 
 from chatapp.benchmark.peers import PeerAnswer
 from chatapp.benchmark.workloads import Request
-from chatapp.prompting.prompt import ChatMessage
-from chatapp.tools import ToolCall
+from chatapp.prompting.prompt import ChatMessage, PromptBuilder
+from chatapp.services.answer_shape import AnswerShape, read_answer
+from chatapp.services.streamed_answer import CallArguments, CallBegins, Shown, StreamedContent
+from chatapp.tools import arguments_json
 from chatapp.vocabulary import Role
 
 MESSAGES_PATH = "/v1/messages"
@@ -65,15 +68,34 @@ def call_marker(name: str) -> str:
     return f"[tool_use {name}]"
 
 
-def answer_as_read(content: str, calls: Iterable[ToolCall]) -> str:
-    """An answer's text and calls as `read_anthropic_stream` writes them."""
-    return content + "".join(call_marker(call.name) + call.arguments_json for call in calls)
+def answer_as_shown(text: str, shape: AnswerShape, builder: PromptBuilder) -> str:
+    """An answer computed whole (cold), written as `read_anthropic_stream` reads the server's stream of it:
+    its text, then each call it began (cut ones too) with its input."""
+    stream = StreamedContent(shape, builder)
+    items: list[Shown] = [stream.feed(text), *stream.calls()]
+    whole = read_answer(text, shape, builder)
+    items += [stream.rest(whole), *stream.ending(whole)]
+    written: list[str] = []
+    call_input: list[str] = []
+    for item in items:
+        if isinstance(item, str):
+            written.append(item)
+        elif isinstance(item, CallBegins):
+            written.append(call_marker(item.name))
+            call_input = []
+        elif isinstance(item, CallArguments):
+            call_input.append(item.text)
+        else:
+            written.append(_canonical_input("".join(call_input)))
+    return "".join(written)
 
 
 def read_anthropic_stream(events: Iterable[tuple[float, dict[str, Any]]]) -> PeerAnswer:
     """The answer from Anthropic's streamed events: the text, the first text's time, and usage (the prompt
-    as input + cache creation + cache read; computed: all but what was read)."""
+    as input + cache creation + cache read; computed: all but what was read). A call's input, streamed in
+    pieces as the model writes it, is read back as canonical JSON (as `answer_as_shown` writes it)."""
     texts: list[str] = []
+    call_input: list[str] | None = None  # the pieces of the call being read
     ttft_s: float | None = None
     usage: dict[str, Any] = {}
     elapsed = 0.0
@@ -84,14 +106,20 @@ def read_anthropic_stream(events: Iterable[tuple[float, dict[str, Any]]]) -> Pee
         elif kind == "content_block_start" and (event.get("content_block") or {}).get("type") == "tool_use":
             ttft_s = elapsed if ttft_s is None else ttft_s
             texts.append(call_marker(event["content_block"].get("name", "")))
+            call_input = []
         elif kind == "content_block_delta":
             delta = event.get("delta") or {}
             text = delta.get("text") or delta.get("partial_json") or ""
             if text and ttft_s is None:
                 ttft_s = elapsed
-            texts.append(text)
+            (texts if call_input is None else call_input).append(text)
+        elif kind == "content_block_stop" and call_input is not None:
+            texts.append(_canonical_input("".join(call_input)))
+            call_input = None
         elif kind == "message_delta":
             usage.update({key: value for key, value in (event.get("usage") or {}).items() if value is not None})
+    if call_input is not None:  # the stream ended inside a call
+        texts.append("".join(call_input))
     read = int(usage.get("cache_read_input_tokens") or 0)
     prompt = int(usage.get("input_tokens") or 0) + int(usage.get("cache_creation_input_tokens") or 0) + read
     total_ms = elapsed * 1000
@@ -104,3 +132,11 @@ def read_anthropic_stream(events: Iterable[tuple[float, dict[str, Any]]]) -> Pee
         computed_tokens=prompt - read,
         answer_tokens=int(usage.get("output_tokens") or 0),
     )
+
+
+def _canonical_input(written: str) -> str:
+    """A call's input as canonical JSON (the text as it came where it is not JSON: a cut call)."""
+    try:
+        return arguments_json(json.loads(written))
+    except json.JSONDecodeError:
+        return written

@@ -33,7 +33,7 @@ from typing import Any
 
 import llama_cpp
 
-from chatapp.benchmark.anthropic_client import answer_as_read, anthropic_body
+from chatapp.benchmark.anthropic_client import answer_as_shown, anthropic_body
 from chatapp.benchmark.cache_figures import (
     FIGURE_NAMES,
     LookupFigures,
@@ -102,7 +102,7 @@ from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.errors import ChatappError
 from chatapp.models.machine import resolve_model
 from chatapp.prompting.prompt import PromptBuilder
-from chatapp.services.answer_shape import AnswerShape, ToolChoice, read_answer
+from chatapp.services.answer_shape import AnswerShape, ToolChoice
 from chatapp.services.completions import kept_length
 from chatapp.services.prompt_plan import builder_of
 
@@ -274,8 +274,7 @@ def cold_check(
             # Batches end where the server's did: at its checkpoints, cache_control's ends among them.
             checkpoints = tuple(sorted({*request.boundaries, *kept_ends(builder, request)}))
             cold_request = GenerationRequest(request.tokens, sampling, use_cache=False, checkpoints=checkpoints)
-            cold_answer = read_answer(engine.generate(cold_request).wait().text, shape, builder)
-            cold = answer_as_read(cold_answer.content, cold_answer.calls)
+            cold = answer_as_shown(engine.generate(cold_request).wait().text, shape, builder)
             same = cold == served["text"] and served["prompt_tokens"] == len(request.tokens)
             log(f"{workload.name} {request.label}: {'equal to' if same else 'UNLIKE'} the same prompt computed cold")
             checks.append({"label": request.label, "equal": same, "cold": cold, "served": served["text"]})
