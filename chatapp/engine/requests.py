@@ -50,3 +50,6 @@ class GenerationRequest:
     store: bool = True
     checkpoints: tuple[int, ...] = ()
     messages: tuple[ChatMessage, ...] = ()
+    # Text that ends the answer's turn where the model writes it as text (a model without a chat template,
+    # given ChatML): the reader ends the answer before it, as at an end token (services/answer_run.py).
+    turn_ends: tuple[str, ...] = ()

@@ -24,6 +24,9 @@ FALLBACK_CHATML = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
+# A model given the fallback was not taught it: where it has no such special tokens (a base model), it
+# writes a turn's end as text, and would go on writing the next turns. That text ends its answer.
+FALLBACK_TURN_ENDS = ("<|im_end|>", "<|im_start|>")
 
 
 class TemplateRenderError(ChatappError):
@@ -58,6 +61,13 @@ class ChatTemplate:
     # Variables a request sets for the template (a reasoning model's switch: `enable_thinking`,
     # `reasoning_effort`); a template that does not read them renders as without.
     variables: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def turn_ends(self) -> tuple[str, ...]:
+        """Text that ends the model's turn when written as text (the fallback's markers); none for a model's own
+        template, whose turns end with its end tokens."""
+        return FALLBACK_TURN_ENDS if self.source == FALLBACK_CHATML else ()
+
     _compiled: jinja2.Template = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -50,7 +50,9 @@ class AnswerRun(EngineStream):
     def __init__(self, handle: GenerationHandle, stops: tuple[str, ...] = ()) -> None:
         super().__init__(handle)
         self.ended: EndedAnswer | None = None
-        self._matcher = StopMatcher(stops)
+        request = handle.request
+        self._turn_ends = () if request.sampling.ignore_eos else request.turn_ends  # ignore_eos: to the limit
+        self._matcher = StopMatcher(stops + self._turn_ends)
         self._ids: list[int] = []
         self._length_after: list[int] = []  # characters of raw answer text after each token
         self._length = 0
@@ -94,7 +96,9 @@ class AnswerRun(EngineStream):
         # What was held back for a stop string is part of the answer: release it first.
         self._tail = self._matcher.flush()
         stopped = self._matcher.stopped
-        reason = StopReason.STOP_STRING if stopped else result.stop_reason
+        reason = result.stop_reason
+        if stopped:
+            reason = StopReason.END if self._matcher.matched in self._turn_ends else StopReason.STOP_STRING
         text = self._matcher.shown
         ids: tuple[int, ...] | None = self._ids_for(text, result.token_ids) if stopped else result.token_ids
         if text and not ids:

@@ -30,6 +30,7 @@ class PromptPlan:
     tokens: tuple[int, ...]
     checkpoints: tuple[int, ...] = ()
     messages: tuple[ChatMessage, ...] = ()
+    turn_ends: tuple[str, ...] = ()  # text that ends the answer's turn (ChatTemplate.turn_ends)
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,8 @@ def plan_prompt(builder: PromptBuilder, messages: Sequence[ChatMessage], *, chec
     """The tokens of `messages` (the last one the new question) and, where asked, their checkpoints."""
     listed = list(messages)
     tokens = tuple(builder.build(listed))
-    return PromptPlan(tokens, reuse_boundaries(builder, listed) if checkpoints else (), tuple(listed))
+    boundaries = reuse_boundaries(builder, listed) if checkpoints else ()
+    return PromptPlan(tokens, boundaries, tuple(listed), builder.template.turn_ends)
 
 
 def plan_for(engine: EngineClient, messages: Sequence[ChatMessage], builder: PromptBuilder | None = None) -> PromptPlan:
@@ -114,6 +116,7 @@ def start_answer(
         use_cache=use_cache,
         checkpoints=plan.checkpoints,
         messages=plan.messages,
+        turn_ends=plan.turn_ends,
     )
     try:
         return engine.generate(request)

@@ -16,6 +16,7 @@ class StopMatcher:
 
     stops: tuple[str, ...]
     stopped: bool = False
+    matched: str | None = None  # the stop string that ended the answer
     shown: str = ""  # everything released so far (the final answer once stopped)
     _held: str = field(default="", repr=False)
 
@@ -24,7 +25,7 @@ class StopMatcher:
         if self.stopped or not text:
             return ""
         pending = self._held + text
-        cut = self._first_stop(pending)
+        cut, self.matched = self._first_stop(pending)
         if cut is not None:
             self.stopped = True
             self._held = ""
@@ -42,9 +43,13 @@ class StopMatcher:
         self.shown += text
         return text
 
-    def _first_stop(self, text: str) -> int | None:
-        found = [index for stop in self.stops if (index := text.find(stop)) >= 0]
-        return min(found) if found else None
+    def _first_stop(self, text: str) -> tuple[int | None, str | None]:
+        """Where the first stop string in `text` begins, and which it is (the first listed of those there)."""
+        found = [(index, number) for number, stop in enumerate(self.stops) if (index := text.find(stop)) >= 0]
+        if not found:
+            return None, None
+        index, number = min(found)
+        return index, self.stops[number]
 
     def _open_suffix_length(self, text: str) -> int:
         """The longest end of `text` that is the beginning of a stop string."""

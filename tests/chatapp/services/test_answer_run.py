@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 from chatapp.engine.engine import Engine
 from chatapp.engine.requests import SamplingParams
+from chatapp.prompting.chat_template import FALLBACK_CHATML
+from chatapp.prompting.grammar import Grammar
+from chatapp.prompting.prompt import ChatMessage
+from chatapp.services.answer_run import AnswerRun
 from chatapp.services.chat import ChatSession
 from chatapp.services.conversation import Conversation
-from chatapp.services.prompt_plan import TooLongWording
+from chatapp.services.prompt_plan import TooLongWording, builder_of, plan_prompt, start_answer
 from chatapp.vocabulary import MessageStatus, Role, StopReason
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)  # 12 tokens on every CPU
@@ -48,3 +53,35 @@ def test_a_cancelled_api_answer_is_not_reported_as_cut_at_a_limit() -> None:
 
     assert finish_reason(StopReason.CANCELLED) != finish_reason(StopReason.LENGTH)
     assert finish_reason(StopReason.STOP_STRING) == finish_reason(StopReason.END) == "stop"
+
+
+def run_to_end(engine: Engine, sampling: SamplingParams, turn_ends: tuple[str, ...]) -> tuple[str, StopReason]:
+    """An answer to QUESTION whose prompt says its turn ends at `turn_ends` (as a template-less model's does)."""
+    builder = builder_of(engine)
+    plan = plan_prompt(builder, [ChatMessage.of(Role.USER, QUESTION)], checkpoints=False)
+    run = AnswerRun(start_answer(engine, replace(plan, turn_ends=turn_ends), sampling, WORDING))
+    text = "".join(getattr(event, "text", "") for event in run.events())
+    ended = run.ended
+    assert ended is not None
+    assert ended.text == text
+    return text, ended.stop_reason
+
+
+def test_a_turn_end_written_as_text_ends_the_answer_as_an_end_token_does(shared_engine: Engine) -> None:
+    """The model writes `<|im_end|>` as text where it was given ChatML without knowing it: its turn ended."""
+    forced = SamplingParams(temperature=0.0, max_tokens=40, grammar=Grammar('root ::= "Sure thing. END and on"'))
+    assert run_to_end(shared_engine, forced, (" END",)) == ("Sure thing.", StopReason.END)
+    assert run_to_end(shared_engine, forced, ()) == ("Sure thing. END and on", StopReason.END)
+
+
+def test_ignore_eos_runs_past_a_turn_end_as_past_an_end_token(shared_engine: Engine) -> None:
+    free, _ = run_to_end(shared_engine, GREEDY, ())
+    words = re.findall(r" [A-Za-z]{3,}", free)  # this CPU's answer: the turn end is taken from it
+    assert words, free
+    assert run_to_end(shared_engine, GREEDY, (words[0],)) == (free, StopReason.LENGTH)
+
+
+def test_only_the_fallback_template_has_turn_ends(shared_engine: Engine) -> None:
+    assert builder_of(shared_engine).template.turn_ends == (), "SmolLM2's own template ends turns with its token"
+    fallback = replace(builder_of(shared_engine).template, source=FALLBACK_CHATML)
+    assert fallback.turn_ends == ("<|im_end|>", "<|im_start|>")
