@@ -1,11 +1,12 @@
-"""Calls read while they are written, for formats that write a call as JSON: `{"name": "f", "arguments": {...}}`.
+"""Calls read while they are written, for formats that write a call's arguments as JSON after its name:
+`{"name": "f", "arguments": {...}}` (Hermes' blocks, Llama 3's), `[TOOL_CALLS]f[ARGS]{...}` (Mistral's v11).
 
 A stream can then say which function is called as soon as its name is complete and send the
 arguments as they come, as the hosted APIs do (and llama-server), instead of holding the
 whole call until the answer ends. The arguments are handed on as the model writes them: their
 pieces join to JSON text whose value is the call's (the answer read whole canonicalises it).
-Formats whose calls are read whole only (Mistral's, whose id follows the arguments; parameter
-blocks; harmony) have no reader: their calls are sent once the answer ends.
+Formats whose calls are read whole only (Mistral's JSON list, whose ids follow the arguments;
+parameter blocks; harmony) have no reader: their calls are sent once the answer ends.
 """
 
 from __future__ import annotations
@@ -15,15 +16,19 @@ import re
 from dataclasses import dataclass
 
 # A call's beginning up to its arguments: complete only once the arguments' first character is written.
-_JSON_CALL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\S)')
+# A head names the function (`quoted`: as a JSON string, else `name`) and may carry the model's id (`id`).
+JSON_CALL_HEAD = re.compile(
+    r'\s*\{\s*"name"\s*:\s*"(?P<quoted>(?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\S)'
+)
 _LONGEST_HEAD = 4096  # characters without a call's head: not a call this reader can follow
 
 
 @dataclass(frozen=True)
 class CallNamed:
-    """A call began: the function it calls."""
+    """A call began: the function it calls, and the id the model wrote for it (where its format has one)."""
 
     name: str
+    call_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -78,11 +83,12 @@ class JsonValueEnd:
 
 
 class JsonCallReader:
-    """Follows calls written as JSON objects, each after `opening` (Hermes' `<tool_call>`), or one call that is
-    the whole answer (`opening` empty: Llama 3's)."""
+    """Follows calls whose arguments are JSON after a `head`, each call after `opening` (Hermes' `<tool_call>`,
+    Mistral's `[TOOL_CALLS]`), or one call that is the whole answer (`opening` empty: Llama 3's)."""
 
-    def __init__(self, opening: str = "") -> None:
+    def __init__(self, opening: str = "", head: re.Pattern[str] = JSON_CALL_HEAD) -> None:
         self._opening = opening
+        self._head = head
         self._several = bool(opening)
         self._buffer = ""  # text not yet read: before a call's opening, or its head
         self._seeking = bool(opening)  # looking for the next opening (else for a head)
@@ -115,16 +121,27 @@ class JsonCallReader:
                     return news
                 self._buffer = self._buffer[start + len(self._opening) :]
                 self._seeking = False
-            head = _JSON_CALL_HEAD.match(self._buffer)
+            head = self._head.match(self._buffer)
             if head is None:
                 self._done = len(self._buffer) > _LONGEST_HEAD
                 return news
-            try:
-                name = json.loads(f'"{head.group(1)}"')
-            except json.JSONDecodeError:
+            named = _named(head)
+            if named is None:
                 self._done = True
                 return news
-            news.append(CallNamed(name))
+            news.append(named)
             self._value = JsonValueEnd()
             text, self._buffer = self._buffer[head.end() :], ""
         return news
+
+
+def _named(head: re.Match[str]) -> CallNamed | None:
+    """The call a head begins; None when its quoted name is not a JSON string after all."""
+    fields = head.groupdict()
+    call_id = fields.get("id")
+    if fields.get("quoted") is None:
+        return CallNamed(fields["name"], call_id)
+    try:
+        return CallNamed(json.loads(f'"{fields["quoted"]}"'), call_id)
+    except json.JSONDecodeError:
+        return None

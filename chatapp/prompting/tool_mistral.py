@@ -16,6 +16,7 @@ names them as `preserved`, so they are shown and the calls can be read.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -39,6 +40,10 @@ MISTRAL_IDS = CallIds(9)
 ID_RULE = "[a-zA-Z0-9]{9}"
 ID_OPENING = literal(', "id": "')
 ID_CLOSING = literal('"}')
+# A v11 call's head: its name, the id where the model wrote one, `[ARGS]`, and its arguments' first character.
+_ARGS_HEAD = re.compile(
+    r"\s*(?P<name>[^\s\[]+)(?:" + re.escape(CALL_ID) + r"(?P<id>[A-Za-z0-9]+))?" + re.escape(ARGS) + r"\s*(?=\S)"
+)
 
 
 class MistralJsonToolFormat:
@@ -122,9 +127,9 @@ class MistralArgsToolFormat:
         preserved = (TOOL_CALLS, CALL_ID, ARGS) if self.with_ids else (TOOL_CALLS, ARGS)
         return _grammar(rules, parallel=parallel, lazy=lazy, or_schema=or_schema, preserved=preserved)
 
-    def call_reader(self) -> JsonCallReader | None:
-        """Read whole once the answer ends (see ToolFormat.call_reader)."""
-        return None
+    def call_reader(self) -> JsonCallReader:
+        """Each call read as it is written: its name (and id) before `[ARGS]`, then its arguments."""
+        return JsonCallReader(TOOL_CALLS, _ARGS_HEAD)
 
     def parse(self, text: str, tools: Sequence[ToolSpec] = ()) -> ParsedAnswer:
         """The text before the first `[TOOL_CALLS]` and each call after one; no call when one does not parse."""

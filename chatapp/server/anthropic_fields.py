@@ -9,6 +9,7 @@ the templates of models without visible reasoning drop them.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from pydantic import Field
@@ -16,7 +17,7 @@ from pydantic import Field
 from chatapp.server.errors import ApiError
 from chatapp.server.schemas import SEED_LIMIT, Lenient, checked_stop
 from chatapp.server.tool_fields import openai_shape
-from chatapp.services.answer_shape import AnswerShape
+from chatapp.services.answer_shape import AnswerShape, ShapeError, schema_shape
 from chatapp.services.completions import ApiMessage, CompletionOutcome, CompletionUsage, KeepHint
 from chatapp.tools import ToolCall, arguments_json
 from chatapp.vocabulary import Role, StopReason
@@ -187,7 +188,33 @@ def anthropic_shape(fields: dict[str, Any]) -> AnswerShape:
         )
         # One call per answer unless the client allows several (small models loop): llama-server's default too.
         chat_fields["parallel_tool_calls"] = value.get("disable_parallel_tool_use") is False
-    return openai_shape(chat_fields)
+    shape = openai_shape(chat_fields)
+    schema, param = _output_schema(fields)
+    if schema is None:
+        return shape
+    try:
+        formatted = schema_shape(schema, param)
+    except ShapeError as error:
+        raise ApiError(400, str(error), param=error.param) from None
+    return replace(shape, json_schema=formatted.json_schema, schema_param=param)
+
+
+def _output_schema(fields: dict[str, Any]) -> tuple[Any, str]:
+    """The JSON schema the answer's text must follow (structured outputs: `output_config.format`, or the beta's
+    `output_format`), and where it was sent; None when the answer is free."""
+    config = fields.get("output_config")
+    if config is not None and not isinstance(config, dict):
+        raise ApiError(400, "output_config must be an object", param="output_config")
+    form, where = (config or {}).get("format"), "output_config.format"
+    if form is None:
+        form, where = fields.get("output_format"), "output_format"
+    if form is None:
+        return None, where
+    if not isinstance(form, dict) or form.get("type") != "json_schema":
+        raise ApiError(400, f"{where} must be {{'type': 'json_schema', 'schema': {{...}}}}", param=where)
+    if "schema" not in form:
+        raise ApiError(400, f"{where}.schema is missing; send the schema", param=f"{where}.schema")
+    return form["schema"], f"{where}.schema"
 
 
 def stop_reason(outcome: CompletionOutcome) -> str:

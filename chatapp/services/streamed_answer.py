@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from chatapp.prompting.call_reader import ArgumentsWritten, CallNamed, CallWritten, JsonCallReader
 from chatapp.prompting.harmony import HarmonyReader
 from chatapp.prompting.prompt import PromptBuilder
+from chatapp.prompting.tool_formats import CallIds
 from chatapp.services.answer_shape import AnswerShape, ShapedAnswer, speaks_harmony
 from chatapp.tools import ToolCall
 
@@ -61,7 +62,7 @@ class StreamedContent:
     def __init__(self, shape: AnswerShape, builder: PromptBuilder | None) -> None:
         form = builder.tool_format if shape.calls_tools and builder is not None else None
         self._trigger = form.trigger if form is not None else None
-        self._new_id = form.call_ids.new if form is not None else None
+        self._ids = form.call_ids if form is not None else None
         self._reader: JsonCallReader | None = form.call_reader() if form is not None else None
         self._harmony = HarmonyReader() if speaks_harmony(builder) else None
         self._held = ""  # text not shown yet: blank space and what may begin a call
@@ -125,11 +126,11 @@ class StreamedContent:
         return tuple(replace(call, id=given.get(index, call.id)) for index, call in enumerate(calls))
 
     def _read_calls(self, text: str) -> None:
-        if self._reader is None or self._new_id is None:
+        if self._reader is None or self._ids is None:
             return
         for news in self._reader.feed(text):
             if isinstance(news, CallNamed):
-                begun = CallBegins(len(self._begun), self._new_id(), news.name)
+                begun = CallBegins(len(self._begun), self._call_id(news.call_id, self._ids), news.name)
                 self._begun.append(begun)
                 self._news.append(begun)
             elif isinstance(news, ArgumentsWritten):
@@ -137,6 +138,13 @@ class StreamedContent:
             elif isinstance(news, CallWritten):
                 self._written = len(self._begun)
                 self._news.append(CallEnds(len(self._begun) - 1))
+
+    def _call_id(self, own: str | None, ids: CallIds) -> str:
+        """The model's own id where its template takes it and no earlier call has it (as `read_answer` gives), else
+        a new one."""
+        if own is not None and ids.valid(own) and all(own != begun.call_id for begun in self._begun):
+            return own
+        return ids.new()
 
 
 def _partial_opening(text: str, opening: str) -> int:

@@ -18,6 +18,7 @@ from chatapp.prompting.call_reader import (
 )
 from chatapp.prompting.tool_blocks import CALL_OPEN, HERMES
 from chatapp.prompting.tool_llama import LLAMA_JSON
+from chatapp.prompting.tool_mistral import MistralArgsToolFormat
 
 TRICKY = {"text": 'a "quoted" } ] { [ brace\\', "n": [1, {"deep": None}], "ok": True, "x": -2.5e3}
 ARGUMENTS = [json.dumps(TRICKY), json.dumps(TRICKY, indent=2), "{}", '{"city": "Rome"}']
@@ -93,3 +94,18 @@ def test_a_value_ends_where_json_says(data: st.DataObject) -> None:
             consumed += len(piece)
         assert end is not None, value
         assert consumed == len(value), value
+
+
+@given(data=st.data())
+def test_mistral_calls_are_read_as_written_with_the_ids_the_model_wrote(data: st.DataObject) -> None:
+    answer = f"[TOOL_CALLS]get_weather[CALL_ID]a1b2c3d4e[ARGS]{ARGUMENTS[0]}[TOOL_CALLS]get_time[ARGS]{{}}"
+    reader = MistralArgsToolFormat(with_ids=True).call_reader()
+    news = [item for piece in pieces_of(answer, data) for item in reader.feed(piece)]
+    assert [item for item in news if isinstance(item, CallNamed)] == [
+        CallNamed("get_weather", "a1b2c3d4e"),
+        CallNamed("get_time"),
+    ]
+    assert read(MistralArgsToolFormat(with_ids=False).call_reader(), pieces_of(answer, data)) == [
+        ("get_weather", ARGUMENTS[0], True),
+        ("get_time", "{}", True),
+    ]

@@ -216,6 +216,28 @@ def test_a_streamed_call_comes_as_a_tool_use_block_as_it_is_written(claude: anth
     assert final.stop_reason == "tool_use"
 
 
+def test_structured_output_follows_the_schema_claude_code_sends_for_titles(claude: anthropic.Anthropic) -> None:
+    """Claude Code asks for its session title as JSON (`output_config.format`): the text is that JSON."""
+    schema = {
+        "type": "object",
+        "properties": {"title": {"type": "string", "maxLength": 20}},
+        "required": ["title"],
+        "additionalProperties": False,
+    }
+    answer = claude.messages.create(
+        model="claude-haiku-4-5",
+        max_tokens=60,
+        messages=[{"role": "user", "content": "Give this session a title."}],
+        output_config={"format": {"type": "json_schema", "schema": schema}},
+    )
+    assert answer.stop_reason == "end_turn"
+    (block,) = answer.content
+    assert block.type == "text"
+    value = json.loads(block.text)
+    assert list(value) == ["title"]
+    assert len(value["title"]) <= 20
+
+
 def test_count_tokens_is_the_prompt_the_answer_is_computed_from(claude: anthropic.Anthropic) -> None:
     asked: dict[str, Any] = {
         "model": "claude-sonnet-4-5",
@@ -246,8 +268,24 @@ def test_count_tokens_is_the_prompt_the_answer_is_computed_from(claude: anthropi
             "invalid_request_error",
             "no tools",
         ),
+        (
+            {"max_tokens": 8, "messages": [{"role": "user", "content": "hi"}], "output_config": {"format": {}}},
+            400,
+            "invalid_request_error",
+            "output_config.format must be",
+        ),
+        (
+            {
+                "max_tokens": 8,
+                "messages": [{"role": "user", "content": "hi"}],
+                "output_config": {"format": {"type": "json_schema", "schema": {"enum": []}}},
+            },
+            400,
+            "invalid_request_error",
+            "output_config.format.schema",
+        ),
     ],
-    ids=["unknown-role", "image", "no-max-tokens", "choice-without-tools"],
+    ids=["unknown-role", "image", "no-max-tokens", "choice-without-tools", "format-not-a-schema", "schema-no-grammar"],
 )
 def test_bad_requests_get_anthropics_error_shape(
     server: RunningServer, request_: dict[str, Any], status: int, kind: str, words: str

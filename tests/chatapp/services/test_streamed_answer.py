@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from chatapp.prompting.prompt import PromptBuilder
 from chatapp.prompting.tool_blocks import HERMES
 from chatapp.prompting.tool_harmony import HARMONY
+from chatapp.prompting.tool_mistral import MISTRAL_ARGS_WITH_IDS
 from chatapp.services.answer_shape import FREE_TEXT, AnswerShape, ShapedAnswer, read_answer
 from chatapp.services.streamed_answer import CallArguments, CallBegins, CallEnds, Shown, StreamedContent
 from chatapp.tools import ToolSpec
@@ -146,3 +147,22 @@ def test_a_format_read_whole_shows_its_calls_once_the_answer_ended(data: st.Data
         (call.id, call.name, call.arguments, True) for call in whole.calls
     ]
     assert len(calls) == 1
+
+
+class MistralBuilder:
+    tool_format = MISTRAL_ARGS_WITH_IDS
+
+
+def test_a_call_keeps_the_id_the_model_wrote_where_its_template_takes_it() -> None:
+    """Mistral Small 3.2 writes each call's id before its arguments: the stream announces the call with it
+    (a repeated id gets a new one, as the answer read whole gives)."""
+    answer = '[TOOL_CALLS]f[CALL_ID]a1b2c3d4e[ARGS]{"a": 1}[TOOL_CALLS]f[CALL_ID]a1b2c3d4e[ARGS]{}'
+    builder = cast(PromptBuilder, MistralBuilder())
+    stream = StreamedContent(TOOLS, builder)
+    assert stream.feed(answer) == ""
+    begun = [item for item in stream.calls() if isinstance(item, CallBegins)]
+    whole = read_answer(answer, TOOLS, builder)
+    assert begun[0].call_id == whole.calls[0].id == "a1b2c3d4e"
+    assert begun[1].call_id != "a1b2c3d4e"
+    assert MISTRAL_ARGS_WITH_IDS.call_ids.valid(begun[1].call_id)
+    assert [call.id for call in stream.as_streamed(whole.calls)] == [item.call_id for item in begun]
