@@ -17,7 +17,7 @@ from chatapp.benchmark.server_process import free_port
 from chatapp.engine.engine import Engine
 from chatapp.engine.gate import Step
 from chatapp.models.catalog import ModelCatalog
-from chatapp.server.answering import ServerContext
+from chatapp.server.context import ServerContext
 from chatapp.server.run import build_server
 from chatapp.services.model_pool import ModelPool, PoolLimits
 from chatapp.services.serving import ModelCard, Serving, ServingOptions

@@ -15,12 +15,23 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from chatapp.tools import ToolCall, ToolResult, ToolSpec, arguments_json, compact_json
 
-if TYPE_CHECKING:
-    from chatapp.benchmark.workloads import TextMaker
+
+class TextMaker(Protocol):
+    """What the agent's texts are grown with (workloads.TextMaker: sentence banks, sizes in tokens)."""
+
+    tokenize: Callable[[str], list[int]]
+
+    def grow(self, head: str, pieces: Iterator[str], target: int) -> str: ...
+
+    def shuffled(
+        self, rng: random.Random, head: str, bank: list[str], target: int, fill: Callable[[str], str] = str
+    ) -> str: ...
+
+    def rules(self, seed: int, target: int, bullet: str) -> str: ...
 
 
 def _text(description: str) -> dict[str, Any]:

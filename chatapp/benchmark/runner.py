@@ -34,27 +34,12 @@ from typing import Any
 import llama_cpp
 
 from chatapp.benchmark.anthropic_client import answer_as_shown, anthropic_body
-from chatapp.benchmark.cache_figures import (
-    FIGURE_NAMES,
-    LookupFigures,
-    StorageFigures,
-    cache_figure_verdicts,
-    figures_record,
-    figures_table,
-    measure_lookup,
-    measure_storage,
-)
+from chatapp.benchmark.cache_figures import FIGURE_NAMES
+from chatapp.benchmark.figure_runs import FigureRuns
 from chatapp.benchmark.goals import goals_table, reused_fraction
 from chatapp.benchmark.memory import RssSampler, folder_bytes
 from chatapp.benchmark.peers import PEERS, Peer, PeerFactory, PeerSettings, open_cold_engine
-from chatapp.benchmark.prefill_figure import (
-    PREFILL_NAME,
-    PrefillFigures,
-    measure_prefill,
-    prefill_figure_verdicts,
-    prefill_record,
-    prefill_table,
-)
+from chatapp.benchmark.prefill_figure import PREFILL_NAME
 from chatapp.benchmark.remote_peer import (
     ENV_BACKEND_KEY,
     LOOPBACK_PEER,
@@ -63,35 +48,13 @@ from chatapp.benchmark.remote_peer import (
     remote_peer_factory,
 )
 from chatapp.benchmark.report import MIB, reuse_table, table, write_reports
-from chatapp.benchmark.restore_figure import (
-    RESTORE_NAME,
-    RestoreFigures,
-    measure_restores,
-    restore_figure_verdicts,
-    restore_record,
-    restore_table,
-)
-from chatapp.benchmark.streams_figure import (
-    STREAMS_NAME,
-    StreamsFigures,
-    measure_streams,
-    streams_figure_verdicts,
-    streams_record,
-    streams_table,
-)
-from chatapp.benchmark.trace_figure import (
-    TRACE_NAME,
-    TraceFigures,
-    measure_traces,
-    trace_figure_verdicts,
-    trace_record,
-    trace_table,
-)
+from chatapp.benchmark.restore_figure import RESTORE_NAME
+from chatapp.benchmark.streams_figure import STREAMS_NAME
+from chatapp.benchmark.trace_figure import TRACE_NAME
 from chatapp.benchmark.workloads import (
     CODER_NAME,
     SCALES,
     WORKLOAD_NAMES,
-    PromptKit,
     Request,
     Scale,
     Workload,
@@ -409,28 +372,61 @@ def _log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def run(args: argparse.Namespace) -> int:
+class BenchRefused(ChatappError):
+    """The bench's arguments name something it cannot run (exit status 2, one line)."""
+
+
+@dataclass(frozen=True)
+class BenchPlan:
+    """What one bench run measures, read from its arguments."""
+
+    scale: Scale
+    settings: PeerSettings
+    max_tokens: int
+    workload_names: tuple[str, ...]
+    factories: dict[str, PeerFactory]
+    server: Path | None  # llama-server, where built: a peer, and the yardstick of P and N
+
+
+def plan_from(args: argparse.Namespace) -> BenchPlan:
+    """The run the arguments ask for; BenchRefused naming what is unknown or missing."""
     scale: Scale = SCALES[args.scale or ("quick" if args.quick else "full")]
     model_path = resolve_model(Path(args.model).expanduser() if args.model else None)
-    context = args.context or scale.context
-    max_tokens = args.max_tokens or scale.max_tokens
-    threads = args.threads or default_thread_count()
     workload_names = tuple(name.strip().upper() for name in args.workloads.split(",") if name.strip())
-    unknown = [name for name in workload_names if name not in ALL_NAMES]
     peer_names = [name.strip() for name in args.peers.split(",") if name.strip()]
     try:
         remotes = {name: remote for name in peer_names if (remote := remote_peer_factory(name)) is not None}
     except PeerSpecError as error:
-        print(f"chatapp bench: {error}", file=sys.stderr)
-        return 2
+        raise BenchRefused(str(error)) from None
+    unknown = [name for name in workload_names if name not in ALL_NAMES]
     unknown += [name for name in peer_names if name not in (*PEERS, SERVER_PEER, SERVE_PEER, *remotes)]
     if unknown:
-        print(
-            f"chatapp bench: unknown workload or peer: {', '.join(unknown)} (workloads {','.join(ALL_NAMES)}; "
-            f"peers {','.join([*DEFAULT_PEERS, SERVER_PEER])}, {LOOPBACK_PEER}+warm, remote:URL)",
-            file=sys.stderr,
+        raise BenchRefused(
+            f"unknown workload or peer: {', '.join(unknown)} (workloads {','.join(ALL_NAMES)}; "
+            f"peers {','.join([*DEFAULT_PEERS, SERVER_PEER])}, {LOOPBACK_PEER}+warm, remote:URL)"
         )
-        return 2
+    factories = _factories(peer_names, remotes)
+    server = find_llama_server(args.llama_server)
+    if args.llama_server and (server is None or not server.is_file()):
+        raise BenchRefused(
+            f"--llama-server {args.llama_server}: no such file (build it with scripts/build_llama_server.py)"
+        )
+    if server is not None and (SERVER_PEER in peer_names or args.peers == ",".join(DEFAULT_PEERS)):
+        factories[SERVER_PEER] = LlamaServerFactory(server, args.ram_budget_mib)
+    elif server is None:
+        print(SKIP_SERVER, file=sys.stderr)
+    settings = PeerSettings(
+        model_path=model_path,
+        context=args.context or scale.context,
+        threads=args.threads or default_thread_count(),
+        ram_budget_bytes=args.ram_budget_mib * MIB,
+        disk_budget_bytes=args.disk_budget_mib * MIB,
+    )
+    return BenchPlan(scale, settings, args.max_tokens or scale.max_tokens, workload_names, factories, server)
+
+
+def _factories(peer_names: list[str], remotes: dict[str, RemotePeerFactory]) -> dict[str, PeerFactory]:
+    """The peers named, in order; a remote one whose server cannot be reached is refused here."""
     factories: dict[str, PeerFactory] = {}
     for name in peer_names:
         if name in PEERS:
@@ -447,187 +443,123 @@ def run(args: argparse.Namespace) -> int:
                 factory.check()
             except ChatappError as error:
                 where = f" (the bench reads it from ${ENV_BACKEND_KEY})" if "API key" in str(error) else ""
-                print(f"chatapp bench: peer {factory.name}: {error}{where}", file=sys.stderr)
-                return 2
-    server = find_llama_server(args.llama_server)
-    if args.llama_server and (server is None or not server.is_file()):
-        print(
-            f"chatapp bench: --llama-server {args.llama_server}: no such file (build it with "
-            "scripts/build_llama_server.py)",
-            file=sys.stderr,
-        )
-        return 2
-    if server is not None and (SERVER_PEER in peer_names or args.peers == ",".join(DEFAULT_PEERS)):
-        factories[SERVER_PEER] = LlamaServerFactory(server, args.ram_budget_mib)
-    elif server is None:
-        print(SKIP_SERVER, file=sys.stderr)
+                raise BenchRefused(f"peer {factory.name}: {error}{where}") from None
+    return factories
 
-    settings = PeerSettings(
-        model_path=model_path,
-        context=context,
-        threads=threads,
-        ram_budget_bytes=args.ram_budget_mib * MIB,
-        disk_budget_bytes=args.disk_budget_mib * MIB,
-    )
-    out = Path(args.out)
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        plan = plan_from(args)
+    except BenchRefused as error:
+        print(f"chatapp bench: {error}", file=sys.stderr)
+        return 2
+    settings, max_tokens = plan.settings, plan.max_tokens
     started = time.perf_counter()
     _log(
-        f"bench: model {model_path.name}, scale {scale.name}, context {context}, threads {threads}, "
-        f"max_tokens {max_tokens}, peers {','.join(factories)}, workloads {','.join(workload_names)}"
+        f"bench: model {settings.model_path.name}, scale {plan.scale.name}, context {settings.context}, "
+        f"threads {settings.threads}, max_tokens {max_tokens}, peers {','.join(plan.factories)}, "
+        f"workloads {','.join(plan.workload_names)}"
     )
     from cache.fingerprint import hash_file
 
-    settings = replace(settings, model_fingerprint=hash_file(model_path))
+    settings = replace(settings, model_fingerprint=hash_file(settings.model_path))
+    workloads = _built_workloads(plan)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="work-", dir=out) if args.keep else tempfile.mkdtemp(prefix="chatapp-bench-"))
+    runs: list[dict[str, Any]] = []
+    figures = FigureRuns()
+
+    def meta(complete: bool) -> dict[str, Any]:
+        return _meta(plan, time.perf_counter() - started, complete, work if args.keep else None, figures)
+
+    reference = next(iter(plan.factories), None)
+    try:
+        for workload in workloads:  # peers side by side, close in time: the machine's load drifts
+            runs += _peers_on(workload, plan, settings, work)
+            write_reports(out, meta(complete=False), runs, reference_peer=reference)  # a long run keeps its figures
+        figures.measure(plan.workload_names, plan.scale, settings, plan.server, work, max_tokens, _log)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    rows, found, verdicts, files = write_reports(
+        out, meta(complete=True), runs, reference_peer=reference, more_verdicts=figures.verdicts()
+    )
+    _print_summary(plan, time.perf_counter() - started, rows, runs, figures)
+    if verdicts:
+        print()
+        print(goals_table(verdicts))
+    print(f"wrote {files['json']} and {files['svg']}")
+    return _mismatches_reported(found, allow=args.allow_mismatch)
+
+
+def _built_workloads(plan: BenchPlan) -> list[Workload]:
+    """The workloads the plan names that send requests, built (and logged) before any peer runs."""
     built = (*WORKLOAD_NAMES, CODER_NAME)
-    workloads = build_workloads(model_path, scale, tuple(name for name in workload_names if name in built))
+    names = tuple(name for name in plan.workload_names if name in built)
+    workloads = build_workloads(plan.settings.model_path, plan.scale, names)
     for workload in workloads:
-        longer = f", context {workload.context:,}" if workload.context > context else ""
+        longer = f", context {workload.context:,}" if workload.context > plan.settings.context else ""
         _log(
             f"workload {workload.name}: {len(workload.requests)} requests, {workload.prompt_tokens:,} prompt tokens "
             f"(longest {max(len(r.tokens) for r in workload.requests):,}){longer}"
         )
-    out.mkdir(parents=True, exist_ok=True)
-    work = (
-        Path(tempfile.mkdtemp(prefix="work-", dir=out))
-        if args.keep
-        else Path(tempfile.mkdtemp(prefix="chatapp-bench-"))
-    )
-    runs: list[dict[str, Any]] = []
-    lookup: LookupFigures | None = None
-    storage: StorageFigures | None = None
-    traces: TraceFigures | None = None
-    restores: RestoreFigures | None = None
-    prefills: PrefillFigures | None = None
-    streams: StreamsFigures | None = None
+    return workloads
 
-    def meta(complete: bool) -> dict[str, Any]:
-        return {
-            "model": str(model_path),
-            "scale": scale.name,
-            "context": context,
-            "threads": threads,
-            "max_tokens": max_tokens,
-            "peers": list(factories),
-            "workloads": list(workload_names),
-            "llama_cpp_python": llama_cpp.__version__,
-            "elapsed_s": time.perf_counter() - started,
-            "complete": complete,
-            "rss": "in-process VmRSS sampled every 10 ms (servers the bench starts: plus their process's peak)",
-            "ttft": (
-                "Llama peers: create_completion call to first streamed chunk; chatapp: engine's figure from "
-                "submission to the first sampled token (chatapp+typed: plus any warm-up still running when Enter "
-                "is pressed); servers and remote peers: sending the request to the first streamed text"
-            ),
-            "between_requests": (
-                "B and D back to back; otherwise each peer settles off the clock (chatapp: the answer's "
-                "recompute and cache store; Llama peers save inside the call); wall time includes it"
-            ),
-            "work_folder": str(work) if args.keep else None,
-            "cache_figures": {
-                **figures_record(lookup, storage),
-                **({"traces": trace_record(traces)} if traces is not None else {}),
-                **({"restores": restore_record(restores)} if restores is not None else {}),
-                **({"prefill": prefill_record(prefills)} if prefills is not None else {}),
-                **({"streams": streams_record(streams)} if streams is not None else {}),
-            },
-        }
 
-    reference = next(iter(factories), None)
-    try:
-        for workload in workloads:  # peers side by side, close in time: the machine's load drifts
-            for name, factory in factories.items():
-                if getattr(factory, "drafts_only", False) and not any(request.draft for request in workload.requests):
-                    continue  # warm-ahead and type-ahead need to know how the app builds the prompt (C)
-                if workload.protocol == "anthropic" and name not in MESSAGES_PEERS:
-                    continue  # K goes over Anthropic's Messages API: the servers that serve it
-                run = run_peer_on_workload(
-                    name,
-                    factory,
-                    _settings_for(settings, workload),
-                    workload,
-                    work / _folder_name(name) / workload.name,
-                    max_tokens,
-                    _log,
-                )
-                if workload.protocol == "anthropic" and name == SERVE_PEER:
-                    run["cold_check"] = cold_check(_settings_for(settings, workload), workload, run, max_tokens, _log)
-                runs.append(run)
-            # A long run keeps what it measured.
-            write_reports(out, meta(complete=False), runs, reference_peer=reference)
-        if "L" in workload_names:
-            _log(f"L: lookup among {scale.lookup_conversations:,} conversations")
-            lookup = measure_lookup(scale.lookup_conversations)
-        # S, R and P build their prompts as the app does: one vocabulary for the three.
-        kit = PromptKit(model_path) if {"S", RESTORE_NAME, PREFILL_NAME, STREAMS_NAME} & set(workload_names) else None
-        try:
-            if kit is not None and "S" in workload_names:
-                _log(f"S: storage of {scale.storage_conversations} conversations on one persona")
-                storage = measure_storage(
-                    settings,
-                    kit,
-                    work / "storage",
-                    conversations=scale.storage_conversations,
-                    persona_tokens=scale.system,
-                    question_tokens=scale.question,
-                    max_tokens=max_tokens,
-                )
-            if kit is not None and RESTORE_NAME in workload_names:
-                _log(f"{RESTORE_NAME}: restoring one {scale.system:,}-token prefix by each path, and total misses")
-                restores = measure_restores(
-                    settings,
-                    kit,
-                    work / "restores",
-                    prefix_tokens=scale.system,
-                    repeats=scale.restore_repeats,
-                    miss_repeats=scale.miss_repeats,
-                )
-            if kit is not None and PREFILL_NAME in workload_names:
-                _log(
-                    f"{PREFILL_NAME}: prefill with nothing cached, chatapp and llama-server, flash attention off and on"
-                )
-                prefills = measure_prefill(
-                    settings, kit, server, prompt_tokens=scale.system, repeats=scale.restore_repeats
-                )
-            if kit is not None and STREAMS_NAME in workload_names:
-                counts = ", ".join(map(str, scale.stream_clients))
-                _log(f"{STREAMS_NAME}: {counts} clients at once, chatapp serve and llama-server -np N")
-                streams = measure_streams(
-                    settings,
-                    kit,
-                    server,
-                    work / "streams",
-                    clients=scale.stream_clients,
-                    rounds=scale.stream_rounds,
-                    answer_tokens=scale.stream_answer,
-                    prompt_context=scale.system,
-                    log=_log,
-                )
-        finally:
-            if kit is not None:
-                kit.close()
-        if TRACE_NAME in workload_names:
-            _log(f"{TRACE_NAME}: eviction policies replayed on request traces")
-            traces = measure_traces(scale.trace_scale)
-    finally:
-        if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
-    elapsed = time.perf_counter() - started
-    rows, found, verdicts, files = write_reports(
-        out,
-        meta(complete=True),
-        runs,
-        reference_peer=reference,
-        more_verdicts=[
-            *cache_figure_verdicts(lookup, storage),
-            *restore_figure_verdicts(restores),
-            *prefill_figure_verdicts(prefills),
-            *streams_figure_verdicts(streams),
-            *trace_figure_verdicts(traces),
-        ],
-    )
+def _peers_on(workload: Workload, plan: BenchPlan, settings: PeerSettings, work: Path) -> list[dict[str, Any]]:
+    """Every peer that serves `workload`, one after another; K's answers after the restart checked cold."""
+    runs = []
+    for name, factory in plan.factories.items():
+        if getattr(factory, "drafts_only", False) and not any(request.draft for request in workload.requests):
+            continue  # warm-ahead and type-ahead need to know how the app builds the prompt (C)
+        if workload.protocol == "anthropic" and name not in MESSAGES_PEERS:
+            continue  # K goes over Anthropic's Messages API: the servers that serve it
+        peer_settings = _settings_for(settings, workload)
+        folder = work / _folder_name(name) / workload.name
+        run = run_peer_on_workload(name, factory, peer_settings, workload, folder, plan.max_tokens, _log)
+        if workload.protocol == "anthropic" and name == SERVE_PEER:
+            run["cold_check"] = cold_check(peer_settings, workload, run, plan.max_tokens, _log)
+        runs.append(run)
+    return runs
+
+
+def _meta(plan: BenchPlan, elapsed_s: float, complete: bool, work: Path | None, figures: FigureRuns) -> dict[str, Any]:
+    """bench.json's account of the run: what was measured, how, and the figures beside the peers."""
+    settings = plan.settings
+    return {
+        "model": str(settings.model_path),
+        "scale": plan.scale.name,
+        "context": settings.context,
+        "threads": settings.threads,
+        "max_tokens": plan.max_tokens,
+        "peers": list(plan.factories),
+        "workloads": list(plan.workload_names),
+        "llama_cpp_python": llama_cpp.__version__,
+        "elapsed_s": elapsed_s,
+        "complete": complete,
+        "rss": "in-process VmRSS sampled every 10 ms (servers the bench starts: plus their process's peak)",
+        "ttft": (
+            "Llama peers: create_completion call to first streamed chunk; chatapp: engine's figure from "
+            "submission to the first sampled token (chatapp+typed: plus any warm-up still running when Enter "
+            "is pressed); servers and remote peers: sending the request to the first streamed text"
+        ),
+        "between_requests": (
+            "B and D back to back; otherwise each peer settles off the clock (chatapp: the answer's "
+            "recompute and cache store; Llama peers save inside the call); wall time includes it"
+        ),
+        "work_folder": str(work) if work is not None else None,
+        "cache_figures": figures.record(),
+    }
+
+
+def _print_summary(
+    plan: BenchPlan, elapsed_s: float, rows: list[Any], runs: list[dict[str, Any]], figures: FigureRuns
+) -> None:
+    settings = plan.settings
     print(
-        f"chatapp bench: {scale.name} scale, model {model_path.name}, context {context}, threads {threads}, "
-        f"max_tokens {max_tokens}, {elapsed:.0f} s"
+        f"chatapp bench: {plan.scale.name} scale, model {settings.model_path.name}, context {settings.context}, "
+        f"threads {settings.threads}, max_tokens {plan.max_tokens}, {elapsed_s:.0f} s"
     )
     if rows:
         print(table(rows))
@@ -638,41 +570,28 @@ def run(args: argparse.Namespace) -> int:
         for item in runs:
             if item.get("restart"):
                 print(f"{item['workload']} {item['peer']}: {item['restart']}")
-    if lookup is not None or storage is not None:
+    for printed in figures.tables():
         print()
-        print(figures_table(lookup, storage))
-    if restores is not None:
-        print()
-        print(restore_table(restores))
-    if prefills is not None:
-        print()
-        print(prefill_table(prefills))
-    if streams is not None:
-        print()
-        print(streams_table(streams))
-    if traces is not None:
-        print()
-        print(trace_table(traces))
-    if verdicts:
-        print()
-        print(goals_table(verdicts))
-    print(f"wrote {files['json']} and {files['svg']}")
-    if found:
-        stream = sys.stdout if args.allow_mismatch else sys.stderr
+        print(printed)
+
+
+def _mismatches_reported(found: list[dict[str, Any]], *, allow: bool) -> int:
+    """Answers that differ from the reference peer's at temperature 0: a failure (2) unless allowed."""
+    if not found:
+        return 0
+    stream = sys.stdout if allow else sys.stderr
+    print(
+        f"{'warning' if allow else 'FAILED'}: {len(found)} answer(s) differ from "
+        f"{found[0]['reference_peer']}'s at temperature 0:",
+        file=stream,
+    )
+    for item in found:
         print(
-            f"{'warning' if args.allow_mismatch else 'FAILED'}: {len(found)} answer(s) differ from "
-            f"{found[0]['reference_peer']}'s at temperature 0:",
+            f"  peer {item['peer']}, workload {item['workload']}, request {item['request'] + 1} ({item['label']}): "
+            f"expected {item['expected']!r}, got {item['got']!r}",
             file=stream,
         )
-        for item in found:
-            print(
-                f"  peer {item['peer']}, workload {item['workload']}, request {item['request'] + 1} ({item['label']}): "
-                f"expected {item['expected']!r}, got {item['got']!r}",
-                file=stream,
-            )
-        if not args.allow_mismatch:
-            return 2
-    return 0
+    return 0 if allow else 2
 
 
 def main(argv: list[str] | None = None) -> int:

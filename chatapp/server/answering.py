@@ -9,21 +9,20 @@ connection: a client that hangs up cancels its request and frees its sequence.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TypeVar
 
 from anyio import to_thread
 from fastapi import Request
 
-from chatapp.errors import ContextOverflowError, ModelError
+from chatapp.errors import ContextOverflowError
 from chatapp.reasoning import Reasoning
+from chatapp.server.cache_headers import CACHE_HEADER, cache_headers
+from chatapp.server.context import RETRY_AFTER_SECONDS, ServerContext
 from chatapp.server.errors import ApiError, context_overflow
 from chatapp.server.feed import CompletionFeed
-from chatapp.server.metrics import ServerMetrics
 from chatapp.services.answer_shape import AnswerShape
 from chatapp.services.completions import (
     ApiMessage,
@@ -34,8 +33,8 @@ from chatapp.services.completions import (
     ServerBusyError,
 )
 from chatapp.services.divergence import Divergence
-from chatapp.services.model_pool import UNCHANGED, KeepAlive, ModelNotServed, ModelPool, ModelRefused, ModelsBusy
-from chatapp.services.serving import SamplingOptions, Serving
+from chatapp.services.model_pool import UNCHANGED, KeepAlive
+from chatapp.services.serving import SamplingOptions
 from chatapp.services.streamed_answer import Shown, StreamedContent
 from chatapp.services.streams import AnswerText, PromptReuse, StreamEvent
 from chatapp.vocabulary import StopReason
@@ -57,85 +56,9 @@ def finish_reason(reason: StopReason) -> str:
 
 log = logging.getLogger(__name__)
 
-CACHE_HEADER = "X-Chatapp-Cache"
-DIVERGENCE_HEADER = "X-Chatapp-Cache-Divergence"
 T = TypeVar("T")
-RETRY_AFTER_SECONDS = "1"
 CLIENT_GONE = 499  # nginx's code for a client that closed the connection: nobody reads it
 COMPACT = (",", ":")  # JSON separators for streamed events
-
-
-@dataclass
-class ServerContext:
-    """What the routes share: the served models, the metrics, the limits and the key.
-
-    The pool holds the model the server started with (under its id and aliases, or every name
-    with `any_model`) and loads any other model on this machine a request names.
-    """
-
-    pool: ModelPool
-    metrics: ServerMetrics
-    body_limit_bytes: int = 8 << 20
-    api_key: str | None = None
-
-    @property
-    def serving(self) -> Serving:
-        """The model the server started with: what routes that name no model use."""
-        return self.pool.default
-
-    def names_answered(self) -> str:
-        """The names requests may use, in words (for the start-up line)."""
-        listed = ", ".join(self.pool.default_names())
-        return f"any model name ({listed} listed)" if self.pool.any_model else listed
-
-    def check_model(self, name: str, param: str = "model") -> None:
-        """A 404 unless `name` is a model served here (as /v1/models or /api/tags list them)."""
-        try:
-            self.pool.check(name)
-        except ModelNotServed as error:
-            raise ApiError(404, str(error), param=param, kind="not_found_error") from None
-
-    @asynccontextmanager
-    async def serving_for(
-        self, name: str, keep_alive_s: KeepAlive = UNCHANGED, param: str = "model"
-    ) -> AsyncIterator[Serving]:
-        """The model `name` names, loaded first if need be (off the event loop: loading takes seconds),
-        held for the block: start the request inside it (once started, its answer keeps the model)."""
-        try:
-            serving, release = await to_thread.run_sync(lambda: self.pool.acquire(name, keep_alive_s))
-        except ModelNotServed as error:
-            raise ApiError(404, str(error), param=param, kind="not_found_error") from None
-        except ModelRefused as error:
-            raise ApiError(400, str(error), param=param) from None
-        except ModelsBusy as error:
-            raise ApiError(503, str(error), kind="server_error", headers={"Retry-After": RETRY_AFTER_SECONDS}) from None
-        except ModelError as error:
-            raise ApiError(500, str(error), param=param, kind="server_error") from None
-        try:
-            yield serving
-        finally:
-            release()
-
-
-def context_of(request: Request) -> ServerContext:
-    """The serving stack the app was built with (every route's first step)."""
-    context: ServerContext = request.app.state.context
-    return context
-
-
-def cache_headers(reused: int, prompt_tokens: int, tier: str, divergence: Divergence | None) -> dict[str, str]:
-    """What the cache did; where the prompt left the closest earlier prompt, with its own text there.
-
-    The earlier prompt's text is in the server log only: it may be another client's.
-    """
-    value = f"reused={reused}; computed={prompt_tokens - reused}; tier={tier}"
-    if divergence is None:
-        return {CACHE_HEADER: value}
-    excerpt = {"before": divergence.before, "after": divergence.after, "place": divergence.place}
-    return {
-        CACHE_HEADER: f"{value}; diverged_at={divergence.position}",
-        DIVERGENCE_HEADER: json.dumps(excerpt, ensure_ascii=True),
-    }
 
 
 async def start(start_completion: Callable[[], Completion]) -> CompletionFeed:

@@ -20,8 +20,9 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from chatapp.server import anthropic_fields as fields
-from chatapp.server.answering import CLIENT_GONE, COMPACT, Answer, context_of, start_chat
+from chatapp.server.answering import CLIENT_GONE, COMPACT, Answer, start_chat
 from chatapp.server.bodies import read_body
+from chatapp.server.context import context_of
 from chatapp.server.errors import ApiError
 from chatapp.server.reasoning_fields import anthropic_thinking
 from chatapp.services.completions import CompletionOutcome, RequestError

@@ -10,7 +10,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from chatapp import __version__
 from chatapp.server import anthropic_api, llama_api, ollama_api, openai_api, responses_api, unsupported
-from chatapp.server.answering import ServerContext
+from chatapp.server.context import ServerContext
 from chatapp.server.errors import ApiError, error_response, handle_api_error, handle_http_error, handle_unexpected
 from chatapp.server.metrics import CONTENT_TYPE
 

@@ -18,8 +18,9 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from chatapp.server.answering import CLIENT_GONE, COMPACT, Answer, context_of, start
+from chatapp.server.answering import CLIENT_GONE, COMPACT, Answer, start
 from chatapp.server.bodies import read_body
+from chatapp.server.context import context_of
 from chatapp.server.errors import ApiError
 from chatapp.server.schemas import checked_stop
 from chatapp.services.answer_shape import AnswerGrammar, ShapeError, server_grammar

@@ -19,8 +19,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from chatapp import __version__
 from chatapp.server import ollama_models
-from chatapp.server.answering import CLIENT_GONE, Answer, ServerContext, context_of, finish_reason, start, start_chat
+from chatapp.server.answering import CLIENT_GONE, Answer, finish_reason, start, start_chat
 from chatapp.server.bodies import read_body
+from chatapp.server.context import ServerContext, context_of
 from chatapp.server.errors import ApiError
 from chatapp.server.keep_alive import keep_alive_seconds
 from chatapp.server.reasoning_fields import ollama_think

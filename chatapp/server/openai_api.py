@@ -17,8 +17,9 @@ from anyio import to_thread
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from chatapp.server.answering import CLIENT_GONE, COMPACT, Answer, context_of, finish_reason, start, start_chat
+from chatapp.server.answering import CLIENT_GONE, COMPACT, Answer, finish_reason, start, start_chat
 from chatapp.server.bodies import read_body
+from chatapp.server.context import context_of
 from chatapp.server.errors import ApiError
 from chatapp.server.reasoning_fields import openai_reasoning
 from chatapp.server.schemas import (

@@ -16,8 +16,9 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from chatapp.server import responses_fields as fields
-from chatapp.server.answering import CLIENT_GONE, COMPACT, Answer, context_of, start_chat
+from chatapp.server.answering import CLIENT_GONE, COMPACT, Answer, start_chat
 from chatapp.server.bodies import read_body
+from chatapp.server.context import context_of
 from chatapp.server.reasoning_fields import responses_reasoning
 from chatapp.services.completions import CompletionOutcome
 from chatapp.services.serving import SamplingOptions

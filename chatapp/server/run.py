@@ -18,8 +18,8 @@ from types import FrameType
 import uvicorn
 
 from chatapp.errors import ChatappError
-from chatapp.server.answering import ServerContext
 from chatapp.server.app import create_app
+from chatapp.server.context import ServerContext
 from chatapp.server.metrics import ServerMetrics
 from chatapp.services.model_pool import ModelPool
 

@@ -11,7 +11,7 @@ from typing import NoReturn
 
 from fastapi import APIRouter, Request
 
-from chatapp.server.answering import context_of
+from chatapp.server.context import context_of
 from chatapp.server.errors import ApiError
 
 router = APIRouter()
