@@ -56,6 +56,18 @@ from chatapp.benchmark.workloads import PromptKit, Scale
 KIT_FIGURES = {"S", RESTORE_NAME, PREFILL_NAME, STREAMS_NAME}  # built from prompts as the app builds them
 
 
+@dataclass(frozen=True)
+class FigureJob:
+    """What every figure is measured with."""
+
+    scale: Scale
+    settings: PeerSettings
+    server: Path | None  # llama-server, the yardstick of P and N (None: not built)
+    work: Path  # a folder for the figures' caches
+    max_tokens: int
+    log: Callable[[str], None]
+
+
 @dataclass
 class FigureRuns:
     """What each figure measured (None: not asked for, or not yet)."""
@@ -67,43 +79,25 @@ class FigureRuns:
     streams: StreamsFigures | None = None
     traces: TraceFigures | None = None
 
-    def measure(
-        self,
-        names: tuple[str, ...],
-        scale: Scale,
-        settings: PeerSettings,
-        server: Path | None,
-        work: Path,
-        max_tokens: int,
-        log: Callable[[str], None],
-    ) -> None:
+    def measure(self, names: tuple[str, ...], job: FigureJob) -> None:
         """Measure the figures `names` asks for, one after another."""
         if "L" in names:
-            log(f"L: lookup among {scale.lookup_conversations:,} conversations")
-            self.lookup = measure_lookup(scale.lookup_conversations)
+            job.log(f"L: lookup among {job.scale.lookup_conversations:,} conversations")
+            self.lookup = measure_lookup(job.scale.lookup_conversations)
         if KIT_FIGURES & set(names):
-            kit = PromptKit(settings.model_path)  # one vocabulary for the figures that build prompts
+            kit = PromptKit(job.settings.model_path)  # one vocabulary for the figures that build prompts
             try:
-                self._measure_with_prompts(kit, names, scale, settings, server, work, max_tokens, log)
+                self._measure_with_prompts(kit, names, job)
             finally:
                 kit.close()
         if TRACE_NAME in names:
-            log(f"{TRACE_NAME}: eviction policies replayed on request traces")
-            self.traces = measure_traces(scale.trace_scale)
+            job.log(f"{TRACE_NAME}: eviction policies replayed on request traces")
+            self.traces = measure_traces(job.scale.trace_scale)
 
-    def _measure_with_prompts(
-        self,
-        kit: PromptKit,
-        names: tuple[str, ...],
-        scale: Scale,
-        settings: PeerSettings,
-        server: Path | None,
-        work: Path,
-        max_tokens: int,
-        log: Callable[[str], None],
-    ) -> None:
+    def _measure_with_prompts(self, kit: PromptKit, names: tuple[str, ...], job: FigureJob) -> None:
+        scale, settings, work = job.scale, job.settings, job.work
         if "S" in names:
-            log(f"S: storage of {scale.storage_conversations} conversations on one persona")
+            job.log(f"S: storage of {scale.storage_conversations} conversations on one persona")
             self.storage = measure_storage(
                 settings,
                 kit,
@@ -111,10 +105,10 @@ class FigureRuns:
                 conversations=scale.storage_conversations,
                 persona_tokens=scale.system,
                 question_tokens=scale.question,
-                max_tokens=max_tokens,
+                max_tokens=job.max_tokens,
             )
         if RESTORE_NAME in names:
-            log(f"{RESTORE_NAME}: restoring one {scale.system:,}-token prefix by each path, and total misses")
+            job.log(f"{RESTORE_NAME}: restoring one {scale.system:,}-token prefix by each path, and total misses")
             self.restores = measure_restores(
                 settings,
                 kit,
@@ -124,23 +118,25 @@ class FigureRuns:
                 miss_repeats=scale.miss_repeats,
             )
         if PREFILL_NAME in names:
-            log(f"{PREFILL_NAME}: prefill with nothing cached, chatapp and llama-server, flash attention off and on")
+            job.log(
+                f"{PREFILL_NAME}: prefill with nothing cached, chatapp and llama-server, flash attention off and on"
+            )
             self.prefills = measure_prefill(
-                settings, kit, server, prompt_tokens=scale.system, repeats=scale.restore_repeats
+                settings, kit, job.server, prompt_tokens=scale.system, repeats=scale.restore_repeats
             )
         if STREAMS_NAME in names:
             counts = ", ".join(map(str, scale.stream_clients))
-            log(f"{STREAMS_NAME}: {counts} clients at once, chatapp serve and llama-server -np N")
+            job.log(f"{STREAMS_NAME}: {counts} clients at once, chatapp serve and llama-server -np N")
             self.streams = measure_streams(
                 settings,
                 kit,
-                server,
+                job.server,
                 work / "streams",
                 clients=scale.stream_clients,
                 rounds=scale.stream_rounds,
                 answer_tokens=scale.stream_answer,
                 prompt_context=scale.system,
-                log=log,
+                log=job.log,
             )
 
     def record(self) -> dict[str, Any]:

@@ -35,7 +35,7 @@ import llama_cpp
 
 from chatapp.benchmark.anthropic_client import answer_as_shown, anthropic_body
 from chatapp.benchmark.cache_figures import FIGURE_NAMES
-from chatapp.benchmark.figure_runs import FigureRuns
+from chatapp.benchmark.figure_runs import FigureJob, FigureRuns
 from chatapp.benchmark.goals import goals_table, reused_fraction
 from chatapp.benchmark.memory import RssSampler, folder_bytes
 from chatapp.benchmark.peers import PEERS, Peer, PeerFactory, PeerSettings, open_cold_engine
@@ -478,7 +478,7 @@ def run(args: argparse.Namespace) -> int:
         for workload in workloads:  # peers side by side, close in time: the machine's load drifts
             runs += _peers_on(workload, plan, settings, work)
             write_reports(out, meta(complete=False), runs, reference_peer=reference)  # a long run keeps its figures
-        figures.measure(plan.workload_names, plan.scale, settings, plan.server, work, max_tokens, _log)
+        figures.measure(plan.workload_names, FigureJob(plan.scale, settings, plan.server, work, max_tokens, _log))
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
