@@ -66,7 +66,7 @@ async def switch_times(data: Path, models: Path, rounds: int, alone: Connection)
 
         def state_changed(state: str) -> None:
             if state == "ready":
-                readied.append((app.service.model_label(), time.perf_counter()))
+                readied.append((app.service.slot.model_label(), time.perf_counter()))
                 changed.set()
 
         app.main_screen.watch(status, "state", state_changed, init=False)
@@ -90,7 +90,7 @@ async def switch_times(data: Path, models: Path, rounds: int, alone: Connection)
                 # The old model's cache is written, and the conversation warmed on the new one, after the
                 # switch: a user's next switch comes later.
                 await wait_until(pilot, lambda: not [w for w in app.main_screen.workers if w.is_running])
-                engine = app.service.engine
+                engine = app.service.slot.engine
                 assert engine is not None
                 await asyncio.to_thread(engine.flush_cache)
                 alone.send(str(path))

@@ -41,5 +41,5 @@ def prefix_tokens(service: ChatService, root: MessageRecord, document: Document 
 def make_service(workspace: Workspace, library: Library, engine: EngineClient | None) -> ChatService:
     service = ChatService(workspace, library.conversations, library.personas, library.pins)
     if engine is not None:
-        service.attach_engine(engine)
+        service.slot.attach(engine)
     return service

@@ -38,12 +38,12 @@ async def wait_until(pilot: Pilot[None], condition: Callable[[], object], timeou
 
 def engine_of(app: ChatApp) -> Engine:
     """The app's engine, for a test that holds it at a step (`engine_of(app).holding(...)`)."""
-    assert app.service.engine is not None, "the model is not loaded yet: wait_ready first"
-    return local(app.service.engine)
+    assert app.service.slot.engine is not None, "the model is not loaded yet: wait_ready first"
+    return local(app.service.slot.engine)
 
 
 async def wait_ready(pilot: Pilot[None], app: ChatApp) -> None:
-    await wait_until(pilot, lambda: app.service.ready)
+    await wait_until(pilot, lambda: app.service.slot.ready)
     await wait_idle(pilot, app)
 
 
@@ -57,7 +57,7 @@ def idle(app: ChatApp) -> bool:
         worker.group in SCREEN_WORKERS and worker.state in (WorkerState.PENDING, WorkerState.RUNNING)
         for worker in app.workers
     )
-    prewarmer = app.service.prewarmer
+    prewarmer = app.service.slot.prewarmer
     return not (screen.answering or screen.reading_document or working or (prewarmer is not None and prewarmer.busy))
 
 

@@ -44,7 +44,7 @@ class CacheService:
         self.chat = chat
 
     def overview(self) -> CacheOverview:
-        engine = self.chat.engine
+        engine = self.chat.slot.engine
         pins = self.chat.pins.list() if self.chat.pins else []
         problem = engine.cache_problem if engine is not None else None
         interval = cache_admin.checkpoint_interval(self.chat.workspace)
@@ -146,9 +146,9 @@ class CacheService:
         return PinKeeper(self._cache(), self.chat.pins)
 
     def _engine(self) -> EngineClient:
-        if self.chat.engine is None:
+        if self.chat.slot.engine is None:
             raise ChatappError("the model is still loading; try again in a moment")
-        return self.chat.engine
+        return self.chat.slot.engine
 
     def _cache(self) -> PrefixCache:
         engine = self._engine()

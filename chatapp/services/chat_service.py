@@ -14,25 +14,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from chatapp.documents import Document, load_document
-from chatapp.engine.contract import EngineClient
 from chatapp.engine.events import GenerationResult
 from chatapp.engine.handle import GenerationHandle
 from chatapp.errors import ChatappError
-from chatapp.prompting.prompt import ChatMessage, PromptBuilder
+from chatapp.prompting.prompt import ChatMessage
 from chatapp.records import ConversationRecord, DocumentRecord, MessageRecord, PersonaRecord
-from chatapp.services.answer_shape import AnswerShape, shown_text, speaks_harmony
+from chatapp.services.answer_shape import shown_text
 from chatapp.services.answers import AnswerJob
 from chatapp.services.branches import BranchMessage, BranchView, as_document, branch_turns, prompt_messages
-from chatapp.services.divergence import Divergence, PromptLog
+from chatapp.services.divergence import Divergence
+from chatapp.services.engine_slot import EngineSlot
 from chatapp.services.export import branch_to_json, branch_to_markdown, write_export
 from chatapp.services.messages import Turn, conversation_messages, next_question_parts
 from chatapp.services.model_choice import fit_problem
 from chatapp.services.personas import PersonaService
 from chatapp.services.prompt_plan import PromptPlan, TooLongWording, check_fits, plan_for, start_answer
 from chatapp.services.startup import Workspace, engine_notices
-from chatapp.services.streamed_answer import StreamedContent
 from chatapp.services.streams import EngineStream
-from chatapp.services.warmup import Prewarmer, draft_plan
+from chatapp.services.warmup import draft_plan
 from chatapp.store.conversations import ConversationStore
 from chatapp.store.personas import PersonaStore
 from chatapp.store.pins import PinStore
@@ -83,20 +82,18 @@ class ChatService:
         personas: PersonaStore,
         pins: PinStore | None = None,
     ) -> None:
-        self.workspace = workspace
+        self.slot = EngineSlot(workspace)  # the model answering, and one prepared for a switch
         self.conversations = conversations
         self.personas = PersonaService(personas)
         self.pins = pins
-        self.engine: EngineClient | None = None
-        self.prewarmer: Prewarmer | None = None
-        self._prompts: PromptLog | None = None
         self.conversation_id: int | None = None
         self.figures = SessionFigures()
         self._prefix_tokens: dict[tuple[str, int], int | None] = {}  # (persona prompt, document id) → tokens
-        self._engine_lock = threading.Lock()  # attach and close may come from different threads
-        self._closed = False
-        self._prepared: tuple[EngineClient, Path, threading.Event | None] | None = None  # loaded for a switch
-        self._retired: list[EngineClient] = []  # models switched away from, not closed yet
+
+    @property
+    def workspace(self) -> Workspace:
+        """The settings and the model answering (another after a switch)."""
+        return self.slot.workspace
 
     # The model.
     def load_model(self) -> None:
@@ -116,10 +113,10 @@ class ChatService:
             except ChatappError as error:
                 log.warning("could not load %s, the latest conversation's model: %s", remembered, error)
             else:
-                self.workspace = workspace
-                self.attach_engine(engine)
+                self.slot.workspace = workspace
+                self.slot.attach(engine)
                 return
-        self.attach_engine(self.workspace.open_engine())
+        self.slot.attach(self.workspace.open_engine())
 
     def _latest_conversation_s_model(self) -> Path | None:
         """The other model the conversation opened first was answered with, when it can be loaded now."""
@@ -136,154 +133,48 @@ class ChatService:
             return None
         return Path(remembered)
 
-    def attach_engine(self, engine: EngineClient) -> None:
-        with self._engine_lock:
-            if self._closed:
-                engine.close()
-                return
-            if self.engine is not None:
-                raise RuntimeError("a model is already attached to this chat service")
-            self.engine = engine
-            self.prewarmer = Prewarmer(engine)
-            self._prompts = PromptLog(engine.detokenize)
-
-    def prepare_model(
-        self, path: Path, progress: Callable[[float], bool] | None = None, cancelled: threading.Event | None = None
-    ) -> None:
-        """Load another model as the settings load one (slow: off the UI thread) while the one attached
-        keeps answering; `switch_to_prepared` then answers with it. `progress` hears the share loaded;
-        False from it cancels (LoadCancelled). `cancelled` names this switch: a later one's model, or
-        one cancelled meanwhile, is never taken for it."""
-        engine = self.workspace.with_model(path).open_engine(load_progress=progress)
-        with self._engine_lock:
-            if self._closed or (cancelled is not None and cancelled.is_set()):
-                dropped: EngineClient | None = engine
-            else:
-                dropped = self._prepared[0] if self._prepared is not None else None
-                self._prepared = (engine, path, cancelled)
-        if dropped is not None:
-            dropped.close()
-
-    def drop_prepared(self, cancelled: threading.Event | None = None) -> None:
-        """Close a model loaded for a switch that will not happen (only that switch's, when named)."""
-        with self._engine_lock:
-            prepared = self._prepared
-            if prepared is None or (cancelled is not None and prepared[2] is not cancelled):
-                return
-            self._prepared = None
-        prepared[0].close()
-
     def switch_to_prepared(self, cancelled: threading.Event | None = None) -> str:
-        """Answer with the prepared model from now on; returns its label. The old one is set aside for
-        `close_retired` (writing its cache takes a while: the new model answers meanwhile).
+        """Answer with the model the slot prepared from now on; returns its label (EngineSlot.switch_to_prepared).
 
         The open conversation remembers the model.
         """
-        with self._engine_lock:
-            prepared = self._prepared
-            if prepared is None or self._closed or (cancelled is not None and prepared[2] is not cancelled):
-                raise ChatappError("no model is ready to switch to")
-            self._prepared = None
-            engine, path, _switch = prepared
-            if self.engine is not None:
-                self._retired.append(self.engine)
-            self.engine = engine
-            self.prewarmer = Prewarmer(engine)
-            self._prompts = PromptLog(engine.detokenize)
-            self.workspace = self.workspace.with_model(path)
-            self._prefix_tokens.clear()  # counted with the old model's vocabulary
+        path = self.slot.switch_to_prepared(cancelled)
+        self._prefix_tokens.clear()  # counted with the old model's vocabulary
         if self.conversation_id is not None:
             try:
                 self.conversations.set_model(self.conversation_id, str(path))
             except ChatappError:  # switched all the same: the conversation forgets which model it had
                 log.warning("could not note the conversation's model", exc_info=True)
-        return engine.info.short_name
-
-    def close_retired(self) -> None:
-        """Write the caches of the models switched away from and close them (off the UI thread)."""
-        with self._engine_lock:
-            retired, self._retired = self._retired, []
-        for engine in retired:
-            try:
-                engine.flush_cache()  # its last answers' prefixes: there when the user comes back to it
-            finally:
-                engine.close()
+        return self.slot.model_label()
 
     def remembered_model(self) -> Path | None:
         """The model the open conversation was answered with, when it is another one still on disk."""
-        if self.conversation_id is None or self.engine is None:
+        if self.conversation_id is None or self.slot.engine is None:
             return None
         remembered = self._conversation().model
-        current = self.model_path()
+        current = self.slot.model_path()
         if not remembered or current is None or not Path(remembered).is_file():
             return None
         return None if Path(remembered).resolve() == current.resolve() else Path(remembered)
 
     def _remember_model(self) -> None:
-        path = self.model_path()
+        path = self.slot.model_path()
         if self.conversation_id is not None and path is not None and self._conversation().model != str(path):
             self.conversations.set_model(self.conversation_id, str(path))
 
-    def model_path(self) -> Path | None:
-        """The file of the model answering (None on a backend server, or before one is loaded)."""
-        engine = self.engine
-        return engine.info.path if engine is not None else None
-
     def close(self) -> None:
         """Stop what runs and free the model (the conversations database is the library's to close)."""
-        with self._engine_lock:
-            self._closed = True
-            engine, self.engine, self.prewarmer = self.engine, None, None
-        self.drop_prepared()
-        self.close_retired()
-        if engine is not None:
-            engine.close()
-
-    @property
-    def ready(self) -> bool:
-        return self.engine is not None
-
-    def answer_display(self) -> StreamedContent:
-        """What a screen shows of an answer as it streams: a gpt-oss answer's reply, not its reasoning
-        (its pieces join to what `view` shows of the saved answer); any other answer as it comes."""
-        return StreamedContent(AnswerShape(), self._display_builder())
-
-    def hides_reasoning(self) -> bool:
-        """Whether the model answering shows less of an answer than it saves (gpt-oss: no reasoning)."""
-        return speaks_harmony(self._display_builder())
-
-    def _display_builder(self) -> PromptBuilder | None:
-        engine = self.engine
-        return engine.prompt_builder if engine is not None else None
-
-    def model_label(self) -> str:
-        """The loaded model's file name, for the status line."""
-        return self.engine.info.short_name if self.engine is not None else "no model"
+        self.slot.close()
 
     def startup_notices(self) -> list[str]:
         """What the user should hear once after loading: how a server is driven, the cache off, a disk tier repaired."""
-        engine = self.engine
+        engine = self.slot.engine
         if engine is None:
             return []
         notices = engine_notices(engine)
         if (notice := self.take_cache_notice()) and notice not in notices:
             notices.append(notice)
         return notices
-
-    def context_size(self) -> int | None:
-        """Tokens one conversation's context holds (None until the model is loaded)."""
-        return self.engine.info.n_ctx_per_sequence if self.engine is not None else None
-
-    def _engine(self) -> EngineClient:
-        return self._running()[0]
-
-    def _running(self) -> tuple[EngineClient, Prewarmer]:
-        """The engine and its prewarmer, read together (a worker thread may race `close`)."""
-        with self._engine_lock:
-            engine, prewarmer = self.engine, self.prewarmer
-        if engine is None or prewarmer is None:
-            raise ChatappError("the model is not loaded (still loading, or closing); try again in a moment")
-        return engine, prewarmer
 
     # Conversations.
     def list_conversations(self, query: str = "") -> list[ConversationRecord]:
@@ -324,7 +215,7 @@ class ChatService:
         path = self.conversations.path(leaf_id)
         root = path[0]
         roots = self.conversations.roots(conversation.id)
-        builder = self._display_builder()
+        builder = self.slot.display_builder()
         messages = []
         for record in path[1:]:
             siblings = self.conversations.siblings(record.id)
@@ -394,7 +285,7 @@ class ChatService:
             about_document=True,
         )
         if tokens is not None:
-            check_fits(self._engine(), tokens, wording)
+            check_fits(self.slot.running()[0], tokens, wording)
         return PreparedDocument(document, str(path.expanduser()), tokens, view.conversation.id, view.root.id)
 
     def attach_prepared(self, prepared: PreparedDocument) -> BranchView:
@@ -423,7 +314,7 @@ class ChatService:
         root = self.view().root
         key = (root.content, document.id)
         if key not in self._prefix_tokens:
-            if self.engine is None:
+            if self.slot.engine is None:
                 return None
             self._prefix_tokens[key] = self.prefix_tokens(root, as_document(document))
         return self._prefix_tokens[key]
@@ -493,7 +384,7 @@ class ChatService:
         document = self._root_document(path[0])
         messages = prompt_messages(path[0], document, path[1:])
         handle, answered = self._generate(messages, document)
-        return AnswerJob(self.conversations, handle, question, answered, model=self.model_label())
+        return AnswerJob(self.conversations, handle, question, answered, model=self.slot.model_label())
 
     def _ask(self, view: BranchView, parent: MessageRecord, text: str) -> AnswerJob:
         if not text.strip():
@@ -510,23 +401,24 @@ class ChatService:
         except BaseException:
             handle.cancel()  # the question could not be saved: no answer nobody will see
             raise
-        return AnswerJob(self.conversations, handle, question, answered, model=self.model_label())
+        return AnswerJob(self.conversations, handle, question, answered, model=self.slot.model_label())
 
     def _generate(
         self, messages: list[ChatMessage], document: Document | None
     ) -> tuple[GenerationHandle, Callable[[GenerationResult], None]]:
         """The answer started, and what to do with its result (its figures, where its prompt diverged)."""
-        engine, prewarmer = self._running()
+        engine, prewarmer = self.slot.running()
         self._remember_model()
         plan = plan_for(engine, messages)
         prewarmer.before_send(plan.tokens)
         handle = start_answer(engine, plan, self.workspace.sampling(), _branch_too_long(document))
-        divergence = self._prompts.compare(list(plan.tokens)) if self._prompts is not None else None
+        prompts = self.slot.prompts
+        divergence = prompts.compare(list(plan.tokens)) if prompts is not None else None
         return handle, lambda result: self._answered(result, divergence)
 
     def take_cache_notice(self) -> str | None:
         """A problem of the cache's disk tier not yet told (disk full, read-only, repaired), once."""
-        engine = self.engine
+        engine = self.slot.engine
         cache = engine.cache if engine is not None else None
         return cache.take_notice() if cache is not None else None
 
@@ -556,7 +448,7 @@ class ChatService:
         if self.conversation_id is None or not self.workspace.settings.warm_ahead:
             return None
         try:
-            engine, prewarmer = self._running()
+            engine, prewarmer = self.slot.running()
         except ChatappError:
             return None  # nothing to warm without a model
         view = self.view()
@@ -581,10 +473,10 @@ class ChatService:
         """What the next question's prompt begins with while `draft` is typed (tokens, or messages)."""
         parts_before = next_question_parts(document, branch_turns(history))
         messages = prompt_messages(root, document, history)
-        return draft_plan(self._engine(), messages, parts_before, draft)
+        return draft_plan(self.slot.running()[0], messages, parts_before, draft)
 
     def stop_warming(self) -> None:
-        prewarmer = self.prewarmer
+        prewarmer = self.slot.prewarmer
         if prewarmer is not None:
             prewarmer.cancel()
 

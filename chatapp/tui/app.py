@@ -58,11 +58,11 @@ class ChatApp(App[None]):
         self.call_from_thread(self._engine_ready)
 
     def _engine_ready(self) -> None:
-        if not self.service.ready:  # the app is closing: the service closed the model again
+        if not self.service.slot.ready:  # the app is closing: the service closed the model again
             return
         for notice in self.service.startup_notices():
             self.notify(notice, title="Engine and cache", severity="warning", timeout=15)
-        self.main_screen.engine_ready(self.service.model_label())
+        self.main_screen.engine_ready(self.service.slot.model_label())
 
     def _engine_failed(self, reason: str) -> None:
         self.notify(reason, title="Cannot load the model", severity="error", timeout=30)
@@ -100,7 +100,7 @@ class ChatApp(App[None]):
             )
             return
         try:
-            choices = model_choices(self.service.workspace, self.service.model_path())
+            choices = model_choices(self.service.workspace, self.service.slot.model_path())
         except ChatappError as error:
             self.notify(str(error), severity="error", timeout=10)
             return
@@ -128,7 +128,7 @@ class ChatApp(App[None]):
             except ChatappError as error:
                 self.notify(str(error), severity="error", timeout=10)
                 return
-            self.service.workspace = self.workspace
+            self.service.slot.workspace = self.workspace
 
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):

@@ -110,7 +110,7 @@ class MainScreen(Screen[None]):
     # Called by the app.
     def engine_ready(self, model_label: str) -> None:
         self.status.model = model_label
-        self.status.context_size = self.service.context_size()
+        self.status.context_size = self.service.slot.context_size()
         self.status.state = "ready"
         self._update_branch_info()
         self._show_answers_as_this_model_reads_them()
@@ -119,7 +119,7 @@ class MainScreen(Screen[None]):
 
     def _show_answers_as_this_model_reads_them(self) -> None:
         """Shown before the model loaded, a gpt-oss answer was its raw text: now its reply (see ChatService.view)."""
-        if self.branch is None or self.flight is not None or not self.service.hides_reasoning():
+        if self.branch is None or self.flight is not None or not self.service.slot.hides_reasoning():
             return  # nothing shown raw (an answer in flight: its end refreshes the view)
         try:
             view = self.service.view()
@@ -140,7 +140,7 @@ class MainScreen(Screen[None]):
         except ChatappError:
             return
         if remembered is not None and not self.model_switch.loading:
-            current = self.service.model_label()
+            current = self.service.slot.model_label()
             if problem := fit_problem(remembered):
                 self.notify(
                     f"This conversation was with {remembered.name}, which {problem}: staying with {current}.",
@@ -186,7 +186,7 @@ class MainScreen(Screen[None]):
         document = branch.document
         if document is not None:
             tokens = attempt(self, lambda: self.service.document_tokens(document))
-            size = self.service.context_size()
+            size = self.service.slot.context_size()
             amount = f" ({tokens:,} of {size:,} tokens)" if tokens is not None and size else ""
             fields.append(f"Document: {document.name}{amount}")
         if branch.conversation.qa_mode:
@@ -319,7 +319,7 @@ class MainScreen(Screen[None]):
         composer = self.query_one(Composer)
         composer.text = self._draft_before_edit
         self._draft_before_edit = ""
-        if self.service.ready:
+        if self.service.slot.ready:
             self.status.state = "ready"
 
     async def _start_answer(self, flight: AnswerFlight, start: Callable[[], AnswerJob]) -> None:
@@ -346,7 +346,7 @@ class MainScreen(Screen[None]):
             return
         flight.started(job)
         self.post_message(AnswerStarted())
-        display = self.service.answer_display()  # a gpt-oss answer shows its reply, not its reasoning
+        display = self.service.slot.answer_display()  # a gpt-oss answer shows its reply, not its reasoning
         try:
             for event in job.events():
                 if isinstance(event, TextEvent):
@@ -448,9 +448,9 @@ class MainScreen(Screen[None]):
     def _model_ready(self) -> bool:
         if self._model_failed:
             self.notify("No model is loaded: fix the model setting (F5) and restart chatapp.", severity="error")
-        elif not self.service.ready:
+        elif not self.service.slot.ready:
             self.notify("The model is still loading; try again in a moment.", severity="warning")
-        return self.service.ready
+        return self.service.slot.ready
 
     # Stop.
     def action_stop(self) -> None:
@@ -475,7 +475,7 @@ class MainScreen(Screen[None]):
             self.warm_ahead(event.text_area.text)
 
     def warm_ahead(self, draft: str) -> None:
-        if self.service.ready and not self.answering and self._editing is None:
+        if self.service.slot.ready and not self.answering and self._editing is None:
             self._settled = settled_text(draft)
             self.run_warm(draft)
 

@@ -53,7 +53,9 @@ class ModelSwitch:
             self._cancel.set()
             if self._waiting:  # an earlier choice, loaded and waiting for an answer's end: not wanted now
                 earlier = self._cancel
-                self._screen.run_worker(lambda: self._service.drop_prepared(earlier), thread=True, exit_on_error=False)
+                self._screen.run_worker(
+                    lambda: self._service.slot.drop_prepared(earlier), thread=True, exit_on_error=False
+                )
         cancel = self._cancel = threading.Event()
         self._target, self._waiting = path, False
         self._share = 0.0
@@ -72,11 +74,11 @@ class ModelSwitch:
         if self._cancel is None or self._cancel.is_set():
             return False
         self._cancel.set()
-        self._end(f"stayed with {self._service.model_label()}")
+        self._end(f"stayed with {self._service.slot.model_label()}")
         if self._waiting:
             self._waiting = False
             cancel = self._cancel
-            self._screen.run_worker(lambda: self._service.drop_prepared(cancel), thread=True, exit_on_error=False)
+            self._screen.run_worker(lambda: self._service.slot.drop_prepared(cancel), thread=True, exit_on_error=False)
         return True
 
     def stop(self) -> None:
@@ -96,7 +98,7 @@ class ModelSwitch:
             return not cancel.is_set()
 
         try:
-            self._service.prepare_model(path, progress, cancel)
+            self._service.slot.prepare(path, progress, cancel)
         except LoadCancelled:
             return  # told already, when Esc was pressed
         except ChatappError as error:
@@ -106,7 +108,7 @@ class ModelSwitch:
             self._screen.app.call_from_thread(self._failed, f"loading {path.name} failed: {error}", cancel)
             return
         if cancel.is_set():
-            self._service.drop_prepared(cancel)
+            self._service.slot.drop_prepared(cancel)
             return
         if self._screen.app.call_from_thread(self._loaded, cancel):
             self._swap(cancel)  # no answer runs: switch in this worker, without another hop
@@ -118,7 +120,7 @@ class ModelSwitch:
             self._screen.app.call_from_thread(self._failed, str(error), cancel)
             return
         self._screen.app.call_from_thread(self._switched, label, cancel)
-        self._service.close_retired()  # the old model's cache written while the new one answers
+        self._service.slot.close_retired()  # the old model's cache written while the new one answers
 
     # On the UI thread.
     def _show_progress(self) -> None:

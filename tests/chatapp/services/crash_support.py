@@ -38,7 +38,9 @@ def chat_until_killed(model: Path, data_dir: Path) -> None:
         for _ in first.events():
             pass
         # The second answer could run until the context is full; it is held after 60 tokens.
-        service.workspace = replace(workspace, settings=workspace.settings.model_copy(update={"max_tokens": 100_000}))
+        service.slot.workspace = replace(
+            workspace, settings=workspace.settings.model_copy(update={"max_tokens": 100_000})
+        )
         with engine.holding(Step.TOKEN, after=60):
             second = service.ask(SECOND_QUESTION)
             seen = 0

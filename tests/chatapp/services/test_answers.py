@@ -66,7 +66,9 @@ def test_the_answer_is_saved_partial_on_the_first_token_and_refreshed_while_it_s
     final = service.conversations.get_message(job.answer.id)
     assert final.status == "stopped"
     assert final.content == job.result.text
-    assert final.stats == {**stats_record(job.result), "model": service.model_label()}, "the figures name the model"
+    assert final.stats == {**stats_record(job.result), "model": service.slot.model_label()}, (
+        "the figures name the model"
+    )
     assert len(service.conversations.children(job.question.id)) == 1, "one message, updated in place"
 
 
@@ -151,7 +153,7 @@ def test_an_answer_that_reaches_max_tokens_is_cut_off(data_dir: Path, model_path
         assert answer.status is MessageStatus.CUT_OFF is MessageStatus.after(StopReason.LENGTH)
         assert answer.content == result.text
         assert answer.generated_ids == result.token_ids
-        assert answer.stats == {**stats_record(result), "model": service.model_label()}
+        assert answer.stats == {**stats_record(result), "model": service.slot.model_label()}
         assert answer.stats is not None
         assert answer.stats["prompt_tokens"] == len(job.handle.request.prompt_tokens)
     finally:

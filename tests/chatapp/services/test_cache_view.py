@@ -37,7 +37,7 @@ def pinned_entries(engine: EngineClient) -> int:
 
 
 def test_pin_persona_stores_and_pins_its_prefix_and_unpin_releases_it(chat: ChatService, library: Library) -> None:
-    engine = chat.engine
+    engine = chat.slot.engine
     assert engine is not None
     assert engine.cache is not None
     cache_view = CacheService(chat)
@@ -71,7 +71,7 @@ def test_pin_persona_stores_and_pins_its_prefix_and_unpin_releases_it(chat: Chat
 def test_pin_document_needs_a_document_and_pins_persona_and_document(
     chat: ChatService, library: Library, tmp_path: Path
 ) -> None:
-    engine = chat.engine
+    engine = chat.slot.engine
     assert engine is not None
     cache_view = CacheService(chat)
     chat.new_conversation(library.personas.get_by_name(PERSONA_NAME))
@@ -95,7 +95,7 @@ def test_pin_document_needs_a_document_and_pins_persona_and_document(
 
 
 def test_clear_empties_the_index_and_the_pins(chat: ChatService, library: Library) -> None:
-    engine = chat.engine
+    engine = chat.slot.engine
     assert engine is not None
     assert engine.cache is not None
     cache_view = CacheService(chat)
@@ -154,7 +154,7 @@ def test_overview_reads_the_folder_until_the_engine_is_attached(workspace: Works
 
     engine = workspace.open_engine(sequences=1)
     try:
-        chat.attach_engine(engine)
+        chat.slot.attach(engine)
         after = cache_view.overview()
         assert after.live
         assert after.stats["index_entries"] == stored, "the running cache found the earlier session's blocks"

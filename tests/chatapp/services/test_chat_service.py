@@ -40,8 +40,8 @@ def service(workspace: Workspace, library: Library, shared_engine: Engine) -> It
     yield chat
     # Leave the shared engine idle for the next test.
     chat.stop_warming()
-    assert chat.prewarmer is not None
-    chat.prewarmer.wait()
+    assert chat.slot.prewarmer is not None
+    chat.slot.prewarmer.wait()
 
 
 @pytest.fixture
@@ -75,8 +75,8 @@ def branch_prompt(service: ChatService, question_id: int) -> list[int]:
     """The prompt for a saved question, rebuilt from the database as a restarted app would."""
     path = service.conversations.path(question_id)
     document = as_document(service.conversations.get_document(path[0].document_id)) if path[0].document_id else None
-    assert service.engine is not None
-    return builder_of(service.engine).build(prompt_messages(path[0], document, path[1:]))
+    assert service.slot.engine is not None
+    return builder_of(service.slot.engine).build(prompt_messages(path[0], document, path[1:]))
 
 
 # Titles.
@@ -175,8 +175,8 @@ def test_prompts_rebuilt_after_a_restart_are_the_ones_sent_live(
         # The next question's prompt after the restart extends the last live prompt and answer.
         path = restarted.conversations.path(view.leaf.id)
         document = as_document(view.document)
-        assert restarted.engine is not None
-        next_prompt = builder_of(restarted.engine).build(
+        assert restarted.slot.engine is not None
+        next_prompt = builder_of(restarted.slot.engine).build(
             [*prompt_messages(path[0], document, path[1:]), question_message("One more question.", None)]
         )
         assert next_prompt[: len(live[2]) + len(third.answer.generated_ids or ())] == live[2] + list(
@@ -308,8 +308,8 @@ def test_set_persona_starts_a_root_and_returning_reuses_the_existing_one(
     assert view.messages == ()
     with_persona = service.ask("Name a colour.")
     with_persona.wait()
-    assert service.engine is not None
-    persona_tokens = builder_of(service.engine).build(
+    assert service.slot.engine is not None
+    persona_tokens = builder_of(service.slot.engine).build(
         [ChatMessage.of(Role.SYSTEM, persona.prompt)], add_generation_prompt=False
     )
     assert sent_prompt(with_persona)[: len(persona_tokens)] == persona_tokens
@@ -344,8 +344,8 @@ def test_attach_document_puts_it_in_the_first_question_only(
     document = Document("minutes.txt", DOCUMENT_TEXT)
     assert tokens == prefix_tokens(service, view.root, document) == service.document_tokens(view.document)
 
-    assert service.engine is not None
-    block = service.engine.tokenize(document_block(document))
+    assert service.slot.engine is not None
+    block = service.slot.engine.tokenize(document_block(document))
     first = service.ask(QUESTION)
     first.wait()
     second = service.ask("And which one comes last?")
@@ -389,8 +389,8 @@ def test_qa_mode_asks_every_question_from_the_root(service: ChatService, documen
     assert first.question.parent_id == second.question.parent_id == view.root.id
     document = as_document(view.document)
     assert document is not None
-    assert service.engine is not None
-    block = service.engine.tokenize(document_block(document))
+    assert service.slot.engine is not None
+    block = service.slot.engine.tokenize(document_block(document))
     assert occurrences(sent_prompt(first), block) == occurrences(sent_prompt(second), block) == 1
     assert sent_prompt(first)[:tokens] == sent_prompt(second)[:tokens]
     # The second question left the first one's prompt after the document: the cache screen says where.
@@ -427,8 +427,8 @@ def test_a_document_that_does_not_fit_is_refused_with_both_numbers(service: Chat
     path = tmp_path / "report.txt"
     path.write_text("The river report lists one more finding for the audit. " * 200, encoding="utf-8")
     tokens = prefix_tokens(service, view.root, load_document(path))
-    assert service.engine is not None
-    limit = service.engine.info.n_ctx_per_sequence
+    assert service.slot.engine is not None
+    limit = service.slot.engine.info.n_ctx_per_sequence
     assert tokens > limit == 1024
     with pytest.raises(DocumentError) as raised:
         service.attach_document(path)
@@ -452,8 +452,8 @@ def test_a_document_that_does_not_fit_is_refused_with_both_numbers(service: Chat
 
 def test_a_branch_too_long_for_the_context_is_refused_without_a_document(service: ChatService) -> None:
     service.new_conversation()
-    assert service.engine is not None
-    limit = service.engine.info.n_ctx_per_sequence
+    assert service.slot.engine is not None
+    limit = service.slot.engine.info.n_ctx_per_sequence
     with pytest.raises(ChatappError) as raised:
         service.ask("Please summarise this. " + "The river report lists one more finding for the audit. " * 120)
     assert not isinstance(raised.value, DocumentError)
@@ -520,9 +520,9 @@ def test_type_ahead_sends_the_same_prompt_and_gets_the_cold_answer(
     service.new_conversation(persona)
     service.attach_document(document_file)
     service.warm_ahead("")
-    assert service.prewarmer is not None
-    service.prewarmer.wait()
-    engine = service.engine
+    assert service.slot.prewarmer is not None
+    service.slot.prewarmer.wait()
+    engine = service.slot.engine
     assert engine is not None
     cache = engine.cache
     assert cache is not None
@@ -533,7 +533,7 @@ def test_type_ahead_sends_the_same_prompt_and_gets_the_cold_answer(
     for end in range(1, len(typed_question) + 1):
         drafts += service.warm_ahead(typed_question[:end]) is not None
     assert drafts >= typed_question.count(" ") - 2, "each settled word is warmed"
-    service.prewarmer.wait()
+    service.slot.prewarmer.wait()
     engine.flush_cache()
     assert set(cache.index.entries) == stored_before_typing, "drafts stay out of the RAM and disk tiers"
     typed = service.ask(typed_question)
@@ -627,7 +627,7 @@ def test_the_model_loaded_at_start_is_the_latest_conversation_s_own(
     starting = make_service(workspace, library, None)
     starting.load_model()
     try:
-        assert starting.model_path() == tiny.resolve()
+        assert starting.slot.model_path() == tiny.resolve()
         starting.open_latest_or_new()
         assert starting.remembered_model() is None, "nothing left to switch to"
     finally:
@@ -636,7 +636,7 @@ def test_the_model_loaded_at_start_is_the_latest_conversation_s_own(
     fallback = make_service(workspace, library, None)
     fallback.load_model()
     try:
-        assert fallback.model_path() == workspace.model_path
+        assert fallback.slot.model_path() == workspace.model_path
     finally:
         fallback.close()
 
@@ -661,7 +661,7 @@ def test_a_gpt_oss_answer_shows_its_reply_not_its_reasoning(
         answer = service.view().messages[-1]
         assert answer.record.content == raw
         assert answer.shown == "Hello! How can I help?"
-        display = service.answer_display()
+        display = service.slot.answer_display()
         assert "".join(display.feed(raw[start : start + 7]) for start in range(0, len(raw), 7)) == answer.shown
         plain = make_service(workspace, library, None)  # no model yet: nothing to read it by
         plain.open(service.conversation_id)

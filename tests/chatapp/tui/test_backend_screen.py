@@ -122,4 +122,4 @@ async def test_a_wrong_key_and_an_unreachable_backend_are_one_notification_each(
         failures = [note for note in notifications(app) if expected in note]
         assert len(failures) == 1
         assert "\n" not in failures[0]
-        assert not app.service.ready
+        assert not app.service.slot.ready

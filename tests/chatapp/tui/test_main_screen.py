@@ -85,7 +85,7 @@ async def test_stop_regenerate_and_move_between_sibling_answers(data_dir: Path) 
         stopped_text = stopped.text
         assert app.service.view().messages[-1].record.status == "stopped"
 
-        app.workspace = app.service.workspace = replace(
+        app.workspace = app.service.slot.workspace = replace(
             app.workspace, settings=app.workspace.settings.model_copy(update={"max_tokens": 8})
         )
         await pilot.press("ctrl+r")
@@ -189,7 +189,7 @@ async def test_a_model_that_cannot_load_is_a_notification_not_a_crash(data_dir: 
         await wait_until(pilot, lambda: any("could not load" in n for n in notifications(app)))
         app.main_screen.query_one(Composer).text = "hello?"
         await pilot.press("enter")
-        assert not app.service.ready
+        assert not app.service.slot.ready
         assert "no model loaded" in str(app.main_screen.query_one(StatusLine).render())
         assert app.main_screen.query_one(ChatLog).views == []
 

@@ -33,7 +33,7 @@ async def test_two_quick_regenerates_start_one_answer(data_dir: Path) -> None:
     async with app.run_test(size=SCREEN) as pilot:
         await wait_ready(pilot, app)
         await send(pilot, app, "Name a bird.")
-        app.workspace = app.service.workspace = replace(
+        app.workspace = app.service.slot.workspace = replace(
             app.workspace, settings=app.workspace.settings.model_copy(update={"max_tokens": 300})
         )
         with engine_of(app).holding(Step.TOKEN, after=1) as gate:  # the first regenerate runs until Esc

@@ -11,7 +11,7 @@ import pytest
 from textual.widgets import DataTable, Label
 
 from chatapp.model_files import bundled_model_path
-from chatapp.services.chat_service import ChatService
+from chatapp.services.engine_slot import EngineSlot
 from chatapp.tui.model_picker import ModelPicker
 from chatapp.tui.sidebar import Sidebar
 from chatapp.tui.widgets import PrefillRow, StatusLine
@@ -69,7 +69,7 @@ async def test_switching_models_and_back_to_a_conversation_s_own(data_dir: Path,
 
         await pilot.press("ctrl+n")
         await choose(pilot, app, "tiny")
-        await wait_until(pilot, lambda: app.service.model_label() == "tiny" and "ready" in status(app))
+        await wait_until(pilot, lambda: app.service.slot.model_label() == "tiny" and "ready" in status(app))
         assert "tiny" in status(app)
         assert any("Now answering with tiny" in note for note in notifications(app))
         await send(pilot, app, "Hello")
@@ -78,7 +78,7 @@ async def test_switching_models_and_back_to_a_conversation_s_own(data_dir: Path,
 
         # Back to the first conversation: its model comes back, and its prefix from the cache.
         app.main_screen.post_message(Sidebar.ConversationChosen(first))
-        await wait_until(pilot, lambda: app.service.model_label() == BUNDLED and "ready" in status(app))
+        await wait_until(pilot, lambda: app.service.slot.model_label() == BUNDLED and "ready" in status(app))
         await send(pilot, app, persona + "Name a fruit.")
         assert BUNDLED in footnote(answers(app)[-1])
         assert "reused" in footnote(answers(app)[-1])
@@ -91,10 +91,10 @@ async def test_esc_cancels_a_load_and_the_old_model_stays(
 ) -> None:
     """The real load is held at its first progress report until Esc has been pressed."""
     reported, go_on = threading.Event(), threading.Event()
-    real = ChatService.prepare_model
+    real = EngineSlot.prepare
 
     def held(
-        self: ChatService,
+        self: EngineSlot,
         path: Path,
         progress: Callable[[float], bool] | None = None,
         cancelled: threading.Event | None = None,
@@ -106,7 +106,7 @@ async def test_esc_cancels_a_load_and_the_old_model_stays(
 
         real(self, path, first_waits, cancelled)
 
-    monkeypatch.setattr(ChatService, "prepare_model", held)
+    monkeypatch.setattr(EngineSlot, "prepare", held)
     app = make_app(data_dir, model_folders=str(tiny.parent))
     async with app.run_test(size=SCREEN) as pilot:
         await wait_ready(pilot, app)
@@ -123,6 +123,6 @@ async def test_esc_cancels_a_load_and_the_old_model_stays(
         await wait_until(pilot, lambda: "stayed with" in status(app))
         assert not row.display
         await pilot.pause(0.2)
-        assert app.service.model_label() == BUNDLED
+        assert app.service.slot.model_label() == BUNDLED
         await send(pilot, app, "Hi")
         assert BUNDLED in footnote(answers(app)[-1])
