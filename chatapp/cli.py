@@ -83,106 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"chatapp {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.add_parser("chat", parents=[shared], help="open the chat screen (the default)")
-    ask_parser = commands.add_parser(
-        "ask",
-        parents=[shared],
-        help="answer one question without the chat screen",
-        description="Answer one question; the answer streams to stdout. With --json, a JSON object "
-        "with the answer and its statistics is printed as the last line.",
-    )
-    ask_parser.add_argument("question", metavar="QUESTION")
-    persona = ask_parser.add_mutually_exclusive_group()
-    persona.add_argument("--system", metavar="TEXT", help="system prompt (persona)")
-    persona.add_argument("--system-file", metavar="FILE", type=Path, help="read the system prompt from FILE")
-    ask_parser.add_argument("--doc", metavar="FILE", type=Path, help="a .txt, .md or .pdf document to ask about")
-    ask_parser.add_argument("--max-tokens", type=int, metavar="N", help="longest answer in tokens")
-    ask_parser.add_argument("--temperature", type=float, metavar="T", help="0 is greedy and reproducible")
-    ask_parser.add_argument("--top-p", type=float, metavar="P", help="nucleus sampling threshold")
-    ask_parser.add_argument("--seed", type=int, metavar="N", help="sampling seed")
-    ask_parser.add_argument("--no-cache", action="store_true", help="compute the whole prompt; no lookup, no store")
-    ask_parser.add_argument("--json", action="store_true", help="print a JSON object with statistics at the end")
-    serve_parser = commands.add_parser(
-        "serve",
-        parents=[shared],
-        help="serve the model and its cache over the OpenAI and Ollama HTTP APIs",
-        description="An HTTP server on the same engine, prefix cache and data folder as the app: "
-        "OpenAI's /v1/chat/completions, /v1/completions and /v1/models, Ollama's /api/chat, /api/generate, "
-        "/api/tags, /api/show, /api/ps and /api/version, and /health and /metrics. Ctrl-C (or SIGTERM) stops it "
-        "cleanly, with the cache written.",
-    )
-    serve_parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
-    serve_parser.add_argument("--port", type=int, default=8080, metavar="N", help="port to listen on (default: 8080)")
-    serve_parser.add_argument(
-        "--api-key",
-        metavar="KEY",
-        default=os.environ.get(ENV_API_KEY) or None,
-        help=f"require 'Authorization: Bearer KEY' on every route but /health (or ${ENV_API_KEY})",
-    )
-    serve_parser.add_argument(
-        "--max-pending",
-        type=int,
-        default=16,
-        metavar="N",
-        help="requests waiting or running at once; more get 503 with Retry-After (default: 16)",
-    )
-    serve_parser.add_argument(
-        "--max-tokens",
-        type=int,
-        metavar="N",
-        help="longest answer to a request that sets no max_tokens (default: until the model ends it or the "
-        "context is full, as OpenAI, Ollama and llama-server answer)",
-    )
-    serve_parser.add_argument(
-        "--model-alias",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="another name the model answers to, listed by /v1/models and /api/tags (repeatable): for "
-        "clients with a model name built in, e.g. --model-alias gpt-4o",
-    )
-    serve_parser.add_argument(
-        "--reasoning-history",
-        choices=("kept", "template"),
-        default="kept",
-        help="kept (the default): earlier answers' reasoning (<think>...</think>) stays in the history as "
-        "generated, and the whole conversation stays a cache hit; template: dropped before the latest "
-        "question as templates such as Qwen 3's write the history, which changes the prompt from the "
-        "last answer before the new question on, so every new question misses the cache from there",
-    )
-    serve_parser.add_argument(
-        "--sort-tools",
-        action="store_true",
-        help="offer a request's tools in name order: for clients that list their tools in another order "
-        "from one request to the next, which would otherwise change the prompt and miss the cache from there on",
-    )
-    serve_parser.add_argument(
-        "--max-loaded",
-        type=int,
-        default=3,
-        metavar="N",
-        help="models loaded at once, the started one included: a request naming another model found on this "
-        "machine (`chatapp models`) loads it, unloading the least recently used idle one first (default: 3)",
-    )
-    serve_parser.add_argument(
-        "--models-memory",
-        type=int,
-        metavar="MiB",
-        help="the model files loaded at once may take this much memory together "
-        "(default: three quarters of this machine's)",
-    )
-    serve_parser.add_argument(
-        "--keep-alive",
-        default="5m",
-        metavar="DURATION",
-        help="how long a model loaded for a request stays loaded once idle, as Ollama's keep_alive: 30s, 5m, "
-        "1h, -1 for until the server stops (default: 5m; a request's keep_alive overrides it; the started "
-        "model stays loaded)",
-    )
-    serve_parser.add_argument(
-        "--any-model",
-        action="store_true",
-        help="answer whatever model a request names, instead of a 404 for a name not served here",
-    )
+    _add_ask(commands, shared)
+    _add_serve(commands, shared)
     bench_parser = commands.add_parser(
         "bench",
         help="measure the cache against llama-cpp-python's caches, llama-server and no cache",
@@ -214,6 +116,120 @@ def build_parser() -> argparse.ArgumentParser:
         help="remove every cached entry and its files; with --model PATH|NAME, only that model's",
     )
     return parser
+
+
+def _add_ask(commands: argparse._SubParsersAction[argparse.ArgumentParser], shared: argparse.ArgumentParser) -> None:
+    """`chatapp ask QUESTION`: one answer on stdout."""
+    ask_parser = commands.add_parser(
+        "ask",
+        parents=[shared],
+        help="answer one question without the chat screen",
+        description="Answer one question; the answer streams to stdout. With --json, a JSON object "
+        "with the answer and its statistics is printed as the last line.",
+    )
+    ask_parser.add_argument("question", metavar="QUESTION")
+    persona = ask_parser.add_mutually_exclusive_group()
+    persona.add_argument("--system", metavar="TEXT", help="system prompt (persona)")
+    persona.add_argument("--system-file", metavar="FILE", type=Path, help="read the system prompt from FILE")
+    ask_parser.add_argument("--doc", metavar="FILE", type=Path, help="a .txt, .md or .pdf document to ask about")
+    ask_parser.add_argument("--max-tokens", type=int, metavar="N", help="longest answer in tokens")
+    ask_parser.add_argument("--temperature", type=float, metavar="T", help="0 is greedy and reproducible")
+    ask_parser.add_argument("--top-p", type=float, metavar="P", help="nucleus sampling threshold")
+    ask_parser.add_argument("--seed", type=int, metavar="N", help="sampling seed")
+    ask_parser.add_argument("--no-cache", action="store_true", help="compute the whole prompt; no lookup, no store")
+    ask_parser.add_argument("--json", action="store_true", help="print a JSON object with statistics at the end")
+
+
+def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser], shared: argparse.ArgumentParser) -> None:
+    """`chatapp serve`: the HTTP APIs."""
+    serve_parser = commands.add_parser(
+        "serve",
+        parents=[shared],
+        help="serve the model and its cache over the OpenAI, Anthropic and Ollama HTTP APIs",
+        description="An HTTP server on the same engine, prefix cache and data folder as the app: "
+        "OpenAI's /v1/chat/completions, /v1/responses, /v1/completions and /v1/models, Anthropic's /v1/messages "
+        "and /v1/messages/count_tokens (Claude Code), Ollama's /api/chat, /api/generate, /api/tags, /api/show, "
+        "/api/ps and /api/version, and /health and /metrics. Ctrl-C (or SIGTERM) stops it cleanly, with the "
+        "cache written.",
+    )
+    serve_parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    serve_parser.add_argument("--port", type=int, default=8080, metavar="N", help="port to listen on (default: 8080)")
+    serve_parser.add_argument(
+        "--api-key",
+        metavar="KEY",
+        default=os.environ.get(ENV_API_KEY) or None,
+        help=f"require 'Authorization: Bearer KEY' on every route but /health (or ${ENV_API_KEY})",
+    )
+    serve_parser.add_argument(
+        "--max-pending",
+        type=int,
+        default=16,
+        metavar="N",
+        help="requests waiting or running at once; more get 503 with Retry-After (default: 16)",
+    )
+    serve_parser.add_argument(
+        "--max-tokens",
+        type=int,
+        metavar="N",
+        help="longest answer to a request that sets no max_tokens (default: until the model ends it or the "
+        "context is full, as OpenAI, Ollama and llama-server answer)",
+    )
+    serve_parser.add_argument(
+        "--reasoning-history",
+        choices=("kept", "template"),
+        default="kept",
+        help="kept (the default): earlier answers' reasoning (<think>...</think>) stays in the history as "
+        "generated, and the whole conversation stays a cache hit; template: dropped before the latest "
+        "question as templates such as Qwen 3's write the history, which changes the prompt from the "
+        "last answer before the new question on, so every new question misses the cache from there",
+    )
+    serve_parser.add_argument(
+        "--sort-tools",
+        action="store_true",
+        help="offer a request's tools in name order: for clients that list their tools in another order "
+        "from one request to the next, which would otherwise change the prompt and miss the cache from there on",
+    )
+    _add_serve_model_options(serve_parser)
+
+
+def _add_serve_model_options(serve_parser: argparse.ArgumentParser) -> None:
+    """The models `chatapp serve` answers for: names, how many at once, for how long."""
+    serve_parser.add_argument(
+        "--model-alias",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="another name the model answers to, listed by /v1/models and /api/tags (repeatable): for "
+        "clients with a model name built in, e.g. --model-alias gpt-4o",
+    )
+    serve_parser.add_argument(
+        "--max-loaded",
+        type=int,
+        default=3,
+        metavar="N",
+        help="models loaded at once, the started one included: a request naming another model found on this "
+        "machine (`chatapp models`) loads it, unloading the least recently used idle one first (default: 3)",
+    )
+    serve_parser.add_argument(
+        "--models-memory",
+        type=int,
+        metavar="MiB",
+        help="the model files loaded at once may take this much memory together "
+        "(default: three quarters of this machine's)",
+    )
+    serve_parser.add_argument(
+        "--keep-alive",
+        default="5m",
+        metavar="DURATION",
+        help="how long a model loaded for a request stays loaded once idle, as Ollama's keep_alive: 30s, 5m, "
+        "1h, -1 for until the server stops (default: 5m; a request's keep_alive overrides it; the started "
+        "model stays loaded)",
+    )
+    serve_parser.add_argument(
+        "--any-model",
+        action="store_true",
+        help="answer whatever model a request names, instead of a 404 for a name not served here",
+    )
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
