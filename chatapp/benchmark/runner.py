@@ -65,6 +65,7 @@ from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.errors import ChatappError
 from chatapp.models.machine import resolve_model
 from chatapp.prompting.prompt import PromptBuilder
+from chatapp.services.answer_run import AnswerRun
 from chatapp.services.answer_shape import AnswerShape, ToolChoice
 from chatapp.services.completions import kept_length
 from chatapp.services.prompt_plan import builder_of
@@ -236,8 +237,17 @@ def cold_check(
             sampling = SamplingParams(temperature=0.0, max_tokens=max_tokens, grammar=shape.grammar(builder))
             # Batches end where the server's did: at its checkpoints, cache_control's ends among them.
             checkpoints = tuple(sorted({*request.boundaries, *kept_ends(builder, request)}))
-            cold_request = GenerationRequest(request.tokens, sampling, use_cache=False, checkpoints=checkpoints)
-            cold = answer_as_shown(engine.generate(cold_request).wait().text, shape, builder)
+            cold_request = GenerationRequest(
+                request.tokens,
+                sampling,
+                use_cache=False,
+                checkpoints=checkpoints,
+                turn_ends=builder.template.turn_ends,  # as the server's answer ends (a template-less model)
+            )
+            cold_run = AnswerRun(engine.generate(cold_request))  # the server's answers run through one too
+            cold_run.wait()
+            assert cold_run.ended is not None
+            cold = answer_as_shown(cold_run.ended.text, shape, builder)
             same = cold == served["text"] and served["prompt_tokens"] == len(request.tokens)
             log(f"{workload.name} {request.label}: {'equal to' if same else 'UNLIKE'} the same prompt computed cold")
             checks.append({"label": request.label, "equal": same, "cold": cold, "served": served["text"]})

@@ -36,6 +36,7 @@ class BlockToolFormat:
     """Calls written as blocks between `<tool_call>` and `</tool_call>`; a subclass says what a block holds."""
 
     trigger = CALL_OPEN
+    leads: tuple[str, ...] | None = None
     call_ids = ANY_IDS
 
     def grammar(

@@ -73,6 +73,9 @@ class ToolFormat(Protocol):
     """How one family of models writes its calls."""
 
     trigger: str  # the text that opens a call
+    # None: a call may open anywhere in the answer; else only after one of these texts (blank space aside):
+    # a format whose call is the whole answer (Llama 3's) reads JSON later in a text as text.
+    leads: tuple[str, ...] | None
     call_ids: CallIds  # the ids its template takes
 
     def grammar(

@@ -71,6 +71,7 @@ class HarmonyToolFormat:
     """Calls as harmony messages to `functions.NAME`; the user sees the preambles' and the reply's text."""
 
     trigger = RECIPIENT.lstrip()
+    leads: tuple[str, ...] | None = None
     call_ids = ANY_IDS  # the template prints no call ids
 
     def grammar(

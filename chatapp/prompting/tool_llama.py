@@ -24,6 +24,7 @@ class LlamaJsonToolFormat:
     """`{"name": "f", "parameters": {...}}` as the whole answer (or after some text)."""
 
     trigger = OPENING
+    leads: tuple[str, ...] | None = ("", PYTHON_TAG)  # the call is the whole answer, after the python tag at most
     call_ids = ANY_IDS
 
     def grammar(

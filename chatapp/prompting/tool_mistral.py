@@ -50,6 +50,7 @@ class MistralJsonToolFormat:
     """`[TOOL_CALLS][{"name": "f", "arguments": {...}, "id": "a1b2c3d4e"}, ...]` (Mistral 7B v0.3, Nemo)."""
 
     trigger = TOOL_CALLS
+    leads: tuple[str, ...] | None = None
     call_ids = MISTRAL_IDS
 
     def grammar(
@@ -106,6 +107,7 @@ class MistralArgsToolFormat:
     (Mistral Small 3.2's; Devstral's, Magistral's and Ministral 3's have none)."""
 
     trigger = TOOL_CALLS
+    leads: tuple[str, ...] | None = None
     call_ids = MISTRAL_IDS
 
     def __init__(self, *, with_ids: bool) -> None:

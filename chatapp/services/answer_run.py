@@ -51,8 +51,9 @@ class AnswerRun(EngineStream):
         super().__init__(handle)
         self.ended: EndedAnswer | None = None
         request = handle.request
-        self._turn_ends = () if request.sampling.ignore_eos else request.turn_ends  # ignore_eos: to the limit
-        self._matcher = StopMatcher(stops + self._turn_ends)
+        turn_ends = () if request.sampling.ignore_eos else request.turn_ends  # ignore_eos: to the limit
+        self._client_stops = len(stops)  # listed first: a client's stop wins where a turn end is at the same place
+        self._matcher = StopMatcher(stops + turn_ends)
         self._ids: list[int] = []
         self._length_after: list[int] = []  # characters of raw answer text after each token
         self._length = 0
@@ -98,7 +99,8 @@ class AnswerRun(EngineStream):
         stopped = self._matcher.stopped
         reason = result.stop_reason
         if stopped:
-            reason = StopReason.END if self._matcher.matched in self._turn_ends else StopReason.STOP_STRING
+            turn_ended = (self._matcher.matched or 0) >= self._client_stops
+            reason = StopReason.END if turn_ended else StopReason.STOP_STRING
         text = self._matcher.shown
         ids: tuple[int, ...] | None = self._ids_for(text, result.token_ids) if stopped else result.token_ids
         if text and not ids:

@@ -16,7 +16,7 @@ class StopMatcher:
 
     stops: tuple[str, ...]
     stopped: bool = False
-    matched: str | None = None  # the stop string that ended the answer
+    matched: int | None = None  # which of `stops` ended the answer (its place in the list)
     shown: str = ""  # everything released so far (the final answer once stopped)
     _held: str = field(default="", repr=False)
 
@@ -43,13 +43,10 @@ class StopMatcher:
         self.shown += text
         return text
 
-    def _first_stop(self, text: str) -> tuple[int | None, str | None]:
+    def _first_stop(self, text: str) -> tuple[int | None, int | None]:
         """Where the first stop string in `text` begins, and which it is (the first listed of those there)."""
         found = [(index, number) for number, stop in enumerate(self.stops) if (index := text.find(stop)) >= 0]
-        if not found:
-            return None, None
-        index, number = min(found)
-        return index, self.stops[number]
+        return min(found) if found else (None, None)
 
     def _open_suffix_length(self, text: str) -> int:
         """The longest end of `text` that is the beginning of a stop string."""

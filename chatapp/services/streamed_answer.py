@@ -62,6 +62,7 @@ class StreamedContent:
     def __init__(self, shape: AnswerShape, builder: PromptBuilder | None) -> None:
         form = builder.tool_format if shape.calls_tools and builder is not None else None
         self._trigger = form.trigger if form is not None else None
+        self._leads = form.leads if form is not None else None  # what alone may come before a call
         self._ids = form.call_ids if form is not None else None
         self._reader: JsonCallReader | None = form.call_reader() if form is not None else None
         self._harmony = HarmonyReader() if speaks_harmony(builder) else None
@@ -86,7 +87,15 @@ class StreamedContent:
             self._shown += len(piece)
             return piece
         held = self._held + piece
+        if self._leads is not None and not self._may_open(held, self._leads, self._trigger):
+            self._trigger = None  # the answer began as text: a call's opening later in it is text too
+            self._held = ""
+            self._shown += len(held)
+            return held
         start = held.find(self._trigger)
+        if self._leads is not None and start < 0:
+            self._held = held  # nothing shown while the answer may still be a call
+            return ""
         self._opened = start >= 0
         end = start if self._opened else len(held) - _partial_opening(held, self._trigger)
         released = held[:end].rstrip()
@@ -138,6 +147,15 @@ class StreamedContent:
             elif isinstance(news, CallWritten):
                 self._written = len(self._begun)
                 self._news.append(CallEnds(len(self._begun) - 1))
+
+    @staticmethod
+    def _may_open(held: str, leads: tuple[str, ...], trigger: str) -> bool:
+        """Whether a call may still open in an answer that so far is `held`: only one of `leads` (or the
+        beginning of one) before the opening, blank space aside."""
+        start = held.find(trigger)
+        before = held[:start] if start >= 0 else held[: len(held) - _partial_opening(held, trigger)]
+        lead = before.strip()
+        return lead in leads if start >= 0 else any(allowed.startswith(lead) for allowed in leads)
 
     def _call_id(self, own: str | None, ids: CallIds) -> str:
         """The model's own id where its template takes it and no earlier call has it (as `read_answer` gives), else

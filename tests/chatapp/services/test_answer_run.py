@@ -55,11 +55,13 @@ def test_a_cancelled_api_answer_is_not_reported_as_cut_at_a_limit() -> None:
     assert finish_reason(StopReason.STOP_STRING) == finish_reason(StopReason.END) == "stop"
 
 
-def run_to_end(engine: Engine, sampling: SamplingParams, turn_ends: tuple[str, ...]) -> tuple[str, StopReason]:
+def run_to_end(
+    engine: Engine, sampling: SamplingParams, turn_ends: tuple[str, ...], stops: tuple[str, ...] = ()
+) -> tuple[str, StopReason]:
     """An answer to QUESTION whose prompt says its turn ends at `turn_ends` (as a template-less model's does)."""
     builder = builder_of(engine)
     plan = plan_prompt(builder, [ChatMessage.of(Role.USER, QUESTION)], checkpoints=False)
-    run = AnswerRun(start_answer(engine, replace(plan, turn_ends=turn_ends), sampling, WORDING))
+    run = AnswerRun(start_answer(engine, replace(plan, turn_ends=turn_ends), sampling, WORDING), stops)
     text = "".join(getattr(event, "text", "") for event in run.events())
     ended = run.ended
     assert ended is not None
@@ -72,6 +74,8 @@ def test_a_turn_end_written_as_text_ends_the_answer_as_an_end_token_does(shared_
     forced = SamplingParams(temperature=0.0, max_tokens=40, grammar=Grammar('root ::= "Sure thing. END and on"'))
     assert run_to_end(shared_engine, forced, (" END",)) == ("Sure thing.", StopReason.END)
     assert run_to_end(shared_engine, forced, ()) == ("Sure thing. END and on", StopReason.END)
+    # The client's own stop string, where a turn end is too: the client's (Anthropic names it back).
+    assert run_to_end(shared_engine, forced, (" END",), stops=(" END",)) == ("Sure thing.", StopReason.STOP_STRING)
 
 
 def test_ignore_eos_runs_past_a_turn_end_as_past_an_end_token(shared_engine: Engine) -> None:

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from chatapp.prompting.prompt import PromptBuilder
 from chatapp.prompting.tool_blocks import HERMES
 from chatapp.prompting.tool_harmony import HARMONY
+from chatapp.prompting.tool_llama import LLAMA_JSON
 from chatapp.prompting.tool_mistral import MISTRAL_ARGS_WITH_IDS
 from chatapp.services.answer_shape import FREE_TEXT, AnswerShape, ShapedAnswer, read_answer
 from chatapp.services.streamed_answer import CallArguments, CallBegins, CallEnds, Shown, StreamedContent
@@ -166,3 +167,30 @@ def test_a_call_keeps_the_id_the_model_wrote_where_its_template_takes_it() -> No
     assert begun[1].call_id != "a1b2c3d4e"
     assert MISTRAL_ARGS_WITH_IDS.call_ids.valid(begun[1].call_id)
     assert [call.id for call in stream.as_streamed(whole.calls)] == [item.call_id for item in begun]
+
+
+class LlamaBuilder:
+    tool_format = LLAMA_JSON
+
+
+LLAMA_CALL = '{"name": "f", "parameters": {"a": "x}"}}'
+
+
+@given(
+    answer=st.sampled_from([LLAMA_CALL, f"  {LLAMA_CALL}", f"Example: {LLAMA_CALL} done", '{"name": "f" and so']),
+    data=st.data(),
+)
+def test_a_call_that_must_be_the_whole_answer_is_shown_only_where_it_is(answer: str, data: st.DataObject) -> None:
+    """Llama 3's call is the whole answer: the same JSON after some text is text, shown as text."""
+    cuts = sorted(data.draw(st.sets(st.integers(1, len(answer) - 1), max_size=12)))
+    builder = cast(PromptBuilder, LlamaBuilder())
+    stream = StreamedContent(TOOLS, builder)
+    shown: list[Shown] = []
+    for start, end in zip([0, *cuts], [*cuts, len(answer)], strict=True):
+        if text := stream.feed(answer[start:end]):
+            shown.append(text)
+        shown += stream.calls()
+    whole = read_answer(answer, TOOLS, builder)
+    shown += [stream.rest(whole), *stream.ending(whole)]
+    assert "".join(item for item in shown if isinstance(item, str)) == whole.content
+    assert [name for _, name, _, _ in calls_shown(shown)] == [call.name for call in whole.calls]
