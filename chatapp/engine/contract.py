@@ -4,8 +4,11 @@ Two engines stand behind it: the in-process llama.cpp engine (engine.py, with it
 prefix cache) and a remote server (remote.py: llama-server or another `chatapp serve`).
 Callers start an answer from prompt tokens, sampling and hints (a GenerationRequest), read
 its events from a GenerationHandle (cancel, wait), and read the model card and capability
-flags to show only what applies. llama.cpp specifics stay behind it: no module outside
-chatapp.engine imports the engine class or llama_native (`make lint` checks it).
+flags to show only what applies. llama.cpp specifics stay behind it.
+
+This module is the engine's door: the services import the engine's types from here and from
+nowhere else in chatapp.engine, but for the one place that opens engines
+(services/startup.py, through chatapp.engine.opening). `make lint` holds it (import-linter).
 """
 
 from __future__ import annotations
@@ -13,11 +16,27 @@ from __future__ import annotations
 from typing import Protocol
 
 from cache.prefix_cache import PrefixCache
+from chatapp.engine.events import GenerationResult, PrefillProgress, PromptPlaced, TokenText
 from chatapp.engine.handle import GenerationHandle
-from chatapp.engine.model_card import Capabilities, ModelInfo
-from chatapp.engine.requests import GenerationRequest
+from chatapp.engine.model_card import Capabilities, ModelFacts, ModelInfo
+from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.engine.restore_costs import RestoreCosts
 from chatapp.prompting.prompt import PromptBuilder
+
+__all__ = [  # the door: what code outside chatapp.engine may name
+    "Capabilities",
+    "EngineClient",
+    "GenerationHandle",
+    "GenerationRequest",
+    "GenerationResult",
+    "LocalEngine",
+    "ModelFacts",
+    "ModelInfo",
+    "PrefillProgress",
+    "PromptPlaced",
+    "SamplingParams",
+    "TokenText",
+]
 
 
 class EngineClient(Protocol):

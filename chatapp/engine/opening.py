@@ -11,6 +11,7 @@ from pathlib import Path
 
 import llama_cpp
 
+from chatapp.engine.batching import FLASH_ATTENTION_ROWS as FLASH_ATTENTION_ROWS  # for the settings that open engines
 from chatapp.engine.config import CacheFactory, EngineConfig, LoadProgress, default_thread_count, split_progress
 from chatapp.engine.contract import EngineClient, LocalEngine
 from chatapp.engine.engine import Engine

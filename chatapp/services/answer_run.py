@@ -13,8 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from chatapp.engine.events import GenerationResult
-from chatapp.engine.handle import GenerationHandle
+from chatapp.engine.contract import GenerationHandle, GenerationResult
 from chatapp.services.stop_strings import StopMatcher
 from chatapp.services.streams import AnswerOutcome, AnswerText, EngineStream, StreamEvent, stats_record
 from chatapp.vocabulary import StopReason

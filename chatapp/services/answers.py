@@ -13,8 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from chatapp.engine.events import GenerationResult
-from chatapp.engine.handle import GenerationHandle
+from chatapp.engine.contract import GenerationHandle, GenerationResult
 from chatapp.records import MessageRecord
 from chatapp.services.answer_run import AnswerRun, EndedAnswer
 from chatapp.services.streams import AnswerText

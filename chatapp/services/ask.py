@@ -10,8 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from chatapp.documents import Document
-from chatapp.engine.contract import EngineClient
-from chatapp.engine.requests import SamplingParams
+from chatapp.engine.contract import EngineClient, SamplingParams
 from chatapp.services.chat import ChatSession
 from chatapp.services.conversation import Conversation
 from chatapp.services.prompt_plan import TooLongWording

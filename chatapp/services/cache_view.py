@@ -13,8 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cache.prefix_cache import PrefixCache
-from chatapp.engine.contract import EngineClient
-from chatapp.engine.requests import GenerationRequest, SamplingParams
+from chatapp.engine.contract import EngineClient, GenerationRequest, SamplingParams
 from chatapp.errors import ChatappError
 from chatapp.prompting.prompt import ChatMessage
 from chatapp.records import PersonaRecord, PinRecord

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from chatapp.engine.contract import EngineClient
-from chatapp.engine.handle import GenerationHandle
-from chatapp.engine.requests import SamplingParams
+from chatapp.engine.contract import EngineClient, GenerationHandle, SamplingParams
 from chatapp.errors import ChatappError
 from chatapp.services.answer_run import AnswerRun, EndedAnswer
 from chatapp.services.conversation import Conversation

@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from chatapp.documents import Document, load_document
-from chatapp.engine.events import GenerationResult
-from chatapp.engine.handle import GenerationHandle
+from chatapp.engine.contract import GenerationHandle, GenerationResult
 from chatapp.errors import ChatappError
 from chatapp.prompting.prompt import ChatMessage
 from chatapp.records import ConversationRecord, DocumentRecord, MessageRecord, PersonaRecord

@@ -23,9 +23,7 @@ from dataclasses import dataclass, field, replace
 import xxhash
 
 from cache.keys import as_token_array, common_prefix_length
-from chatapp.engine.contract import EngineClient
-from chatapp.engine.handle import GenerationHandle
-from chatapp.engine.requests import SamplingParams
+from chatapp.engine.contract import EngineClient, GenerationHandle, SamplingParams
 from chatapp.errors import ChatappError, GrammarError
 from chatapp.prompting.chat_template import TemplateRenderError
 from chatapp.prompting.prompt import ChatMessage, PromptBuilder

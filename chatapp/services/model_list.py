@@ -7,7 +7,7 @@ from typing import Any
 
 import xxhash
 
-from chatapp.engine.model_card import ModelFacts
+from chatapp.engine.contract import ModelFacts
 from chatapp.models.catalog import FoundModel
 from chatapp.models.gguf_header import GgufError, read_header
 from chatapp.services.serving import ModelCard

@@ -11,9 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from chatapp.engine.contract import EngineClient
-from chatapp.engine.handle import GenerationHandle
-from chatapp.engine.requests import GenerationRequest, SamplingParams
+from chatapp.engine.contract import EngineClient, GenerationHandle, GenerationRequest, SamplingParams
 from chatapp.errors import ChatappError, ContextOverflowError, DocumentError
 from chatapp.prompting.prompt import ChatMessage, PromptBuilder
 from chatapp.services.boundaries import reuse_boundaries

@@ -14,9 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from chatapp.engine.contract import EngineClient
-from chatapp.engine.model_card import ModelFacts, ModelInfo
-from chatapp.engine.requests import SamplingParams
+from chatapp.engine.contract import EngineClient, ModelFacts, ModelInfo, SamplingParams
 from chatapp.errors import StoreError
 from chatapp.prompting.grammar import Grammar
 from chatapp.reasoning import Reasoning

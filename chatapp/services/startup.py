@@ -15,10 +15,9 @@ from cache.fingerprint import FingerprintCancelled, files_fingerprint, fingerpri
 from cache.namespace import Namespace
 from cache.prefix_cache import CacheConfig, PrefixCache
 from cache.state_format import MemoryLayout
-from chatapp.engine.batching import FLASH_ATTENTION_ROWS
-from chatapp.engine.contract import EngineClient
-from chatapp.engine.model_card import ModelInfo
+from chatapp.engine.contract import EngineClient, ModelInfo, SamplingParams
 from chatapp.engine.opening import (
+    FLASH_ATTENTION_ROWS,
     CacheFactory,
     EngineConfig,
     LoadProgress,
@@ -29,7 +28,6 @@ from chatapp.engine.opening import (
     split_progress,
     start_local_engine,
 )
-from chatapp.engine.requests import SamplingParams
 from chatapp.errors import LoadCancelled
 from chatapp.models.catalog import ModelCatalog, split_parts
 from chatapp.models.machine import machine_catalog, resolve_model, split_folders

@@ -13,8 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from chatapp.engine.events import GenerationResult, PrefillProgress, PromptPlaced, TokenText
-from chatapp.engine.handle import GenerationHandle
+from chatapp.engine.contract import GenerationHandle, GenerationResult, PrefillProgress, PromptPlaced, TokenText
 from chatapp.vocabulary import ReuseTier, StopReason
 
 

@@ -12,9 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from chatapp.engine.contract import EngineClient
-from chatapp.engine.handle import GenerationHandle
-from chatapp.engine.requests import GenerationRequest, SamplingParams
+from chatapp.engine.contract import EngineClient, GenerationHandle, GenerationRequest, SamplingParams
 from chatapp.errors import ContextOverflowError
 from chatapp.prompting.prompt import ChatMessage
 from chatapp.services.drafts import draft_prompt_tokens, settled_text
