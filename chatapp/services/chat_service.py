@@ -23,7 +23,6 @@ from chatapp.services.answers import AnswerJob
 from chatapp.services.branches import BranchMessage, BranchView, as_document, branch_turns, prompt_messages
 from chatapp.services.divergence import Divergence
 from chatapp.services.engine_slot import EngineSlot
-from chatapp.services.export import branch_to_json, branch_to_markdown, write_export
 from chatapp.services.messages import Turn, conversation_messages, next_question_parts
 from chatapp.services.model_choice import fit_problem
 from chatapp.services.personas import PersonaService
@@ -171,7 +170,7 @@ class ChatService:
         if engine is None:
             return []
         notices = engine_notices(engine)
-        if (notice := self.take_cache_notice()) and notice not in notices:
+        if (notice := self.slot.take_cache_notice()) and notice not in notices:
             notices.append(notice)
         return notices
 
@@ -415,12 +414,6 @@ class ChatService:
         divergence = prompts.compare(list(plan.tokens)) if prompts is not None else None
         return handle, lambda result: self._answered(result, divergence)
 
-    def take_cache_notice(self) -> str | None:
-        """A problem of the cache's disk tier not yet told (disk full, read-only, repaired), once."""
-        engine = self.slot.engine
-        cache = engine.cache if engine is not None else None
-        return cache.take_notice() if cache is not None else None
-
     def _answered(self, result: GenerationResult, divergence: Divergence | None) -> None:
         """An answer's figures; where its prompt left an earlier one, when that is the one its tokens came from
         (reused tokens from a prompt this session never saw: where it left that one is not known here)."""
@@ -478,21 +471,6 @@ class ChatService:
         prewarmer = self.slot.prewarmer
         if prewarmer is not None:
             prewarmer.cancel()
-
-    # Export.
-    def export_name(self) -> str:
-        """A file name for the open conversation: its title in lower-case words joined by dashes."""
-        title = self._conversation().title
-        words = "".join(c.lower() if c.isalnum() else " " for c in title).split()
-        return "-".join(words[:8]) or "conversation"
-
-    def export_branch(self, path: Path) -> Path:
-        """Write the open branch to `path`: JSON for a .json file, Markdown otherwise."""
-        view = self.view()
-        path_records = [view.root, *(m.record for m in view.messages)]
-        if path.suffix.lower() == ".json":
-            return write_export(branch_to_json(view.conversation, path_records, view.document), path)
-        return write_export(branch_to_markdown(view.conversation, path_records, view.document), path)
 
 
 def _branch_too_long(document: Document | None) -> TooLongWording:

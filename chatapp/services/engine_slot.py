@@ -135,6 +135,12 @@ class EngineSlot:
         engine = self.engine
         return engine.info.n_ctx_per_sequence if engine is not None else None
 
+    def take_cache_notice(self) -> str | None:
+        """A problem of the cache's disk tier not yet told (disk full, read-only, repaired), once."""
+        engine = self.engine
+        cache = engine.cache if engine is not None else None
+        return cache.take_notice() if cache is not None else None
+
     def answer_display(self) -> StreamedContent:
         """What a screen shows of an answer as it streams: a gpt-oss answer's reply, not its reasoning
         (its pieces join to what a saved answer shows); any other answer as it comes."""

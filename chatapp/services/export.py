@@ -20,6 +20,7 @@ from chatapp.records import (
     DocumentRecord,
     MessageRecord,
 )
+from chatapp.services.branches import BranchView
 from chatapp.vocabulary import MessageStatus, Role
 
 FORMAT = "chatapp.branch"
@@ -113,3 +114,17 @@ def _finite(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_finite(item) for item in value]
     return value
+
+
+def export_file_name(view: BranchView) -> str:
+    """A file name for the branch's conversation: its title in lower-case words joined by dashes."""
+    words = "".join(c.lower() if c.isalnum() else " " for c in view.conversation.title).split()
+    return "-".join(words[:8]) or "conversation"
+
+
+def export_view(view: BranchView, path: Path) -> Path:
+    """Write the branch on screen to `path`: JSON for a .json file, Markdown otherwise."""
+    records = [view.root, *(message.record for message in view.messages)]
+    if path.suffix.lower() == ".json":
+        return write_export(branch_to_json(view.conversation, records, view.document), path)
+    return write_export(branch_to_markdown(view.conversation, records, view.document), path)

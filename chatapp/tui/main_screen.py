@@ -27,6 +27,7 @@ from chatapp.services.branches import BranchView
 from chatapp.services.chat_service import ChatService, PreparedDocument
 from chatapp.services.document_files import start_folder
 from chatapp.services.drafts import settled_text
+from chatapp.services.export import export_file_name, export_view
 from chatapp.services.model_choice import fit_problem
 from chatapp.services.streams import AnswerText as TextEvent
 from chatapp.services.streams import PromptProgress
@@ -392,7 +393,7 @@ class MainScreen(Screen[None]):
         self.flight = None  # the answer is over only now that the screen shows it as saved
         self.model_switch.answer_ended()
         self.warm_ahead(self.query_one(Composer).text)
-        if notice := self.service.take_cache_notice():
+        if notice := self.service.slot.take_cache_notice():
             self.notify(notice, title="KV cache", severity="warning", timeout=15)
 
     async def on_answer_failed(self, message: AnswerFailed) -> None:
@@ -603,13 +604,13 @@ class MainScreen(Screen[None]):
     def action_export(self) -> None:
         if self.branch is None:
             return
-        default = str(Path.home() / f"{self.service.export_name()}.md")
+        default = str(Path.home() / f"{export_file_name(self.service.view())}.md")
 
         def chosen(path: str | None) -> None:
             if not path:
                 return
             try:
-                written = self.service.export_branch(user_path(path))
+                written = export_view(self.service.view(), user_path(path))
             except ChatappError as error:
                 self.notify(str(error), severity="error", timeout=10)
                 return

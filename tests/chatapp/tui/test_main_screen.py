@@ -15,6 +15,7 @@ from textual.widgets.markdown import MarkdownStream
 from textual.widgets.tree import TreeNode
 
 from chatapp.engine.gate import Step
+from chatapp.services.export import export_view
 from chatapp.tui.chat_log import ChatLog
 from chatapp.tui.composer import Composer
 from chatapp.tui.dialogs import TextPrompt
@@ -149,7 +150,7 @@ async def test_export_and_restart_find_everything_again(data_dir: Path, tmp_path
         exported = json.loads(target.read_text())
         assert [(m["role"], m["content"]) for m in exported["messages"]] == expected
         markdown = tmp_path / "branch.md"
-        app.service.export_branch(markdown)
+        export_view(app.service.view(), markdown)
         assert "Who works there?" in markdown.read_text()
         title = app.service.view().conversation.title
 
