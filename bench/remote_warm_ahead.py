@@ -59,7 +59,7 @@ def main() -> None:
         rows: dict[str, list[tuple[float, int]]] = {"warm": [], "cold": [], "alone": []}
         for round_ in range(ROUNDS):
             for number, kind in enumerate(rows):
-                chat.new_conversation()
+                chat.current.new_conversation()
                 if kind != "alone":
                     path = home / f"{kind}{round_}.txt"
                     path.write_text(document(round_ * 10 + number), encoding="utf-8")

@@ -93,7 +93,7 @@ class CacheService:
 
     def pin_open_persona(self) -> int:
         """The open branch's persona, as every conversation with it begins."""
-        root = self.chat.view().root
+        root = self.chat.current.view().root
         if not root.content:
             raise ChatappError("this branch has no persona to pin; pick one with F2")
         return self._pin_persona_prompt(root.persona_name or "custom persona", root.content)
@@ -105,7 +105,7 @@ class CacheService:
 
     def pin_document(self) -> int:
         """The open branch's persona and document, as every question about it begins."""
-        view = self.chat.view()
+        view = self.chat.current.view()
         if view.document is None:
             raise ChatappError("this branch has no document; attach one first (Ctrl+O)")
         tokens = self.chat.next_question_tokens(view.root, as_document(view.document), [], "")

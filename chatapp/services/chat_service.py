@@ -17,14 +17,14 @@ from chatapp.documents import Document, load_document
 from chatapp.engine.contract import GenerationHandle, GenerationResult
 from chatapp.errors import ChatappError
 from chatapp.prompting.prompt import ChatMessage
-from chatapp.records import ConversationRecord, DocumentRecord, MessageRecord, PersonaRecord
-from chatapp.services.answer_shape import shown_text
+from chatapp.records import DocumentRecord, MessageRecord, PersonaRecord
 from chatapp.services.answers import AnswerJob
-from chatapp.services.branches import BranchMessage, BranchView, as_document, branch_turns, prompt_messages
+from chatapp.services.branches import BranchView, as_document, branch_turns, prompt_messages
 from chatapp.services.divergence import Divergence
 from chatapp.services.engine_slot import EngineSlot
 from chatapp.services.messages import Turn, conversation_messages, next_question_parts
 from chatapp.services.model_choice import fit_problem
+from chatapp.services.open_conversation import NEW_TITLE, OpenConversation
 from chatapp.services.personas import PersonaService
 from chatapp.services.prompt_plan import PromptPlan, TooLongWording, check_fits, plan_for, start_answer
 from chatapp.services.startup import Workspace, engine_notices
@@ -37,7 +37,6 @@ from chatapp.vocabulary import ReuseTier, Role
 
 log = logging.getLogger(__name__)
 
-NEW_TITLE = "New conversation"
 SETTINGS_KEY = "(F5)"
 TITLE_CHARACTERS = 60
 
@@ -84,7 +83,7 @@ class ChatService:
         self.conversations = conversations
         self.personas = PersonaService(personas)
         self.pins = pins
-        self.conversation_id: int | None = None
+        self.current = OpenConversation(conversations, self.slot.display_builder)  # the branch on screen
         self.figures = SessionFigures()
         self._prefix_tokens: dict[tuple[str, int], int | None] = {}  # (persona prompt, document id) → tokens
 
@@ -121,7 +120,7 @@ class ChatService:
         if self.workspace.remote is not None:
             return None
         try:
-            latest = self.list_conversations()
+            latest = self.current.list_conversations()
             remembered = latest[0].model if latest else None
             if not remembered or not Path(remembered).is_file():
                 return None
@@ -138,18 +137,18 @@ class ChatService:
         """
         path = self.slot.switch_to_prepared(cancelled)
         self._prefix_tokens.clear()  # counted with the old model's vocabulary
-        if self.conversation_id is not None:
+        if self.current.conversation_id is not None:
             try:
-                self.conversations.set_model(self.conversation_id, str(path))
+                self.conversations.set_model(self.current.conversation_id, str(path))
             except ChatappError:  # switched all the same: the conversation forgets which model it had
                 log.warning("could not note the conversation's model", exc_info=True)
         return self.slot.model_label()
 
     def remembered_model(self) -> Path | None:
         """The model the open conversation was answered with, when it is another one still on disk."""
-        if self.conversation_id is None or self.slot.engine is None:
+        if self.current.conversation_id is None or self.slot.engine is None:
             return None
-        remembered = self._conversation().model
+        remembered = self.current.record().model
         current = self.slot.model_path()
         if not remembered or current is None or not Path(remembered).is_file():
             return None
@@ -157,8 +156,8 @@ class ChatService:
 
     def _remember_model(self) -> None:
         path = self.slot.model_path()
-        if self.conversation_id is not None and path is not None and self._conversation().model != str(path):
-            self.conversations.set_model(self.conversation_id, str(path))
+        if self.current.conversation_id is not None and path is not None and self.current.record().model != str(path):
+            self.conversations.set_model(self.current.conversation_id, str(path))
 
     def close(self) -> None:
         """Stop what runs and free the model (the conversations database is the library's to close)."""
@@ -174,99 +173,12 @@ class ChatService:
             notices.append(notice)
         return notices
 
-    # Conversations.
-    def list_conversations(self, query: str = "") -> list[ConversationRecord]:
-        return self.conversations.list_conversations(query)
-
-    def new_conversation(self, persona: PersonaRecord | None = None) -> BranchView:
-        record = self.conversations.create_conversation(NEW_TITLE)
-        self.conversations.add_root(
-            record.id,
-            persona_name=persona.name if persona else None,
-            persona_prompt=persona.prompt if persona else "",
-            document_id=None,
-        )
-        return self.open(record.id)
-
-    def open(self, conversation_id: int) -> BranchView:
-        self.conversation_id = conversation_id
-        return self.view()
-
-    def open_latest_or_new(self) -> BranchView:
-        existing = self.list_conversations()
-        return self.open(existing[0].id) if existing else self.new_conversation()
-
-    def view(self) -> BranchView:
-        """The open branch, root to active leaf."""
-        conversation = self._conversation()
-        leaf_id = conversation.active_leaf_id
-        if leaf_id is None:
-            roots = self.conversations.roots(conversation.id)
-            root = (
-                roots[-1]
-                if roots
-                else self.conversations.add_root(
-                    conversation.id, persona_name=None, persona_prompt="", document_id=None
-                )
-            )
-            leaf_id = root.id
-        path = self.conversations.path(leaf_id)
-        root = path[0]
-        roots = self.conversations.roots(conversation.id)
-        builder = self.slot.display_builder()
-        messages = []
-        for record in path[1:]:
-            siblings = self.conversations.siblings(record.id)
-            position = next(index for index, sibling in enumerate(siblings) if sibling.id == record.id)
-            shown = shown_text(record.content, builder) if record.role is Role.ASSISTANT else record.content
-            messages.append(BranchMessage(record, position + 1, len(siblings), shown))
-        document = self.conversations.get_document(root.document_id) if root.document_id else None
-        root_position = next(index for index, other in enumerate(roots) if other.id == root.id) + 1
-        return BranchView(conversation, root, root_position, len(roots), document, tuple(messages))
-
-    def tree(self) -> list[MessageRecord]:
-        """Every message of the open conversation, for the branch tree."""
-        return self.conversations.messages(self._conversation().id)
-
-    def document_names(self) -> dict[int, str]:
-        """Names of the documents the open conversation's roots are about, for the tree."""
-        roots = self.conversations.roots(self._conversation().id)
-        ids = {root.document_id for root in roots if root.document_id is not None}
-        return {document_id: self.conversations.get_document(document_id).name for document_id in ids}
-
-    def rename(self, title: str) -> None:
-        self.conversations.rename(self._conversation().id, title.strip())
-
-    def delete(self, conversation_id: int) -> None:
-        self.conversations.delete(conversation_id)
-        if conversation_id == self.conversation_id:
-            self.conversation_id = None
-
-    def set_qa_mode(self, on: bool) -> None:
-        self.conversations.set_qa_mode(self._conversation().id, on)
-
-    def _conversation(self) -> ConversationRecord:
-        if self.conversation_id is None:
-            raise ChatappError("no conversation is open; press Ctrl+N to start one")
-        return self.conversations.get_conversation(self.conversation_id)
-
-    # Moving around the tree.
-    def switch_sibling(self, message_id: int, step: int) -> BranchView:
-        siblings = self.conversations.siblings(message_id)
-        index = next(i for i, sibling in enumerate(siblings) if sibling.id == message_id)
-        target = siblings[max(0, min(len(siblings) - 1, index + step))]
-        return self.jump_to(target.id)
-
-    def jump_to(self, message_id: int) -> BranchView:
-        """Open the branch through `message_id`, down its most recent answers."""
-        leaf = self.conversations.latest_leaf(message_id)
-        self.conversations.set_active_leaf(self._conversation().id, leaf.id)
-        return self.view()
-
     # Persona and document: each starts a branch from a new root (or returns to a matching one).
     def set_persona(self, persona: PersonaRecord | None) -> BranchView:
-        root = self.view().root
-        return self._switch_root(persona.name if persona else None, persona.prompt if persona else "", root.document_id)
+        root = self.current.view().root
+        return self.current.switch_root(
+            persona.name if persona else None, persona.prompt if persona else "", root.document_id
+        )
 
     def prepare_document(self, path: Path) -> PreparedDocument:
         """Read the file and check it fits the context with the open branch's persona.
@@ -275,7 +187,7 @@ class ChatService:
         is written here, so switching conversation meanwhile loses nothing.
         """
         document = load_document(path)
-        view = self.view()
+        view = self.current.view()
         tokens = self.prefix_tokens(view.root, document)
         wording = TooLongWording(
             f"document {document.name} with the persona",
@@ -288,7 +200,7 @@ class ChatService:
 
     def attach_prepared(self, prepared: PreparedDocument) -> BranchView:
         """Start a branch about the document, in the conversation and persona it was read for."""
-        view = self.view()
+        view = self.current.view()
         if view.conversation.id != prepared.conversation_id or view.root.id != prepared.root_id:
             raise ChatappError(
                 f"{prepared.document.name} was not attached: the conversation "
@@ -296,7 +208,7 @@ class ChatService:
             )
         record = self.conversations.add_document(prepared.document.name, prepared.document.text, prepared.source_path)
         self._prefix_tokens[(view.root.content, record.id)] = prepared.tokens
-        return self._switch_root(view.root.persona_name, view.root.content, record.id)
+        return self.current.switch_root(view.root.persona_name, view.root.content, record.id)
 
     def attach_document(self, path: Path) -> tuple[BranchView, int | None]:
         """Read, check and attach in one call (for callers that need no thread hop)."""
@@ -304,12 +216,12 @@ class ChatService:
         return self.attach_prepared(prepared), prepared.tokens
 
     def detach_document(self) -> BranchView:
-        root = self.view().root
-        return self._switch_root(root.persona_name, root.content, None)
+        root = self.current.view().root
+        return self.current.switch_root(root.persona_name, root.content, None)
 
     def document_tokens(self, document: DocumentRecord) -> int | None:
         """The open branch's persona + this document in tokens (None until the model is loaded)."""
-        root = self.view().root
+        root = self.current.view().root
         key = (root.content, document.id)
         if key not in self._prefix_tokens:
             if self.slot.engine is None:
@@ -322,27 +234,10 @@ class ChatService:
         plan = self.next_question_plan(root, document, [], "")
         return len(plan.tokens) if plan.tokens else None
 
-    def _switch_root(self, persona_name: str | None, persona_prompt: str, document_id: int | None) -> BranchView:
-        """Go to the root with this persona and document (made if new); a root left unused is dropped."""
-        conversation = self._conversation()
-        left = self.view().root
-        for root in reversed(self.conversations.roots(conversation.id)):
-            if root.content == persona_prompt and root.document_id == document_id and root.persona_name == persona_name:
-                if root.id == left.id:
-                    return self.view()  # already there: stay on the branch on screen
-                self.jump_to(root.id)
-                break
-        else:
-            self.conversations.add_root(
-                conversation.id, persona_name=persona_name, persona_prompt=persona_prompt, document_id=document_id
-            )
-        self.conversations.discard_unused_root(left.id)
-        return self.view()
-
     # Answers.
     def ask(self, text: str) -> AnswerJob:
         """A new question after the active leaf (or from the root in Q&A mode)."""
-        view = self.view()
+        view = self.current.view()
         return self._ask(view, self._question_parent(view), text)
 
     def _question_parent(self, view: BranchView) -> MessageRecord:
@@ -363,7 +258,7 @@ class ChatService:
         original = self.conversations.get_message(message_id)
         if original.role != Role.USER or original.parent_id is None:
             raise ChatappError("only your own messages can be edited; pick a message of yours")
-        view = self.view()
+        view = self.current.view()
         if original.conversation_id != view.conversation.id:
             raise ChatappError("that question is in another conversation; open it to edit the question")
         return self._ask(view, self.conversations.get_message(original.parent_id), text)
@@ -437,13 +332,13 @@ class ChatService:
         only in the context: half-typed questions are not worth disk space). The setting
         `warm_ahead = false` turns it off (on a shared backend server, say).
         """
-        if self.conversation_id is None or not self.workspace.settings.warm_ahead:
+        if self.current.conversation_id is None or not self.workspace.settings.warm_ahead:
             return None
         try:
             engine, prewarmer = self.slot.running()
         except ChatappError:
             return None  # nothing to warm without a model
-        view = self.view()
+        view = self.current.view()
         path = self.conversations.path(self._question_parent(view).id)
         document = self._root_document(path[0])
         plan = self.next_question_plan(path[0], document, path[1:], draft)

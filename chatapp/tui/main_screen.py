@@ -101,7 +101,7 @@ class MainScreen(Screen[None]):
         self.query_one(PrefillRow).hide()
         self.query_one(Composer).focus()
         try:
-            self.branch = self.service.open_latest_or_new()
+            self.branch = self.service.current.open_latest_or_new()
         except ChatappError as error:
             self.notify(str(error), severity="error", timeout=15)
             return
@@ -123,7 +123,7 @@ class MainScreen(Screen[None]):
         if self.branch is None or self.flight is not None or not self.service.slot.hides_reasoning():
             return  # nothing shown raw (an answer in flight: its end refreshes the view)
         try:
-            view = self.service.view()
+            view = self.service.current.view()
         except ChatappError:
             return
         if any(message.shown != old.shown for message, old in zip(view.messages, self.branch.messages, strict=False)):
@@ -170,7 +170,7 @@ class MainScreen(Screen[None]):
         self._update_branch_info()
         active = {m.record.id for m in self.branch.messages} | {self.branch.root.id}
         try:
-            self.query_one(BranchTree).show(self.service.tree(), active, self.service.document_names())
+            self.query_one(BranchTree).show(self.service.current.tree(), active, self.service.current.document_names())
         except ChatappError as error:
             self.notify(str(error), severity="error")
         figures = next((m.record.stats for m in reversed(self.branch.messages) if m.record.stats), None)
@@ -197,7 +197,7 @@ class MainScreen(Screen[None]):
     def refresh_conversations(self, query: str | None = None) -> None:
         search = self.query_one("#search", Input).value if query is None else query
         current = self.branch.conversation.id if self.branch else None
-        conversations = attempt(self, lambda: self.service.list_conversations(search))
+        conversations = attempt(self, lambda: self.service.current.list_conversations(search))
         if conversations is not None:
             self.query_one(ConversationList).show(conversations, current)
 
@@ -210,7 +210,7 @@ class MainScreen(Screen[None]):
     async def _open_conversation(self, event: Sidebar.ConversationChosen) -> None:
         if self._refuse_while_answering():
             return
-        await self._run_view_change(lambda: self.service.open(event.conversation_id))
+        await self._run_view_change(lambda: self.service.current.open(event.conversation_id))
         self.query_one(Composer).focus()
         self._follow_the_conversation_s_model()
 
@@ -218,7 +218,7 @@ class MainScreen(Screen[None]):
     async def _jump(self, event: Sidebar.BranchChosen) -> None:
         if self._refuse_while_answering():
             return
-        await self._run_view_change(lambda: self.service.jump_to(event.message_id))
+        await self._run_view_change(lambda: self.service.current.jump_to(event.message_id))
 
     @on(ConversationList.DeleteRequested)
     def _delete_from_list(self, event: ConversationList.DeleteRequested) -> None:
@@ -425,7 +425,7 @@ class MainScreen(Screen[None]):
 
     async def _reload_branch(self) -> None:
         try:
-            self.branch = self.service.view()
+            self.branch = self.service.current.view()
         except ChatappError as error:
             self.notify(str(error), severity="error")
             return
@@ -521,7 +521,7 @@ class MainScreen(Screen[None]):
             return
         index = self.query_one(ChatLog).index_of(selected)
         message_id = selected.message_id
-        await self._run_view_change(lambda: self.service.switch_sibling(message_id, step))
+        await self._run_view_change(lambda: self.service.current.switch_sibling(message_id, step))
         log = self.query_one(ChatLog)
         if index < len(log.views):
             log.selected_index = index
@@ -549,7 +549,7 @@ class MainScreen(Screen[None]):
         if self._refuse_while_answering():
             return
         persona = self._current_persona()
-        await self._run_view_change(lambda: self.service.new_conversation(persona))
+        await self._run_view_change(lambda: self.service.current.new_conversation(persona))
         self.query_one(Composer).focus()
 
     def _current_persona(self) -> PersonaRecord | None:
@@ -566,8 +566,8 @@ class MainScreen(Screen[None]):
             if title is None:
                 return
             try:
-                self.service.rename(title)
-                self.branch = self.service.view()
+                self.service.current.rename(title)
+                self.branch = self.service.current.view()
             except ChatappError as error:
                 self.notify(str(error), severity="error", timeout=10)
                 return
@@ -585,8 +585,8 @@ class MainScreen(Screen[None]):
             return
 
         def delete_and_open_another() -> BranchView:
-            self.service.delete(conversation_id)
-            return self.service.open_latest_or_new()
+            self.service.current.delete(conversation_id)
+            return self.service.current.open_latest_or_new()
 
         async def decided(yes: bool | None) -> None:
             if not yes:
@@ -594,23 +594,23 @@ class MainScreen(Screen[None]):
             if self.branch is not None and self.branch.conversation.id == conversation_id:
                 await self._run_view_change(delete_and_open_another)
             else:
-                attempt(self, lambda: self.service.delete(conversation_id))
+                attempt(self, lambda: self.service.current.delete(conversation_id))
                 self.refresh_conversations()
 
-        listed = attempt(self, self.service.list_conversations) or []
+        listed = attempt(self, self.service.current.list_conversations) or []
         title = next((c.title for c in listed if c.id == conversation_id), "this conversation")
         self.app.push_screen(Confirm(f"Delete “{title}” and all its branches?"), decided)
 
     def action_export(self) -> None:
         if self.branch is None:
             return
-        default = str(Path.home() / f"{export_file_name(self.service.view())}.md")
+        default = str(Path.home() / f"{export_file_name(self.service.current.view())}.md")
 
         def chosen(path: str | None) -> None:
             if not path:
                 return
             try:
-                written = export_view(self.service.view(), user_path(path))
+                written = export_view(self.service.current.view(), user_path(path))
             except ChatappError as error:
                 self.notify(str(error), severity="error", timeout=10)
                 return
@@ -624,8 +624,8 @@ class MainScreen(Screen[None]):
         on = not self.branch.conversation.qa_mode
 
         def toggle() -> BranchView:
-            self.service.set_qa_mode(on)
-            return self.service.view()
+            self.service.current.set_qa_mode(on)
+            return self.service.current.view()
 
         await self._run_view_change(toggle)
         self.notify("Q&A mode on: each question starts from the persona and document." if on else "Q&A mode off.")

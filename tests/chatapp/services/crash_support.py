@@ -33,7 +33,7 @@ def chat_until_killed(model: Path, data_dir: Path) -> None:
     config = EngineConfig(model_path=model, context_cap=4096, sequences=1, threads=TINY_MODEL_THREADS)
     with Engine(config) as engine:
         service = make_service(workspace, library, engine)
-        service.new_conversation()
+        service.current.new_conversation()
         first = service.ask(FIRST_QUESTION)
         for _ in first.events():
             pass

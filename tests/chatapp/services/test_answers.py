@@ -40,7 +40,7 @@ def test_the_answer_is_saved_partial_on_the_first_token_and_refreshed_while_it_s
 ) -> None:
     service, _ = opened
     monkeypatch.setattr(answers, "SAVE_EVERY_S", -1.0)  # save on every token
-    service.new_conversation()
+    service.current.new_conversation()
     hold(Step.TOKEN, 5)  # the answer cannot end before the cancel
     job = service.ask(LONG_ANSWER)
     before_streaming = job.answer  # read into a local: asserting on job.answer would narrow it for good
@@ -74,7 +74,7 @@ def test_the_answer_is_saved_partial_on_the_first_token_and_refreshed_while_it_s
 
 def test_stopping_mid_answer_keeps_what_was_said(opened: tuple[ChatService, Library], hold: Hold) -> None:
     service, _ = opened
-    service.new_conversation()
+    service.current.new_conversation()
     hold(Step.TOKEN, 3)
     job = service.ask(LONG_ANSWER)
     seen: list[str] = []
@@ -94,7 +94,7 @@ def test_stopping_mid_answer_keeps_what_was_said(opened: tuple[ChatService, Libr
     assert answer.generated_ids == result.token_ids
     assert answer.stats is not None
     assert answer.stats["generated_tokens"] == len(result.token_ids)
-    view = service.view()
+    view = service.current.view()
     assert view.leaf.id == answer.id
     assert view.leaf.status == "stopped"
     # The conversation goes on after a stopped answer, with its exact ids in the next prompt.
@@ -111,7 +111,7 @@ def test_an_answer_abandoned_after_the_first_token_stays_saved_as_partial(
 ) -> None:
     """What a killed app leaves behind: the first token's save, never finished."""
     service, library = opened
-    conversation_id = service.new_conversation().conversation.id
+    conversation_id = service.current.new_conversation().conversation.id
     hold(Step.TOKEN, 1)
     job = service.ask(LONG_ANSWER)
     events = job.events()
@@ -127,7 +127,7 @@ def test_an_answer_abandoned_after_the_first_token_stays_saved_as_partial(
     # After the restart the cut-off answer is on the branch, as far as it was saved.
     service, library = open_service(data_dir, model_path, shared_engine, max_tokens=200)
     try:
-        view = service.open(conversation_id)
+        view = service.current.open(conversation_id)
         saved = service.conversations.get_message(answer_id)
         assert saved.status == "partial"
         assert saved.content == first.text != ""
@@ -143,7 +143,7 @@ def test_an_answer_that_reaches_max_tokens_is_cut_off(data_dir: Path, model_path
     # ignore_eos to force it; the story's end token is far behind the words at every one of its first steps).
     service, library = open_service(data_dir, model_path, shared_engine, max_tokens=3)
     try:
-        service.new_conversation()
+        service.current.new_conversation()
         job = service.ask(LONG_ANSWER)
         result = job.wait()
         assert result.stop_reason == StopReason.LENGTH

@@ -74,7 +74,7 @@ def test_pin_document_needs_a_document_and_pins_persona_and_document(
     engine = chat.slot.engine
     assert engine is not None
     cache_view = CacheService(chat)
-    chat.new_conversation(library.personas.get_by_name(PERSONA_NAME))
+    chat.current.new_conversation(library.personas.get_by_name(PERSONA_NAME))
     with pytest.raises(ChatappError, match="no document"):
         cache_view.pin_document()
     assert library.pins.list() == []
@@ -99,7 +99,7 @@ def test_clear_empties_the_index_and_the_pins(chat: ChatService, library: Librar
     assert engine is not None
     assert engine.cache is not None
     cache_view = CacheService(chat)
-    chat.new_conversation()
+    chat.current.new_conversation()
     chat.ask("Name a fruit.").wait()
     cache_view.pin_persona(library.personas.get_by_name(PERSONA_NAME))
     engine.flush_cache()
@@ -131,7 +131,7 @@ def test_overview_reads_the_folder_until_the_engine_is_attached(workspace: Works
     engine = workspace.open_engine(sequences=1)
     try:
         earlier = make_service(workspace, library, engine)
-        earlier.new_conversation()
+        earlier.current.new_conversation()
         prompt_tokens = earlier.ask("Name a fruit.").wait().stats.prompt_tokens
         engine.flush_cache()
         assert engine.cache is not None

@@ -17,9 +17,10 @@ from chatapp.prompting.prompt import ChatMessage
 from chatapp.records import MessageRecord
 from chatapp.services.answers import AnswerJob
 from chatapp.services.branches import as_document, prompt_messages
-from chatapp.services.chat_service import NEW_TITLE, TITLE_CHARACTERS, ChatService, title_from
+from chatapp.services.chat_service import TITLE_CHARACTERS, ChatService, title_from
 from chatapp.services.library import Library, open_library
 from chatapp.services.messages import document_block, question_message
+from chatapp.services.open_conversation import NEW_TITLE
 from chatapp.services.prompt_plan import builder_of
 from chatapp.services.startup import Workspace, open_workspace
 from chatapp.vocabulary import MessageStatus, Role, StopReason
@@ -90,7 +91,7 @@ def test_title_is_the_first_line_of_the_first_question_shortened() -> None:
 
 # Asking.
 def test_ask_saves_the_answer_with_its_ids_and_figures_and_the_next_ask_continues(service: ChatService) -> None:
-    view = service.new_conversation()
+    view = service.current.new_conversation()
     assert view.conversation.title == NEW_TITLE
     assert view.messages == ()
     first = service.ask("What is 2+2?")
@@ -114,10 +115,10 @@ def test_ask_saves_the_answer_with_its_ids_and_figures_and_the_next_ask_continue
     assert answer.stats["generated_tokens"] == len(result.token_ids)
     assert answer.stats["computed_tokens"] == result.stats.prompt_tokens - result.stats.reused_tokens
 
-    view = service.view()
+    view = service.current.view()
     assert view.conversation.title == "What is 2+2?"
     assert [m.record.id for m in view.messages] == [first.question.id, answer.id]
-    assert [(c.id, c.title) for c in service.list_conversations()] == [(view.conversation.id, "What is 2+2?")]
+    assert [(c.id, c.title) for c in service.current.list_conversations()] == [(view.conversation.id, "What is 2+2?")]
 
     second = service.ask("And what is 3+3?")
     assert second.question.parent_id == answer.id
@@ -126,7 +127,7 @@ def test_ask_saves_the_answer_with_its_ids_and_figures_and_the_next_ask_continue
     assert second.answer is not None
     assert second.answer.stats is not None
     assert second.answer.stats["reused_tokens"] == second_result.stats.reused_tokens
-    view = service.view()
+    view = service.current.view()
     assert view.conversation.title == "What is 2+2?", "only the first question names the conversation"
     assert [m.record.role for m in view.messages] == [Role.USER, Role.ASSISTANT, Role.USER, Role.ASSISTANT]
     assert view.leaf.id == second.answer.id
@@ -134,11 +135,11 @@ def test_ask_saves_the_answer_with_its_ids_and_figures_and_the_next_ask_continue
 
 def test_an_empty_question_or_no_engine_is_refused(workspace: Workspace, library: Library) -> None:
     loading = make_service(workspace, library, None)
-    loading.new_conversation()
+    loading.current.new_conversation()
     with pytest.raises(ChatappError, match="still loading"):
         loading.ask("Hello?")
     assert loading.warm_ahead("") is None
-    assert [m.record for m in loading.view().messages] == [], "a question that cannot be sent is not saved"
+    assert [m.record for m in loading.current.view().messages] == [], "a question that cannot be sent is not saved"
     with pytest.raises(ChatappError, match="empty"):
         loading.ask("   ")
 
@@ -147,7 +148,7 @@ def test_an_empty_question_or_no_engine_is_refused(workspace: Workspace, library
 def test_prompts_rebuilt_after_a_restart_are_the_ones_sent_live(
     workspace: Workspace, library: Library, service: ChatService, shared_engine: Engine, document_file: Path
 ) -> None:
-    service.new_conversation(library.personas.get_by_name(PERSONA_NAME))
+    service.current.new_conversation(library.personas.get_by_name(PERSONA_NAME))
     service.attach_document(document_file)
     first = service.ask(QUESTION)
     first_result = first.wait()
@@ -160,14 +161,14 @@ def test_prompts_rebuilt_after_a_restart_are_the_ones_sent_live(
     assert live[1][: len(live[0]) + len(first_result.token_ids)] == live[0] + list(first_result.token_ids)
     assert live[2][: len(live[1]) + len(second_result.token_ids)] == live[1] + list(second_result.token_ids)
     assert branch_prompt(service, first.question.id) == live[0]
-    conversation_id = service.conversation_id
+    conversation_id = service.current.conversation_id
     assert conversation_id is not None
 
     # A restart: a new library connection and a new service on the same database.
     reopened = open_library(workspace)
     try:
         restarted = make_service(workspace, reopened, shared_engine)
-        view = restarted.open(conversation_id)
+        view = restarted.current.open(conversation_id)
         assert third.answer is not None
         assert [m.record.id for m in view.messages][-1] == third.answer.id
         for job, prompt in zip((first, second, third), live, strict=True):
@@ -195,7 +196,7 @@ def test_prompts_rebuilt_after_a_restart_are_the_ones_sent_live(
 
 # Branches: edit, switch, jump.
 def test_edit_makes_a_sibling_branch_that_switch_sibling_and_jump_to_move_between(service: ChatService) -> None:
-    root = service.new_conversation().root
+    root = service.current.new_conversation().root
     q1 = service.ask("Name a fruit.")
     q1.wait()
     q2 = service.ask("Name a colour.")
@@ -209,7 +210,7 @@ def test_edit_makes_a_sibling_branch_that_switch_sibling_and_jump_to_move_betwee
     assert edited.question.content == "Name an animal."
     edited.wait()
     assert edited.answer is not None
-    view = service.view()
+    view = service.current.view()
     assert [m.record.id for m in view.messages] == [q1.question.id, a1.id, edited.question.id, edited.answer.id]
     question = view.message(edited.question.id)
     assert question is not None
@@ -223,30 +224,30 @@ def test_edit_makes_a_sibling_branch_that_switch_sibling_and_jump_to_move_betwee
         a1.generated_ids or ()
     )
 
-    back = service.switch_sibling(edited.question.id, -1)
+    back = service.current.switch_sibling(edited.question.id, -1)
     assert [m.record.id for m in back.messages] == [q1.question.id, a1.id, q2.question.id, a2.id]
     original = back.message(q2.question.id)
     assert original is not None
     assert (original.position, original.siblings) == (1, 2)
     assert back.leaf.content == a2.content
-    assert service.view().leaf.id == a2.id, "the switch is saved as the active leaf"
+    assert service.current.view().leaf.id == a2.id, "the switch is saved as the active leaf"
     # Stepping past either end stays on the last sibling.
-    assert service.switch_sibling(q2.question.id, -1).leaf.id == a2.id
-    assert service.switch_sibling(q2.question.id, +5).leaf.id == edited.answer.id
+    assert service.current.switch_sibling(q2.question.id, -1).leaf.id == a2.id
+    assert service.current.switch_sibling(q2.question.id, +5).leaf.id == edited.answer.id
 
     # jump_to opens the most recent leaf under any message.
-    assert service.jump_to(q2.question.id).leaf.id == a2.id
-    assert service.jump_to(a2.id).leaf.id == a2.id
-    assert service.jump_to(q1.question.id).leaf.id == edited.answer.id
-    assert service.jump_to(a1.id).leaf.id == edited.answer.id
-    assert service.jump_to(root.id).leaf.id == edited.answer.id
-    assert len(service.tree()) == 1 + 6
+    assert service.current.jump_to(q2.question.id).leaf.id == a2.id
+    assert service.current.jump_to(a2.id).leaf.id == a2.id
+    assert service.current.jump_to(q1.question.id).leaf.id == edited.answer.id
+    assert service.current.jump_to(a1.id).leaf.id == edited.answer.id
+    assert service.current.jump_to(root.id).leaf.id == edited.answer.id
+    assert len(service.current.tree()) == 1 + 6
 
     # Editing the first question branches from the root.
     first_edit = service.edit(q1.question.id, "Name a vegetable.")
     assert first_edit.question.parent_id == root.id
     first_edit.wait()
-    view = service.view()
+    view = service.current.view()
     assert [m.record.role for m in view.messages] == [Role.USER, Role.ASSISTANT]
     assert (view.messages[0].position, view.messages[0].siblings) == (2, 2)
 
@@ -257,7 +258,7 @@ def test_edit_makes_a_sibling_branch_that_switch_sibling_and_jump_to_move_betwee
 
 
 def test_regenerate_from_the_answer_or_the_question_adds_sibling_answers(service: ChatService) -> None:
-    root = service.new_conversation().root
+    root = service.current.new_conversation().root
     asked = service.ask("Name a fruit.")
     original = asked.wait()
     first = asked.answer
@@ -281,10 +282,10 @@ def test_regenerate_from_the_answer_or_the_question_adds_sibling_answers(service
     assert again.token_ids == third.token_ids == original.token_ids
     siblings = service.conversations.siblings(first.id)
     assert [s.id for s in siblings] == [first.id, from_answer.answer.id, from_question.answer.id]
-    view = service.view()
+    view = service.current.view()
     assert [m.record.id for m in view.messages] == [asked.question.id, from_question.answer.id]
     assert (view.messages[-1].position, view.messages[-1].siblings) == (3, 3)
-    assert service.switch_sibling(from_question.answer.id, -2).leaf.id == first.id
+    assert service.current.switch_sibling(from_question.answer.id, -2).leaf.id == first.id
 
     with pytest.raises(ChatappError, match="no question"):
         service.regenerate(root.id)
@@ -294,7 +295,7 @@ def test_regenerate_from_the_answer_or_the_question_adds_sibling_answers(service
 def test_set_persona_starts_a_root_and_returning_reuses_the_existing_one(
     service: ChatService, library: Library
 ) -> None:
-    plain = service.new_conversation()
+    plain = service.current.new_conversation()
     asked = service.ask("Name a fruit.")
     asked.wait()
     persona = library.personas.get_by_name(PERSONA_NAME)
@@ -332,7 +333,7 @@ def test_attach_document_puts_it_in_the_first_question_only(
     service: ChatService, library: Library, document_file: Path
 ) -> None:
     persona = library.personas.get_by_name(PERSONA_NAME)
-    start = service.new_conversation(persona)
+    start = service.current.new_conversation(persona)
     assert start.document is None
     view, tokens = attach(service, document_file)
     assert view.document is not None
@@ -378,10 +379,10 @@ def test_attach_document_puts_it_in_the_first_question_only(
 
 
 def test_qa_mode_asks_every_question_from_the_root(service: ChatService, document_file: Path) -> None:
-    service.new_conversation()
+    service.current.new_conversation()
     view, tokens = attach(service, document_file)
-    service.set_qa_mode(True)
-    assert service.view().conversation.qa_mode
+    service.current.set_qa_mode(True)
+    assert service.current.view().conversation.qa_mode
     first = service.ask(QUESTION)
     first.wait()
     second = service.ask("Which item mentions week 5?")
@@ -399,11 +400,11 @@ def test_qa_mode_asks_every_question_from_the_root(service: ChatService, documen
     assert tokens <= divergence.position < len(sent_prompt(second))
     assert sent_prompt(first)[: divergence.position] == sent_prompt(second)[: divergence.position]
     assert "week 5" in divergence.after
-    view = service.view()
+    view = service.current.view()
     assert second.answer is not None
     assert [m.record.id for m in view.messages] == [second.question.id, second.answer.id]
     assert (view.messages[0].position, view.messages[0].siblings) == (2, 2)
-    service.set_qa_mode(False)
+    service.current.set_qa_mode(False)
     third = service.ask("Thanks.")
     assert third.question.parent_id == second.answer.id
     third.wait()
@@ -423,7 +424,7 @@ def long_text(service: ChatService, root: MessageRecord, target_tokens: int) -> 
 
 
 def test_a_document_that_does_not_fit_is_refused_with_both_numbers(service: ChatService, tmp_path: Path) -> None:
-    view = service.new_conversation()
+    view = service.current.new_conversation()
     path = tmp_path / "report.txt"
     path.write_text("The river report lists one more finding for the audit. " * 200, encoding="utf-8")
     tokens = prefix_tokens(service, view.root, load_document(path))
@@ -434,7 +435,7 @@ def test_a_document_that_does_not_fit_is_refused_with_both_numbers(service: Chat
         service.attach_document(path)
     assert f"{tokens:,} tokens" in str(raised.value)
     assert f"{limit:,}" in str(raised.value)
-    after = service.view()
+    after = service.current.view()
     assert after.document is None, "a refused document starts no branch"
     assert after.root_count == 1, "a refused document starts no branch"
 
@@ -446,12 +447,12 @@ def test_a_document_that_does_not_fit_is_refused_with_both_numbers(service: Chat
         service.ask("What does the report say about the audit findings, in detail?")
     assert f"{limit:,}" in str(raised.value)
     assert "Q&A mode" in str(raised.value)
-    assert service.view().messages == ()
-    assert service.view().root.id == attached.root.id
+    assert service.current.view().messages == ()
+    assert service.current.view().root.id == attached.root.id
 
 
 def test_a_branch_too_long_for_the_context_is_refused_without_a_document(service: ChatService) -> None:
-    service.new_conversation()
+    service.current.new_conversation()
     assert service.slot.engine is not None
     limit = service.slot.engine.info.n_ctx_per_sequence
     with pytest.raises(ChatappError) as raised:
@@ -459,8 +460,8 @@ def test_a_branch_too_long_for_the_context_is_refused_without_a_document(service
     assert not isinstance(raised.value, DocumentError)
     assert f"holds {limit:,}" in str(raised.value)
     assert "new conversation" in str(raised.value)
-    assert service.view().messages == ()
-    assert service.view().conversation.title == NEW_TITLE
+    assert service.current.view().messages == ()
+    assert service.current.view().conversation.title == NEW_TITLE
 
 
 def test_a_document_longer_than_a_small_context_is_refused(
@@ -471,7 +472,7 @@ def test_a_document_longer_than_a_small_context_is_refused(
     engine = small.open_engine(use_cache=False, sequences=1)
     try:
         service = make_service(small, library, engine)
-        view = service.new_conversation()
+        view = service.current.new_conversation()
         assert engine.info.n_ctx_per_sequence == 256
         path = tmp_path / "notes.md"
         path.write_text("\n".join([DOCUMENT_TEXT] * 3), encoding="utf-8")
@@ -496,7 +497,7 @@ def test_a_document_longer_than_a_small_context_is_refused(
 def test_warm_ahead_computes_the_persona_and_document_before_the_question(
     service: ChatService, library: Library, tmp_path: Path
 ) -> None:
-    service.new_conversation(library.personas.get_by_name(PERSONA_NAME))
+    service.current.new_conversation(library.personas.get_by_name(PERSONA_NAME))
     _, tokens = attach(service, unique_document(tmp_path, "wetland"))
     handle = service.warm_ahead("")
     assert handle is not None
@@ -517,7 +518,7 @@ def test_type_ahead_sends_the_same_prompt_and_gets_the_cold_answer(
     document_file = unique_document(tmp_path, "orchard")
     typed_question = "How many sites did the orchard survey count in all, and which month comes last?"
     persona = library.personas.get_by_name(PERSONA_NAME)
-    service.new_conversation(persona)
+    service.current.new_conversation(persona)
     service.attach_document(document_file)
     service.warm_ahead("")
     assert service.slot.prewarmer is not None
@@ -547,7 +548,7 @@ def test_type_ahead_sends_the_same_prompt_and_gets_the_cold_answer(
     cold_engine = cold_workspace.open_engine(use_cache=False, sequences=1)
     try:
         fresh = make_service(cold_workspace, cold_library, cold_engine)
-        fresh.new_conversation(cold_library.personas.get_by_name(PERSONA_NAME))
+        fresh.current.new_conversation(cold_library.personas.get_by_name(PERSONA_NAME))
         fresh.attach_document(document_file)
         at_once = fresh.ask(typed_question)
         at_once_result = at_once.wait()
@@ -563,7 +564,7 @@ def test_type_ahead_sends_the_same_prompt_and_gets_the_cold_answer(
 def test_document_tokens_follow_the_persona_of_the_open_branch(
     service: ChatService, library: Library, document_file: Path
 ) -> None:
-    service.new_conversation(library.personas.get_by_name(PERSONA_NAME))
+    service.current.new_conversation(library.personas.get_by_name(PERSONA_NAME))
     with_persona, tokens = attach(service, document_file)
     assert with_persona.document is not None
     assert service.document_tokens(with_persona.document) == tokens
@@ -578,39 +579,39 @@ def test_document_tokens_follow_the_persona_of_the_open_branch(
 def test_a_document_read_for_one_conversation_is_not_attached_to_another(
     service: ChatService, library: Library, document_file: Path
 ) -> None:
-    first = service.new_conversation()
+    first = service.current.new_conversation()
     prepared = service.prepare_document(document_file)
     assert prepared.conversation_id == first.conversation.id
-    second = service.new_conversation()
+    second = service.current.new_conversation()
     with pytest.raises(ChatappError, match="was not attached"):
         service.attach_prepared(prepared)
-    assert service.view().document is None
-    assert service.view().conversation.id == second.conversation.id
-    service.open(first.conversation.id)
+    assert service.current.view().document is None
+    assert service.current.view().conversation.id == second.conversation.id
+    service.current.open(first.conversation.id)
     assert service.attach_prepared(prepared).document is not None
 
 
 def test_picking_the_persona_in_use_stays_on_the_branch_on_screen(service: ChatService, library: Library) -> None:
     persona = library.personas.get_by_name(PERSONA_NAME)
-    service.new_conversation(persona)
+    service.current.new_conversation(persona)
     first = service.ask("Name a fruit.")
     first.wait()
-    older = service.view()
+    older = service.current.view()
     service.edit(first.question.id, "Name a vegetable.").wait()
-    service.jump_to(older.messages[0].record.id)
-    on_screen = service.view()
+    service.current.jump_to(older.messages[0].record.id)
+    on_screen = service.current.view()
     assert on_screen.messages[0].record.content == "Name a fruit."
     assert service.set_persona(persona).leaf.id == on_screen.leaf.id, "not moved to the newest branch"
 
 
 def test_a_question_left_unanswered_is_replaced_not_followed(service: ChatService) -> None:
-    view = service.new_conversation()
+    view = service.current.new_conversation()
     unanswered = service.conversations.add_message(view.conversation.id, view.root.id, Role.USER, "Lost question?")
-    assert service.view().leaf.id == unanswered.id
+    assert service.current.view().leaf.id == unanswered.id
     job = service.ask("Name a colour.")
     job.wait()
     assert job.question.parent_id == view.root.id, "a sibling of the unanswered question"
-    roles = [m.record.role for m in service.view().messages]
+    roles = [m.record.role for m in service.current.view().messages]
     assert roles == [Role.USER, Role.ASSISTANT]
 
 
@@ -621,14 +622,14 @@ def test_the_model_loaded_at_start_is_the_latest_conversation_s_own(
     once; a remembered model that no longer loads leaves the settings' one answering."""
     tiny = write_tiny_llama(tmp_path / "tiny.gguf")
     earlier = make_service(workspace, library, None)
-    earlier.new_conversation()
-    assert earlier.conversation_id is not None
-    library.conversations.set_model(earlier.conversation_id, str(tiny))
+    earlier.current.new_conversation()
+    assert earlier.current.conversation_id is not None
+    library.conversations.set_model(earlier.current.conversation_id, str(tiny))
     starting = make_service(workspace, library, None)
     starting.load_model()
     try:
         assert starting.slot.model_path() == tiny.resolve()
-        starting.open_latest_or_new()
+        starting.current.open_latest_or_new()
         assert starting.remembered_model() is None, "nothing left to switch to"
     finally:
         starting.close()
@@ -654,17 +655,19 @@ def test_a_gpt_oss_answer_shows_its_reply_not_its_reasoning(
             "<|channel|>analysis<|message|>The user greets me.<|end|><|start|>assistant"
             "<|channel|>final<|message|>Hello! How can I help?"
         )
-        service.new_conversation()
-        assert service.conversation_id is not None
-        question = library.conversations.add_message(service.conversation_id, service.view().root.id, Role.USER, "Hi")
-        library.conversations.add_message(service.conversation_id, question.id, Role.ASSISTANT, raw)
-        answer = service.view().messages[-1]
+        service.current.new_conversation()
+        assert service.current.conversation_id is not None
+        question = library.conversations.add_message(
+            service.current.conversation_id, service.current.view().root.id, Role.USER, "Hi"
+        )
+        library.conversations.add_message(service.current.conversation_id, question.id, Role.ASSISTANT, raw)
+        answer = service.current.view().messages[-1]
         assert answer.record.content == raw
         assert answer.shown == "Hello! How can I help?"
         display = service.slot.answer_display()
         assert "".join(display.feed(raw[start : start + 7]) for start in range(0, len(raw), 7)) == answer.shown
         plain = make_service(workspace, library, None)  # no model yet: nothing to read it by
-        plain.open(service.conversation_id)
-        assert plain.view().messages[-1].shown == raw
+        plain.current.open(service.current.conversation_id)
+        assert plain.current.view().messages[-1].shown == raw
     finally:
         service.close()

@@ -49,7 +49,7 @@ def service(tmp_path: Path, model_path: Path, backend: Backend) -> Iterator[Chat
 def test_warm_ahead_puts_an_opened_document_in_the_servers_cache(service: ChatService, tmp_path: Path) -> None:
     document = tmp_path / "log.txt"
     document.write_text(DOCUMENT, encoding="utf-8")
-    service.new_conversation()
+    service.current.new_conversation()
     _, document_tokens = attach(service, document)
     warming = service.warm_ahead()
     assert warming is not None
@@ -64,7 +64,7 @@ def test_warm_ahead_puts_an_opened_document_in_the_servers_cache(service: ChatSe
 
 
 def test_an_answer_the_server_drops_is_kept_and_marked_failed(service: ChatService, backend: Backend) -> None:
-    service.new_conversation()
+    service.current.new_conversation()
     with backend.server.engine.holding(Step.TOKEN, 3) as gate:
         job = service.ask("Describe the lamp room in detail.")
         events = job.events()
@@ -74,7 +74,7 @@ def test_an_answer_the_server_drops_is_kept_and_marked_failed(service: ChatServi
         with pytest.raises(RemoteEngineError, match="broke"):
             list(events)
     assert all(isinstance(event, AnswerText) for event in received)
-    saved = service.view().messages[-1].record
+    saved = service.current.view().messages[-1].record
     assert saved.status is MessageStatus.FAILED
     assert saved.content == "".join(event.text for event in received if isinstance(event, AnswerText))
     assert saved.content
@@ -102,7 +102,7 @@ def test_in_chat_mode_a_branch_answers_and_warm_ahead_still_fills_the_servers_ca
     )
     document = tmp_path / "log.txt"
     document.write_text(DOCUMENT.replace("dusk", "nightfall"), encoding="utf-8")
-    service.new_conversation()
+    service.current.new_conversation()
     view, tokens = service.attach_document(document)
     assert tokens is None, "the server alone knows the document's size in tokens"
     assert view.document is not None
@@ -129,4 +129,4 @@ def test_in_chat_mode_a_branch_answers_and_warm_ahead_still_fills_the_servers_ca
     assert edited.ended is not None
     assert edited.answer.status is MessageStatus.after(edited.ended.stop_reason)
     assert edited.answer.content == edited.ended.text != ""
-    assert len(service.view().messages) == 2
+    assert len(service.current.view().messages) == 2

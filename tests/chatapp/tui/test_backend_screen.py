@@ -81,14 +81,14 @@ async def test_a_document_warmed_ahead_and_a_branch_on_the_backend(
     async with app.run_test(size=SCREEN) as pilot:
         await wait_ready(pilot, app)
         await attach(pilot, app, document)
-        await wait_until(pilot, lambda: app.service.view().document is not None)
+        await wait_until(pilot, lambda: app.service.current.view().document is not None)
         await wait_idle(pilot, app)  # the warm-up sent when the document's branch opened has ended
-        attached = app.service.view().document
+        attached = app.service.current.view().document
         assert attached is not None
         document_tokens = app.service.document_tokens(attached)
         assert document_tokens is not None
         await send(pilot, app, "Who kept the lamp in 1850?")
-        stats = app.service.view().messages[-1].record.stats
+        stats = app.service.current.view().messages[-1].record.stats
         assert stats is not None
         assert stats["reuse_tier"] == "server"
         assert stats["reused_tokens"] >= document_tokens, "warm-ahead put the document in the server's cache"

@@ -109,10 +109,10 @@ async def test_choosing_a_file_in_the_tree_attaches_it(
         while tree.cursor_node is None or str(tree.cursor_node.label) != "lighthouses.txt":
             await pilot.press("down")
         await pilot.press("enter")
-        await wait_until(pilot, lambda: app.service.view().document is not None)
+        await wait_until(pilot, lambda: app.service.current.view().document is not None)
         await wait_idle(pilot, app)
         assert "Document: lighthouses.txt" in str(app.main_screen.query_one("#branch-info").render())
-        attached = app.service.view().document
+        attached = app.service.current.view().document
         assert attached is not None
         assert attached.source_path == str(folder / "lighthouses.txt")
 
@@ -130,7 +130,7 @@ async def test_a_typed_prefix_completes_and_attaches(app: ChatApp, folder: Path)
         await pilot.press("p", "l")
         await wait_until(pilot, lambda: field._suggestion == f"{folder}/plan.md")
         await pilot.press("tab", "enter")
-        await wait_until(pilot, lambda: app.service.view().document is not None)
+        await wait_until(pilot, lambda: app.service.current.view().document is not None)
         await wait_idle(pilot, app)
         assert "Document: plan.md" in str(app.main_screen.query_one("#branch-info").render())
 
@@ -150,7 +150,7 @@ async def test_a_bad_typed_path_says_what_is_wrong_and_attaches_nothing(app: Cha
             assert app.screen is picker, "the dialog stays open to fix the path"
         await pilot.press("backspace")
         assert problem(picker) == "", "the line goes once the path changes"
-        assert app.service.view().document is None
+        assert app.service.current.view().document is None
 
 
 async def test_escape_cancels(app: ChatApp, folder: Path) -> None:
@@ -160,5 +160,5 @@ async def test_escape_cancels(app: ChatApp, folder: Path) -> None:
         await pilot.press("escape")
         await wait_until(pilot, lambda: app.screen is app.main_screen)
         await wait_idle(pilot, app)
-        assert app.service.view().document is None
+        assert app.service.current.view().document is None
         assert not app.main_screen.reading_document

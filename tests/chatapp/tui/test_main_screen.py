@@ -63,7 +63,7 @@ async def test_an_answer_streams_in_and_is_saved(data_dir: Path, monkeypatch: py
         assert "SmolLM2-135M-Instruct" in status
         assert "tok/s" in status
         assert "first token" in status
-        saved = app.service.view()
+        saved = app.service.current.view()
         assert [m.record.role for m in saved.messages] == ["user", "assistant"]
         assert saved.messages[1].record.content == answer.text
         assert saved.conversation.title == "Write a poem about rivers."
@@ -84,7 +84,7 @@ async def test_stop_regenerate_and_move_between_sibling_answers(data_dir: Path) 
         stopped = answers(app)[0]
         assert "stopped" in footnote(stopped)
         stopped_text = stopped.text
-        assert app.service.view().messages[-1].record.status == "stopped"
+        assert app.service.current.view().messages[-1].record.status == "stopped"
 
         app.workspace = app.service.slot.workspace = replace(
             app.workspace, settings=app.workspace.settings.model_copy(update={"max_tokens": 8})
@@ -150,9 +150,9 @@ async def test_export_and_restart_find_everything_again(data_dir: Path, tmp_path
         exported = json.loads(target.read_text())
         assert [(m["role"], m["content"]) for m in exported["messages"]] == expected
         markdown = tmp_path / "branch.md"
-        export_view(app.service.view(), markdown)
+        export_view(app.service.current.view(), markdown)
         assert "Who works there?" in markdown.read_text()
-        title = app.service.view().conversation.title
+        title = app.service.current.view().conversation.title
 
     again = make_app(data_dir)
     async with again.run_test(size=SCREEN) as pilot:
@@ -162,7 +162,7 @@ async def test_export_and_restart_find_everything_again(data_dir: Path, tmp_path
         assert title in str(listed.get_option_at_index(0).prompt)
         await wait_ready(pilot, again)
         await send(pilot, again, "And at night?")
-        stats = again.service.view().messages[-1].record.stats
+        stats = again.service.current.view().messages[-1].record.stats
         assert stats is not None
         assert stats["prompt_tokens"] - stats["reused_tokens"] < 16, "after a restart the KV comes back from disk"
 
@@ -179,7 +179,7 @@ async def test_a_message_that_cannot_be_sent_goes_back_to_the_input(data_dir: Pa
         await wait_idle(pilot, app)
         assert composer.text == long_message
         assert views(app) == []
-        assert app.service.view().messages == ()
+        assert app.service.current.view().messages == ()
 
 
 async def test_a_model_that_cannot_load_is_a_notification_not_a_crash(data_dir: Path, tmp_path: Path) -> None:

@@ -32,23 +32,23 @@ async def test_questions_about_a_document_reuse_its_tokens(data_dir: Path, tmp_p
     async with app.run_test(size=SCREEN) as pilot:
         await wait_ready(pilot, app)
         await attach(pilot, app, document)
-        await wait_until(pilot, lambda: app.service.view().document is not None)
+        await wait_until(pilot, lambda: app.service.current.view().document is not None)
         await wait_idle(pilot, app)  # the screen shows the document's branch before Ctrl+T
         info = str(app.main_screen.query_one("#branch-info").render())
         assert "Document: lighthouses.txt" in info
         assert "of 1,024 tokens" in info
-        attached = app.service.view().document
+        attached = app.service.current.view().document
         assert attached is not None
         document_tokens = app.service.document_tokens(attached)
         assert document_tokens is not None
         assert document_tokens > 200
 
         await pilot.press("ctrl+t")
-        await wait_until(pilot, lambda: app.service.view().conversation.qa_mode)
+        await wait_until(pilot, lambda: app.service.current.view().conversation.qa_mode)
         await wait_idle(pilot, app)
         await send(pilot, app, "When was the lighthouse at Cape 3 built?")
         await send(pilot, app, "What colours are the lighthouses?")
-        branch = app.service.view()
+        branch = app.service.current.view()
         assert [m.record.role for m in branch.messages] == ["user", "assistant"], "Q&A mode: history does not grow"
         assert branch.messages[0].record.content == "What colours are the lighthouses?"
         assert (branch.messages[0].position, branch.messages[0].siblings) == (2, 2)
@@ -69,7 +69,7 @@ async def test_a_document_that_does_not_fit_names_both_numbers(data_dir: Path, t
         message = next(n for n in notifications(app) if "context holds" in n)
         assert "long.txt" in message
         assert "512" in message
-        assert app.service.view().document is None
+        assert app.service.current.view().document is None
 
 
 async def test_an_unreadable_document_is_a_notification(data_dir: Path, tmp_path: Path) -> None:
@@ -81,7 +81,7 @@ async def test_an_unreadable_document_is_a_notification(data_dir: Path, tmp_path
         await attach(pilot, app, document)
         await wait_until(pilot, lambda: any("not UTF-8" in n for n in notifications(app)))
         await wait_idle(pilot, app)
-        assert app.service.view().document is None
+        assert app.service.current.view().document is None
 
 
 async def test_a_long_warm_up_shows_its_progress(
@@ -106,7 +106,7 @@ async def test_a_long_warm_up_shows_its_progress(
     async with app.run_test(size=SCREEN) as pilot:
         await wait_ready(pilot, app)
         await attach(pilot, app, document)
-        await wait_until(pilot, lambda: app.service.view().document is not None)
+        await wait_until(pilot, lambda: app.service.current.view().document is not None)
         await wait_idle(pilot, app)
         assert isinstance(app.main_screen, MainScreen)
         assert not app.main_screen.query_one(PrefillRow).display, "the bar goes away when the warm-up ends"

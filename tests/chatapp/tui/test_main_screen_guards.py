@@ -44,7 +44,7 @@ async def test_two_quick_regenerates_start_one_answer(data_dir: Path) -> None:
             await pilot.press("escape")
             await wait_until(pilot, lambda: bool(answers(app)) and answers(app)[0].version_count >= 2)
             await wait_idle(pilot, app)
-        question = app.service.view().messages[0].record
+        question = app.service.current.view().messages[0].record
         assert len(app.service.conversations.children(question.id)) == 2, "one regenerate, not two"
         assert any("still running" in n for n in notifications(app))
 
@@ -63,11 +63,11 @@ async def test_an_edit_keeps_the_draft_and_is_dropped_when_the_conversation_chan
 
         await pilot.press("ctrl+g")
         await pilot.press("ctrl+n")
-        await wait_until(pilot, lambda: app.service.view().messages == ())
+        await wait_until(pilot, lambda: app.service.current.view().messages == ())
         assert composer.text == "half-typed draft"
         assert app.main_screen._editing is None
         await send(pilot, app, "Name a flower.")
-        branch = app.service.view()
+        branch = app.service.current.view()
         assert [m.record.content for m in branch.messages if m.record.role == "user"] == ["Name a flower."]
 
 
@@ -77,7 +77,7 @@ async def test_a_failed_edit_is_still_an_edit_when_sent_again(data_dir: Path) ->
         await wait_ready(pilot, app)
         await send(pilot, app, "Name a river.")
         await send(pilot, app, "And another?")
-        first_question = app.service.view().messages[0].record
+        first_question = app.service.current.view().messages[0].record
         await pilot.press("alt+up", "alt+up", "alt+up")
         await pilot.press("ctrl+g")
         composer = app.main_screen.query_one(Composer)
@@ -91,7 +91,7 @@ async def test_a_failed_edit_is_still_an_edit_when_sent_again(data_dir: Path) ->
         await pilot.press("enter")
         await wait_until(pilot, lambda: views(app) and views(app)[0].version_count == 2)
         await wait_idle(pilot, app)
-        edited = app.service.view().messages[0].record
+        edited = app.service.current.view().messages[0].record
         assert edited.content == "Name a lake."
         assert edited.parent_id == first_question.parent_id
 
@@ -105,7 +105,7 @@ async def test_actions_that_change_the_branch_wait_for_the_answer(data_dir: Path
             await pilot.press("enter")
             await wait_until(pilot, gate.reached_step.is_set)
             await pilot.press("ctrl+t")
-            assert not app.service.view().conversation.qa_mode
+            assert not app.service.current.view().conversation.qa_mode
             assert any("still running" in n for n in notifications(app))
             await pilot.press("escape")
             await wait_idle(pilot, app)
@@ -135,7 +135,7 @@ async def test_a_database_error_is_a_notification(data_dir: Path, monkeypatch: p
         def locked(query: str = "") -> list[ConversationRecord]:
             raise StoreError("the conversations database failed (database is locked); close the other program")
 
-        monkeypatch.setattr(app.service, "list_conversations", locked)
+        monkeypatch.setattr(app.service.current, "list_conversations", locked)
         await pilot.press("ctrl+f")
         await pilot.press("x")
         await wait_until(pilot, lambda: any("database is locked" in n for n in notifications(app)))

@@ -53,9 +53,9 @@ async def test_switching_models_and_back_to_a_conversation_s_own(data_dir: Path,
     async with app.run_test(size=SCREEN) as pilot:
         await wait_ready(pilot, app)
         persona = "You are terse. " * 30  # a prefix long enough to be cached in blocks
-        app.service.new_conversation()
+        app.service.current.new_conversation()
         await send(pilot, app, persona + "Name a colour.")
-        first = app.service.conversation_id
+        first = app.service.current.conversation_id
         assert first is not None
         assert BUNDLED in footnote(answers(app)[-1]), "each answer names its model"
 
@@ -74,7 +74,7 @@ async def test_switching_models_and_back_to_a_conversation_s_own(data_dir: Path,
         assert any("Now answering with tiny" in note for note in notifications(app))
         await send(pilot, app, "Hello")
         assert "tiny" in footnote(answers(app)[-1])
-        assert app.service.view().conversation.model == str(tiny.resolve())
+        assert app.service.current.view().conversation.model == str(tiny.resolve())
 
         # Back to the first conversation: its model comes back, and its prefix from the cache.
         app.main_screen.post_message(Sidebar.ConversationChosen(first))
@@ -82,7 +82,7 @@ async def test_switching_models_and_back_to_a_conversation_s_own(data_dir: Path,
         await send(pilot, app, persona + "Name a fruit.")
         assert BUNDLED in footnote(answers(app)[-1])
         assert "reused" in footnote(answers(app)[-1])
-        last = app.service.view().messages[-1].record.stats or {}
+        last = app.service.current.view().messages[-1].record.stats or {}
         assert last["reused_tokens"] > 0
 
 

@@ -31,16 +31,16 @@ async def test_create_a_persona_and_use_it_in_a_new_branch(data_dir: Path) -> No
         await wait_until(pilot, lambda: any(p.name == "Pirate" for p in app.service.personas.all()))
         await pilot.press("ctrl+u")
         await wait_until(pilot, lambda: not isinstance(app.screen, PersonaScreen))
-        await wait_until(pilot, lambda: app.service.view().persona_name == "Pirate")
+        await wait_until(pilot, lambda: app.service.current.view().persona_name == "Pirate")
 
-        branch = app.service.view()
+        branch = app.service.current.view()
         assert branch.root.content == "You are a pirate. Answer like one."
         assert branch.messages == (), "a new persona starts a new branch from the root"
         assert views(app) == [], "a new persona starts a new branch from the root"
         assert branch.root_count == 2
         assert "Persona: Pirate" in str(app.main_screen.query_one("#branch-info").render())
         await send(pilot, app, "Who are you?")
-        assert app.service.view().messages[-1].record.role == "assistant"
+        assert app.service.current.view().messages[-1].record.role == "assistant"
 
 
 async def test_import_and_export_a_persona_file(data_dir: Path, tmp_path: Path) -> None:

@@ -32,7 +32,7 @@ async def test_search_rename_and_delete(data_dir: Path) -> None:
         await wait_ready(pilot, app)
         await send(pilot, app, "Tell me about owls.")
         await pilot.press("ctrl+n")
-        await wait_until(pilot, lambda: app.service.view().messages == ())
+        await wait_until(pilot, lambda: app.service.current.view().messages == ())
         await send(pilot, app, "Tell me about otters.")
         assert listed_titles(app) == ["Tell me about otters.", "Tell me about owls."], "newest first"
 
@@ -50,7 +50,7 @@ async def test_search_rename_and_delete(data_dir: Path) -> None:
         app.screen.query_one("#dialog-input", Input).value = "Otters"
         await pilot.press("enter")
         await wait_until(pilot, lambda: listed_titles(app)[0] == "Otters")
-        assert app.service.view().conversation.title == "Otters"
+        assert app.service.current.view().conversation.title == "Otters"
 
         await pilot.press("alt+delete")
         await wait_until(pilot, lambda: isinstance(app.screen, Confirm))
@@ -61,4 +61,4 @@ async def test_search_rename_and_delete(data_dir: Path) -> None:
         await wait_until(pilot, lambda: isinstance(app.screen, Confirm))
         await pilot.click("#yes")
         await wait_until(pilot, lambda: listed_titles(app) == ["Tell me about owls."])
-        assert app.service.view().conversation.title == "Tell me about owls.", "the next conversation opens"
+        assert app.service.current.view().conversation.title == "Tell me about owls.", "the next conversation opens"
