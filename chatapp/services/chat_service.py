@@ -1,8 +1,10 @@
-"""What the TUI can do with conversations: open, ask, branch, switch persona or document, warm up.
+"""What the TUI can do with conversations: ask, branch, switch persona or document, warm up.
 
-The TUI calls this layer and never the engine, the cache or the database directly. Quick
-operations (listing, switching branches) run on the caller's thread; `ask`, `regenerate`
-and `edit` return an `AnswerJob` whose events a worker thread consumes.
+The TUI calls this layer and never the engine, the cache or the database directly. The model
+answering is the service's `slot` (engine_slot.py: load, switch, retire); the conversation open
+and the branch on screen are its `current` (open_conversation.py). Quick operations (listing,
+switching branches) run on the caller's thread; `ask`, `regenerate` and `edit` return an
+`AnswerJob` whose events a worker thread consumes.
 """
 
 from __future__ import annotations
