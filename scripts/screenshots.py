@@ -42,7 +42,7 @@ async def main() -> None:
         async with app.run_test(size=SIZE) as pilot:
             await wait_ready(pilot, app)
             await app.main_screen.use_persona(app.library.personas.get_by_name("Document analyst"))
-            app.main_screen.attach(document)
+            app.main_screen.documents.attach(document)
             await wait_until(pilot, lambda: app.service.current.view().document is not None)
             await wait_idle(pilot, app)
             await send(pilot, app, "When was Cape Wrath lighthouse built?")

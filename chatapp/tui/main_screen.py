@@ -24,7 +24,7 @@ from chatapp.paths import user_path
 from chatapp.records import PersonaRecord
 from chatapp.services.answers import AnswerJob
 from chatapp.services.branches import BranchView
-from chatapp.services.chat_service import ChatService, PreparedDocument
+from chatapp.services.chat_service import ChatService
 from chatapp.services.document_files import start_folder
 from chatapp.services.drafts import settled_text
 from chatapp.services.export import export_file_name, export_view
@@ -37,6 +37,7 @@ from chatapp.tui.attempt import attempt
 from chatapp.tui.chat_log import ChatLog
 from chatapp.tui.composer import Composer
 from chatapp.tui.dialogs import Confirm, TextPrompt
+from chatapp.tui.document_attach import DocumentAttach
 from chatapp.tui.document_picker import DocumentPicker
 from chatapp.tui.messages import (
     AnswerFailed,
@@ -65,10 +66,10 @@ class MainScreen(Screen[None]):
         self.flight: AnswerFlight | None = None  # the answer being produced, from Enter to its end
         self._editing: int | None = None
         self._draft_before_edit = ""
-        self._attaching = False
         self._model_failed = False
         self._settled = ""
         self.model_switch = ModelSwitch(self, service, lambda: self.answering, self.engine_ready)
+        self.documents = DocumentAttach(self, service, lambda: self.status, self._run_view_change, lambda: self.branch)
 
     @property
     def answering(self) -> bool:
@@ -78,7 +79,7 @@ class MainScreen(Screen[None]):
     @property
     def reading_document(self) -> bool:
         """Whether a document is being read and attached (sending waits for it)."""
-        return self._attaching
+        return self.documents.reading
 
     @property
     def status(self) -> StatusLine:
@@ -240,9 +241,9 @@ class MainScreen(Screen[None]):
     def _refuse_while_answering(self) -> bool:
         if self.answering:
             self.notify("An answer is still running; press Esc to stop it first.", severity="warning")
-        elif self._attaching:
+        elif self.documents.reading:
             self.notify("A document is being read; wait a moment.", severity="warning")
-        return self.answering or self._attaching
+        return self.answering or self.documents.reading
 
     # Sending, editing, regenerating.
     @on(Composer.Submitted)
@@ -637,43 +638,9 @@ class MainScreen(Screen[None]):
 
         def chosen(path: Path | None) -> None:
             if path is not None:
-                self.attach(path)
+                self.documents.attach(path)
 
         self.app.push_screen(DocumentPicker(start_folder(self.service)), chosen)
-
-    def attach(self, path: Path) -> None:
-        """Read the document off the UI thread; sending waits until it is attached."""
-        self._attaching = True
-        self.status.state = f"reading {path.name}…"
-        self.read_document(path)
-
-    @work(thread=True, exclusive=True, group="document")
-    def read_document(self, path: Path) -> None:
-        try:
-            prepared = self.service.prepare_document(path)
-        except ChatappError as error:
-            self.app.call_from_thread(self._document_failed, str(error))
-            return
-        except Exception as error:  # a PDF library failing must not take the screen down
-            self.app.call_from_thread(self._document_failed, f"cannot read {path.name}: {error}")
-            return
-        self.app.call_from_thread(self._document_read, prepared)
-
-    def _document_failed(self, reason: str) -> None:
-        self._attaching = False
-        self.status.state = "ready"
-        self.notify(reason, severity="error", timeout=12)
-
-    def _document_read(self, prepared: PreparedDocument) -> None:
-        self.call_later(self._attach_read_document, prepared)
-
-    async def _attach_read_document(self, prepared: PreparedDocument) -> None:
-        self.status.state = "ready"
-        await self._run_view_change(lambda: self.service.attach_prepared(prepared))
-        self._attaching = False  # only now: sending waits until the branch with the document is open
-        if self.branch is not None and self.branch.document is not None:
-            size = f": {prepared.tokens:,} tokens with the persona" if prepared.tokens is not None else ""
-            self.notify(f"{prepared.document.name} attached{size}.")
 
     async def action_detach_document(self) -> None:
         if self._refuse_while_answering():
