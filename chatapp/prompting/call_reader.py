@@ -89,7 +89,6 @@ class JsonCallReader:
     def __init__(self, opening: str = "", head: re.Pattern[str] = JSON_CALL_HEAD) -> None:
         self._opening = opening
         self._head = head
-        self._several = bool(opening)
         self._buffer = ""  # text not yet read: before a call's opening, or its head
         self._seeking = bool(opening)  # looking for the next opening (else for a head)
         self._value: JsonValueEnd | None = None  # the arguments being written
@@ -109,7 +108,8 @@ class JsonCallReader:
                     return news
                 news.append(CallWritten())
                 self._value = None
-                self._seeking, self._done = self._several, not self._several
+                several = bool(self._opening)  # each call after its opening; else the one call is the answer
+                self._seeking, self._done = several, not several
                 text = text[end:]
                 continue
             self._buffer += text

@@ -44,6 +44,13 @@ class CallIds:
             return f"call_{uuid.uuid4().hex[:24]}"
         return "".join(secrets.choice(ALPHANUMERIC) for _ in range(self.length))
 
+    def for_call(self, own: str | None, taken: Sequence[str]) -> str:
+        """The id of a call: the model's own where it wrote one its template takes and no earlier call of the
+        answer has (the result then names the id the model saw), else a new one."""
+        if own is not None and self.valid(own) and own not in taken:
+            return own
+        return self.new()
+
     def valid(self, call_id: str) -> bool:
         """Whether the template takes `call_id` as it is."""
         return self.length is None or (len(call_id) == self.length and all(c in ALPHANUMERIC for c in call_id))

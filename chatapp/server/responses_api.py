@@ -91,7 +91,8 @@ class _Events:
         message_id = fields.new_id("msg")
         text: list[str] = []  # the message's text while its item is open
         output: list[dict[str, Any]] = []
-        call: ToolCall | None = None  # the call being written, its arguments so far
+        call: ToolCall | None = None  # the call being written
+        arguments: list[str] = []  # its arguments so far
         try:
             async for piece in answer.shown():
                 if isinstance(piece, str):
@@ -106,15 +107,16 @@ class _Events:
                     yield self._message_closed(message_id, "".join(text), output)
                     text = []
                 if isinstance(piece, CallBegins):
-                    call = ToolCall(piece.call_id, piece.name, "")
+                    call, arguments = ToolCall(piece.call_id, piece.name, ""), []
                     item = fields.call_item(call, "in_progress")
                     yield self.event("response.output_item.added", output_index=len(output), item=item)
                 elif isinstance(piece, CallArguments) and call is not None:
-                    call = replace(call, arguments_json=call.arguments_json + piece.text)
+                    arguments.append(piece.text)
                     position = {"item_id": f"fc_{call.id}", "output_index": len(output)}
                     yield self.event("response.function_call_arguments.delta", **position, delta=piece.text)
                 elif isinstance(piece, CallEnds) and call is not None:
-                    for closing in self._call_closed(call, piece.complete, output):
+                    written = replace(call, arguments_json="".join(arguments))
+                    for closing in self._call_closed(written, piece.complete, output):
                         yield closing
                     call = None
             outcome = answer.outcome()

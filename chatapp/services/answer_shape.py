@@ -161,9 +161,7 @@ def read_answer(text: str, shape: AnswerShape, builder: PromptBuilder | None) ->
     parsed = form.parse(text, shape.tools)
     calls: list[ToolCall] = []
     for call in parsed.calls:
-        # The model's own id where it wrote one its template takes (the result then names the id it saw).
-        own = call.id if call.id is not None and form.call_ids.valid(call.id) else None
-        call_id = own if own and all(own != made.id for made in calls) else form.call_ids.new()
+        call_id = form.call_ids.for_call(call.id, [made.id for made in calls])
         calls.append(ToolCall(call_id, call.name, call.arguments_json))
     return ShapedAnswer(parsed.content, tuple(calls), parsed.whole)
 

@@ -17,7 +17,6 @@ from dataclasses import dataclass, replace
 from chatapp.prompting.call_reader import ArgumentsWritten, CallNamed, CallWritten, JsonCallReader
 from chatapp.prompting.harmony import HarmonyReader
 from chatapp.prompting.prompt import PromptBuilder
-from chatapp.prompting.tool_formats import CallIds
 from chatapp.services.answer_shape import AnswerShape, ShapedAnswer, speaks_harmony
 from chatapp.tools import ToolCall
 
@@ -139,7 +138,11 @@ class StreamedContent:
             return
         for news in self._reader.feed(text):
             if isinstance(news, CallNamed):
-                begun = CallBegins(len(self._begun), self._call_id(news.call_id, self._ids), news.name)
+                begun = CallBegins(
+                    len(self._begun),
+                    self._ids.for_call(news.call_id, [begun.call_id for begun in self._begun]),
+                    news.name,
+                )
                 self._begun.append(begun)
                 self._news.append(begun)
             elif isinstance(news, ArgumentsWritten):
@@ -156,13 +159,6 @@ class StreamedContent:
         before = held[:start] if start >= 0 else held[: len(held) - _partial_opening(held, trigger)]
         lead = before.strip()
         return lead in leads if start >= 0 else any(allowed.startswith(lead) for allowed in leads)
-
-    def _call_id(self, own: str | None, ids: CallIds) -> str:
-        """The model's own id where its template takes it and no earlier call has it (as `read_answer` gives), else
-        a new one."""
-        if own is not None and ids.valid(own) and all(own != begun.call_id for begun in self._begun):
-            return own
-        return ids.new()
 
 
 def _partial_opening(text: str, opening: str) -> int:
