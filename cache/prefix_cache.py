@@ -33,7 +33,6 @@ from cache.ram_tier import RamTier
 from cache.state_format import (
     MemoryLayout,
     StateFormatError,
-    checkpoint_payload,
     checkpoint_tail,
     extract_piece,
     join_checkpoint,
@@ -146,7 +145,7 @@ class PrefixCache:
         """The longest prefix of `prompt`, at most `limit` tokens, the cache can restore."""
         array = as_token_array(prompt)
         limit = int(array.size) if limit is None else min(limit, int(array.size))
-        kind = self.layout.kind
+        memory = self.layout.memory
         news = self.disk.new_entries()  # what other processes (or our writer) stored meanwhile
         with self._lock:
             for info in news:
@@ -157,9 +156,9 @@ class PrefixCache:
                     self.index.remove(info.key)
                     self.ram.discard(info.key)
                 self.index.add(info)
-            match = self.index.longest_prefix(array) if kind.has_base else None
+            match = self.index.longest_prefix(array) if memory.has_blocks else None
             covered = min(match.matched_tokens, limit) if match is not None else limit
-            if not kind.needs_checkpoints:
+            if not memory.restores_at_checkpoints:
                 assert match is not None
                 return CachedPrefix(covered, match.blocks, None)
         checkpoint = self._deepest_restorable(array, covered)
@@ -184,7 +183,7 @@ class PrefixCache:
         for info in wanted:
             payload, from_disk = self._payload(info)
             if payload is None:
-                if self.layout.kind.needs_checkpoints:
+                if self.layout.memory.restores_at_checkpoints:
                     return None
                 break
             if from_disk:
@@ -200,10 +199,9 @@ class PrefixCache:
                 return None
             checkpoint = joined
             tier = ReuseTier.DISK if from_disk else tier
-        tokens = (
-            min(found.tokens, blocks[-1].end) if blocks and not self.layout.kind.needs_checkpoints else found.tokens
-        )
-        if tokens == 0 or (self.layout.kind.has_base and not blocks):
+        memory = self.layout.memory
+        tokens = min(found.tokens, blocks[-1].end) if blocks and not memory.restores_at_checkpoints else found.tokens
+        if tokens == 0 or (memory.has_blocks and not blocks):
             return None
         prefix = tuple(int(token) for token in as_token_array(prompt)[:tokens])
         return FetchedPrefix(tuple(blocks), tuple(payloads), tokens, checkpoint, tier, prefix)
@@ -297,10 +295,11 @@ class PrefixCache:
         needs one and `upto` is all of them, a checkpoint at their end) not stored yet (cheap: hashes only)."""
         array = as_token_array(tokens)
         whole = upto is None or upto >= array.size
+        memory = self.layout.memory
         with self._lock:
-            if whole and self.layout.kind.needs_checkpoints and self.index.checkpoint_key(array)[0] not in self.index:
+            if whole and memory.restores_at_checkpoints and self.index.checkpoint_key(array)[0] not in self.index:
                 return True
-            return self.layout.kind.has_base and any(
+            return memory.has_blocks and any(
                 key not in self.index for key, _, _, _ in self.index.keys_for(array if whole else array[:upto])
             )
 
@@ -363,14 +362,14 @@ class PrefixCache:
         self._queue.task_done()
 
     def _store_now(self, tokens: np.ndarray, data: np.ndarray, is_checkpoint: bool, upto: int) -> None:
-        kind = self.layout.kind
+        memory = self.layout.memory
         try:
             if is_checkpoint:
                 read_checkpoint(self.layout, data.data, int(tokens.size))  # refuse what would not restore
                 self._store_checkpoint(tokens, data.tobytes())
                 return
-            state = parse_state(data, kind)
-            if state.layout(kind, self.layout.window) != self.layout or state.n_cells != tokens.size:
+            state = parse_state(data, memory)
+            if state.layout(memory) != self.layout or state.n_cells != tokens.size:
                 raise StateFormatError("the state does not match its tokens or this cache's layout")
             order: np.ndarray | None = None
             if state.base is not None:
@@ -378,7 +377,7 @@ class PrefixCache:
                 if first != 0:
                     raise StateFormatError("the full-attention cells do not start at position 0")
             whole = upto == tokens.size
-            checkpoint = checkpoint_payload(state, self.layout.window) if kind.needs_checkpoints and whole else None
+            checkpoint = memory.checkpoint_of(state) if whole else None
             if checkpoint is not None:
                 read_checkpoint(self.layout, checkpoint, int(tokens.size))
         except StateFormatError as error:
@@ -456,14 +455,14 @@ class PrefixCache:
         """The whole checkpoint a checkpoint at `end` may be stored as a delta on: `earlier` (the
         deepest before it on the same tokens) or the one `earlier` extends, at most half a
         window behind. Deltas are one level deep: a restore reads at most two checkpoints."""
-        if earlier is None or not self.layout.kind.has_window:
+        if earlier is None:
             return None
         if earlier.extends is not None:
             with self._lock:
                 earlier = self._base_of(earlier)
             if earlier is None:
                 return None
-        return earlier if 0 < end - earlier.end <= self.layout.window // 2 else None
+        return earlier if self.layout.memory.extends_checkpoint(earlier.end, end) else None
 
     def _covered_by_sibling(self, parent: BlockKey, tokens: np.ndarray) -> bool:
         with self._lock:

@@ -15,20 +15,18 @@ from collections.abc import Callable
 
 import numpy as np
 
+from cache.memory_kinds import Memory
 from cache.state_format import (
-    MemoryKind,
     MemoryLayout,
     StateFormatError,
     assemble_state,
-    checkpoint_payload,
     extract_piece,
     parse_state,
 )
 
 
 def verify_layout(
-    kind: MemoryKind,
-    window: int,
+    memory: Memory,
     state: np.ndarray,
     partial_state: np.ndarray | None,
     source_sequence: int,
@@ -39,16 +37,16 @@ def verify_layout(
 
     `partial_state` is the same sequence read with the partial-only flag (None for plain KV).
     """
-    parsed = parse_state(state, kind)
+    parsed = parse_state(state, memory)
     cells = parsed.n_cells
     if cells < 3:
         raise StateFormatError("the self-test needs a state of at least 3 cells")
-    layout = parsed.layout(kind, window)
-    checkpoint = checkpoint_payload(parsed, window) if kind.needs_checkpoints else None
-    if kind.needs_checkpoints:
+    layout = parsed.layout(memory)
+    checkpoint = memory.checkpoint_of(parsed)
+    if checkpoint is not None:
         if partial_state is None:
             raise StateFormatError("no partial state to compare the checkpoint with")
-        if checkpoint_payload(parse_state(partial_state, kind, partial=True), window) != checkpoint:
+        if memory.checkpoint_of(parse_state(partial_state, memory, partial=True)) != checkpoint:
             raise StateFormatError("the partial state differs from the full state's uncuttable sections")
     pieces: list[tuple[int, bytes]] = []
     if parsed.base is not None:

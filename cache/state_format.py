@@ -24,7 +24,8 @@ V rows for every layer). What cannot be cut, the SWA window and the recurrent st
 *checkpoint*: the state of those sections at one position, kept whole. A prefix of c tokens
 is restored from pieces covering [0, c) and, when the model has such sections, a checkpoint
 at exactly c. Everything is numpy slicing into preallocated buffers. Any mismatch raises
-StateFormatError, which callers treat as a cache miss.
+StateFormatError, which callers treat as a cache miss. Which sections a state holds, and what
+may be done with them, each memory kind answers (memory_kinds.py).
 """
 
 from __future__ import annotations
@@ -33,9 +34,12 @@ import hashlib
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import StrEnum
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from cache.memory_kinds import Memory, MemoryKind
 
 STATE_MAGIC = 0xAF143CD8
 HEADER = struct.Struct("<Ii")  # magic, seq_id
@@ -46,43 +50,6 @@ CHECKPOINT_HEAD = struct.Struct("<IiI")  # window cells, first window position, 
 
 class StateFormatError(ValueError):
     """The bytes are not a sequence state in the layout this module knows."""
-
-
-class MemoryKind(StrEnum):
-    """How a model's memory is made, which decides the sections of its sequence states."""
-
-    PLAIN = "plain"
-    ISWA = "iswa"
-    RECURRENT = "recurrent"
-    HYBRID = "hybrid"
-    HYBRID_ISWA = "hybrid-iswa"
-
-    @classmethod
-    def of(cls, *, recurrent: bool, hybrid: bool, window: int) -> MemoryKind:
-        """The kind llama.cpp builds for a model with these properties."""
-        if hybrid:
-            return cls.HYBRID_ISWA if window > 0 else cls.HYBRID
-        if recurrent:
-            return cls.RECURRENT
-        return cls.ISWA if window > 0 else cls.PLAIN
-
-    @property
-    def has_base(self) -> bool:
-        """A KV section of full-attention layers, cut into per-block pieces."""
-        return self is not MemoryKind.RECURRENT
-
-    @property
-    def has_window(self) -> bool:
-        return self in (MemoryKind.ISWA, MemoryKind.HYBRID_ISWA)
-
-    @property
-    def has_recurrent(self) -> bool:
-        return self in (MemoryKind.RECURRENT, MemoryKind.HYBRID, MemoryKind.HYBRID_ISWA)
-
-    @property
-    def needs_checkpoints(self) -> bool:
-        """Whether a prefix can only be restored where a checkpoint was taken."""
-        return self is not MemoryKind.PLAIN
 
 
 @dataclass(frozen=True)
@@ -122,13 +89,21 @@ class KVLayout:
 
 @dataclass(frozen=True)
 class MemoryLayout:
-    """Everything the cache must know about a context's states: kind, window, section layouts."""
+    """Everything the cache must know about a context's states: its memory and the section layouts."""
 
-    kind: MemoryKind
-    window: int  # n_swa: tokens an SWA layer attends to (0 when none)
+    memory: Memory
     base: KVLayout | None
     swa: KVLayout | None
     recurrent_size: int  # bytes of the R section (0 when none)
+
+    @property
+    def kind(self) -> MemoryKind:
+        return self.memory.kind
+
+    @property
+    def window(self) -> int:
+        """n_swa: tokens an SWA layer attends to (0 when none)."""
+        return self.memory.window
 
     @property
     def bytes_per_cell(self) -> int:
@@ -141,13 +116,17 @@ class MemoryLayout:
 
     def digest(self) -> bytes:
         """16 bytes naming this layout, stored with every entry so an entry never meets another layout."""
-        if self.kind is MemoryKind.PLAIN and self.base is not None:
-            # As before memory kinds existed: caches written then stay valid.
-            return hashlib.blake2b(repr((self.base.v_trans, self.base.layers)).encode(), digest_size=16).digest()
-        base = (self.base.v_trans, self.base.layers) if self.base else None
-        swa = (self.swa.v_trans, self.swa.layers) if self.swa else None
-        text = repr((self.kind.value, self.window, base, swa, self.recurrent_size)).encode()
-        return hashlib.blake2b(text, digest_size=16).digest()
+        return self.memory.digest(self)
+
+
+def layout_digest(layout: MemoryLayout, *, legacy: bool = False) -> bytes:
+    """The digest of `layout`; `legacy`: the form plain layouts had before memory kinds existed."""
+    if legacy and layout.base is not None:
+        return hashlib.blake2b(repr((layout.base.v_trans, layout.base.layers)).encode(), digest_size=16).digest()
+    base = (layout.base.v_trans, layout.base.layers) if layout.base else None
+    swa = (layout.swa.v_trans, layout.swa.layers) if layout.swa else None
+    text = repr((layout.kind.value, layout.window, base, swa, layout.recurrent_size)).encode()
+    return hashlib.blake2b(text, digest_size=16).digest()
 
 
 @dataclass
@@ -187,17 +166,18 @@ class ParsedState:
             return self.base.n_cells
         return recurrent_position(self.recurrent) + 1 if self.recurrent else 0
 
-    def layout(self, kind: MemoryKind, window: int) -> MemoryLayout:
+    def layout(self, memory: Memory) -> MemoryLayout:
         return MemoryLayout(
-            kind,
-            window,
+            memory,
             self.base.layout if self.base is not None else None,
             self.swa.layout if self.swa is not None else None,
             len(self.recurrent),
         )
 
 
-class _Reader:
+class StateReader:
+    """Reads a state's bytes in order, refusing to run past their end."""
+
     def __init__(self, data: memoryview) -> None:
         self.data = data
         self.offset = 0
@@ -227,30 +207,23 @@ def _bytes_view(blob: bytes | bytearray | memoryview | np.ndarray) -> memoryview
 
 
 def parse_state(
-    blob: bytes | bytearray | memoryview | np.ndarray, kind: MemoryKind, *, partial: bool = False
+    blob: bytes | bytearray | memoryview | np.ndarray, memory: Memory, *, partial: bool = False
 ) -> ParsedState:
-    """Read a one-sequence state of a memory of `kind`; StateFormatError on anything unexpected.
+    """Read a one-sequence state of `memory`; StateFormatError on anything unexpected.
 
     `partial`: the state was read with LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY (no full-attention section).
     """
-    reader = _Reader(_bytes_view(blob))
+    reader = StateReader(_bytes_view(blob))
     magic, _seq_id = reader.unpack("<Ii")
     if magic != STATE_MAGIC:
         raise StateFormatError(f"unknown state magic {magic:#x}")
-    base = _parse_kv_section(reader) if kind.has_base and not partial else None
-    swa = _parse_kv_section(reader) if kind.has_window else None
-    recurrent = b""
-    if kind.has_recurrent:
-        recurrent = bytes(reader.take(reader.left))
-        recurrent_position(recurrent)  # checks its head
+    parsed = memory.read_sections(reader, partial)
     if reader.left:
         raise StateFormatError(f"{reader.left} unexpected bytes after the state")
-    if kind is MemoryKind.PLAIN and partial:
-        raise StateFormatError("a plain KV cache has no partial state")
-    return ParsedState(base, swa, recurrent)
+    return parsed
 
 
-def _parse_kv_section(reader: _Reader) -> KVSection:
+def read_kv_section(reader: StateReader) -> KVSection:
     (n_stream,) = reader.unpack("<I")
     if not 0 < n_stream <= 4096:
         raise StateFormatError(f"implausible stream count {n_stream}")
@@ -267,7 +240,7 @@ def _parse_kv_section(reader: _Reader) -> KVSection:
     return parsed
 
 
-def _parse_stream(reader: _Reader, n_stream: int, cell_count: int) -> KVSection:
+def _parse_stream(reader: StateReader, n_stream: int, cell_count: int) -> KVSection:
     meta = np.frombuffer(reader.take(cell_count * CELL_META.itemsize), dtype=CELL_META)
     if not np.all(meta["n_seq_id"] == 1):
         raise StateFormatError("cells shared by several sequences")
@@ -381,13 +354,7 @@ def _decode_checkpoint(layout: MemoryLayout, payload: bytes | memoryview) -> Che
 def read_checkpoint(layout: MemoryLayout, payload: bytes | memoryview, end: int) -> Checkpoint:
     """Decode a checkpoint that must hold the state of a prefix of `end` tokens."""
     checkpoint = _decode_checkpoint(layout, payload)
-    cells, first = checkpoint.window_cells, checkpoint.first
-    if layout.kind.has_window and (cells == 0 or first + cells != end):
-        raise StateFormatError(f"a checkpoint whose window ends at {first + cells}, not {end}")
-    if layout.kind.has_window and cells < min(end, layout.window):
-        raise StateFormatError(f"a checkpoint whose window holds {cells} cells, fewer than the {layout.window} needed")
-    if layout.kind.has_recurrent and recurrent_position(checkpoint.recurrent) != end - 1:
-        raise StateFormatError(f"a checkpoint whose recurrent state is not at position {end - 1}")
+    layout.memory.check_checkpoint(layout, checkpoint, end)
     return checkpoint
 
 
@@ -484,11 +451,9 @@ def assemble_state(
     """
     available = sum(n_cells for n_cells, _ in pieces)
     total = available if cells is None else cells
-    if total <= 0 or (total > available and layout.kind.has_base):
+    if total <= 0 or (total > available and layout.memory.has_blocks):
         raise StateFormatError(f"cannot assemble {total} cells from pieces of {available}")
-    restored = read_checkpoint(layout, checkpoint, total) if layout.kind.needs_checkpoints and checkpoint else None
-    if layout.kind.needs_checkpoints and restored is None:
-        raise StateFormatError("this model's state needs a checkpoint at the prefix's end")
+    restored = layout.memory.checkpoint_for_restore(layout, checkpoint, total)
     size = HEADER.size
     if layout.base is not None:
         size += layout.base.section_size(total)

@@ -182,7 +182,7 @@ def measure_storage(
         folder_bytes=folder_bytes(folder),
         stored_payload_bytes=payload,
         blocks=blocks,
-        checkpoint_bytes=one_checkpoint if layout.kind.needs_checkpoints else 0,
+        checkpoint_bytes=one_checkpoint if layout.memory.restores_at_checkpoints else 0,
         checkpoints=checkpoints,
     )
 

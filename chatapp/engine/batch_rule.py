@@ -113,7 +113,7 @@ def probe_problem(model: NativeModel, context: NativeContext, progress: LoadProg
             step_done()
         for size in range(2, count + 1):
             for index, prompt in enumerate(prompts[:size]):  # back to the prompt, computed alone
-                if model.memory_kind.has_recurrent:  # a recurrent state cannot be cut: computed again
+                if model.memory.updates_in_place:  # a recurrent state cannot be cut: computed again
                     context.remove(index, 0, -1)
                     _decode_prompt(context, prompt, index)
                 else:

@@ -58,9 +58,8 @@ class Engine:
             placer = KVPlacer(
                 loaded.context,
                 cache,
-                loaded.model.memory_kind,
+                loaded.model.memory,
                 loaded.layout,
-                window=loaded.model.window,
                 # Whole states are a RAM restore too: never more than the RAM tier may hold.
                 ready_state_bytes=min(self.config.ready_state_bytes, cache.config.ram_budget_bytes) if cache else 0,
                 min_rows=loaded.min_rows,

@@ -26,15 +26,14 @@ import numpy as np
 
 from cache.keys import as_token_array
 from cache.llama_state import read_sequence_state, write_sequence_state
+from cache.memory_kinds import Memory
 from cache.prefix_cache import FetchedPrefix, PrefixCache
 from cache.ready_states import ReadyState, ReadyStates
 from cache.state_format import (
-    MemoryKind,
     MemoryLayout,
     StateBuffer,
     StateFormatError,
     assemble_state,
-    checkpoint_payload,
     extract_piece,
     parse_state,
     read_checkpoint,
@@ -70,27 +69,24 @@ class KVPlacer:
         self,
         context: NativeContext,
         cache: PrefixCache | None,
-        kind: MemoryKind,
+        memory: Memory,
         layout: MemoryLayout | None,
         *,
-        window: int,
         ready_state_bytes: int = 0,
         min_rows: int = MIN_ROWS,
         grid: int = 0,
     ) -> None:
         self.context = context
         self.cache = cache
-        self.kind = kind
+        # The model's own memory, not the layout's: a cut is judged even when the format is not understood.
+        self.memory = memory
         self.layout = layout  # None when the state format is not understood: no rewinds, no checkpoints
         # Prompts on a fixed grid of batches (batching.py): reuse only whole grid batches.
         self.grid = grid
         self.sequences = Sequences(context.shape.n_sequences, grid)
-        # The model's own window, not the layout's: a cut must be judged safe even when the state
-        # format was not understood.
-        self._window = window
         self._state_buffer = StateBuffer()  # restores and rewinds assemble here: llama.cpp copies it at once
         # Whole states a plain KV cache loads with no assembly (a window or recurrent state cannot be cut after).
-        self.ready = ReadyStates(ready_state_bytes if kind is MemoryKind.PLAIN else 0)
+        self.ready = ReadyStates(ready_state_bytes if memory.keeps_whole_states() else 0)
         self.costs = RestoreCosts()  # restore or compute: the engine notes its prefill speed here
         # Prompt tokens every answer computes (more with flash attention: batching.py), and those a
         # warm-up computes unless its whole prompt is resident (flash attention: a batch of its own).
@@ -99,7 +95,7 @@ class KVPlacer:
 
     @property
     def takes_checkpoints(self) -> bool:
-        return self.layout is not None and self.kind.needs_checkpoints
+        return self.layout is not None and self.memory.restores_at_checkpoints
 
     def place(
         self,
@@ -187,18 +183,13 @@ class KVPlacer:
     def _keepable(self, sequence: int, length: int) -> int:
         """How much of `length` the sequence can keep in place (a cut, or a rewind to a checkpoint)."""
         held = len(self.sequences[sequence].tokens)
-        if length == held or self.kind is MemoryKind.PLAIN or self._window_intact(sequence, length):
+        if length == held or self._cuts_in_place(sequence, length):
             return length
         return self._session_checkpoint(sequence, length) or 0
 
-    def _window_intact(self, sequence: int, length: int) -> bool:
+    def _cuts_in_place(self, sequence: int, length: int) -> bool:
         """Whether a cut at `length` keeps every cell the next token attends to."""
-        if self.kind is not MemoryKind.ISWA or self._window <= 0:
-            return False  # a recurrent state cannot be cut
-        # The token at `length` attends to positions from length - window + 1; llama.cpp keeps
-        # (and `_window_holds` asks for) one more, the `window` cells before `length`.
-        oldest = self.context.min_position(sequence)
-        return 0 <= oldest <= max(0, length - self._window)
+        return self.memory.cuts_in_place(length, lambda: self.context.min_position(sequence))
 
     def _session_checkpoint(self, sequence: int, length: int) -> int | None:
         """The position of the newest checkpoint this session holds for `sequence` at or before `length`."""
@@ -214,7 +205,7 @@ class KVPlacer:
         held = len(self.sequences[sequence].tokens)
         if length >= held:
             return held
-        if length > 0 and self.kind is not MemoryKind.PLAIN and not self._window_intact(sequence, length):
+        if length > 0 and not self._cuts_in_place(sequence, length):
             return self._rewind(sequence, length)
         return self._cut_in_place(sequence, length)
 
@@ -224,7 +215,7 @@ class KVPlacer:
         The stopped batch's cells are dropped; a window it may have pushed out, or a recurrent
         state it updated in place, is rebuilt from a checkpoint. How many tokens it holds after.
         """
-        if self.kind.has_recurrent:
+        if self.memory.updates_in_place:
             return self._rewind(sequence, length)
         return self._cut_in_place(sequence, length)
 
@@ -235,7 +226,7 @@ class KVPlacer:
             self.forget(sequence)
             return 0
         self.sequences[sequence].truncate(length)
-        if self.kind.has_window and length > 0 and not self._window_holds(sequence, length):
+        if self.memory.checks_window_after_cut and length > 0 and not self._window_holds(sequence, length):
             return self._rewind(sequence, length)
         return length
 
@@ -250,7 +241,9 @@ class KVPlacer:
             return False  # not understood: when in doubt, compute again
         try:
             partial = read_sequence_state(self.context.pointer, sequence, partial=True)
-            payload = checkpoint_payload(parse_state(partial, self.kind, partial=True), self._window)
+            payload = self.memory.checkpoint_of(parse_state(partial, self.memory, partial=True))
+            if payload is None:
+                return False
             read_checkpoint(self.layout, payload, length)
         except StateFormatError as error:
             log.info("the window after a cut at %d is not whole (%s); rewinding", length, error)
@@ -264,11 +257,11 @@ class KVPlacer:
         if position is None or self.layout is None or position == 0:
             self.forget(sequence)
             return 0
-        if not self.kind.has_recurrent and not self.context.remove(sequence, position, -1):
+        if not self.memory.updates_in_place and not self.context.remove(sequence, position, -1):
             self.forget(sequence)  # (a recurrent state cannot be cut: its cells are read whole)
             return 0
         try:
-            state = parse_state(read_sequence_state(self.context.pointer, sequence), self.kind)
+            state = parse_state(read_sequence_state(self.context.pointer, sequence), self.memory)
             pieces: list[tuple[int, bytes]] = []
             if state.base is not None:
                 order, first = state.base.order()
@@ -297,10 +290,12 @@ class KVPlacer:
     # Checkpoints.
     def remember_checkpoint(self, sequence: int, position: int, partial_state: np.ndarray) -> bytes | None:
         """Keep the uncuttable sections of `sequence` at `position` for rewinds; the checkpoint payload."""
-        if self.layout is None or not self.kind.needs_checkpoints:
+        if self.layout is None or not self.takes_checkpoints:
             return None
         try:
-            payload = checkpoint_payload(parse_state(partial_state, self.kind, partial=True), self._window)
+            payload = self.memory.checkpoint_of(parse_state(partial_state, self.memory, partial=True))
+            if payload is None:
+                return None
             read_checkpoint(self.layout, payload, position)  # refuse what would not restore
         except StateFormatError as error:
             log.warning("cannot take a checkpoint: %s", error)

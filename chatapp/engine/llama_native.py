@@ -21,7 +21,7 @@ from typing import Any
 import llama_cpp
 import numpy as np
 
-from cache.state_format import MemoryKind
+from cache.memory_kinds import MemoryKind, memory_of
 from chatapp.engine.model_card import ModelFacts
 from chatapp.engine.thread_switches import brisk_thread_switches
 from chatapp.errors import GrammarError, LoadCancelled, ModelError
@@ -131,7 +131,7 @@ class NativeModel:
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self.vocab))
         self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
         self.window = max(0, int(llama_cpp.llama_model_n_swa(pointer))) if not vocab_only else 0
-        self.memory_kind = (
+        kind = (
             MemoryKind.of(
                 recurrent=bool(llama_cpp.llama_model_is_recurrent(pointer)),
                 hybrid=bool(llama_cpp.llama_model_is_hybrid(pointer)),
@@ -140,6 +140,7 @@ class NativeModel:
             if not vocab_only
             else MemoryKind.PLAIN
         )
+        self.memory = memory_of(kind, self.window)  # what its sequence states hold and allow
         self._piece_buffer = ctypes.create_string_buffer(256)
         self._piece_lock = threading.Lock()
         if vocab_only:  # llama.cpp reads no hyperparameters then: the file's metadata says it

@@ -69,7 +69,7 @@ class LoadedModel:
 
 def prompt_min_rows(model: NativeModel, context: NativeContext) -> int:
     """The fewest tokens in a prompt batch (see batching.py): more with flash attention (if it attends)."""
-    attends = model.memory_kind.has_base
+    attends = model.memory.has_blocks
     return FLASH_ATTENTION_ROWS if context.shape.flash_attention and attends else MIN_ROWS
 
 
@@ -129,7 +129,7 @@ def load_model(
         flash_attention=shape.flash_attention,
         gpu_layers=min(layers, model.n_layer + 1),
         threads=threads,
-        memory_kind=model.memory_kind,
+        memory_kind=model.memory.kind,
         window=model.window,
         swa_full=shape.swa_full,
         n_vocab=model.n_vocab,
@@ -170,13 +170,13 @@ def verify_state_format(model: NativeModel, context: NativeContext) -> tuple[Mem
     """
     probe = model.tokenize(SELF_TEST_TEXT, add_special=False, parse_special=False)
     source, target = 0, min(1, context.shape.n_sequences - 1)
-    kind = model.memory_kind
+    memory = model.memory
     try:
         batch = context.shape.n_batch
         for start in range(0, len(probe), batch):
             context.decode(probe[start : start + batch], start_pos=start, sequence=source, logits_for_last=False)
         state = read_sequence_state(context.pointer, source)
-        partial = read_sequence_state(context.pointer, source, partial=True) if kind.needs_checkpoints else None
+        partial = read_sequence_state(context.pointer, source, partial=True) if memory.restores_at_checkpoints else None
         context.remove(source, 0, -1)
 
         def restore_and_read_back(moved: np.ndarray) -> np.ndarray | None:
@@ -184,7 +184,7 @@ def verify_state_format(model: NativeModel, context: NativeContext) -> tuple[Mem
                 return None
             return read_sequence_state(context.pointer, target)
 
-        return verify_layout(kind, model.window, state, partial, source, target, restore_and_read_back), None
+        return verify_layout(memory, state, partial, source, target, restore_and_read_back), None
     except (StateFormatError, RuntimeError) as error:
         problem = f"KV cache disabled: this llama.cpp's state format failed the self-test ({error})"
         log.warning(problem)

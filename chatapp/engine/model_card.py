@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from cache.state_format import MemoryKind
+from cache.memory_kinds import MemoryKind
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from cache.state_format import MemoryKind
+from cache.memory_kinds import MemoryKind
 from chatapp.models.file_types import quantization_name
 from chatapp.models.gguf_header import GgufHeader
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from cache import maintenance
+from cache.memory_kinds import MemoryKind, memory_of
 from cache.tiers import REUSING_TIERS
 from chatapp.errors import ChatappError
 from chatapp.models.machine import resolve_model
@@ -36,17 +37,16 @@ def describe_memory(kind: str, window: int, interval_tokens: int, grid: int = 0)
         if grid
         else ""
     )
-    if kind == "plain":
+    try:
+        memory = memory_of(MemoryKind(kind), window)
+    except ValueError:  # a kind a newer chatapp wrote: say only its name
+        return f"{kind} memory{fixed}"
+    if not memory.restores_at_checkpoints:
         if grid:
             return f"plain KV cache: a cached prefix is restored and cut at whole batches{fixed}"
         return "plain KV cache: any cached prefix is restored, token-exact, and cut anywhere"
-    parts = []
-    if kind in ("iswa", "hybrid-iswa"):
-        parts.append(f"the {window:,}-token window")
-    if kind in ("recurrent", "hybrid", "hybrid-iswa"):
-        parts.append("the recurrent state")
-    what = " and ".join(parts)
-    blocks = "" if kind == "recurrent" else "full-attention KV in blocks; "
+    what = " and ".join(memory.whole_sections())
+    blocks = "full-attention KV in blocks; " if memory.has_blocks else ""
     return (
         f"{MEMORY_KIND_NAMES.get(kind, kind)}: {blocks}{what} checkpointed at persona, document and turn ends and "
         f"every {interval_tokens:,} tokens; a cached prefix resumes at the last checkpoint it shares{fixed}"

@@ -21,10 +21,38 @@ from typing import TypedDict
 import numpy as np
 from numpy.typing import NDArray
 
-from cache.state_format import RECURRENT_HEAD, STATE_MAGIC, KVLayout, LayerLayout, MemoryKind, MemoryLayout
+from cache.memory_kinds import MemoryKind, memory_of
+from cache.state_format import RECURRENT_HEAD, STATE_MAGIC, KVLayout, LayerLayout, MemoryLayout
 
 F16 = 1
 F32 = 0
+
+# The sections each kind's states hold, as llama.cpp writes them: the tests' own table, not the code's.
+_SECTIONS = {
+    MemoryKind.PLAIN: ("base",),
+    MemoryKind.ISWA: ("base", "window"),
+    MemoryKind.RECURRENT: ("recurrent",),
+    MemoryKind.HYBRID: ("base", "recurrent"),
+    MemoryKind.HYBRID_ISWA: ("base", "window", "recurrent"),
+}
+
+
+def has_base(kind: MemoryKind) -> bool:
+    """Full-attention KV, cut into blocks."""
+    return "base" in _SECTIONS[kind]
+
+
+def has_window(kind: MemoryKind) -> bool:
+    return "window" in _SECTIONS[kind]
+
+
+def has_recurrent(kind: MemoryKind) -> bool:
+    return "recurrent" in _SECTIONS[kind]
+
+
+def needs_checkpoints(kind: MemoryKind) -> bool:
+    """Sections that cannot be cut: a prefix restores only at a checkpoint."""
+    return _SECTIONS[kind] != ("base",)
 
 
 class StateData(TypedDict):
@@ -155,11 +183,11 @@ class SyntheticModel:
 
     @property
     def recurrent_size(self) -> int:
-        return RECURRENT_HEAD.size + 8 + self.recurrent_rows if self.kind.has_recurrent else 0
+        return RECURRENT_HEAD.size + 8 + self.recurrent_rows if has_recurrent(self.kind) else 0
 
     @property
     def layout(self) -> MemoryLayout:
-        return MemoryLayout(self.kind, self.window, self.base, self.swa, self.recurrent_size)
+        return MemoryLayout(memory_of(self.kind, self.window), self.base, self.swa, self.recurrent_size)
 
 
 def synthetic_model(
@@ -174,11 +202,11 @@ def synthetic_model(
     """A model of `kind`: 3 full-attention layers, 2 sliding-window layers, 2 recurrent layers, as it has them."""
     return SyntheticModel(
         kind,
-        window if kind.has_window else 0,
-        small_layout(v_trans, n_stream, 3, scale) if kind.has_base else None,
-        small_layout(v_trans, n_stream, 2, scale) if kind.has_window else None,
-        2 if kind.has_recurrent else 0,
-        recurrent_rows if kind.has_recurrent else 0,
+        window if has_window(kind) else 0,
+        small_layout(v_trans, n_stream, 3, scale) if has_base(kind) else None,
+        small_layout(v_trans, n_stream, 2, scale) if has_window(kind) else None,
+        2 if has_recurrent(kind) else 0,
+        recurrent_rows if has_recurrent(kind) else 0,
     )
 
 
@@ -237,7 +265,7 @@ class SyntheticSequence:
         if model.swa is not None and self.swa is not None:
             where = self.stream_of(model.swa, seq_id) if swa_stream is None else swa_stream
             out += self._section(model.swa, self.swa, self.window_positions(n), seq_id, where, shuffle)
-        if model.kind.has_recurrent:
+        if has_recurrent(model.kind):
             out += self.recurrent_section(n)
         return out
 

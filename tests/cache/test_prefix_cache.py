@@ -11,13 +11,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cache.memory_kinds import MemoryKind, PlainMemory, memory_of
 from cache.namespace import Namespace
 from cache.prefix_cache import CacheConfig, PrefixCache
-from cache.state_format import MemoryKind, MemoryLayout, assemble_state, extract_piece, parse_state
+from cache.state_format import MemoryLayout, assemble_state, extract_piece, parse_state
 from tests.cache.state_factory import make_state, small_layout
 
 KV_LAYOUT = small_layout(v_trans=False, scale=512)  # pieces over 32 KiB: stored as files
-LAYOUT = MemoryLayout(MemoryKind.PLAIN, 0, KV_LAYOUT, None, 0)
+LAYOUT = MemoryLayout(PlainMemory(), KV_LAYOUT, None, 0)
 CONFIG = CacheConfig(block_size=4, ram_budget_bytes=1 << 20, disk_budget_bytes=1 << 24, ttl_seconds=3600)
 
 
@@ -139,7 +140,7 @@ def test_a_damaged_payload_is_dropped_and_never_restored(tmp_path: Path, damage,
 
 
 def blob_piece(blob: bytes, start: int, end: int) -> bytes:
-    base = parse_state(blob, MemoryKind.PLAIN).base
+    base = parse_state(blob, memory_of(MemoryKind.PLAIN)).base
     assert base is not None
     return extract_piece(base, base.order()[0], start, end)
 

@@ -16,10 +16,18 @@ import numpy as np
 import pytest
 
 from cache.keys import BlockKey
+from cache.memory_kinds import MemoryKind, memory_of
 from cache.namespace import Namespace
 from cache.prefix_cache import CacheConfig, PrefixCache
-from cache.state_format import MemoryKind, assemble_state, checkpoint_payload, parse_state
-from tests.cache.state_factory import SyntheticModel, SyntheticSequence, small_layout, synthetic_model
+from cache.state_format import assemble_state, checkpoint_payload, parse_state
+from tests.cache.state_factory import (
+    SyntheticModel,
+    SyntheticSequence,
+    has_base,
+    needs_checkpoints,
+    small_layout,
+    synthetic_model,
+)
 
 # Checkpoints a few tokens apart are the subject of most tests here: every one is stored.
 CONFIG = CacheConfig(
@@ -39,7 +47,7 @@ TOKENS = list(range(100, 111))  # 11 tokens: blocks of 4, 4 and a partial 3
 
 
 def blocks_of(kind: MemoryKind, tokens: int) -> int:
-    return -(-tokens // CONFIG.block_size) if kind.has_base else 0
+    return -(-tokens // CONFIG.block_size) if has_base(kind) else 0
 
 
 class Harness:
@@ -82,7 +90,9 @@ class Harness:
 
     def checkpoint(self, n: int) -> bytes:
         """What the engine keeps at position n: the checkpoint of the partial state read there."""
-        return checkpoint_payload(parse_state(self.sequence.partial(n), self.kind, partial=True), self.model.window)
+        return checkpoint_payload(
+            parse_state(self.sequence.partial(n), memory_of(self.kind), partial=True), self.model.window
+        )
 
     def store_checkpoint(self, tokens: list[int]) -> None:
         self.cache.store_checkpoint(tokens, self.checkpoint(len(tokens)))
@@ -97,7 +107,7 @@ class Harness:
             return None
         assert fetched.tokens == found.tokens
         assert fetched.prompt_tokens == tuple(prompt[: fetched.tokens])
-        assert (fetched.checkpoint is not None) == self.kind.needs_checkpoints
+        assert (fetched.checkpoint is not None) == needs_checkpoints(self.kind)
         state = assemble_state(
             self.model.layout, fetched.pieces, dest, cells=fetched.tokens, checkpoint=fetched.checkpoint
         )
@@ -154,7 +164,7 @@ def test_a_prompt_that_diverges_early_gets_only_what_a_checkpoint_covers(tmp_pat
     harness = Harness(tmp_path, kind)
     harness.store(TOKENS)
     diverging = [*TOKENS[:7], 999, 998, 997]
-    if kind.needs_checkpoints:
+    if needs_checkpoints(kind):
         assert harness.cache.lookup(np.asarray(diverging)).tokens == 0
         assert harness.restore(diverging) is None  # no checkpoint at or before the divergence
     else:  # plain KV restores any prefix of its blocks
@@ -181,7 +191,7 @@ def test_a_prompt_that_diverges_early_gets_only_what_a_checkpoint_covers(tmp_pat
 def test_a_checkpoint_restores_from_the_longer_block_that_superseded_its_own(harness: Harness) -> None:
     harness.store(TOKENS[:6])  # a full block and a partial of 2, a checkpoint at 6
     harness.store(TOKENS)  # the partial is superseded by [4, 8)
-    if harness.kind.has_base:
+    if has_base(harness.kind):
         sizes = sorted(info.tokens.size for info in harness.cache.index.entries.values())
         assert sizes == [3, 4, 4]
     assert len(harness.cache.index.checkpoints) == 2
@@ -307,7 +317,7 @@ def test_states_and_checkpoints_that_do_not_fit_are_not_stored(harness: Harness)
     sequence = harness.sequence
     cache.store(TOKENS[:10], np.frombuffer(sequence.state(11), dtype=np.uint8))  # one token too many
     cache.store(TOKENS, np.frombuffer(sequence.state(11)[:-1], dtype=np.uint8))  # truncated
-    if harness.kind.has_base:  # a partial state is not a full one
+    if has_base(harness.kind):  # a partial state is not a full one
         cache.store(TOKENS, np.frombuffer(sequence.partial(11), dtype=np.uint8))
     other = next(kind for kind in CHECKPOINTED if kind is not harness.kind)
     other_state = SyntheticSequence(MODELS[other], 11).state(11)

@@ -5,9 +5,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from cache.memory_kinds import MemoryKind, memory_of
 from cache.selftest import verify_layout
-from cache.state_format import MemoryKind, StateFormatError
-from tests.cache.state_factory import SyntheticModel, SyntheticSequence, small_layout, synthetic_model
+from cache.state_format import StateFormatError
+from tests.cache.state_factory import (
+    SyntheticModel,
+    SyntheticSequence,
+    has_base,
+    needs_checkpoints,
+    small_layout,
+    synthetic_model,
+)
 
 ALL_KINDS = list(MemoryKind)
 
@@ -23,7 +31,7 @@ def states(
 ) -> tuple[SyntheticSequence, np.ndarray, np.ndarray | None]:
     sequence = SyntheticSequence(model_of(kind, v_trans), cells, seed=cells)
     state = np.frombuffer(sequence.state(cells, seq_id=0), dtype=np.uint8)
-    partial = np.frombuffer(sequence.partial(cells), dtype=np.uint8) if kind.needs_checkpoints else None
+    partial = np.frombuffer(sequence.partial(cells), dtype=np.uint8) if needs_checkpoints(kind) else None
     return sequence, state, partial
 
 
@@ -52,7 +60,7 @@ def test_every_kind_passes_and_restores_into_the_target_sequence(kind: MemoryKin
     sequence, state, partial = states(kind, v_trans, cells)
     context = FakeContext()
     window = sequence.model.window
-    assert verify_layout(kind, window, state, partial, 0, 1, context) == sequence.model.layout
+    assert verify_layout(memory_of(kind, window), state, partial, 0, 1, context) == sequence.model.layout
     assert context.restored == [sequence.state(cells, seq_id=1)]
 
 
@@ -67,10 +75,10 @@ def test_a_damaged_partial_state_fails(kind: MemoryKind, where: int) -> None:
     damaged[where] ^= 0x10
     context = FakeContext()
     with pytest.raises(StateFormatError):
-        verify_layout(kind, sequence.model.window, state, damaged, 0, 1, context)
+        verify_layout(memory_of(kind, sequence.model.window), state, damaged, 0, 1, context)
     assert context.restored == []  # refused before llama.cpp is asked
     with pytest.raises(StateFormatError, match="no partial state"):
-        verify_layout(kind, sequence.model.window, state, None, 0, 1, context)
+        verify_layout(memory_of(kind, sequence.model.window), state, None, 0, 1, context)
 
 
 def test_a_partial_state_of_another_position_fails() -> None:
@@ -78,7 +86,7 @@ def test_a_partial_state_of_another_position_fails() -> None:
     sequence, state, _ = states(kind)
     earlier = np.frombuffer(sequence.partial(8), dtype=np.uint8)
     with pytest.raises(StateFormatError, match="partial state differs"):
-        verify_layout(kind, sequence.model.window, state, earlier, 0, 1, FakeContext())
+        verify_layout(memory_of(kind, sequence.model.window), state, earlier, 0, 1, FakeContext())
 
 
 @pytest.mark.parametrize("kind", ALL_KINDS, ids=[kind.value for kind in ALL_KINDS])
@@ -86,18 +94,18 @@ def test_a_partial_state_of_another_position_fails() -> None:
 def test_a_context_that_refuses_or_changes_the_state_fails(kind: MemoryKind, answer: str, message: str) -> None:
     sequence, state, partial = states(kind)
     with pytest.raises(StateFormatError, match=message):
-        verify_layout(kind, sequence.model.window, state, partial, 0, 1, FakeContext(answer))
+        verify_layout(memory_of(kind, sequence.model.window), state, partial, 0, 1, FakeContext(answer))
 
 
 @pytest.mark.parametrize("kind", ALL_KINDS, ids=[kind.value for kind in ALL_KINDS])
 def test_too_short_or_unexpected_states_fail(kind: MemoryKind) -> None:
     sequence, state, partial = states(kind, cells=2)
     with pytest.raises(StateFormatError, match="at least 3 cells"):
-        verify_layout(kind, sequence.model.window, state, partial, 0, 1, FakeContext())
+        verify_layout(memory_of(kind, sequence.model.window), state, partial, 0, 1, FakeContext())
     sequence, state, partial = states(kind)
     shuffled = np.frombuffer(sequence.state(9, shuffle=True), dtype=np.uint8)
-    if kind.has_base:  # cells out of order do not join back to the same bytes
+    if has_base(kind):  # cells out of order do not join back to the same bytes
         with pytest.raises(StateFormatError, match="differ from the original"):
-            verify_layout(kind, sequence.model.window, shuffled, partial, 0, 1, FakeContext())
+            verify_layout(memory_of(kind, sequence.model.window), shuffled, partial, 0, 1, FakeContext())
     with pytest.raises(StateFormatError):
-        verify_layout(kind, sequence.model.window, state[:-1], partial, 0, 1, FakeContext())
+        verify_layout(memory_of(kind, sequence.model.window), state[:-1], partial, 0, 1, FakeContext())

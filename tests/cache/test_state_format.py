@@ -10,10 +10,10 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
+from cache.memory_kinds import MemoryKind, PlainMemory, memory_of
 from cache.state_format import (
     CHECKPOINT_HEAD,
     KVLayout,
-    MemoryKind,
     MemoryLayout,
     ParsedState,
     StateBuffer,
@@ -30,6 +30,9 @@ from cache.state_format import (
 from tests.cache.state_factory import (
     SyntheticModel,
     SyntheticSequence,
+    has_base,
+    has_recurrent,
+    has_window,
     make_state,
     recurrent_section,
     small_layout,
@@ -44,12 +47,12 @@ WITH_KV = [MemoryKind.ISWA, MemoryKind.HYBRID, MemoryKind.HYBRID_ISWA]
 
 
 def plain(layout: KVLayout) -> MemoryLayout:
-    return MemoryLayout(PLAIN, 0, layout, None, 0)
+    return MemoryLayout(PlainMemory(), layout, None, 0)
 
 
 def pieces_of(blob: bytes, bounds: list[int], kind: MemoryKind = PLAIN) -> list[tuple[int, bytes]]:
     """Pieces of the full-attention cells between consecutive bounds."""
-    base = parse_state(blob, kind).base
+    base = parse_state(blob, memory_of(kind)).base
     assert base is not None
     order, first = base.order()
     assert first == 0
@@ -60,7 +63,7 @@ WINDOW = 3  # synthetic_model's default window
 
 
 def checkpoint_of(blob: bytes, kind: MemoryKind, *, partial: bool = False, window: int = WINDOW) -> bytes:
-    return checkpoint_payload(parse_state(blob, kind, partial=partial), window)
+    return checkpoint_payload(parse_state(blob, memory_of(kind), partial=partial), window)
 
 
 # Plain KV, as before memory kinds.
@@ -71,8 +74,8 @@ def checkpoint_of(blob: bytes, kind: MemoryKind, *, partial: bool = False, windo
 def test_split_and_join_reproduces_the_state(v_trans: bool, sequence: int) -> None:
     layout = small_layout(v_trans, n_stream=4)
     blob, _ = make_state(layout, list(range(23)), seq_id=sequence, stream=sequence, seed=sequence)
-    parsed = parse_state(blob, PLAIN)
-    assert parsed.layout(PLAIN, 0) == plain(layout)
+    parsed = parse_state(blob, memory_of(PLAIN))
+    assert parsed.layout(memory_of(PLAIN, 0)) == plain(layout)
     assert parsed.n_cells == 23
     assert parsed.swa is None
     assert parsed.recurrent == b""
@@ -188,9 +191,9 @@ def corrupt(blob: bytes, offset: int, value: bytes) -> bytes:
 def test_surprises_are_format_errors(damage: Callable[[bytes], bytes]) -> None:
     layout = small_layout(False)
     blob, _ = make_state(layout, list(range(4)), seq_id=0, stream=0)
-    parse_state(blob, PLAIN)  # the undamaged state parses
+    parse_state(blob, memory_of(PLAIN))  # the undamaged state parses
     with pytest.raises(StateFormatError):
-        parse_state(damage(blob), PLAIN)
+        parse_state(damage(blob), memory_of(PLAIN))
 
 
 def test_cells_in_two_streams_are_refused() -> None:
@@ -199,16 +202,16 @@ def test_cells_in_two_streams_are_refused() -> None:
     second = write_state(layout, [2, 3], 0, 1, data["keys"], data["values"])
     # Stream 0's count and cells, then stream 1's count and cells instead of its zero count.
     two_streams = blob[:-4] + second[16:]
-    parse_state(blob, PLAIN)
-    parse_state(second, PLAIN)
+    parse_state(blob, memory_of(PLAIN))
+    parse_state(second, memory_of(PLAIN))
     with pytest.raises(StateFormatError, match="two streams"):
-        parse_state(two_streams, PLAIN)
+        parse_state(two_streams, memory_of(PLAIN))
 
 
 def test_gaps_in_positions_and_wrong_piece_sizes_are_refused() -> None:
     layout = small_layout(False)
     blob, _ = make_state(layout, [0, 1, 3], seq_id=0, stream=0)
-    base = parse_state(blob, PLAIN).base
+    base = parse_state(blob, memory_of(PLAIN)).base
     assert base is not None
     with pytest.raises(StateFormatError, match="positions"):
         base.order()
@@ -229,7 +232,7 @@ def test_a_plain_cache_has_no_partial_state() -> None:
     layout = small_layout(False)
     blob, _ = make_state(layout, [0, 1], seq_id=0, stream=0)
     with pytest.raises(StateFormatError, match="partial"):
-        parse_state(struct.pack("<Ii", *struct.unpack_from("<Ii", blob)), PLAIN, partial=True)
+        parse_state(struct.pack("<Ii", *struct.unpack_from("<Ii", blob)), memory_of(PLAIN), partial=True)
 
 
 def test_the_plain_layout_digest_is_the_one_caches_were_written_with() -> None:
@@ -247,19 +250,6 @@ def test_the_plain_layout_digest_is_the_one_caches_were_written_with() -> None:
     assert len(digests) == 8  # every layout its own
 
 
-def test_memory_kinds() -> None:
-    of = MemoryKind.of
-    assert of(recurrent=False, hybrid=False, window=0) is MemoryKind.PLAIN
-    assert of(recurrent=False, hybrid=False, window=512) is MemoryKind.ISWA
-    assert of(recurrent=True, hybrid=False, window=0) is MemoryKind.RECURRENT
-    assert of(recurrent=True, hybrid=True, window=0) is MemoryKind.HYBRID
-    assert of(recurrent=True, hybrid=True, window=512) is MemoryKind.HYBRID_ISWA
-    assert [kind.has_base for kind in MemoryKind] == [True, True, False, True, True]
-    assert [kind.has_window for kind in MemoryKind] == [False, True, False, False, True]
-    assert [kind.has_recurrent for kind in MemoryKind] == [False, False, True, True, True]
-    assert [kind.needs_checkpoints for kind in MemoryKind] == [False, True, True, True, True]
-
-
 # Sliding-window, recurrent and hybrid states.
 
 LENGTH = 11
@@ -274,32 +264,32 @@ def sequence_of(kind: MemoryKind, v_trans: bool = False, seed: int = 0, **option
 def test_each_kind_is_parsed_by_section(kind: MemoryKind, v_trans: bool) -> None:
     sequence = sequence_of(kind, v_trans)
     model = sequence.model
-    parsed = parse_state(sequence.state(LENGTH, seq_id=1), kind)
-    assert parsed.layout(kind, model.window) == model.layout
+    parsed = parse_state(sequence.state(LENGTH, seq_id=1), memory_of(kind))
+    assert parsed.layout(memory_of(kind, model.window)) == model.layout
     assert parsed.n_cells == LENGTH
-    if kind.has_base:
+    if has_base(kind):
         assert parsed.base is not None
         assert parsed.base.positions.tolist() == list(range(LENGTH))
         assert parsed.base.layout == model.base
     else:
         assert parsed.base is None
-    if kind.has_window:
+    if has_window(kind):
         assert parsed.swa is not None
         assert parsed.swa.positions.tolist() == [8, 9, 10]
         assert parsed.swa.layout == model.swa
     else:
         assert parsed.swa is None
-    if kind.has_recurrent:
+    if has_recurrent(kind):
         assert len(parsed.recurrent) == model.recurrent_size
         assert recurrent_position(parsed.recurrent) == LENGTH - 1
         assert parsed.recurrent.endswith(sequence.recurrent[LENGTH - 1].tobytes())
     else:
         assert parsed.recurrent == b""
 
-    partial = parse_state(sequence.partial(LENGTH, seq_id=1), kind, partial=True)
+    partial = parse_state(sequence.partial(LENGTH, seq_id=1), memory_of(kind), partial=True)
     assert partial.base is None
     assert partial.recurrent == parsed.recurrent
-    if kind.has_window:
+    if has_window(kind):
         assert partial.swa is not None
         assert partial.swa.positions.tolist() == [8, 9, 10]
 
@@ -313,8 +303,8 @@ def test_the_checkpoint_of_a_full_state_equals_that_of_the_partial_state(kind: M
         assert full == checkpoint_of(sequence.partial(n, shuffle=True), kind, partial=True)  # cell order
         assert full == checkpoint_of(sequence.state(n, seq_id=1), kind)  # the sequence it was read from
         cells, first, recurrent_size = CHECKPOINT_HEAD.unpack_from(full)
-        assert cells == (min(n, 3) if kind.has_window else 0)
-        assert first == (max(0, n - 3) if kind.has_window else 0)
+        assert cells == (min(n, 3) if has_window(kind) else 0)
+        assert first == (max(0, n - 3) if has_window(kind) else 0)
         assert recurrent_size == sequence.model.recurrent_size
     assert checkpoint_of(sequence.state(5), kind) != checkpoint_of(sequence.state(6), kind)
 
@@ -326,7 +316,7 @@ def test_pieces_and_a_checkpoint_reproduce_the_full_state(kind: MemoryKind, v_tr
     sequence = sequence_of(kind, v_trans, n_stream=4)
     layout = sequence.model.layout
     source = sequence.state(LENGTH, seq_id=1, shuffle=shuffle)
-    pieces = pieces_of(source, [0, 4, 8, LENGTH], kind) if kind.has_base else []
+    pieces = pieces_of(source, [0, 4, 8, LENGTH], kind) if has_base(kind) else []
     checkpoint = checkpoint_of(source, kind)
     joined = assemble_state(layout, pieces, 1, cells=LENGTH, checkpoint=checkpoint)
     assert joined.tobytes() == sequence.state(LENGTH, seq_id=1)  # == source when its cells were in order
@@ -335,14 +325,14 @@ def test_pieces_and_a_checkpoint_reproduce_the_full_state(kind: MemoryKind, v_tr
     for target in (0, 3):  # every KV section moves to the target sequence's stream
         moved = assemble_state(layout, pieces, target, cells=LENGTH, checkpoint=checkpoint)
         assert moved.tobytes() == sequence.state(LENGTH, seq_id=target)
-        assert parse_state(moved, kind).n_cells == LENGTH
+        assert parse_state(moved, memory_of(kind)).n_cells == LENGTH
 
 
 @pytest.mark.parametrize("kind", [MemoryKind.ISWA, MemoryKind.HYBRID_ISWA])
 def test_a_window_in_another_stream_slot_restores_into_the_sequence_stream(kind: MemoryKind) -> None:
     sequence = sequence_of(kind, n_stream=4)
     source = sequence.state(LENGTH, seq_id=1, stream=1, swa_stream=3)
-    parsed = parse_state(source, kind)
+    parsed = parse_state(source, memory_of(kind))
     assert parsed.swa is not None
     assert parsed.swa.positions.tolist() == [8, 9, 10]
     checkpoint = checkpoint_payload(parsed, WINDOW)
@@ -360,7 +350,7 @@ def test_a_shorter_prefix_comes_from_longer_pieces_and_its_own_checkpoint(
     kind: MemoryKind, v_trans: bool, cells: int
 ) -> None:
     sequence = sequence_of(kind, v_trans, seed=cells)
-    pieces = pieces_of(sequence.state(LENGTH), [0, 4, 8, LENGTH], kind) if kind.has_base else []
+    pieces = pieces_of(sequence.state(LENGTH), [0, 4, 8, LENGTH], kind) if has_base(kind) else []
     covering = pieces[: (cells + 3) // 4]
     checkpoint = checkpoint_of(sequence.partial(cells), kind, partial=True)
     joined = assemble_state(sequence.model.layout, covering, 0, cells=cells, checkpoint=checkpoint)
@@ -380,7 +370,7 @@ def test_a_full_size_window_cache_keeps_only_the_window_in_a_checkpoint(kind: Me
     """With swa_full the SWA section holds every cell; a checkpoint needs only the newest `window`."""
     full_size = sequence_of(kind, window=LENGTH, seed=4)  # same data, every cell kept
     windowed = sequence_of(kind, seed=4)
-    parsed = parse_state(full_size.state(LENGTH), kind)
+    parsed = parse_state(full_size.state(LENGTH), memory_of(kind))
     assert parsed.swa is not None
     assert parsed.swa.n_cells == LENGTH
     checkpoint = checkpoint_payload(parsed, WINDOW)
@@ -423,7 +413,7 @@ def test_a_checkpoint_with_less_than_the_window_is_refused(kind: MemoryKind) -> 
 @pytest.mark.parametrize("kind", CHECKPOINTED)
 def test_a_missing_checkpoint_is_refused(kind: MemoryKind) -> None:
     sequence = sequence_of(kind)
-    pieces = pieces_of(sequence.state(LENGTH), [0, LENGTH], kind) if kind.has_base else []
+    pieces = pieces_of(sequence.state(LENGTH), [0, LENGTH], kind) if has_base(kind) else []
     for missing in (None, b""):
         with pytest.raises(StateFormatError, match="needs a checkpoint"):
             assemble_state(sequence.model.layout, pieces, 0, cells=LENGTH, checkpoint=missing)
@@ -434,10 +424,10 @@ def test_a_checkpoint_at_another_position_is_refused(kind: MemoryKind) -> None:
     sequence = sequence_of(kind)
     layout = sequence.model.layout
     checkpoint = checkpoint_of(sequence.state(6), kind)
-    assert read_checkpoint(layout, checkpoint, 6).first == (3 if kind.has_window else 0)
-    pieces = pieces_of(sequence.state(LENGTH), [0, LENGTH], kind) if kind.has_base else []
+    assert read_checkpoint(layout, checkpoint, 6).first == (3 if has_window(kind) else 0)
+    pieces = pieces_of(sequence.state(LENGTH), [0, LENGTH], kind) if has_base(kind) else []
     for end in (5, 7):
-        expected = "window ends" if kind.has_window else "recurrent state is not at"
+        expected = "window ends" if has_window(kind) else "recurrent state is not at"
         with pytest.raises(StateFormatError, match=expected):
             read_checkpoint(layout, checkpoint, end)
         with pytest.raises(StateFormatError, match=expected):
@@ -447,7 +437,7 @@ def test_a_checkpoint_at_another_position_is_refused(kind: MemoryKind) -> None:
 def test_a_window_and_a_recurrent_state_of_different_positions_are_refused() -> None:
     kind = MemoryKind.HYBRID_ISWA
     sequence = sequence_of(kind)
-    at_six, at_five = parse_state(sequence.state(6), kind), parse_state(sequence.state(5), kind)
+    at_six, at_five = parse_state(sequence.state(6), memory_of(kind)), parse_state(sequence.state(5), memory_of(kind))
     mixed = checkpoint_payload(ParsedState(None, at_six.swa, at_five.recurrent), WINDOW)
     with pytest.raises(StateFormatError, match="recurrent state is not at position 5"):
         read_checkpoint(sequence.model.layout, mixed, 6)
@@ -464,11 +454,11 @@ def test_a_checkpoint_of_the_wrong_size_is_refused(kind: MemoryKind) -> None:
     for damaged in (checkpoint[:-1], checkpoint + b"\x00", checkpoint[: CHECKPOINT_HEAD.size - 1]):
         with pytest.raises(StateFormatError, match=r"wrong size|without its head"):
             read_checkpoint(layout, damaged, 6)
-    if kind.has_recurrent:  # another model's recurrent state: consistent in itself, but not this size
+    if has_recurrent(kind):  # another model's recurrent state: consistent in itself, but not this size
         other = sequence_of(kind, recurrent_rows=48)
         with pytest.raises(StateFormatError, match="another size"):
             read_checkpoint(layout, checkpoint_of(other.state(6), kind), 6)
-    if kind.has_window:  # a window of another model's layers
+    if has_window(kind):  # a window of another model's layers
         other = sequence_of(kind, scale=2)
         with pytest.raises(StateFormatError, match="wrong size"):
             read_checkpoint(layout, checkpoint_of(other.state(6), kind), 6)
@@ -489,9 +479,9 @@ def test_a_checkpoint_of_the_wrong_size_is_refused(kind: MemoryKind) -> None:
 def test_surprising_recurrent_sections_are_refused(section: bytes, message: str) -> None:
     kind = MemoryKind.RECURRENT
     good = sequence_of(kind).state(4)
-    parse_state(good, kind)
+    parse_state(good, memory_of(kind))
     with pytest.raises(StateFormatError, match=message):
-        parse_state(good[:8] + section, kind)
+        parse_state(good[:8] + section, memory_of(kind))
 
 
 @pytest.mark.parametrize("kind", CHECKPOINTED)
@@ -499,30 +489,30 @@ def test_surprises_in_other_kinds_are_format_errors(kind: MemoryKind) -> None:
     sequence = sequence_of(kind)
     full, partial = sequence.state(6), sequence.partial(6)
     with pytest.raises(StateFormatError, match="magic"):
-        parse_state(corrupt(full, 0, b"\x00\x00\x00\x00"), kind)
+        parse_state(corrupt(full, 0, b"\x00\x00\x00\x00"), memory_of(kind))
     for blob, is_partial in ((full, False), (partial, True)):
         for damaged in (blob[:-1], blob + b"\x00"):
-            if kind.has_recurrent:
+            if has_recurrent(kind):
                 # The recurrent section is opaque bytes to the end: its size gives the damage away.
-                parsed = parse_state(damaged, kind, partial=is_partial)
+                parsed = parse_state(damaged, memory_of(kind), partial=is_partial)
                 assert len(parsed.recurrent) != sequence.model.recurrent_size
                 if not is_partial:
-                    assert parsed.layout(kind, sequence.model.window) != sequence.model.layout
+                    assert parsed.layout(memory_of(kind, sequence.model.window)) != sequence.model.layout
             else:
                 with pytest.raises(StateFormatError):
-                    parse_state(damaged, kind, partial=is_partial)
+                    parse_state(damaged, memory_of(kind), partial=is_partial)
     if kind is MemoryKind.ISWA:  # one KV section where two are expected, and the other way round
         with pytest.raises(StateFormatError):
-            parse_state(partial, kind)
+            parse_state(partial, memory_of(kind))
         with pytest.raises(StateFormatError):
-            parse_state(full, kind, partial=True)
-    if kind.has_recurrent and kind.has_base:  # a state without its recurrent section
+            parse_state(full, memory_of(kind), partial=True)
+    if has_recurrent(kind) and has_base(kind):  # a state without its recurrent section
         with pytest.raises(StateFormatError):
-            parse_state(full[: len(full) - sequence.model.recurrent_size], kind)
+            parse_state(full[: len(full) - sequence.model.recurrent_size], memory_of(kind))
 
 
 def test_an_empty_recurrent_sequence_holds_nothing() -> None:
     sequence = sequence_of(MemoryKind.RECURRENT)
-    parsed = parse_state(sequence.state(0), MemoryKind.RECURRENT)
+    parsed = parse_state(sequence.state(0), memory_of(MemoryKind.RECURRENT))
     assert parsed.n_cells == 0
     assert recurrent_position(parsed.recurrent) == -1

@@ -48,7 +48,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cache.keys import as_token_array
-from cache.state_format import MemoryKind
+from cache.memory_kinds import MemoryKind
 from chatapp.engine.batching import FLASH_ATTENTION_ROWS
 from chatapp.engine.engine import Engine, EngineConfig
 from chatapp.engine.kv_placement import RESTORE_MARGIN_TOKENS

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from cache.state_format import MemoryKind
+from cache.memory_kinds import MemoryKind
 from chatapp.engine.batching import on_grid
 from chatapp.engine.engine import Engine, EngineConfig
 from chatapp.engine.requests import GenerationRequest

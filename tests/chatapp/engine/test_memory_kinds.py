@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cache.state_format import MemoryKind
+from cache.memory_kinds import MemoryKind
 from chatapp.engine.engine import Engine, EngineConfig
 from chatapp.engine.events import GenerationResult, PrefillProgress
 from chatapp.engine.gate import Step

