@@ -41,7 +41,7 @@ async def main() -> None:
         app = make_app(Path(folder) / "data", max_tokens=60, threads=None, temperature=0.8, model_folders=str(models))
         async with app.run_test(size=SIZE) as pilot:
             await wait_ready(pilot, app)
-            await app.main_screen.use_persona(app.library.personas.get_by_name("Document analyst"))
+            await app.main_screen.conversations.use_persona(app.library.personas.get_by_name("Document analyst"))
             app.main_screen.documents.attach(document)
             await wait_until(pilot, lambda: app.service.current.view().document is not None)
             await wait_idle(pilot, app)

@@ -58,7 +58,7 @@ def idle(app: ChatApp) -> bool:
         for worker in app.workers
     )
     prewarmer = app.service.slot.prewarmer
-    return not (screen.answering or screen.reading_document or working or (prewarmer is not None and prewarmer.busy))
+    return not (screen.answering or screen.documents.reading or working or (prewarmer is not None and prewarmer.busy))
 
 
 async def wait_idle(pilot: Pilot[None], app: ChatApp) -> None:

@@ -77,11 +77,11 @@ class ChatApp(App[None]):
     def action_personas(self) -> None:
         if isinstance(self.screen, PersonaScreen):
             return
-        current = self.main_screen.branch.persona_name if self.main_screen.branch else None
+        current = self.main_screen.shown.branch.persona_name if self.main_screen.shown.branch else None
 
         async def chosen(result: PersonaScreen.Choice | None) -> None:
             if result is not None:
-                await self.main_screen.use_persona(result.persona)
+                await self.main_screen.conversations.use_persona(result.persona)
 
         self.push_screen(PersonaScreen(self.service.personas, current), chosen)
 
@@ -107,7 +107,7 @@ class ChatApp(App[None]):
 
         def chosen(path: Path | None) -> None:
             if path is not None:
-                self.main_screen.switch_model(path)
+                self.main_screen.model_switch.start(path)
 
         self.push_screen(ModelPicker(choices), chosen)
 

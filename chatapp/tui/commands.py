@@ -27,7 +27,7 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         "chat.new",
         "ctrl+n",
-        "new_conversation",
+        "conversation('new')",
         "New conversation",
         "Start a conversation with the current persona",
         footer=True,
@@ -84,7 +84,7 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         "chat.copy",
         "alt+c",
-        "copy_message",
+        "copy('message')",
         "Copy message",
         "Copy the selected message to the clipboard",
         priority=True,
@@ -92,7 +92,7 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         "chat.copy_code",
         "alt+k",
-        "copy_code",
+        "copy('code')",
         "Copy code block",
         "Copy the last code block of the selected message",
         priority=True,
@@ -100,7 +100,7 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         "chat.qa_mode",
         "ctrl+t",
-        "toggle_qa_mode",
+        "conversation('qa')",
         "Q&A mode",
         "Ask each question as a fresh branch from the persona and document",
         footer=True,
@@ -109,7 +109,7 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         "chat.attach",
         "ctrl+o",
-        "attach_document",
+        "document('attach')",
         "Attach document",
         "Attach a .txt, .md or .pdf file; questions reuse its KV",
         footer=True,
@@ -118,7 +118,7 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         "chat.detach",
         "alt+o",
-        "detach_document",
+        "document('detach')",
         "Detach document",
         "Continue without the document, in a new branch",
         priority=True,
@@ -126,7 +126,7 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         "chat.search",
         "ctrl+f",
-        "search",
+        "show('search')",
         "Search conversations",
         "Filter conversations by title and text",
         priority=True,
@@ -139,20 +139,35 @@ COMMANDS: tuple[Command, ...] = (
         "Show or hide the conversations and the branch tree",
         priority=True,
     ),
-    Command("chat.tree", "f3", "focus_tree", "Branch tree", "Jump to any branch of this conversation", priority=True),
+    Command("chat.tree", "f3", "show('tree')", "Branch tree", "Jump to any branch of this conversation", priority=True),
     Command(
-        "chat.composer", "f6", "focus_composer", "Message box", "Move the cursor back to the message box", priority=True
+        "chat.composer",
+        "f6",
+        "show('composer')",
+        "Message box",
+        "Move the cursor back to the message box",
+        priority=True,
     ),
     Command(
-        "chat.rename", "alt+r", "rename", "Rename conversation", "Give the open conversation a new title", priority=True
+        "chat.rename",
+        "alt+r",
+        "conversation('rename')",
+        "Rename conversation",
+        "Give the open conversation a new title",
+        priority=True,
     ),
     Command(
-        "chat.export", "alt+x", "export", "Export branch", "Save the open branch as Markdown or JSON", priority=True
+        "chat.export",
+        "alt+x",
+        "conversation('export')",
+        "Export branch",
+        "Save the open branch as Markdown or JSON",
+        priority=True,
     ),
     Command(
         "chat.delete",
         "alt+delete",
-        "delete_conversation",
+        "conversation('delete')",
         "Delete conversation",
         "Delete the open conversation (asks first)",
         priority=True,

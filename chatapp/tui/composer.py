@@ -47,3 +47,13 @@ class Composer(TextArea):
             self.post_message(self.EditLast())
             return
         await super()._on_key(event)
+
+    def give_back(self, text: str) -> None:
+        """Put unsent text back in the box; what the user typed meanwhile is kept after it."""
+        if not text:
+            return
+        if self.text.strip() and self.text != text:
+            self.text = text + "\n\n" + self.text
+            self.notify("Your unsent message is back in the box, above what you typed since.")
+        else:
+            self.text = text

@@ -14,6 +14,8 @@ from textual.screen import Screen
 from chatapp.errors import ChatappError
 from chatapp.services.branches import BranchView
 from chatapp.services.chat_service import ChatService, PreparedDocument
+from chatapp.services.document_files import start_folder
+from chatapp.tui.document_picker import DocumentPicker
 from chatapp.tui.widgets import StatusLine
 
 
@@ -25,7 +27,7 @@ class DocumentAttach:
         screen: Screen[None],
         service: ChatService,
         status: Callable[[], StatusLine],
-        change_view: Callable[[Callable[[], BranchView]], Awaitable[None]],
+        change_view: Callable[[Callable[[], BranchView]], Awaitable[object]],
         branch: Callable[[], BranchView | None],
     ) -> None:
         """`change_view`: the screen's way to open a branch (and say why it could not); `branch`: the one on
@@ -36,6 +38,15 @@ class DocumentAttach:
         self._change_view = change_view
         self._branch = branch
         self.reading = False  # a document is being read and attached: sending waits
+
+    def choose(self) -> None:
+        """Ask which document (the picker starts where the last one was), then attach it."""
+
+        def chosen(path: Path | None) -> None:
+            if path is not None:
+                self.attach(path)
+
+        self._screen.app.push_screen(DocumentPicker(start_folder(self._service)), chosen)
 
     def attach(self, path: Path) -> None:
         """Read the document off the UI thread; sending waits until it is attached."""

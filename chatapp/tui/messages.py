@@ -9,15 +9,19 @@ from textual.message import Message
 from chatapp.services.streams import AnswerOutcome
 
 
+class AnswerEvent(Message):
+    """What the answer worker reports; the screen hands every one to its AnswerRunner."""
+
+
 @dataclass
-class AnswerText(Message):
+class AnswerText(AnswerEvent):
     """New text of the answer being streamed."""
 
     text: str
 
 
 @dataclass
-class PrefillAdvanced(Message):
+class PrefillAdvanced(AnswerEvent):
     """Prompt tokens of the answer evaluated so far."""
 
     done: int
@@ -33,19 +37,19 @@ class WarmProgress(Message):
 
 
 @dataclass
-class AnswerStarted(Message):
+class AnswerStarted(AnswerEvent):
     """The question was saved and its answer is being computed."""
 
 
 @dataclass
-class AnswerFinished(Message):
+class AnswerFinished(AnswerEvent):
     """The answer ended (completed, stopped, or cut by its limits)."""
 
     outcome: AnswerOutcome
 
 
 @dataclass
-class AnswerFailed(Message):
+class AnswerFailed(AnswerEvent):
     """The answer failed; `started` says whether the question was saved before it did.
 
     An empty reason: the user stopped it before it started (nothing to tell).

@@ -18,6 +18,7 @@ from textual.timer import Timer
 
 from chatapp.errors import ChatappError, LoadCancelled
 from chatapp.services.chat_service import ChatService
+from chatapp.services.model_choice import fit_problem
 from chatapp.tui.widgets import PrefillRow, StatusLine
 
 PROGRESS_EVERY_S = 0.1  # how often the progress row shows the share loaded
@@ -68,6 +69,25 @@ class ModelSwitch:
         self._screen.run_worker(
             lambda: self._load(path, cancel), thread=True, group="model-switch", exit_on_error=False
         )
+
+    def follow_conversation(self) -> None:
+        """A conversation answered by another model that is still here gets that model back."""
+        try:
+            remembered = self._service.remembered_model()
+        except ChatappError:
+            return
+        if remembered is None or self.loading:
+            return
+        current = self._service.slot.model_label()
+        if problem := fit_problem(remembered):
+            self._screen.notify(
+                f"This conversation was with {remembered.name}, which {problem}: staying with {current}.",
+                title="Model",
+                severity="warning",
+                timeout=10,
+            )
+            return
+        self.start(remembered, f"This conversation was with {remembered.name}: loading it (Esc stays with {current}).")
 
     def cancel(self) -> bool:
         """Esc: stop loading (or drop a model loaded and waiting); False when nothing was loading."""

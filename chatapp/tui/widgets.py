@@ -85,6 +85,9 @@ class StatusLine(Widget):
         return "  ·  ".join(field for field in fields if field)
 
 
+PROGRESS_FROM_TOKENS = 256  # shorter prefills finish before a progress bar would help
+
+
 class PrefillRow(Horizontal):
     """Progress of a long prefill (tokens done / total); Esc cancels it."""
 

@@ -22,7 +22,7 @@ async def test_tiers_pins_and_clear(data_dir: Path) -> None:
     async with app.run_test(size=SCREEN) as pilot:
         await wait_ready(pilot, app)
         persona = app.library.personas.get_by_name("Concise assistant")
-        await app.main_screen.use_persona(persona)
+        await app.main_screen.conversations.use_persona(persona)
         await send(pilot, app, "Name a colour.")
         await send(pilot, app, "Name another.")
         engine = engine_of(app)

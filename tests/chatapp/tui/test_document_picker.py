@@ -161,4 +161,4 @@ async def test_escape_cancels(app: ChatApp, folder: Path) -> None:
         await wait_until(pilot, lambda: app.screen is app.main_screen)
         await wait_idle(pilot, app)
         assert app.service.current.view().document is None
-        assert not app.main_screen.reading_document
+        assert not app.main_screen.documents.reading

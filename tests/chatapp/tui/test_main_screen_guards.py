@@ -65,7 +65,7 @@ async def test_an_edit_keeps_the_draft_and_is_dropped_when_the_conversation_chan
         await pilot.press("ctrl+n")
         await wait_until(pilot, lambda: app.service.current.view().messages == ())
         assert composer.text == "half-typed draft"
-        assert app.main_screen._editing is None
+        assert app.main_screen.edit.editing is None
         await send(pilot, app, "Name a flower.")
         branch = app.service.current.view()
         assert [m.record.content for m in branch.messages if m.record.role == "user"] == ["Name a flower."]
@@ -86,7 +86,7 @@ async def test_a_failed_edit_is_still_an_edit_when_sent_again(data_dir: Path) ->
         await pilot.press("enter")
         await wait_until(pilot, lambda: any("context holds" in n for n in notifications(app)))
         await wait_idle(pilot, app)
-        assert app.main_screen._editing == first_question.id
+        assert app.main_screen.edit.editing == first_question.id
         composer.text = "Name a lake."
         await pilot.press("enter")
         await wait_until(pilot, lambda: views(app) and views(app)[0].version_count == 2)
