@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from cache.prefix_cache import PrefixCache
-from chatapp.engine.events import GenerationResult, PrefillProgress, PromptPlaced, TokenText
+from chatapp.engine.events import AnswerText, GenerationResult, PromptProgress, PromptReuse, StreamEvent
 from chatapp.engine.handle import GenerationHandle
 from chatapp.engine.model_card import Capabilities, ModelFacts, ModelInfo
 from chatapp.engine.requests import GenerationRequest, SamplingParams
@@ -24,6 +24,7 @@ from chatapp.engine.restore_costs import RestoreCosts
 from chatapp.prompting.prompt import PromptBuilder
 
 __all__ = [  # the door: what code outside chatapp.engine may name
+    "AnswerText",
     "Capabilities",
     "EngineClient",
     "GenerationHandle",
@@ -32,10 +33,10 @@ __all__ = [  # the door: what code outside chatapp.engine may name
     "LocalEngine",
     "ModelFacts",
     "ModelInfo",
-    "PrefillProgress",
-    "PromptPlaced",
+    "PromptProgress",
+    "PromptReuse",
     "SamplingParams",
-    "TokenText",
+    "StreamEvent",
 ]
 
 

@@ -1,4 +1,4 @@
-"""What a generation reports while it runs and when it ends."""
+"""What a generation reports while it runs and when it ends: one vocabulary from the engine to the screens."""
 
 from __future__ import annotations
 
@@ -8,16 +8,17 @@ from chatapp.vocabulary import ReuseTier, StopReason
 
 
 @dataclass(frozen=True)
-class PrefillProgress:
-    """Prompt tokens evaluated so far, for a progress bar on long prompts."""
+class PromptProgress:
+    """Prompt tokens computed so far (for a progress bar while a long prompt is read)."""
 
     done: int
     total: int
 
 
 @dataclass(frozen=True)
-class PromptPlaced:
-    """The prompt found its sequence: how much of it is reused, and from where (sent before any progress)."""
+class PromptReuse:
+    """Where the prompt's beginning came from, known before any of the rest is computed (sent before
+    any progress)."""
 
     reused_tokens: int
     prompt_tokens: int
@@ -25,11 +26,17 @@ class PromptPlaced:
 
 
 @dataclass(frozen=True)
-class TokenText:
-    """New answer text (may be empty while a UTF-8 character is incomplete) and its token id."""
+class AnswerText:
+    """New text of the answer (empty while a character is incomplete) and the token that made it.
+
+    `token_id` is -1 for text released at the end without a new token (the services' stop strings).
+    """
 
     text: str
     token_id: int
+
+
+StreamEvent = PromptReuse | PromptProgress | AnswerText  # what a request reports while it runs
 
 
 @dataclass(frozen=True)

@@ -11,10 +11,10 @@ import threading
 import time
 from collections.abc import Iterator
 
-from chatapp.engine.events import GenerationResult, PrefillProgress, PromptPlaced, TokenText
+from chatapp.engine.events import AnswerText, GenerationResult, PromptProgress, PromptReuse
 from chatapp.engine.requests import GenerationRequest
 
-EngineEvent = PromptPlaced | PrefillProgress | TokenText
+EngineEvent = PromptReuse | PromptProgress | AnswerText
 
 
 class GenerationHandle:

@@ -18,7 +18,7 @@ from cache.llama_state import read_sequence_state
 from cache.prefix_cache import PrefixCache
 from cache.state_format import StateFormatError
 from chatapp.engine.batching import batch_end, on_grid, stored_checkpoint_positions
-from chatapp.engine.events import PrefillProgress
+from chatapp.engine.events import PromptProgress
 from chatapp.engine.gate import ArmedGates, Step
 from chatapp.engine.kv_placement import KVPlacer
 from chatapp.engine.llama_native import DecodeAborted, NativeContext
@@ -111,7 +111,7 @@ class Prefill:
                 self._store_if_awaited(task.turn, live, start, len(prompt))
             if start in checkpoints and not live.short_first_batch and start <= live.reusable:
                 self._take_checkpoint(job.request, live)
-            job.emit(PrefillProgress(done=start, total=len(prompt)))
+            job.emit(PromptProgress(done=start, total=len(prompt)))
             if not own_work:
                 self._gates.reach(Step.BATCH, job.request, job.cancel_event)
             if not is_last:

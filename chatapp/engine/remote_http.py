@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 
 from cache.prefix_cache import PrefixCache
-from chatapp.engine.events import GenerationResult, GenerationStats, PromptPlaced, TokenText
+from chatapp.engine.events import AnswerText, GenerationResult, GenerationStats, PromptReuse
 from chatapp.engine.handle import GenerationHandle
 from chatapp.engine.model_card import ModelInfo
 from chatapp.engine.requests import GenerationRequest
@@ -220,7 +220,7 @@ class StreamedRequest:
             if self._first_text_at is None:
                 self._first_text_at = time.perf_counter()
             self.pieces.append(text)
-            self.handle.emit(TokenText(text=text, token_id=-1))
+            self.handle.emit(AnswerText(text=text, token_id=-1))
 
     def stats(
         self, prompt_tokens: int, reused: int | None, *, reported: bool, generated: int, prefill_ms: float = 0.0
@@ -236,7 +236,7 @@ class StreamedRequest:
             reused = max(0, min(reused, prompt_tokens))
             tier = ReuseTier.SERVER if reused else ReuseTier.NONE
         if reported:
-            self.handle.emit(PromptPlaced(reused, prompt_tokens, tier))
+            self.handle.emit(PromptReuse(reused, prompt_tokens, tier))
         first = self._first_text_at if self._first_text_at is not None else ended
         return GenerationStats(
             prompt_tokens=prompt_tokens,

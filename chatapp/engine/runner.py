@@ -16,7 +16,7 @@ from typing import Protocol
 
 from cache.state_format import StateFormatError
 from chatapp.engine.batching import on_grid
-from chatapp.engine.events import GenerationResult, GenerationStats, PromptPlaced, TokenText
+from chatapp.engine.events import AnswerText, GenerationResult, GenerationStats, PromptReuse
 from chatapp.engine.gate import ArmedGates, Step
 from chatapp.engine.handle import GenerationHandle
 from chatapp.engine.kv_placement import KVPlacer, Placement
@@ -103,7 +103,7 @@ class Runner:
             task.phase = Phase.PREFILLING
             task.turn.computing_from = placement.reused_tokens
             task.turn.prefill_left = len(request.prompt_tokens) - placement.reused_tokens
-            handle.emit(PromptPlaced(placement.reused_tokens, len(request.prompt_tokens), placement.tier))
+            handle.emit(PromptReuse(placement.reused_tokens, len(request.prompt_tokens), placement.tier))
             result = yield from self._generate(task, placement)
         except Exception as error:
             # When in doubt, forget the sequence: a stale KV must never be reused.
@@ -265,7 +265,7 @@ class Runner:
                 generated.append(token)
                 text = decoder.decode(self.model.token_bytes(token, special=token in shown))
                 pieces.append(text)
-                handle.emit(TokenText(text=text, token_id=token))
+                handle.emit(AnswerText(text=text, token_id=token))
                 self._gates.reach(Step.TOKEN, request, handle.cancel_event)
                 if request.sampling.max_tokens is not None and len(generated) >= request.sampling.max_tokens:
                     stop_reason = StopReason.LENGTH
@@ -287,5 +287,5 @@ class Runner:
             tail = decoder.decode(b"", final=True)
             if tail:
                 pieces.append(tail)
-                handle.emit(TokenText(text=tail, token_id=-1))
+                handle.emit(AnswerText(text=tail, token_id=-1))
         return stop_reason, first_token_at

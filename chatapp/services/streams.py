@@ -4,7 +4,7 @@ One shape for everything a caller follows (an answer saved to a conversation, a 
 for `chatapp ask`, a warm-up): iterate `events()` on a worker thread, `cancel()` from any
 thread, `wait()` for the end. Subclasses say what happens on each piece of text, at the end,
 and when the request fails; the callers (the screens above all) see only these event types,
-never the engine's.
+and the engine's event vocabulary (AnswerText, PromptProgress, PromptReuse), named here for them.
 """
 
 from __future__ import annotations
@@ -13,39 +13,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from chatapp.engine.contract import GenerationHandle, GenerationResult, PrefillProgress, PromptPlaced, TokenText
-from chatapp.vocabulary import ReuseTier, StopReason
-
-
-@dataclass(frozen=True)
-class PromptProgress:
-    """Prompt tokens computed so far (for a progress bar while a long prompt is read)."""
-
-    done: int
-    total: int
-
-
-@dataclass(frozen=True)
-class AnswerText:
-    """New text of the answer (empty while a character is incomplete) and the token that made it.
-
-    `token_id` is -1 for text the decoder released at the end without a new token.
-    """
-
-    text: str
-    token_id: int
-
-
-@dataclass(frozen=True)
-class PromptReuse:
-    """Where the prompt's beginning came from, known before any of the rest is computed."""
-
-    reused_tokens: int
-    prompt_tokens: int
-    tier: ReuseTier
-
-
-StreamEvent = PromptReuse | PromptProgress | AnswerText
+from chatapp.engine.contract import (
+    AnswerText,
+    GenerationHandle,
+    GenerationResult,
+    PromptProgress,
+    PromptReuse,
+    StreamEvent,
+)
+from chatapp.vocabulary import StopReason
 
 
 @dataclass(frozen=True)
@@ -93,14 +69,9 @@ class EngineStream:
         """Progress and text until the request ends; raises what the engine raised."""
         try:
             for event in self.handle.events():
-                if isinstance(event, TokenText):
-                    text = AnswerText(event.text, event.token_id)
-                    self._on_text(text)
-                    yield text
-                elif isinstance(event, PrefillProgress):
-                    yield PromptProgress(event.done, event.total)
-                elif isinstance(event, PromptPlaced):
-                    yield PromptReuse(event.reused_tokens, event.prompt_tokens, event.tier)
+                if isinstance(event, AnswerText):
+                    self._on_text(event)
+                yield event
             result = self.handle.wait()
         except BaseException as error:
             self._on_failure(error)
@@ -124,3 +95,14 @@ class EngineStream:
 
     def _on_failure(self, error: BaseException) -> None:
         """The request failed (an Exception) or its reader stopped reading (GeneratorExit, the app closing)."""
+
+
+__all__ = [
+    "AnswerOutcome",
+    "AnswerText",
+    "EngineStream",
+    "PromptProgress",
+    "PromptReuse",
+    "StreamEvent",
+    "stats_record",
+]

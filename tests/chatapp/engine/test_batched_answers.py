@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from chatapp.engine.batch_rule import probe_problem
 from chatapp.engine.engine import Engine, EngineConfig
-from chatapp.engine.events import TokenText
+from chatapp.engine.events import AnswerText
 from chatapp.engine.handle import GenerationHandle
 from chatapp.engine.llama_native import NativeContext, NativeModel
 from chatapp.engine.requests import GenerationRequest, SamplingParams
@@ -165,7 +165,7 @@ def run_together(engine: Engine, batch: list[Ask], log: LogitsLog, *, hits: bool
         if handles and ask.after:
             seen = 0
             for event in handles[-1].events():
-                seen += isinstance(event, TokenText)
+                seen += isinstance(event, AnswerText)
                 if seen >= ask.after:
                     break
         request = GenerationRequest(ask.prompt, greedy(ask.max_tokens), use_cache=ask.use_cache and hits)

@@ -6,7 +6,7 @@ import pytest
 
 from chatapp.engine.batching import on_grid
 from chatapp.engine.engine import Engine
-from chatapp.engine.events import GenerationResult, PrefillProgress, PromptPlaced, TokenText
+from chatapp.engine.events import AnswerText, GenerationResult, PromptProgress, PromptReuse
 from chatapp.engine.gate import Step
 from chatapp.engine.llama_native import DecodeAborted, NativeContext, NativeModel
 from chatapp.engine.requests import GenerationRequest, SamplingParams
@@ -43,14 +43,14 @@ def run(
 def test_answer_streams_token_by_token(engine: Engine) -> None:
     handle = engine.generate(GenerationRequest(prompt_for(engine, "Name three colours."), GREEDY, use_cache=False))
     events = list(handle.events())
-    texts = [event for event in events if isinstance(event, TokenText)]
+    texts = [event for event in events if isinstance(event, AnswerText)]
     result = handle.wait()
     assert len(texts) == result.stats.generated_tokens > 1
     assert "".join(event.text for event in texts) == result.text
     assert [event.token_id for event in texts] == list(result.token_ids)
     # First where the prompt was placed (nothing reused without the cache), then its progress.
-    assert events[0] == PromptPlaced(0, result.stats.prompt_tokens, ReuseTier.NONE)
-    assert isinstance(events[1], PrefillProgress)
+    assert events[0] == PromptReuse(0, result.stats.prompt_tokens, ReuseTier.NONE)
+    assert isinstance(events[1], PromptProgress)
     assert events[1].done == events[1].total == result.stats.prompt_tokens
 
 
@@ -141,7 +141,7 @@ def test_cancel_between_prefill_batches(engine: Engine) -> None:
     with engine.holding(Step.BATCH, after=1):
         handle = engine.generate(GenerationRequest(prompt, GREEDY, use_cache=False))
         for event in handle.events():
-            if isinstance(event, PrefillProgress):
+            if isinstance(event, PromptProgress):
                 progress.append(event.done)
                 handle.cancel()  # from the caller's thread, while the engine is held after the batch
         result = handle.wait()

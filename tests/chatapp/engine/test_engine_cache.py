@@ -9,7 +9,7 @@ import pytest
 
 from chatapp.engine.batching import on_grid
 from chatapp.engine.engine import Engine, EngineConfig
-from chatapp.engine.events import GenerationResult, PromptPlaced
+from chatapp.engine.events import GenerationResult, PromptReuse
 from chatapp.engine.kv_placement import FRESH_TOKENS
 from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.prompting.prompt import ChatMessage
@@ -102,10 +102,10 @@ def test_restore_after_a_restart_comes_from_disk_and_equals_cold(
     assert warm.token_ids == cold.token_ids
 
 
-def placed_and_answered(engine: Engine, request: GenerationRequest) -> tuple[PromptPlaced, GenerationResult]:
-    """The request's PromptPlaced event and its result."""
+def placed_and_answered(engine: Engine, request: GenerationRequest) -> tuple[PromptReuse, GenerationResult]:
+    """The request's PromptReuse event and its result."""
     handle = engine.generate(request)
-    placed = [event for event in handle.events() if isinstance(event, PromptPlaced)]
+    placed = [event for event in handle.events() if isinstance(event, PromptReuse)]
     return placed[0], handle.wait()
 
 

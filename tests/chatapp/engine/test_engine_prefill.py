@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from chatapp.engine.engine import Engine
-from chatapp.engine.events import GenerationResult, PrefillProgress, PromptPlaced
+from chatapp.engine.events import GenerationResult, PromptProgress, PromptReuse
 from chatapp.engine.gate import Step
 from chatapp.engine.handle import GenerationHandle
 from chatapp.engine.requests import GenerationRequest, SamplingParams
@@ -66,11 +66,11 @@ def test_the_real_request_reuses_every_warmed_token_and_answers_as_cold(cached: 
     assert result.token_ids == ()
     assert result.stats.computed_tokens == len(warmed)
     assert result.stats.generated_tokens == 0
-    assert isinstance(events[0], PromptPlaced)
+    assert isinstance(events[0], PromptReuse)
     assert events[0].reused_tokens == result.stats.reused_tokens
     assert len(events) > 1
-    assert all(isinstance(event, PrefillProgress) for event in events[1:])
-    assert events[-1] == PrefillProgress(done=len(warmed), total=len(warmed))
+    assert all(isinstance(event, PromptProgress) for event in events[1:])
+    assert events[-1] == PromptProgress(done=len(warmed), total=len(warmed))
     warm = answer(cached, target)
     assert warm.stats.reuse_tier == "device"
     assert warm.stats.reused_tokens == len(warmed)
@@ -184,7 +184,7 @@ def test_a_warm_up_ending_just_before_a_batch_boundary_answers_as_cold(engine: E
     reference = answer(engine, target, use_cache=False, sequence=1)
     assert prefill(engine, target[: batch - 1], sequence=0, use_cache=False).wait().stop_reason == StopReason.PREFILLED
     handle = engine.generate(GenerationRequest(target, GREEDY, sequence=0))
-    progress = [event.done for event in handle.events() if isinstance(event, PrefillProgress)]
+    progress = [event.done for event in handle.events() if isinstance(event, PromptProgress)]
     warm = handle.wait()
     # The rest of the first batch is one token: it is evaluated with the next one, never alone.
     assert progress[0] == batch + 1

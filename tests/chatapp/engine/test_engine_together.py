@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from chatapp.engine.engine import Engine, EngineConfig
-from chatapp.engine.events import PrefillProgress
+from chatapp.engine.events import PromptProgress
 from chatapp.engine.gate import Step
 from chatapp.engine.handle import EngineEvent, GenerationHandle
 from chatapp.engine.requests import GenerationRequest, SamplingParams
@@ -151,7 +151,7 @@ def test_the_prompt_with_less_left_to_compute_goes_first(small_batches: Engine) 
         first_batch.release()
         assert first_token.wait_until_holding()
         # The first prompt was computed to its end while the longer one took only its first batch.
-        longer_progress = [event for event in _events_so_far(longer_handle) if isinstance(event, PrefillProgress)]
+        longer_progress = [event for event in _events_so_far(longer_handle) if isinstance(event, PromptProgress)]
         assert len(longer_progress) == 1
     assert first_handle.wait().stats.generated_tokens == 4
     assert longer_handle.wait().token_ids == alone.token_ids

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from chatapp.engine.engine import Engine
-from chatapp.engine.events import PrefillProgress, TokenText
+from chatapp.engine.events import AnswerText, PromptProgress
 from chatapp.engine.gate import Step, StepGate
 from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.prompting.prompt import ChatMessage
@@ -37,7 +37,7 @@ def test_cancelling_a_held_answer_ends_it_with_what_was_said(engine: Engine) -> 
         handle.cancel()
         events = list(handle.events())
         result = handle.wait()
-    said = [event for event in events if isinstance(event, TokenText)]
+    said = [event for event in events if isinstance(event, AnswerText)]
     assert result.stop_reason == StopReason.CANCELLED
     assert len(said) == result.stats.generated_tokens == 4
 
@@ -50,7 +50,7 @@ def test_a_batch_gate_holds_a_prefill_after_its_first_batch(engine: Engine) -> N
         handle = engine.generate(GenerationRequest(tokens, LONG, use_cache=False, prefill_only=True))
         assert gate.wait_until_holding()
         handle.cancel()
-        progress = [event.done for event in handle.events() if isinstance(event, PrefillProgress)]
+        progress = [event.done for event in handle.events() if isinstance(event, PromptProgress)]
     assert progress == [batch]
     assert handle.wait().stop_reason == StopReason.CANCELLED
 

@@ -15,7 +15,7 @@ import pytest
 
 from cache.memory_kinds import MemoryKind
 from chatapp.engine.engine import Engine, EngineConfig
-from chatapp.engine.events import GenerationResult, PrefillProgress
+from chatapp.engine.events import GenerationResult, PromptProgress
 from chatapp.engine.gate import Step
 from chatapp.engine.kv_placement import FRESH_TOKENS
 from chatapp.engine.requests import GenerationRequest, SamplingParams
@@ -202,7 +202,7 @@ def test_a_prompt_is_batched_alike_with_and_without_the_cache(model: tuple[Memor
 
         def run(request: GenerationRequest) -> tuple[list[int], GenerationResult]:
             handle = engine.generate(request)
-            ends = [event.done for event in handle.events() if isinstance(event, PrefillProgress)]
+            ends = [event.done for event in handle.events() if isinstance(event, PromptProgress)]
             return ends, handle.wait()
 
         cached_ends, cached = run(request)  # a fresh cache: computed in full, checkpoints stored

@@ -14,7 +14,7 @@ import pytest
 
 from chatapp.benchmark.llama_server import LlamaServerPeer, default_llama_server_path
 from chatapp.benchmark.server_process import free_port
-from chatapp.engine.events import TokenText
+from chatapp.engine.events import AnswerText
 from chatapp.engine.gate import Step
 from chatapp.engine.opening import connect_remote_engine
 from chatapp.engine.remote import RemoteConfig, RemoteEngine, RemoteEngineError, served_model_fingerprint
@@ -80,7 +80,7 @@ def test_an_answer_equals_the_servers_own_and_the_next_turn_reuses_it(
     messages = _messages("Which lighthouse guards Eddystone rocks?")
     prompt = tuple(remote.prompt_builder.build(messages))
     handle = remote.generate(GenerationRequest(prompt, GREEDY))
-    streamed = [event for event in handle.events() if isinstance(event, TokenText)]
+    streamed = [event for event in handle.events() if isinstance(event, AnswerText)]
     result = handle.wait()
     # The user reads the answer: the server computes its tokens again in batches meanwhile (a request
     # sent at once would stop that, and the next turn would reuse the prompt only).
@@ -140,7 +140,7 @@ def test_cancelling_keeps_what_was_said(remote: RemoteEngine, server: RunningSer
         handle.cancel()
         result = handle.wait()
     assert result.stop_reason is StopReason.CANCELLED
-    said = "".join(event.text for event in received if isinstance(event, TokenText))
+    said = "".join(event.text for event in received if isinstance(event, AnswerText))
     assert said
     assert result.text.startswith(said)
     assert result.token_ids == ()  # a cut-off answer's ids are never trusted: its text is tokenized
@@ -160,7 +160,7 @@ def test_a_server_dying_mid_answer_is_one_clear_error_and_the_next_request_works
         proxy.cut()
         with pytest.raises(RemoteEngineError, match="broke") as raised:
             list(events)
-    assert all(isinstance(event, TokenText) for event in received)
+    assert all(isinstance(event, AnswerText) for event in received)
     assert str(raised.value).count("\n") == 0
     again = remote.generate(GenerationRequest(prompt, GREEDY)).wait()  # the 'restarted' server answers
     assert again.stop_reason in (StopReason.END, StopReason.LENGTH)

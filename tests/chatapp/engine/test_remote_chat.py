@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from chatapp.engine.events import TokenText
+from chatapp.engine.events import AnswerText
 from chatapp.engine.opening import connect_remote_engine
 from chatapp.engine.remote_chat import RemoteChatEngine
 from chatapp.engine.remote_http import RemoteClient, RemoteConfig, RemoteEngineError
@@ -53,7 +53,7 @@ def test_the_server_builds_the_prompt_and_the_answer_is_its_own(chat: RemoteChat
 
     messages = _messages("Which lighthouse guards Eddystone rocks?")
     handle = chat.generate(GenerationRequest((), GREEDY, messages=messages))
-    streamed = "".join(event.text for event in handle.events() if isinstance(event, TokenText))
+    streamed = "".join(event.text for event in handle.events() if isinstance(event, AnswerText))
     result = handle.wait()
     prompt = tuple(builder_of(served.engine).build(list(messages)))
     alone = served.engine.generate(GenerationRequest(prompt, GREEDY, use_cache=False)).wait()
@@ -71,7 +71,7 @@ def test_the_server_builds_the_prompt_and_the_answer_is_its_own(chat: RemoteChat
 def test_a_warm_up_computes_the_prefix_and_shows_nothing(chat: RemoteChatEngine) -> None:
     messages = (*_messages("")[:1], ChatMessage.of(Role.USER, "Name one lighthouse in"))
     handle = chat.generate(GenerationRequest((), GREEDY, prefill_only=True, messages=messages))
-    assert not [event for event in handle.events() if isinstance(event, TokenText)]
+    assert not [event for event in handle.events() if isinstance(event, AnswerText)]
     assert handle.wait().stop_reason is StopReason.PREFILLED
 
 
