@@ -25,7 +25,7 @@ from chatapp.services.branches import BranchView, as_document, branch_turns, pro
 from chatapp.services.divergence import Divergence
 from chatapp.services.engine_slot import EngineSlot
 from chatapp.services.messages import Turn, conversation_messages, next_question_parts
-from chatapp.services.model_choice import fit_problem
+from chatapp.services.model_choice import file_fit_problem
 from chatapp.services.open_conversation import NEW_TITLE, OpenConversation
 from chatapp.services.personas import PersonaService
 from chatapp.services.prompt_plan import PromptPlan, TooLongWording, check_fits, plan_for, start_answer
@@ -126,7 +126,7 @@ class ChatService:
             remembered = latest[0].model if latest else None
             if not remembered or not Path(remembered).is_file():
                 return None
-            if Path(remembered).resolve() == self.workspace.model_path.resolve() or fit_problem(Path(remembered)):
+            if Path(remembered).resolve() == self.workspace.model_path.resolve() or file_fit_problem(Path(remembered)):
                 return None
         except (ChatappError, OSError):  # the settings' model then says what is wrong with it
             return None

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from chatapp.services.units import byte_size
+
 MEMINFO = Path("/proc/meminfo")
 
 
@@ -29,3 +31,26 @@ def available_memory_bytes() -> int:
         return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
     except (ValueError, OSError, AttributeError):
         return 0
+
+
+# A model takes about its file's size (the weights) and a little more: its context and the cache's RAM tier.
+MEMORY_MARGIN = 1.1
+
+
+def memory_needed(size_bytes: int) -> int:
+    """What loading a model of `size_bytes` takes, by the one rule the chat screen and the server share."""
+    return int(size_bytes * MEMORY_MARGIN)
+
+
+def fit_problem(size_bytes: int, *, held_bytes: int = 0, budget_bytes: int = 0, free_bytes: int | None = None) -> str:
+    """Why a model of `size_bytes` would not fit ("" when it would): more than the memory free now
+    (`free_bytes`, measured when not given), or, with a budget for the models loaded together, more
+    than what is left of it beside those holding `held_bytes`."""
+    needed = memory_needed(size_bytes)
+    if budget_bytes and needed + memory_needed(held_bytes) > budget_bytes:
+        left = max(0, budget_bytes - memory_needed(held_bytes))
+        return f"needs about {byte_size(needed)}, {byte_size(left)} of the {byte_size(budget_bytes)} budget left"
+    free = available_memory_bytes() if free_bytes is None else free_bytes
+    if free and needed > free:
+        return f"needs about {byte_size(needed)}, {byte_size(free)} free now"
+    return ""

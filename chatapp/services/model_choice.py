@@ -6,13 +6,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from chatapp.models.catalog import FoundModel
-from chatapp.services.machine_memory import available_memory_bytes
+from chatapp.services.machine_memory import available_memory_bytes, fit_problem
 from chatapp.services.model_list import model_row
 from chatapp.services.startup import Workspace
-from chatapp.services.units import byte_size
-
-# The weights are most of a model's memory; its context and the cache's RAM tier come on top.
-MEMORY_MARGIN = 1.1
 
 
 @dataclass(frozen=True)
@@ -41,8 +37,8 @@ def _choice(model: FoundModel, current: Path | None, free: int) -> ModelChoice:
     problem = ""
     if not model.can_chat:
         problem = model.problem or f"a {model.summary.use.value if model.summary else 'file'}, not a language model"
-    elif not is_current and free and model.size_bytes * MEMORY_MARGIN > free:
-        problem = f"needs about {byte_size(int(model.size_bytes * MEMORY_MARGIN))}, {byte_size(free)} free now"
+    elif not is_current:
+        problem = fit_problem(model.size_bytes, free_bytes=free)
     return ModelChoice(model.name, model.path, model_row(model), is_current, problem)
 
 
@@ -53,13 +49,10 @@ def _same(left: Path, right: Path) -> bool:
         return left == right
 
 
-def fit_problem(path: Path, free_bytes: int | None = None) -> str:
+def file_fit_problem(path: Path, free_bytes: int | None = None) -> str:
     """Why the model at `path` would not fit beside the one answering ("" when it would)."""
-    free = available_memory_bytes() if free_bytes is None else free_bytes
     try:
         size = path.stat().st_size
     except OSError as error:
         return f"cannot read it: {error.strerror}"
-    if free and size * MEMORY_MARGIN > free:
-        return f"needs about {byte_size(int(size * MEMORY_MARGIN))}, {byte_size(free)} free now"
-    return ""
+    return fit_problem(size, free_bytes=free_bytes)

@@ -23,7 +23,7 @@ from typing import Literal
 from chatapp.errors import ChatappError, ModelError
 from chatapp.models.catalog import FoundModel, ModelCatalog
 from chatapp.models.machine import check_found
-from chatapp.services.machine_memory import machine_memory_bytes
+from chatapp.services.machine_memory import fit_problem, machine_memory_bytes, memory_needed
 from chatapp.services.model_list import found_card
 from chatapp.services.serving import ModelCard, Serving
 
@@ -326,10 +326,11 @@ class ModelPool:
             path = check_found(found)
         except ModelError as error:
             raise ModelRefused(str(error)) from None
-        if found.size_bytes > self.limits.memory_bytes:
+        if memory_needed(found.size_bytes) > self.limits.memory_bytes:
             raise ModelRefused(
-                f"model {found.name} ({_gib(found.size_bytes)}) is larger than the {_gib(self.limits.memory_bytes)} "
-                "this server loads models into; raise --models-memory or pick a smaller quantization"
+                f"model {found.name} (about {_gib(memory_needed(found.size_bytes))} loaded) is larger than the "
+                f"{_gib(self.limits.memory_bytes)} this server loads models into; raise --models-memory or pick "
+                "a smaller quantization"
             )
         self._make_room(found)
         log.info("loading %s from %s", found.name, path)
@@ -346,7 +347,8 @@ class ModelPool:
                 others_loading = [loading for key, loading in self._loading.items() if key != _key(found.path)]
                 used = sum(model.size_bytes for model in held) + sum(loading.size_bytes for loading in others_loading)
                 count = len(held) + len(others_loading)
-                if used + found.size_bytes <= self.limits.memory_bytes and count < self.limits.max_loaded:
+                problem = fit_problem(found.size_bytes, held_bytes=used, budget_bytes=self.limits.memory_bytes)
+                if not problem and count < self.limits.max_loaded:
                     return
                 now = self._clock()
                 idle = [
@@ -356,8 +358,8 @@ class ModelPool:
                 ]
                 if not idle:
                     raise ModelsBusy(
-                        f"model {found.name} does not fit beside the models answering now "
-                        f"({count} loaded or loading, {_gib(used)} of {_gib(self.limits.memory_bytes)}); retry shortly"
+                        f"model {found.name} does not fit beside the models answering now ({count} loaded or "
+                        f"loading; {problem or 'at most ' + str(self.limits.max_loaded)}); retry shortly"
                     )
                 victim = min(idle, key=lambda model: model.last_used)
                 key = next(key for key, model in self._loaded.items() if model is victim)

@@ -18,7 +18,7 @@ from textual.timer import Timer
 
 from chatapp.errors import ChatappError, LoadCancelled
 from chatapp.services.chat_service import ChatService
-from chatapp.services.model_choice import fit_problem
+from chatapp.services.model_choice import file_fit_problem
 from chatapp.tui.widgets import PrefillRow, StatusLine
 
 PROGRESS_EVERY_S = 0.1  # how often the progress row shows the share loaded
@@ -79,7 +79,7 @@ class ModelSwitch:
         if remembered is None or self.loading:
             return
         current = self._service.slot.model_label()
-        if problem := fit_problem(remembered):
+        if problem := file_fit_problem(remembered):
             self._screen.notify(
                 f"This conversation was with {remembered.name}, which {problem}: staying with {current}.",
                 title="Model",
