@@ -19,7 +19,7 @@ import itertools
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 from cache.keys import BlockKey
 
@@ -153,6 +153,38 @@ class LazyHeap:
         self._live.clear()
 
 
+class _Record(Protocol):
+    pinned: bool
+
+
+RecordT = TypeVar("RecordT", bound=_Record)
+
+
+class _HeapPolicy(Generic[RecordT]):
+    """A policy that keeps one record per block and offers unpinned ones to a heap, worst first."""
+
+    def __init__(self) -> None:
+        self._blocks: dict[BlockKey, RecordT] = {}
+        self._heap = LazyHeap()
+
+    def set_pinned(self, key: BlockKey, pinned: bool) -> None:
+        record = self._blocks.get(key)
+        if record is not None:
+            record.pinned = pinned
+            self._offer(key)
+
+    def victim(self) -> BlockKey | None:
+        return self._heap.peek()
+
+    def clear(self) -> None:
+        self._blocks.clear()
+        self._heap.clear()
+
+    def _offer(self, key: BlockKey) -> None:
+        """Put `key` in the heap where its record now ranks it (or out of it, pinned)."""
+        raise NotImplementedError
+
+
 @dataclass
 class _Uses:
     count: float
@@ -160,14 +192,10 @@ class _Uses:
     pinned: bool
 
 
-class LfuPolicy:
+class LfuPolicy(_HeapPolicy[_Uses]):
     """Fewest uses first (uses are never forgotten), ties going to the least recently used."""
 
     name = "lfu"
-
-    def __init__(self) -> None:
-        self._blocks: dict[BlockKey, _Uses] = {}
-        self._heap = LazyHeap()
 
     def admit(self, key: BlockKey, place: BlockPlace, size: int, now: float, pinned: bool = False) -> None:
         uses = self._blocks.get(key)
@@ -187,19 +215,6 @@ class LfuPolicy:
         if self._blocks.pop(key, None) is not None:
             self._heap.discard(key)
 
-    def set_pinned(self, key: BlockKey, pinned: bool) -> None:
-        uses = self._blocks.get(key)
-        if uses is not None:
-            uses.pinned = pinned
-            self._offer(key)
-
-    def victim(self) -> BlockKey | None:
-        return self._heap.peek()
-
-    def clear(self) -> None:
-        self._blocks.clear()
-        self._heap.clear()
-
     def _offer(self, key: BlockKey) -> None:
         uses = self._blocks[key]
         if uses.pinned:
@@ -217,7 +232,7 @@ class _Worth:
     pinned: bool
 
 
-class ValuePolicy:
+class ValuePolicy(_HeapPolicy[_Worth]):
     """Evict the leaf worth least: recompute cost x decayed uses / bytes.
 
     A block's value at time t is cost(start, tokens) / size x sum over its uses of
@@ -235,11 +250,10 @@ class ValuePolicy:
             raise ValueError("the half-life and the attention constant must be positive")
         self.half_life_s = half_life_s
         self.attention_tokens = attention_tokens
+        super().__init__()
         self._rate = math.log(2) / half_life_s
-        self._blocks: dict[BlockKey, _Worth] = {}
         self._kept_children: dict[BlockKey, int] = {}
         self._ghosts: OrderedDict[BlockKey, tuple[float, float]] = OrderedDict()  # evicted: uses, last use
-        self._heap = LazyHeap()
 
     def admit(self, key: BlockKey, place: BlockPlace, size: int, now: float, pinned: bool = False) -> None:
         worth = self._blocks.get(key)
@@ -288,20 +302,10 @@ class ValuePolicy:
         if parent in self._blocks:
             self._offer(parent)  # a leaf again
 
-    def set_pinned(self, key: BlockKey, pinned: bool) -> None:
-        worth = self._blocks.get(key)
-        if worth is not None:
-            worth.pinned = pinned
-            self._offer(key)
-
-    def victim(self) -> BlockKey | None:
-        return self._heap.peek()
-
     def clear(self) -> None:
-        self._blocks.clear()
+        super().clear()
         self._kept_children.clear()
         self._ghosts.clear()
-        self._heap.clear()
 
     def value(self, key: BlockKey, now: float) -> float:
         """The block's value now, in token-times per byte (0 for an unknown block)."""

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TypedDict
+from dataclasses import asdict, dataclass, field
+from typing import TypedDict, cast
 
 from cache.tiers import REUSING_TIERS
 
@@ -27,14 +27,7 @@ class TierCounters:
     bytes_read: int = 0
 
     def as_dict(self) -> TierCounts:
-        return TierCounts(
-            hits=self.hits,
-            misses=self.misses,
-            evictions=self.evictions,
-            expirations=self.expirations,
-            bytes_written=self.bytes_written,
-            bytes_read=self.bytes_read,
-        )
+        return cast(TierCounts, asdict(self))  # the same fields, by construction
 
 
 class DiskSizes(TypedDict):

@@ -21,12 +21,11 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from chatapp.server import anthropic_fields as fields
 from chatapp.server.answering import CLIENT_GONE, COMPACT, Answer, start_chat
-from chatapp.server.bodies import read_body
+from chatapp.server.bodies import read_body, sampling_of
 from chatapp.server.context import context_of
 from chatapp.server.errors import ApiError
 from chatapp.server.reasoning_fields import anthropic_thinking
 from chatapp.services.completions import CompletionOutcome, RequestError
-from chatapp.services.serving import SamplingOptions
 from chatapp.services.streamed_answer import CallArguments, CallBegins
 
 router = APIRouter(prefix="/v1")
@@ -39,14 +38,7 @@ async def messages(request: Request) -> Response:
     context.check_model(body.model)
     shape = fields.anthropic_shape(body.fields_sent())
     chat, ends = fields.converted(body)
-    options = SamplingOptions(
-        temperature=body.temperature,
-        top_p=body.top_p,
-        top_k=body.top_k,
-        seed=body.seed,
-        max_tokens=body.max_tokens,
-        ignore_eos=body.ignore_eos,
-    )
+    options = sampling_of(body, body.max_tokens, top_k=body.top_k)
     stops = body.stops()
     keep, reasoning = fields.keep_hints(body, ends), anthropic_thinking(body.fields_sent().get("thinking"))
     answer = await start_chat(context, body.model, chat, options, stops, shape, keep=keep, reasoning=reasoning)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
 from chatapp.server.errors import ApiError
+from chatapp.services.serving import SamplingOptions
 
 Body = TypeVar("Body", bound=BaseModel)
 
@@ -43,3 +44,31 @@ async def read_body(request: Request, model: type[Body], limit_bytes: int) -> Bo
 
 def _too_large(limit_bytes: int) -> ApiError:
     return ApiError(413, f"the request body is larger than {limit_bytes:,} bytes; send a shorter prompt")
+
+
+class SamplingFields(Protocol):
+    """The sampling fields the OpenAI, Responses and Anthropic bodies share, under the same names."""
+
+    @property
+    def temperature(self) -> float | None: ...
+
+    @property
+    def top_p(self) -> float | None: ...
+
+    @property
+    def seed(self) -> int | None: ...
+
+    @property
+    def ignore_eos(self) -> bool | None: ...
+
+
+def sampling_of(body: SamplingFields, max_tokens: int | None, *, top_k: int | None = None) -> SamplingOptions:
+    """What a body asks of sampling; `max_tokens` under the protocol's own name, `top_k` where it has one."""
+    return SamplingOptions(
+        temperature=body.temperature,
+        top_p=body.top_p,
+        seed=body.seed,
+        max_tokens=max_tokens,
+        top_k=top_k,
+        ignore_eos=bool(body.ignore_eos),
+    )

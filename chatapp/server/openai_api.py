@@ -18,7 +18,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from chatapp.server.answering import CLIENT_GONE, COMPACT, Answer, finish_reason, start, start_chat
-from chatapp.server.bodies import read_body
+from chatapp.server.bodies import read_body, sampling_of
 from chatapp.server.context import context_of
 from chatapp.server.errors import ApiError
 from chatapp.server.reasoning_fields import openai_reasoning
@@ -34,7 +34,6 @@ from chatapp.server.schemas import (
 )
 from chatapp.server.tool_fields import chat_message, openai_call, openai_shape
 from chatapp.services.completions import CompletionOutcome, CompletionUsage
-from chatapp.services.serving import SamplingOptions
 from chatapp.services.streamed_answer import CallArguments, CallBegins, CallShown
 from chatapp.vocabulary import StopReason
 
@@ -48,16 +47,6 @@ def _usage(usage: CompletionUsage) -> dict[str, Any]:
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,
         "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
     }
-
-
-def _options(body: OpenAISampling, max_tokens: int | None) -> SamplingOptions:
-    return SamplingOptions(
-        temperature=body.temperature,
-        top_p=body.top_p,
-        seed=body.seed,
-        max_tokens=max_tokens,
-        ignore_eos=bool(body.ignore_eos),
-    )
 
 
 @router.get("/models")
@@ -92,7 +81,7 @@ async def chat_completions(request: Request) -> Response:
         for index, message in enumerate(body.messages)
     ]
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    options = _options(body, max_tokens)
+    options = sampling_of(body, max_tokens)
     stop = checked_stop(body.stop, "stop")
     reasoning = openai_reasoning(fields.get("reasoning_effort"))
     answer = await start_chat(context, body.model, messages, options, stop, shape, reasoning=reasoning)
@@ -114,7 +103,7 @@ async def completions(request: Request) -> Response:
         prompt = body.prompt[0]
     else:
         raise ApiError(400, f"prompt lists {len(body.prompt)} prompts; send one per request", param="prompt")
-    options = _options(body, body.max_tokens)
+    options = sampling_of(body, body.max_tokens)
     stop = checked_stop(body.stop, "stop")
     async with context.serving_for(body.model) as serving:
         answer = Answer(context, await start(lambda: serving.complete(prompt, options, stop)))

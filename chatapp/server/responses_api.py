@@ -17,11 +17,10 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from chatapp.server import responses_fields as fields
 from chatapp.server.answering import CLIENT_GONE, COMPACT, Answer, start_chat
-from chatapp.server.bodies import read_body
+from chatapp.server.bodies import read_body, sampling_of
 from chatapp.server.context import context_of
 from chatapp.server.reasoning_fields import responses_reasoning
 from chatapp.services.completions import CompletionOutcome
-from chatapp.services.serving import SamplingOptions
 from chatapp.services.streamed_answer import CallArguments, CallBegins, CallEnds
 from chatapp.tools import ToolCall
 
@@ -36,13 +35,7 @@ async def responses(request: Request) -> Response:
     sent = body.fields_sent()
     shape = fields.responses_shape(sent)
     chat = fields.api_messages(body)
-    options = SamplingOptions(
-        temperature=body.temperature,
-        top_p=body.top_p,
-        seed=body.seed,
-        max_tokens=body.max_output_tokens,
-        ignore_eos=bool(body.ignore_eos),
-    )
+    options = sampling_of(body, body.max_output_tokens)
     reasoning = responses_reasoning(sent.get("reasoning"))
     answer = await start_chat(context, body.model, chat, options, (), shape, reasoning=reasoning)
     response_id = fields.new_id("resp")

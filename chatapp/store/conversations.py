@@ -118,12 +118,7 @@ class ConversationStore:
         """Remember which branch is on screen (any message of the conversation may be chosen)."""
         with transaction(self._connection) as db:
             self._conversation(db, conversation_id)
-            message = self._message(db, message_id)
-            if message.conversation_id != conversation_id:
-                raise StoreError(
-                    f"message {message_id} belongs to conversation {message.conversation_id}, "
-                    f"not {conversation_id}; reload the conversation"
-                )
+            self._message_in(db, conversation_id, message_id)
             db.execute("UPDATE conversations SET active_leaf_id = ? WHERE id = ?", (message_id, conversation_id))
             return self._conversation(db, conversation_id)
 
@@ -180,12 +175,7 @@ class ConversationStore:
         now = time.time()
         with transaction(self._connection) as db:
             self._conversation(db, conversation_id)
-            parent = self._message(db, parent_id)
-            if parent.conversation_id != conversation_id:
-                raise StoreError(
-                    f"message {parent_id} belongs to conversation {parent.conversation_id}, "
-                    f"not {conversation_id}; reload the conversation"
-                )
+            self._message_in(db, conversation_id, parent_id)
             cursor = db.execute(
                 "INSERT INTO messages (conversation_id, parent_id, role, content, created_at, "
                 "generated_ids, stats, status) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -346,6 +336,16 @@ class ConversationStore:
         if row is None:
             raise StoreError(f"conversation {conversation_id} does not exist (deleted?); reload the conversation list")
         return _conversation_record(row)
+
+    def _message_in(self, db: sqlite3.Connection, conversation_id: int, message_id: int) -> MessageRecord:
+        """A message of `conversation_id`; StoreError when it belongs to another (a stale screen)."""
+        message = self._message(db, message_id)
+        if message.conversation_id != conversation_id:
+            raise StoreError(
+                f"message {message_id} belongs to conversation {message.conversation_id}, "
+                f"not {conversation_id}; reload the conversation"
+            )
+        return message
 
     def _message(self, db: sqlite3.Connection, message_id: int) -> MessageRecord:
         row = db.execute(f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE id = ?", (message_id,)).fetchone()
