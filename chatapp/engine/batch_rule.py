@@ -5,16 +5,17 @@ Measured on x86 (batch_probe.py, scripts/batch_invariance_probe.py): with flash 
 weights in Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (and repacked IQ4_NL) give every row bit-identical
 results whatever else the batch holds. K-quants change kernel at 8 rows and, repacked, by a row's
 place in a group of 4; F16/BF16/F32 weights differ between one row and several; CPU flash
-attention splits one row's KV range across threads; GPU kernels are picked by row count.
+attention splits one row's KV range across threads. GPU kernels are picked by row count too, but
+not on every device alike: there the probe alone decides (it must find no difference).
 
 So the rule looks at the weight types of every matrix the model multiplies by (K-quants pass it:
-most Q4_0 and Q5_0 files keep their output projection in Q6_K, and unrepacked K-quants hold
-below 8 rows), flash attention and offload; a model that passes is then confirmed on its own
-context by a short probe: answers of every group size up to MAX_TOGETHER (or the sequences it
-has), so every row place in every size, alone then together, logits compared bit for bit. A
-tiny Q4_K_M model (Q4_K repacked on AVX2) agreed at 2 and 3 together and differed at 4. The
-verdict is remembered per model file, llama.cpp build, CPU and settings. Only a confirmed
-model batches.
+most Q4_0 and Q5_0 files keep their output projection in Q6_K, and unrepacked K-quants hold below
+8 rows; offloaded weights run the device's kernels, not these) and flash attention; a model that
+passes is then confirmed on its own context by a short probe: answers of every group size up to
+MAX_TOGETHER (or the sequences it has), so every row place in every size, alone then together,
+logits compared bit for bit. A tiny Q4_K_M model (Q4_K repacked on AVX2) agreed at 2 and 3
+together and differed at 4. The verdict is remembered per model file, llama.cpp build, CPU and
+settings. Only a confirmed model batches.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import llama_cpp
 import numpy as np
 
 from chatapp.engine.config import LoadProgress
-from chatapp.engine.llama_native import NativeContext, NativeModel
+from chatapp.engine.llama_native import NativeContext, NativeModel, offload_device
 from chatapp.engine.requests import SamplingParams
 from chatapp.engine.sampling import NativeSampler
 from chatapp.engine.verdict_memo import recall, remember
@@ -84,7 +85,7 @@ def rule_problem(model: NativeModel, context: NativeContext, gpu_layers: int) ->
     if context.shape.flash_attention:
         return "flash attention splits one row's work across threads unlike several rows'"
     if gpu_layers > 0:
-        return "GPU kernels are chosen by the number of rows"
+        return None  # the device's kernels, whatever the weights' types: the probe decides
     return weights_problem(model.path)
 
 
@@ -164,12 +165,13 @@ def verdict_key(
 ) -> str:
     """What the probe's verdict depends on: the file, the build and CPU, the context's settings (as
     asked for: known before the weights are loaded, so a load knows whether it will probe), and the
-    group sizes probed (a verdict for 3 sequences says nothing of 4 together)."""
+    group sizes probed (a verdict for 3 sequences says nothing of 4 together), and the device layers run on."""
     stat = model_path.stat()
     system = llama_cpp.llama_print_system_info().decode("utf-8", "replace")
     parts = (model_path.resolve(), stat.st_size, stat.st_mtime_ns, llama_cpp.__version__, system, threads)
     settings = (flash_attention, gpu_layers, min(sequences, MAX_TOGETHER, len(PROBE_TEXTS)), swa_full)
-    return "|".join(str(part) for part in (*parts, *settings))
+    device = (offload_device(),) if gpu_layers else ()  # another GPU, other kernels
+    return "|".join(str(part) for part in (*parts, *settings, *device))
 
 
 def verdict_known(key: str, memo: Path | None) -> bool:

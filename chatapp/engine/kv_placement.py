@@ -75,7 +75,10 @@ class KVPlacer:
         ready_state_bytes: int = 0,
         min_rows: int = MIN_ROWS,
         grid: int = 0,
+        window_from_zero: bool = False,
     ) -> None:
+        """`window_from_zero`: restored windows keep a cell for every position (assemble_state): layers
+        offloaded to a device, whose attention kernels read every cell of the cache."""
         self.context = context
         self.cache = cache
         # The model's own memory, not the layout's: a cut is judged even when the format is not understood.
@@ -84,6 +87,7 @@ class KVPlacer:
         # Prompts on a fixed grid of batches (batching.py): reuse only whole grid batches.
         self.grid = grid
         self.sequences = Sequences(context.shape.n_sequences, grid)
+        self._window_from_zero = window_from_zero
         self._state_buffer = StateBuffer()  # restores and rewinds assemble here: llama.cpp copies it at once
         # Whole states a plain KV cache loads with no assembly (a window or recurrent state cannot be cut after).
         self.ready = ReadyStates(ready_state_bytes if memory.keeps_whole_states() else 0)
@@ -275,6 +279,7 @@ class KVPlacer:
                 cells=position,
                 checkpoint=self.sequences[sequence].checkpoints[position],
                 buffer=self._state_buffer,
+                window_from_zero=self._window_from_zero,
             )
         except StateFormatError as error:
             log.warning("cannot rewind a sequence: %s", error)
@@ -316,6 +321,7 @@ class KVPlacer:
                 cells=fetched.tokens,
                 checkpoint=fetched.checkpoint,
                 buffer=self._state_buffer,
+                window_from_zero=self._window_from_zero,
             )
         except StateFormatError as error:
             log.warning("cannot assemble a cached prefix: %s", error)

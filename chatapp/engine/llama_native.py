@@ -81,6 +81,44 @@ def gpu_offload_supported() -> bool:
     return bool(llama_cpp.llama_supports_gpu_offload())
 
 
+# ggml's device types (ggml-backend.h: CPU, GPU, IGPU, ACCEL): offloaded layers go to a GPU or an
+# integrated one (Vulkan names some GPUs so); an accelerator (BLAS, AMX) holds no layers.
+_GPU_DEVICES = (1, 2)
+
+
+@functools.cache
+def offload_device() -> str | None:
+    """The device offloaded layers run on, as ggml names it ("Vulkan0: llvmpipe (LLVM 15.0.6, 256 bits)"),
+    or None for a build (or a machine) with none. llama-cpp-python does not bind ggml's device registry:
+    it is read from the ggml library llama.cpp loaded."""
+    if not gpu_offload_supported():
+        return None
+    folder = Path(llama_cpp.__file__).parent / "lib"
+    library = next(
+        (path for name in ("libggml.so", "libggml.dylib", "ggml.dll") if (path := folder / name).exists()), None
+    )
+    if library is None:
+        return None
+    try:
+        ggml = ctypes.CDLL(str(library))
+        ggml.ggml_backend_dev_count.restype = ctypes.c_size_t
+        ggml.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+        ggml.ggml_backend_dev_get.restype = ctypes.c_void_p
+        for name in ("ggml_backend_dev_name", "ggml_backend_dev_description"):
+            getattr(ggml, name).argtypes = [ctypes.c_void_p]
+            getattr(ggml, name).restype = ctypes.c_char_p
+        ggml.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
+        ggml.ggml_backend_dev_type.restype = ctypes.c_int
+        for index in range(ggml.ggml_backend_dev_count()):
+            device = ggml.ggml_backend_dev_get(index)
+            if ggml.ggml_backend_dev_type(device) in _GPU_DEVICES:
+                name = ggml.ggml_backend_dev_name(device).decode(errors="replace")
+                return f"{name}: {ggml.ggml_backend_dev_description(device).decode(errors='replace')}"
+    except (OSError, AttributeError) as error:  # another ggml than this code knows: say nothing
+        llama_logger.info("cannot read ggml's devices: %s", error)
+    return None
+
+
 class NativeModel:
     """A loaded GGUF model: weights, vocabulary and metadata."""
 

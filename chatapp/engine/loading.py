@@ -21,7 +21,7 @@ from cache.state_format import MemoryLayout, StateFormatError
 from chatapp.engine.batch_rule import answer_batching, verdict_key, verdict_known
 from chatapp.engine.batching import FLASH_ATTENTION_ROWS, GRID_TOKENS, MIN_ROWS
 from chatapp.engine.config import CacheFactory, EngineConfig, default_thread_count, split_progress
-from chatapp.engine.llama_native import NativeContext, NativeModel, gpu_offload_supported
+from chatapp.engine.llama_native import NativeContext, NativeModel, offload_device
 from chatapp.engine.model_card import ModelInfo
 from chatapp.engine.split_rule import fixed_batches
 from chatapp.prompting.prompt import PromptBuilder
@@ -90,7 +90,7 @@ def load_model(
     """Load the weights and a context shaped by `config`, test the state format, open the cache."""
     layers = config.n_gpu_layers
     if layers < 0:
-        layers = ALL_LAYERS if gpu_offload_supported() else 0
+        layers = ALL_LAYERS if offload_device() is not None else 0  # a GPU build on a machine with a device
     threads = config.threads or default_thread_count()
     verdict = verdict_key(
         config.model_path,
@@ -112,7 +112,10 @@ def load_model(
             n_threads=threads,
             n_batch=config.n_batch,
             flash_attention=config.flash_attention,
-            swa_full=config.swa_full,
+            # On a device a window cache smaller than the context leaves the cells of a restored or
+            # continued sequence where a cold run has others, and its kernels round otherwise (measured
+            # on Vulkan with flash attention): the full-size window cache there.
+            swa_full=config.swa_full or layers > 0,
             should_abort=should_abort,
         )
     except BaseException:
@@ -128,6 +131,7 @@ def load_model(
         n_sequences=shape.n_sequences,
         flash_attention=shape.flash_attention,
         gpu_layers=min(layers, model.n_layer + 1),
+        device=(offload_device() or "an unnamed device") if layers > 0 else "CPU",
         threads=threads,
         memory_kind=model.memory.kind,
         window=model.window,

@@ -52,6 +52,7 @@ class ModelInfo:
     flash_attention: bool
     gpu_layers: int
     threads: int
+    device: str = "CPU"  # where offloaded layers run, as ggml names it ("CPU" when none are)
     memory_kind: MemoryKind = MemoryKind.PLAIN
     window: int = 0  # tokens a sliding-window layer attends to (0: none)
     swa_full: bool = True

@@ -102,6 +102,9 @@ def serve(
         f"chatapp serving {serving.model.id} at http://{shown_host}:{port}/v1 (OpenAI) "
         f"and http://{shown_host}:{port}/api (Ollama)"
     )
+    info = serving.engine.info
+    if info.gpu_layers > 0:
+        say(f"{info.gpu_layers} layers on {info.device}")
     if pool.any_model or pool.aliases:
         say(f"it answers to {context.names_answered()}")
     others = len(pool.listed()) - len(pool.default_names())

@@ -52,6 +52,7 @@ def ask(
         **(ended.figures(ms_digits=3) or {}),
         "model": model,
         "model_fingerprint": model_fingerprint,
+        "device": engine.info.device,  # where the offloaded layers ran ("CPU" when none were)
     }
 
 

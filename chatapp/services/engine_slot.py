@@ -130,6 +130,13 @@ class EngineSlot:
         engine = self.engine
         return engine.info.short_name if engine is not None else "no model"
 
+    def offload_device(self) -> str:
+        """The device the model's offloaded layers run on, short ("Vulkan0", "CUDA0"); "" when none are."""
+        engine = self.engine
+        if engine is None or engine.info.gpu_layers <= 0:
+            return ""
+        return engine.info.device.split(":")[0]
+
     def context_size(self) -> int | None:
         """Tokens one conversation's context holds (None until the model is loaded)."""
         engine = self.engine

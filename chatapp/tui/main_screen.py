@@ -96,7 +96,8 @@ class MainScreen(Screen[None]):
 
     # Called by the app.
     def engine_ready(self, model_label: str) -> None:
-        self.status.model = model_label
+        device = self.service.slot.offload_device()
+        self.status.model = f"{model_label} on {device}" if device else model_label
         self.status.context_size = self.service.slot.context_size()
         self.status.state = "ready"
         self.shown.update_info()

@@ -344,6 +344,34 @@ def test_a_window_in_another_stream_slot_restores_into_the_sequence_stream(kind:
 
 
 @pytest.mark.parametrize("v_trans", [False, True])
+@pytest.mark.parametrize("kind", [MemoryKind.ISWA, MemoryKind.HYBRID_ISWA])
+def test_a_window_from_zero_holds_a_cell_for_every_position_the_older_ones_empty(
+    kind: MemoryKind, v_trans: bool
+) -> None:
+    """As a full-size window cache holds them after a cold run (a device's kernels read every cell)."""
+    sequence = sequence_of(kind, v_trans)
+    source = sequence.state(LENGTH, seq_id=1)
+    memory = memory_of(kind, WINDOW)
+    checkpoint = checkpoint_of(source, kind)
+    pieces = pieces_of(source, [0, 8, LENGTH], kind)
+    layout = sequence.model.layout
+    padded = parse_state(
+        assemble_state(layout, pieces, 1, cells=LENGTH, checkpoint=checkpoint, window_from_zero=True), memory
+    )
+    plain = parse_state(assemble_state(layout, pieces, 1, cells=LENGTH, checkpoint=checkpoint), memory)
+    assert padded.swa is not None
+    assert plain.swa is not None
+    assert padded.swa.positions.tolist() == list(range(LENGTH))
+    assert plain.swa.positions.tolist() == [8, 9, 10]
+    assert checkpoint_payload(padded, WINDOW) == checkpoint_payload(plain, WINDOW) == checkpoint  # the same window
+    assert all(not keys[:8].any() for keys in padded.swa.keys)  # the cells before it are empty
+    assert padded.base is not None
+    assert plain.base is not None
+    assert padded.base.positions.tolist() == plain.base.positions.tolist() == list(range(LENGTH))
+    assert padded.recurrent == plain.recurrent
+
+
+@pytest.mark.parametrize("v_trans", [False, True])
 @pytest.mark.parametrize("kind", CHECKPOINTED)
 @pytest.mark.parametrize("cells", [1, 2, 4, 6, 9])
 def test_a_shorter_prefix_comes_from_longer_pieces_and_its_own_checkpoint(

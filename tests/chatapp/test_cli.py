@@ -15,6 +15,7 @@ from chatapp import cli
 from chatapp.cli import main
 from chatapp.documents import load_document
 from chatapp.engine.engine import Engine
+from chatapp.engine.llama_native import offload_device
 from chatapp.model_files import bundled_model_path
 from chatapp.services.conversation import Conversation
 from chatapp.services.library import open_library
@@ -33,6 +34,7 @@ JSON_FIELDS = {
     "generated_tokens": int,
     "model": str,
     "model_fingerprint": str,
+    "device": str,
 }
 QUICK = ["--max-tokens", "8", "--temperature", "0", "--context", "1024"]
 
@@ -55,6 +57,7 @@ def test_ask_json_has_every_field(data_dir: Path, capsys: pytest.CaptureFixture[
     assert 0 < record["generated_tokens"] <= 8
     assert record["model"].endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
     assert record["model_fingerprint"].startswith("xxh3-128:")
+    assert record["device"] == (offload_device() or "CPU")  # this build offloads every layer where it can
 
 
 def test_a_second_question_about_a_document_reuses_it_from_disk(

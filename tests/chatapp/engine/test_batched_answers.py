@@ -34,7 +34,7 @@ from chatapp.engine.sampling import NativeSampler
 from tests.cache_support import cached_engine
 from tests.model_factory import quantize_model, write_tiny_gemma3, write_tiny_lfm2, write_tiny_llama
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.device]
 EXAMPLES = int(os.environ.get("CHATAPP_BATCH_EXAMPLES", "12"))
 BATCH = 16  # tokens per prompt batch: prompts of 16k + 1 tokens leave one over
 CONTEXT = 256

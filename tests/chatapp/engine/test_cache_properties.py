@@ -67,7 +67,7 @@ from tests.model_factory import (
 
 # Random conversation trees on tiny models, 60 per memory kind in the suite (half a minute each on
 # two cores; the notes' runs take thousands with CHATAPP_PROPERTY_EXAMPLES).
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.device]
 
 EXAMPLES = int(os.environ.get("CHATAPP_PROPERTY_EXAMPLES", "60"))
 WRITERS: dict[MemoryKind, Callable[[Path], Path]] = {

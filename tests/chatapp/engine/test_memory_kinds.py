@@ -10,10 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
 from cache.memory_kinds import MemoryKind
+from chatapp.engine.batching import FLASH_ATTENTION_ROWS, on_grid
 from chatapp.engine.engine import Engine, EngineConfig
 from chatapp.engine.events import GenerationResult, PromptProgress
 from chatapp.engine.gate import Step
@@ -23,6 +25,7 @@ from chatapp.prompting.prompt import ChatMessage
 from chatapp.services.boundaries import reuse_boundaries
 from chatapp.vocabulary import ReuseTier, Role, StopReason
 from tests.cache_support import cached_engine
+from tests.conftest import ON_DEVICE
 from tests.model_factory import (
     TINY_MODEL_THREADS,
     write_tiny_gemma3,
@@ -31,9 +34,14 @@ from tests.model_factory import (
     write_tiny_mamba,
 )
 
+pytestmark = pytest.mark.device
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8)
 CONTEXT = 1024
-PERSONA = "You are a careful assistant who answers in short sentences and checks every fact twice. " * 3
+# On a device, prompts are computed (and reused) in whole 64-token batches (split_rule.py): there
+# the persona spans several, so a restore has whole batches to restore.
+PERSONA = "You are a careful assistant who answers in short sentences and checks every fact twice. " * (
+    24 if ON_DEVICE else 3
+)
 WRITERS: dict[MemoryKind, Callable[[Path], Path]] = {
     MemoryKind.PLAIN: write_tiny_llama,
     MemoryKind.ISWA: write_tiny_gemma3,
@@ -42,22 +50,39 @@ WRITERS: dict[MemoryKind, Callable[[Path], Path]] = {
 }
 
 
-@pytest.fixture(scope="module", params=list(WRITERS), ids=lambda kind: str(kind))
-def model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[MemoryKind, Path]:
-    kind: MemoryKind = request.param
-    return kind, WRITERS[kind](tmp_path_factory.mktemp(f"model-{kind}") / "tiny.gguf")
+class Tiny(NamedTuple):
+    """A tiny model of one memory kind, and whether its engines use flash attention."""
+
+    kind: MemoryKind
+    path: Path
+    flash_attention: bool = False
+
+
+# On a device (`make test-vulkan`) every case runs with flash attention off and on: its kernels differ there.
+FLASH = (False, True) if ON_DEVICE else (False,)
+CASES = [(kind, flash) for kind in WRITERS for flash in FLASH]
+
+
+@pytest.fixture(scope="module", params=CASES, ids=lambda case: f"{case[0]}{'-flash' if case[1] else ''}")
+def model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Tiny:
+    kind, flash = request.param
+    return Tiny(kind, WRITERS[kind](tmp_path_factory.mktemp(f"model-{kind}") / "tiny.gguf"), flash)
 
 
 @pytest.fixture(scope="module")
-def cold(model: tuple[MemoryKind, Path]) -> Iterator[Engine]:
-    config = EngineConfig(model_path=model[1], context_cap=CONTEXT, sequences=1, threads=TINY_MODEL_THREADS)
+def cold(model: Tiny) -> Iterator[Engine]:
+    config = EngineConfig(
+        model_path=model.path,
+        context_cap=CONTEXT,
+        sequences=1,
+        threads=TINY_MODEL_THREADS,
+        flash_attention=model.flash_attention,
+    )
     with Engine(config) as engine:
         yield engine
 
 
-def open_cached(
-    model: tuple[MemoryKind, Path], folder: Path, sequences: int = 1, n_batch: int = 512, swa_full: bool = True
-) -> Engine:
+def open_cached(model: Tiny, folder: Path, sequences: int = 1, n_batch: int = 512, swa_full: bool = True) -> Engine:
     engine = cached_engine(
         folder,
         model[1],
@@ -67,6 +92,7 @@ def open_cached(
         threads=TINY_MODEL_THREADS,
         n_batch=n_batch,
         swa_full=swa_full,
+        flash_attention=model.flash_attention,
     )
     assert engine.cache is not None, engine.cache_problem
     assert engine.info.memory_kind is model[0]
@@ -97,21 +123,26 @@ def cold_answer(cold: Engine, messages: list[ChatMessage]) -> tuple[int, ...]:
     return cold.generate(GenerationRequest(prompt, GREEDY, use_cache=False)).wait().token_ids
 
 
+def reusable(engine: Engine, tokens: int, prompt: int) -> int:
+    """The most of its first `tokens` a `prompt`-token prompt reuses: all of them (less the last rows every
+    answer computes) where batches end anywhere; whole grid batches where prompts are computed on the
+    grid (a device: split_rule.py)."""
+    return on_grid(min(tokens, prompt - engine.placer.fresh_tokens), engine.info.prompt_grid)
+
+
 def persona_end(engine: Engine) -> int:
     """Where a new question on the persona leaves an earlier one (a boundary the requests name)."""
     return reuse_boundaries(engine.prompt_builder, messages_for("x"))[0]
 
 
-def test_the_state_format_is_understood(model: tuple[MemoryKind, Path], tmp_path: Path) -> None:
+def test_the_state_format_is_understood(model: Tiny, tmp_path: Path) -> None:
     with open_cached(model, tmp_path) as engine:
         assert engine.layout is not None
         assert engine.layout.kind is model[0]
         assert engine.takes_checkpoints == (model[0] is not MemoryKind.PLAIN)
 
 
-def test_a_new_question_on_the_persona_restores_it_from_ram(
-    model: tuple[MemoryKind, Path], cold: Engine, tmp_path: Path
-) -> None:
+def test_a_new_question_on_the_persona_restores_it_from_ram(model: Tiny, cold: Engine, tmp_path: Path) -> None:
     with open_cached(model, tmp_path) as engine:
         first = messages_for("Name a colour.")
         assert ask(engine, first).token_ids == cold_answer(cold, first)
@@ -122,16 +153,14 @@ def test_a_new_question_on_the_persona_restores_it_from_ram(
         result = ask(engine, second)
         assert result.token_ids == cold_answer(cold, second)
         assert result.stats.reuse_tier is ReuseTier.RAM
-        shared = persona_end(engine)
+        shared = reusable(engine, persona_end(engine), result.stats.prompt_tokens)
         if model[0] is MemoryKind.PLAIN:
             assert result.stats.reused_tokens >= shared  # token-exact: the persona and a little more
         else:
             assert result.stats.reused_tokens == shared  # exactly the checkpoint at the persona's end
 
 
-def test_after_a_restart_the_persona_comes_from_disk(
-    model: tuple[MemoryKind, Path], cold: Engine, tmp_path: Path
-) -> None:
+def test_after_a_restart_the_persona_comes_from_disk(model: Tiny, cold: Engine, tmp_path: Path) -> None:
     with open_cached(model, tmp_path) as engine:
         ask(engine, messages_for("Name a colour."))
     with open_cached(model, tmp_path) as engine:
@@ -139,12 +168,10 @@ def test_after_a_restart_the_persona_comes_from_disk(
         result = ask(engine, second)
         assert result.token_ids == cold_answer(cold, second)
         assert result.stats.reuse_tier is ReuseTier.DISK
-        assert result.stats.reused_tokens >= persona_end(engine)
+        assert result.stats.reused_tokens >= reusable(engine, persona_end(engine), result.stats.prompt_tokens)
 
 
-def test_a_follow_up_continues_in_place_and_equals_a_cold_run(
-    model: tuple[MemoryKind, Path], cold: Engine, tmp_path: Path
-) -> None:
+def test_a_follow_up_continues_in_place_and_equals_a_cold_run(model: Tiny, cold: Engine, tmp_path: Path) -> None:
     with open_cached(model, tmp_path) as engine:
         first = messages_for("Name a colour.")
         answer = ask(engine, first)
@@ -158,28 +185,27 @@ def test_a_follow_up_continues_in_place_and_equals_a_cold_run(
         assert result.token_ids == cold_answer(cold, follow_up)
         assert result.stats.reuse_tier is ReuseTier.DEVICE
         # Everything before the new question was kept in place (after the answer's recompute).
-        assert result.stats.reused_tokens >= len(engine.prompt_builder.build(first)) + len(answer.token_ids) - 1
+        kept = len(engine.prompt_builder.build(first)) + len(answer.token_ids) - 1
+        assert result.stats.reused_tokens >= reusable(engine, kept, result.stats.prompt_tokens)
 
 
-def test_asking_again_rewinds_the_sequence_and_equals_a_cold_run(
-    model: tuple[MemoryKind, Path], cold: Engine, tmp_path: Path
-) -> None:
+def test_asking_again_rewinds_the_sequence_and_equals_a_cold_run(model: Tiny, cold: Engine, tmp_path: Path) -> None:
     with open_cached(model, tmp_path) as engine:
         question = messages_for("Name a colour.", history=("Name a bird.",))
         first = ask(engine, question)
         again = ask(engine, question)  # a regenerate: the prompt's last tokens are evaluated again
         assert again.token_ids == first.token_ids == cold_answer(cold, question)
         assert again.stats.reuse_tier is ReuseTier.DEVICE
-        assert again.stats.reused_tokens == len(engine.prompt_builder.build(question)) - FRESH_TOKENS
+        length = len(engine.prompt_builder.build(question))
+        assert again.stats.reused_tokens == reusable(engine, length - FRESH_TOKENS, length)
         branch = messages_for("Name a tree.", history=("Name a bird.",))  # another question after the history
         result = ask(engine, branch)
         assert result.token_ids == cold_answer(cold, branch)
-        assert result.stats.reused_tokens >= reuse_boundaries(engine.prompt_builder, branch)[-1]
+        boundary = reuse_boundaries(engine.prompt_builder, branch)[-1]
+        assert result.stats.reused_tokens >= reusable(engine, boundary, result.stats.prompt_tokens)
 
 
-def test_a_document_long_past_the_window_restores_exactly(
-    model: tuple[MemoryKind, Path], cold: Engine, tmp_path: Path
-) -> None:
+def test_a_document_long_past_the_window_restores_exactly(model: Tiny, cold: Engine, tmp_path: Path) -> None:
     document = " ".join(f"Line {n}: the beacon at harbour {n} was lit in {1800 + n}." for n in range(30))
     with open_cached(model, tmp_path) as engine:
         first = [ChatMessage.of(Role.SYSTEM, PERSONA), ChatMessage.of(Role.USER, document, "When was beacon 3 lit?")]
@@ -189,15 +215,21 @@ def test_a_document_long_past_the_window_restores_exactly(
         result = ask(engine, second)
         assert result.token_ids == cold_answer(cold, second)
         document_end = reuse_boundaries(engine.prompt_builder, second)[-1]
-        assert result.stats.reused_tokens >= document_end > 300
+        assert result.stats.reused_tokens >= reusable(engine, document_end, result.stats.prompt_tokens)
+        assert document_end > 300
 
 
 SMALL_BATCH = 32  # several batches on short prompts
 
 
-def test_a_prompt_is_batched_alike_with_and_without_the_cache(model: tuple[MemoryKind, Path], tmp_path: Path) -> None:
+def small_batch(model: Tiny) -> int:
+    """Batches of SMALL_BATCH tokens, or the fewest flash attention allows (config.py)."""
+    return 2 * FLASH_ATTENTION_ROWS if model.flash_attention else SMALL_BATCH
+
+
+def test_a_prompt_is_batched_alike_with_and_without_the_cache(model: Tiny, tmp_path: Path) -> None:
     """Batches end at checkpoints either way: `--no-cache` answers as a cached run computes."""
-    with open_cached(model, tmp_path, n_batch=SMALL_BATCH) as engine:
+    with open_cached(model, tmp_path, n_batch=small_batch(model)) as engine:
         request = request_for(engine, messages_for("Name a colour.", history=("Name a bird.",)))
 
         def run(request: GenerationRequest) -> tuple[list[int], GenerationResult]:
@@ -209,19 +241,21 @@ def test_a_prompt_is_batched_alike_with_and_without_the_cache(model: tuple[Memor
         uncached_ends, uncached = run(replace(request, use_cache=False))
         assert cached.stats.reused_tokens == uncached.stats.reused_tokens == 0
         assert cached_ends == uncached_ends
-        assert set(request.checkpoints) <= set(cached_ends)
+        grid = engine.info.prompt_grid  # on a grid, checkpoints sit on grid points
+        assert {on_grid(end, grid) for end in request.checkpoints} - {0} <= set(cached_ends)
         assert cached.token_ids == uncached.token_ids
 
 
 def test_a_warm_up_one_token_past_a_batch_finishes_and_answers_as_cold(
-    model: tuple[MemoryKind, Path], cold: Engine, tmp_path: Path
+    model: Tiny, cold: Engine, tmp_path: Path
 ) -> None:
     """A batch never leaves one token alone: on recurrent state that cut could only rewind, again and again."""
-    with open_cached(model, tmp_path, n_batch=SMALL_BATCH) as engine:
+    with open_cached(model, tmp_path, n_batch=small_batch(model)) as engine:
         messages = messages_for("Name a colour.")
         full = request_for(engine, messages)
-        assert len(full.prompt_tokens) > 2 * SMALL_BATCH + 1
-        for length in (SMALL_BATCH + 1, 2 * SMALL_BATCH + 1):
+        batch = small_batch(model)
+        assert len(full.prompt_tokens) > 2 * batch + 1
+        for length in (batch + 1, 2 * batch + 1):
             warm = GenerationRequest(full.prompt_tokens[:length], GREEDY, prefill_only=True)
             assert engine.generate(warm).wait().stop_reason is StopReason.PREFILLED
             assert engine.sequences[0].tokens == list(warm.prompt_tokens)
@@ -229,9 +263,9 @@ def test_a_warm_up_one_token_past_a_batch_finishes_and_answers_as_cold(
 
 
 def test_a_cancelled_prefill_keeps_its_finished_batches_and_answers_as_cold(
-    model: tuple[MemoryKind, Path], cold: Engine, tmp_path: Path
+    model: Tiny, cold: Engine, tmp_path: Path
 ) -> None:
-    with open_cached(model, tmp_path, n_batch=SMALL_BATCH) as engine:
+    with open_cached(model, tmp_path, n_batch=small_batch(model)) as engine:
         messages = messages_for("Name a colour.")
         with engine.holding(Step.BATCH, after=2) as gate:
             handle = engine.generate(request_for(engine, messages))
@@ -248,9 +282,7 @@ def test_a_cancelled_prefill_keeps_its_finished_batches_and_answers_as_cold(
         assert result.stats.reused_tokens == len(held)
 
 
-def test_an_answer_stopped_between_tokens_leaves_exact_state(
-    model: tuple[MemoryKind, Path], cold: Engine, tmp_path: Path
-) -> None:
+def test_an_answer_stopped_between_tokens_leaves_exact_state(model: Tiny, cold: Engine, tmp_path: Path) -> None:
     """Stopped after its second token: the sequence holds the prompt and the tokens evaluated, nothing half-done."""
     with open_cached(model, tmp_path) as engine:
         messages = messages_for("Name a colour.")
@@ -268,13 +300,12 @@ def test_an_answer_stopped_between_tokens_leaves_exact_state(
 
 
 @pytest.fixture(scope="module")
-def iswa(tmp_path_factory: pytest.TempPathFactory) -> tuple[MemoryKind, Path]:
-    return MemoryKind.ISWA, write_tiny_gemma3(tmp_path_factory.mktemp("iswa") / "tiny.gguf")
+def iswa(tmp_path_factory: pytest.TempPathFactory) -> Tiny:
+    return Tiny(MemoryKind.ISWA, write_tiny_gemma3(tmp_path_factory.mktemp("iswa") / "tiny.gguf"))
 
 
-def test_without_a_full_size_window_cuts_are_checked_and_rewound_exactly(
-    iswa: tuple[MemoryKind, Path], tmp_path: Path
-) -> None:
+@pytest.mark.skipif(ON_DEVICE, reason="on a device the window cache is always full-size (loading.py)")
+def test_without_a_full_size_window_cuts_are_checked_and_rewound_exactly(iswa: Tiny, tmp_path: Path) -> None:
     """swa_full off: 256 window cells per sequence, reused once the prompt is longer, so a cut
     behind the window rewinds to a checkpoint and a cut inside it must find every cell it needs."""
     cold_config = EngineConfig(
@@ -303,7 +334,7 @@ def test_without_a_full_size_window_cuts_are_checked_and_rewound_exactly(
         assert result.stats.reused_tokens == persona_end(engine)  # rewound to the checkpoint at the persona's end
 
 
-def test_a_window_with_a_gap_is_never_kept_by_a_cut(iswa: tuple[MemoryKind, Path], tmp_path: Path) -> None:
+def test_a_window_with_a_gap_is_never_kept_by_a_cut(iswa: Tiny, tmp_path: Path) -> None:
     """A window cache reuses slid-out cells in no fixed order; a cut that would keep a gap rewinds instead."""
     with open_cached(iswa, tmp_path) as engine:
         messages = messages_for("Name a colour.", history=("Name a bird.", "Name a fish."))
@@ -314,5 +345,5 @@ def test_a_window_with_a_gap_is_never_kept_by_a_cut(iswa: tuple[MemoryKind, Path
         assert engine.context.remove(0, cut - 6, cut - 4)  # two cells the next token needs
         assert engine.context.min_position(0) == 0  # the oldest cell alone does not show the gap
         kept = engine.placer.cut(0, cut)
-        assert kept == persona_end(engine)  # rewound to the checkpoint at the persona's end
+        assert kept == on_grid(persona_end(engine), engine.info.prompt_grid)  # rewound to the persona's checkpoint
         assert engine.sequences[0].tokens == engine.prompt_builder.build(messages)[:kept]
