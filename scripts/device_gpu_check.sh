@@ -33,3 +33,6 @@ grep -v '^ *[0-9]*,\?$' "$OUT/gpu_check.txt" | tail -60
 python3 -m chatapp ask "Hello there" --model .gpu/smollm2-4layers.gguf --json --max-tokens 16 --temperature 0 --data-dir /tmp/chatapp-home 2>&1 | tail -2 | tee -a "$OUT/gpu.txt"
 # The machine's own pytest plugins (jaxtyping pulls in JAX's CUDA) crash llama.cpp's CUDA: load none.
 CHATAPP_TEST_MODEL=$repo/.gpu/smollm2-4layers.gguf PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python3 -m pytest tests/chatapp/engine/test_engine.py tests/chatapp/engine/test_engine_cache.py tests/cache -q -p no:cacheprovider -o addopts="--import-mode=importlib" 2>&1 | tail -8 | tee -a "$OUT/gpu.txt"
+# The tests `make test-vulkan` runs on llvmpipe, here on CUDA: one suite for both device paths
+# (needs hypothesis among the carried wheels).
+CHATAPP_TEST_DEVICE=cuda PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 CHATAPP_PROPERTY_EXAMPLES=200 python3 -m pytest -m device -q -p no:cacheprovider -o addopts="--import-mode=importlib -ra" 2>&1 | tail -12 | tee -a "$OUT/gpu.txt"
