@@ -49,7 +49,7 @@ from hypothesis import strategies as st
 
 from cache.keys import as_token_array
 from cache.memory_kinds import MemoryKind
-from chatapp.engine.batching import FLASH_ATTENTION_ROWS
+from chatapp.engine.batching import FLASH_ATTENTION_ROWS, on_grid
 from chatapp.engine.engine import Engine, EngineConfig
 from chatapp.engine.kv_placement import RESTORE_MARGIN_TOKENS
 from chatapp.engine.requests import GenerationRequest, SamplingParams
@@ -258,6 +258,8 @@ class Replay:
         self.engine.flush_cache()
         if self.model.flash_attention and len(held) < FLASH_ATTENTION_ROWS:
             return  # too short for a batch of flash attention's tiled kernel: never kept
+        if self.engine.info.prompt_grid:
+            return  # on a grid (a device) only whole batches are kept: the lower bound on reuse shows they were
         stored = self.engine.cache.lookup(as_token_array(held)).tokens
         # A checkpoint fewer than checkpoint_min_gap tokens after a stored one is not stored.
         gap = self.engine.cache.config.checkpoint_min_gap if self.engine.takes_checkpoints else 1
@@ -314,6 +316,7 @@ class Replay:
                 )
                 shared -= min(shared, skipped)
             if not self.model.flash_attention:
+                shared = on_grid(shared, self.engine.info.prompt_grid)  # a device reuses whole grid batches
                 assert stats.reused_tokens >= shared - RESTORE_MARGIN_TOKENS, (
                     f"reused {stats.reused_tokens} of {shared} shared tokens\n{history}"
                 )
