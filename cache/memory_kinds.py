@@ -90,8 +90,9 @@ class Memory:
         return True
 
     def keeps_whole_states(self) -> bool:
-        """Whether a whole state may be loaded and then cut to a shorter prefix (kept ready in RAM)."""
-        return True
+        """Whether a whole state may be loaded and then cut to a shorter prefix (kept ready in RAM):
+        only where nothing needs a checkpoint."""
+        return not self.restores_at_checkpoints
 
     def checkpoint_of(self, state: ParsedState) -> bytes | None:
         """The uncuttable sections of `state` as a checkpoint payload; None where there are none."""
@@ -133,9 +134,6 @@ class _Checkpointed(Memory):
     """A memory with sections that cannot be cut: restores and rewinds need a checkpoint."""
 
     restores_at_checkpoints = True
-
-    def keeps_whole_states(self) -> bool:
-        return False
 
     def cuts_in_place(self, length: int, oldest: Callable[[], int]) -> bool:
         return False

@@ -92,13 +92,17 @@ def load_model(
     if layers < 0:
         layers = ALL_LAYERS if offload_device() is not None else 0  # a GPU build on a machine with a device
     threads = config.threads or default_thread_count()
+    # On a device a window cache smaller than the context leaves the cells of a restored or continued
+    # sequence where a cold run has others, and its kernels round otherwise (measured on Vulkan with
+    # flash attention): the full-size window cache there.
+    swa_full = config.swa_full or layers > 0
     verdict = verdict_key(
         config.model_path,
         threads=threads,
         flash_attention=config.flash_attention,
         gpu_layers=layers,
         sequences=config.sequences,
-        swa_full=config.swa_full,
+        swa_full=swa_full,
     )
     probes = config.batch_answers and not verdict_known(verdict, config.batch_memo)
     weights_progress, probe_progress = split_progress(config.load_progress, 1.0 - PROBE_SHARE if probes else 1.0)
@@ -112,10 +116,7 @@ def load_model(
             n_threads=threads,
             n_batch=config.n_batch,
             flash_attention=config.flash_attention,
-            # On a device a window cache smaller than the context leaves the cells of a restored or
-            # continued sequence where a cold run has others, and its kernels round otherwise (measured
-            # on Vulkan with flash attention): the full-size window cache there.
-            swa_full=config.swa_full or layers > 0,
+            swa_full=swa_full,
             should_abort=should_abort,
         )
     except BaseException:
@@ -153,7 +154,7 @@ def load_model(
             flash_attention=config.flash_attention,
             gpu_layers=layers,
             sequences=1,
-            swa_full=config.swa_full,
+            swa_full=swa_full,
         )
         info = replace(info, prompt_grid=prompt_grid(config, model, context, info.gpu_layers, split_key))
         if probe_progress is not None:
