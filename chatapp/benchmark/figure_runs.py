@@ -109,14 +109,8 @@ class FigureRuns:
             )
         if RESTORE_NAME in names:
             job.log(f"{RESTORE_NAME}: restoring one {scale.system:,}-token prefix by each path, and total misses")
-            self.restores = measure_restores(
-                settings,
-                kit,
-                work / "restores",
-                prefix_tokens=scale.system,
-                repeats=scale.restore_repeats,
-                miss_repeats=scale.miss_repeats,
-            )
+            repeats = {"repeats": scale.restore_repeats, "miss_repeats": scale.miss_repeats}
+            self.restores = measure_restores(settings, kit, work / "restores", prefix_tokens=scale.system, **repeats)
         if PREFILL_NAME in names:
             job.log(
                 f"{PREFILL_NAME}: prefill with nothing cached, chatapp and llama-server, flash attention off and on"

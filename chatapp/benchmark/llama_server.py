@@ -24,7 +24,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict, Unpack
 
 import platformdirs
 
@@ -58,19 +58,21 @@ def default_llama_server_path() -> Path:
     return default_build_dir() / SERVER_BINARY_NAME
 
 
-def server_command(
-    binary: Path,
-    model: Path,
-    *,
-    port: int,
-    context: int,
-    threads: int,
-    cache_ram_mib: int,
-    slots: int = 1,
-    batch: int | None = None,
-    flash_attention: bool = False,
-) -> list[str]:
-    """The command line that starts the server; `context` is per slot (per conversation)."""
+class ServerOptions(TypedDict):
+    """How the server runs: `context` is per slot (per conversation)."""
+
+    context: int
+    threads: int
+    cache_ram_mib: int
+    slots: NotRequired[int]
+    batch: NotRequired[int | None]
+    flash_attention: NotRequired[bool]
+
+
+def server_command(binary: Path, model: Path, *, port: int, **options: Unpack[ServerOptions]) -> list[str]:
+    """The command line that starts the server."""
+    context, threads, slots = options["context"], options["threads"], options.get("slots", 1)
+    batch, flash_attention = options.get("batch"), options.get("flash_attention", False)
     command = [
         str(binary),
         "--host",
@@ -88,7 +90,7 @@ def server_command(
         "-tb",
         str(threads),
         "--cache-ram",
-        str(cache_ram_mib),
+        str(options["cache_ram_mib"]),
         "-fa",
         "on" if flash_attention else "off",
         "-ngl",
@@ -110,15 +112,10 @@ class LlamaServerPeer(ServerProcessPeer):
         binary: Path,
         model: Path,
         *,
-        context: int,
-        threads: int,
-        cache_ram_mib: int,
-        slots: int = 1,
-        batch: int | None = None,
-        flash_attention: bool = False,
         name: str = "llama-server",
         start_timeout_s: float = 120.0,
         request_timeout_s: float = 600.0,
+        **options: Unpack[ServerOptions],
     ) -> None:
         self.name = name
         self.binary = Path(binary)
@@ -131,17 +128,7 @@ class LlamaServerPeer(ServerProcessPeer):
         if not self.model.is_file():
             raise LlamaServerError(f"model file not found: {self.model}")
         port = free_port()
-        command = server_command(
-            self.binary,
-            self.model,
-            port=port,
-            context=context,
-            threads=threads,
-            cache_ram_mib=cache_ram_mib,
-            slots=slots,
-            batch=batch,
-            flash_attention=flash_attention,
-        )
+        command = server_command(self.binary, self.model, port=port, **options)
         # LLAMA_ARG_* variables would silently change the server's settings.
         env = {key: value for key, value in os.environ.items() if not key.startswith("LLAMA_ARG_")}
         super().__init__(command, port, start_timeout_s=start_timeout_s, request_timeout_s=request_timeout_s, env=env)

@@ -358,13 +358,8 @@ class ChatappPeer:
         run = AnswerRun(start_answer(self.engine, plan, sampling, TOO_LONG))
         result = run.wait()
         stats = result.stats
-        return PeerAnswer(
-            text=result.text,
-            token_ids=result.token_ids,
-            ttft_ms=stats.ttft_ms,
-            total_ms=stats.total_ms,
-            prompt_tokens=stats.prompt_tokens,
-            computed_tokens=stats.computed_tokens,
+        return PeerAnswer(  # in the fields' order
+            result.text, result.token_ids, stats.ttft_ms, stats.total_ms, stats.prompt_tokens, stats.computed_tokens
         )
 
     def prepare(self, request: Request) -> dict[str, float] | None:

@@ -16,7 +16,14 @@ from __future__ import annotations
 from typing import Protocol
 
 from cache.prefix_cache import PrefixCache
-from chatapp.engine.events import AnswerText, GenerationResult, PromptProgress, PromptReuse, StreamEvent
+from chatapp.engine.events import (
+    AnswerText,
+    GenerationResult,
+    GenerationStats,
+    PromptProgress,
+    PromptReuse,
+    StreamEvent,
+)
 from chatapp.engine.handle import GenerationHandle
 from chatapp.engine.model_card import Capabilities, ModelFacts, ModelInfo
 from chatapp.engine.requests import GenerationRequest, SamplingParams
@@ -30,6 +37,7 @@ __all__ = [  # the door: what code outside chatapp.engine may name
     "GenerationHandle",
     "GenerationRequest",
     "GenerationResult",
+    "GenerationStats",
     "LocalEngine",
     "ModelFacts",
     "ModelInfo",

@@ -214,7 +214,7 @@ class Answer:
             f"{usage.computed_tokens:,}",
             f"{usage.completion_tokens:,}",
             outcome.stop_reason.value,
-            usage.ttft_ms,
+            usage.stats.ttft_ms,
         )
         if (divergence := self.divergence(usage.cached_tokens)) is not None:
             log.info("prompt %s", divergence.describe())

@@ -21,8 +21,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from chatapp.server import anthropic_fields as fields
 from chatapp.server.answering import CLIENT_GONE, COMPACT, Answer, start_chat
-from chatapp.server.bodies import read_body, sampling_of
-from chatapp.server.context import context_of
+from chatapp.server.bodies import read_request, sampling_of
 from chatapp.server.errors import ApiError
 from chatapp.server.reasoning_fields import anthropic_thinking
 from chatapp.services.completions import CompletionOutcome, RequestError
@@ -33,8 +32,7 @@ router = APIRouter(prefix="/v1")
 
 @router.post("/messages")
 async def messages(request: Request) -> Response:
-    context = context_of(request)
-    body = await read_body(request, fields.MessagesBody, context.body_limit_bytes)
+    context, body = await read_request(request, fields.MessagesBody)
     context.check_model(body.model)
     shape = fields.anthropic_shape(body.fields_sent())
     chat, ends = fields.converted(body)
@@ -67,8 +65,7 @@ async def messages(request: Request) -> Response:
 @router.post("/messages/count_tokens")
 async def count_tokens(request: Request) -> dict[str, int]:
     """The prompt's length as the model will see it (tools taught in it included); nothing is computed."""
-    context = context_of(request)
-    body = await read_body(request, fields.MessagesBase, context.body_limit_bytes)
+    context, body = await read_request(request, fields.MessagesBase)
     context.check_model(body.model)
     shape = fields.anthropic_shape(body.fields_sent())
     chat = fields.api_messages(body)

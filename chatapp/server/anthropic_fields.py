@@ -114,46 +114,48 @@ def _text_of(content: str | list[AnthropicBlock] | None, where: str) -> str:
     return "\n".join(pieces)
 
 
-def _user_turn(blocks: list[AnthropicBlock], where: str) -> list[ApiMessage]:
-    results: list[ApiMessage] = []
+def _turn_blocks(
+    blocks: list[AnthropicBlock], where: str, kind: str, holds: str, dropped: frozenset[str] = frozenset()
+) -> tuple[str, list[tuple[str, AnthropicBlock]]]:
+    """A turn's text blocks joined, and its blocks of type `kind` with their places; a block of any other
+    type (but `dropped`) is refused, `holds` saying what the turn may hold."""
     texts: list[str] = []
+    found: list[tuple[str, AnthropicBlock]] = []
     for number, block in enumerate(blocks):
         place = f"{where}.content[{number}]"
         if block.type == "text":
             texts.append(block.text or "")
-        elif block.type == "tool_result":
-            if not block.tool_use_id:
-                raise ApiError(400, f"{place}.tool_use_id is missing; name the call it answers", param=place)
-            text = _text_of(block.content, f"{place}.content")
-            if block.is_error:  # the model must tell a failed tool from a result
-                text = f"Error: {text}"
-            results.append(ApiMessage(Role.TOOL, text, tool_call_id=block.tool_use_id, where=place))
-        else:
-            raise ApiError(
-                400, f"{place} is of type {block.type!r}; this server reads text and tool results", param=place
-            )
-    text = "\n".join(texts)
+        elif block.type == kind:
+            found.append((place, block))
+        elif block.type not in dropped:
+            raise ApiError(400, f"{place} is of type {block.type!r}; {holds}", param=place)
+    return "\n".join(texts), found
+
+
+def _user_turn(blocks: list[AnthropicBlock], where: str) -> list[ApiMessage]:
+    text, found = _turn_blocks(blocks, where, "tool_result", "this server reads text and tool results")
+    results: list[ApiMessage] = []
+    for place, block in found:
+        if not block.tool_use_id:
+            raise ApiError(400, f"{place}.tool_use_id is missing; name the call it answers", param=place)
+        result = _text_of(block.content, f"{place}.content")
+        if block.is_error:  # the model must tell a failed tool from a result
+            result = f"Error: {result}"
+        results.append(ApiMessage(Role.TOOL, result, tool_call_id=block.tool_use_id, where=place))
     if not results and not text.strip():
         raise ApiError(400, f"{where}.content is empty; send some text", param=f"{where}.content")
     return [*results, *([ApiMessage(Role.USER, text)] if text.strip() else [])]
 
 
 def _assistant_turn(blocks: list[AnthropicBlock], where: str) -> ApiMessage:
-    texts: list[str] = []
+    holds = "an assistant turn holds text and tool_use"
+    text, found = _turn_blocks(blocks, where, "tool_use", holds, DROPPED_BLOCKS)
     calls: list[ToolCall] = []
-    for number, block in enumerate(blocks):
-        place = f"{where}.content[{number}]"
-        if block.type == "text":
-            texts.append(block.text or "")
-        elif block.type == "tool_use":
-            if not block.name or not block.id:
-                raise ApiError(400, f"{place} needs the call's id and name", param=place)
-            calls.append(ToolCall(block.id, block.name, arguments_json(block.input if block.input is not None else {})))
-        elif block.type not in DROPPED_BLOCKS:
-            raise ApiError(
-                400, f"{place} is of type {block.type!r}; an assistant turn holds text and tool_use", param=place
-            )
-    return ApiMessage(Role.ASSISTANT, "\n".join(texts), tool_calls=tuple(calls))
+    for place, block in found:
+        if not block.name or not block.id:
+            raise ApiError(400, f"{place} needs the call's id and name", param=place)
+        calls.append(ToolCall(block.id, block.name, arguments_json(block.input if block.input is not None else {})))
+    return ApiMessage(Role.ASSISTANT, text, tool_calls=tuple(calls))
 
 
 def anthropic_shape(fields: dict[str, Any]) -> AnswerShape:

@@ -8,10 +8,17 @@ from typing import Protocol, TypeVar
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
+from chatapp.server.context import ServerContext, context_of
 from chatapp.server.errors import ApiError
 from chatapp.services.serving import SamplingOptions
 
 Body = TypeVar("Body", bound=BaseModel)
+
+
+async def read_request(request: Request, model: type[Body]) -> tuple[ServerContext, Body]:
+    """The server's context and the request's body as `model` (within the server's body limit)."""
+    context = context_of(request)
+    return context, await read_body(request, model, context.body_limit_bytes)
 
 
 async def read_body(request: Request, model: type[Body], limit_bytes: int) -> Body:

@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from chatapp.server.answering import CLIENT_GONE, COMPACT, Answer, start
-from chatapp.server.bodies import read_body
+from chatapp.server.bodies import read_request
 from chatapp.server.context import context_of
 from chatapp.server.errors import ApiError
 from chatapp.server.schemas import checked_stop
@@ -104,8 +104,7 @@ async def props(request: Request) -> dict[str, Any]:
 
 @router.post("/tokenize")
 async def tokenize(request: Request) -> dict[str, Any]:
-    context = context_of(request)
-    body = await read_body(request, TokenizeBody, context.body_limit_bytes)
+    context, body = await read_request(request, TokenizeBody)
     tokens = await to_thread.run_sync(
         lambda: context.serving.engine.tokenize(
             body.content, add_special=body.add_special, parse_special=body.parse_special
@@ -116,8 +115,7 @@ async def tokenize(request: Request) -> dict[str, Any]:
 
 @router.post("/detokenize")
 async def detokenize(request: Request) -> dict[str, Any]:
-    context = context_of(request)
-    body = await read_body(request, DetokenizeBody, context.body_limit_bytes)
+    context, body = await read_request(request, DetokenizeBody)
     try:
         context.serving.completions.check_token_ids(body.tokens, "tokens")
     except RequestError as error:
@@ -127,8 +125,7 @@ async def detokenize(request: Request) -> dict[str, Any]:
 
 @router.post("/completion")
 async def completion(request: Request) -> Response:
-    context = context_of(request)
-    body = await read_body(request, LlamaCompletionBody, context.body_limit_bytes)
+    context, body = await read_request(request, LlamaCompletionBody)
     if isinstance(body.prompt, list) and not body.prompt:
         raise ApiError(400, "prompt is empty; send token ids or text to complete", param="prompt")
     options = SamplingOptions(
@@ -176,9 +173,9 @@ def _final(outcome: CompletionOutcome) -> dict[str, Any]:
         "timings": {
             "cache_n": usage.cached_tokens,
             "prompt_n": usage.computed_tokens,
-            "prompt_ms": usage.prefill_ms,
+            "prompt_ms": usage.stats.prefill_ms,
             "predicted_n": usage.completion_tokens,
-            "predicted_ms": max(usage.total_ms - usage.ttft_ms, 0.0),
+            "predicted_ms": max(usage.stats.total_ms - usage.stats.ttft_ms, 0.0),
         },
     }
 

@@ -81,8 +81,8 @@ class ServerMetrics:
             self.reused_tokens.labels(usage.tier.value).inc(usage.cached_tokens)
         self.computed_tokens.inc(usage.computed_tokens)
         self.generated_tokens.inc(usage.completion_tokens)
-        self.ttft.observe(usage.ttft_ms / 1000)
-        self.request_time.observe(usage.total_ms / 1000)
+        self.ttft.observe(usage.stats.ttft_ms / 1000)
+        self.request_time.observe(usage.stats.total_ms / 1000)
 
     def text(self) -> bytes:
         return generate_latest(self.registry)

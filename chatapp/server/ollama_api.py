@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from chatapp import __version__
 from chatapp.server import ollama_models
 from chatapp.server.answering import CLIENT_GONE, Answer, finish_reason, start, start_chat
-from chatapp.server.bodies import read_body
+from chatapp.server.bodies import read_request
 from chatapp.server.context import ServerContext, context_of
 from chatapp.server.errors import ApiError
 from chatapp.server.keep_alive import keep_alive_seconds
@@ -77,8 +77,7 @@ class OllamaShowBody(Lenient):
 @router.post("/show")
 async def show(request: Request) -> dict[str, Any]:
     """What clients such as oterm ask before a chat: the model's details and what it can do."""
-    context = context_of(request)
-    body = await read_body(request, OllamaShowBody, context.body_limit_bytes)
+    context, body = await read_request(request, OllamaShowBody)
     name = body.model or body.name
     if not name:
         raise ApiError(400, "model is missing; name the model to show", param="model")
@@ -121,8 +120,7 @@ async def _load_or_unload(context: ServerContext, body: OllamaBase, chat: bool) 
 
 @router.post("/chat")
 async def chat(request: Request) -> Response:
-    context = context_of(request)
-    body = await read_body(request, OllamaChatBody, context.body_limit_bytes)
+    context, body = await read_request(request, OllamaChatBody)
     options, stop = _checked(context, body)
     if not body.messages:
         return await _load_or_unload(context, body, chat=True)
@@ -139,8 +137,7 @@ async def chat(request: Request) -> Response:
 
 @router.post("/generate")
 async def generate(request: Request) -> Response:
-    context = context_of(request)
-    body = await read_body(request, OllamaGenerateBody, context.body_limit_bytes)
+    context, body = await read_request(request, OllamaGenerateBody)
     options, stop = _checked(context, body)
     refuse_unsupported(body.fields_sent(), OLLAMA_GENERATE_UNSUPPORTED)
     if not body.prompt and not body.system:  # Ollama's own test: an empty string, not blank space
@@ -173,13 +170,13 @@ def _final(model: str, outcome: CompletionOutcome, chat: bool, text: str, *, wit
     return {
         **final,
         "done_reason": finish_reason(outcome.stop_reason),
-        "total_duration": int(usage.total_ms * NS_PER_MS),
+        "total_duration": int(usage.stats.total_ms * NS_PER_MS),
         "load_duration": 0,
         "prompt_eval_count": usage.computed_tokens,
         "prompt_cache_count": usage.cached_tokens,
-        "prompt_eval_duration": int(usage.prefill_ms * NS_PER_MS),
+        "prompt_eval_duration": int(usage.stats.prefill_ms * NS_PER_MS),
         "eval_count": usage.completion_tokens,
-        "eval_duration": int(max(usage.total_ms - usage.ttft_ms, 0) * NS_PER_MS),
+        "eval_duration": int(max(usage.stats.total_ms - usage.stats.ttft_ms, 0) * NS_PER_MS),
     }
 
 

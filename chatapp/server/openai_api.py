@@ -18,7 +18,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from chatapp.server.answering import CLIENT_GONE, COMPACT, Answer, finish_reason, start, start_chat
-from chatapp.server.bodies import read_body, sampling_of
+from chatapp.server.bodies import read_request, sampling_of
 from chatapp.server.context import context_of
 from chatapp.server.errors import ApiError
 from chatapp.server.reasoning_fields import openai_reasoning
@@ -70,8 +70,7 @@ async def list_models(request: Request) -> dict[str, Any]:
 
 @router.post("/chat/completions")
 async def chat_completions(request: Request) -> Response:
-    context = context_of(request)
-    body = await read_body(request, ChatCompletionBody, context.body_limit_bytes)
+    context, body = await read_request(request, ChatCompletionBody)
     fields = body.fields_sent()
     refuse_unsupported(fields, OPENAI_UNSUPPORTED)
     context.check_model(body.model)
@@ -90,8 +89,7 @@ async def chat_completions(request: Request) -> Response:
 
 @router.post("/completions")
 async def completions(request: Request) -> Response:
-    context = context_of(request)
-    body = await read_body(request, CompletionBody, context.body_limit_bytes)
+    context, body = await read_request(request, CompletionBody)
     refuse_unsupported(body.fields_sent(), COMPLETION_UNSUPPORTED)
     context.check_model(body.model)
     prompt: str | list[int]

@@ -17,8 +17,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from chatapp.server import responses_fields as fields
 from chatapp.server.answering import CLIENT_GONE, COMPACT, Answer, start_chat
-from chatapp.server.bodies import read_body, sampling_of
-from chatapp.server.context import context_of
+from chatapp.server.bodies import read_request, sampling_of
 from chatapp.server.reasoning_fields import responses_reasoning
 from chatapp.services.completions import CompletionOutcome
 from chatapp.services.streamed_answer import CallArguments, CallBegins, CallEnds
@@ -29,8 +28,7 @@ router = APIRouter(prefix="/v1")
 
 @router.post("/responses")
 async def responses(request: Request) -> Response:
-    context = context_of(request)
-    body = await read_body(request, fields.ResponsesBody, context.body_limit_bytes)
+    context, body = await read_request(request, fields.ResponsesBody)
     context.check_model(body.model)
     sent = body.fields_sent()
     shape = fields.responses_shape(sent)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 import xxhash
 
 from cache.keys import as_token_array, common_prefix_length
-from chatapp.engine.contract import EngineClient, GenerationHandle, SamplingParams
+from chatapp.engine.contract import EngineClient, GenerationHandle, GenerationStats, SamplingParams
 from chatapp.errors import ChatappError, GrammarError
 from chatapp.prompting.chat_template import TemplateRenderError
 from chatapp.prompting.prompt import ChatMessage, PromptBuilder
@@ -110,20 +110,29 @@ class CompletionRequest:
 
 @dataclass(frozen=True)
 class CompletionUsage:
-    """What the request cost: `cached_tokens` of `prompt_tokens` were reused from `tier`."""
+    """What the request cost: the engine's figures, the answer's tokens as the client got them (stop
+    strings cut off), and the beginning the client asked to keep (its last KeepHint), pinned."""
 
-    prompt_tokens: int
-    cached_tokens: int
+    stats: GenerationStats
     completion_tokens: int
-    tier: ReuseTier
-    ttft_ms: float
-    total_ms: float
-    prefill_ms: float
-    kept_tokens: int = 0  # the prompt's beginning the client asked to keep (its last KeepHint), pinned
+    kept_tokens: int = 0
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.stats.prompt_tokens
+
+    @property
+    def cached_tokens(self) -> int:
+        """The prompt's beginning reused from the cache (`tier`)."""
+        return self.stats.reused_tokens
 
     @property
     def computed_tokens(self) -> int:
-        return self.prompt_tokens - self.cached_tokens
+        return self.stats.computed_tokens
+
+    @property
+    def tier(self) -> ReuseTier:
+        return self.stats.reuse_tier
 
 
 @dataclass(frozen=True)
@@ -238,17 +247,7 @@ class Completion(AnswerRun):
         ended = self.ended
         if ended is None or ended.result is None:
             raise RuntimeError("the completion has not ended yet: read its events first")
-        stats = ended.result.stats
-        usage = CompletionUsage(
-            prompt_tokens=stats.prompt_tokens,
-            cached_tokens=stats.reused_tokens,
-            completion_tokens=ended.generated_tokens,
-            tier=stats.reuse_tier,
-            ttft_ms=stats.ttft_ms,
-            total_ms=stats.total_ms,
-            prefill_ms=stats.prefill_ms,
-            kept_tokens=self.kept_tokens,
-        )
+        usage = CompletionUsage(ended.result.stats, ended.generated_tokens, self.kept_tokens)
         shaped = self.shaped or ShapedAnswer(ended.text)
         return CompletionOutcome(shaped.content, ended.stop_reason, usage, shaped.calls)
 

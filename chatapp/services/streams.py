@@ -9,6 +9,7 @@ and the engine's event vocabulary (AnswerText, PromptProgress, PromptReuse), nam
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -81,8 +82,7 @@ class EngineStream:
 
     def wait(self) -> GenerationResult:
         """Follow the request to its end and return its result."""
-        for _ in self.events():
-            pass
+        deque(self.events(), maxlen=0)  # read to the end
         assert self.result is not None
         return self.result
 

@@ -144,14 +144,15 @@ class ConversationStore:
             self._conversation(db, conversation_id)
             if document_id is not None:
                 self._document(db, document_id)
-            cursor = db.execute(
-                "INSERT INTO messages (conversation_id, parent_id, role, content, created_at, "
-                "persona_name, document_id) VALUES (?, NULL, ?, ?, ?, ?, ?)",
-                (conversation_id, Role.SYSTEM.value, persona_prompt, now, persona_name, document_id),
+            return self._insert_leaf(
+                db,
+                conversation_id,
+                now,
+                role=Role.SYSTEM.value,
+                content=persona_prompt,
+                persona_name=persona_name,
+                document_id=document_id,
             )
-            message_id = _lastrowid(cursor)
-            self._touch(db, conversation_id, now, active_leaf_id=message_id)
-            return self._message(db, message_id)
 
     def add_message(
         self,
@@ -176,14 +177,17 @@ class ConversationStore:
         with transaction(self._connection) as db:
             self._conversation(db, conversation_id)
             self._message_in(db, conversation_id, parent_id)
-            cursor = db.execute(
-                "INSERT INTO messages (conversation_id, parent_id, role, content, created_at, "
-                "generated_ids, stats, status) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (conversation_id, parent_id, role, content, now, ids_json, stats_json, status),
+            return self._insert_leaf(
+                db,
+                conversation_id,
+                now,
+                parent_id=parent_id,
+                role=role,
+                content=content,
+                generated_ids=ids_json,
+                stats=stats_json,
+                status=status,
             )
-            message_id = _lastrowid(cursor)
-            self._touch(db, conversation_id, now, active_leaf_id=message_id)
-            return self._message(db, message_id)
 
     def update_message(
         self,
@@ -367,6 +371,18 @@ class ConversationStore:
             (conversation_id,),
         )
         return [_message_record(row) for row in rows]
+
+    def _insert_leaf(self, db: sqlite3.Connection, conversation_id: int, now: float, **columns: Any) -> MessageRecord:
+        """Insert a message of `conversation_id` with `columns` (names written here, never a caller's
+        text) and make it the conversation's active leaf."""
+        names = ["conversation_id", "created_at", *columns]
+        cursor = db.execute(
+            f"INSERT INTO messages ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})",
+            (conversation_id, now, *columns.values()),
+        )
+        message_id = _lastrowid(cursor)
+        self._touch(db, conversation_id, now, active_leaf_id=message_id)
+        return self._message(db, message_id)
 
     def _touch(
         self, db: sqlite3.Connection, conversation_id: int, now: float, *, active_leaf_id: int | None = None
