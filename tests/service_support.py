@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from chatapp.documents import Document
@@ -11,8 +12,8 @@ from chatapp.engine.gate import Step, StepGate
 from chatapp.records import MessageRecord
 from chatapp.services.branches import BranchView
 from chatapp.services.chat_service import ChatService
-from chatapp.services.library import Library
-from chatapp.services.startup import Workspace
+from chatapp.services.library import Library, open_library
+from chatapp.services.startup import Workspace, open_workspace
 
 # Greedy and short: reproducible answers, a fast run on two cores (one llama.cpp thread).
 SERVICE_SETTINGS = {"temperature": 0.0, "context_cap": 1024, "sequences": 2, "max_tokens": 12, "threads": 1}
@@ -43,3 +44,16 @@ def make_service(workspace: Workspace, library: Library, engine: EngineClient | 
     if engine is not None:
         service.slot.attach(engine)
     return service
+
+
+@contextmanager
+def cold_service(data_dir: Path, model_path: Path, **overrides: object) -> Iterator[tuple[ChatService, Library]]:
+    """A service of its own, and its library: a database in `data_dir`, an engine with one sequence and no cache."""
+    workspace = open_workspace(str(data_dir), settings(model_path, **overrides))
+    library = open_library(workspace)
+    engine = workspace.open_engine(use_cache=False, sequences=1)
+    try:
+        yield make_service(workspace, library, engine), library
+    finally:
+        engine.close()
+        library.close()

@@ -17,10 +17,8 @@ import llama_cpp
 import pytest
 
 from chatapp.engine.engine import Engine, EngineConfig
-from chatapp.engine.events import GenerationResult
-from chatapp.engine.requests import GenerationRequest, SamplingParams
-from chatapp.prompting.prompt import ChatMessage
-from chatapp.vocabulary import Role, StopReason
+from chatapp.engine.requests import GenerationRequest
+from chatapp.vocabulary import StopReason
 from tests.model_factory import (
     TINY_MODEL_THREADS,
     tokenizer_fields,
@@ -28,8 +26,8 @@ from tests.model_factory import (
     write_tiny_lfm2,
     write_tiny_mamba,
 )
+from tests.tiny_model_support import GREEDY_16, check_greedy_answers_are_deterministic, greedy, prompt_for
 
-GREEDY_16 = SamplingParams(temperature=0, max_tokens=16)
 SLIDING_WINDOW = 16
 MEMORY_SEQUENCE = 1
 CUT_AT = 20
@@ -86,14 +84,6 @@ def open_engine(path: Path) -> Engine:
     return Engine(EngineConfig(model_path=path, context_cap=512, sequences=2, threads=TINY_MODEL_THREADS))
 
 
-def prompt_for(engine: Engine, question: str) -> tuple[int, ...]:
-    return tuple(engine.prompt_builder.build([ChatMessage.of(Role.USER, question)]))
-
-
-def greedy(engine: Engine, prompt: tuple[int, ...]) -> GenerationResult:
-    return engine.generate(GenerationRequest(prompt, GREEDY_16, use_cache=False)).wait()
-
-
 def prefill(engine: Engine, prompt: tuple[int, ...]) -> None:
     """Compute `prompt` into MEMORY_SEQUENCE, then wait until the engine thread is idle."""
     request = GenerationRequest(prompt, GREEDY_16, sequence=MEMORY_SEQUENCE, use_cache=False, prefill_only=True)
@@ -125,14 +115,7 @@ def test_loads_with_the_real_tokenizer_and_chat_template(kind_name: str, engine:
 
 
 def test_greedy_generation_is_deterministic_and_not_degenerate(engine: Engine) -> None:
-    prompt = prompt_for(engine, "What is the capital of France?")
-    first = greedy(engine, prompt)
-    second = greedy(engine, prompt)
-    assert first.stop_reason == StopReason.LENGTH
-    assert len(first.token_ids) == 16
-    assert first.token_ids == second.token_ids
-    assert first.text == second.text
-    assert len(set(first.token_ids)) > 8
+    check_greedy_answers_are_deterministic(engine, more_distinct_tokens_than=8)
 
 
 def test_the_answer_depends_on_the_prompt(engine: Engine) -> None:

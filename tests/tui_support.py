@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 
+from textual.app import App
 from textual.pilot import Pilot
 from textual.worker import WorkerState
 
@@ -45,6 +47,17 @@ def engine_of(app: ChatApp) -> Engine:
 async def wait_ready(pilot: Pilot[None], app: ChatApp) -> None:
     await wait_until(pilot, lambda: app.service.slot.ready)
     await wait_idle(pilot, app)
+
+
+@asynccontextmanager
+async def running(app: App[None], *, ready: bool = True) -> AsyncIterator[Pilot[None]]:
+    """The app run by Textual's pilot on a SCREEN-sized terminal; unless `ready` is False, once
+    its model is loaded and the app is idle (`wait_ready`)."""
+    async with app.run_test(size=SCREEN) as pilot:
+        if ready:
+            assert isinstance(app, ChatApp), "only the chat app loads a model"
+            await wait_ready(pilot, app)
+        yield pilot
 
 
 SCREEN_WORKERS = ("engine", "answer", "warm", "document")

@@ -54,8 +54,9 @@ from chatapp.engine.kv_placement import FRESH_TOKENS
 from chatapp.engine.opening import EngineConfig, start_local_engine
 from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.services.answer_run import AnswerRun
+from chatapp.services.answer_start import AnswerStart
 from chatapp.services.drafts import draft_prompt_tokens, settled_text
-from chatapp.services.prompt_plan import PromptPlan, TooLongWording, builder_of, start_answer
+from chatapp.services.prompt_plan import PromptPlan, TooLongWording, builder_of
 from chatapp.services.startup import kv_cache_factory
 
 
@@ -344,6 +345,7 @@ class ChatappPeer:
 
     def __init__(self, settings: PeerSettings, folder: Path) -> None:
         self.engine = self.open_engine(settings, folder)
+        self.answers = AnswerStart(self.engine)
         self._boundaries: dict[tuple[int, ...], tuple[int, ...]] = {}  # by prompt: clients prepare at once
 
     def open_engine(self, settings: PeerSettings, folder: Path) -> EngineClient:
@@ -355,7 +357,7 @@ class ChatappPeer:
         sampling = SamplingParams(temperature=0.0, max_tokens=max_tokens)
         prompt = tuple(prompt_tokens)
         plan = PromptPlan(prompt, self._boundaries.pop(prompt, ()))
-        run = AnswerRun(start_answer(self.engine, plan, sampling, TOO_LONG))
+        run = AnswerRun(self.answers.start(plan, sampling, TOO_LONG).handle)
         result = run.wait()
         stats = result.stats
         return PeerAnswer(  # in the fields' order

@@ -61,10 +61,11 @@ class EngineClient(Protocol):
 
     @property
     def prompt_builder(self) -> PromptBuilder | None:
-        """Renders and tokenizes conversations with the model's own template and vocabulary.
+        """The tokenizing facet: renders conversations with the model's own template, tokenizes and
+        detokenizes with its vocabulary.
 
-        None when the server builds its prompts from messages (a chat API): `capabilities.token_prompts`
-        is then False and requests carry their messages.
+        None when the server builds its prompts from messages (a chat API): it shares no tokenizer,
+        and requests carry their messages.
         """
         ...
 
@@ -92,10 +93,6 @@ class EngineClient(Protocol):
         """Start an answer; ContextOverflowError when the prompt does not fit, GrammarError when the
         engine cannot hold the answer to its grammar (both before any prompt is computed)."""
         ...
-
-    def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = False) -> list[int]: ...
-
-    def detokenize(self, tokens: list[int]) -> str: ...
 
     def flush_cache(self) -> None:
         """Wait until every answer so far is stored (a no-op where the cache is the server's)."""

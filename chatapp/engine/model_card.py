@@ -10,18 +10,14 @@ from cache.memory_kinds import MemoryKind
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What an engine offers beyond streaming an answer, so the surfaces show only what applies."""
+    """What an engine offers beyond streaming an answer that its facets do not show (a prompt builder:
+    prompts as tokens; a cache: one to administer here), so the surfaces show only what applies."""
 
-    token_prompts: bool  # takes prompts as token ids (append-only prompts reach its cache unchanged)
     generated_ids: bool  # reports the ids of the tokens it generated
-    reuse_before_first_token: bool  # says how much of a prompt it reused before answering
-    local_cache: bool  # has a cache on this machine to administer (pins, prune, clear, tiers)
     grammars: bool = False  # holds an answer to a grammar (tool calls, JSON output)
 
 
-LOCAL_CAPABILITIES = Capabilities(
-    token_prompts=True, generated_ids=True, reuse_before_first_token=True, local_cache=True, grammars=True
-)
+LOCAL_CAPABILITIES = Capabilities(generated_ids=True, grammars=True)
 
 
 @dataclass(frozen=True)

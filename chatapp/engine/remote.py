@@ -37,9 +37,7 @@ __all__ = ["RemoteConfig", "RemoteEngine", "RemoteEngineError", "served_model_fi
 
 log = logging.getLogger(__name__)
 
-REMOTE_CAPABILITIES = Capabilities(
-    token_prompts=True, generated_ids=True, reuse_before_first_token=False, local_cache=False, grammars=True
-)
+REMOTE_CAPABILITIES = Capabilities(generated_ids=True, grammars=True)
 STOP_REASONS = {"eos": StopReason.END, "word": StopReason.STOP_STRING, "limit": StopReason.LENGTH}
 
 

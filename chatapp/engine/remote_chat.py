@@ -24,9 +24,7 @@ from chatapp.engine.requests import GenerationRequest
 from chatapp.prompting.prompt import PromptBuilder
 from chatapp.vocabulary import StopReason
 
-CHAT_CAPABILITIES = Capabilities(
-    token_prompts=False, generated_ids=False, reuse_before_first_token=False, local_cache=False
-)
+CHAT_CAPABILITIES = Capabilities(generated_ids=False)
 FINISH_REASONS = {"stop": StopReason.END, "length": StopReason.LENGTH}
 CHAT_PATH = "/v1/chat/completions"
 
@@ -74,17 +72,6 @@ class RemoteChatEngine(HttpEngine):
         if not request.messages:
             raise ValueError("a chat engine needs the request's messages")
         return self.start_request(_ChatRequest, request)
-
-    def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = False) -> list[int]:
-        raise self._no_tokenizer()
-
-    def detokenize(self, tokens: list[int]) -> str:
-        raise self._no_tokenizer()
-
-    def _no_tokenizer(self) -> RemoteEngineError:
-        return RemoteEngineError(
-            f"the engine at {self.client.base_url} takes chat messages only and does not share its tokenizer"
-        )
 
 
 class _ChatRequest(StreamedRequest):

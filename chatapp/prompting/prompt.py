@@ -93,6 +93,8 @@ class Tokenizer(Protocol):
 
     def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]: ...
 
+    def detokenize(self, tokens: list[int]) -> str: ...
+
 
 class ModelVocabulary(Tokenizer, Protocol):
     """A loaded GGUF file's vocabulary with its chat template (a remote engine builds its template from /props)."""
@@ -175,6 +177,13 @@ class PromptBuilder:
         derived._tool_builders = OrderedDict()
         derived._reasoning_builders = {}
         return derived
+
+    def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = False) -> list[int]:
+        """The model's tokens for `text` (what /tokenize and a text completion send the model)."""
+        return self.tokenizer.tokenize(text, add_special=add_special, parse_special=parse_special)
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return self.tokenizer.detokenize(tokens)
 
     def close(self) -> None:
         """Free the vocabulary when it has something to free (a model loaded for this builder alone)."""

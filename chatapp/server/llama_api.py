@@ -18,6 +18,7 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from chatapp.prompting.prompt import PromptBuilder
 from chatapp.server.answering import CLIENT_GONE, COMPACT, Answer, start
 from chatapp.server.bodies import read_request
 from chatapp.server.context import context_of
@@ -30,14 +31,21 @@ from chatapp.services.streams import AnswerText
 from chatapp.vocabulary import StopReason
 
 
-async def _shares_a_tokenizer(request: Request) -> None:
-    """These endpoints need the model's tokenizer here; a backend that builds its own prompts has none."""
-    if context_of(request).serving.engine.prompt_builder is None:
+def _tokenizer(request: Request) -> PromptBuilder:
+    """The model's tokenizer here; a backend that builds its own prompts has none."""
+    builder = context_of(request).serving.engine.prompt_builder
+    if builder is None:
         raise ApiError(
             404,
             "this server's backend builds its own prompts (a chat API), so it offers no /props, /tokenize, "
             "/detokenize or /completion; use /v1/chat/completions",
         )
+    return builder
+
+
+async def _shares_a_tokenizer(request: Request) -> None:
+    """These endpoints need the model's tokenizer here."""
+    _tokenizer(request)
 
 
 router = APIRouter(dependencies=[Depends(_shares_a_tokenizer)])
@@ -104,11 +112,10 @@ async def props(request: Request) -> dict[str, Any]:
 
 @router.post("/tokenize")
 async def tokenize(request: Request) -> dict[str, Any]:
-    context, body = await read_request(request, TokenizeBody)
+    _, body = await read_request(request, TokenizeBody)
+    builder = _tokenizer(request)
     tokens = await to_thread.run_sync(
-        lambda: context.serving.engine.tokenize(
-            body.content, add_special=body.add_special, parse_special=body.parse_special
-        )
+        lambda: builder.tokenize(body.content, add_special=body.add_special, parse_special=body.parse_special)
     )
     return {"tokens": tokens}
 
@@ -120,7 +127,8 @@ async def detokenize(request: Request) -> dict[str, Any]:
         context.serving.completions.check_token_ids(body.tokens, "tokens")
     except RequestError as error:
         raise ApiError(400, str(error), param=error.param) from None
-    return {"content": await to_thread.run_sync(lambda: context.serving.engine.detokenize(body.tokens))}
+    builder = _tokenizer(request)
+    return {"content": await to_thread.run_sync(lambda: builder.detokenize(body.tokens))}
 
 
 @router.post("/completion")

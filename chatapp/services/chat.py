@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from chatapp.engine.contract import EngineClient, GenerationHandle, SamplingParams
 from chatapp.errors import ChatappError
 from chatapp.services.answer_run import AnswerRun, EndedAnswer
+from chatapp.services.answer_start import AnswerStart
 from chatapp.services.conversation import Conversation
-from chatapp.services.prompt_plan import TooLongWording, plan_for, start_answer
+from chatapp.services.prompt_plan import TooLongWording
 
 
 class Reply(AnswerRun):
@@ -48,11 +49,10 @@ class ChatSession:
             raise ChatappError("the message is empty; type something first")
         self.conversation.add_user(text)
         try:
-            plan = plan_for(self.engine, self.conversation.prompt_messages())
-            handle = start_answer(
-                self.engine, plan, self.sampling, wording, sequence=self.sequence, use_cache=self.use_cache
-            )
+            answers = AnswerStart(self.engine)
+            plan = answers.plan(self.conversation.prompt_messages())
+            started = answers.start(plan, self.sampling, wording, sequence=self.sequence, use_cache=self.use_cache)
         except BaseException:
             self.conversation.drop_last()
             raise
-        return Reply(self, handle, self.stops)
+        return Reply(self, started.handle, self.stops)

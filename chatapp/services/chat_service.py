@@ -28,7 +28,7 @@ from chatapp.services.messages import Turn, conversation_messages, next_question
 from chatapp.services.model_choice import file_fit_problem
 from chatapp.services.open_conversation import NEW_TITLE, OpenConversation
 from chatapp.services.personas import PersonaService
-from chatapp.services.prompt_plan import PromptPlan, TooLongWording, check_fits, plan_for, start_answer
+from chatapp.services.prompt_plan import PromptPlan, TooLongWording, check_fits
 from chatapp.services.startup import Workspace, engine_notices
 from chatapp.services.streams import EngineStream
 from chatapp.services.warmup import draft_plan
@@ -302,14 +302,10 @@ class ChatService:
         self, messages: list[ChatMessage], document: Document | None
     ) -> tuple[GenerationHandle, Callable[[GenerationResult], None]]:
         """The answer started, and what to do with its result (its figures, where its prompt diverged)."""
-        engine, prewarmer = self.slot.running()
+        answers = self.slot.answer_start()
         self._remember_model()
-        plan = plan_for(engine, messages)
-        prewarmer.before_send(plan.tokens)
-        handle = start_answer(engine, plan, self.workspace.sampling(), _branch_too_long(document))
-        prompts = self.slot.prompts
-        divergence = prompts.compare(list(plan.tokens)) if prompts is not None else None
-        return handle, lambda result: self._answered(result, divergence)
+        started = answers.start(answers.plan(messages), self.workspace.sampling(), _branch_too_long(document))
+        return started.handle, lambda result: self._answered(result, started.divergence)
 
     def _answered(self, result: GenerationResult, divergence: Divergence | None) -> None:
         """An answer's figures; where its prompt left an earlier one, when that is the one its tokens came from

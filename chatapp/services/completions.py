@@ -30,11 +30,12 @@ from chatapp.prompting.prompt import ChatMessage, PromptBuilder
 from chatapp.reasoning import Reasoning
 from chatapp.services.answer_run import AnswerRun, EndedAnswer
 from chatapp.services.answer_shape import FREE_TEXT, AnswerShape, ShapedAnswer, ShapeError, read_answer
-from chatapp.services.divergence import Divergence, PromptLog
+from chatapp.services.answer_start import AnswerStart
+from chatapp.services.divergence import Divergence
 from chatapp.services.divergence_place import divergence_place
 from chatapp.services.messages import Turn, conversation_messages
 from chatapp.services.pins import PinAsked, RequestPins
-from chatapp.services.prompt_plan import PromptPlan, TooLongWording, plan_for, start_answer
+from chatapp.services.prompt_plan import PromptPlan, TooLongWording
 from chatapp.services.streamed_answer import StreamedContent
 from chatapp.services.streams import StreamEvent
 from chatapp.store.answer_ids import AnswerIdStore
@@ -281,10 +282,10 @@ class CompletionService:
     pins: RequestPins | None = None  # where the beginnings requests ask to keep are pinned (None: ignored)
     _pending: int = field(default=0, init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
-    _prompts: PromptLog = field(init=False)
+    _answers: AnswerStart = field(init=False)
 
     def __post_init__(self) -> None:
-        self._prompts = PromptLog(self.engine.detokenize)
+        self._answers = AnswerStart(self.engine)
 
     def count_prompt(self, request: CompletionRequest) -> int:
         """How many tokens `request`'s prompt is, built as `start` would build it (nothing is computed)."""
@@ -306,7 +307,7 @@ class CompletionService:
         if builder is not None:
             builder = builder.with_reasoning(request.reasoning).with_tools(shape.tools)
         try:
-            plan = plan_for(self.engine, history, builder)
+            plan = self._answers.plan(history, builder)
         except TemplateRenderError as error:
             raise RequestError(str(error), "messages") from None
         return history, plan, builder, TOO_LONG_CHAT
@@ -329,12 +330,9 @@ class CompletionService:
         if kept and self.engine.takes_checkpoints:  # where a kept beginning ends, a model that cannot cut resumes
             ends = {len(asked.tokens) for asked in kept}
             plan = replace(plan, checkpoints=tuple(sorted(ends.union(plan.checkpoints))))
-        divergence = self._prompts.compare(list(plan.tokens))
-        if divergence is not None and builder is not None and history is not None:
-            divergence = replace(divergence, place=self._place(builder, history, plan.tokens, divergence.position))
         self._take_slot()
         try:
-            handle = start_answer(self.engine, plan, sampling, wording)
+            started = self._answers.start(plan, sampling, wording)
         except GrammarError as error:  # llama.cpp refused what the converter wrote: the request's schema
             self._finished()
             param = _grammar_param(request)
@@ -342,6 +340,9 @@ class CompletionService:
         except BaseException:
             self._finished()
             raise
+        handle, divergence = started.handle, started.divergence
+        if divergence is not None and builder is not None and history is not None:
+            divergence = replace(divergence, place=self._place(builder, history, plan.tokens, divergence.position))
         chat_builder = builder if history is not None else None  # a plain completion's text is read as it is
         return Completion(self, handle, history, request.stop, divergence, shape, chat_builder, kept)
 
@@ -371,7 +372,7 @@ class CompletionService:
     def _place(self, builder: PromptBuilder, history: list[ChatMessage], tokens: Sequence[int], position: int) -> str:
         """Where a prompt left an earlier one, in words; "" when that cannot be said (never a failed request)."""
         try:
-            return divergence_place(builder, history, tokens, position, self.engine.detokenize)
+            return divergence_place(builder, history, tokens, position)
         except Exception:
             log.warning("could not name where the prompt diverged", exc_info=True)
             return ""
@@ -426,12 +427,13 @@ class CompletionService:
     def _plain_prompt(self, prompt: str | tuple[int, ...]) -> list[int]:
         if not prompt:
             raise RequestError("prompt is empty; send some text to complete", "prompt")
-        if self.engine.prompt_builder is None:
+        builder = self.engine.prompt_builder
+        if builder is None:
             raise RequestError(
                 "this server's backend builds its own prompts (a chat API); use /v1/chat/completions", "prompt"
             )
         if isinstance(prompt, str):
-            return self.engine.tokenize(prompt, add_special=True, parse_special=True)
+            return builder.tokenize(prompt, add_special=True, parse_special=True)
         self.check_token_ids(prompt, "prompt")
         return list(prompt)
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -52,11 +53,15 @@ class Divergence:
         )
 
 
+class Detokenizer(Protocol):
+    def detokenize(self, tokens: list[int]) -> str: ...
+
+
 class PromptLog:
     """The last prompts' tokens; `compare()` finds the earlier one sharing the longest beginning."""
 
-    def __init__(self, detokenize: Callable[[list[int]], str], capacity: int = REMEMBERED_PROMPTS) -> None:
-        self._detokenize = detokenize
+    def __init__(self, vocabulary: Detokenizer | None, capacity: int = REMEMBERED_PROMPTS) -> None:
+        self._vocabulary = vocabulary  # None where a server builds the prompts: nothing to compare
         self._prompts: deque[np.ndarray] = deque(maxlen=capacity)
         self._lock = threading.Lock()
 
@@ -65,7 +70,7 @@ class PromptLog:
 
         No tokens (a server that builds its own prompts): nothing to compare.
         """
-        if not tokens:
+        if not tokens or self._vocabulary is None:
             return None
         prompt = np.asarray(tokens, dtype=np.int32)
         with self._lock:
@@ -86,7 +91,8 @@ class PromptLog:
         )
 
     def _text(self, tokens: np.ndarray) -> str:
-        return self._detokenize([int(token) for token in tokens])
+        assert self._vocabulary is not None  # compare() asked
+        return self._vocabulary.detokenize([int(token) for token in tokens])
 
 
 def _shared_length(a: np.ndarray, b: np.ndarray) -> int:

@@ -7,7 +7,7 @@ order, so the place is named in those terms.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from chatapp.prompting.prompt import ChatMessage, PromptBuilder
 from chatapp.vocabulary import Role
@@ -18,7 +18,6 @@ def divergence_place(
     messages: Sequence[ChatMessage],
     tokens: Sequence[int],
     position: int,
-    detokenize: Callable[[list[int]], str],
 ) -> str:
     """Where token `position` of the prompt built from `messages` lies, in words ("" when unknown).
 
@@ -43,8 +42,8 @@ def divergence_place(
     if index > 0 or message.role is not Role.SYSTEM or not builder.supports_system:
         return f"message {low} ({message.role.value})"
     end = end_of(1)
-    turn = detokenize(list(tokens[:end]))
-    offset = len(detokenize(list(tokens[:position])))
+    turn = builder.detokenize(list(tokens[:end]))
+    offset = len(builder.detokenize(list(tokens[:position])))
     persona = message.content
     start = turn.find(persona) if persona else -1
     if start >= 0 and start <= offset < start + len(persona):

@@ -15,7 +15,7 @@ from chatapp.engine.contract import EngineClient
 from chatapp.errors import ChatappError
 from chatapp.prompting.prompt import PromptBuilder
 from chatapp.services.answer_shape import AnswerShape, speaks_harmony
-from chatapp.services.divergence import PromptLog
+from chatapp.services.answer_start import AnswerStart
 from chatapp.services.startup import Workspace
 from chatapp.services.streamed_answer import StreamedContent
 from chatapp.services.warmup import Prewarmer
@@ -30,7 +30,7 @@ class EngineSlot:
         self.workspace = workspace  # the settings and the model answering (another after a switch)
         self.engine: EngineClient | None = None
         self.prewarmer: Prewarmer | None = None
-        self.prompts: PromptLog | None = None
+        self.answers: AnswerStart | None = None  # answers start here: the prewarmer told, the prompts logged
         self._lock = threading.Lock()  # attach and close may come from different threads
         self._closed = False
         self._prepared: tuple[EngineClient, Path, threading.Event | None] | None = None  # loaded for a switch
@@ -101,7 +101,7 @@ class EngineSlot:
         """Free every model the slot holds; one attached later is closed at once."""
         with self._lock:
             self._closed = True
-            engine, self.engine, self.prewarmer = self.engine, None, None
+            engine, self.engine, self.prewarmer, self.answers = self.engine, None, None, None
         self.drop_prepared()
         self.close_retired()
         if engine is not None:
@@ -115,6 +115,13 @@ class EngineSlot:
         if engine is None or prewarmer is None:
             raise ChatappError(NOT_LOADED)
         return engine, prewarmer
+
+    def answer_start(self) -> AnswerStart:
+        """Where the running engine's answers start; ChatappError while none is loaded."""
+        answers = self.answers
+        if answers is None:
+            raise ChatappError(NOT_LOADED)
+        return answers
 
     @property
     def ready(self) -> bool:
@@ -165,4 +172,4 @@ class EngineSlot:
     def _bind(self, engine: EngineClient) -> None:
         self.engine = engine
         self.prewarmer = Prewarmer(engine)
-        self.prompts = PromptLog(engine.detokenize)
+        self.answers = AnswerStart(engine, self.prewarmer)

@@ -1,9 +1,9 @@
-"""From messages to a started answer: the prompt plan, the one check that it fits, the request.
+"""The prompt plan and the one check that it fits, with the one refusal of a prompt that does not.
 
-Every surface goes through `plan_prompt` and `start_answer`, so a prompt is built and
-checked one way, and a prompt that does not fit is refused with one wording that carries
-both numbers (the caller adds what it is about and the fix in its own terms: a key in
-the TUI, a flag in the CLI, a field for the API).
+Every surface goes through these by way of answer_start.AnswerStart, the one door an answer
+starts through, so a prompt is built and checked one way, and a prompt that does not fit is
+refused with one wording that carries both numbers (the caller adds what it is about and the
+fix in its own terms: a key in the TUI, a flag in the CLI, a field for the API).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from chatapp.engine.contract import EngineClient, GenerationHandle, GenerationRequest, SamplingParams
+from chatapp.engine.contract import EngineClient
 from chatapp.errors import ChatappError, ContextOverflowError, DocumentError
 from chatapp.prompting.prompt import ChatMessage, PromptBuilder
 from chatapp.services.boundaries import reuse_boundaries
@@ -94,29 +94,3 @@ def check_fits(engine: EngineClient, tokens: int, wording: TooLongWording) -> No
     limit = engine.info.n_ctx_per_sequence
     if limit and tokens >= limit:
         raise prompt_too_long(tokens, limit, wording)
-
-
-def start_answer(
-    engine: EngineClient,
-    plan: PromptPlan,
-    sampling: SamplingParams,
-    wording: TooLongWording,
-    *,
-    sequence: int | None = None,
-    use_cache: bool = True,
-) -> GenerationHandle:
-    """Queue the answer to `plan`; PromptTooLongError (worded once) when it does not fit."""
-    check_fits(engine, len(plan.tokens), wording)
-    request = GenerationRequest(
-        plan.tokens,
-        sampling,
-        sequence=sequence,
-        use_cache=use_cache,
-        checkpoints=plan.checkpoints,
-        messages=plan.messages,
-        turn_ends=plan.turn_ends,
-    )
-    try:
-        return engine.generate(request)
-    except ContextOverflowError as error:  # the engine knew a smaller limit (a server's own)
-        raise prompt_too_long(error.prompt_tokens, error.context_tokens, wording) from None

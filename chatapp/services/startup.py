@@ -245,7 +245,7 @@ def make_new_files_private() -> None:
 def engine_notices(engine: EngineClient) -> list[str]:
     """What a user should hear once about an engine: how a server is driven, why the cache is off or limited."""
     notices = []
-    if engine.info.server is not None and not engine.capabilities.token_prompts:
+    if engine.info.server is not None and engine.prompt_builder is None:
         notices.append(
             f"the engine at {engine.info.server} builds its own prompts (it shares no tokenizer or template): "
             "chatapp sends it chat messages, and what it reuses is what it reports"

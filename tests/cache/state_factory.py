@@ -26,6 +26,7 @@ from cache.state_format import RECURRENT_HEAD, STATE_MAGIC, KVLayout, LayerLayou
 
 F16 = 1
 F32 = 0
+Rows = Sequence[NDArray[np.uint8]]  # per layer, the K (or V) data of the cells
 
 # The sections each kind's states hold, as llama.cpp writes them: the tests' own table, not the code's.
 _SECTIONS = {
@@ -116,26 +117,12 @@ def header(seq_id: int) -> bytes:
     return struct.pack("<Ii", STATE_MAGIC, seq_id)
 
 
-def write_state(
-    layout: KVLayout,
-    positions: list[int],
-    seq_id: int,
-    stream: int,
-    keys: Sequence[NDArray[np.uint8]],
-    values: Sequence[NDArray[np.uint8]],
-) -> bytes:
+def write_state(layout: KVLayout, positions: list[int], seq_id: int, stream: int, keys: Rows, values: Rows) -> bytes:
     """A plain state: the header and one KV section."""
     return header(seq_id) + kv_section(layout, positions, seq_id, stream, keys, values)
 
 
-def kv_section(
-    layout: KVLayout,
-    positions: Sequence[int],
-    seq_id: int,
-    stream: int,
-    keys: Sequence[NDArray[np.uint8]],
-    values: Sequence[NDArray[np.uint8]],
-) -> bytes:
+def kv_section(layout: KVLayout, positions: Sequence[int], seq_id: int, stream: int, keys: Rows, values: Rows) -> bytes:
     """A KV section with the sequence's cells (positions in the given order) in stream `stream`."""
     out = bytearray(struct.pack("<I", layout.n_stream))
     for index in range(layout.n_stream):

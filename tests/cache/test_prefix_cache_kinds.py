@@ -20,14 +20,7 @@ from cache.memory_kinds import MemoryKind, memory_of
 from cache.namespace import Namespace
 from cache.prefix_cache import CacheConfig, PrefixCache
 from cache.state_format import assemble_state, checkpoint_payload, parse_state
-from tests.cache.state_factory import (
-    SyntheticModel,
-    SyntheticSequence,
-    has_base,
-    needs_checkpoints,
-    small_layout,
-    synthetic_model,
-)
+from tests.cache.state_factory import SyntheticModel, SyntheticSequence, has_base, needs_checkpoints, synthetic_model
 
 # Checkpoints a few tokens apart are the subject of most tests here: every one is stored.
 CONFIG = CacheConfig(
@@ -35,7 +28,7 @@ CONFIG = CacheConfig(
 )
 # Rows and recurrent states over 32 KiB: blocks and checkpoints are stored as files.
 MODELS = {
-    MemoryKind.PLAIN: SyntheticModel(MemoryKind.PLAIN, base=small_layout(False, scale=512)),
+    MemoryKind.PLAIN: synthetic_model(MemoryKind.PLAIN, scale=512),
     MemoryKind.ISWA: synthetic_model(MemoryKind.ISWA, window=3, scale=512),
     MemoryKind.RECURRENT: synthetic_model(MemoryKind.RECURRENT, recurrent_rows=40_000),
     MemoryKind.HYBRID: synthetic_model(MemoryKind.HYBRID, v_trans=True, scale=512, recurrent_rows=40_000),

@@ -8,21 +8,12 @@ import pytest
 from cache.memory_kinds import MemoryKind, memory_of
 from cache.selftest import verify_layout
 from cache.state_format import StateFormatError
-from tests.cache.state_factory import (
-    SyntheticModel,
-    SyntheticSequence,
-    has_base,
-    needs_checkpoints,
-    small_layout,
-    synthetic_model,
-)
+from tests.cache.state_factory import SyntheticModel, SyntheticSequence, has_base, needs_checkpoints, synthetic_model
 
 ALL_KINDS = list(MemoryKind)
 
 
 def model_of(kind: MemoryKind, v_trans: bool) -> SyntheticModel:
-    if kind is MemoryKind.PLAIN:
-        return SyntheticModel(kind, base=small_layout(v_trans, n_stream=2))
     return synthetic_model(kind, v_trans=v_trans, window=4)
 
 

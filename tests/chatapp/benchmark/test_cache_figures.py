@@ -10,14 +10,7 @@ import pytest
 from chatapp.benchmark import runner
 from chatapp.benchmark.cache_figures import distinct_tokens, measure_lookup, measure_storage
 from chatapp.benchmark.peers import PeerSettings
-from chatapp.benchmark.workloads import PromptKit
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.model_factory import write_tiny_llama
-
-    return write_tiny_llama(tmp_path_factory.mktemp("model") / "tiny.gguf")
+from tests.chatapp.benchmark.figure_support import measured
 
 
 def test_distinct_tokens_count_shared_prefixes_once() -> None:
@@ -37,19 +30,16 @@ def test_lookups_find_what_each_kind_of_prompt_shares_with_the_index() -> None:
 
 @pytest.mark.slow
 def test_storage_weighs_the_folder_against_the_distinct_tokens(tiny_model: Path, tmp_path: Path) -> None:
-    kit = PromptKit(tiny_model)
-    try:
-        figures = measure_storage(
-            PeerSettings(model_path=tiny_model, context=512, threads=1, block_size=16),
-            kit,
-            tmp_path / "storage",
-            conversations=3,
-            persona_tokens=60,
-            question_tokens=10,
-            max_tokens=4,
-        )
-    finally:
-        kit.close()
+    settings = PeerSettings(model_path=tiny_model, context=512, threads=1, block_size=16)
+    figures = measured(
+        measure_storage,
+        settings,
+        tmp_path / "storage",
+        conversations=3,
+        persona_tokens=60,
+        question_tokens=10,
+        max_tokens=4,
+    )
     assert figures.distinct_tokens > 60  # the persona once, then each question and answer
     assert figures.distinct_kv_bytes == figures.distinct_tokens * figures.kv_bytes_per_token
     assert figures.stored_payload_bytes >= figures.distinct_kv_bytes, "every distinct token is stored"

@@ -8,21 +8,13 @@ import pytest
 
 from chatapp.benchmark.peers import PeerSettings
 from chatapp.benchmark.prefill_figure import PrefillFigures, measure_prefill, prefill_figure_verdicts
-from chatapp.benchmark.workloads import PromptKit
+from tests.chatapp.benchmark.figure_support import measured
 
 
 @pytest.mark.slow
-def test_chatapp_prefill_is_measured_with_flash_attention_off_and_on(tmp_path: Path) -> None:
-    from tests.model_factory import write_tiny_llama
-
-    model = write_tiny_llama(tmp_path / "tiny.gguf")
-    kit = PromptKit(model)
-    try:
-        figures = measure_prefill(
-            PeerSettings(model_path=model, context=512, threads=1), kit, None, prompt_tokens=80, repeats=2
-        )
-    finally:
-        kit.close()
+def test_chatapp_prefill_is_measured_with_flash_attention_off_and_on(tiny_model: Path) -> None:
+    settings = PeerSettings(model_path=tiny_model, context=512, threads=1)
+    figures = measured(measure_prefill, settings, None, prompt_tokens=80, repeats=2)
     assert set(figures.tokens_per_s) == {"chatapp", "chatapp flash"}  # llama-server not asked for
     assert all(speed > 0 for speed in figures.tokens_per_s.values())
     assert figures.prompt_tokens > 80

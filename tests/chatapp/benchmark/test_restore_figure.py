@@ -10,30 +10,13 @@ import pytest
 from chatapp.benchmark import runner
 from chatapp.benchmark.peers import PeerSettings
 from chatapp.benchmark.restore_figure import PATHS, measure_restores, restore_figure_verdicts
-from chatapp.benchmark.workloads import PromptKit
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.model_factory import write_tiny_llama
-
-    return write_tiny_llama(tmp_path_factory.mktemp("model") / "tiny.gguf")
+from tests.chatapp.benchmark.figure_support import measured
 
 
 @pytest.mark.slow
 def test_every_path_restores_the_prefix_and_times_its_steps(tiny_model: Path, tmp_path: Path) -> None:
-    kit = PromptKit(tiny_model)
-    try:
-        figures = measure_restores(
-            PeerSettings(model_path=tiny_model, context=512, threads=1, block_size=16),
-            kit,
-            tmp_path / "restores",
-            prefix_tokens=80,
-            repeats=2,
-            miss_repeats=1,
-        )
-    finally:
-        kit.close()
+    settings = PeerSettings(model_path=tiny_model, context=512, threads=1, block_size=16)
+    figures = measured(measure_restores, settings, tmp_path / "restores", prefix_tokens=80, repeats=2, miss_repeats=1)
     assert set(figures.paths) == set(PATHS)
     whole, blocks, disk = (figures.paths[path] for path in PATHS)
     assert whole.read_ms == whole.assemble_ms == 0.0  # loaded as kept: nothing read or assembled

@@ -17,13 +17,6 @@ from chatapp.benchmark.remote_peer import ENV_BACKEND_KEY
 from chatapp.benchmark.workloads import Request
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.model_factory import write_tiny_llama
-
-    return write_tiny_llama(tmp_path_factory.mktemp("model") / "tiny.gguf")
-
-
 @pytest.fixture(autouse=True)
 def no_llama_server(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(runner, "find_llama_server", lambda explicit: Path(explicit) if explicit else None)

@@ -18,28 +18,21 @@ from chatapp.benchmark.streams_figure import (
     streams_record,
     streams_table,
 )
-from chatapp.benchmark.workloads import PromptKit
+from tests.chatapp.benchmark.figure_support import measured
 
 
 @pytest.mark.slow
-def test_one_and_three_clients_are_measured_on_both_chatapp_servers(tmp_path: Path) -> None:
-    from tests.model_factory import write_tiny_llama
-
-    model = write_tiny_llama(tmp_path / "tiny.gguf")
-    kit = PromptKit(model)
-    try:
-        figures = measure_streams(
-            PeerSettings(model_path=model, context=512, threads=1),
-            kit,
-            None,
-            tmp_path / "work",
-            clients=(1, 3),
-            rounds=1,
-            answer_tokens=4,
-            prompt_context=48,
-        )
-    finally:
-        kit.close()
+def test_one_and_three_clients_are_measured_on_both_chatapp_servers(tiny_model: Path, tmp_path: Path) -> None:
+    figures = measured(
+        measure_streams,
+        PeerSettings(model_path=tiny_model, context=512, threads=1),
+        None,
+        tmp_path / "work",
+        clients=(1, 3),
+        rounds=1,
+        answer_tokens=4,
+        prompt_context=48,
+    )
     assert set(figures.by_clients) == {1, 3}
     for sides in figures.by_clients.values():
         assert set(sides) == {BATCHED, UNBATCHED}  # llama-server not asked for

@@ -9,7 +9,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -27,12 +26,12 @@ from tests.chatapp.engine.fault_support import (
     fault_engine,
     prompt_pool,
 )
+from tests.child_support import start_child
 from tests.model_factory import write_tiny_llama
 
 # Fault injection: kills, two processes for 15 s, 100 damaged entries.
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[3]
 CORRUPTION_CASES = 100
 KILLS = 20
 TWO_PROCESS_SECONDS = 15.0
@@ -54,27 +53,8 @@ def start_asker(
     model: Path, folder: Path, seconds: float, seed: int, data_dir: Path | None = None
 ) -> subprocess.Popen[str]:
     extra = [str(data_dir)] if data_dir is not None else []
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tests.chatapp.engine.fault_support",
-            "ask",
-            str(model),
-            str(folder),
-            str(seconds),
-            str(seed),
-            *extra,
-        ],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert process.stdout is not None
-    line = process.stdout.readline()
-    assert line.strip() == "ready", process.stderr.read() if process.stderr else line
-    return process
+    args = ("ask", str(model), str(folder), str(seconds), str(seed), *extra)
+    return start_child("tests.chatapp.engine.fault_support", *args, first_line="ready")
 
 
 def verify_folder(folder: Path, model: Path, reference: dict[tuple[int, ...], tuple[int, ...]]) -> int:

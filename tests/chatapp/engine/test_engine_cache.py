@@ -67,6 +67,19 @@ def push_out(engine: Engine) -> None:
         answer(engine, prompt(engine, other, persona="You are a geographer."))
 
 
+def check_a_restore_from_ram_equals_cold(cached: Engine, engine: Engine, target: tuple[int, ...]) -> None:
+    """`target` answered, pushed out of the sequences, asked again: all but its fresh tokens come back from RAM,
+    by the path `cached` was made for, and the answer is the cold one."""
+    cold = cold_answer(engine, target)
+    answer(cached, target)
+    push_out(cached)
+    warm = answer(cached, target)
+    assert warm.stats.reuse_tier == "ram"
+    assert warm.stats.reused_tokens == kept(cached, len(target) - FRESH_TOKENS)
+    assert warm.token_ids == cold.token_ids
+    restored_whole(cached, warm)
+
+
 def test_resident_conversation_is_answered_in_place(cached: Engine) -> None:
     first = prompt(cached, "What is a noun?")
     answer(cached, first)
@@ -76,15 +89,7 @@ def test_resident_conversation_is_answered_in_place(cached: Engine) -> None:
 
 
 def test_restore_from_ram_equals_cold(cached: Engine, engine: Engine) -> None:
-    target = prompt(cached, "What is a verb?")
-    cold = cold_answer(engine, target)
-    answer(cached, target)
-    push_out(cached)
-    warm = answer(cached, target)
-    assert warm.stats.reuse_tier == "ram"
-    assert warm.stats.reused_tokens == kept(cached, len(target) - FRESH_TOKENS)
-    assert warm.token_ids == cold.token_ids
-    restored_whole(cached, warm)
+    check_a_restore_from_ram_equals_cold(cached, engine, prompt(cached, "What is a verb?"))
 
 
 def test_restore_after_a_restart_comes_from_disk_and_equals_cold(
@@ -150,14 +155,7 @@ def test_a_long_prefix_assembled_from_many_blocks_equals_cold(cached: Engine, en
     long_persona = "You are a careful reviewer of essays. " * 40
     target = prompt(cached, "Review this: cats are great.", persona=long_persona)
     assert len(target) > 300  # about 20 blocks of 16 tokens
-    cold = cold_answer(engine, target)
-    answer(cached, target)
-    push_out(cached)
-    warm = answer(cached, target)
-    assert warm.stats.reuse_tier == "ram"
-    assert warm.stats.reused_tokens == kept(cached, len(target) - FRESH_TOKENS)
-    assert warm.token_ids == cold.token_ids
-    restored_whole(cached, warm)
+    check_a_restore_from_ram_equals_cold(cached, engine, target)
 
 
 def test_no_cache_requests_neither_look_up_nor_store(cached: Engine) -> None:

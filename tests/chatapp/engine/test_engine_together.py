@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import queue
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 
 from chatapp.engine.engine import Engine, EngineConfig
 from chatapp.engine.events import PromptProgress
-from chatapp.engine.gate import Step
+from chatapp.engine.gate import Step, StepGate
 from chatapp.engine.handle import EngineEvent, GenerationHandle
 from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.engine.turns import common_prefix_length
@@ -38,25 +39,42 @@ def prompt(engine: Engine, text: str) -> tuple[int, ...]:
     return tuple(engine.prompt_builder.build([ChatMessage.of(Role.USER, text)]))
 
 
+@contextmanager
+def holding_twice(
+    engine: Engine, request: GenerationRequest, first: tuple[Step, int], then: tuple[Step, int]
+) -> Iterator[tuple[StepGate, StepGate]]:
+    """Two holds of the engine, each at a step of `request` only: `engine.holding(*first)`, `engine.holding(*then)`."""
+
+    def is_it(other: GenerationRequest) -> bool:
+        return other is request
+
+    with engine.holding(*first, where=is_it) as first_gate, engine.holding(*then, where=is_it) as then_gate:
+        yield first_gate, then_gate
+
+
+@contextmanager
+def arriving_during_the_prompt(
+    engine: Engine, first: GenerationRequest, second: GenerationRequest
+) -> Iterator[tuple[GenerationHandle, GenerationHandle]]:
+    """Start `first`; start `second` while `first`'s prompt is read (after its first batch); hold the engine,
+    for the block, at `first`'s first answer token. Yields both handles."""
+    with holding_twice(engine, first, (Step.BATCH, 1), (Step.TOKEN, 1)) as (first_batch, first_token):
+        first_handle = engine.generate(first)
+        assert first_batch.wait_until_holding()
+        second_handle = engine.generate(second)
+        first_batch.release()
+        assert first_token.wait_until_holding()
+        yield first_handle, second_handle
+
+
 def test_a_short_request_is_answered_while_a_long_prompt_is_read(small_batches: Engine) -> None:
     engine = small_batches
     long_request = GenerationRequest(prompt(engine, LONG_TEXT + " Which one flashes slowest?"), GREEDY, use_cache=False)
     short_request = GenerationRequest(prompt(engine, "Name a colour."), GREEDY, use_cache=False)
     alone = engine.generate(short_request).wait()
     assert len(long_request.prompt_tokens) > 40 * 8  # many more batches than the short answer has steps
-
-    def is_long(request: GenerationRequest) -> bool:
-        return request is long_request
-
-    with (
-        engine.holding(Step.BATCH, 1, where=is_long) as first_batch,
-        engine.holding(Step.TOKEN, 1, where=is_long) as first_long_token,
-    ):
-        long_handle = engine.generate(long_request)
-        assert first_batch.wait_until_holding()
-        short_handle = engine.generate(short_request)  # arrives while the long prompt is being read
-        first_batch.release()
-        assert first_long_token.wait_until_holding()
+    # The short request arrives while the long prompt is being read.
+    with arriving_during_the_prompt(engine, long_request, short_request) as (long_handle, short_handle):
         # The long prompt's answer has not begun, and the short request is already answered.
         assert short_handle.done
         together = short_handle.wait()
@@ -108,14 +126,7 @@ def test_a_request_cancelled_while_it_waits_ends_at_once(small_batches: Engine) 
     running = GenerationRequest(prompt(engine, "Name a tree."), GREEDY, use_cache=False)
     warm_up = GenerationRequest(prompt(engine, "Name a bird."), GREEDY, prefill_only=True, use_cache=False)
     waiting = GenerationRequest(prompt(engine, "Name a fish."), GREEDY, use_cache=False)
-
-    def is_running(request: GenerationRequest) -> bool:
-        return request is running
-
-    with (
-        engine.holding(Step.TOKEN, 1, where=is_running) as first_token,
-        engine.holding(Step.TOKEN, 3, where=is_running) as third_token,
-    ):
+    with holding_twice(engine, running, (Step.TOKEN, 1), (Step.TOKEN, 3)) as (first_token, third_token):
         first = engine.generate(running)
         assert first_token.wait_until_holding()
         blocked = engine.generate(warm_up)  # waits while an answer runs, at the head of the queue
@@ -137,19 +148,8 @@ def test_the_prompt_with_less_left_to_compute_goes_first(small_batches: Engine) 
     first = GenerationRequest(prompt(engine, LONG_TEXT), GREEDY, use_cache=False)
     longer = GenerationRequest(prompt(engine, LONG_TEXT + " Which one flashes slowest?"), GREEDY, use_cache=False)
     alone = engine.generate(longer).wait()
-
-    def is_first(request: GenerationRequest) -> bool:
-        return request is first
-
-    with (
-        engine.holding(Step.BATCH, 1, where=is_first) as first_batch,
-        engine.holding(Step.TOKEN, 1, where=is_first) as first_token,
-    ):
-        first_handle = engine.generate(first)
-        assert first_batch.wait_until_holding()
-        longer_handle = engine.generate(longer)  # more left to compute than the first has
-        first_batch.release()
-        assert first_token.wait_until_holding()
+    # The longer prompt has more left to compute than the first has.
+    with arriving_during_the_prompt(engine, first, longer) as (first_handle, longer_handle):
         # The first prompt was computed to its end while the longer one took only its first batch.
         longer_progress = [event for event in _events_so_far(longer_handle) if isinstance(event, PromptProgress)]
         assert len(longer_progress) == 1

@@ -46,7 +46,6 @@ def _messages(question: str) -> tuple[ChatMessage, ...]:
 def test_the_server_builds_the_prompt_and_the_answer_is_its_own(chat: RemoteChatEngine, backend: Backend) -> None:
     served = backend.server.serving
     assert chat.prompt_builder is None
-    assert not chat.capabilities.token_prompts
     assert chat.info.name == served.model.id
     assert chat.info.n_ctx_per_sequence == served.model.context_tokens
     assert "chat messages" in chat.info.description
@@ -75,7 +74,7 @@ def test_a_warm_up_computes_the_prefix_and_shows_nothing(chat: RemoteChatEngine)
     assert handle.wait().stop_reason is StopReason.PREFILLED
 
 
-def test_a_model_the_server_does_not_have_and_its_tokenizer_are_one_line_each(
+def test_a_model_the_server_does_not_have_is_one_line_and_there_is_no_tokenizer(
     chat: RemoteChatEngine, backend: Backend
 ) -> None:
     with pytest.raises(RemoteEngineError) as raised:
@@ -84,8 +83,7 @@ def test_a_model_the_server_does_not_have_and_its_tokenizer_are_one_line_each(
     assert "does not serve 'no-such-model'" in message
     assert backend.server.serving.model.id in message
     assert "--backend-model" in message
-    with pytest.raises(RemoteEngineError, match="does not share its tokenizer"):
-        chat.tokenize("hello")
+    assert chat.prompt_builder is None, "no tokenizing facet: the server builds its prompts"
 
 
 @pytest.fixture(scope="module")

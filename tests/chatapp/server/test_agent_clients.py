@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
+from tests.chatapp.server.agent_support import get_weather, weather_agent
 from tests.model_factory import copy_with_chat_template
 from tests.server_support import RunningServer, running_server
 
@@ -39,11 +40,6 @@ def server(
         model_path = copy_with_chat_template(model_path, target, template)
     with running_server(tmp_path_factory.mktemp("agents-data"), model_path, context_cap=4096) as running:
         yield running
-
-
-def get_weather(city: str) -> str:
-    """The weather now in a city."""
-    return f"18 degrees and sunny in {city}"
 
 
 class City(BaseModel):
@@ -101,27 +97,10 @@ def test_langchain_structured_output(server: RunningServer, method: str) -> None
 
 
 def test_an_agents_sdk_agent_calls_a_function_tool_and_uses_its_result(server: RunningServer) -> None:
-    from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
+    from agents import OpenAIChatCompletionsModel, Runner
     from agents.items import MessageOutputItem, ToolCallOutputItem
-    from openai import AsyncOpenAI
 
-    set_tracing_disabled(True)
-    cities: list[str] = []
-
-    @function_tool
-    def weather(city: str) -> str:
-        """The weather now in a city."""
-        cities.append(city)
-        return get_weather(city)
-
-    client = AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
-    agent = Agent(
-        name="weather",
-        instructions="You answer questions about the weather with the weather tool.",
-        model=OpenAIChatCompletionsModel(model=server.model_id, openai_client=client),
-        model_settings=ModelSettings(tool_choice="required", temperature=0, max_tokens=ANSWER_TOKENS),
-        tools=[weather],
-    )
+    agent, cities = weather_agent(server, OpenAIChatCompletionsModel, max_tokens=ANSWER_TOKENS)
     result = Runner.run_sync(agent, WEATHER_QUESTION, max_turns=3)
     assert len(cities) >= 1, "the tool ran with the arguments the model gave"
     outputs = [item.output for item in result.new_items if isinstance(item, ToolCallOutputItem)]

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import httpx
 import openai
+import pytest
 
 from chatapp.engine.gate import Step
 from tests.server_support import SYSTEM_PROMPT, RunningServer
@@ -56,6 +57,28 @@ def raw_story_request(server: RunningServer) -> Iterator[None]:
         yield
 
 
+@contextmanager
+def streamed_story_request(http: httpx.Client, server: RunningServer) -> Iterator[None]:
+    """A streamed chat request, hung up when the block ends, where it must be the one request pending."""
+    body = {
+        "model": server.model_id,
+        "messages": [{"role": "user", "content": "Tell me a story."}],
+        "stream": True,
+        **HELD,
+    }
+    with http.stream("POST", "/v1/chat/completions", json=body) as response:
+        assert response.status_code == 200
+        yield
+        assert server.serving.completions.pending == 1
+
+
+# How a client hangs up in the middle of its request: (http, server) -> a block the request is open in.
+HANG_UPS: dict[str, Callable[[httpx.Client, RunningServer], AbstractContextManager[None]]] = {
+    "mid-stream": streamed_story_request,
+    "before-a-whole-answer": lambda http, server: raw_story_request(server),
+}
+
+
 def test_four_clients_at_once_each_get_their_own_answer(client: openai.OpenAI, server: RunningServer) -> None:
     alone = [ask(client, server, question) for question in QUESTIONS]
     with ThreadPoolExecutor(len(QUESTIONS)) as pool:
@@ -69,37 +92,20 @@ def test_four_clients_at_once_each_get_their_own_answer(client: openai.OpenAI, s
         assert 0 < usage.prompt_tokens_details.cached_tokens < usage.prompt_tokens
 
 
-def test_a_client_that_hangs_up_mid_stream_frees_its_request(
-    http: httpx.Client, client: openai.OpenAI, server: RunningServer
+@pytest.mark.parametrize(
+    ("hang_up", "question"), [("mid-stream", QUESTIONS[0]), ("before-a-whole-answer", QUESTIONS[1])]
+)
+def test_a_client_that_hangs_up_frees_its_request(
+    hang_up: str, question: str, http: httpx.Client, client: openai.OpenAI, server: RunningServer
 ) -> None:
     engine = server.engine
-    body = {
-        "model": server.model_id,
-        "messages": [{"role": "user", "content": "Tell me a story."}],
-        "stream": True,
-        **HELD,
-    }
     with engine.holding(Step.TOKEN, 2) as gate:
-        with http.stream("POST", "/v1/chat/completions", json=body) as response:
-            assert response.status_code == 200
+        with HANG_UPS[hang_up](http, server):
             assert gate.wait_until_holding()
-            assert server.serving.completions.pending == 1
         # The connection is closed while the answer is held: the request is cancelled, which
         # ends the hold without the test releasing it.
         wait_for(lambda: not gate.holding.is_set() and server.serving.completions.pending == 0)
-    text, _ = ask(client, server, QUESTIONS[0])
-    assert text
-
-
-def test_a_client_that_hangs_up_before_a_whole_answer_frees_its_request(
-    client: openai.OpenAI, server: RunningServer
-) -> None:
-    engine = server.engine
-    with engine.holding(Step.TOKEN, 2) as gate:
-        with raw_story_request(server):
-            assert gate.wait_until_holding()
-        wait_for(lambda: not gate.holding.is_set() and server.serving.completions.pending == 0)
-    text, _ = ask(client, server, QUESTIONS[1])
+    text, _ = ask(client, server, question)
     assert text
 
 

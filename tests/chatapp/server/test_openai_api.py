@@ -9,6 +9,7 @@ from typing import Any
 import openai
 import pytest
 
+from chatapp.services.prompt_plan import builder_of
 from tests.server_support import SYSTEM_PROMPT, RunningServer
 
 QUESTION = "Which lighthouse is the oldest?"
@@ -125,7 +126,7 @@ def test_plain_completions_whole_and_streamed(client: openai.OpenAI, server: Run
     stream = client.completions.create(prompt=prompt, stream=True, **asked)
     assert "".join(chunk.choices[0].text for chunk in stream if chunk.choices) == whole.choices[0].text
     # The same prompt as token ids (what benchmarks send): the same answer, all of it reused.
-    ids = server.serving.engine.tokenize(prompt, add_special=True, parse_special=True)
+    ids = builder_of(server.serving.engine).tokenize(prompt, add_special=True, parse_special=True)
     by_ids = client.completions.create(prompt=ids, **asked)
     assert by_ids.choices[0].text == whole.choices[0].text
     assert by_ids.usage.prompt_tokens == whole.usage.prompt_tokens

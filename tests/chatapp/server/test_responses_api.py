@@ -10,6 +10,7 @@ import httpx
 import openai
 import pytest
 
+from tests.chatapp.server.agent_support import weather_agent
 from tests.server_support import SYSTEM_PROMPT, RunningServer
 
 QUESTION = "Which lighthouse is the oldest?"
@@ -150,28 +151,11 @@ def test_tools_this_server_cannot_run_are_left_out(client: openai.OpenAI, server
 
 
 def test_the_agents_sdks_default_path_runs_an_agent_with_a_function_tool(server: RunningServer) -> None:
-    from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+    from agents import OpenAIResponsesModel, Runner
     from agents.items import ToolCallOutputItem
-    from openai import AsyncOpenAI
 
-    set_tracing_disabled(True)
-    cities: list[str] = []
-
-    @function_tool
-    def weather(city: str) -> str:
-        """The weather now in a city."""
-        cities.append(city)
-        return f"18 degrees and sunny in {city}"
-
-    client = AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
-    agent = Agent(
-        name="weather",
-        instructions="You answer questions about the weather with the weather tool.",
-        model=OpenAIResponsesModel(model=server.model_id, openai_client=client),
-        model_settings=ModelSettings(tool_choice="required", temperature=0, max_tokens=120),
-        tools=[weather],
-        tool_use_behavior="stop_on_first_tool",  # the tool's output is the final answer: no free text needed
-    )
+    # The tool's output is the final answer: no free text needed.
+    agent, cities = weather_agent(server, OpenAIResponsesModel, max_tokens=120, tool_use_behavior="stop_on_first_tool")
     result = Runner.run_sync(agent, "What is the weather in Paris? Use the tool.", max_turns=2)
     assert len(cities) == 1, "the tool ran with the arguments the model gave"
     outputs = [item.output for item in result.new_items if isinstance(item, ToolCallOutputItem)]

@@ -11,9 +11,10 @@ from chatapp.prompting.chat_template import FALLBACK_CHATML
 from chatapp.prompting.grammar import Grammar
 from chatapp.prompting.prompt import ChatMessage
 from chatapp.services.answer_run import AnswerRun
+from chatapp.services.answer_start import AnswerStart
 from chatapp.services.chat import ChatSession
 from chatapp.services.conversation import Conversation
-from chatapp.services.prompt_plan import TooLongWording, builder_of, plan_prompt, start_answer
+from chatapp.services.prompt_plan import TooLongWording, builder_of, plan_prompt
 from chatapp.vocabulary import MessageStatus, Role, StopReason
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)  # 12 tokens on every CPU
@@ -61,7 +62,8 @@ def run_to_end(
     """An answer to QUESTION whose prompt says its turn ends at `turn_ends` (as a template-less model's does)."""
     builder = builder_of(engine)
     plan = plan_prompt(builder, [ChatMessage.of(Role.USER, QUESTION)], checkpoints=False)
-    run = AnswerRun(start_answer(engine, replace(plan, turn_ends=turn_ends), sampling, WORDING), stops)
+    started = AnswerStart(engine).start(replace(plan, turn_ends=turn_ends), sampling, WORDING)
+    run = AnswerRun(started.handle, stops)
     text = "".join(getattr(event, "text", "") for event in run.events())
     ended = run.ended
     assert ended is not None

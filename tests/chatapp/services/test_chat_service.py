@@ -22,10 +22,10 @@ from chatapp.services.library import Library, open_library
 from chatapp.services.messages import document_block, question_message
 from chatapp.services.open_conversation import NEW_TITLE
 from chatapp.services.prompt_plan import builder_of
-from chatapp.services.startup import Workspace, open_workspace
+from chatapp.services.startup import Workspace
 from chatapp.vocabulary import MessageStatus, Role, StopReason
 from tests.model_factory import HARMONY_TOKENS, write_tiny_llama
-from tests.service_support import attach, make_service, prefix_tokens, settings
+from tests.service_support import attach, cold_service, make_service, prefix_tokens
 
 PERSONA_NAME = "Concise assistant"
 DOCUMENT_TEXT = "\n".join(
@@ -346,7 +346,7 @@ def test_attach_document_puts_it_in_the_first_question_only(
     assert tokens == prefix_tokens(service, view.root, document) == service.document_tokens(view.document)
 
     assert service.slot.engine is not None
-    block = service.slot.engine.tokenize(document_block(document))
+    block = builder_of(service.slot.engine).tokenize(document_block(document))
     first = service.ask(QUESTION)
     first.wait()
     second = service.ask("And which one comes last?")
@@ -391,7 +391,7 @@ def test_qa_mode_asks_every_question_from_the_root(service: ChatService, documen
     document = as_document(view.document)
     assert document is not None
     assert service.slot.engine is not None
-    block = service.slot.engine.tokenize(document_block(document))
+    block = builder_of(service.slot.engine).tokenize(document_block(document))
     assert occurrences(sent_prompt(first), block) == occurrences(sent_prompt(second), block) == 1
     assert sent_prompt(first)[:tokens] == sent_prompt(second)[:tokens]
     # The second question left the first one's prompt after the document: the cache screen says where.
@@ -467,13 +467,10 @@ def test_a_branch_too_long_for_the_context_is_refused_without_a_document(service
 def test_a_document_longer_than_a_small_context_is_refused(
     data_dir: Path, model_path: Path, document_file: Path, tmp_path: Path
 ) -> None:
-    small = open_workspace(str(data_dir), settings(model_path, context_cap=256))
-    library = open_library(small)
-    engine = small.open_engine(use_cache=False, sequences=1)
-    try:
-        service = make_service(small, library, engine)
+    with cold_service(data_dir, model_path, context_cap=256) as (service, _):
         view = service.current.new_conversation()
-        assert engine.info.n_ctx_per_sequence == 256
+        assert service.slot.engine is not None
+        assert service.slot.engine.info.n_ctx_per_sequence == 256
         path = tmp_path / "notes.md"
         path.write_text("\n".join([DOCUMENT_TEXT] * 3), encoding="utf-8")
         tokens = prefix_tokens(service, view.root, load_document(path))
@@ -488,9 +485,6 @@ def test_a_document_longer_than_a_small_context_is_refused(
         assert fitted < 256
         assert attached.document is not None
         assert attached.document.name == "minutes.txt"
-    finally:
-        engine.close()
-        library.close()
 
 
 # Warm-ahead and type-ahead.
@@ -543,11 +537,7 @@ def test_type_ahead_sends_the_same_prompt_and_gets_the_cold_answer(
     assert typed_result.stats.reused_tokens >= len(prompt) - 8
 
     # A fresh service on another database, asking at once on a cold engine without a cache.
-    cold_workspace = open_workspace(str(data_dir / "cold"), settings(model_path))
-    cold_library = open_library(cold_workspace)
-    cold_engine = cold_workspace.open_engine(use_cache=False, sequences=1)
-    try:
-        fresh = make_service(cold_workspace, cold_library, cold_engine)
+    with cold_service(data_dir / "cold", model_path) as (fresh, cold_library):
         fresh.current.new_conversation(cold_library.personas.get_by_name(PERSONA_NAME))
         fresh.attach_document(document_file)
         at_once = fresh.ask(typed_question)
@@ -556,9 +546,6 @@ def test_type_ahead_sends_the_same_prompt_and_gets_the_cold_answer(
         assert at_once_result.stats.reused_tokens == 0
         assert typed_result.text == at_once_result.text
         assert typed_result.token_ids == at_once_result.token_ids
-    finally:
-        cold_engine.close()
-        cold_library.close()
 
 
 def test_document_tokens_follow_the_persona_of_the_open_branch(

@@ -34,13 +34,18 @@ def finish(completion: Completion) -> str:
     return text
 
 
+def answered(service: CompletionService) -> tuple[str, tuple[int, ...]]:
+    """The greedy answer to QUESTION: its text and its generated ids."""
+    completion = service.start(CompletionRequest(GREEDY, messages=QUESTION))
+    text = finish(completion)
+    assert completion.result is not None
+    return text, completion.result.token_ids
+
+
 def test_an_answer_sent_back_as_text_gets_its_generated_ids(shared_engine: Engine, tmp_path: Path) -> None:
     store = AnswerIdStore(tmp_path / "answers")
     service = CompletionService(shared_engine, "model-a", store)
-    completion = service.start(CompletionRequest(GREEDY, messages=QUESTION))
-    answer = finish(completion)
-    assert completion.result is not None
-    generated = completion.result.token_ids
+    answer, generated = answered(service)
     follow_up = (*QUESTION, ApiMessage(Role.ASSISTANT, answer), ApiMessage(Role.USER, "Why?"))
     assert service.chat_messages(follow_up)[2].generated_ids == generated
     store.close()
@@ -57,10 +62,8 @@ def test_an_answer_sent_back_as_text_gets_its_generated_ids(shared_engine: Engin
 def test_an_answer_cut_by_a_stop_string_keeps_the_ids_of_what_was_shown(shared_engine: Engine, tmp_path: Path) -> None:
     store = AnswerIdStore(tmp_path / "answers")
     service = CompletionService(shared_engine, "model-a", store)
-    whole = service.start(CompletionRequest(GREEDY, messages=QUESTION))
-    free = finish(whole)
-    assert whole.result is not None
-    stop = _a_later_word(shared_engine, whole.result.token_ids, free)  # from this CPU's answer
+    free, generated = answered(service)
+    stop = _a_later_word(shared_engine, generated, free)  # from this CPU's answer
     completion = service.start(CompletionRequest(GREEDY, messages=QUESTION, stop=(stop,)))
     shown = finish(completion)
     assert shown == free[: free.index(stop)]

@@ -4,8 +4,6 @@ is there, and the partial answer is kept and marked as cut off (the tiny model, 
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,13 +14,13 @@ from chatapp.services.startup import open_workspace
 from chatapp.tui.format import STATUS_NOTES
 from chatapp.vocabulary import Role
 from tests.chatapp.services.crash_support import FIRST_QUESTION, SECOND_QUESTION
+from tests.child_support import start_child
 from tests.model_factory import write_tiny_llama
 from tests.service_support import settings
 
 # A child process per kill.
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[3]
 KILLS = 3
 
 
@@ -30,16 +28,7 @@ def test_3_kills_mid_answer_keep_every_message_and_mark_the_partial_one(tmp_path
     model = write_tiny_llama(tmp_path / "tiny.gguf")
     for kill in range(KILLS):
         data_dir = tmp_path / f"data-{kill}"
-        child = subprocess.Popen(
-            [sys.executable, "-m", "tests.chatapp.services.crash_support", str(model), str(data_dir)],
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        assert child.stdout is not None
-        line = child.stdout.readline()
-        assert line.strip() == "streaming", child.stderr.read() if child.stderr else line
+        child = start_child("tests.chatapp.services.crash_support", str(model), str(data_dir), first_line="streaming")
         time.sleep(0.1 * kill)
         child.send_signal(signal.SIGKILL)
         child.wait(30)

@@ -13,7 +13,7 @@ def tokens(vocab: NativeModel, text: str) -> list[int]:
 
 
 def test_a_timestamp_in_the_persona_is_shown_where_it_breaks_the_prefix(vocab: NativeModel) -> None:
-    log = PromptLog(vocab.detokenize)
+    log = PromptLog(vocab)
     first = tokens(vocab, PERSONA.format(time="10:41:07") + " Question one?")
     second = tokens(vocab, PERSONA.format(time="10:42:13") + " Question one?")
     assert log.compare(first) is None  # nothing earlier
@@ -28,7 +28,7 @@ def test_a_timestamp_in_the_persona_is_shown_where_it_breaks_the_prefix(vocab: N
 
 
 def test_a_prompt_that_goes_on_from_an_earlier_one_has_no_divergence(vocab: NativeModel) -> None:
-    log = PromptLog(vocab.detokenize)
+    log = PromptLog(vocab)
     turn = tokens(vocab, "System. User: hello. Assistant: hi.")
     assert log.compare(turn) is None
     assert log.compare([*turn, *tokens(vocab, " User: and then?")]) is None

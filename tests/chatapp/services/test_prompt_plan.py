@@ -8,6 +8,7 @@ from chatapp.engine.engine import Engine
 from chatapp.engine.requests import SamplingParams
 from chatapp.errors import ContextOverflowError, DocumentError
 from chatapp.prompting.prompt import ChatMessage
+from chatapp.services.answer_start import AnswerStart
 from chatapp.services.prompt_plan import (
     PromptPlan,
     PromptTooLongError,
@@ -15,7 +16,6 @@ from chatapp.services.prompt_plan import (
     plan_for,
     plan_prompt,
     prompt_too_long,
-    start_answer,
 )
 from chatapp.vocabulary import Role
 
@@ -51,9 +51,9 @@ def test_a_plan_is_the_builders_tokens_and_checkpoints_only_where_kept(shared_en
 def test_a_plan_that_does_not_fit_is_refused_in_the_callers_words(shared_engine: Engine) -> None:
     limit = shared_engine.info.n_ctx_per_sequence
     with pytest.raises(PromptTooLongError) as raised:
-        start_answer(shared_engine, PromptPlan(tuple([1] * limit)), GREEDY, WORDING)
+        AnswerStart(shared_engine).start(PromptPlan(tuple([1] * limit)), GREEDY, WORDING)
     assert str(raised.value) == (
         f"this branch is {limit:,} tokens but a conversation's context holds {limit:,}; start a new conversation"
     )
-    fits = start_answer(shared_engine, PromptPlan(tuple([1] * 8)), GREEDY, WORDING).wait()
+    fits = AnswerStart(shared_engine).start(PromptPlan(tuple([1] * 8)), GREEDY, WORDING).handle.wait()
     assert fits.stats.prompt_tokens == 8

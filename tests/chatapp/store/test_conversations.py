@@ -27,6 +27,17 @@ def _start(store: ConversationStore, title: str = "Chat") -> tuple[int, MessageR
     return conversation.id, root
 
 
+def _answered_twice(
+    store: ConversationStore, question: str, first: str, second: str
+) -> tuple[int, MessageRecord, MessageRecord, MessageRecord, MessageRecord]:
+    """A conversation whose question has two answers (a regenerate): its id, root, question and answers."""
+    conversation_id, root = _start(store)
+    asked = store.add_message(conversation_id, root.id, Role.USER, question)
+    first_answer = store.add_message(conversation_id, asked.id, Role.ASSISTANT, first)
+    second_answer = store.add_message(conversation_id, asked.id, Role.ASSISTANT, second)
+    return conversation_id, root, asked, first_answer, second_answer
+
+
 def _ids(messages: list[MessageRecord]) -> list[int]:
     return [message.id for message in messages]
 
@@ -40,10 +51,7 @@ def test_a_conversation_starts_with_a_persona_root_that_is_the_active_leaf(store
 
 
 def test_editing_and_regenerating_make_siblings_and_keep_every_answer(store: ConversationStore) -> None:
-    conversation_id, root = _start(store)
-    question = store.add_message(conversation_id, root.id, Role.USER, "What is 2+2?")
-    first = store.add_message(conversation_id, question.id, Role.ASSISTANT, "5")
-    regenerated = store.add_message(conversation_id, question.id, Role.ASSISTANT, "4")
+    conversation_id, root, question, first, regenerated = _answered_twice(store, "What is 2+2?", "5", "4")
     edited = store.add_message(conversation_id, root.id, Role.USER, "What is 3+3?")
     edited_answer = store.add_message(conversation_id, edited.id, Role.ASSISTANT, "6")
 
@@ -59,10 +67,7 @@ def test_editing_and_regenerating_make_siblings_and_keep_every_answer(store: Con
 
 
 def test_latest_leaf_follows_the_newest_child_down(store: ConversationStore) -> None:
-    conversation_id, root = _start(store)
-    question = store.add_message(conversation_id, root.id, Role.USER, "q")
-    old_answer = store.add_message(conversation_id, question.id, Role.ASSISTANT, "old")
-    new_answer = store.add_message(conversation_id, question.id, Role.ASSISTANT, "new")
+    conversation_id, root, question, old_answer, new_answer = _answered_twice(store, "q", "old", "new")
     follow_up = store.add_message(conversation_id, old_answer.id, Role.USER, "more on the old one")
     assert store.latest_leaf(question.id).id == new_answer.id
     assert store.latest_leaf(root.id).id == new_answer.id

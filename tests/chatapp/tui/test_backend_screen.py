@@ -13,18 +13,7 @@ from chatapp.tui.composer import Composer
 from chatapp.tui.widgets import StatusLine
 from tests.chatapp.tui.test_main_screen_documents import attach
 from tests.server_support import Backend
-from tests.tui_support import (
-    SCREEN,
-    answers,
-    footnote,
-    make_app,
-    notifications,
-    send,
-    views,
-    wait_idle,
-    wait_ready,
-    wait_until,
-)
+from tests.tui_support import answers, footnote, make_app, notifications, running, send, views, wait_idle, wait_until
 
 pytestmark = pytest.mark.slow
 KEEPERS = "\n".join(f"In {1800 + n} the lamp was kept by keeper number {n}, who painted the door." for n in range(24))
@@ -32,8 +21,7 @@ KEEPERS = "\n".join(f"In {1800 + n} the lamp was kept by keeper number {n}, who 
 
 async def test_answers_stream_from_the_backend_and_say_what_its_cache_reused(data_dir: Path, backend: Backend) -> None:
     app = make_app(data_dir, **backend.settings())
-    async with app.run_test(size=SCREEN) as pilot:
-        await wait_ready(pilot, app)
+    async with running(app) as pilot:
         await send(pilot, app, "Name a famous lighthouse.")
         await send(pilot, app, "Where is it?")
         first, second = answers(app)
@@ -56,8 +44,7 @@ async def test_a_backend_dying_mid_answer_keeps_the_partial_answer_and_says_so(
     data_dir: Path, backend: Backend
 ) -> None:
     app = make_app(data_dir, max_tokens=40, **backend.settings())
-    async with app.run_test(size=SCREEN) as pilot:
-        await wait_ready(pilot, app)
+    async with running(app) as pilot:
         with backend.server.engine.holding(Step.TOKEN, 3) as gate:
 
             async def cut_when_held() -> None:
@@ -78,8 +65,7 @@ async def test_a_document_warmed_ahead_and_a_branch_on_the_backend(
     document = tmp_path / "keepers.txt"
     document.write_text(KEEPERS, encoding="utf-8")
     app = make_app(data_dir, **backend.settings())
-    async with app.run_test(size=SCREEN) as pilot:
-        await wait_ready(pilot, app)
+    async with running(app) as pilot:
         await attach(pilot, app, document)
         await wait_until(pilot, lambda: app.service.current.view().document is not None)
         await wait_idle(pilot, app)  # the warm-up sent when the document's branch opened has ended
@@ -117,7 +103,7 @@ async def test_a_wrong_key_and_an_unreachable_backend_are_one_notification_each(
         else {"backend": f"http://127.0.0.1:{free_port()}"}
     )
     app = make_app(data_dir, **settings)
-    async with app.run_test(size=SCREEN) as pilot:
+    async with running(app, ready=False) as pilot:
         await wait_until(pilot, lambda: any(expected in note for note in notifications(app)))
         failures = [note for note in notifications(app) if expected in note]
         assert len(failures) == 1

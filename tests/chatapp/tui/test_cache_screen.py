@@ -8,7 +8,7 @@ from textual.widgets import DataTable, OptionList, Sparkline
 
 from chatapp.tui.cache_screen import CacheScreen, size_text
 from chatapp.tui.dialogs import Confirm
-from tests.tui_support import SCREEN, engine_of, make_app, notifications, send, wait_ready, wait_until
+from tests.tui_support import engine_of, make_app, notifications, running, send, wait_until
 
 
 def test_sizes_are_written_for_people() -> None:
@@ -19,8 +19,7 @@ def test_sizes_are_written_for_people() -> None:
 
 async def test_tiers_pins_and_clear(data_dir: Path) -> None:
     app = make_app(data_dir)
-    async with app.run_test(size=SCREEN) as pilot:
-        await wait_ready(pilot, app)
+    async with running(app) as pilot:
         persona = app.library.personas.get_by_name("Concise assistant")
         await app.main_screen.conversations.use_persona(persona)
         await send(pilot, app, "Name a colour.")

@@ -13,7 +13,7 @@ from textual.widgets.tree import TreeNode
 
 from chatapp.tui.app import ChatApp
 from chatapp.tui.document_picker import DocumentPicker, DocumentTree, PathInput
-from tests.tui_support import SCREEN, make_app, wait_idle, wait_ready, wait_until
+from tests.tui_support import make_app, running, wait_idle, wait_ready, wait_until
 
 NOTES = "The lighthouse at Cape Wrath was built in 1828 and painted white."
 
@@ -71,7 +71,7 @@ def problem(picker: DocumentPicker) -> str:
 
 async def test_the_tree_shows_folders_and_attachable_files_only(folder: Path) -> None:
     app = PickerHost(folder)
-    async with app.run_test(size=SCREEN) as pilot:
+    async with running(app, ready=False) as pilot:
         tree = app.screen.query_one(DocumentTree)
         await wait_until(pilot, lambda: bool(tree.root.children))
         assert labels(tree.root) == ["archive", "lighthouses.txt", "paper.pdf", "plan.md", "README"]
@@ -83,7 +83,7 @@ async def test_the_tree_shows_folders_and_attachable_files_only(folder: Path) ->
 
 async def test_typing_a_folder_browses_it_and_a_lone_file_completes(folder: Path) -> None:
     app = PickerHost(folder)
-    async with app.run_test(size=SCREEN) as pilot:
+    async with running(app, ready=False) as pilot:
         field = app.screen.query_one(PathInput)
         tree = app.screen.query_one(DocumentTree)
         assert field.value == f"{folder}/", "the field starts in the picker's folder"
@@ -100,7 +100,7 @@ async def test_typing_a_folder_browses_it_and_a_lone_file_completes(folder: Path
 async def test_choosing_a_file_in_the_tree_attaches_it(
     app: ChatApp, folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async with app.run_test(size=SCREEN) as pilot:
+    async with running(app, ready=False) as pilot:
         picker = await open_picker(pilot, app)
         tree = picker.query_one(DocumentTree)
         assert tree.path == folder
@@ -124,7 +124,7 @@ async def test_choosing_a_file_in_the_tree_attaches_it(
 
 
 async def test_a_typed_prefix_completes_and_attaches(app: ChatApp, folder: Path) -> None:
-    async with app.run_test(size=SCREEN) as pilot:
+    async with running(app, ready=False) as pilot:
         picker = await open_picker(pilot, app)
         field = picker.query_one(PathInput)
         await pilot.press("p", "l")
@@ -136,7 +136,7 @@ async def test_a_typed_prefix_completes_and_attaches(app: ChatApp, folder: Path)
 
 
 async def test_a_bad_typed_path_says_what_is_wrong_and_attaches_nothing(app: ChatApp, folder: Path) -> None:
-    async with app.run_test(size=SCREEN) as pilot:
+    async with running(app, ready=False) as pilot:
         picker = await open_picker(pilot, app)
         field = picker.query_one(PathInput)
         for typed, message in [
@@ -154,7 +154,7 @@ async def test_a_bad_typed_path_says_what_is_wrong_and_attaches_nothing(app: Cha
 
 
 async def test_escape_cancels(app: ChatApp, folder: Path) -> None:
-    async with app.run_test(size=SCREEN) as pilot:
+    async with running(app, ready=False) as pilot:
         picker = await open_picker(pilot, app)
         picker.query_one(PathInput).value = str(folder / "plan.md")
         await pilot.press("escape")

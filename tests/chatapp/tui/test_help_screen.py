@@ -8,7 +8,7 @@ from textual.widgets import DataTable
 
 from chatapp.tui.commands import COMMANDS, display_key
 from chatapp.tui.help_screen import HelpScreen
-from tests.tui_support import SCREEN, make_app, wait_until
+from tests.tui_support import make_app, running, wait_until
 
 
 def test_every_command_has_a_unique_key_and_id() -> None:
@@ -20,7 +20,7 @@ def test_every_command_has_a_unique_key_and_id() -> None:
 
 async def test_help_lists_every_key_and_the_palette_every_action(data_dir: Path) -> None:
     app = make_app(data_dir)
-    async with app.run_test(size=SCREEN) as pilot:
+    async with running(app, ready=False) as pilot:
         await pilot.press("f1")
         await wait_until(pilot, lambda: isinstance(app.screen, HelpScreen))
         table = app.screen.query_one(DataTable)

@@ -22,12 +22,12 @@ from chatapp.tui.dialogs import TextPrompt
 from chatapp.tui.sidebar import BranchTree, ConversationList
 from chatapp.tui.widgets import StatusLine, last_code_block
 from tests.tui_support import (
-    SCREEN,
     answers,
     engine_of,
     footnote,
     make_app,
     notifications,
+    running,
     send,
     views,
     wait_idle,
@@ -46,8 +46,7 @@ async def test_an_answer_streams_in_and_is_saved(data_dir: Path, monkeypatch: py
 
     monkeypatch.setattr(MarkdownStream, "write", recording_write)
     app = make_app(data_dir, max_tokens=30)
-    async with app.run_test(size=SCREEN) as pilot:
-        await wait_ready(pilot, app)
+    async with running(app) as pilot:
         await send(pilot, app, "Write a poem about rivers.")
         assert app.main_screen.query_one(Composer).text == ""
         answer = answers(app)[0]
@@ -71,8 +70,7 @@ async def test_an_answer_streams_in_and_is_saved(data_dir: Path, monkeypatch: py
 
 async def test_stop_regenerate_and_move_between_sibling_answers(data_dir: Path) -> None:
     app = make_app(data_dir, max_tokens=300)
-    async with app.run_test(size=SCREEN) as pilot:
-        await wait_ready(pilot, app)
+    async with running(app) as pilot:
         composer = app.main_screen.query_one(Composer)
         composer.text = "Tell me a very long story about a lighthouse keeper."
         with engine_of(app).holding(Step.TOKEN, after=10) as gate:  # ten tokens said, then held until Esc
@@ -109,8 +107,7 @@ async def test_stop_regenerate_and_move_between_sibling_answers(data_dir: Path) 
 
 async def test_editing_a_question_makes_a_branch_and_the_tree_switches_back(data_dir: Path) -> None:
     app = make_app(data_dir)
-    async with app.run_test(size=SCREEN) as pilot:
-        await wait_ready(pilot, app)
+    async with running(app) as pilot:
         await send(pilot, app, "Name a fruit.")
         first_question = views(app)[0].message_id
         await pilot.press("ctrl+g")
@@ -136,8 +133,7 @@ async def test_editing_a_question_makes_a_branch_and_the_tree_switches_back(data
 
 async def test_export_and_restart_find_everything_again(data_dir: Path, tmp_path: Path) -> None:
     app = make_app(data_dir)
-    async with app.run_test(size=SCREEN) as pilot:
-        await wait_ready(pilot, app)
+    async with running(app) as pilot:
         await send(pilot, app, "What is a lighthouse?")
         await send(pilot, app, "Who works there?")
         expected = [(view.role, view.text) for view in views(app)]
@@ -155,7 +151,7 @@ async def test_export_and_restart_find_everything_again(data_dir: Path, tmp_path
         title = app.service.current.view().conversation.title
 
     again = make_app(data_dir)
-    async with again.run_test(size=SCREEN) as pilot:
+    async with running(again, ready=False) as pilot:
         await wait_until(pilot, lambda: len(views(again)) == 4)
         assert [(view.role, view.text) for view in views(again)] == expected
         listed = again.main_screen.query_one(ConversationList)
@@ -169,8 +165,7 @@ async def test_export_and_restart_find_everything_again(data_dir: Path, tmp_path
 
 async def test_a_message_that_cannot_be_sent_goes_back_to_the_input(data_dir: Path) -> None:
     app = make_app(data_dir, context_cap=256)
-    async with app.run_test(size=SCREEN) as pilot:
-        await wait_ready(pilot, app)
+    async with running(app) as pilot:
         long_message = "word " * 300
         composer = app.main_screen.query_one(Composer)
         composer.text = long_message
@@ -186,7 +181,7 @@ async def test_a_model_that_cannot_load_is_a_notification_not_a_crash(data_dir: 
     model = tmp_path / "broken.gguf"
     model.write_bytes(b"GGUF" + b"\x00" * 64)  # passes the header check, fails in llama.cpp
     app = make_app(data_dir, model=model)
-    async with app.run_test(size=SCREEN) as pilot:
+    async with running(app, ready=False) as pilot:
         await wait_until(pilot, lambda: any("could not load" in n for n in notifications(app)))
         app.main_screen.query_one(Composer).text = "hello?"
         await pilot.press("enter")
@@ -203,8 +198,7 @@ def _nodes(node: TreeNode[int]) -> Iterator[TreeNode[int]]:
 
 async def test_copy_a_message_and_its_code_block(data_dir: Path) -> None:
     app = make_app(data_dir, max_tokens=60)
-    async with app.run_test(size=SCREEN) as pilot:
-        await wait_ready(pilot, app)
+    async with running(app) as pilot:
         await send(pilot, app, "Write a Python function that adds two numbers, in a code block.")
         await pilot.press("alt+c")
         assert app.clipboard == answers(app)[0].text != ""

@@ -10,7 +10,7 @@ from textual.widgets import Input
 
 from chatapp.tui.app import ChatApp
 from chatapp.tui.document_picker import DocumentPicker
-from tests.tui_support import SCREEN, make_app, notifications, send, views, wait_idle, wait_ready, wait_until
+from tests.tui_support import make_app, notifications, running, send, views, wait_idle, wait_until
 
 NOTES = "\n".join(
     f"Line {n}: the lighthouse at Cape {n} was built in {1800 + n} and painted red and white." for n in range(1, 13)
@@ -29,8 +29,7 @@ async def test_questions_about_a_document_reuse_its_tokens(data_dir: Path, tmp_p
     document = tmp_path / "lighthouses.txt"
     document.write_text(NOTES, encoding="utf-8")
     app = make_app(data_dir)
-    async with app.run_test(size=SCREEN) as pilot:
-        await wait_ready(pilot, app)
+    async with running(app) as pilot:
         await attach(pilot, app, document)
         await wait_until(pilot, lambda: app.service.current.view().document is not None)
         await wait_idle(pilot, app)  # the screen shows the document's branch before Ctrl+T
@@ -62,8 +61,7 @@ async def test_a_document_that_does_not_fit_names_both_numbers(data_dir: Path, t
     document = tmp_path / "long.txt"
     document.write_text(NOTES * 8, encoding="utf-8")
     app = make_app(data_dir, context_cap=512)
-    async with app.run_test(size=SCREEN) as pilot:
-        await wait_ready(pilot, app)
+    async with running(app) as pilot:
         await attach(pilot, app, document)
         await wait_until(pilot, lambda: any("context holds" in n for n in notifications(app)))
         message = next(n for n in notifications(app) if "context holds" in n)
@@ -76,8 +74,7 @@ async def test_an_unreadable_document_is_a_notification(data_dir: Path, tmp_path
     document = tmp_path / "latin1.txt"
     document.write_bytes("caf\u00e9".encode("latin-1"))  # passes the picker's check, fails the read
     app = make_app(data_dir)
-    async with app.run_test(size=SCREEN) as pilot:
-        await wait_ready(pilot, app)
+    async with running(app) as pilot:
         await attach(pilot, app, document)
         await wait_until(pilot, lambda: any("not UTF-8" in n for n in notifications(app)))
         await wait_idle(pilot, app)
@@ -103,8 +100,7 @@ async def test_a_long_warm_up_shows_its_progress(
         NOTES + "\n" + NOTES.replace("Cape", "Point"), encoding="utf-8"
     )  # more than one 512-token batch
     app = make_app(data_dir)
-    async with app.run_test(size=SCREEN) as pilot:
-        await wait_ready(pilot, app)
+    async with running(app) as pilot:
         await attach(pilot, app, document)
         await wait_until(pilot, lambda: app.service.current.view().document is not None)
         await wait_idle(pilot, app)

@@ -14,24 +14,12 @@ from chatapp.errors import StoreError
 from chatapp.records import ConversationRecord
 from chatapp.tui.composer import Composer
 from chatapp.tui.dialogs import TextPrompt
-from tests.tui_support import (
-    SCREEN,
-    answers,
-    engine_of,
-    make_app,
-    notifications,
-    send,
-    views,
-    wait_idle,
-    wait_ready,
-    wait_until,
-)
+from tests.tui_support import answers, engine_of, make_app, notifications, running, send, views, wait_idle, wait_until
 
 
 async def test_two_quick_regenerates_start_one_answer(data_dir: Path) -> None:
     app = make_app(data_dir, max_tokens=4)
-    async with app.run_test(size=SCREEN) as pilot:
-        await wait_ready(pilot, app)
+    async with running(app) as pilot:
         await send(pilot, app, "Name a bird.")
         app.workspace = app.service.slot.workspace = replace(
             app.workspace, settings=app.workspace.settings.model_copy(update={"max_tokens": 300})
@@ -51,8 +39,7 @@ async def test_two_quick_regenerates_start_one_answer(data_dir: Path) -> None:
 
 async def test_an_edit_keeps_the_draft_and_is_dropped_when_the_conversation_changes(data_dir: Path) -> None:
     app = make_app(data_dir)
-    async with app.run_test(size=SCREEN) as pilot:
-        await wait_ready(pilot, app)
+    async with running(app) as pilot:
         await send(pilot, app, "Name a tree.")
         composer = app.main_screen.query_one(Composer)
         composer.text = "half-typed draft"
@@ -73,8 +60,7 @@ async def test_an_edit_keeps_the_draft_and_is_dropped_when_the_conversation_chan
 
 async def test_a_failed_edit_is_still_an_edit_when_sent_again(data_dir: Path) -> None:
     app = make_app(data_dir, context_cap=256)
-    async with app.run_test(size=SCREEN) as pilot:
-        await wait_ready(pilot, app)
+    async with running(app) as pilot:
         await send(pilot, app, "Name a river.")
         await send(pilot, app, "And another?")
         first_question = app.service.current.view().messages[0].record
@@ -98,8 +84,7 @@ async def test_a_failed_edit_is_still_an_edit_when_sent_again(data_dir: Path) ->
 
 async def test_actions_that_change_the_branch_wait_for_the_answer(data_dir: Path) -> None:
     app = make_app(data_dir, max_tokens=200)
-    async with app.run_test(size=SCREEN) as pilot:
-        await wait_ready(pilot, app)
+    async with running(app) as pilot:
         app.main_screen.query_one(Composer).text = "Tell me a long story about a lighthouse."
         with engine_of(app).holding(Step.TOKEN, after=1) as gate:  # the answer runs until Esc
             await pilot.press("enter")
@@ -115,8 +100,7 @@ async def test_actions_that_change_the_branch_wait_for_the_answer(data_dir: Path
 
 async def test_a_path_that_cannot_be_a_path_is_a_notification(data_dir: Path) -> None:
     app = make_app(data_dir)
-    async with app.run_test(size=SCREEN) as pilot:
-        await wait_ready(pilot, app)
+    async with running(app) as pilot:
         await pilot.press("alt+x")
         await wait_until(pilot, lambda: isinstance(app.screen, TextPrompt))
         app.screen.query_one("#dialog-input", Input).value = "~no-such-user-here/x.md"
@@ -129,8 +113,7 @@ async def test_a_path_that_cannot_be_a_path_is_a_notification(data_dir: Path) ->
 
 async def test_a_database_error_is_a_notification(data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     app = make_app(data_dir)
-    async with app.run_test(size=SCREEN) as pilot:
-        await wait_ready(pilot, app)
+    async with running(app) as pilot:
 
         def locked(query: str = "") -> list[ConversationRecord]:
             raise StoreError("the conversations database failed (database is locked); close the other program")

@@ -16,7 +16,7 @@ from chatapp.tui.model_picker import ModelPicker
 from chatapp.tui.sidebar import Sidebar
 from chatapp.tui.widgets import PrefillRow, StatusLine
 from tests.model_factory import write_tiny_llama
-from tests.tui_support import SCREEN, answers, footnote, make_app, notifications, send, wait_ready, wait_until
+from tests.tui_support import answers, footnote, make_app, notifications, running, send, wait_until
 
 BUNDLED = bundled_model_path().stem
 
@@ -50,8 +50,7 @@ async def choose(pilot: object, app: object, name: str) -> None:
 
 async def test_switching_models_and_back_to_a_conversation_s_own(data_dir: Path, tiny: Path) -> None:
     app = make_app(data_dir, max_tokens=6, model_folders=str(tiny.parent))
-    async with app.run_test(size=SCREEN) as pilot:
-        await wait_ready(pilot, app)
+    async with running(app) as pilot:
         persona = "You are terse. " * 30  # a prefix long enough to be cached in blocks
         app.service.current.new_conversation()
         await send(pilot, app, persona + "Name a colour.")
@@ -108,8 +107,7 @@ async def test_esc_cancels_a_load_and_the_old_model_stays(
 
     monkeypatch.setattr(EngineSlot, "prepare", held)
     app = make_app(data_dir, model_folders=str(tiny.parent))
-    async with app.run_test(size=SCREEN) as pilot:
-        await wait_ready(pilot, app)
+    async with running(app) as pilot:
         await choose(pilot, app, "tiny")
         await wait_until(pilot, reported.is_set)
         assert "loading tiny.gguf" in status(app)

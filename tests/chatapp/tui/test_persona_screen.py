@@ -7,13 +7,12 @@ from pathlib import Path
 from textual.widgets import Input, OptionList, TextArea
 
 from chatapp.tui.persona_screen import PersonaScreen
-from tests.tui_support import SCREEN, make_app, notifications, send, views, wait_ready, wait_until
+from tests.tui_support import make_app, notifications, running, send, views, wait_until
 
 
 async def test_create_a_persona_and_use_it_in_a_new_branch(data_dir: Path) -> None:
     app = make_app(data_dir)
-    async with app.run_test(size=SCREEN) as pilot:
-        await wait_ready(pilot, app)
+    async with running(app) as pilot:
         await send(pilot, app, "Hello there.")
         await pilot.press("f2")
         await wait_until(pilot, lambda: isinstance(app.screen, PersonaScreen))
@@ -47,7 +46,7 @@ async def test_import_and_export_a_persona_file(data_dir: Path, tmp_path: Path) 
     source = tmp_path / "haiku.md"
     source.write_text("# Haiku poet\n\nAnswer every question as a haiku.\n", encoding="utf-8")
     app = make_app(data_dir)
-    async with app.run_test(size=SCREEN) as pilot:
+    async with running(app, ready=False) as pilot:
         await pilot.press("f2")
         await wait_until(pilot, lambda: isinstance(app.screen, PersonaScreen))
         await pilot.click("#import")
@@ -74,7 +73,7 @@ async def test_a_persona_file_that_does_not_parse_is_a_notification(data_dir: Pa
     source = tmp_path / "broken.md"
     source.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00")
     app = make_app(data_dir)
-    async with app.run_test(size=SCREEN) as pilot:
+    async with running(app, ready=False) as pilot:
         await pilot.press("f2")
         await wait_until(pilot, lambda: isinstance(app.screen, PersonaScreen))
         before = {p.name for p in app.service.personas.all()}

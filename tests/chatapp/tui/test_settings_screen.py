@@ -10,13 +10,13 @@ from textual.widgets import Input, Label
 from chatapp.services.startup import open_workspace
 from chatapp.tui.app import ChatApp
 from chatapp.tui.settings_screen import SettingsScreen
-from tests.tui_support import SCREEN, notifications, wait_until
+from tests.tui_support import notifications, running, wait_until
 
 
 async def test_invalid_values_are_explained_and_valid_ones_saved(data_dir: Path) -> None:
     # As if started with `chatapp --context 1024 --threads 1`: one-off options, not to be saved.
     app = ChatApp(open_workspace(str(data_dir), {"context_cap": 1024, "threads": 1}))
-    async with app.run_test(size=SCREEN) as pilot:
+    async with running(app, ready=False) as pilot:
         await pilot.press("f5")
         await wait_until(pilot, lambda: isinstance(app.screen, SettingsScreen))
         screen = app.screen

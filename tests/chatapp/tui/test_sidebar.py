@@ -9,7 +9,7 @@ from textual.widgets import Input
 from chatapp.tui.app import ChatApp
 from chatapp.tui.dialogs import Confirm, TextPrompt
 from chatapp.tui.sidebar import ConversationList, age, snippet
-from tests.tui_support import SCREEN, make_app, send, wait_ready, wait_until
+from tests.tui_support import make_app, running, send, wait_until
 
 
 def test_ages_and_snippets_are_short() -> None:
@@ -28,8 +28,7 @@ def listed_titles(app: ChatApp) -> list[str]:
 
 async def test_search_rename_and_delete(data_dir: Path) -> None:
     app = make_app(data_dir, max_tokens=4)
-    async with app.run_test(size=SCREEN) as pilot:
-        await wait_ready(pilot, app)
+    async with running(app) as pilot:
         await send(pilot, app, "Tell me about owls.")
         await pilot.press("ctrl+n")
         await wait_until(pilot, lambda: app.service.current.view().messages == ())

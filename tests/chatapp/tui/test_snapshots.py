@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -84,38 +85,31 @@ def test_main_screen(snap_compare, seeded: ChatApp) -> None:
     assert snap_compare(seeded, terminal_size=SCREEN, run_before=settle)
 
 
-def test_persona_screen(snap_compare, seeded: ChatApp) -> None:
-    async def open_personas(pilot: Pilot[None]) -> None:
+def opening(key: str, screen: str, *, pause_after: bool = False) -> Callable[[Pilot[None]], Awaitable[None]]:
+    """A `run_before` that settles the app, presses `key` and waits for the screen class named `screen`."""
+
+    async def open_screen(pilot: Pilot[None]) -> None:
         await settle(pilot)
-        await pilot.press("f2")
-        await wait_until(pilot, lambda: type(pilot.app.screen).__name__ == "PersonaScreen")
+        await pilot.press(key)
+        await wait_until(pilot, lambda: type(pilot.app.screen).__name__ == screen)
         await pilot.pause()
         steady(pilot)
+        if pause_after:
+            await pilot.pause()
 
-    assert snap_compare(seeded, terminal_size=SCREEN, run_before=open_personas)
+    return open_screen
+
+
+def test_persona_screen(snap_compare, seeded: ChatApp) -> None:
+    assert snap_compare(seeded, terminal_size=SCREEN, run_before=opening("f2", "PersonaScreen"))
 
 
 def test_help_screen(snap_compare, seeded: ChatApp) -> None:
-    async def open_help(pilot: Pilot[None]) -> None:
-        await settle(pilot)
-        await pilot.press("f1")
-        await wait_until(pilot, lambda: type(pilot.app.screen).__name__ == "HelpScreen")
-        await pilot.pause()
-        steady(pilot)
-
-    assert snap_compare(seeded, terminal_size=SCREEN, run_before=open_help)
+    assert snap_compare(seeded, terminal_size=SCREEN, run_before=opening("f1", "HelpScreen"))
 
 
 def test_settings_screen(snap_compare, seeded: ChatApp) -> None:
-    async def open_settings(pilot: Pilot[None]) -> None:
-        await settle(pilot)
-        await pilot.press("f5")
-        await wait_until(pilot, lambda: type(pilot.app.screen).__name__ == "SettingsScreen")
-        await pilot.pause()
-        steady(pilot)
-        await pilot.pause()
-
-    assert snap_compare(seeded, terminal_size=SCREEN, run_before=open_settings)
+    assert snap_compare(seeded, terminal_size=SCREEN, run_before=opening("f5", "SettingsScreen", pause_after=True))
 
 
 def test_document_picker(snap_compare, seeded: ChatApp, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
