@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 
 import numpy as np
 
@@ -96,14 +97,15 @@ def load_model(
     # sequence where a cold run has others, and its kernels round otherwise (measured on Vulkan with
     # flash attention): the full-size window cache there.
     swa_full = config.swa_full or layers > 0
-    verdict = verdict_key(
+    key_of = partial(
+        verdict_key,
         config.model_path,
         threads=threads,
         flash_attention=config.flash_attention,
         gpu_layers=layers,
-        sequences=config.sequences,
         swa_full=swa_full,
     )
+    verdict = key_of(sequences=config.sequences)
     probes = config.batch_answers and not verdict_known(verdict, config.batch_memo)
     weights_progress, probe_progress = split_progress(config.load_progress, 1.0 - PROBE_SHARE if probes else 1.0)
     model = NativeModel(config.model_path, n_gpu_layers=layers, progress=weights_progress)
@@ -147,15 +149,7 @@ def load_model(
             if config.batch_answers
             else (False, "turned off in the settings")
         )
-        # The split probe's verdict does not depend on how many sequences the context has.
-        split_key = verdict_key(
-            config.model_path,
-            threads=threads,
-            flash_attention=config.flash_attention,
-            gpu_layers=layers,
-            sequences=1,
-            swa_full=swa_full,
-        )
+        split_key = key_of(sequences=1)  # the split probe's verdict does not depend on the sequences
         info = replace(info, prompt_grid=prompt_grid(config, model, context, info.gpu_layers, split_key))
         if probe_progress is not None:
             probe_progress(1.0)  # the bar ends where a probe that found a difference early, or never ran, left it
