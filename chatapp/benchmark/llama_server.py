@@ -67,6 +67,7 @@ class ServerOptions(TypedDict):
     slots: NotRequired[int]
     batch: NotRequired[int | None]
     flash_attention: NotRequired[bool]
+    gpu_layers: NotRequired[int]  # -ngl: 0 (the default) runs as the chatapp peers do, on the CPU
 
 
 def server_command(binary: Path, model: Path, *, port: int, **options: Unpack[ServerOptions]) -> list[str]:
@@ -94,7 +95,7 @@ def server_command(binary: Path, model: Path, *, port: int, **options: Unpack[Se
         "-fa",
         "on" if flash_attention else "off",
         "-ngl",
-        "0",  # as the chatapp peers run: on the CPU
+        str(options.get("gpu_layers", 0)),
         "--no-webui",
     ]
     if batch is not None:
@@ -196,4 +197,5 @@ def uncached_server(
         slots=slots,
         batch=settings.n_batch,
         flash_attention=flash_attention,
+        gpu_layers=settings.gpu_layers,
     )

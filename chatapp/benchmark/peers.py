@@ -98,6 +98,7 @@ class PeerSettings:
     chatapp_sequences: int = 2  # conversations resident in chatapp's context (its device tier)
     slots: int = 1  # llama-server's -np: requests it serves at once (F: one per client)
     block_size: int = 64  # chatapp's cache block
+    gpu_layers: int = 0  # layers every peer offloads to a GPU (0: all on the CPU, as the figures compare)
     model_fingerprint: str | None = None  # computed once per run when None
 
     def fingerprint(self) -> str:
@@ -154,7 +155,7 @@ class _LlamaPeer:
                 n_threads=settings.threads,
                 n_threads_batch=settings.threads,
                 flash_attn=False,  # as chatapp runs by default
-                n_gpu_layers=0,
+                n_gpu_layers=settings.gpu_layers,
                 verbose=False,
             )
         self._evaluated = 0
@@ -320,7 +321,7 @@ def _engine_config(settings: PeerSettings) -> EngineConfig:
         model_path=settings.model_path,
         context_cap=settings.context,
         sequences=settings.chatapp_sequences,
-        n_gpu_layers=0,
+        n_gpu_layers=settings.gpu_layers,
         threads=settings.threads,
         n_batch=settings.n_batch,
     )

@@ -80,7 +80,7 @@ def _engine_config(settings: PeerSettings, flash: bool) -> EngineConfig:
         model_path=settings.model_path,
         context_cap=settings.context,
         sequences=1,
-        n_gpu_layers=0,
+        n_gpu_layers=settings.gpu_layers,
         threads=settings.threads,
         n_batch=settings.n_batch,
         flash_attention=flash,

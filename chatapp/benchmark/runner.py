@@ -308,6 +308,7 @@ class LlamaServerFactory:
             cache_ram_mib=self.cache_ram_mib,
             slots=settings.slots,
             batch=settings.n_batch,
+            gpu_layers=settings.gpu_layers,
         )
 
 
@@ -351,6 +352,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--model", help="GGUF model (default: the bundled model)")
     parser.add_argument("--threads", type=int, help="CPU threads for every peer (default: one per core)")
+    parser.add_argument(
+        "--n-gpu-layers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="layers every peer offloads to a GPU, -1 for all (default 0: every peer on the CPU); "
+        "on a device the restore figure R compares restores with llama.cpp's own load there",
+    )
     parser.add_argument(
         "--context",
         type=int,
@@ -431,6 +440,7 @@ def plan_from(args: argparse.Namespace) -> BenchPlan:
         threads=args.threads or default_thread_count(),
         ram_budget_bytes=args.ram_budget_mib * MIB,
         disk_budget_bytes=args.disk_budget_mib * MIB,
+        gpu_layers=args.n_gpu_layers,
     )
     return BenchPlan(scale, settings, args.max_tokens or scale.max_tokens, workload_names, factories, server)
 

@@ -60,7 +60,7 @@ def write_settings(folder: Path, settings: PeerSettings, *, batch_answers: bool 
         f"cache_block_size = {settings.block_size}",
         f"cache_ram_mib = {settings.ram_budget_bytes // MIB}",
         f"cache_disk_mib = {settings.disk_budget_bytes // MIB}",
-        "n_gpu_layers = 0",
+        f"n_gpu_layers = {settings.gpu_layers}",
         f"batch_answers = {'true' if batch_answers else 'false'}",
     ]
     (folder / "config.toml").write_text("\n".join(lines) + "\n", encoding="utf-8")

@@ -50,7 +50,10 @@ def test_command_line() -> None:
     assert "--cache-ram 256" in joined
     assert "-fa off" in joined
     assert "--no-webui" in joined
+    assert "-ngl 0" in joined, "on the CPU unless the bench is asked to offload"
     assert "-b" not in command
+    offloaded = server_command(Path("s"), Path("m"), port=1, context=8, threads=1, cache_ram_mib=0, gpu_layers=-1)
+    assert "-ngl -1" in " ".join(offloaded)
     batched = server_command(Path("s"), Path("m"), port=1, context=8, threads=1, cache_ram_mib=0, batch=512)
     assert batched[-4:] == ["-b", "512", "-ub", "512"]
 
