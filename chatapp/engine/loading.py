@@ -89,9 +89,9 @@ def load_model(
     config: EngineConfig, cache_factory: CacheFactory | None, should_abort: Callable[[], bool]
 ) -> LoadedModel:
     """Load the weights and a context shaped by `config`, test the state format, open the cache."""
-    layers = config.n_gpu_layers
+    layers, device = config.n_gpu_layers, offload_device()  # the registry asked once
     if layers < 0:
-        layers = ALL_LAYERS if offload_device() is not None else 0  # a GPU build on a machine with a device
+        layers = ALL_LAYERS if device is not None else 0  # a GPU build on a machine with a device
     threads = config.threads or default_thread_count()
     # On a device a window cache smaller than the context leaves the cells of a restored or continued
     # sequence where a cold run has others, and its kernels round otherwise (measured on Vulkan with
@@ -134,7 +134,7 @@ def load_model(
         n_sequences=shape.n_sequences,
         flash_attention=shape.flash_attention,
         gpu_layers=min(layers, model.n_layer + 1),
-        device=(offload_device() or "an unnamed device") if layers > 0 else "CPU",
+        device=(device or "an unnamed device") if layers > 0 else "CPU",
         threads=threads,
         memory_kind=model.memory.kind,
         window=model.window,

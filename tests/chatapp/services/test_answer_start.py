@@ -45,9 +45,14 @@ def test_a_prompt_that_does_not_fit_is_refused_and_not_logged(shared_engine: Eng
     limit = shared_engine.info.n_ctx_per_sequence
     with pytest.raises(PromptTooLongError):
         answers.start(PromptPlan(tuple([1] * limit)), ONE_TOKEN, WORDING)
-    fits = answers.start(PromptPlan(tuple([1] * 8)), ONE_TOKEN, WORDING)
+    # Had the refused prompt been logged, this one would leave it at token 4.
+    fits = answers.start(PromptPlan((1, 1, 1, 1, 2, 2, 2, 2)), ONE_TOKEN, WORDING)
     fits.handle.wait()
     assert fits.divergence is None, "the refused prompt was never logged: nothing earlier to leave"
+    again = answers.start(PromptPlan((1, 1, 1, 1, 3, 3)), ONE_TOKEN, WORDING)
+    again.handle.wait()
+    assert again.divergence is not None, "a started prompt is logged"
+    assert again.divergence.position == 4
 
 
 class _Heard(Prewarmer):
