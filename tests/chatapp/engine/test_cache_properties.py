@@ -380,6 +380,12 @@ def run_plan(plan: Plan, model: TinyModel, cold: Engine) -> None:
         SESSION["seconds_x1000"] += int((time.perf_counter() - started) * 1000)
 
 
+def seeded(test: Callable[..., None]) -> Callable[..., None]:
+    """Another set of examples when CHATAPP_PROPERTY_SEED is set (in Hypothesis a seed outranks derandomize)."""
+    return seed(int(SEED))(test) if SEED else test
+
+
+@seeded
 @settings(
     max_examples=EXAMPLES,
     deadline=None,
@@ -387,7 +393,6 @@ def run_plan(plan: Plan, model: TinyModel, cold: Engine) -> None:
     database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.data_too_large],
 )
-@(seed(int(SEED)) if SEED else lambda test: test)  # a seed outranks derandomize in Hypothesis
 @given(plan=plans)
 def test_cached_answers_equal_cold_answers(plan: Plan, tiny_model: TinyModel, cold_engines: dict[int, Engine]) -> None:
     run_plan(plan, tiny_model, cold_engine(cold_engines, tiny_model, plan.sequences))
