@@ -56,6 +56,11 @@ def _engine_options(default: object = None) -> argparse.ArgumentParser:
     group.add_argument("--context", type=int, metavar="N", help="largest context per conversation, in tokens")
     group.add_argument("--n-gpu-layers", type=int, metavar="N", help="layers to offload to the GPU (-1: all)")
     group.add_argument(
+        "--kv-type",
+        choices=("f16", "q8_0", "q4_0"),
+        help="the KV cache's number format: q8_0 and q4_0 keep smaller states (default: f16)",
+    )
+    group.add_argument(
         "--threads",
         type=int,
         metavar="N",
@@ -238,6 +243,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "model": args.model,
         "context_cap": args.context,
         "n_gpu_layers": args.n_gpu_layers,
+        "kv_type": args.kv_type,
         "threads": args.threads,
         "backend": args.backend,
         "backend_key": args.backend_key or os.environ.get(ENV_BACKEND_KEY) or None,

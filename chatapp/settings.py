@@ -41,6 +41,13 @@ class Settings(BaseModel):
         description="llama.cpp's flash attention; restores stay exact (every prompt batch has 64+ tokens), "
         "but each answer computes its last 64 prompt tokens and prompts under 64 tokens are not reused",
     )
+    kv_type: Literal["f16", "q8_0", "q4_0"] = Field(
+        "f16",
+        description="the number format of the model's KV cache: q8_0 holds each token's state in about half the "
+        "bytes of f16 and q4_0 in about a quarter, so the cache keeps two to four times the prefixes and restores "
+        "move less; answers stay exact against a cold run of the same type but differ a little from f16's; a "
+        "quantized type turns flash attention on",
+    )
     batch_answers: bool = Field(
         True,
         description="answers streaming at once share one llama.cpp decode per token, where a probe at load finds "

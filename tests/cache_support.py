@@ -7,6 +7,7 @@ from pathlib import Path
 from cache.fingerprint import hash_file
 from cache.prefix_cache import CacheConfig
 from chatapp.engine.engine import Engine, EngineConfig
+from chatapp.engine.kv_types import KvType
 from chatapp.services.startup import kv_cache_factory
 
 
@@ -21,6 +22,7 @@ def cached_engine(
     n_batch: int = 512,
     swa_full: bool = True,
     flash_attention: bool = False,
+    kv_type: KvType = KvType.F16,
     ready_state_bytes: int = EngineConfig.ready_state_bytes,
     ram_bytes: int = 512 << 20,
     disk_bytes: int = 1 << 30,
@@ -37,6 +39,7 @@ def cached_engine(
         n_batch=n_batch,
         swa_full=swa_full,
         flash_attention=flash_attention,
+        kv_type=kv_type,
         ready_state_bytes=ready_state_bytes,
         fixed_batches=fixed_batches,
     )

@@ -28,6 +28,7 @@ import llama_cpp
 import numpy as np
 
 from chatapp.engine.config import LoadProgress
+from chatapp.engine.kv_types import KvType
 from chatapp.engine.llama_native import NativeContext, NativeModel, offload_device
 from chatapp.engine.requests import SamplingParams
 from chatapp.engine.sampling import NativeSampler
@@ -161,7 +162,14 @@ def _decode_prompt(context: NativeContext, prompt: Sequence[int], sequence: int)
 
 
 def verdict_key(
-    model_path: Path, *, threads: int, flash_attention: bool, gpu_layers: int, sequences: int, swa_full: bool
+    model_path: Path,
+    *,
+    threads: int,
+    flash_attention: bool,
+    gpu_layers: int,
+    sequences: int,
+    swa_full: bool,
+    kv_type: KvType = KvType.F16,
 ) -> str:
     """What the probe's verdict depends on: the file, the build and CPU, the context's settings (as
     asked for: known before the weights are loaded, so a load knows whether it will probe), and the
@@ -171,7 +179,8 @@ def verdict_key(
     parts = (model_path.resolve(), stat.st_size, stat.st_mtime_ns, llama_cpp.__version__, system, threads)
     settings = (flash_attention, gpu_layers, min(sequences, MAX_TOGETHER, len(PROBE_TEXTS)), swa_full)
     device = (offload_device(),) if gpu_layers else ()  # another GPU, other kernels
-    return "|".join(str(part) for part in (*parts, *settings, *device))
+    cells = (kv_type.value,) if kv_type.quantized else ()  # f16 keys stay as they were before the setting
+    return "|".join(str(part) for part in (*parts, *settings, *device, *cells))
 
 
 def verdict_known(key: str, memo: Path | None) -> bool:

@@ -14,6 +14,7 @@ from pathlib import Path
 from cache.prefix_cache import PrefixCache
 from cache.state_format import MemoryLayout
 from chatapp.engine.batching import FLASH_ATTENTION_ROWS, MIN_BATCH
+from chatapp.engine.kv_types import KvType
 from chatapp.engine.model_card import ModelInfo
 
 
@@ -46,6 +47,8 @@ class EngineConfig:
     # On, every prompt batch has at least FLASH_ATTENTION_ROWS tokens (batching.py), which keeps
     # restores exact; off by default: each answer then computes 64 prompt tokens, not 2.
     flash_attention: bool = False
+    # The KV cells' number format (kv_types.py): a quantized one turns flash attention on.
+    kv_type: KvType = KvType.F16
     n_batch: int = 512
     # Sliding-window models: a full-size window cache keeps every cell (cuts anywhere); off, about
     # one window per sequence (less memory; a cut behind the window rewinds to a checkpoint).
@@ -70,11 +73,16 @@ class EngineConfig:
         if self.n_batch < MIN_BATCH:
             # batch_end never leaves one token alone, which needs room for three in a batch.
             raise ValueError(f"n_batch must be at least {MIN_BATCH}, got {self.n_batch}")
-        if self.flash_attention and self.n_batch < 2 * FLASH_ATTENTION_ROWS:
+        if self.uses_flash_attention and self.n_batch < 2 * FLASH_ATTENTION_ROWS:
             # Every batch has FLASH_ATTENTION_ROWS tokens or more, and none leaves fewer behind.
             raise ValueError(
                 f"with flash attention n_batch must be at least {2 * FLASH_ATTENTION_ROWS}, got {self.n_batch}"
             )
+
+    @property
+    def uses_flash_attention(self) -> bool:
+        """Asked for, or needed by a quantized KV type (llama.cpp quantizes V only under it)."""
+        return self.flash_attention or self.kv_type.quantized
 
 
 # Opens the prefix cache once the state format is verified (the layout) and the model is known.

@@ -22,6 +22,7 @@ import llama_cpp
 import numpy as np
 
 from cache.memory_kinds import MemoryKind, memory_of
+from chatapp.engine.kv_types import KvType
 from chatapp.engine.model_card import ModelFacts
 from chatapp.engine.thread_switches import brisk_thread_switches
 from chatapp.errors import GrammarError, LoadCancelled, ModelError
@@ -298,6 +299,7 @@ class ContextShape:
     flash_attention: bool
     n_threads: int
     swa_full: bool = True
+    kv_type: KvType = KvType.F16
 
 
 class DecodeAborted(Exception):
@@ -316,6 +318,7 @@ class NativeContext:
         n_threads: int,
         n_batch: int = 512,
         flash_attention: bool = False,
+        kv_type: KvType = KvType.F16,
         swa_full: bool = True,
         should_abort: Callable[[], bool] = lambda: False,
     ) -> None:
@@ -331,7 +334,9 @@ class NativeContext:
         self._abort_callback = llama_cpp.ggml_abort_callback(abort_now)
         self._no_abort_callback = llama_cpp.ggml_abort_callback()  # a NULL function pointer
         self.pointer = None
-        attempts = [True, False] if flash_attention else [False]
+        # A build or model without flash attention falls back to off, but for a quantized KV type,
+        # which needs it.
+        attempts = [True] if kv_type.quantized else [True, False] if flash_attention else [False]
         for use_flash in attempts:
             params = llama_cpp.llama_context_default_params()
             params.n_ctx = n_sequences * n_ctx_per_sequence
@@ -341,6 +346,7 @@ class NativeContext:
             params.n_threads = n_threads
             params.n_threads_batch = n_threads
             params.kv_unified = False
+            params.type_k = params.type_v = kv_type.ggml_type
             # A full-size sliding-window cache keeps every cell, so a cut anywhere stays exact;
             # off, it holds about one window per sequence (less memory, fewer cuts in place).
             params.swa_full = swa_full
@@ -352,9 +358,11 @@ class NativeContext:
             if self.pointer:
                 break
         if not self.pointer:
+            fix = "set kv_type to f16" if kv_type.quantized else "lower context_cap or sequences"
             raise ModelError(
                 f"llama.cpp could not create a context of {n_sequences} x {n_ctx_per_sequence} tokens "
-                f"({last_llama_problem()}); lower context_cap or sequences in the settings"
+                f"{'of ' + kv_type.value + ' cells ' if kv_type.quantized else ''}({last_llama_problem()}); "
+                f"{fix} in the settings"
             )
         self._abort_installed = False
         self.memory = llama_cpp.llama_get_memory(self.pointer)
@@ -365,6 +373,7 @@ class NativeContext:
             flash_attention=use_flash,
             n_threads=n_threads,
             swa_full=swa_full,
+            kv_type=kv_type,
         )
         self._batch = llama_cpp.llama_batch_init(self.shape.n_batch, 0, 1)
 

@@ -101,9 +101,10 @@ def load_model(
         verdict_key,
         config.model_path,
         threads=threads,
-        flash_attention=config.flash_attention,
+        flash_attention=config.uses_flash_attention,
         gpu_layers=layers,
         swa_full=swa_full,
+        kv_type=config.kv_type,
     )
     verdict = key_of(sequences=config.sequences)
     probes = config.batch_answers and not verdict_known(verdict, config.batch_memo)
@@ -117,7 +118,8 @@ def load_model(
             n_ctx_per_sequence=per_sequence,
             n_threads=threads,
             n_batch=config.n_batch,
-            flash_attention=config.flash_attention,
+            flash_attention=config.uses_flash_attention,
+            kv_type=config.kv_type,
             swa_full=swa_full,
             should_abort=should_abort,
         )
@@ -136,6 +138,7 @@ def load_model(
         gpu_layers=min(layers, model.n_layer + 1),
         device=(device or "an unnamed device") if layers > 0 else "CPU",
         threads=threads,
+        kv_type=shape.kv_type.value,
         memory_kind=model.memory.kind,
         window=model.window,
         swa_full=shape.swa_full,

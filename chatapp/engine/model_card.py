@@ -48,6 +48,7 @@ class ModelInfo:
     flash_attention: bool
     gpu_layers: int
     threads: int
+    kv_type: str = "f16"  # the KV cells' number format (kv_types.py)
     device: str = "CPU"  # where offloaded layers run, as ggml names it ("CPU" when none are)
     memory_kind: MemoryKind = MemoryKind.PLAIN
     window: int = 0  # tokens a sliding-window layer attends to (0: none)

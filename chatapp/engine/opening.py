@@ -15,6 +15,7 @@ from chatapp.engine.batching import FLASH_ATTENTION_ROWS as FLASH_ATTENTION_ROWS
 from chatapp.engine.config import CacheFactory, EngineConfig, LoadProgress, default_thread_count, split_progress
 from chatapp.engine.contract import EngineClient, LocalEngine
 from chatapp.engine.engine import Engine
+from chatapp.engine.kv_types import KvType
 from chatapp.engine.llama_native import NativeModel
 from chatapp.engine.remote import RemoteConfig, RemoteEngine
 from chatapp.engine.remote_chat import RemoteChatEngine
@@ -25,6 +26,7 @@ from chatapp.prompting.prompt import PromptBuilder
 __all__ = [
     "CacheFactory",
     "EngineConfig",
+    "KvType",
     "LoadProgress",
     "RemoteConfig",
     "brisk_thread_switches",

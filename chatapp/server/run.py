@@ -105,6 +105,8 @@ def serve(
     info = serving.engine.info
     if info.gpu_layers > 0:
         say(f"{info.gpu_layers} layers on {info.device}")
+    if info.kv_type != "f16":
+        say(f"KV cache in {info.kv_type} (flash attention on)")
     if pool.any_model or pool.aliases:
         say(f"it answers to {context.names_answered()}")
     others = len(pool.listed()) - len(pool.default_names())

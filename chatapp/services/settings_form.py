@@ -42,6 +42,7 @@ RESTART_FIELDS = frozenset(
         "n_gpu_layers",
         "threads",
         "flash_attention",
+        "kv_type",
         "batch_answers",
         "prompt_batches",
         "swa_full",

@@ -35,6 +35,7 @@ JSON_FIELDS = {
     "model": str,
     "model_fingerprint": str,
     "device": str,
+    "kv_type": str,
 }
 QUICK = ["--max-tokens", "8", "--temperature", "0", "--context", "1024"]
 
@@ -58,6 +59,20 @@ def test_ask_json_has_every_field(data_dir: Path, capsys: pytest.CaptureFixture[
     assert record["model"].endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
     assert record["model_fingerprint"].startswith("xxh3-128:")
     assert record["device"] == (offload_device() or "CPU")  # this build offloads every layer where it can
+    assert record["kv_type"] == "f16"
+
+
+def test_kv_type_reaches_the_engine(data_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    record, _ = ask_json(capsys, "Name a colour.", "--kv-type", "q4_0")
+    assert record["kv_type"] == "q4_0"
+    assert record["reused_tokens"] + record["computed_tokens"] == record["prompt_tokens"]
+
+
+def test_an_unknown_kv_type_is_refused_in_one_line(data_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["ask", "Hi.", "--kv-type", "q9"])
+    assert exit_info.value.code == 2
+    assert "invalid choice: 'q9'" in capsys.readouterr().err
 
 
 def test_a_second_question_about_a_document_reuses_it_from_disk(

@@ -21,7 +21,7 @@ It runs on a tiny model of each memory kind: plain KV (llama), interleaved slidi
 (gemma3), hybrid attention and short convolutions (LFM2) and recurrent (Mamba), and on the
 plain and sliding-window ones again with flash attention (every batch of 64 rows or more:
 batching.py; there reuse is only checked from above, as prompts shorter than a batch are never
-reused). Where the
+reused), and on the plain one with q8_0 KV cells (flash attention on; cold runs of the same type). Where the
 state cannot be cut, reuse lands on checkpoints (the prompt's end less the tokens every
 answer evaluates again, and each stored answer's end), and the lower bound is the deepest
 of those the prompt shares.
@@ -54,6 +54,7 @@ from cache.memory_kinds import MemoryKind
 from chatapp.engine.batching import FLASH_ATTENTION_ROWS, on_grid
 from chatapp.engine.engine import Engine, EngineConfig
 from chatapp.engine.kv_placement import RESTORE_MARGIN_TOKENS
+from chatapp.engine.kv_types import KvType
 from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.prompting.prompt import ChatMessage
 from chatapp.services.boundaries import reuse_boundaries
@@ -156,17 +157,38 @@ plans = st.builds(
 class TinyModel:
     path: Path
     flash_attention: bool
+    kv_type: KvType = KvType.F16
 
 
-VARIANTS = [*((kind, False) for kind in WRITERS), (MemoryKind.PLAIN, True), (MemoryKind.ISWA, True)]
+@dataclass(frozen=True)
+class Variant:
+    kind: MemoryKind
+    flash_attention: bool = False
+    kv_type: KvType = KvType.F16  # a quantized type brings flash attention
+
+    def __str__(self) -> str:
+        flash = "+flash" if self.flash_attention else ""
+        return f"{self.kind}{flash}{'+' + self.kv_type if self.kv_type.quantized else ''}"
 
 
-@pytest.fixture(scope="module", params=VARIANTS, ids=lambda variant: f"{variant[0]}{'+flash' if variant[1] else ''}")
+VARIANTS = [
+    *(Variant(kind) for kind in WRITERS),
+    Variant(MemoryKind.PLAIN, flash_attention=True),
+    Variant(MemoryKind.ISWA, flash_attention=True),
+    Variant(MemoryKind.PLAIN, flash_attention=True, kv_type=KvType.Q8_0),
+]
+
+
+@pytest.fixture(scope="module", params=VARIANTS, ids=str)
 def tiny_model(request: pytest.FixtureRequest) -> Iterator[TinyModel]:
-    kind, flash_attention = request.param
+    variant: Variant = request.param
     folder = Path(tempfile.mkdtemp(prefix="chatapp-prop-model-"))
     try:
-        yield TinyModel(WRITERS[kind](folder / "tiny.gguf"), flash_attention)
+        if variant.kv_type.quantized:  # heads of 32 values: a multiple of a quantized block
+            path = write_tiny_llama(folder / "tiny.gguf", n_embd=128)
+        else:
+            path = WRITERS[variant.kind](folder / "tiny.gguf")
+        yield TinyModel(path, variant.flash_attention, variant.kv_type)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -189,6 +211,7 @@ def cold_engine(engines: dict[int, Engine], model: TinyModel, sequences: int) ->
                 sequences=sequences,
                 threads=TINY_MODEL_THREADS,
                 flash_attention=model.flash_attention,
+                kv_type=model.kv_type,
             )
         )
     return engines[sequences]
@@ -242,6 +265,7 @@ class Replay:
             sequences=self.plan.sequences,
             threads=TINY_MODEL_THREADS,
             flash_attention=self.model.flash_attention,
+            kv_type=self.model.kv_type,
         )
         assert self.engine.info.flash_attention == self.model.flash_attention
         assert self.engine.cache is not None, self.engine.cache_problem

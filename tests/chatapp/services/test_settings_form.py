@@ -38,6 +38,7 @@ EVERYTHING = Settings(
     n_gpu_layers=0,
     threads=3,
     flash_attention=True,
+    kv_type="q8_0",
     batch_answers=False,
     prompt_batches="grid",
     temperature=0.0,
@@ -96,9 +97,10 @@ def test_labels_kinds_and_restart_flags() -> None:
     assert kinds["flash_attention"] == "bool"
     assert kinds["cache_eviction"] == "choice"
     assert kinds["prompt_batches"] == "choice"
+    assert kinds["kv_type"] == "choice"
     restart = {item.name for item in setting_fields() if item.restart_needed}
     assert restart == {
-        "model", "context_cap", "sequences", "n_gpu_layers", "threads", "flash_attention", "batch_answers",
+        "model", "context_cap", "sequences", "n_gpu_layers", "threads", "flash_attention", "kv_type", "batch_answers",
         "prompt_batches", "cache_block_size", "cache_ram_mib", "cache_disk_mib", "cache_ttl_days", "cache_eviction",
         "swa_full",
         "backend", "backend_key", "backend_model",
