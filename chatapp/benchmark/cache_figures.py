@@ -7,13 +7,15 @@
   cache folder; the folder's bytes against the KV bytes of the distinct tokens stored (every
   prompt and answer, shared prefixes counted once) plus, for a model whose state cannot be cut
   (a sliding window, a recurrent state), one checkpoint per conversation. Overheads are
-  partial blocks, records, the database and the other checkpoints.
+  partial blocks, records, the database and the other checkpoints. The same conversations again
+  for each KV type (kv_types.py): its bytes per token against f16's, and what it costs in answers
+  (greedy, each type's against f16's: identical, and the share of tokens before they part).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,8 @@ from chatapp.benchmark.goals import Verdict
 from chatapp.benchmark.memory import folder_bytes
 from chatapp.benchmark.peers import ChatappPeer, PeerSettings
 from chatapp.benchmark.workloads import PromptKit
+from chatapp.engine.kv_types import KvType
+from chatapp.errors import ModelError
 from chatapp.prompting.prompt import ChatMessage
 from chatapp.vocabulary import Role
 
@@ -33,6 +37,8 @@ FIGURE_NAMES = ("L", "S")  # chosen with --workloads beside the peer workloads A
 LOOKUP_TARGET_MS = 1.0  # p99 of one lookup among all the conversations
 STORAGE_TARGET = 1.3  # folder bytes / KV bytes of the distinct tokens stored
 CHECKPOINTED_STORAGE_TARGET = 1.5  # the same, with one checkpoint per conversation in the denominator
+# A quantized type's KV bytes per token / f16's: ggml's blocks (34 and 18 bytes per 32 values, against 64).
+KV_BYTES_TARGETS = {KvType.Q8_0: 0.55, KvType.Q4_0: 0.3}
 VOCABULARY = 49152  # token ids drawn for the lookup index (any vocabulary size would do)
 LOOKUPS = 2000
 
@@ -59,6 +65,8 @@ class StorageFigures:
     blocks: int
     checkpoint_bytes: int = 0  # one checkpoint per conversation (0 for a plain KV cache)
     checkpoints: int = 0  # checkpoints stored
+    kv_type: str = KvType.F16.value
+    answers: tuple[tuple[int, ...], ...] = field(default=(), repr=False)  # greedy, one per conversation
 
     @property
     def ratio(self) -> float:
@@ -132,6 +140,59 @@ def distinct_tokens(sequences: list[tuple[int, ...]]) -> int:
     return total
 
 
+@dataclass(frozen=True)
+class StorageByType:
+    """Figure S for each KV type, the same conversations in a folder each; f16 is the reference."""
+
+    figures: dict[str, StorageFigures]
+    refused: dict[str, str]  # a type the model cannot take, and llama.cpp's reason
+
+    @property
+    def reference(self) -> StorageFigures:
+        return self.figures[KvType.F16]
+
+    def bytes_ratio(self, kv_type: str) -> float:
+        return self.figures[kv_type].kv_bytes_per_token / self.reference.kv_bytes_per_token
+
+    def agreement(self, kv_type: str) -> tuple[int, float]:
+        """Answers identical to f16's, and the mean share of each answer's tokens before it parts from f16's."""
+        pairs = list(zip(self.reference.answers, self.figures[kv_type].answers, strict=True))
+        identical = sum(ours == theirs for ours, theirs in pairs)
+        shares = [_common_prefix(ours, theirs) / max(len(ours), len(theirs), 1) for ours, theirs in pairs]
+        return identical, sum(shares) / len(shares) if shares else float("nan")
+
+
+def _common_prefix(left: tuple[int, ...], right: tuple[int, ...]) -> int:
+    for index, (a, b) in enumerate(zip(left, right, strict=False)):
+        if a != b:
+            return index
+    return min(len(left), len(right))
+
+
+def measure_storage_by_type(
+    settings: PeerSettings,
+    kit: PromptKit,
+    folder: Path,
+    *,
+    conversations: int,
+    persona_tokens: int,
+    question_tokens: int,
+    max_tokens: int,
+    kv_types: tuple[KvType, ...] = tuple(KvType),
+) -> StorageByType:
+    """`measure_storage` for f16 and then each other type of `kv_types` the model takes."""
+    figures: dict[str, StorageFigures] = {}
+    refused: dict[str, str] = {}
+    sizes = {"persona_tokens": persona_tokens, "question_tokens": question_tokens, "max_tokens": max_tokens}
+    for kv_type in (KvType.F16, *(kind for kind in kv_types if kind is not KvType.F16)):
+        typed = replace(settings, kv_type=kv_type)
+        try:
+            figures[kv_type] = measure_storage(typed, kit, folder / kv_type.value, conversations=conversations, **sizes)
+        except ModelError as error:  # heads whose size is not a multiple of the type's block
+            refused[kv_type] = str(error)
+    return StorageByType(figures, refused)
+
+
 def measure_storage(
     settings: PeerSettings,
     kit: PromptKit,
@@ -184,11 +245,14 @@ def measure_storage(
         blocks=blocks,
         checkpoint_bytes=one_checkpoint if layout.memory.restores_at_checkpoints else 0,
         checkpoints=checkpoints,
+        kv_type=settings.kv_type.value,
+        answers=tuple(sequence[len(prompt) :] for prompt, sequence in zip(prompts, sequences, strict=True)),
     )
 
 
-def cache_figure_verdicts(lookup: LookupFigures | None, storage: StorageFigures | None) -> list[Verdict]:
-    """The structure goals: a lookup well under a millisecond, storage close to the KV bytes themselves."""
+def cache_figure_verdicts(lookup: LookupFigures | None, by_type: StorageByType | None) -> list[Verdict]:
+    """The structure goals: a lookup well under a millisecond, storage close to the KV bytes themselves,
+    and quantized types as small as their blocks."""
     verdicts = []
     if lookup is not None:
         worst = max(lookup.follow_up["p99_ms"], lookup.new_question["p99_ms"], lookup.no_match["p99_ms"])
@@ -201,7 +265,8 @@ def cache_figure_verdicts(lookup: LookupFigures | None, storage: StorageFigures 
                 worst <= LOOKUP_TARGET_MS,
             )
         )
-    if storage is not None:
+    if by_type is not None:
+        storage = by_type.reference
         verdicts.append(
             Verdict(
                 "S",
@@ -212,20 +277,40 @@ def cache_figure_verdicts(lookup: LookupFigures | None, storage: StorageFigures 
                 storage.ratio <= storage.target,
             )
         )
+        for kv_type, target in KV_BYTES_TARGETS.items():
+            if kv_type in by_type.figures:
+                ratio = by_type.bytes_ratio(kv_type)
+                name = f"{kv_type} KV bytes per token / f16"
+                verdicts.append(Verdict("S", name, ratio, f"<= {target:g}", ratio <= target))
     return verdicts
 
 
-def figures_record(lookup: LookupFigures | None, storage: StorageFigures | None) -> dict[str, Any]:
+def figures_record(lookup: LookupFigures | None, by_type: StorageByType | None) -> dict[str, Any]:
     """For bench.json."""
     record: dict[str, Any] = {}
     if lookup is not None:
         record["lookup"] = asdict(lookup)
-    if storage is not None:
-        record["storage"] = {**asdict(storage), "ratio": storage.ratio}
+    if by_type is not None:
+        record["storage"] = _storage_record(by_type.reference)
+        record["storage_by_kv_type"] = {
+            kv_type: {
+                **_storage_record(figures),
+                "bytes_per_token_of_f16": by_type.bytes_ratio(kv_type),
+                "answers_like_f16": by_type.agreement(kv_type)[0],
+                "tokens_agreeing_with_f16": by_type.agreement(kv_type)[1],
+            }
+            for kv_type, figures in by_type.figures.items()
+        }
+        record["storage_refused_kv_types"] = by_type.refused
     return record
 
 
-def figures_table(lookup: LookupFigures | None, storage: StorageFigures | None) -> str:
+def _storage_record(figures: StorageFigures) -> dict[str, Any]:
+    fields = {name: value for name, value in asdict(figures).items() if name != "answers"}
+    return {**fields, "ratio": figures.ratio}
+
+
+def figures_table(lookup: LookupFigures | None, by_type: StorageByType | None) -> str:
     """A few lines for the terminal."""
     lines = []
     if lookup is not None:
@@ -243,18 +328,32 @@ def figures_table(lookup: LookupFigures | None, storage: StorageFigures | None) 
                 f"(matched {figures['median_matched_tokens']:,.0f} tokens)"
             )
         lines.append(f"     block keys of one prompt (store side) {lookup.hashing_ms:7.3f} ms")
-    if storage is not None:
-        mib = 1 << 20
-        lines.append(
-            f"S  storage, {storage.conversations} conversations on one persona: {storage.distinct_tokens:,} distinct "
-            f"tokens x {storage.kv_bytes_per_token:,} B = {storage.distinct_kv_bytes / mib:.1f} MiB; folder "
-            f"{storage.folder_bytes / mib:.1f} MiB ({storage.ratio:.3f}x), payloads "
-            f"{storage.stored_payload_bytes / mib:.1f} MiB in {storage.blocks:,} blocks"
-            + (
-                f" and {storage.checkpoints:,} checkpoints (one per conversation: "
-                f"{storage.checkpoint_bytes / mib:.1f} MiB)"
-                if storage.checkpoint_bytes
-                else ""
-            )
-        )
+    if by_type is not None:
+        lines.extend(_storage_lines(by_type))
     return "\n".join(lines)
+
+
+def _storage_lines(by_type: StorageByType) -> list[str]:
+    storage, mib = by_type.reference, 1 << 20
+    lines = [
+        f"S  storage, {storage.conversations} conversations on one persona: {storage.distinct_tokens:,} distinct "
+        f"tokens x {storage.kv_bytes_per_token:,} B = {storage.distinct_kv_bytes / mib:.1f} MiB; folder "
+        f"{storage.folder_bytes / mib:.1f} MiB ({storage.ratio:.3f}x), payloads "
+        f"{storage.stored_payload_bytes / mib:.1f} MiB in {storage.blocks:,} blocks"
+        + (
+            f" and {storage.checkpoints:,} checkpoints (one per conversation: {storage.checkpoint_bytes / mib:.1f} MiB)"
+            if storage.checkpoint_bytes
+            else ""
+        )
+    ]
+    for kv_type, figures in by_type.figures.items():
+        if kv_type == KvType.F16:
+            continue
+        identical, share = by_type.agreement(kv_type)
+        lines.append(
+            f"   {kv_type:>5}: {figures.kv_bytes_per_token:,} B per token ({by_type.bytes_ratio(kv_type):.3f}x f16), "
+            f"folder {figures.folder_bytes / mib:.1f} MiB ({figures.ratio:.3f}x its KV bytes); answers like f16's "
+            f"{identical} of {len(figures.answers)}, {share:.0%} of tokens before they part"
+        )
+    lines.extend(f"   {kv_type:>5}: not measured ({why})" for kv_type, why in by_type.refused.items())
+    return lines

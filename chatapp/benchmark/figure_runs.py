@@ -10,12 +10,12 @@ from typing import Any
 
 from chatapp.benchmark.cache_figures import (
     LookupFigures,
-    StorageFigures,
+    StorageByType,
     cache_figure_verdicts,
     figures_record,
     figures_table,
     measure_lookup,
-    measure_storage,
+    measure_storage_by_type,
 )
 from chatapp.benchmark.goals import Verdict
 from chatapp.benchmark.peers import PeerSettings
@@ -73,7 +73,7 @@ class FigureRuns:
     """What each figure measured (None: not asked for, or not yet)."""
 
     lookup: LookupFigures | None = None
-    storage: StorageFigures | None = None
+    storage: StorageByType | None = None
     restores: RestoreFigures | None = None
     prefills: PrefillFigures | None = None
     streams: StreamsFigures | None = None
@@ -97,8 +97,8 @@ class FigureRuns:
     def _measure_with_prompts(self, kit: PromptKit, names: tuple[str, ...], job: FigureJob) -> None:
         scale, settings, work = job.scale, job.settings, job.work
         if "S" in names:
-            job.log(f"S: storage of {scale.storage_conversations} conversations on one persona")
-            self.storage = measure_storage(
+            job.log(f"S: storage of {scale.storage_conversations} conversations on one persona, in each KV type")
+            self.storage = measure_storage_by_type(
                 settings,
                 kit,
                 work / "storage",

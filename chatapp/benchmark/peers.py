@@ -51,7 +51,7 @@ from cache.prefix_cache import CacheConfig
 from chatapp.benchmark.workloads import Draft, Request
 from chatapp.engine.contract import EngineClient, LocalEngine
 from chatapp.engine.kv_placement import FRESH_TOKENS
-from chatapp.engine.opening import EngineConfig, start_local_engine
+from chatapp.engine.opening import EngineConfig, KvType, start_local_engine
 from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.services.answer_run import AnswerRun
 from chatapp.services.answer_start import AnswerStart
@@ -98,6 +98,7 @@ class PeerSettings:
     chatapp_sequences: int = 2  # conversations resident in chatapp's context (its device tier)
     slots: int = 1  # llama-server's -np: requests it serves at once (F: one per client)
     block_size: int = 64  # chatapp's cache block
+    kv_type: KvType = KvType.F16  # chatapp's KV cells (figure S measures each type; the peers share f16)
     gpu_layers: int = 0  # layers every peer offloads to a GPU (0: all on the CPU, as the figures compare)
     model_fingerprint: str | None = None  # computed once per run when None
 
@@ -324,6 +325,7 @@ def _engine_config(settings: PeerSettings) -> EngineConfig:
         n_gpu_layers=settings.gpu_layers,
         threads=settings.threads,
         n_batch=settings.n_batch,
+        kv_type=settings.kv_type,
     )
 
 

@@ -3,20 +3,22 @@
 Each trace variant (traces.py) is replayed against one RAM budget well below its working set
 under LRU, LFU and the value policy (cache/eviction.py's own classes, with their defaults, as
 the RAM tier runs them) and under Belady's furthest-next-use choice (the limit no online policy
-can pass with blocks of one size); trace_replay.py says how. Fixed seeds: the same figures on
-every machine, in seconds.
+can pass with blocks of one size); trace_replay.py says how. Then the value policy again for each
+quantized KV type at the same budget in bytes: as many more tokens as its cells are smaller
+(kv_types.py). Fixed seeds: the same figures on every machine, in seconds.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from cache.eviction import ATTENTION_TOKENS, EvictionPolicy, LfuPolicy, LruPolicy, ValuePolicy
 from chatapp.benchmark.goals import Verdict, trace_verdicts
 from chatapp.benchmark.trace_replay import PER_TOKEN_MS, BeladyPolicy, ReplayResult, next_use_table, replay
 from chatapp.benchmark.traces import DAY_S, TRACE_VARIANTS, make_trace
+from chatapp.engine.kv_types import KvType
 
 TRACE_NAME = "G"  # chosen with --workloads beside the peer workloads and L, S
 # 512 blocks of 64 tokens: about a tenth of the most an unbounded cache holds at once on the zipf
@@ -33,6 +35,8 @@ class TraceFigures:
     traces: dict[str, dict[str, int]]  # variant -> requests, blocks, prompt tokens
     results: dict[str, dict[str, ReplayResult]]  # variant -> policy -> replay
     elapsed_s: float
+    # variant -> quantized KV type -> the value policy at the budget's bytes in that type
+    by_kv_type: dict[str, dict[str, ReplayResult]] = field(default_factory=dict)
 
     def hit_rates(self) -> dict[str, dict[str, float]]:
         return {
@@ -46,6 +50,7 @@ def measure_traces(scale: float = 1.0, variants: tuple[str, ...] = TRACE_VARIANT
     started = time.perf_counter()
     traces: dict[str, dict[str, int]] = {}
     results: dict[str, dict[str, ReplayResult]] = {}
+    by_kv_type: dict[str, dict[str, ReplayResult]] = {}
     budget_tokens = 0
     for variant in variants:
         trace = make_trace(variant, scale)
@@ -54,11 +59,30 @@ def measure_traces(scale: float = 1.0, variants: tuple[str, ...] = TRACE_VARIANT
         online: list[EvictionPolicy] = [LruPolicy(), LfuPolicy(), ValuePolicy()]
         policies = [*online, BeladyPolicy(next_use_table(trace), TTL_S)]
         results[variant] = {policy.name: replay(trace, policy, budget_tokens, TTL_S) for policy in policies}
-    return TraceFigures(budget_tokens, TTL_S, traces, results, time.perf_counter() - started)
+        by_kv_type[variant] = {
+            kv_type: replay(trace, ValuePolicy(), equal_bytes(budget_tokens, kv_type), TTL_S)
+            for kv_type in KvType
+            if kv_type.quantized
+        }
+    return TraceFigures(budget_tokens, TTL_S, traces, results, time.perf_counter() - started, by_kv_type)
+
+
+def equal_bytes(f16_tokens: int, kv_type: KvType) -> int:
+    """Tokens of `kv_type` that fit in the bytes of `f16_tokens` tokens of f16."""
+    return int(f16_tokens * KvType.F16.bytes_per_value / kv_type.bytes_per_value)
 
 
 def trace_figure_verdicts(figures: TraceFigures | None) -> list[Verdict]:
-    return trace_verdicts(figures.hit_rates()) if figures is not None else []
+    if figures is None:
+        return []
+    verdicts = trace_verdicts(figures.hit_rates())
+    for variant, by_type in figures.by_kv_type.items():
+        f16 = figures.results[variant]["value"].hit_rate
+        for kv_type, result in by_type.items():
+            name = f"{variant}: token hit rate at equal bytes, value policy, {kv_type} - f16 (points)"
+            gain = (result.hit_rate - f16) * 100
+            verdicts.append(Verdict("G", name, gain, ">= 0", gain >= 0))
+    return verdicts
 
 
 def trace_record(figures: TraceFigures) -> dict[str, Any]:
@@ -73,6 +97,10 @@ def trace_record(figures: TraceFigures) -> dict[str, Any]:
             for variant, by_policy in figures.results.items()
         },
         "elapsed_s": figures.elapsed_s,
+        "value_policy_at_equal_bytes": {
+            variant: {kv_type: {**asdict(result), "hit_rate": result.hit_rate} for kv_type, result in by_type.items()}
+            for variant, by_type in figures.by_kv_type.items()
+        },
     }
 
 
@@ -93,4 +121,11 @@ def trace_table(figures: TraceFigures) -> str:
             if (result := by_policy.get(name)) is not None
         ]
         lines.append(f"     {variant:8} {shape['requests']:8,} {no_cache:8.0f}s  " + "  ".join(cells))
+    if figures.by_kv_type:
+        lines.append("     the value policy with the same bytes in quantized KV cells (more tokens fit):")
+        for variant, by_type in figures.by_kv_type.items():
+            cells = [
+                f"{kv_type} {result.hit_rate:7.2%} {result.compute_s:7.0f}s" for kv_type, result in by_type.items()
+            ]
+            lines.append(f"     {variant:8} " + "  ".join(cells))
     return "\n".join(lines)

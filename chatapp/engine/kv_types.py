@@ -32,5 +32,11 @@ class KvType(StrEnum):
         )
 
     @property
+    def bytes_per_value(self) -> float:
+        """Bytes a cell's value takes: ggml packs q8_0 and q4_0 in blocks of 32 values, each with a
+        2-byte scale (34 and 18 bytes a block, against f16's 64)."""
+        return {KvType.F16: 2.0, KvType.Q8_0: 34 / 32, KvType.Q4_0: 18 / 32}[self]
+
+    @property
     def quantized(self) -> bool:
         return self is not KvType.F16

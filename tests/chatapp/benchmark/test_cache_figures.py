@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 
 from chatapp.benchmark import runner
-from chatapp.benchmark.cache_figures import distinct_tokens, measure_lookup, measure_storage
+from chatapp.benchmark.cache_figures import distinct_tokens, measure_lookup, measure_storage, measure_storage_by_type
 from chatapp.benchmark.peers import PeerSettings
+from chatapp.engine.kv_types import KvType
 from tests.chatapp.benchmark.figure_support import measured
+from tests.model_factory import write_tiny_llama
 
 
 def test_distinct_tokens_count_shared_prefixes_once() -> None:
@@ -48,6 +50,35 @@ def test_storage_weighs_the_folder_against_the_distinct_tokens(tiny_model: Path,
 
 
 @pytest.mark.slow
+def test_storage_in_each_kv_type_weighs_its_bytes_and_its_answers_against_f16(tmp_path: Path) -> None:
+    wide = write_tiny_llama(tmp_path / "wide.gguf", n_embd=128)  # heads of 32 values: every type's block
+    settings = PeerSettings(model_path=wide, context=512, threads=1, block_size=16)
+    by_type = measured(
+        measure_storage_by_type,
+        settings,
+        tmp_path / "storage",
+        conversations=3,
+        persona_tokens=60,
+        question_tokens=10,
+        max_tokens=6,
+    )
+    assert set(by_type.figures) == set(KvType)
+    assert not by_type.refused
+    assert by_type.bytes_ratio(KvType.Q8_0) == 34 / 64
+    assert by_type.bytes_ratio(KvType.Q4_0) == 18 / 64
+    for kv_type, figures in by_type.figures.items():
+        assert figures.kv_type == kv_type
+        assert len(figures.answers) == 3
+        assert all(0 < len(answer) <= 6 for answer in figures.answers)
+    identical, share = by_type.agreement(KvType.F16)
+    assert (identical, share) == (3, 1.0)  # f16 against itself
+    identical, share = by_type.agreement(KvType.Q4_0)
+    assert 0 <= identical <= 3
+    assert 0.0 <= share <= 1.0
+    assert (identical == 3) == (share == 1.0)
+
+
+@pytest.mark.slow
 def test_the_bench_reports_the_figures_with_their_goals(
     tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -57,5 +88,13 @@ def test_the_bench_reports_the_figures_with_their_goals(
     assert "L  lookup among 200 conversations" in printed
     assert "S  storage, 3 conversations on one persona" in printed
     report = json.loads((tmp_path / "bench.json").read_text())
-    assert set(report["meta"]["cache_figures"]) == {"lookup", "storage"}
+    assert set(report["meta"]["cache_figures"]) == {
+        "lookup",
+        "storage",
+        "storage_by_kv_type",
+        "storage_refused_kv_types",
+    }
+    # The tiny llama's heads (16 values) are shorter than a quantized block: those types are refused.
+    assert set(report["meta"]["cache_figures"]["storage_refused_kv_types"]) == {"q8_0", "q4_0"}
+    assert "q8_0: not measured" in printed
     assert {goal["goal"] for goal in report["goals"]} == {"L", "S"}

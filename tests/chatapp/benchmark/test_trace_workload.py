@@ -11,9 +11,10 @@ import pytest
 from cache.eviction import LfuPolicy, LruPolicy, ValuePolicy
 from chatapp.benchmark import runner
 from chatapp.benchmark.goals import trace_verdicts
-from chatapp.benchmark.trace_figure import TTL_S, measure_traces, trace_figure_verdicts, trace_table
+from chatapp.benchmark.trace_figure import TTL_S, equal_bytes, measure_traces, trace_figure_verdicts, trace_table
 from chatapp.benchmark.trace_replay import BeladyPolicy, next_use_table, replay
 from chatapp.benchmark.traces import TRACE_VARIANTS, make_trace
+from chatapp.engine.kv_types import KvType
 
 SMALL = 0.1
 
@@ -58,13 +59,27 @@ def test_belady_reuses_at_least_what_every_online_policy_does(variant: str) -> N
 def test_the_figure_reports_a_verdict_per_goal_and_variant() -> None:
     figures = measure_traces(SMALL)
     verdicts = trace_figure_verdicts(figures)
-    assert len(verdicts) == 2 * len(TRACE_VARIANTS)
+    by_type = [verdict for verdict in verdicts if "equal bytes" in verdict.measure]
+    policies = [verdict for verdict in verdicts if verdict not in by_type]
+    assert len(policies) == 2 * len(TRACE_VARIANTS)
+    assert len(by_type) == 2 * len(TRACE_VARIANTS)  # q8_0 and q4_0 on each trace
     assert {verdict.goal for verdict in verdicts} == {"G"}
-    for verdict in verdicts:
+    for verdict in policies:
         assert verdict.value > 0
         assert verdict.met == (verdict.value >= 0.9 if "Belady" in verdict.measure else verdict.value > 1)
+    for variant, results in figures.by_kv_type.items():
+        f16 = figures.results[variant]["value"]
+        assert results["q4_0"].reused_tokens >= results["q8_0"].reused_tokens >= f16.reused_tokens, variant
+    for verdict in by_type:
+        assert verdict.met == (verdict.value >= 0)
     assert all(variant in trace_table(figures) for variant in TRACE_VARIANTS)
     assert trace_figure_verdicts(None) == []
+
+
+def test_equal_bytes_hold_as_many_more_tokens_as_the_cells_are_smaller() -> None:
+    assert equal_bytes(340, KvType.F16) == 340
+    assert equal_bytes(340, KvType.Q8_0) == 640
+    assert equal_bytes(180, KvType.Q4_0) == 640
 
 
 def test_trace_verdicts_on_known_rates() -> None:

@@ -80,9 +80,8 @@ def test_quantized_states_hold_a_token_in_half_or_a_quarter_of_the_bytes(model_p
         f16, q8_0, q4_0 = (bytes_per_token(model, kv_type) for kv_type in (KvType.F16, KvType.Q8_0, KvType.Q4_0))
     finally:
         model.close()
-    # A block of 32 values: 32 bytes and a 2-byte scale (q8_0), 16 bytes and the scale (q4_0), against 64.
-    assert q8_0 / f16 == pytest.approx(34 / 64)
-    assert q4_0 / f16 == pytest.approx(18 / 64)
+    assert q8_0 / f16 == pytest.approx(KvType.Q8_0.bytes_per_value / KvType.F16.bytes_per_value) == 34 / 64
+    assert q4_0 / f16 == pytest.approx(KvType.Q4_0.bytes_per_value / KvType.F16.bytes_per_value) == 18 / 64
 
 
 def test_restores_from_every_tier_equal_a_cold_run_of_the_same_type(
