@@ -334,11 +334,20 @@ class Replay:
             )
             shared = min(max((common_prefix(prompt, tokens) for tokens in self.confirmed), default=0), limit)
             if self.engine.takes_checkpoints:
-                # Each checkpoint, or one stored fewer than checkpoint_min_gap tokens before it.
+                # Each checkpoint, or one stored fewer than checkpoint_min_gap tokens before it. On a grid
+                # only those at grid points: a state cannot be cut back to one, and a prefill from
+                # anywhere else would end a batch off the grid.
                 assert self.engine.cache is not None
                 skipped = self.engine.cache.config.checkpoint_min_gap - 1
+                grid = self.engine.info.prompt_grid
                 shared = max(
-                    (len(point) for point in self.checkpoints if len(point) <= limit and prompt[: len(point)] == point),
+                    (
+                        len(point)
+                        for point in self.checkpoints
+                        if len(point) <= limit
+                        and prompt[: len(point)] == point
+                        and on_grid(len(point), grid) == len(point)
+                    ),
                     default=0,
                 )
                 shared -= min(shared, skipped)
