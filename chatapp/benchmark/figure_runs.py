@@ -109,8 +109,14 @@ class FigureRuns:
             )
         if RESTORE_NAME in names:
             job.log(f"{RESTORE_NAME}: restoring one {scale.system:,}-token prefix by each path, and total misses")
-            repeats = {"repeats": scale.restore_repeats, "miss_repeats": scale.miss_repeats}
-            self.restores = measure_restores(settings, kit, work / "restores", prefix_tokens=scale.system, **repeats)
+            self.restores = measure_restores(
+                settings,
+                kit,
+                work / "restores",
+                prefix_tokens=scale.system,
+                repeats=scale.restore_repeats,
+                miss_repeats=scale.miss_repeats,
+            )
         if PREFILL_NAME in names:
             job.log(
                 f"{PREFILL_NAME}: prefill with nothing cached, chatapp and llama-server, flash attention off and on"

@@ -8,13 +8,16 @@ is llama.cpp loading the same prefix from a ready buffer: the load step of the b
 restores, which loads exactly the assembled state of that prefix. Then novel prompts of the
 same length are answered with and without the cache, in turns, each until the engine is idle
 again (with the cache: its lookup, and storing the new blocks), for what a total miss costs.
+The restore paths again in each quantized KV type the model takes (kv_types.py), beside f16:
+smaller states, each against llama.cpp's own load of that type.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +26,9 @@ from chatapp.benchmark.peers import PeerSettings, close_engine, open_chatapp_eng
 from chatapp.benchmark.workloads import PromptKit
 from chatapp.engine.contract import LocalEngine
 from chatapp.engine.events import GenerationResult, RestoreTimings
+from chatapp.engine.kv_types import KvType
 from chatapp.engine.requests import GenerationRequest, SamplingParams
+from chatapp.errors import ModelError
 from chatapp.prompting.prompt import ChatMessage
 from chatapp.vocabulary import ReuseTier, Role
 
@@ -50,33 +55,45 @@ class RestoreFigures:
     miss_ms: float  # a novel prompt with the cache, until the engine is idle (median)
     no_cache_ms: float  # the same without the cache
     elapsed_s: float
+    by_kv_type: dict[str, dict[str, RestoreSteps]] = field(default_factory=dict)  # quantized type -> paths
+    # By type: the KV bytes of a token, and of the prefix a block restore put back (flash attention,
+    # which a quantized type brings, computes 64 prompt tokens again where f16 computes 2).
+    bytes_per_token: dict[str, int] = field(default_factory=dict)
+    state_bytes: dict[str, int] = field(default_factory=dict)
 
     @property
     def ready_load_ms(self) -> float:
         """llama.cpp loading this prefix from a ready buffer (the block restores' load step)."""
-        return min(self.paths["ram, blocks"].load_ms, self.paths["disk, blocks"].load_ms)
+        return ready_load(self.paths)
+
+
+def ready_load(paths: dict[str, RestoreSteps]) -> float:
+    return min(paths["ram, blocks"].load_ms, paths["disk, blocks"].load_ms)
 
 
 def measure_restores(
-    settings: PeerSettings, kit: PromptKit, folder: Path, *, prefix_tokens: int, repeats: int, miss_repeats: int
+    settings: PeerSettings,
+    kit: PromptKit,
+    folder: Path,
+    *,
+    prefix_tokens: int,
+    repeats: int,
+    miss_repeats: int,
+    kv_types: tuple[KvType, ...] = (KvType.Q8_0, KvType.Q4_0),
 ) -> RestoreFigures:
-    """Store one prefix, restore it `repeats` times by each path, then time misses against no cache."""
+    """Store one prefix, restore it `repeats` times by each path, then time misses against no cache; then
+    the restores again in each of `kv_types` the model takes."""
     started = time.perf_counter()
     persona = kit.texts.persona(7, prefix_tokens)
+
+    def prompt(question: int, system: str = persona) -> tuple[int, ...]:
+        return kit.build(
+            [ChatMessage.of(Role.SYSTEM, system), ChatMessage.of(Role.USER, kit.texts.question(question, 12))]
+        )
+
     engine = open_chatapp_engine(settings, folder)
     try:
-
-        def prompt(question: int, system: str = persona) -> tuple[int, ...]:
-            return kit.build(
-                [ChatMessage.of(Role.SYSTEM, system), ChatMessage.of(Role.USER, kit.texts.question(question, 12))]
-            )
-
-        _answer(engine, prompt(0))
-        engine.flush_cache()
-        timings: dict[str, list[RestoreTimings]] = {path: [] for path in PATHS}
-        for number, path in enumerate(PATHS):  # path by path: only the disk path empties the RAM tier
-            for repeat in range(repeats):
-                timings[path].append(_restore(engine, prompt(100 + number * repeats + repeat), path))
+        paths, restored, per_token = _restore_paths(engine, prompt, repeats)
         misses: list[float] = []
         without: list[float] = []
         for repeat in range(miss_repeats):  # in turns: the machine's load drifts
@@ -84,14 +101,47 @@ def measure_restores(
             misses.append(_until_idle(engine, prompt(1, kit.texts.persona(600 + repeat, prefix_tokens)), True))
     finally:
         close_engine(engine)
+    by_kv_type: dict[str, dict[str, RestoreSteps]] = {}
+    sizes, per_tokens = {KvType.F16.value: restored * per_token}, {KvType.F16.value: per_token}
+    for kv_type in kv_types:
+        try:
+            typed = open_chatapp_engine(replace(settings, kv_type=kv_type), folder / kv_type.value)
+        except ModelError:  # heads whose size is not a multiple of the type's block (S names it)
+            continue
+        try:
+            by_kv_type[kv_type.value], restored, per_token = _restore_paths(typed, prompt, repeats)
+            sizes[kv_type.value], per_tokens[kv_type.value] = restored * per_token, per_token
+        finally:
+            close_engine(typed)
     return RestoreFigures(
         prefix_tokens=prefix_tokens,
         repeats=repeats,
-        paths={path: _median_steps(found) for path, found in timings.items()},
+        paths=paths,
         miss_ms=statistics.median(misses),
         no_cache_ms=statistics.median(without),
         elapsed_s=time.perf_counter() - started,
+        by_kv_type=by_kv_type,
+        bytes_per_token=per_tokens,
+        state_bytes=sizes,
     )
+
+
+def _restore_paths(
+    engine: LocalEngine, prompt: Callable[[int], tuple[int, ...]], repeats: int
+) -> tuple[dict[str, RestoreSteps], int, int]:
+    """Store the persona's prefix, then restore it `repeats` times by each path: each path's median
+    steps, the tokens a block restore put back, and the KV bytes of a token."""
+    _answer(engine, prompt(0))
+    engine.flush_cache()
+    timings: dict[str, list[RestoreTimings]] = {path: [] for path in PATHS}
+    reused = 0
+    for number, path in enumerate(PATHS):  # path by path: only the disk path empties the RAM tier
+        for repeat in range(repeats):
+            restore, reused = _restore(engine, prompt(100 + number * repeats + repeat), path)
+            timings[path].append(restore)
+    assert engine.cache is not None
+    steps = {path: _median_steps(found) for path, found in timings.items()}
+    return steps, reused, engine.cache.layout.bytes_per_cell
 
 
 def _answer(
@@ -101,8 +151,9 @@ def _answer(
     return engine.generate(request).wait()
 
 
-def _restore(engine: LocalEngine, tokens: tuple[int, ...], path: str) -> RestoreTimings:
-    """Push the prefix out of every sequence, empty the tiers `path` must not use, and restore it."""
+def _restore(engine: LocalEngine, tokens: tuple[int, ...], path: str) -> tuple[RestoreTimings, int]:
+    """Push the prefix out of every sequence, empty the tiers `path` must not use, and restore it: its
+    timings, and the tokens it reused."""
     for sequence in range(engine.info.n_sequences):
         _answer(engine, tokens[:8], use_cache=False, sequence=sequence)
     engine.flush_cache()
@@ -117,7 +168,7 @@ def _restore(engine: LocalEngine, tokens: tuple[int, ...], path: str) -> Restore
     restore = result.stats.restore
     if result.stats.reuse_tier != expected or restore is None or restore.whole_state != (path == PATHS[0]):
         raise RuntimeError(f"figure R: the {path} restore took another path ({result.stats.reuse_tier}, {restore})")
-    return restore
+    return restore, result.stats.reused_tokens
 
 
 def _until_idle(engine: LocalEngine, tokens: tuple[int, ...], use_cache: bool) -> float:
@@ -157,13 +208,27 @@ def restore_table(figures: RestoreFigures) -> str:
         f"llama.cpp loading it from a ready buffer: {figures.ready_load_ms:.1f} ms; {figures.elapsed_s:.0f} s)",
         f"     {'path':18} {'lookup':>7} {'read':>7} {'assemble':>9} {'load':>7} {'total':>7} {'/ ready':>8}",
     ]
-    for path, steps in figures.paths.items():
-        lines.append(
-            f"     {path:18} {steps.lookup_ms:7.1f} {steps.read_ms:7.1f} {steps.assemble_ms:9.1f} "
-            f"{steps.load_ms:7.1f} {steps.total_ms:7.1f} {steps.total_ms / figures.ready_load_ms:7.2f}x"
-        )
+    lines += _path_lines(figures.paths)
     lines.append(
         f"     a total miss until idle: {figures.miss_ms:,.0f} ms with the cache, {figures.no_cache_ms:,.0f} ms "
         f"without ({figures.miss_ms / figures.no_cache_ms:.3f}x)"
     )
+    f16_per_token = figures.bytes_per_token.get(KvType.F16.value, 0)
+    for kv_type, paths in figures.by_kv_type.items():
+        size, per_token = figures.state_bytes.get(kv_type, 0), figures.bytes_per_token.get(kv_type, 0)
+        lines.append(
+            f"   in {kv_type} KV cells: {size / (1 << 20):.1f} MiB ({per_token / max(f16_per_token, 1):.3f}x f16's "
+            f"bytes per token), "
+            f"llama.cpp's own load {ready_load(paths):.1f} ms"
+        )
+        lines += _path_lines(paths)
     return "\n".join(lines)
+
+
+def _path_lines(paths: dict[str, RestoreSteps]) -> list[str]:
+    load = ready_load(paths)
+    return [
+        f"     {path:18} {steps.lookup_ms:7.1f} {steps.read_ms:7.1f} {steps.assemble_ms:9.1f} "
+        f"{steps.load_ms:7.1f} {steps.total_ms:7.1f} {steps.total_ms / load:7.2f}x"
+        for path, steps in paths.items()
+    ]

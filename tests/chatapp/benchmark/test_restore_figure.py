@@ -9,8 +9,9 @@ import pytest
 
 from chatapp.benchmark import runner
 from chatapp.benchmark.peers import PeerSettings
-from chatapp.benchmark.restore_figure import PATHS, measure_restores, restore_figure_verdicts
+from chatapp.benchmark.restore_figure import PATHS, measure_restores, restore_figure_verdicts, restore_table
 from tests.chatapp.benchmark.figure_support import measured
+from tests.model_factory import write_tiny_llama
 
 
 @pytest.mark.slow
@@ -30,6 +31,26 @@ def test_every_path_restores_the_prefix_and_times_its_steps(tiny_model: Path, tm
     verdicts = restore_figure_verdicts(figures)
     assert [verdict.goal for verdict in verdicts] == ["R", "R", "R", "R"]
     assert verdicts[0].value == pytest.approx(whole.total_ms / figures.ready_load_ms)
+    assert not figures.by_kv_type  # the tiny llama's heads are shorter than a quantized block
+    assert set(figures.state_bytes) == set(figures.bytes_per_token) == {"f16"}
+
+
+@pytest.mark.slow
+def test_the_restore_paths_are_timed_in_each_quantized_kv_type(tmp_path: Path) -> None:
+    wide = write_tiny_llama(tmp_path / "wide.gguf", n_embd=128)  # heads of 32 values: every type's block
+    settings = PeerSettings(model_path=wide, context=512, threads=1, block_size=16)
+    # Long enough that, past the 64 tokens flash attention computes again, a whole state is worth loading.
+    figures = measured(measure_restores, settings, tmp_path / "restores", prefix_tokens=300, repeats=1, miss_repeats=1)
+    assert set(figures.by_kv_type) == {"q8_0", "q4_0"}
+    for paths in figures.by_kv_type.values():
+        assert set(paths) == set(PATHS)
+        assert all(steps.load_ms > 0.0 for steps in paths.values())
+    # The same prefix in fewer bytes: ggml's blocks, 34 and 18 bytes per 32 values against f16's 64.
+    assert figures.bytes_per_token["q8_0"] * 64 == figures.bytes_per_token["f16"] * 34
+    assert figures.bytes_per_token["q4_0"] * 64 == figures.bytes_per_token["f16"] * 18
+    for kv_type, size in figures.state_bytes.items():
+        assert size > 200 * figures.bytes_per_token[kv_type], kv_type  # most of the 300-token prefix
+    assert "in q8_0 KV cells" in restore_table(figures)
 
 
 @pytest.mark.slow
