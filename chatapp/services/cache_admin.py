@@ -28,9 +28,15 @@ MEMORY_KIND_NAMES = {
 }
 
 
-def describe_memory(kind: str, window: int, interval_tokens: int, grid: int = 0) -> str:
+def describe_memory(kind: str, window: int, interval_tokens: int, grid: int = 0, kv_type: str = "f16") -> str:
     """What reuse a model's memory allows, in one line (the cache screen, `cache stats`); `grid`: the
-    fixed batch size its prompts are computed in (split_rule.py), 0 where batches end anywhere."""
+    fixed batch size its prompts are computed in (split_rule.py), 0 where batches end anywhere; `kv_type`:
+    the number format of the KV cells, said when it is not f16."""
+    cells = f"; KV cells in {kv_type}" if kv_type != "f16" else ""
+    return _reuse_allowed(kind, window, interval_tokens, grid) + cells
+
+
+def _reuse_allowed(kind: str, window: int, interval_tokens: int, grid: int) -> str:
     fixed = (
         f"; prompts computed in fixed {grid}-token batches (this model's results depend on where a batch "
         "ends), reused in whole batches"
@@ -72,7 +78,10 @@ def cache_stats(workspace: Workspace) -> dict[str, Any]:
             "kind": str(memory.get("kind", "unknown")),
             "window": int(memory.get("window", 0)),
             "description": describe_memory(
-                str(memory.get("kind", "unknown")), int(memory.get("window", 0)), checkpoint_interval(workspace)
+                str(memory.get("kind", "unknown")),
+                int(memory.get("window", 0)),
+                checkpoint_interval(workspace),
+                kv_type=workspace.settings.kv_type,
             )
             if memory
             else "no model has used this cache folder yet",

@@ -57,7 +57,7 @@ class CacheService:
                 pins = self.chat.pins.list()
             stats = engine.cache.stats()
             kind, window = stats["memory"]["kind"], stats["memory"]["window"]
-            memory = cache_admin.describe_memory(kind, window, interval, engine.info.prompt_grid)
+            memory = cache_admin.describe_memory(kind, window, interval, engine.info.prompt_grid, engine.info.kv_type)
             if count := stats["memory"]["checkpoints"]:
                 memory += f" ({count:,} checkpoint{'' if count == 1 else 's'} stored)"
             choice = engine.restore_costs.describe() if engine.restore_costs is not None else None

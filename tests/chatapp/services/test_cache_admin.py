@@ -24,3 +24,9 @@ def test_each_memory_is_said_to_keep_whole_what_its_checkpoints_hold() -> None:
     recurrent = describe_memory("recurrent", 0, 1024)
     assert recurrent.startswith("recurrent state: the recurrent state checkpointed")
     assert describe_memory("two-windows", 512, 1024) == "two-windows memory"  # written by a newer chatapp
+
+
+def test_a_quantized_kv_type_is_named_and_f16_is_not() -> None:
+    assert describe_memory("plain", 0, 1024, kv_type="q8_0").endswith("cut anywhere; KV cells in q8_0")
+    assert describe_memory("iswa", 512, 1024, grid=64, kv_type="q4_0").endswith("whole batches; KV cells in q4_0")
+    assert "KV cells" not in describe_memory("plain", 0, 1024)
