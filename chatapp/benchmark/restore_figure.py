@@ -2,7 +2,9 @@
 
 A prefix of the A persona's length is stored through chatapp's engine, then restored again
 and again into a sequence that no longer holds it: from a whole state kept ready (RAM), from
-RAM blocks assembled into a state, and from disk blocks (page cache warm). Each restore
+RAM blocks assembled into a state, and from disk blocks, with the page cache warm and with the
+cache folder's pages dropped first (posix_fadvise), beside the time this disk takes to read as
+many bytes from one file, cold, in large sequential reads. Each restore
 reports its steps (lookup, read, assembly, llama.cpp's load; kv_placement.py). The yardstick
 is llama.cpp loading the same prefix from a ready buffer: the load step of the block
 restores, which loads exactly the assembled state of that prefix. Then novel prompts of the
@@ -14,12 +16,15 @@ smaller states, each against llama.cpp's own load of that type.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from chatapp.benchmark.goals import Verdict, restore_verdicts
 from chatapp.benchmark.peers import PeerSettings, close_engine, open_chatapp_engine
@@ -33,7 +38,9 @@ from chatapp.prompting.prompt import ChatMessage
 from chatapp.vocabulary import ReuseTier, Role
 
 RESTORE_NAME = "R"
-PATHS = ("ram, whole state", "ram, blocks", "disk, blocks")
+PATHS = ("ram, whole state", "ram, blocks", "disk, blocks", "disk, cold")
+COLD = PATHS[3]
+READ_CHUNK = 1 << 20  # the sequential yardstick's reads
 
 
 @dataclass(frozen=True)
@@ -60,6 +67,7 @@ class RestoreFigures:
     # which a quantized type brings, computes 64 prompt tokens again where f16 computes 2).
     bytes_per_token: dict[str, int] = field(default_factory=dict)
     state_bytes: dict[str, int] = field(default_factory=dict)
+    sequential_read_ms: float | None = None  # f16's restored bytes read cold from one file (None: cannot drop pages)
 
     @property
     def ready_load_ms(self) -> float:
@@ -68,7 +76,7 @@ class RestoreFigures:
 
 
 def ready_load(paths: dict[str, RestoreSteps]) -> float:
-    return min(paths["ram, blocks"].load_ms, paths["disk, blocks"].load_ms)
+    return min(steps.load_ms for path, steps in paths.items() if path != PATHS[0])
 
 
 def measure_restores(
@@ -94,6 +102,7 @@ def measure_restores(
     engine = open_chatapp_engine(settings, folder)
     try:
         paths, restored, per_token = _restore_paths(engine, prompt, repeats)
+        sequential = sequential_read_ms(folder, restored * per_token, repeats) if can_drop_pages() else None
         misses: list[float] = []
         without: list[float] = []
         for repeat in range(miss_repeats):  # in turns: the machine's load drifts
@@ -123,6 +132,7 @@ def measure_restores(
         by_kv_type=by_kv_type,
         bytes_per_token=per_tokens,
         state_bytes=sizes,
+        sequential_read_ms=sequential,
     )
 
 
@@ -135,12 +145,14 @@ def _restore_paths(
     engine.flush_cache()
     timings: dict[str, list[RestoreTimings]] = {path: [] for path in PATHS}
     reused = 0
-    for number, path in enumerate(PATHS):  # path by path: only the disk path empties the RAM tier
+    for number, path in enumerate(PATHS):  # path by path: only the disk paths empty the RAM tier
+        if path == COLD and not can_drop_pages():
+            continue
         for repeat in range(repeats):
             restore, reused = _restore(engine, prompt(100 + number * repeats + repeat), path)
             timings[path].append(restore)
     assert engine.cache is not None
-    steps = {path: _median_steps(found) for path, found in timings.items()}
+    steps = {path: _median_steps(found) for path, found in timings.items() if found}
     return steps, reused, engine.cache.layout.bytes_per_cell
 
 
@@ -163,12 +175,53 @@ def _restore(engine: LocalEngine, tokens: tuple[int, ...], path: str) -> tuple[R
         engine.drop_ready_states()  # the engine is idle here
     if path.startswith("disk"):
         cache.ram.clear()
+    if path == COLD:
+        drop_pages(cache.disk.directory)
     result = _answer(engine, tokens)
     expected = ReuseTier.DISK if path.startswith("disk") else ReuseTier.RAM
     restore = result.stats.restore
     if result.stats.reuse_tier != expected or restore is None or restore.whole_state != (path == PATHS[0]):
         raise RuntimeError(f"figure R: the {path} restore took another path ({result.stats.reuse_tier}, {restore})")
     return restore, result.stats.reused_tokens
+
+
+def can_drop_pages() -> bool:
+    return hasattr(os, "posix_fadvise")
+
+
+def drop_pages(folder: Path) -> None:
+    """Take every file under `folder` out of the page cache (written back first: dirty pages stay)."""
+    for path in folder.rglob("*"):
+        if path.is_file():
+            descriptor = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(descriptor)
+                os.posix_fadvise(descriptor, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(descriptor)
+
+
+def sequential_read_ms(folder: Path, size: int, repeats: int) -> float:
+    """Median time to read `size` bytes from one file in this folder, cold, in large sequential reads:
+    what the disk itself costs, the yardstick of a cold restore."""
+    path = folder / "sequential.bin"
+    chunk = np.random.default_rng(3).integers(0, 256, READ_CHUNK, dtype=np.uint8).tobytes()
+    with path.open("wb") as out:
+        for _ in range(0, size, READ_CHUNK):
+            out.write(chunk)
+    buffer = bytearray(READ_CHUNK)
+    times = []
+    try:
+        for _ in range(repeats):
+            drop_pages(folder)
+            started = time.perf_counter()
+            with path.open("rb", buffering=0) as source:
+                while source.readinto(buffer):
+                    pass
+            times.append((time.perf_counter() - started) * 1000)
+    finally:
+        path.unlink(missing_ok=True)
+    return statistics.median(times)
 
 
 def _until_idle(engine: LocalEngine, tokens: tuple[int, ...], use_cache: bool) -> float:
@@ -188,10 +241,12 @@ def restore_figure_verdicts(figures: RestoreFigures | None) -> list[Verdict]:
     if figures is None:
         return []
     load = figures.ready_load_ms
+    cold = figures.paths.get(COLD)
     return restore_verdicts(
         ram=figures.paths["ram, whole state"].total_ms / load,
         ram_blocks=figures.paths["ram, blocks"].total_ms / load,
         disk=figures.paths["disk, blocks"].total_ms / load,
+        disk_cold=cold.total_ms / figures.sequential_read_ms if cold and figures.sequential_read_ms else None,
         miss=figures.miss_ms / figures.no_cache_ms,
     )
 
@@ -209,6 +264,12 @@ def restore_table(figures: RestoreFigures) -> str:
         f"     {'path':18} {'lookup':>7} {'read':>7} {'assemble':>9} {'load':>7} {'total':>7} {'/ ready':>8}",
     ]
     lines += _path_lines(figures.paths)
+    cold = figures.paths.get(COLD)
+    if cold is not None and figures.sequential_read_ms:
+        lines.append(
+            f"     the same bytes read cold from one file: {figures.sequential_read_ms:.1f} ms (the cold restore "
+            f"{cold.total_ms / figures.sequential_read_ms:.2f}x)"
+        )
     lines.append(
         f"     a total miss until idle: {figures.miss_ms:,.0f} ms with the cache, {figures.no_cache_ms:,.0f} ms "
         f"without ({figures.miss_ms / figures.no_cache_ms:.3f}x)"

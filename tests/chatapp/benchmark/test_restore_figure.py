@@ -19,18 +19,23 @@ def test_every_path_restores_the_prefix_and_times_its_steps(tiny_model: Path, tm
     settings = PeerSettings(model_path=tiny_model, context=512, threads=1, block_size=16)
     figures = measured(measure_restores, settings, tmp_path / "restores", prefix_tokens=80, repeats=2, miss_repeats=1)
     assert set(figures.paths) == set(PATHS)
-    whole, blocks, disk = (figures.paths[path] for path in PATHS)
+    whole, blocks, disk, cold = (figures.paths[path] for path in PATHS)
     assert whole.read_ms == whole.assemble_ms == 0.0  # loaded as kept: nothing read or assembled
     assert blocks.assemble_ms > 0.0
     assert disk.read_ms > 0.0
+    assert cold.read_ms > 0.0
+    assert figures.sequential_read_ms is not None
+    assert figures.sequential_read_ms > 0.0
     for steps in figures.paths.values():
         assert steps.load_ms > 0.0
         assert steps.total_ms >= steps.load_ms
     assert figures.miss_ms > 0.0
     assert figures.no_cache_ms > 0.0
     verdicts = restore_figure_verdicts(figures)
-    assert [verdict.goal for verdict in verdicts] == ["R", "R", "R", "R"]
+    assert [verdict.goal for verdict in verdicts] == ["R"] * 5
     assert verdicts[0].value == pytest.approx(whole.total_ms / figures.ready_load_ms)
+    assert verdicts[3].value == pytest.approx(cold.total_ms / figures.sequential_read_ms)
+    assert not list((tmp_path / "restores").glob("sequential.bin"))  # the yardstick's file is gone
     assert not figures.by_kv_type  # the tiny llama's heads are shorter than a quantized block
     assert set(figures.state_bytes) == set(figures.bytes_per_token) == {"f16"}
 
