@@ -20,9 +20,10 @@ import errno
 import logging
 import os
 import sqlite3
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
@@ -285,6 +286,34 @@ class DiskTier:
             with self._lock:
                 self.counters.bytes_written += len(payload)
         return bool(stored)
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[None]:
+        """The reads of one restore in one transaction per store: each read also updates the row's
+        last use (LRU) and its expiry (TTL), two commits a block otherwise. A database that cannot
+        open one is read as before; one that fails to commit switches the tier off, like any write."""
+        stack = contextlib.ExitStack()
+        if self.enabled:
+            try:
+                for store in (self._blocks, self._pinned):
+                    if store is not None:
+                        stack.enter_context(store.transact(retry=True))
+            except DISK_ERRORS:
+                self._closed(stack)
+                stack = contextlib.ExitStack()
+        try:
+            yield
+        except BaseException:
+            if not stack.__exit__(*sys.exc_info()):  # rolled back
+                raise
+        else:
+            self._closed(stack)
+
+    def _closed(self, stack: contextlib.ExitStack) -> None:
+        try:
+            stack.close()
+        except DISK_ERRORS as error:
+            self._switch_off(error)
 
     def get(self, info: BlockInfo) -> bytes | None:
         """The payload if present, intact and unexpired; a damaged or doubtful one is deleted."""

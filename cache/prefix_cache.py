@@ -180,16 +180,17 @@ class PrefixCache:
         payloads: list[bytes] = []
         tier = ReuseTier.RAM
         wanted = [*found.blocks, *((found.checkpoint,) if found.checkpoint is not None else ())]
-        for info in wanted:
-            payload, from_disk = self._payload(info)
-            if payload is None:
-                if self.layout.memory.restores_at_checkpoints:
-                    return None
-                break
-            if from_disk:
-                tier = ReuseTier.DISK
-            blocks.append(info)
-            payloads.append(payload)
+        with self.disk.reading() if self.slowest_tier(found) == ReuseTier.DISK else contextlib.nullcontext():
+            for info in wanted:
+                payload, from_disk = self._payload(info)
+                if payload is None:
+                    if self.layout.memory.restores_at_checkpoints:
+                        return None
+                    break
+                if from_disk:
+                    tier = ReuseTier.DISK
+                blocks.append(info)
+                payloads.append(payload)
         checkpoint = payloads.pop() if found.checkpoint is not None else None
         if found.checkpoint is not None:
             blocks.pop()

@@ -190,3 +190,42 @@ def test_two_processes_adding_totals_at_once_lose_nothing(tmp_path: Path) -> Non
         worker.join(60)
         assert worker.exitcode == 0
     assert maintenance.read_totals(tmp_path) == {"requests": 80, "ram": {"hits": 160}}
+
+
+def test_reads_in_one_transaction_keep_their_last_use_and_expiry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A restore's reads commit once: what each read renews (its TTL) holds after the commit."""
+    clock = Clock(1_000_000.0)
+    monkeypatch.setattr(time, "time", clock)
+    tier = DiskTier(tmp_path, 1 << 24, TTL, NAMESPACE, clock=clock)
+    payloads = {key: bytes([key]) * 40_000 for key in (1, 2, 3)}  # files, as block payloads are
+    infos = [block(key, payload) for key, payload in payloads.items()]
+    for info in infos:
+        assert tier.put(info, payloads[info.key[0]])
+    clock.now += TTL * 0.75
+    with tier.reading():
+        assert [tier.get(info) for info in infos] == list(payloads.values())
+    clock.now += TTL * 0.75  # past the first expiry, within the one the reads renewed
+    assert [tier.get(info) for info in infos] == list(payloads.values())
+    assert tier.enabled
+
+
+def test_a_failure_inside_the_reads_rolls_back_and_leaves_the_tier_working(tmp_path: Path) -> None:
+    tier = DiskTier(tmp_path, 1 << 24, TTL, NAMESPACE)
+    payload = b"z" * 40_000
+    info = block(9, payload)
+    assert tier.put(info, payload)
+
+    def failed_restore() -> None:
+        with tier.reading():
+            assert tier.get(info) == payload
+            raise KeyError("the restore failed")
+
+    with pytest.raises(KeyError):
+        failed_restore()
+    assert tier.enabled
+    assert tier.get(info) == payload
+    other = block(10, payload)
+    assert tier.put(other, payload)  # the database is not left locked
+    assert tier.get(other) == payload
