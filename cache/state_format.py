@@ -31,8 +31,12 @@ may be done with them, each memory kind answers (memory_kinds.py).
 from __future__ import annotations
 
 import hashlib
+import itertools
+import os
 import struct
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -628,16 +632,44 @@ def _write_uniform_layers(
             out[v_offset + 12 :], shape=(count, 1, total * layer.v_row), strides=(v_stride, 0, 1), writeable=True
         )
         v_cell = layer.v_row
-    cell = 0
-    for use, n_cells, payload in pieces:
-        data = np.frombuffer(payload, dtype=np.uint8)
-        k_bytes = count * n_cells * layer.k_row
-        piece_keys = data[:k_bytes].reshape(count, n_cells * layer.k_row)
-        keys[:, cell * layer.k_row : (cell + use) * layer.k_row] = piece_keys[:, : use * layer.k_row]
-        piece_values = data[k_bytes:].reshape(count, values.shape[1], n_cells * v_cell)
-        values[:, :, cell * v_cell : (cell + use) * v_cell] = piece_values[:, :, : use * v_cell]
-        cell += use
+
+    def copy_layers(layers: slice) -> None:
+        cell = 0
+        for use, n_cells, payload in pieces:
+            data = np.frombuffer(payload, dtype=np.uint8)
+            k_bytes = count * n_cells * layer.k_row
+            piece_keys = data[:k_bytes].reshape(count, n_cells * layer.k_row)
+            keys[layers, cell * layer.k_row : (cell + use) * layer.k_row] = piece_keys[layers, : use * layer.k_row]
+            piece_values = data[k_bytes:].reshape(count, values.shape[1], n_cells * v_cell)
+            values[layers, :, cell * v_cell : (cell + use) * v_cell] = piece_values[layers, :, : use * v_cell]
+            cell += use
+
+    in_parallel(copy_layers, count, total * layout.bytes_per_cell)
     return v_offset + count * v_stride
+
+
+# A copy of pieces is many short runs (a transposed V row gets 2 bytes a cell from each block), each
+# with numpy's per-run cost: spread over the cores, layer by layer (numpy lets go of the GIL to copy).
+PARALLEL_COPY_BYTES = 8 << 20  # smaller copies are not worth a thread's start
+_COPY_WORKERS = max(1, min(4, os.cpu_count() or 1))
+_copy_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def in_parallel(copy: Callable[[slice], None], count: int, size: int) -> None:
+    """`copy(layers)` over slices of `count` layers, on up to _COPY_WORKERS threads when `size` is large."""
+    workers = min(_COPY_WORKERS, count) if size >= PARALLEL_COPY_BYTES else 1
+    if workers <= 1:
+        copy(slice(0, count))
+        return
+    global _copy_pool
+    with _pool_lock:
+        if _copy_pool is None:
+            _copy_pool = ThreadPoolExecutor(_COPY_WORKERS, thread_name_prefix="chatapp-state-copy")
+        pool = _copy_pool
+    bounds = [count * index // workers for index in range(workers + 1)]
+    for done in [pool.submit(copy, slice(start, end)) for start, end in itertools.pairwise(bounds)]:
+        done.result()
 
 
 class _PieceCursor:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
+from cache import state_format
 from cache.memory_kinds import MemoryKind, PlainMemory, memory_of
 from cache.state_format import (
     CHECKPOINT_HEAD,
@@ -140,8 +141,14 @@ def test_assembling_fewer_cells_trims_the_last_piece(v_trans: bool, cells: int) 
 
 @pytest.mark.parametrize("v_trans", [False, True])
 @pytest.mark.parametrize("cells", [3, 8, 11])
-def test_uniform_layers_assemble_alike_in_a_reused_buffer(v_trans: bool, cells: int) -> None:
-    """Most models' layers are all alike: their fast path gives the same bytes, in reused memory too."""
+@pytest.mark.parametrize("threads", [1, 3], ids=["one thread", "layers split between threads"])
+def test_uniform_layers_assemble_alike_in_a_reused_buffer(
+    v_trans: bool, cells: int, threads: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Most models' layers are all alike: their fast path gives the same bytes, in reused memory too,
+    and so does a copy split between threads (as large states are: 4 layers in 3 uneven groups here)."""
+    monkeypatch.setattr(state_format, "PARALLEL_COPY_BYTES", 0 if threads > 1 else 1 << 40)
+    monkeypatch.setattr(state_format, "_COPY_WORKERS", threads)
     model = SyntheticModel(PLAIN, base=small_layout(v_trans, n_layer=4, uniform=True))
     sequence = SyntheticSequence(model, 11, seed=cells)
     pieces = pieces_of(sequence.state(11), [0, 4, 8, 11])
