@@ -644,7 +644,8 @@ def _write_uniform_layers(
             values[layers, :, cell * v_cell : (cell + use) * v_cell] = piece_values[layers, :, : use * v_cell]
             cell += use
 
-    in_parallel(copy_layers, count, total * layout.bytes_per_cell)
+    # Only a transposed V pays per run; other copies are bound by memory, where threads only contend.
+    in_parallel(copy_layers, count, total * layout.bytes_per_cell if layout.v_trans else 0)
     return v_offset + count * v_stride
 
 
@@ -658,7 +659,7 @@ _pool_lock = threading.Lock()
 
 def in_parallel(copy: Callable[[slice], None], count: int, size: int) -> None:
     """`copy(layers)` over slices of `count` layers, on up to _COPY_WORKERS threads when `size` is large."""
-    workers = min(_COPY_WORKERS, count) if size >= PARALLEL_COPY_BYTES else 1
+    workers = min(_COPY_WORKERS, count) if size and size >= PARALLEL_COPY_BYTES else 1
     if workers <= 1:
         copy(slice(0, count))
         return

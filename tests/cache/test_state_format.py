@@ -146,7 +146,8 @@ def test_uniform_layers_assemble_alike_in_a_reused_buffer(
     v_trans: bool, cells: int, threads: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Most models' layers are all alike: their fast path gives the same bytes, in reused memory too,
-    and so does a copy split between threads (as large states are: 4 layers in 3 uneven groups here)."""
+    and so does a copy split between threads (as large states with a transposed V are: 4 layers in 3
+    uneven groups here)."""
     monkeypatch.setattr(state_format, "PARALLEL_COPY_BYTES", 0 if threads > 1 else 1 << 40)
     monkeypatch.setattr(state_format, "_COPY_WORKERS", threads)
     model = SyntheticModel(PLAIN, base=small_layout(v_trans, n_layer=4, uniform=True))
