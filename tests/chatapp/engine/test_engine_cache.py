@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cache import state_format
 from chatapp.engine.batching import on_grid
 from chatapp.engine.engine import Engine, EngineConfig
 from chatapp.engine.events import GenerationResult, PromptReuse
@@ -151,7 +152,10 @@ def test_a_cut_inside_a_block_reuses_every_shared_token(cached: Engine, engine: 
     restored_whole(cached, warm)
 
 
-def test_a_long_prefix_assembled_from_many_blocks_equals_cold(cached: Engine, engine: Engine) -> None:
+def test_a_long_prefix_assembled_from_many_blocks_equals_cold(
+    cached: Engine, engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(state_format, "PARALLEL_COPY_BYTES", 1)  # its layers split between threads, as large ones are
     long_persona = "You are a careful reviewer of essays. " * 40
     target = prompt(cached, "Review this: cats are great.", persona=long_persona)
     assert len(target) > 300  # about 20 blocks of 16 tokens
