@@ -20,7 +20,6 @@ import errno
 import logging
 import os
 import sqlite3
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -303,9 +302,13 @@ class DiskTier:
                 stack = contextlib.ExitStack()
         try:
             yield
-        except BaseException:
-            if not stack.__exit__(*sys.exc_info()):  # rolled back
-                raise
+        except BaseException as failure:
+            try:
+                stack.__exit__(type(failure), failure, failure.__traceback__)  # rolls back
+            except BaseException as error:  # the body's failure raised again, or the rollback's own
+                if error is not failure and isinstance(error, DISK_ERRORS):
+                    self._abandon(error)
+            raise
         else:
             self._closed(stack)
 
@@ -313,7 +316,16 @@ class DiskTier:
         try:
             stack.close()
         except DISK_ERRORS as error:
-            self._switch_off(error)
+            self._abandon(error)
+
+    def _abandon(self, error: BaseException) -> None:
+        """A transaction that neither committed nor rolled back: off for the session, and this thread's
+        connections closed, which ends the transaction so that other processes are not kept waiting."""
+        self._switch_off(error)
+        for store in (self._blocks, self._pinned):
+            if store is not None:
+                with contextlib.suppress(*DISK_ERRORS):
+                    store.close()
 
     def get(self, info: BlockInfo) -> bytes | None:
         """The payload if present, intact and unexpired; a damaged or doubtful one is deleted."""
@@ -331,31 +343,28 @@ class DiskTier:
             found = None
         payload, expire_time = found if isinstance(found, tuple) else (None, None)
         now = self._clock()
-        with self._lock:
-            if payload is None:
-                # The index knew it, so diskcache culled it (LRU) or it expired.
+        if payload is None:
+            with self._lock:  # the index knew it, so diskcache culled it (LRU) or it expired
                 self.counters.misses += 1
                 self.counters.evictions += 1
-                return None
-            clock_went_back = expire_time is not None and expire_time - self.ttl_seconds > now + CLOCK_SLACK_SECONDS
-            intact = (
-                isinstance(payload, bytes)
-                and len(payload) == info.payload_size
-                and payload_checksum(payload) == info.checksum
-            )
-            if (
-                not isinstance(payload, bytes)
-                or not intact
-                or clock_went_back
-                or (expire_time is not None and expire_time <= now)
-            ):
+            return None
+        clock_went_back = expire_time is not None and expire_time - self.ttl_seconds > now + CLOCK_SLACK_SECONDS
+        intact = (
+            isinstance(payload, bytes)
+            and len(payload) == info.payload_size
+            and payload_checksum(payload) == info.checksum
+        )
+        doubtful = not intact or clock_went_back or (expire_time is not None and expire_time <= now)
+        with self._lock:  # counters only: a database call under it could wait on another thread's transaction
+            if doubtful:
                 self.counters.misses += 1
-                if clock_went_back:
-                    self.counters.expirations += 1
-                self._guarded(lambda: store.delete(name, retry=True), False)
-                return None
-            self.counters.hits += 1
-            self.counters.bytes_read += len(payload)
+                self.counters.expirations += int(clock_went_back)
+            else:
+                self.counters.hits += 1
+                self.counters.bytes_read += len(payload)
+        if doubtful or not isinstance(payload, bytes):  # (intact says bytes; the second test is for the type)
+            self._guarded(lambda: store.delete(name, retry=True), False)
+            return None
         if not info.pinned:
             self._guarded(lambda: store.touch(name, expire=self.ttl_seconds, retry=True), False)
         return payload

@@ -36,6 +36,7 @@ import os
 import struct
 import threading
 from collections.abc import Callable, Sequence
+from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -669,7 +670,9 @@ def in_parallel(copy: Callable[[slice], None], count: int, size: int) -> None:
             _copy_pool = ThreadPoolExecutor(_COPY_WORKERS, thread_name_prefix="chatapp-state-copy")
         pool = _copy_pool
     bounds = [count * index // workers for index in range(workers + 1)]
-    for done in [pool.submit(copy, slice(start, end)) for start, end in itertools.pairwise(bounds)]:
+    copies = [pool.submit(copy, slice(start, end)) for start, end in itertools.pairwise(bounds)]
+    futures.wait(copies)  # all of them done before one's failure is raised: none still writes to the buffer
+    for done in copies:
         done.result()
 
 

@@ -152,7 +152,8 @@ class StorageByType:
         return self.figures[KvType.F16]
 
     def bytes_ratio(self, kv_type: str) -> float:
-        return self.figures[kv_type].kv_bytes_per_token / self.reference.kv_bytes_per_token
+        reference = self.reference.kv_bytes_per_token  # 0 for a recurrent model: no KV in blocks
+        return self.figures[kv_type].kv_bytes_per_token / reference if reference else float("nan")
 
     def agreement(self, kv_type: str) -> tuple[int, float]:
         """Answers identical to f16's, and the mean share of each answer's tokens before it parts from f16's."""
@@ -189,6 +190,8 @@ def measure_storage_by_type(
         try:
             figures[kv_type] = measure_storage(typed, kit, folder / kv_type.value, conversations=conversations, **sizes)
         except ModelError as error:  # heads whose size is not a multiple of the type's block
+            if not kv_type.quantized:
+                raise  # the reference itself: nothing to compare with
             refused[kv_type] = str(error)
     return StorageByType(figures, refused)
 

@@ -102,7 +102,8 @@ def measure_restores(
     engine = open_chatapp_engine(settings, folder)
     try:
         paths, restored, per_token = _restore_paths(engine, prompt, repeats)
-        sequential = sequential_read_ms(folder, restored * per_token, repeats) if can_drop_pages() else None
+        size = restored * per_token  # 0 for a recurrent model (its checkpoints are not blocks): no yardstick
+        sequential = sequential_read_ms(folder, size, repeats) if can_drop_pages() and size else None
         misses: list[float] = []
         without: list[float] = []
         for repeat in range(miss_repeats):  # in turns: the machine's load drifts

@@ -358,7 +358,11 @@ class NativeContext:
             if self.pointer:
                 break
         if not self.pointer:
-            fix = "set kv_type to f16" if kv_type.quantized else "lower context_cap or sequences"
+            fix = (
+                "set kv_type to f16, or lower context_cap or sequences"
+                if kv_type.quantized
+                else "lower context_cap or sequences"
+            )
             raise ModelError(
                 f"llama.cpp could not create a context of {n_sequences} x {n_ctx_per_sequence} tokens "
                 f"{'of ' + kv_type.value + ' cells ' if kv_type.quantized else ''}({last_llama_problem()}); "

@@ -7,6 +7,7 @@ import errno
 import multiprocessing
 import os
 import sqlite3
+import threading
 import time
 from pathlib import Path
 
@@ -229,3 +230,55 @@ def test_a_failure_inside_the_reads_rolls_back_and_leaves_the_tier_working(tmp_p
     other = block(10, payload)
     assert tier.put(other, payload)  # the database is not left locked
     assert tier.get(other) == payload
+
+
+def test_a_doubtful_row_read_by_another_thread_does_not_stall_a_restore(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another thread (the pins') has read a damaged row and goes to delete it just as a restore holds the
+    database (`reading`): it waits for the restore's commit, and the restore's next read must not wait for
+    it in turn (the two would wait forever)."""
+    tier = DiskTier(tmp_path, 1 << 24, TTL, NAMESPACE)
+    payload = b"g" * 40_000
+    first, second, damaged = block(1, payload), block(2, payload), block(3, payload)
+    for info in (first, second, damaged):
+        assert tier.put(info, payload)
+    damaged.checksum ^= 1  # what the index expects no longer matches the stored bytes
+    fetched, began, deleting = threading.Event(), threading.Event(), threading.Event()
+    store = tier._store(False)
+    original_delete = store.delete
+
+    def checksum(data: bytes) -> int:
+        if threading.current_thread().name == "pins":  # read, not yet judged: hold until the restore begins
+            fetched.set()
+            assert began.wait(60)
+        return payload_checksum(data)
+
+    def delete(*args: object, **kwargs: object) -> object:
+        deleting.set()  # about to wait for the restore's transaction
+        return original_delete(*args, **kwargs)
+
+    monkeypatch.setattr("cache.disk_tier.payload_checksum", checksum)
+    monkeypatch.setattr(store, "delete", delete)
+    results: dict[str, object] = {}
+
+    def restore() -> None:
+        with tier.reading():
+            results["first"] = tier.get(first)
+            began.set()
+            assert deleting.wait(60)
+            results["second"] = tier.get(second)
+
+    def pins() -> None:
+        results["damaged"] = tier.get(damaged)
+
+    pinning = threading.Thread(target=pins, name="pins")
+    pinning.start()
+    assert fetched.wait(60)
+    restoring = threading.Thread(target=restore, name="restore")
+    restoring.start()
+    restoring.join(120)
+    pinning.join(120)
+    assert not restoring.is_alive()
+    assert not pinning.is_alive()
+    assert results == {"first": payload, "second": payload, "damaged": None}
