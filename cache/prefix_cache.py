@@ -133,7 +133,9 @@ class PrefixCache:
         for info in self.disk.new_entries():
             self.index.add(info)
         try:
-            remember_memory(directory, {"kind": layout.kind.value, "window": layout.window})
+            sections = layout.base or layout.swa  # the KV cells' ggml type, for `cache stats` (-1: none)
+            k_type = sections.layers[0].k_type if sections is not None and sections.layers else -1
+            remember_memory(directory, {"kind": layout.kind.value, "window": layout.window, "k_type": k_type})
         except OSError as error:  # a figure for `cache stats`; the disk tier says what is wrong
             log.warning("could not note the model's memory kind: %s", error)
         self._queue: queue.Queue[tuple[np.ndarray, np.ndarray, bool, int] | None] = queue.Queue()

@@ -12,7 +12,7 @@ import os
 import sys
 from contextlib import closing
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from chatapp import __version__
 from chatapp.benchmark.runner import add_arguments as add_bench_arguments
@@ -29,6 +29,7 @@ from chatapp.services.startup import (
     open_workspace,
     quiet_native_logs,
 )
+from chatapp.settings import Settings
 
 EXIT_INTERRUPTED = 130
 ENV_API_KEY = "CHATAPP_API_KEY"
@@ -57,7 +58,7 @@ def _engine_options(default: object = None) -> argparse.ArgumentParser:
     group.add_argument("--n-gpu-layers", type=int, metavar="N", help="layers to offload to the GPU (-1: all)")
     group.add_argument(
         "--kv-type",
-        choices=("f16", "q8_0", "q4_0"),
+        choices=get_args(Settings.model_fields["kv_type"].annotation),  # the setting's own choices
         help="the KV cache's number format: q8_0 and q4_0 keep smaller states (default: f16)",
     )
     group.add_argument(

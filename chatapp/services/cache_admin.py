@@ -12,6 +12,7 @@ from cache import maintenance
 from cache.memory_kinds import MemoryKind, memory_of
 from cache.tiers import REUSING_TIERS
 from chatapp.errors import ChatappError
+from chatapp.models.file_types import ggml_type_name
 from chatapp.models.machine import resolve_model
 from chatapp.records import PinRecord
 from chatapp.services.library import DATABASE_NAME, open_library
@@ -59,6 +60,11 @@ def _reuse_allowed(kind: str, window: int, interval_tokens: int, grid: int) -> s
     )
 
 
+def _kv_type_name(ggml_type: int) -> str:
+    """The KV cells' type as the folder's last model stored it ("f16" when unknown: not said)."""
+    return ggml_type_name(ggml_type).lower() if ggml_type >= 0 else "f16"
+
+
 def cache_stats(workspace: Workspace) -> dict[str, Any]:
     """Sizes and budgets per tier, and lifetime counters summed over every session."""
     directory = workspace.kv_cache_dir
@@ -81,7 +87,7 @@ def cache_stats(workspace: Workspace) -> dict[str, Any]:
                 str(memory.get("kind", "unknown")),
                 int(memory.get("window", 0)),
                 checkpoint_interval(workspace),
-                kv_type=workspace.settings.kv_type,
+                kv_type=_kv_type_name(int(memory.get("k_type", -1))),
             )
             if memory
             else "no model has used this cache folder yet",

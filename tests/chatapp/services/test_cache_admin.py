@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from chatapp.services.cache_admin import describe_memory
+from chatapp.services.cache_admin import _kv_type_name, describe_memory
 
 
 def test_a_model_on_a_fixed_grid_is_said_to_reuse_whole_batches_and_a_free_one_any_token() -> None:
@@ -30,3 +30,10 @@ def test_a_quantized_kv_type_is_named_and_f16_is_not() -> None:
     assert describe_memory("plain", 0, 1024, kv_type="q8_0").endswith("cut anywhere; KV cells in q8_0")
     assert describe_memory("iswa", 512, 1024, grid=64, kv_type="q4_0").endswith("whole batches; KV cells in q4_0")
     assert "KV cells" not in describe_memory("plain", 0, 1024)
+
+
+def test_the_folders_kv_type_is_named_from_the_ggml_type_it_stored() -> None:
+    assert _kv_type_name(8) == "q8_0"
+    assert _kv_type_name(2) == "q4_0"
+    assert _kv_type_name(1) == "f16"
+    assert _kv_type_name(-1) == "f16"  # a folder written before the type was noted
