@@ -112,21 +112,25 @@ class BlockIndex:
 
     def deepest_checkpoint(self, prompt: np.ndarray, limit: int) -> BlockInfo | None:
         """The checkpoint at the largest position <= `limit` whose tokens are a prefix of `prompt`."""
-        best: BlockInfo | None = None
+        found = self.checkpoints_along(prompt, limit)
+        return max(found, key=lambda info: info.end) if found else None
+
+    def checkpoints_along(self, prompt: np.ndarray, limit: int) -> list[BlockInfo]:
+        """Every checkpoint at a position <= `limit` whose tokens are a prefix of `prompt`, shallowest first."""
+        found: list[BlockInfo] = []
         parent, position = ROOT_KEY, 0
         limit = min(limit, int(prompt.size))
         while position <= limit:
             for key in self._anchored.get(parent, ()):
                 info = self.checkpoints[key]
                 end = position + int(info.tokens.size)
-                longer = best is None or end > best.end
-                if end <= limit and longer and np.array_equal(prompt[position:end], info.tokens):
-                    best = info
+                if end <= limit and np.array_equal(prompt[position:end], info.tokens):
+                    found.append(info)
             if position + self.block_size > limit:
                 break
             parent = block_key(parent, prompt[position : position + self.block_size], self.seed)
             position += self.block_size
-        return best
+        return found
 
     def longest_prefix(self, prompt: np.ndarray) -> PrefixMatch:
         """The stored blocks that cover the longest prefix of `prompt`, token-exact."""

@@ -22,6 +22,7 @@ import diskcache
 from cache.atomic_file import replace_atomically
 from cache.blocks import record_namespace
 from cache.disk_tier import UNLIMITED, clear_store, open_bytes_store, remove_orphan_files
+from cache.request_log import remove_log
 
 fcntl: ModuleType | None
 try:
@@ -182,7 +183,7 @@ def prune(directory: Path) -> int:
 
 
 def clear(directory: Path) -> int:
-    """Remove every entry and its files, pinned ones too, and the totals; return how many entries.
+    """Remove every entry and its files, pinned ones too, the totals and the request log; return how many entries.
 
     Payload files no row names (left by a process killed between writing a file and
     committing its row) are removed too, as are folders set aside as damaged.
@@ -202,4 +203,5 @@ def clear(directory: Path) -> int:
         shutil.rmtree(damaged, ignore_errors=True)
     (directory / TOTALS_FILE).unlink(missing_ok=True)
     (directory / MEMORY_FILE).unlink(missing_ok=True)
+    remove_log(directory)
     return removed

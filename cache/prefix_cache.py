@@ -16,8 +16,9 @@ import logging
 import os
 import queue
 import threading
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +31,15 @@ from cache.keys import BlockKey, as_token_array
 from cache.maintenance import add_totals, remember_memory
 from cache.namespace import Namespace
 from cache.ram_tier import RamTier
+from cache.request_log import (
+    DEFAULT_MAX_BYTES,
+    LoggedRequest,
+    LoggedStore,
+    RequestLog,
+    encode_request,
+    encode_store,
+    short_key,
+)
 from cache.state_format import (
     MemoryLayout,
     StateFormatError,
@@ -76,6 +86,8 @@ class CacheConfig:
     # How the RAM tier chooses what to evict (cache/eviction.py): "value" (recompute cost x recent
     # uses per byte, leaves of the prefix tree first), "lru" or "lfu". The disk tier stays LRU.
     eviction_policy: str = "value"
+    # The request log `chatapp cache advise` sizes the tiers from (cache/request_log.py); 0 keeps none.
+    request_log_bytes: int = DEFAULT_MAX_BYTES
 
     def __post_init__(self) -> None:
         if self.eviction_policy not in POLICY_NAMES:
@@ -128,6 +140,7 @@ class PrefixCache:
         self.ram = RamTier(config.ram_budget_bytes, config.ttl_seconds, policy=make_policy(config.eviction_policy))
         self.disk = DiskTier(directory, config.disk_budget_bytes, config.ttl_seconds, bytes.fromhex(namespace.id))
         self.requests = RequestCounters()
+        self.request_log = RequestLog(directory, config.request_log_bytes, enabled=self.disk.enabled)
         self._lock = threading.RLock()
         self._told: set[str] = set()
         for info in self.disk.new_entries():
@@ -284,13 +297,78 @@ class PrefixCache:
         self._told.add(problem)
         return problem
 
-    def record_request(self, prompt_tokens: int, reused_tokens: int, tier: ReuseTier) -> None:
+    def record_request(
+        self,
+        prompt: Sequence[int] | np.ndarray,
+        reused_tokens: int,
+        tier: ReuseTier,
+        *,
+        in_place: int = 0,
+        limit: int | None = None,
+        prefill_ms: float = 0.0,
+    ) -> None:
+        """Count a request, and log it for sizing advice: `in_place` tokens the live context held
+        without the cache, `limit` the most the cache could have served, `prefill_ms` computing the rest."""
+        array = as_token_array(prompt)
         with self._lock:
             self.requests.requests += 1
-            self.requests.prompt_tokens += prompt_tokens
+            self.requests.prompt_tokens += int(array.size)
             self.requests.reused_tokens += reused_tokens
             if tier in self.requests.reused_by_tier:
                 self.requests.reused_by_tier[tier] += reused_tokens
+            if not self.request_log.enabled:
+                return
+            # Besides whole blocks, a restore may end inside a stored block that shares only its first
+            # tokens with the prompt (plain models), or at a checkpoint (the others): logged as marks.
+            checkpoints = (
+                self.index.checkpoints_along(array, int(array.size))
+                if self.layout.memory.restores_at_checkpoints
+                else self._partial_match(array)
+            )
+        chain = np.array([short_key(key) for key, _, _, _ in self.index.keys_for(array)], dtype=np.uint64)
+        request = LoggedRequest(
+            time.time(),
+            self.request_log.session,
+            int(array.size),
+            int(array.size) if limit is None else limit,
+            in_place,
+            reused_tokens,
+            tier,
+            self.layout.memory.restores_at_checkpoints,
+            self.config.block_size,
+            prefill_ms,
+            chain,
+            np.array([short_key(info.key) for info in checkpoints], dtype=np.uint64),
+            np.array([info.end for info in checkpoints], dtype=np.uint32),
+        )
+        self.request_log.append(encode_request(request))
+
+    def _partial_match(self, prompt: np.ndarray) -> list[BlockInfo]:
+        """The stored block the longest match ends inside, as a mark ending where the match does
+        (its `end` is that block's start plus the tokens it shares); none when the match ends on a
+        boundary of the prompt's own blocks."""
+        match = self.index.longest_prefix(prompt)
+        if not match.blocks or match.matched_tokens == match.blocks[-1].end:
+            return []
+        last = match.blocks[-1]
+        shared = match.matched_tokens - last.start
+        return [replace(last, tokens=last.tokens[:shared], order_key=b"")]
+
+    def _log_stored(self, stored: list[BlockInfo]) -> None:
+        """Note what a store added, for sizing advice."""
+        if not stored or not self.request_log.enabled:
+            return
+        record = LoggedStore(
+            time.time(),
+            self.request_log.session,
+            np.array([short_key(info.key) for info in stored], dtype=np.uint64),
+            np.array([short_key(info.parent) for info in stored], dtype=np.uint64),
+            np.array([info.start for info in stored], dtype=np.uint32),
+            np.array([info.tokens.size for info in stored], dtype=np.uint32),
+            np.array([info.payload_size for info in stored], dtype=np.uint64),
+            np.array([info.checkpoint for info in stored], dtype=bool),
+        )
+        self.request_log.append(encode_store(record))
 
     # Storing (engine thread hands over; the writer thread works).
     def has_new_blocks(self, tokens: list[int], upto: int | None = None) -> bool:
@@ -392,6 +470,7 @@ class PrefixCache:
             return
         with self._lock:
             planned = [entry for entry in self.index.keys_for(tokens[:upto]) if entry[0] not in self.index]
+        stored: list[BlockInfo] = []
         for key, parent, start, end in planned:
             block_tokens = tokens[start:end].copy()
             if end - start < self.config.block_size and self._covered_by_sibling(parent, block_tokens):
@@ -400,6 +479,7 @@ class PrefixCache:
             info = BlockInfo(key, parent, start, block_tokens, len(payload), payload_checksum(payload))
             self.ram.put(key, payload, place=place_of(info))
             self.disk.put(info, payload)
+            stored.append(info)
             with self._lock:
                 self.index.add(info)
                 superseded = [
@@ -412,6 +492,7 @@ class PrefixCache:
                 ]
             for sibling in superseded:
                 self._forget(sibling)
+        self._log_stored(stored)
 
     def _store_checkpoint(self, tokens: np.ndarray, payload: bytes) -> None:
         """Store a checkpoint (validated by the caller) at the end of `tokens`.
@@ -453,6 +534,7 @@ class PrefixCache:
         self.disk.put(info, stored)
         with self._lock:
             self.index.add(info)
+        self._log_stored([info])
 
     def _whole_checkpoint_to_extend(self, earlier: BlockInfo | None, end: int) -> BlockInfo | None:
         """The whole checkpoint a checkpoint at `end` may be stored as a delta on: `earlier` (the

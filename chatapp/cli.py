@@ -21,6 +21,7 @@ from chatapp.documents import load_document
 from chatapp.errors import ChatappError, SettingsError
 from chatapp.services.ask import AskRequest, ask
 from chatapp.services.cache_admin import cache_stats, clear_cache, clear_model_cache, format_stats, prune_cache
+from chatapp.services.cache_advice import advise, format_advice
 from chatapp.services.model_list import format_models, model_record
 from chatapp.services.startup import (
     Workspace,
@@ -115,6 +116,22 @@ def build_parser() -> argparse.ArgumentParser:
     cache_commands = cache_parser.add_subparsers(dest="cache_command", metavar="ACTION", required=True)
     stats_parser = cache_commands.add_parser("stats", parents=[shared], help="entries, bytes, budgets and hit rate")
     stats_parser.add_argument("--json", action="store_true", help="print the statistics as JSON")
+    advise_parser = cache_commands.add_parser(
+        "advise",
+        parents=[shared],
+        help="what other RAM and disk budgets and TTLs would have reused of your own requests",
+        description="Replays the cache's request log (hashes, sizes and times of what was asked for and "
+        "stored; no text) against other budgets: the share of prompt tokens reused, the prefill time "
+        "saved at this machine's measured speed, and a suggested disk budget.",
+    )
+    advise_parser.add_argument("--json", action="store_true", help="print the advice as JSON")
+    advise_parser.add_argument(
+        "--log",
+        type=Path,
+        action="append",
+        metavar="FILE",
+        help="a request log to read instead of this cache's (e.g. another machine's requests.log); repeatable",
+    )
     cache_commands.add_parser("prune", parents=[shared], help="drop expired entries now")
     cache_commands.add_parser(
         "clear",
@@ -301,6 +318,14 @@ def run_cache(args: argparse.Namespace, workspace: Workspace) -> int:
     if args.cache_command == "stats":
         stats = cache_stats(workspace)
         _write_stdout((json.dumps(stats) if args.json else format_stats(stats)) + "\n")
+    elif args.cache_command == "advise":
+        advice = advise(workspace.kv_cache_dir, workspace.settings, args.log)
+        if advice is None:
+            _write_stdout(
+                f"no requests logged yet in {workspace.kv_cache_dir}: ask or serve a few, then run this again\n"
+            )
+        else:
+            _write_stdout((json.dumps(advice.as_json()) if args.json else format_advice(advice)) + "\n")
     elif args.cache_command == "prune":
         _write_stdout(f"pruned {prune_cache(workspace):,} expired entries\n")
     elif args.model:

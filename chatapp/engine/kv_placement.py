@@ -62,6 +62,10 @@ class Placement:
     reused_tokens: int
     tier: ReuseTier
     restore: RestoreTimings | None = None  # when the prefix came from the cache
+    # For the cache's request log (sizing advice): what the live context held in place for this prompt,
+    # and the most the cache could have served.
+    in_place: int = 0
+    cache_limit: int = 0
 
 
 class KVPlacer:
@@ -125,7 +129,10 @@ class KVPlacer:
         live = self.sequences[placement.sequence]
         live.holder = holder
         if need_logits:
-            return replace(placement, tier=live.take_credit(placement.reused_tokens, placement.tier))
+            credited = live.take_credit(placement.reused_tokens, placement.tier)
+            # A warm-up's restore is the cache's work, not the live context's.
+            in_place = placement.in_place if credited == placement.tier else 0
+            return replace(placement, tier=credited, in_place=in_place)
         if placement.tier in (ReuseTier.RAM, ReuseTier.DISK):
             live.note_warm_restore(placement.tier, placement.reused_tokens)
         return placement
@@ -141,7 +148,7 @@ class KVPlacer:
         limit = on_grid(max(0, len(prompt) - self.fresh_tokens) if need_logits else len(prompt), self.grid)
         if not use_cache:
             target = self.sequences.least_recently_used(holder) if sequence is None else sequence
-            return self._keep(target, 0, ReuseTier.NONE)
+            return replace(self._keep(target, 0, ReuseTier.NONE), cache_limit=limit)
         array = as_token_array(prompt)
         if sequence is None:
             resident_sequence, resident_length = self.sequences.best_match(array, holder)
@@ -150,11 +157,15 @@ class KVPlacer:
         resident_length = on_grid(min(resident_length, limit, self.sequences[resident_sequence].reusable), self.grid)
         if not need_logits and resident_length == len(prompt):
             self.sequences.touch(resident_sequence)  # nothing to compute, nothing to cut
-            return Placement(resident_sequence, resident_length, ReuseTier.DEVICE)
+            return Placement(resident_sequence, resident_length, ReuseTier.DEVICE, None, resident_length, limit)
         if not need_logits and self.warm_up_rest:
             limit = on_grid(max(0, len(prompt) - self.warm_up_rest), self.grid)
             resident_length = min(resident_length, limit)
         keepable = self._keepable(resident_sequence, resident_length)
+
+        def probed(placement: Placement) -> Placement:
+            return replace(placement, in_place=keepable, cache_limit=limit)
+
         if self.cache is not None:
             looking = time.perf_counter()
             found = self.cache.lookup(array, limit)
@@ -169,19 +180,19 @@ class KVPlacer:
                 if ready is not None:
                     loaded = self._load_ready(target, ready, found.tokens, time.perf_counter() - looking)
                     if loaded is not None:
-                        return self._noted(loaded, WHOLE_STATE)
+                        return probed(self._noted(loaded, WHOLE_STATE))
                 reading = time.perf_counter()
                 fetched = self.cache.fetch(found, array)
                 read = (reading - looking, time.perf_counter() - reading)
                 restored = self._restore(target, fetched, read) if fetched is not None else None
                 if restored is not None and restored.reused_tokens > keepable:
-                    return self._noted(restored, restored.tier.value)
+                    return probed(self._noted(restored, restored.tier.value))
                 if target == resident_sequence:
                     keepable = 0  # the failed restore emptied it
         if keepable > 0:
-            return self._keep(resident_sequence, resident_length, ReuseTier.DEVICE)
+            return probed(self._keep(resident_sequence, resident_length, ReuseTier.DEVICE))
         target = self.sequences.least_recently_used(holder) if sequence is None else sequence
-        return self._keep(target, 0, ReuseTier.NONE)
+        return probed(self._keep(target, 0, ReuseTier.NONE))
 
     # Cutting and rewinding a resident sequence.
     def _keepable(self, sequence: int, length: int) -> int:

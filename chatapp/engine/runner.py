@@ -113,7 +113,14 @@ class Runner:
             return
         if request.use_cache and self.cache is not None and not request.prefill_only:
             # Counted before the caller hears of it (a warm-up is not a request the user made).
-            self.cache.record_request(result.stats.prompt_tokens, result.stats.reused_tokens, result.stats.reuse_tier)
+            self.cache.record_request(
+                request.prompt_tokens,
+                result.stats.reused_tokens,
+                result.stats.reuse_tier,
+                in_place=placement.in_place,
+                limit=placement.cache_limit,
+                prefill_ms=result.stats.prefill_ms,
+            )
         handle.finish(result)
         live = self.sequences[placement.sequence]
         if not request.prefill_only:

@@ -326,3 +326,37 @@ def test_models_lists_what_is_on_the_machine_and_model_takes_a_listed_name(
     answer, _ = ask_json(capsys, "hi", "--model", "HuggingFaceTB/SmolLM2-GGUF:smollm2-q4_1")
     assert answer["model"].endswith("SmolLM2-GGUF/smollm2-q4_1.gguf")
     expect_error(capsys, ["ask", "hi", "--model", "smollm2-q4_2"], "closest: HuggingFaceTB/SmolLM2-GGUF:smollm2-q4_1")
+
+
+def test_cache_advise_predicts_what_was_measured_at_the_budgets_in_force(data_dir: Path, capsys) -> None:
+    assert main(["cache", "advise"]) == 0
+    assert "no requests logged yet" in capsys.readouterr().out
+    system = ["--system", "You answer in one word, and never more than one word, whatever you are asked."]
+    for question in ("Name a colour.", "Name a fruit.", "Name a colour.", "Name a tree."):
+        ask_json(capsys, question, *system)
+    assert main(["cache", "advise", "--json"]) == 0
+    advice = json.loads(capsys.readouterr().out)
+    assert advice["requests"] == 4
+    assert advice["sample_rate"] == 1.0
+    assert 0 < advice["measured_share"] < 1
+    # The replay of the log at the budgets in force is the cache's own behaviour, token for token.
+    assert advice["predicted_share"] == pytest.approx(advice["measured_share"])
+    rows = advice["disk"]
+    assert [row["current"] for row in rows].count(True) == 1
+    assert rows[-1]["budget_bytes"] is None  # unlimited
+    shares = [row["reused_share"] for row in rows]
+    assert shares == sorted(shares)
+    assert rows[0]["holds_bytes"] > 0
+    assert all(row["prefill_saved_s"] is not None for row in rows)
+    assert main(["cache", "advise"]) == 0
+    report = capsys.readouterr().out
+    assert "4 requests" in report
+    assert "<- in force" in report
+    assert "suggestion:" in report
+    log = data_dir / "cache" / "kv" / "requests.log"
+    assert main(["cache", "advise", "--log", str(log), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["requests"] == 4
+    assert main(["cache", "advise", "--log", str(data_dir / "missing.log")]) == 2
+    assert "no request log at" in capsys.readouterr().err
+    assert main(["cache", "clear"]) == 0
+    assert not log.exists()

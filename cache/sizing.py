@@ -1,0 +1,488 @@
+"""Sizing advice: the tokens the user's own requests would have reused at other budgets and TTLs.
+
+From the request log (cache/request_log.py), one pass of Mattson's stack algorithm gives every
+block use its stack distance: the bytes of distinct entries used since its last use, itself
+included. Under LRU a use hits at a budget of B bytes exactly when its distance is at most B
+and, with a sliding TTL, its last use was at most TTL ago, so one pass answers every budget.
+
+The model is the cache's own: stores add entries; a request reuses the longest prefix whose
+blocks (and, for a model that restores at checkpoints, a checkpoint at its end) are all kept,
+at most `limit` tokens, and never less than the live context held in place; it uses the blocks
+past that part (so they move up), deepest first, so a parent is never older than its child. The
+disk tier is one LRU stack over every process; each process's RAM tier is its own stack, empty
+at start (the RAM tier evicts by value by default: its LRU curve is a close bound, not exact).
+
+The distances come from counting, not from replaying: the bytes between two uses are the
+groups of uses (an event and when its entries are next used) that lie between them and are not
+used again before the second, a 2-D dominance count (cache/dominance.py) done in numpy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from cache.dominance import dominance_sums
+from cache.eviction import ATTENTION_TOKENS
+from cache.request_log import LogColumns
+
+NEVER = np.iinfo(np.int64).max // 4  # a distance no budget reaches: never stored, or expired
+# Past this many block queries the log is sampled (SHARDS: keys kept by a hash of their own, distances
+# and tokens scaled by the rate), so 100,000 requests of any length take about a second.
+FULL_QUERIES = 600_000
+
+
+@dataclass(frozen=True)
+class Gains:
+    """What each budget adds: reused tokens gained (and their prefill cost) once the budget reaches
+    `distance`, sorted by distance; reuse at budget B is `floor` plus the gains at distances <= B."""
+
+    distance: np.ndarray  # bytes (float64: scaled when sampled)
+    tokens: np.ndarray  # float64 (estimates when sampled)
+    cost: np.ndarray  # float64, token-times (eviction.recompute_cost's units)
+    floor: int  # tokens reused whatever the budget (held in place by the live context)
+
+    def reused_at(self, budget: float) -> int:
+        return self.floor + round(float(self.tokens[: np.searchsorted(self.distance, budget, side="right")].sum()))
+
+    def cost_at(self, budget: float) -> float:
+        return float(self.cost[: np.searchsorted(self.distance, budget, side="right")].sum())
+
+    def reused_curve(self, budgets: Sequence[float]) -> list[int]:
+        running = np.concatenate(([0], np.cumsum(self.tokens)))
+        return [self.floor + round(float(running[np.searchsorted(self.distance, b, side="right")])) for b in budgets]
+
+    def cost_curve(self, budgets: Sequence[float]) -> list[float]:
+        running = np.concatenate(([0.0], np.cumsum(self.cost)))
+        return [float(running[np.searchsorted(self.distance, b, side="right")]) for b in budgets]
+
+
+@dataclass(frozen=True)
+class _Blocks:
+    """The blocks the log's requests could reuse, in request and chain order, with their stack distances."""
+
+    request: np.ndarray  # index into the requests
+    start: np.ndarray  # its first position
+    end: np.ndarray  # position after the block
+    disk: np.ndarray  # distance in the shared (disk) stack; NEVER when never stored before
+    ram: np.ndarray  # distance in its process's (RAM) stack
+    age: np.ndarray  # seconds since its last use (inf when none)
+    ram_age: np.ndarray  # seconds since its process last used it
+
+
+@dataclass(frozen=True)
+class _Checkpoints:
+    request: np.ndarray
+    end: np.ndarray
+    disk: np.ndarray
+    ram: np.ndarray
+    age: np.ndarray
+    ram_age: np.ndarray
+    anchor: np.ndarray  # a restore to `end` needs the chain blocks before this position
+
+
+class RequestHistory:
+    """The log's requests and their stack distances; asked for reuse at any budgets and TTL."""
+
+    def __init__(self, log: LogColumns, sample_rate: float | None = None) -> None:
+        """`sample_rate`: the share of keys kept (None: all of them unless the log is long)."""
+        self.log = log
+        self.requests = log.requests
+        self.prompt_tokens = int(log.prompt.sum())
+        self.measured_reused = int(log.reused.sum())
+        times = np.concatenate([log.request_time, log.store_time])
+        self.first_time = float(times.min()) if times.size else 0.0
+        self.last_time = float(times.max()) if times.size else 0.0
+        self._in_place = np.minimum(log.in_place, log.prompt)
+        self._limit = np.minimum(log.limit, log.prompt)
+        queries = int(log.chain.size + log.mark_key.size)
+        self.sample_rate = sample_rate if sample_rate is not None else min(1.0, FULL_QUERIES / max(queries, 1))
+        self._blocks, self._checkpoints = _measure(log, self.sample_rate)
+        self.stored_bytes = _stored_bytes(log)
+
+    @property
+    def seconds(self) -> float:
+        return self.last_time - self.first_time
+
+    def prefill_ms_per_cost(self) -> float | None:
+        """Milliseconds per token-time of prefill, from the requests' own prefill times (None: none logged)."""
+        log = self.log
+        measured = (log.prefill_ms > 0) & (log.prompt > log.reused)
+        units = float(_cost(log.reused[measured], log.prompt[measured]).sum())
+        return float(log.prefill_ms[measured].sum()) / units if units > 0 else None
+
+    def gains(self, ttl_s: float, ram_budget: float | None = None, tier: str = "any") -> Gains:
+        """Reuse against the disk budget (tier "any": a block kept in RAM within `ram_budget` counts as
+        kept whatever the disk budget) or against the RAM budget (tier "ram": restored from RAM alone)."""
+        blocks, marks = self._blocks, self._checkpoints
+        chain = _prefix_max(_tier_distance(blocks, ttl_s, ram_budget, tier), blocks.request)
+        # Requests with marks (checkpoints, or a match ending inside a stored block) take the best of
+        # their points; the others (most) add up their blocks, which a sample can estimate.
+        with_marks = self.log.at_checkpoints.copy()
+        with_marks[marks.request] = True
+        alone = ~with_marks[blocks.request]
+        request = blocks.request[alone]
+        lowest = np.maximum(blocks.start[alone], self._in_place[request])
+        highest = np.minimum(blocks.end[alone], self._limit[request])
+        gained = highest - lowest
+        useful = (gained > 0) & (chain[alone] < NEVER)
+        parts = [(chain[alone][useful], gained[useful], _cost(lowest[useful], highest[useful]))]
+        if marks.request.size:
+            needed = _needed_chain(blocks.request, blocks.end, chain, marks.request, marks.anchor)
+            own = np.maximum(needed, _tier_distance(marks, ttl_s, ram_budget, tier))
+            plain = ~self.log.at_checkpoints[blocks.request] & ~alone
+            parts.append(
+                _envelope(
+                    np.concatenate([blocks.request[plain], marks.request]),
+                    np.concatenate([blocks.end[plain], marks.end]),
+                    np.concatenate([chain[plain], own]),
+                    self._in_place,
+                    self._limit,
+                )
+            )
+        distance, tokens, cost = (np.concatenate(column) for column in zip(*parts, strict=True))
+        order = np.argsort(distance, kind="stable")
+        rate = self.sample_rate
+        return Gains(
+            distance[order].astype(np.float64) / rate,
+            tokens[order].astype(np.float64) / rate,
+            cost[order] / rate,
+            int(self._in_place.sum()),
+        )
+
+
+def _needed_chain(
+    block_request: np.ndarray, block_end: np.ndarray, chain: np.ndarray, request: np.ndarray, anchor: np.ndarray
+) -> np.ndarray:
+    """For each checkpoint: the chain distance of the last (kept, when sampled) block of its request
+    ending at or before its anchor; 0 where there is none."""
+    stride = int(max(block_end.max(initial=0), anchor.max(initial=0))) + 1
+    ordered = block_request.astype(np.int64) * stride + block_end
+    found = np.searchsorted(ordered, request.astype(np.int64) * stride + anchor, side="right") - 1
+    valid = found >= 0
+    valid[valid] = block_request[found[valid]] == request[valid]
+    needed = np.zeros(request.size, dtype=np.int64)
+    needed[valid] = chain[found[valid]]
+    return needed
+
+
+def _tier_distance(entries: _Blocks | _Checkpoints, ttl_s: float, ram_budget: float | None, tier: str) -> np.ndarray:
+    """Each entry's distance for the question asked: in its process's RAM stack (tier "ram"), or in the
+    disk stack, 0 where the RAM tier within `ram_budget` still keeps it; NEVER once expired."""
+    kept_in_ram = (entries.ram < NEVER) & (entries.ram <= (ram_budget if ram_budget is not None else -1))
+    in_ram = kept_in_ram & (entries.ram_age <= ttl_s)
+    if tier == "ram":
+        return np.where(entries.ram_age <= ttl_s, entries.ram, NEVER)
+    return np.where(in_ram, 0, np.where(entries.age <= ttl_s, entries.disk, NEVER))
+
+
+def _cost(start: int | np.ndarray, end: int | np.ndarray) -> np.ndarray:
+    """Token-times to compute positions [start, end) (eviction.recompute_cost, vectorised)."""
+    tokens = np.asarray(end, dtype=np.float64) - np.asarray(start, dtype=np.float64)
+    return tokens * (1.0 + (np.asarray(start, dtype=np.float64) + (tokens - 1) / 2) / ATTENTION_TOKENS)
+
+
+def _stored_bytes(log: LogColumns) -> int:
+    """Bytes of the distinct entries the log saw stored (what an unlimited disk would hold, before TTL)."""
+    keys, first = np.unique(log.entry_key, return_index=True)
+    return int(log.entry_size[first].sum()) if keys.size else 0
+
+
+def _prefix_max(values: np.ndarray, segment: np.ndarray) -> np.ndarray:
+    """The running maximum of `values` within each run of equal `segment` (sorted, non-decreasing)."""
+    if values.size == 0:
+        return values.astype(np.int64)
+    levels, rank = np.unique(values, return_inverse=True)
+    offset = segment.astype(np.int64) * (levels.size + 1)
+    running = np.maximum.accumulate(rank.astype(np.int64) + offset) - offset
+    return np.asarray(levels[running], dtype=np.int64)
+
+
+def _envelope(
+    request: np.ndarray, end: np.ndarray, distance: np.ndarray, in_place: np.ndarray, limit: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(distance, tokens, cost) gained by points (a request reuses up to `end` once the budget reaches
+    `distance`): per request the reuse at budget B is max(in_place, min(limit, the largest end within B))."""
+    if request.size == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0)
+    order = np.lexsort((-end, distance, request))
+    request, end, distance = request[order], end[order], distance[order]
+    reach = np.maximum(np.minimum(end, limit[request]), in_place[request]).astype(np.int64)
+    offset = request.astype(np.int64) << 32
+    best = np.maximum.accumulate(reach + offset) - offset
+    first = np.ones(request.size, dtype=bool)
+    first[1:] = request[1:] != request[:-1]
+    before = np.where(first, in_place[request], np.roll(best, 1))
+    gained = best - before
+    useful = (gained > 0) & (distance < NEVER)
+    return distance[useful], gained[useful], _cost(before[useful], best[useful])
+
+
+def _measure(log: LogColumns, rate: float) -> tuple[_Blocks, _Checkpoints]:
+    """Stack distances of every block (and checkpoint) a request could reuse, in the disk and RAM stacks.
+
+    Time is counted in steps: a store's blocks are one step (used deepest first), each checkpoint it
+    stores a step before them; a request's queries come before its own steps, one per checkpoint it
+    uses (deepest first), then one for its blocks. Within a step only a block's ancestors come after
+    it (`_add_ancestors`).
+    """
+    chain_kept, mark_kept, entry_kept = (_sampled(column, rate) for column in (log.chain, log.mark_key, log.entry_key))
+    keys = np.unique(np.concatenate([log.entry_key[entry_kept], log.chain[chain_kept], log.mark_key[mark_kept]]))
+    keys = keys if keys.size else np.zeros(1, dtype=np.uint64)  # ids below index something, even in an empty log
+
+    def ids(values: np.ndarray) -> np.ndarray:
+        """Dense ids of kept keys (those left out get a valid id that is never used)."""
+        return np.minimum(np.searchsorted(keys, values), keys.size - 1)
+
+    requests, stores = log.requests, log.store_time.size
+    # Events (requests and stores) in time order, a store after a request of the same moment.
+    times = np.concatenate([log.request_time, log.store_time])
+    is_store = np.concatenate([np.zeros(requests, dtype=bool), np.ones(stores, dtype=bool)])
+    order = np.lexsort((is_store, times))
+    row = np.concatenate([np.arange(requests), np.arange(stores)])[order]
+    store_event = is_store[order]
+    # Requests: their chain blocks (queried within the limit) and checkpoints (queried for models that need one).
+    # Only what the sample keeps is looked at from here on (a long log makes big arrays slow to allocate).
+    kept_blocks = np.flatnonzero(chain_kept)
+    block_request = np.searchsorted(log.chain_offsets, kept_blocks, side="right") - 1
+    block_start = (kept_blocks - log.chain_offsets[block_request]) * log.block_size[block_request]
+    block_end = np.minimum(block_start + log.block_size[block_request], log.prompt[block_request])
+    limit = np.minimum(log.limit, log.prompt)
+    block_id = ids(log.chain[kept_blocks])
+    block_wanted = block_start < limit[block_request]
+    block_touched = block_wanted & (block_end > log.in_place[block_request])
+    kept_marks = np.flatnonzero(mark_kept)
+    mark_request = np.searchsorted(log.mark_offsets, kept_marks, side="right") - 1
+    mark_end = log.mark_end[kept_marks]
+    mark_id = ids(log.mark_key[kept_marks])
+    mark_wanted = mark_end <= limit[mark_request]
+    mark_touched = mark_wanted & (mark_end > log.in_place[mark_request])  # checkpoints, or a block matched in part
+    kept_entries = np.flatnonzero(entry_kept)
+    entry_store = np.searchsorted(log.entry_offsets, kept_entries, side="right") - 1
+    entry_checkpoint = log.entry_checkpoint[kept_entries]
+    # Steps per event, and where each event's first step is.
+    store_marks = np.bincount(entry_store, weights=entry_checkpoint, minlength=stores).astype(np.int64)
+    request_marks = np.bincount(mark_request[mark_touched], minlength=requests).astype(np.int64)
+    steps_of = np.ones(order.size, dtype=np.int64)
+    steps_of[store_event] += store_marks[row[store_event]]
+    steps_of[~store_event] += request_marks[row[~store_event]]
+    first_step = np.concatenate(([0], np.cumsum(steps_of)))[:-1]
+    step_count = int(steps_of.sum())
+    request_step = np.zeros(requests, dtype=np.int64)
+    request_step[row[~store_event]] = first_step[~store_event]
+    store_step = np.zeros(stores, dtype=np.int64)
+    store_step[row[store_event]] = first_step[store_event]
+    event_of_step = np.repeat(np.arange(order.size), steps_of)
+    step_time = times[order][event_of_step]
+    step_session = np.concatenate([log.request_session, log.store_session])[order][event_of_step]
+    # Uses: a store's checkpoints one step each (deepest, i.e. last stored, first), then its blocks.
+    entry_id = ids(log.entry_key[kept_entries])
+    mark_rank = _rank_from_end(entry_checkpoint, entry_store)
+    entry_step = store_step[entry_store] + np.where(entry_checkpoint, mark_rank, store_marks[entry_store])
+    sizes = np.zeros(keys.size, dtype=np.int64)
+    sizes[entry_id] = log.entry_size[kept_entries]
+    first_store = np.full(keys.size, step_count, dtype=np.int64)
+    np.minimum.at(first_store, entry_id, entry_step)
+    # A request's checkpoints one step each (deepest first), then its blocks; only what was stored before it.
+    touched_rank = _rank_by_end(mark_end, mark_request, mark_touched)
+    touched_step = request_step[mark_request] + touched_rank
+    block_step = request_step[block_request] + request_marks[block_request]
+    mark_use = mark_touched & (first_store[mark_id] < request_step[mark_request])
+    block_use = block_touched & (first_store[block_id] < request_step[block_request])
+    use_step = np.concatenate([entry_step, touched_step[mark_use], block_step[block_use]])
+    use_key = np.concatenate([entry_id, mark_id[mark_use], block_id[block_use]])
+    use_size = sizes[use_key]
+    # The RAM stacks: one per process, so steps are ordered process by process and keys told apart by it.
+    by_session = np.lexsort((np.arange(step_count), step_session))
+    session_rank = np.empty(step_count, dtype=np.int64)
+    session_rank[by_session] = np.arange(step_count)
+    stride = keys.size + 1
+    request_session = log.request_session
+
+    def distances(request: np.ndarray, key_of: np.ndarray) -> tuple[np.ndarray, ...]:
+        """(disk distance, RAM distance, age, RAM age, last step, last RAM step), ancestors not yet added."""
+        step_of, session_of, size_of = request_step[request], request_session[request], sizes[key_of]
+        disk, last = _stack_distances(use_step, use_key, use_size, step_count, step_of, key_of, size_of)
+        ram, ram_last = _stack_distances(
+            session_rank[use_step],
+            step_session[use_step] * stride + use_key,
+            use_size,
+            step_count,
+            _rank_before(step_session, step_of, session_of),
+            session_of * stride + key_of,
+            size_of,
+        )
+        now = log.request_time[request]
+        age = np.where(last >= 0, now - step_time[np.maximum(last, 0)], np.inf)
+        ram_age = np.where(ram_last >= 0, now - step_time[by_session[np.maximum(ram_last, 0)]], np.inf)
+        return disk, ram, age, ram_age, last, ram_last
+
+    wanted_request = block_request[block_wanted]
+    block_size_of = sizes[block_id[block_wanted]]
+    disk, ram, age, ram_age, last, ram_last = distances(wanted_request, block_id[block_wanted])
+    blocks = _Blocks(
+        wanted_request,
+        block_start[block_wanted],
+        block_end[block_wanted],
+        _add_ancestors(disk, last, wanted_request, block_size_of),
+        _add_ancestors(ram, ram_last, wanted_request, block_size_of),
+        age,
+        ram_age,
+    )
+    wanted_mark = mark_request[mark_wanted]
+    anchor = mark_end[mark_wanted] // np.maximum(log.block_size[wanted_mark], 1) * log.block_size[wanted_mark]
+    mark_disk, mark_ram, mark_age, mark_ram_age, mark_last, mark_ram_last = distances(wanted_mark, mark_id[mark_wanted])
+    # A mark last used as a block of a store (a block a later prompt matched in part) has that store's
+    # blocks before it above it in the stack: the chain's blocks before its anchor last used there.
+    chain = (wanted_request, blocks.end, block_size_of)
+    mark_disk = _add_stored_with(mark_disk, mark_last, wanted_mark, anchor, *chain, last)
+    mark_ram = _add_stored_with(mark_ram, mark_ram_last, wanted_mark, anchor, *chain, ram_last)
+    marks = _Checkpoints(wanted_mark, mark_end[mark_wanted], mark_disk, mark_ram, mark_age, mark_ram_age, anchor)
+    return blocks, marks
+
+
+def _add_stored_with(
+    distance: np.ndarray,
+    last: np.ndarray,
+    request: np.ndarray,
+    anchor: np.ndarray,
+    block_request: np.ndarray,
+    block_end: np.ndarray,
+    block_size: np.ndarray,
+    block_last: np.ndarray,
+) -> np.ndarray:
+    """Add to each mark's distance the sizes of its request's chain blocks ending by its anchor whose last
+    use was the mark's own last step (they came after it there)."""
+    if distance.size == 0 or block_request.size == 0:
+        return distance
+    steps = int(max(block_last.max(), last.max())) + 2
+    groups, block_group = np.unique(block_request.astype(np.int64) * steps + block_last + 1, return_inverse=True)
+    span = int(max(block_end.max(), anchor.max())) + 1
+    order = np.lexsort((block_end, block_group.ravel()))
+    keys = block_group.ravel()[order].astype(np.int64) * span + block_end[order]
+    running = np.concatenate(([0], np.cumsum(block_size[order])))
+    mark_group = np.searchsorted(groups, request.astype(np.int64) * steps + last + 1)
+    known = (mark_group < groups.size) & (last >= 0)
+    known[known] = groups[mark_group[known]] == request[known].astype(np.int64) * steps + last[known] + 1
+    group_start = np.searchsorted(keys, mark_group.astype(np.int64) * span, side="left")
+    upto = np.searchsorted(keys, mark_group.astype(np.int64) * span + anchor, side="right")
+    extra = np.where(known, running[upto] - running[group_start], 0)
+    return np.where((distance < NEVER) & known, distance + extra, distance)
+
+
+def _sampled(keys: np.ndarray, rate: float) -> np.ndarray:
+    """Which keys a sample at `rate` keeps: by a mix of the key's own bits (splitmix64), so a key is
+    in or out for the whole log. In place, in two buffers: a long log's temporaries cost more than the math."""
+    if rate >= 1.0:
+        return np.ones(keys.size, dtype=bool)
+    mixed = keys.astype(np.uint64, copy=True)
+    shifted = np.empty_like(mixed)
+    with np.errstate(over="ignore"):
+        np.add(mixed, np.uint64(0x9E3779B97F4A7C15), out=mixed)
+        for shift, factor in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB)):
+            np.right_shift(mixed, np.uint64(shift), out=shifted)
+            np.bitwise_xor(mixed, shifted, out=mixed)
+            np.multiply(mixed, np.uint64(factor), out=mixed)
+        np.right_shift(mixed, np.uint64(31), out=shifted)
+        np.bitwise_xor(mixed, shifted, out=mixed)
+    return np.asarray(mixed < np.uint64(rate * 2.0**64), dtype=bool)
+
+
+def _rank_from_end(flags: np.ndarray, segment: np.ndarray) -> np.ndarray:
+    """For each flagged item: how many flagged items come after it in its segment (0 for the last)."""
+    flagged = flags.astype(np.int64)
+    total = np.bincount(segment, weights=flagged, minlength=int(segment.max()) + 1 if segment.size else 0)
+    before = np.cumsum(flagged) - flagged
+    segment_start = np.concatenate(([0], np.cumsum(total)))[:-1].astype(np.int64)
+    seen = before - segment_start[segment] if segment.size else before
+    return np.asarray(total[segment] - seen - 1 if segment.size else seen, dtype=np.int64)
+
+
+def _rank_by_end(ends: np.ndarray, segment: np.ndarray, flags: np.ndarray) -> np.ndarray:
+    """For each flagged item: its rank among its segment's flagged items, deepest (largest end) first."""
+    rank = np.zeros(ends.size, dtype=np.int64)
+    picked = np.flatnonzero(flags)
+    if picked.size == 0:
+        return rank
+    order = picked[np.lexsort((-picked, -ends[picked], segment[picked]))]
+    first = np.ones(order.size, dtype=bool)
+    first[1:] = segment[order][1:] != segment[order][:-1]
+    index = np.arange(order.size)
+    rank[order] = index - np.maximum.accumulate(np.where(first, index, 0))
+    return rank
+
+
+def _rank_before(sessions: np.ndarray, step: np.ndarray, session: np.ndarray) -> np.ndarray:
+    """Where a query made at `step` by `session` falls in the process-by-process order of steps: at that
+    process's first step at or after `step` (queries come before a step's uses)."""
+    stride = sessions.size + 1
+    ordered = np.sort(sessions.astype(np.int64) * stride + np.arange(sessions.size))
+    return np.asarray(np.searchsorted(ordered, session.astype(np.int64) * stride + step, side="left"), dtype=np.int64)
+
+
+def _stack_distances(
+    use_event: np.ndarray,
+    use_key: np.ndarray,
+    use_size: np.ndarray,
+    events: int,
+    query_event: np.ndarray,
+    query_key: np.ndarray,
+    query_size: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """For each query (a key asked for at an event, before that event's own uses): the bytes of the distinct
+    keys used since the key's last use, in events after it, plus its own size; and that last use's event
+    (-1, and distance NEVER, for a key not used before). Uses from the last use's own event that came after
+    it (its ancestors) are the caller's (`_add_ancestors`)."""
+    distance = np.full(query_event.size, NEVER, dtype=np.int64)
+    last = np.full(query_event.size, -1, dtype=np.int64)
+    if use_event.size == 0 or query_event.size == 0:
+        return distance, last
+    stride = events + 1
+    by_key = np.lexsort((use_event, use_key))  # a key is used at most once a step
+    keys, when, sizes = use_key[by_key], use_event[by_key], use_size[by_key]
+    following = np.full(keys.size, events, dtype=np.int64)  # the event of the same key's next use (events: none)
+    same = keys[1:] == keys[:-1]
+    following[:-1][same] = when[1:][same]
+    # Uses grouped by (event, next use's event): the unit the counts are made of.
+    groups, group_of = np.unique(when * stride + following, return_inverse=True)
+    weight = np.bincount(group_of.ravel(), weights=sizes, minlength=groups.size).astype(np.int64)
+    group_event, group_next = groups // stride, groups % stride
+    # Each query's last use before its event.
+    ordered = keys.astype(np.int64) * stride + when
+    probe = query_key.astype(np.int64) * stride + query_event
+    found = np.searchsorted(ordered, probe, side="left") - 1
+    valid = found >= 0
+    valid[valid] = keys[found[valid]] == query_key[valid]
+    last[valid] = when[found[valid]]
+    # Bytes of the groups between the last use and the query that are not used again before it.
+    pairs, pair_of = np.unique(last[valid] * stride + query_event[valid], return_inverse=True)
+    since, until = pairs // stride, pairs % stride
+    by_event = np.argsort(group_event, kind="stable")
+    running_event = np.concatenate(([0], np.cumsum(weight[by_event])))
+    by_next = np.argsort(group_next, kind="stable")
+    running_next = np.concatenate(([0], np.cumsum(weight[by_next])))
+    up_to_until = running_event[np.searchsorted(group_event[by_event], until - 1, side="right")]
+    up_to_since = running_event[np.searchsorted(group_event[by_event], since, side="right")]
+    ended_before = running_next[np.searchsorted(group_next[by_next], until, side="left")]
+    ended_inside_before = dominance_sums(group_event, group_next, weight, since, until)
+    between = (up_to_until - up_to_since) - (ended_before - ended_inside_before)
+    distance[valid] = between[pair_of.ravel()] + query_size[valid]
+    return distance, last
+
+
+def _add_ancestors(distance: np.ndarray, last: np.ndarray, request: np.ndarray, size: np.ndarray) -> np.ndarray:
+    """Add, to each chain block's distance, its ancestors last used in the same event as it: used after it
+    there (deepest first), so above it in the stack. Blocks come in request and chain order."""
+    if distance.size == 0:
+        return distance
+    order = np.lexsort((np.arange(distance.size), last, request))
+    grouped = np.stack([request[order], last[order]])
+    start = np.ones(distance.size, dtype=bool)
+    start[1:] = np.any(grouped[:, 1:] != grouped[:, :-1], axis=0)
+    running = np.cumsum(size[order]) - size[order]
+    base = np.maximum.accumulate(np.where(start, running, 0))
+    ancestors = np.empty(distance.size, dtype=np.int64)
+    ancestors[order] = running - base
+    return np.where((distance < NEVER) & (last >= 0), distance + ancestors, distance)

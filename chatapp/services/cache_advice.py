@@ -1,0 +1,172 @@
+"""`chatapp cache advise`: what other budgets and TTLs would have reused of the user's own requests.
+
+cache/sizing.py does the counting; this turns it into the user's terms: budgets in GiB, reuse as a
+share of prompt tokens and as seconds of prefill saved at the speed this machine measured, what the
+disk would hold, and a suggested budget.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from cache.request_log import log_files, read_columns
+from cache.sizing import Gains, RequestHistory
+from chatapp.errors import ChatappError
+from chatapp.services.units import byte_size
+from chatapp.settings import Settings
+
+MIB = 1 << 20
+DAY_S = 24 * 3600.0
+BUDGETS_MIB = [64 << step for step in range(12)]  # 64 MiB .. 128 GiB
+TTL_DAYS = [1 / 24, 1.0, 7.0, 30.0]
+ENOUGH_POINTS = 0.5  # a budget reaching within this many points of unlimited reuse is enough
+
+
+@dataclass(frozen=True)
+class BudgetRow:
+    budget_bytes: float  # inf: unlimited
+    reused_share: float
+    prefill_saved_s: float | None
+    holds_bytes: int  # what the tier would hold at most: the budget, or everything the log stored
+    current: bool
+
+
+@dataclass(frozen=True)
+class Advice:
+    log_files: list[str]
+    requests: int
+    days: float
+    prompt_tokens: int
+    measured_share: float
+    predicted_share: float  # at today's budgets and TTL
+    sample_rate: float
+    ram_budget_bytes: int
+    disk_budget_bytes: int
+    ttl_days: float
+    disk: list[BudgetRow]  # reuse against the disk budget, RAM as set
+    ram: list[BudgetRow]  # reuse restored from RAM alone against the RAM budget
+    ttl: list[tuple[float, float]]  # (days, share) at today's budgets
+    suggestion: str
+
+    def as_json(self) -> dict[str, Any]:
+        record = asdict(self)
+        for table in ("disk", "ram"):
+            for row in record[table]:
+                row["budget_bytes"] = None if math.isinf(row["budget_bytes"]) else int(row["budget_bytes"])
+        return record
+
+
+def advise(directory: Path, settings: Settings, logs: list[Path] | None = None) -> Advice | None:
+    """Advice from the cache folder's request log (or `logs`, e.g. another machine's); None when it is empty."""
+    files = logs if logs else log_files(directory)
+    for path in files:
+        if not path.is_file():
+            raise ChatappError(f"no request log at {path}; pass a file written by chatapp (requests.log)")
+    try:
+        columns = read_columns(files)
+    except OSError as error:
+        raise ChatappError(f"cannot read the request log ({error})") from None
+    if columns.requests == 0:
+        return None
+    history = RequestHistory(columns)
+    ram, disk, ttl = settings.cache_ram_mib * MIB, settings.cache_disk_mib * MIB, settings.cache_ttl_days * DAY_S
+    ms_per_cost = history.prefill_ms_per_cost()
+    total = max(history.prompt_tokens, 1)
+    by_disk = history.gains(ttl, ram_budget=ram)
+    from_ram = history.gains(ttl, tier="ram")
+
+    def rows(gains: Gains, current: int) -> list[BudgetRow]:
+        budgets = sorted({*(float(mib * MIB) for mib in BUDGETS_MIB), float(current), math.inf})
+        return [
+            BudgetRow(
+                budget,
+                gains.reused_at(budget) / total,
+                gains.cost_at(budget) * ms_per_cost / 1000 if ms_per_cost is not None else None,
+                int(min(budget, history.stored_bytes)),
+                budget == current,
+            )
+            for budget in budgets
+        ]
+
+    disk_rows = rows(by_disk, disk)
+    return Advice(
+        [str(path) for path in files],
+        history.requests,
+        history.seconds / DAY_S,
+        history.prompt_tokens,
+        history.measured_reused / total,
+        by_disk.reused_at(disk) / total,
+        history.sample_rate,
+        ram,
+        disk,
+        settings.cache_ttl_days,
+        disk_rows,
+        rows(from_ram, ram),
+        [(days, history.gains(days * DAY_S, ram_budget=ram).reused_at(disk) / total) for days in TTL_DAYS],
+        _suggestion(disk_rows),
+    )
+
+
+def _suggestion(rows: list[BudgetRow]) -> str:
+    """The smallest disk budget that reuses within ENOUGH_POINTS of unlimited, said against today's."""
+    current = next(row for row in rows if row.current)
+    best = rows[-1].reused_share
+    enough = next(row for row in rows if row.reused_share >= best - ENOUGH_POINTS / 100)
+    if enough.budget_bytes == current.budget_bytes or math.isinf(enough.budget_bytes):
+        return f"the disk budget in force ({byte_size(int(current.budget_bytes))}) keeps what these requests reuse"
+    verb = "keep" if enough.budget_bytes > current.budget_bytes else "still keep"
+    return (
+        f"{byte_size(int(enough.budget_bytes))} of disk would {verb} {enough.reused_share:.0%} of prompt tokens "
+        f"reused, against {current.reused_share:.0%} at {byte_size(int(current.budget_bytes))} "
+        f"(set cache_disk_mib = {int(enough.budget_bytes) // MIB})"
+    )
+
+
+def format_advice(advice: Advice) -> str:
+    """The advice as a short report."""
+    lines = [
+        f"{advice.requests:,} requests over {_days(advice.days)}, {advice.prompt_tokens:,} prompt tokens "
+        f"(log: {', '.join(advice.log_files)})",
+        f"reused: {advice.measured_share:.1%} measured; {advice.predicted_share:.1%} predicted at the budgets "
+        f"in force (RAM {byte_size(advice.ram_budget_bytes)}, disk {byte_size(advice.disk_budget_bytes)}, "
+        f"TTL {_days(advice.ttl_days)})"
+        + (f" from a {advice.sample_rate:.0%} sample of the blocks" if advice.sample_rate < 1 else ""),
+        "",
+        "disk budget     reused   prefill saved   holds",
+        *(_row(row) for row in advice.disk),
+        "",
+        "RAM budget      from RAM prefill saved   holds",
+        *(_row(row) for row in advice.ram),
+        "",
+        "TTL: " + ", ".join(f"{_days(days)} {share:.1%}" for days, share in advice.ttl),
+        "",
+        f"suggestion: {advice.suggestion}",
+    ]
+    return "\n".join(lines)
+
+
+def _row(row: BudgetRow) -> str:
+    budget = "unlimited" if math.isinf(row.budget_bytes) else byte_size(int(row.budget_bytes))
+    saved = "-" if row.prefill_saved_s is None else _seconds(row.prefill_saved_s)
+    mark = "  <- in force" if row.current else ""
+    return f"{budget:>12}   {row.reused_share:>6.1%}   {saved:>13}   {byte_size(row.holds_bytes):>9}{mark}"
+
+
+def _days(days: float) -> str:
+    if days < 1 / 24:
+        return f"{days * 24 * 60:.0f} min"
+    if days < 1:
+        hours = days * 24
+        return f"{hours:.0f} hour{'s' if round(hours) != 1 else ''}"
+    return f"{days:g} day{'s' if days != 1 else ''}"
+
+
+def _seconds(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
