@@ -306,9 +306,11 @@ class PrefixCache:
         in_place: int = 0,
         limit: int | None = None,
         prefill_ms: float = 0.0,
+        started: float | None = None,
     ) -> None:
         """Count a request, and log it for sizing advice: `in_place` tokens the live context held
-        without the cache, `limit` the most the cache could have served, `prefill_ms` computing the rest."""
+        without the cache, `limit` the most the cache could have served, `prefill_ms` computing the rest,
+        `started` when it was placed (wall clock: before what it stored while it ran)."""
         array = as_token_array(prompt)
         with self._lock:
             self.requests.requests += 1
@@ -327,7 +329,7 @@ class PrefixCache:
             )
         chain = np.array([short_key(key) for key, _, _, _ in self.index.keys_for(array)], dtype=np.uint64)
         request = LoggedRequest(
-            time.time(),
+            time.time() if started is None else started,
             self.request_log.session,
             int(array.size),
             int(array.size) if limit is None else limit,
@@ -340,6 +342,7 @@ class PrefixCache:
             chain,
             np.array([short_key(info.key) for info in checkpoints], dtype=np.uint64),
             np.array([info.end for info in checkpoints], dtype=np.uint32),
+            not self.layout.memory.has_blocks,
         )
         self.request_log.append(encode_request(request))
 

@@ -37,10 +37,12 @@ DEFAULT_MAX_BYTES = 16 << 20  # per file: two files, about 100,000 chat requests
 _MAGIC = b"CRL1"
 _HEAD = struct.Struct("<4sBIdI")  # magic, kind, body length, time (wall clock, s), session
 _CHECK = struct.Struct("<Q")
-# prompt, limit, in place, reused, tier, restores at checkpoints, block size, prefill ms, chain, checkpoints
+# prompt, limit, in place, reused, tier, flags (FLAG_*), block size, prefill ms, chain, checkpoints
 _REQUEST = struct.Struct("<IIIIBBHfII")
 _STORE = struct.Struct("<I")  # entries
 _KIND_REQUEST, _KIND_STORE = 1, 2
+FLAG_AT_CHECKPOINTS = 1  # the model restores only where a checkpoint is stored (sliding window, recurrent)
+FLAG_WITHOUT_BLOCKS = 2  # nor does it store blocks: a checkpoint alone restores (recurrent)
 TIER_CODES = {tier: code for code, tier in enumerate(ReuseTier)}
 TIERS_BY_CODE = dict(enumerate(ReuseTier))
 
@@ -63,8 +65,9 @@ class LoggedRequest:
     block_size: int
     prefill_ms: float  # computing the tokens not reused
     chain: np.ndarray  # uint64 short keys of the prompt's blocks, in order
-    checkpoint_keys: np.ndarray  # uint64: checkpoints the index knew along the prompt
+    checkpoint_keys: np.ndarray  # uint64: checkpoints (or a block matched in part) the index knew along the prompt
     checkpoint_ends: np.ndarray  # uint32: their positions
+    without_blocks: bool = False  # a recurrent model: no blocks are stored, a checkpoint alone restores
 
 
 @dataclass(frozen=True)
@@ -90,7 +93,7 @@ def encode_request(request: LoggedRequest) -> bytes:
             request.in_place,
             request.reused_tokens,
             TIER_CODES[request.tier],
-            request.at_checkpoints,
+            FLAG_AT_CHECKPOINTS * request.at_checkpoints + FLAG_WITHOUT_BLOCKS * request.without_blocks,
             request.block_size,
             request.prefill_ms,
             request.chain.size,
@@ -179,6 +182,7 @@ class LogColumns:
     reused: np.ndarray
     tier: np.ndarray  # TIER_CODES
     at_checkpoints: np.ndarray  # bool
+    without_blocks: np.ndarray  # bool
     block_size: np.ndarray
     prefill_ms: np.ndarray  # float64
     chain: np.ndarray  # uint64, every request's chain
@@ -190,6 +194,7 @@ class LogColumns:
     store_session: np.ndarray
     entry_key: np.ndarray  # uint64, every store's entries
     entry_size: np.ndarray  # int64
+    entry_tokens: np.ndarray  # int64
     entry_checkpoint: np.ndarray  # bool
     entry_offsets: np.ndarray
 
@@ -208,7 +213,7 @@ _REQUEST_ROW = np.dtype(
         ("in_place", "<u4"),
         ("reused", "<u4"),
         ("tier", "u1"),
-        ("at_checkpoints", "u1"),
+        ("flags", "u1"),
         ("block_size", "<u2"),
         ("prefill_ms", "<f4"),
         ("chain", "<u4"),
@@ -258,6 +263,7 @@ class _Parts:
         self.store_heads: list[bytes] = []
         self.entry_keys: list[bytes] = []
         self.entry_sizes: list[bytes] = []
+        self.entry_tokens: list[bytes] = []
         self.entry_flags: list[bytes] = []
         self.entry_counts: list[int] = []
 
@@ -284,6 +290,7 @@ class _Parts:
             self.store_heads.append(data[start:body])
             self.entry_keys.append(data[entries : entries + 8 * count])
             self.entry_sizes.append(data[entries + 24 * count : entries + 32 * count])
+            self.entry_tokens.append(data[entries + 20 * count : entries + 24 * count])
             self.entry_flags.append(data[entries + 32 * count : entries + 33 * count])
             self.entry_counts.append(count)
 
@@ -299,7 +306,8 @@ class _Parts:
             rows["in_place"].astype(np.int64),
             rows["reused"].astype(np.int64),
             rows["tier"].astype(np.int64),
-            rows["at_checkpoints"].astype(bool),
+            (rows["flags"] & FLAG_AT_CHECKPOINTS).astype(bool),
+            (rows["flags"] & FLAG_WITHOUT_BLOCKS).astype(bool),
             rows["block_size"].astype(np.int64),
             rows["prefill_ms"].astype(np.float64),
             _joined(self.chain, np.dtype("<u8")).astype(np.uint64),
@@ -311,6 +319,7 @@ class _Parts:
             store_heads["session"].astype(np.int64),
             _joined(self.entry_keys, np.dtype("<u8")).astype(np.uint64),
             _joined(self.entry_sizes, np.dtype("<u8")).astype(np.int64),
+            _joined(self.entry_tokens, np.dtype("<u4")).astype(np.int64),
             _joined(self.entry_flags, np.dtype("u1")).astype(bool),
             _offsets(np.array(self.entry_counts, dtype=np.int64)),
         )

@@ -20,18 +20,20 @@ used again before the second, a 2-D dominance count (cache/dominance.py) done in
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from cache.dominance import dominance_sums
 from cache.eviction import ATTENTION_TOKENS
-from cache.request_log import LogColumns
+from cache.request_log import TIER_CODES, LogColumns
+from cache.tiers import ReuseTier
 
 NEVER = np.iinfo(np.int64).max // 4  # a distance no budget reaches: never stored, or expired
 # Past this many block queries the log is sampled (SHARDS: keys kept by a hash of their own, distances
 # and tokens scaled by the rate), so 100,000 requests of any length take about a second.
 FULL_QUERIES = 600_000
+MIN_MEASURED_TOKENS = 16  # shorter prefills are mostly fixed cost: no measure of the speed
 
 
 @dataclass(frozen=True)
@@ -98,7 +100,10 @@ class RequestHistory:
         self._in_place = np.minimum(log.in_place, log.prompt)
         self._limit = np.minimum(log.limit, log.prompt)
         queries = int(log.chain.size + log.mark_key.size)
-        self.sample_rate = sample_rate if sample_rate is not None else min(1.0, FULL_QUERIES / max(queries, 1))
+        # A checkpoint model's reuse is the best of a few points, which a sample of keys cannot estimate.
+        long_plain = not log.at_checkpoints.any() and queries > FULL_QUERIES
+        self.sample_rate = sample_rate if sample_rate is not None else (FULL_QUERIES / queries if long_plain else 1.0)
+        log = _with_earlier_stores(log)
         self._blocks, self._checkpoints = _measure(log, self.sample_rate)
         self.stored_bytes = _stored_bytes(log)
 
@@ -107,11 +112,18 @@ class RequestHistory:
         return self.last_time - self.first_time
 
     def prefill_ms_per_cost(self) -> float | None:
-        """Milliseconds per token-time of prefill, from the requests' own prefill times (None: none logged)."""
+        """Milliseconds per token-time of prefill, from the requests' own prefill times (None: too few logged).
+
+        The slope of a line through (token-times computed, prefill ms): a prefill also pays a fixed cost
+        per call (and the first one a cold start), which reused tokens do not save."""
         log = self.log
-        measured = (log.prefill_ms > 0) & (log.prompt > log.reused)
-        units = float(_cost(log.reused[measured], log.prompt[measured]).sum())
-        return float(log.prefill_ms[measured].sum()) / units if units > 0 else None
+        measured = (log.prefill_ms > 0) & (log.prompt - log.reused >= MIN_MEASURED_TOKENS)
+        units = _cost(log.reused[measured], log.prompt[measured])
+        milliseconds = log.prefill_ms[measured]
+        if units.size < 2 or np.ptp(units) == 0:
+            return float(milliseconds.sum() / units.sum()) if units.size and units.sum() > 0 else None
+        slope, _ = np.polyfit(units, milliseconds, 1)
+        return float(slope) if slope > 0 else float(milliseconds.sum() / units.sum())
 
     def gains(self, ttl_s: float, ram_budget: float | None = None, tier: str = "any") -> Gains:
         """Reuse against the disk budget (tier "any": a block kept in RAM within `ram_budget` counts as
@@ -131,6 +143,7 @@ class RequestHistory:
         parts = [(chain[alone][useful], gained[useful], _cost(lowest[useful], highest[useful]))]
         if marks.request.size:
             needed = _needed_chain(blocks.request, blocks.end, chain, marks.request, marks.anchor)
+            needed[self.log.without_blocks[marks.request]] = 0  # a recurrent model's checkpoint restores alone
             own = np.maximum(needed, _tier_distance(marks, ttl_s, ram_budget, tier))
             plain = ~self.log.at_checkpoints[blocks.request] & ~alone
             parts.append(
@@ -166,6 +179,85 @@ def _needed_chain(
     needed = np.zeros(request.size, dtype=np.int64)
     needed[valid] = chain[found[valid]]
     return needed
+
+
+def _with_earlier_stores(log: LogColumns) -> LogColumns:
+    """The log with stores, at its start, of what a request restored from RAM or disk though no store in
+    the log put it there before: stored before the log began (a file rotated away, a cache filled before
+    an upgrade, another machine's log). Sized at the log's median bytes per token (its median checkpoint)."""
+    restored = np.isin(log.tier, [TIER_CODES[ReuseTier.RAM], TIER_CODES[ReuseTier.DISK]])
+    block_request = np.repeat(np.arange(log.requests), np.diff(log.chain_offsets))
+    block_end = np.minimum(
+        (np.arange(log.chain.size) - log.chain_offsets[block_request] + 1) * log.block_size[block_request],
+        log.prompt[block_request],
+    )
+    blocks = restored[block_request] & (block_end <= log.reused[block_request])
+    blocks &= ~log.without_blocks[block_request]
+    mark_request = np.repeat(np.arange(log.requests), np.diff(log.mark_offsets))
+    marks = restored[mark_request] & (log.mark_end == log.reused[mark_request])
+    keys = np.concatenate([log.chain[blocks], log.mark_key[marks]])
+    needed_at = np.concatenate([log.request_time[block_request[blocks]], log.request_time[mark_request[marks]]])
+    owner = np.concatenate([block_request[blocks], mark_request[marks]])
+    is_mark = np.concatenate([np.zeros(int(blocks.sum()), dtype=bool), np.ones(int(marks.sum()), dtype=bool)])
+    tokens = np.concatenate(
+        [
+            log.block_size[block_request[blocks]],
+            log.mark_end[marks] % np.maximum(log.block_size[mark_request[marks]], 1),
+        ]
+    )
+    first_stored = _first_store_times(log, keys)
+    earlier = first_stored >= needed_at
+    if not earlier.any():
+        return log
+    keys, owner, is_mark, tokens = keys[earlier], owner[earlier], is_mark[earlier], tokens[earlier]
+    keys, first = np.unique(keys, return_index=True)  # once, for the first request that needed it
+    owner, is_mark, tokens = owner[first], is_mark[first], tokens[first]
+    block_entries = ~log.entry_checkpoint & (log.entry_tokens > 0)
+    per_token = (
+        float(np.median(log.entry_size[block_entries] / log.entry_tokens[block_entries]))
+        if block_entries.any()
+        else 0.0
+    )
+    checkpoint_size = float(np.median(log.entry_size[log.entry_checkpoint])) if log.entry_checkpoint.any() else 0.0
+    checkpoint = is_mark & log.at_checkpoints[owner]
+    sizes = np.where(checkpoint, checkpoint_size, tokens * per_token).astype(np.int64)
+    if not (sizes > 0).any():
+        return log  # nothing in the log tells their size
+    order = np.lexsort((np.arange(keys.size), owner))  # one store per request that needed them, in chain order
+    keys, owner, sizes, tokens, checkpoint = keys[order], owner[order], sizes[order], tokens[order], checkpoint[order]
+    _, per_store = np.unique(owner, return_counts=True)
+    start = min(float(log.request_time.min()), float(log.store_time.min()) if log.store_time.size else np.inf) - 1.0
+    return replace(
+        log,
+        store_time=np.concatenate([np.full(per_store.size, start), log.store_time]),
+        store_session=np.concatenate([np.full(per_store.size, -1, dtype=np.int64), log.store_session]),
+        entry_key=np.concatenate([keys, log.entry_key]),
+        entry_size=np.concatenate([sizes, log.entry_size]),
+        entry_tokens=np.concatenate([tokens, log.entry_tokens]),
+        entry_checkpoint=np.concatenate([checkpoint, log.entry_checkpoint]),
+        entry_offsets=np.concatenate([_offsets(per_store), _offsets(per_store)[-1] + log.entry_offsets[1:]]),
+    )
+
+
+def _first_store_times(log: LogColumns, keys: np.ndarray) -> np.ndarray:
+    """When each key was first stored in the log (inf: never)."""
+    times = np.full(keys.size, np.inf)
+    if log.entry_key.size == 0:
+        return times
+    entry_time = log.store_time[np.repeat(np.arange(log.store_time.size), np.diff(log.entry_offsets))]
+    order = np.lexsort((entry_time, log.entry_key))
+    stored_keys, stored_times = log.entry_key[order], entry_time[order]
+    first = np.ones(stored_keys.size, dtype=bool)
+    first[1:] = stored_keys[1:] != stored_keys[:-1]
+    stored_keys, stored_times = stored_keys[first], stored_times[first]
+    found = np.minimum(np.searchsorted(stored_keys, keys), stored_keys.size - 1)
+    known = stored_keys[found] == keys
+    times[known] = stored_times[found[known]]
+    return times
+
+
+def _offsets(counts: np.ndarray) -> np.ndarray:
+    return np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
 
 
 def _tier_distance(entries: _Blocks | _Checkpoints, ttl_s: float, ram_budget: float | None, tier: str) -> np.ndarray:
@@ -258,6 +350,10 @@ def _measure(log: LogColumns, rate: float) -> tuple[_Blocks, _Checkpoints]:
     mark_end = log.mark_end[kept_marks]
     mark_id = ids(log.mark_key[kept_marks])
     mark_wanted = mark_end <= limit[mark_request]
+    if rate < 1.0:
+        # A sample's blocks are added up, scaled; a block matched in part (plain models) is the best of two
+        # points, which a sum cannot scale: left out (less than a block per request).
+        mark_wanted &= log.at_checkpoints[mark_request]
     mark_touched = mark_wanted & (mark_end > log.in_place[mark_request])  # checkpoints, or a block matched in part
     kept_entries = np.flatnonzero(entry_kept)
     entry_store = np.searchsorted(log.entry_offsets, kept_entries, side="right") - 1
@@ -276,7 +372,10 @@ def _measure(log: LogColumns, rate: float) -> tuple[_Blocks, _Checkpoints]:
     store_step[row[store_event]] = first_step[store_event]
     event_of_step = np.repeat(np.arange(order.size), steps_of)
     step_time = times[order][event_of_step]
-    step_session = np.concatenate([log.request_session, log.store_session])[order][event_of_step]
+    # Sessions renumbered densely: the combined keys below multiply them, and a log's ids are random 32-bit.
+    _, dense_session = np.unique(np.concatenate([log.request_session, log.store_session]), return_inverse=True)
+    dense_session = dense_session.ravel().astype(np.int64)
+    step_session = dense_session[order][event_of_step]
     # Uses: a store's checkpoints one step each (deepest, i.e. last stored, first), then its blocks.
     entry_id = ids(log.entry_key[kept_entries])
     mark_rank = _rank_from_end(entry_checkpoint, entry_store)
@@ -299,19 +398,23 @@ def _measure(log: LogColumns, rate: float) -> tuple[_Blocks, _Checkpoints]:
     session_rank = np.empty(step_count, dtype=np.int64)
     session_rank[by_session] = np.arange(step_count)
     stride = keys.size + 1
-    request_session = log.request_session
+    request_session = dense_session[:requests]
 
     def distances(request: np.ndarray, key_of: np.ndarray) -> tuple[np.ndarray, ...]:
         """(disk distance, RAM distance, age, RAM age, last step, last RAM step), ancestors not yet added."""
         step_of, session_of, size_of = request_step[request], request_session[request], sizes[key_of]
         disk, last = _stack_distances(use_step, use_key, use_size, step_count, step_of, key_of, size_of)
+        # Keys told apart by process, renumbered densely (their products with steps must fit in 64 bits).
+        ram_keys = np.concatenate([step_session[use_step] * stride + use_key, session_of * stride + key_of])
+        _, ram_ids = np.unique(ram_keys, return_inverse=True)
+        ram_ids = ram_ids.ravel().astype(np.int64)
         ram, ram_last = _stack_distances(
             session_rank[use_step],
-            step_session[use_step] * stride + use_key,
+            ram_ids[: use_key.size],
             use_size,
             step_count,
             _rank_before(step_session, step_of, session_of),
-            session_of * stride + key_of,
+            ram_ids[use_key.size :],
             size_of,
         )
         now = log.request_time[request]

@@ -92,6 +92,7 @@ class Runner:
             handle.finish(untouched_result(handle))
             return
         placement = None
+        started = time.time()  # the request log orders it before what it stores while it runs
         try:
             placement = self.placer.place(
                 list(request.prompt_tokens),
@@ -120,6 +121,7 @@ class Runner:
                 in_place=placement.in_place,
                 limit=placement.cache_limit,
                 prefill_ms=result.stats.prefill_ms,
+                started=started,
             )
         handle.finish(result)
         live = self.sequences[placement.sequence]

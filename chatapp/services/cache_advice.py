@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from cache.request_log import log_files, read_columns
 from cache.sizing import Gains, RequestHistory
 from chatapp.errors import ChatappError
@@ -23,6 +25,9 @@ DAY_S = 24 * 3600.0
 BUDGETS_MIB = [64 << step for step in range(12)]  # 64 MiB .. 128 GiB
 TTL_DAYS = [1 / 24, 1.0, 7.0, 30.0]
 ENOUGH_POINTS = 0.5  # a budget reaching within this many points of unlimited reuse is enough
+# Fewer requests, or a shorter log, say too little about a user's habits to suggest a budget.
+MIN_REQUESTS = 50
+MIN_DAYS = 1 / 24
 
 
 @dataclass(frozen=True)
@@ -30,7 +35,7 @@ class BudgetRow:
     budget_bytes: float  # inf: unlimited
     reused_share: float
     prefill_saved_s: float | None
-    holds_bytes: int  # what the tier would hold at most: the budget, or everything the log stored
+    holds_bytes: int | None  # what the disk would hold at most: the budget, or all the log stored
     current: bool
 
 
@@ -43,6 +48,7 @@ class Advice:
     measured_share: float
     predicted_share: float  # at today's budgets and TTL
     sample_rate: float
+    processes: int  # each starts with an empty RAM tier
     ram_budget_bytes: int
     disk_budget_bytes: int
     ttl_days: float
@@ -50,6 +56,7 @@ class Advice:
     ram: list[BudgetRow]  # reuse restored from RAM alone against the RAM budget
     ttl: list[tuple[float, float]]  # (days, share) at today's budgets
     suggestion: str
+    suggested_disk_mib: int | None  # None: the budget in force is right
 
     def as_json(self) -> dict[str, Any]:
         record = asdict(self)
@@ -70,6 +77,10 @@ def advise(directory: Path, settings: Settings, logs: list[Path] | None = None) 
     except OSError as error:
         raise ChatappError(f"cannot read the request log ({error})") from None
     if columns.requests == 0:
+        if any(path.stat().st_size > 0 for path in files):
+            raise ChatappError(
+                "the request log holds no requests this version of chatapp can read (written by another version?)"
+            )
         return None
     history = RequestHistory(columns)
     ram, disk, ttl = settings.cache_ram_mib * MIB, settings.cache_disk_mib * MIB, settings.cache_ttl_days * DAY_S
@@ -78,20 +89,21 @@ def advise(directory: Path, settings: Settings, logs: list[Path] | None = None) 
     by_disk = history.gains(ttl, ram_budget=ram)
     from_ram = history.gains(ttl, tier="ram")
 
-    def rows(gains: Gains, current: int) -> list[BudgetRow]:
+    def rows(gains: Gains, current: int, disk_tier: bool) -> list[BudgetRow]:
         budgets = sorted({*(float(mib * MIB) for mib in BUDGETS_MIB), float(current), math.inf})
         return [
             BudgetRow(
                 budget,
                 gains.reused_at(budget) / total,
                 gains.cost_at(budget) * ms_per_cost / 1000 if ms_per_cost is not None else None,
-                int(min(budget, history.stored_bytes)),
+                int(min(budget, history.stored_bytes)) if disk_tier else None,
                 budget == current,
             )
             for budget in budgets
         ]
 
-    disk_rows = rows(by_disk, disk)
+    disk_rows = rows(by_disk, disk, disk_tier=True)
+    enough_data = history.requests >= MIN_REQUESTS and history.seconds / DAY_S >= MIN_DAYS
     return Advice(
         [str(path) for path in files],
         history.requests,
@@ -100,45 +112,68 @@ def advise(directory: Path, settings: Settings, logs: list[Path] | None = None) 
         history.measured_reused / total,
         by_disk.reused_at(disk) / total,
         history.sample_rate,
+        int(np.unique(columns.request_session).size),
         ram,
         disk,
         settings.cache_ttl_days,
         disk_rows,
-        rows(from_ram, ram),
+        rows(from_ram, ram, disk_tier=False),
         [(days, history.gains(days * DAY_S, ram_budget=ram).reused_at(disk) / total) for days in TTL_DAYS],
-        _suggestion(disk_rows),
+        *(
+            _suggestion(disk_rows)
+            if enough_data
+            else (
+                f"too few requests to size the tiers by ({history.requests:,} over {_days(history.seconds / DAY_S)}; "
+                f"at least {MIN_REQUESTS} over an hour): ask again after using chatapp for a while",
+                None,
+            )
+        ),
     )
 
 
-def _suggestion(rows: list[BudgetRow]) -> str:
-    """The smallest disk budget that reuses within ENOUGH_POINTS of unlimited, said against today's."""
+def _suggestion(rows: list[BudgetRow]) -> tuple[str, int | None]:
+    """The smallest disk budget that reuses within ENOUGH_POINTS of unlimited, said against today's; and its
+    MiB (None when it is today's)."""
     current = next(row for row in rows if row.current)
     best = rows[-1].reused_share
     enough = next(row for row in rows if row.reused_share >= best - ENOUGH_POINTS / 100)
     if enough.budget_bytes == current.budget_bytes or math.isinf(enough.budget_bytes):
-        return f"the disk budget in force ({byte_size(int(current.budget_bytes))}) keeps what these requests reuse"
+        return (
+            f"the disk budget in force ({byte_size(int(current.budget_bytes))}) keeps what these requests reuse",
+            None,
+        )
     verb = "keep" if enough.budget_bytes > current.budget_bytes else "still keep"
+    mib = int(enough.budget_bytes) // MIB
+    text = (
+        f"{byte_size(int(enough.budget_bytes))} of disk would {verb} {enough.reused_share:.1%} of prompt tokens "
+        f"reused, against {current.reused_share:.1%} at {byte_size(int(current.budget_bytes))} "
+        f"(cache_disk_mib = {mib})"
+    )
+    return text, mib
+
+
+def advice_summary(advice: Advice) -> str:
+    """Two lines: what the log holds, and reuse measured against predicted at the budgets in force."""
     return (
-        f"{byte_size(int(enough.budget_bytes))} of disk would {verb} {enough.reused_share:.0%} of prompt tokens "
-        f"reused, against {current.reused_share:.0%} at {byte_size(int(current.budget_bytes))} "
-        f"(set cache_disk_mib = {int(enough.budget_bytes) // MIB})"
+        f"{advice.requests:,} requests over {_days(advice.days)}, {advice.prompt_tokens:,} prompt tokens\n"
+        f"reused: {advice.measured_share:.1%} measured; {advice.predicted_share:.1%} predicted at the budgets "
+        f"in force (RAM {byte_size(advice.ram_budget_bytes)}, disk {byte_size(advice.disk_budget_bytes)}, "
+        f"TTL {_days(advice.ttl_days)})"
+        + (f" from a {advice.sample_rate:.0%} sample of the blocks" if advice.sample_rate < 1 else "")
     )
 
 
 def format_advice(advice: Advice) -> str:
     """The advice as a short report."""
     lines = [
-        f"{advice.requests:,} requests over {_days(advice.days)}, {advice.prompt_tokens:,} prompt tokens "
-        f"(log: {', '.join(advice.log_files)})",
-        f"reused: {advice.measured_share:.1%} measured; {advice.predicted_share:.1%} predicted at the budgets "
-        f"in force (RAM {byte_size(advice.ram_budget_bytes)}, disk {byte_size(advice.disk_budget_bytes)}, "
-        f"TTL {_days(advice.ttl_days)})"
-        + (f" from a {advice.sample_rate:.0%} sample of the blocks" if advice.sample_rate < 1 else ""),
+        f"log: {', '.join(advice.log_files)}",
+        advice_summary(advice),
         "",
-        "disk budget     reused   prefill saved   holds",
+        "disk budget  reused (any tier)  prefill saved      holds",
         *(_row(row) for row in advice.disk),
         "",
-        "RAM budget      from RAM prefill saved   holds",
+        f"RAM budget   restored from RAM  prefill saved   ({advice.processes:,} processes, each starting with an "
+        "empty RAM tier)",
         *(_row(row) for row in advice.ram),
         "",
         "TTL: " + ", ".join(f"{_days(days)} {share:.1%}" for days, share in advice.ttl),
@@ -152,7 +187,8 @@ def _row(row: BudgetRow) -> str:
     budget = "unlimited" if math.isinf(row.budget_bytes) else byte_size(int(row.budget_bytes))
     saved = "-" if row.prefill_saved_s is None else _seconds(row.prefill_saved_s)
     mark = "  <- in force" if row.current else ""
-    return f"{budget:>12}   {row.reused_share:>6.1%}   {saved:>13}   {byte_size(row.holds_bytes):>9}{mark}"
+    holds = "" if row.holds_bytes is None else byte_size(row.holds_bytes)
+    return f"{budget:>11}  {row.reused_share:>16.1%}  {saved:>13}  {holds:>9}{mark}"
 
 
 def _days(days: float) -> str:

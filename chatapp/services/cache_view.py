@@ -17,8 +17,9 @@ from chatapp.engine.contract import EngineClient, GenerationRequest, SamplingPar
 from chatapp.errors import ChatappError
 from chatapp.prompting.prompt import ChatMessage
 from chatapp.records import PersonaRecord, PinRecord
-from chatapp.services import cache_admin
+from chatapp.services import cache_admin, cache_advice
 from chatapp.services.branches import as_document
+from chatapp.services.cache_advice import Advice
 from chatapp.services.chat_service import ChatService
 from chatapp.services.pins import PinKeeper
 from chatapp.services.prompt_plan import builder_of
@@ -67,6 +68,14 @@ class CacheService:
         return CacheOverview(
             offline, False, pins, list(self.chat.figures.ttft_ms), problem, offline["memory"]["description"], divergence
         )
+
+    def advice(self) -> Advice | None:
+        """What other budgets would have reused of this folder's logged requests (None: none logged yet)."""
+        workspace = self.chat.workspace
+        engine = self.chat.slot.engine
+        if engine is not None and engine.cache is not None:
+            engine.cache.flush()  # the stores of the last answer, logged by the cache's writer
+        return cache_advice.advise(workspace.kv_cache_dir, workspace.settings)
 
     def _server_overview(self, server: str, divergence: str | None) -> CacheOverview:
         """A backend's cache: only what its answers reported (tokens it reused), nothing to administer here."""

@@ -58,6 +58,7 @@ class CacheScreen(ModalScreen[None]):
                 yield Button("Pin persona", id="pin-persona")
                 yield Button("Pin document", id="pin-document")
                 yield Button("Unpin", id="unpin")
+                yield Button("Size the tiers…", id="advise")
                 yield Button("Prune expired", id="prune")
                 yield Button("Clear cache", variant="error", id="clear")
 
@@ -151,6 +152,12 @@ class CacheScreen(ModalScreen[None]):
         pin = next((p for p in self.overview.pins if str(p.id) == option_id), None)
         if pin is not None:
             self._run(lambda: self.service.unpin(pin), "Unpinned {count} blocks.")
+
+    @on(Button.Pressed, "#advise")
+    def advise(self) -> None:
+        from chatapp.tui.cache_advice_screen import CacheAdviceScreen  # plotting loads only when asked for
+
+        self.app.push_screen(CacheAdviceScreen(self.service))
 
     @on(Button.Pressed, "#prune")
     def prune(self) -> None:

@@ -30,11 +30,14 @@ class SettingsScreen(ModalScreen[Settings | None]):
         Binding("ctrl+s", "save", "Save", id="settings.save", priority=True),
     ]
 
-    def __init__(self, workspace: Workspace) -> None:
+    def __init__(self, workspace: Workspace, suggested: dict[str, str] | None = None) -> None:
+        """`suggested`: values (as typed) to put in their fields, e.g. a budget the cache's sizing advises;
+        saved only when the user saves."""
         super().__init__(classes="dialog-screen")
         self.workspace = workspace
         self.fields = setting_fields()
         self.saved = workspace.saved_settings()
+        self.suggested = suggested or {}
 
     def compose(self) -> ComposeResult:
         current = self.saved  # the file alone: one-off command-line options must not become permanent
@@ -43,13 +46,20 @@ class SettingsScreen(ModalScreen[Settings | None]):
                 f"Settings  ·  {self.workspace.paths.config_file}  ·  Ctrl+S saves  ·  Esc closes",
                 classes="dialog-title",
             )
+            if self.suggested:
+                yield Label(
+                    "Suggested, not saved yet: "
+                    + ", ".join(f"{name} = {value}" for name, value in self.suggested.items())
+                    + "  ·  Ctrl+S saves",
+                    id="settings-suggested",
+                )
             with VerticalScroll(id="settings-fields"):
                 for field in self.fields:
                     with Vertical(classes="setting"):
                         restart = "  (after a restart)" if field.restart_needed else ""
                         yield Label(f"{field.label}{restart}", classes="setting-label")
                         yield Input(
-                            format_value(field, getattr(current, field.name)),
+                            self.suggested.get(field.name, format_value(field, getattr(current, field.name))),
                             placeholder=format_value(field, field.default) or "empty",
                             id=f"setting-{field.name}",
                         )

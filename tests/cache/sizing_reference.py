@@ -75,7 +75,7 @@ def _reuse(request: LoggedRequest, kept: object) -> int:
     ends = [
         int(end)
         for key, end in zip(request.checkpoint_keys.tolist(), request.checkpoint_ends.tolist(), strict=True)
-        if end <= limit and kept(key) and run >= end // request.block_size
+        if end <= limit and kept(key) and (request.without_blocks or run >= end // request.block_size)
     ]
     cache = max(ends, default=0)
     if not request.at_checkpoints:
@@ -96,7 +96,9 @@ def _touched(request: LoggedRequest) -> list[int]:
     return marks[::-1] + chain[::-1]
 
 
-def random_log(seed: int, requests: int = 60, at_checkpoints: bool = False) -> list[LoggedEvent]:
+def random_log(
+    seed: int, requests: int = 60, at_checkpoints: bool = False, without_blocks: bool = False
+) -> list[LoggedEvent]:
     """Requests on random paths of a small prefix tree, with stores of some of their blocks after them."""
     rng = random.Random(seed)
     block = 4
@@ -141,11 +143,12 @@ def random_log(seed: int, requests: int = 60, at_checkpoints: bool = False) -> l
                 np.array(chain, dtype=np.uint64),
                 np.array([k for k, _ in marks], dtype=np.uint64),
                 np.array([end for _, end in marks], dtype=np.uint32),
+                without_blocks,
             )
         )
         now += 0.5
         first = rng.randint(0, len(chain))
-        entries = [(k, depth * block, block) for depth, k in enumerate(chain)][first:]
+        entries = [(k, depth * block, block) for depth, k in enumerate(chain)][first:] if not without_blocks else []
         if marks and rng.random() < 0.7:
             k, end = rng.choice(marks)
             if not at_checkpoints:
