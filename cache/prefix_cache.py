@@ -195,17 +195,21 @@ class PrefixCache:
         payloads: list[bytes] = []
         tier = ReuseTier.RAM
         wanted = [*found.blocks, *((found.checkpoint,) if found.checkpoint is not None else ())]
+        read: list[tuple[bytes | None, bool]] = []
         with self.disk.reading() if self.slowest_tier(found) == ReuseTier.DISK else contextlib.nullcontext():
-            for info in wanted:
-                payload, from_disk = self._payload(info)
-                if payload is None:
-                    if self.layout.memory.restores_at_checkpoints:
-                        return None
-                    break
-                if from_disk:
-                    tier = ReuseTier.DISK
-                blocks.append(info)
-                payloads.append(payload)
+            # Deepest first: each read refreshes the entry's recency, and the tiers' LRU must then evict a
+            # prefix's last block before its first (a block without its parents cannot be restored).
+            for info in reversed(wanted):
+                read.append(self._payload(info))
+        for info, (payload, from_disk) in zip(wanted, reversed(read), strict=True):
+            if payload is None:
+                if self.layout.memory.restores_at_checkpoints:
+                    return None
+                break
+            if from_disk:
+                tier = ReuseTier.DISK
+            blocks.append(info)
+            payloads.append(payload)
         checkpoint = payloads.pop() if found.checkpoint is not None else None
         if found.checkpoint is not None:
             blocks.pop()
@@ -474,7 +478,8 @@ class PrefixCache:
         with self._lock:
             planned = [entry for entry in self.index.keys_for(tokens[:upto]) if entry[0] not in self.index]
         stored: list[BlockInfo] = []
-        for key, parent, start, end in planned:
+        # Deepest first, as reads go (see fetch): the tiers' LRU then keeps a prefix's first blocks longest.
+        for key, parent, start, end in reversed(planned):
             block_tokens = tokens[start:end].copy()
             if end - start < self.config.block_size and self._covered_by_sibling(parent, block_tokens):
                 continue  # a longer stored block already holds these tokens
@@ -495,7 +500,7 @@ class PrefixCache:
                 ]
             for sibling in superseded:
                 self._forget(sibling)
-        self._log_stored(stored)
+        self._log_stored(stored[::-1])
 
     def _store_checkpoint(self, tokens: np.ndarray, payload: bytes) -> None:
         """Store a checkpoint (validated by the caller) at the end of `tokens`.

@@ -250,3 +250,26 @@ def test_pinning_stops_at_a_lost_block(tmp_path: Path) -> None:
     cache.disk.delete(second)
     assert cache.pin(TOKENS) == 1  # the first block; nothing after the lost one can be restored
     cache.close()
+
+
+def test_the_lru_tiers_evict_a_prefix_from_its_last_block(tmp_path: Path) -> None:
+    """Stores and restores touch a prefix deepest first, so its first blocks are the most recent: under
+    pressure LRU drops the last block (the rest still restores), never the first (which strands the rest)."""
+    sizing = open_cache(tmp_path / "sizing")
+    store_sequence(sizing, TOKENS)
+    sizes = [info.payload_size for info in sizing.lookup(np.asarray(TOKENS)).blocks]
+    sizing.close()
+    config = replace(CONFIG, eviction_policy="lru", ram_budget_bytes=sizes[0] + sizes[1] + sizes[2] // 2)
+    cache = PrefixCache(tmp_path / "tight", namespace(), LAYOUT, config)
+    store_sequence(cache, TOKENS)
+    blocks = cache.lookup(np.asarray(TOKENS)).blocks
+    assert [info.key in cache.ram for info in blocks] == [True, True, False]
+    _, matched, tier = restored_state(cache, TOKENS)
+    assert (matched, tier) == (11, "disk")  # the last block came from disk
+    times = {
+        bytes.fromhex(key): when
+        for key, when in cache.disk._store(False)._sql("SELECT key, access_time FROM Cache").fetchall()
+    }
+    first, second, last = (times[info.key] for info in blocks)
+    assert first > second > last  # the restore read them deepest first
+    cache.close()
