@@ -19,6 +19,7 @@ used again before the second, a 2-D dominance count (cache/dominance.py) done in
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -59,6 +60,12 @@ class Gains:
     def cost_curve(self, budgets: Sequence[float]) -> list[float]:
         running = np.concatenate(([0.0], np.cumsum(self.cost)))
         return [float(running[np.searchsorted(self.distance, b, side="right")]) for b in budgets]
+
+
+def enough_budget(gains: Gains, budgets: Sequence[float], within_tokens: float) -> float:
+    """The smallest of `budgets` (ascending) whose reuse is within `within_tokens` of an unlimited budget's."""
+    best = gains.reused_at(math.inf)
+    return next((budget for budget in budgets if gains.reused_at(budget) >= best - within_tokens), math.inf)
 
 
 @dataclass(frozen=True)

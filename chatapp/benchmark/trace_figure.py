@@ -5,7 +5,10 @@ under LRU, LFU and the value policy (cache/eviction.py's own classes, with their
 the RAM tier runs them) and under Belady's furthest-next-use choice (the limit no online policy
 can pass with blocks of one size); trace_replay.py says how. Then the value policy again for each
 quantized KV type at the same budget in bytes: as many more tokens as its cells are smaller
-(kv_types.py). Fixed seeds: the same figures on every machine, in seconds.
+(kv_types.py). And sizing advice (cache/sizing.py) checked against the replay: the log of an LRU and
+a value-policy replay at the budget predicts that replay's hit rate, and suggests a budget (the
+smallest within half a point of unlimited), whose replay is measured against the prediction. Fixed
+seeds: the same figures on every machine, in seconds.
 """
 
 from __future__ import annotations
@@ -14,10 +17,12 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from cache.eviction import ATTENTION_TOKENS, EvictionPolicy, LfuPolicy, LruPolicy, ValuePolicy
+from cache.eviction import ATTENTION_TOKENS, EvictionPolicy, LfuPolicy, LruPolicy, ValuePolicy, make_policy
+from cache.request_log import LoggedEvent, columns_of
+from cache.sizing import RequestHistory, enough_budget
 from chatapp.benchmark.goals import Verdict, trace_verdicts
 from chatapp.benchmark.trace_replay import PER_TOKEN_MS, BeladyPolicy, ReplayResult, next_use_table, replay
-from chatapp.benchmark.traces import DAY_S, TRACE_VARIANTS, make_trace
+from chatapp.benchmark.traces import DAY_S, TRACE_VARIANTS, Trace, make_trace
 from chatapp.engine.kv_types import KvType
 
 TRACE_NAME = "G"  # chosen with --workloads beside the peer workloads and L, S
@@ -29,6 +34,22 @@ POLICY_ORDER = ("lru", "lfu", "value", "belady")
 
 
 @dataclass(frozen=True)
+class AdviceCheck:
+    """Sizing advice from a replay's log, against replays (token hit rates)."""
+
+    budget_tokens: int
+    measured: float
+    predicted: float
+    suggested_tokens: int  # the suggested budget (the smallest within half a point of unlimited)
+    suggested_measured: float
+    suggested_predicted: float
+
+
+ADVICE_POLICIES = ("lru", "value")
+ADVICE_WITHIN = 0.005  # a suggested budget reuses within half a point of an unlimited one (as `cache advise`)
+
+
+@dataclass(frozen=True)
 class TraceFigures:
     budget_tokens: int
     ttl_s: float
@@ -37,6 +58,7 @@ class TraceFigures:
     elapsed_s: float
     # variant -> quantized KV type -> the value policy at the budget's bytes in that type
     by_kv_type: dict[str, dict[str, ReplayResult]] = field(default_factory=dict)
+    advice: dict[str, dict[str, AdviceCheck]] = field(default_factory=dict)  # variant -> policy -> check
 
     def hit_rates(self) -> dict[str, dict[str, float]]:
         return {
@@ -51,6 +73,7 @@ def measure_traces(scale: float = 1.0, variants: tuple[str, ...] = TRACE_VARIANT
     traces: dict[str, dict[str, int]] = {}
     results: dict[str, dict[str, ReplayResult]] = {}
     by_kv_type: dict[str, dict[str, ReplayResult]] = {}
+    advice: dict[str, dict[str, AdviceCheck]] = {}
     budget_tokens = 0
     for variant in variants:
         trace = make_trace(variant, scale)
@@ -64,7 +87,28 @@ def measure_traces(scale: float = 1.0, variants: tuple[str, ...] = TRACE_VARIANT
             for kv_type in KvType
             if kv_type.quantized
         }
-    return TraceFigures(budget_tokens, TTL_S, traces, results, time.perf_counter() - started, by_kv_type)
+        advice[variant] = {name: check_advice(trace, name, budget_tokens) for name in ADVICE_POLICIES}
+    return TraceFigures(budget_tokens, TTL_S, traces, results, time.perf_counter() - started, by_kv_type, advice)
+
+
+def check_advice(trace: Trace, policy: str, budget_tokens: int) -> AdviceCheck:
+    """Replay at `budget_tokens` with a log; the prediction from it there, and at the budget it suggests."""
+    log: list[LoggedEvent] = []
+    measured = replay(trace, make_policy(policy), budget_tokens, TTL_S, log)
+    gains = RequestHistory(columns_of(log)).gains(TTL_S)
+    budgets = [float(budget_tokens * 2.0**step) for step in range(-4, 9)]
+    suggested = enough_budget(gains, budgets, ADVICE_WITHIN * measured.prompt_tokens)
+    suggested_tokens = int(min(suggested, budgets[-1]))
+    at_suggestion = replay(trace, make_policy(policy), suggested_tokens, TTL_S)
+    prompt = measured.prompt_tokens
+    return AdviceCheck(
+        budget_tokens,
+        measured.hit_rate,
+        gains.reused_at(budget_tokens) / prompt,
+        suggested_tokens,
+        at_suggestion.hit_rate,
+        gains.reused_at(suggested_tokens) / prompt,
+    )
 
 
 def equal_bytes(f16_tokens: int, kv_type: KvType) -> int:
@@ -82,7 +126,22 @@ def trace_figure_verdicts(figures: TraceFigures | None) -> list[Verdict]:
             name = f"{variant}: token hit rate at equal bytes, value policy, {kv_type} - f16 (points)"
             gain = (result.hit_rate - f16) * 100
             verdicts.append(Verdict("G", name, gain, ">= 0", gain >= 0))
+    for variant, by_policy in figures.advice.items():
+        for policy, check in by_policy.items():
+            verdicts += advice_verdicts(f"{variant}, {policy}", check)
     return verdicts
+
+
+def advice_verdicts(label: str, check: AdviceCheck) -> list[Verdict]:
+    """Issue 35's goals: the prediction within 2 points of the replay, at the budget and at the suggestion."""
+    here = (check.predicted - check.measured) * 100
+    there = (check.suggested_predicted - check.suggested_measured) * 100
+    return [
+        Verdict("G", f"{label}: advice, predicted - measured at the budget (points)", here, "|x| <= 2", abs(here) <= 2),
+        Verdict(
+            "G", f"{label}: advice, predicted - measured at its suggestion (points)", there, "|x| <= 2", abs(there) <= 2
+        ),
+    ]
 
 
 def trace_record(figures: TraceFigures) -> dict[str, Any]:
@@ -100,6 +159,10 @@ def trace_record(figures: TraceFigures) -> dict[str, Any]:
         "value_policy_at_equal_bytes": {
             variant: {kv_type: {**asdict(result), "hit_rate": result.hit_rate} for kv_type, result in by_type.items()}
             for variant, by_type in figures.by_kv_type.items()
+        },
+        "advice": {
+            variant: {policy: asdict(check) for policy, check in by_policy.items()}
+            for variant, by_policy in figures.advice.items()
         },
     }
 
@@ -126,6 +189,17 @@ def trace_table(figures: TraceFigures) -> str:
         for variant, by_type in figures.by_kv_type.items():
             cells = [
                 f"{kv_type} {result.hit_rate:7.2%} {result.compute_s:7.0f}s" for kv_type, result in by_type.items()
+            ]
+            lines.append(f"     {variant:8} " + "  ".join(cells))
+    if figures.advice:
+        lines.append(
+            "     advice from each replay's log: predicted / measured hit rate, at the budget, at its suggestion:"
+        )
+        for variant, checks in figures.advice.items():
+            cells = [
+                f"{policy} {check.predicted:.2%}/{check.measured:.2%}, {check.suggested_tokens:,} tokens "
+                f"{check.suggested_predicted:.2%}/{check.suggested_measured:.2%}"
+                for policy, check in checks.items()
             ]
             lines.append(f"     {variant:8} " + "  ".join(cells))
     return "\n".join(lines)

@@ -17,8 +17,12 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from cache.eviction import BlockPlace, EvictionPolicy, LazyHeap, recompute_cost
 from cache.keys import BlockKey
+from cache.request_log import LoggedEvent, LoggedRequest, LoggedStore
+from cache.tiers import ReuseTier
 from chatapp.benchmark.traces import ROOT, Trace
 
 PER_TOKEN_MS = 1.0  # a token at the start of a prompt (about a 1B model's prefill on a laptop CPU)
@@ -113,8 +117,15 @@ class ReplayResult:
         return self.reused_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
 
-def replay(trace: Trace, policy: EvictionPolicy, budget_bytes: int, ttl_s: float) -> ReplayResult:
-    """Run every request of `trace` through one RAM tier of `budget_bytes` evicting by `policy`."""
+def replay(
+    trace: Trace, policy: EvictionPolicy, budget_bytes: int, ttl_s: float, log: list[LoggedEvent] | None = None
+) -> ReplayResult:
+    """Run every request of `trace` through one RAM tier of `budget_bytes` evicting by `policy`.
+
+    As the tiers do, the reused prefix is read deepest first, then the computed blocks stored deepest
+    first. With `log`, each request and store is appended as the cache's request log records it (one
+    byte per token), for sizing advice (cache/sizing.py) to be checked against the replay.
+    """
     tokens = trace.block_tokens
     size = tokens * BYTES_PER_TOKEN
     keys = [block_key(block) for block in range(trace.blocks)]
@@ -141,19 +152,24 @@ def replay(trace: Trace, policy: EvictionPolicy, budget_bytes: int, ttl_s: float
             if expires.get(block) == when:
                 drop(block)
                 expirations += 1
-        found = True
-        for block in chain:
-            no_cache_s += costs[block]
-            kept = block in expires
-            found = found and kept
-            if found:
-                reused += tokens
-                policy.touch(keys[block], now)
-            else:
-                compute_s += costs[block]
-                if not kept:
-                    used += size
-                policy.admit(keys[block], places[block], size, now)
+        found = 0
+        while found < len(chain) and chain[found] in expires:
+            found += 1
+        reused += found * tokens
+        no_cache_s += sum(costs[block] for block in chain)
+        new = [block for block in chain[found:] if block not in expires]
+        if log is not None:
+            log.append(_logged_request(now, chain, tokens, found))
+        # The restore reads the reused prefix, deepest first; then the store keeps what was computed, deepest
+        # first (as the tiers do: the blocks stored last are the most recent).
+        for block in reversed(chain[:found]):
+            policy.touch(keys[block], now)
+            expires[block] = now + ttl_s
+            heapq.heappush(expiry, (now + ttl_s, block))
+        compute_s += sum(costs[block] for block in chain[found:])
+        for block in reversed(new):  # a block still kept past the first miss is neither stored again nor used
+            used += size
+            policy.admit(keys[block], places[block], size, now)
             expires[block] = now + ttl_s
             heapq.heappush(expiry, (now + ttl_s, block))
             while used > budget_bytes:
@@ -162,8 +178,33 @@ def replay(trace: Trace, policy: EvictionPolicy, budget_bytes: int, ttl_s: float
                     break
                 drop(block_of[victim])
                 evictions += 1
+        if log is not None and new:
+            log.append(_logged_store(now, new, tokens))
         if len(expiry) > 4 * len(expires) + 1024:
             expiry = [(when, block) for block, when in expires.items()]
             heapq.heapify(expiry)
     prompt = trace.prompt_tokens
     return ReplayResult(policy.name, prompt, reused, prompt - reused, compute_s, no_cache_s, evictions, expirations)
+
+
+def _short_keys(blocks: list[int]) -> np.ndarray:
+    """A trace's block ids as the log's keys (0 is the root)."""
+    return np.array(blocks, dtype=np.uint64) + np.uint64(1)
+
+
+def _logged_request(now: float, chain: list[int], tokens: int, found: int) -> LoggedRequest:
+    prompt = len(chain) * tokens
+    tier = ReuseTier.RAM if found else ReuseTier.NONE
+    return LoggedRequest(
+        now, 1, prompt, prompt, 0, found * tokens, tier, False, tokens, 0.0, _short_keys(chain),
+        np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.uint32),
+    )  # fmt: skip
+
+
+def _logged_store(now: float, blocks: list[int], tokens: int) -> LoggedStore:
+    count = len(blocks)
+    return LoggedStore(
+        now, 1, _short_keys(blocks), np.zeros(count, dtype=np.uint64), np.zeros(count, dtype=np.uint32),
+        np.full(count, tokens, dtype=np.uint32), np.full(count, tokens * BYTES_PER_TOKEN, dtype=np.uint64),
+        np.zeros(count, dtype=bool),
+    )  # fmt: skip

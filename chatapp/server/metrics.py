@@ -2,11 +2,13 @@
 
 Each server has its own registry (tests start several in one process). Request figures are
 counted as answers end; the cache's own counters (evictions, expirations) are read from the
-cache when scraped, so they never drift from `chatapp cache stats`.
+cache when scraped, so they never drift from `chatapp cache stats`; sizing advice (what other
+disk budgets would have reused) is recomputed from the request log at most every ten minutes.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -14,6 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, disable_cre
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from chatapp.services.cache_advice import Advice
 from chatapp.services.completions import CompletionUsage
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -45,10 +48,51 @@ class CacheCollector(Collector):
         yield from (evictions, expirations, entries, size)
 
 
+class AdviceCollector(Collector):
+    """Sizing advice (chatapp/services/cache_advice.py) at scrape time: reuse predicted at each disk budget."""
+
+    def __init__(self, advice: Callable[[], Advice | None]) -> None:
+        self._advice = advice
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        advice = self._advice()
+        if advice is None:
+            return
+        by_budget = GaugeMetricFamily(
+            "chatapp_cache_predicted_reuse_ratio",
+            "Share of prompt tokens the logged requests would have reused at a disk budget (RAM and TTL as set)",
+            labels=["disk_budget_bytes"],
+        )
+        for row in advice.disk:
+            budget = "+Inf" if math.isinf(row.budget_bytes) else str(int(row.budget_bytes))
+            by_budget.add_metric([budget], row.reused_share)
+        yield by_budget
+        yield GaugeMetricFamily(
+            "chatapp_cache_predicted_reuse_ratio_in_force",
+            "Share of prompt tokens the logged requests reuse at the budgets in force, as predicted",
+            value=advice.predicted_share,
+        )
+        yield GaugeMetricFamily(
+            "chatapp_cache_logged_reuse_ratio",
+            "Share of prompt tokens the logged requests reused, as measured",
+            value=advice.measured_share,
+        )
+        if advice.suggested_disk_mib is not None:
+            yield GaugeMetricFamily(
+                "chatapp_cache_suggested_disk_bytes",
+                "The smallest disk budget within half a point of an unlimited one's reuse",
+                value=advice.suggested_disk_mib << 20,
+            )
+
+
 class ServerMetrics:
     """The counters and histograms one server keeps."""
 
-    def __init__(self, cache_figures: Callable[[], dict[str, Any] | None]) -> None:
+    def __init__(
+        self,
+        cache_figures: Callable[[], dict[str, Any] | None],
+        advice: Callable[[], Advice | None] | None = None,
+    ) -> None:
         disable_created_metrics()  # type: ignore[no-untyped-call]  # `*_created` samples are noise here
         self.registry = CollectorRegistry()
         registry = self.registry
@@ -74,6 +118,8 @@ class ServerMetrics:
             registry=registry,
         )
         registry.register(CacheCollector(cache_figures))
+        if advice is not None:
+            registry.register(AdviceCollector(advice))
 
     def completion_ended(self, usage: CompletionUsage) -> None:
         self.prompt_tokens.inc(usage.prompt_tokens)

@@ -21,6 +21,7 @@ from chatapp.errors import ChatappError
 from chatapp.server.app import create_app
 from chatapp.server.context import ServerContext
 from chatapp.server.metrics import ServerMetrics
+from chatapp.services.cache_advice import AdviceMemo
 from chatapp.services.model_pool import ModelPool
 
 GRACEFUL_SHUTDOWN_SECONDS = 5
@@ -71,7 +72,8 @@ def build_server(
 ) -> tuple[uvicorn.Server, ServerContext]:
     """The app on `pool`'s models in a uvicorn server not yet started (`serve` runs it; tests run it on
     a thread), and what its routes share."""
-    metrics = ServerMetrics(pool.default.cache_figures)
+    workspace = pool.default.workspace
+    metrics = ServerMetrics(pool.default.cache_figures, AdviceMemo(workspace.kv_cache_dir, workspace.settings).latest)
     context = ServerContext(pool, metrics, body_limit_bytes, api_key)
     config = uvicorn.Config(
         create_app(context),

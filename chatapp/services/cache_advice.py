@@ -7,7 +7,10 @@ disk would hold, and a suggested budget.
 
 from __future__ import annotations
 
+import logging
 import math
+import threading
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -15,10 +18,12 @@ from typing import Any
 import numpy as np
 
 from cache.request_log import log_files, read_columns
-from cache.sizing import Gains, RequestHistory
+from cache.sizing import Gains, RequestHistory, enough_budget
 from chatapp.errors import ChatappError
 from chatapp.services.units import byte_size
 from chatapp.settings import Settings
+
+log = logging.getLogger(__name__)
 
 MIB = 1 << 20
 DAY_S = 24 * 3600.0
@@ -120,7 +125,7 @@ def advise(directory: Path, settings: Settings, logs: list[Path] | None = None) 
         rows(from_ram, ram, disk_tier=False),
         [(days, history.gains(days * DAY_S, ram_budget=ram).reused_at(disk) / total) for days in TTL_DAYS],
         *(
-            _suggestion(disk_rows)
+            _suggestion(disk_rows, by_disk, total)
             if enough_data
             else (
                 f"too few requests to size the tiers by ({history.requests:,} over {_days(history.seconds / DAY_S)}; "
@@ -131,12 +136,38 @@ def advise(directory: Path, settings: Settings, logs: list[Path] | None = None) 
     )
 
 
-def _suggestion(rows: list[BudgetRow]) -> tuple[str, int | None]:
+class AdviceMemo:
+    """Advice computed at most every `max_age_s` (a long log takes a second or two): for /metrics."""
+
+    def __init__(self, directory: Path, settings: Settings, max_age_s: float = 600.0) -> None:
+        self.directory, self.settings, self.max_age_s = directory, settings, max_age_s
+        self._lock = threading.Lock()
+        self._advice: Advice | None = None
+        self._at = -math.inf
+        self._failed = False
+
+    def latest(self) -> Advice | None:
+        """The advice, recomputed when older than `max_age_s`; None while nothing is logged or it cannot be read."""
+        with self._lock:
+            empty = self._advice is None and not self._failed  # nothing logged yet: asked again next time
+            if empty or time.monotonic() - self._at >= self.max_age_s:
+                self._failed = False
+                try:
+                    self._advice = advise(self.directory, self.settings)
+                except ChatappError as error:
+                    log.warning("no sizing advice for /metrics: %s", error)
+                    self._advice, self._failed = None, True
+                self._at = time.monotonic()
+            return self._advice
+
+
+def _suggestion(rows: list[BudgetRow], gains: Gains, total: int) -> tuple[str, int | None]:
     """The smallest disk budget that reuses within ENOUGH_POINTS of unlimited, said against today's; and its
     MiB (None when it is today's)."""
     current = next(row for row in rows if row.current)
-    best = rows[-1].reused_share
-    enough = next(row for row in rows if row.reused_share >= best - ENOUGH_POINTS / 100)
+    budgets = [row.budget_bytes for row in rows]
+    enough_bytes = enough_budget(gains, budgets, ENOUGH_POINTS / 100 * total)
+    enough = next(row for row in rows if row.budget_bytes == enough_bytes)
     if enough.budget_bytes == current.budget_bytes or math.isinf(enough.budget_bytes):
         return (
             f"the disk budget in force ({byte_size(int(current.budget_bytes))}) keeps what these requests reuse",

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from cache.eviction import LfuPolicy, LruPolicy, ValuePolicy
+from cache.request_log import LoggedEvent, LoggedRequest, columns_of
+from cache.sizing import RequestHistory
 from chatapp.benchmark import runner
 from chatapp.benchmark.goals import trace_verdicts
 from chatapp.benchmark.trace_figure import TTL_S, equal_bytes, measure_traces, trace_figure_verdicts, trace_table
@@ -60,7 +62,16 @@ def test_the_figure_reports_a_verdict_per_goal_and_variant() -> None:
     figures = measure_traces(SMALL)
     verdicts = trace_figure_verdicts(figures)
     by_type = [verdict for verdict in verdicts if "equal bytes" in verdict.measure]
-    policies = [verdict for verdict in verdicts if verdict not in by_type]
+    advice = [verdict for verdict in verdicts if "advice" in verdict.measure]
+    policies = [verdict for verdict in verdicts if verdict not in by_type and verdict not in advice]
+    assert len(advice) == 4 * len(TRACE_VARIANTS)  # LRU and value, at the budget and at its suggestion
+    for verdict in advice:
+        assert verdict.met == (abs(verdict.value) <= 2)
+    for variant, by_policy in figures.advice.items():
+        for policy, check in by_policy.items():
+            assert check.measured == figures.results[variant][policy].hit_rate
+            assert check.suggested_tokens >= check.budget_tokens // 16
+            assert 0 < check.predicted < 1
     assert len(policies) == 2 * len(TRACE_VARIANTS)
     assert len(by_type) == 2 * len(TRACE_VARIANTS)  # q8_0 and q4_0 on each trace
     assert {verdict.goal for verdict in verdicts} == {"G"}
@@ -97,3 +108,18 @@ def test_bench_runs_g_alone(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     report = json.loads((tmp_path / "bench.json").read_text())
     assert set(report["meta"]["cache_figures"]) == {"traces"}
     assert {goal["goal"] for goal in report["goals"]} == {"G"}
+
+
+def test_a_replays_log_predicts_that_replay_at_its_budget_and_at_another() -> None:
+    """The bench's cache model and sizing advice agree: the log of an LRU replay predicts it within a point,
+    at its own budget and at four times it."""
+    trace = make_trace("zipf", SMALL)
+    budget = 40 * trace.block_tokens
+    log: list[LoggedEvent] = []
+    here = replay(trace, LruPolicy(), budget, TTL_S, log)
+    assert sum(isinstance(event, LoggedRequest) for event in log) == len(trace.chains)
+    gains = RequestHistory(columns_of(log)).gains(TTL_S)
+    there = replay(trace, LruPolicy(), 4 * budget, TTL_S)
+    assert abs(gains.reused_at(budget) - here.reused_tokens) <= 0.01 * here.prompt_tokens
+    assert abs(gains.reused_at(4 * budget) - there.reused_tokens) <= 0.01 * there.prompt_tokens
+    assert here.reused_tokens < there.reused_tokens

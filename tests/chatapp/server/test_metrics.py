@@ -51,6 +51,15 @@ def test_counters_match_the_requests_made(http: httpx.Client, client: openai.Ope
     assert grew("chatapp_time_to_first_token_seconds_count") == 2
     assert grew("chatapp_request_duration_seconds_count") == 2
     assert ("chatapp_cache_evictions_total", (("tier", "disk"),)) in after
+    # Sizing advice from the request log (this server's first scrape computed it; the next ones reuse it).
+    predicted = {
+        labels: share for (name, labels), share in after.items() if name == "chatapp_cache_predicted_reuse_ratio"
+    }
+    assert (("disk_budget_bytes", "+Inf"),) in predicted
+    shares = [predicted[key] for key in sorted(predicted, key=lambda key: float(key[0][1]))]
+    assert shares == sorted(shares)
+    assert 0 <= value(after, "chatapp_cache_predicted_reuse_ratio_in_force") <= 1
+    assert ("chatapp_cache_logged_reuse_ratio", ()) in after
 
 
 def test_with_a_key_every_route_but_health_needs_it(tmp_path: Path, model_path: Path) -> None:
