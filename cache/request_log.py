@@ -310,14 +310,14 @@ class _Parts:
             (rows["flags"] & FLAG_WITHOUT_BLOCKS).astype(bool),
             rows["block_size"].astype(np.int64),
             rows["prefill_ms"].astype(np.float64),
-            _joined(self.chain, np.dtype("<u8")).astype(np.uint64),
+            _joined(self.chain, np.dtype("<u8")),
             _offsets(np.array(self.chain_counts, dtype=np.int64)),
-            _joined(self.mark_keys, np.dtype("<u8")).astype(np.uint64),
+            _joined(self.mark_keys, np.dtype("<u8")),
             _joined(self.mark_ends, np.dtype("<u4")).astype(np.int64),
             _offsets(np.array(self.mark_counts, dtype=np.int64)),
             store_heads["time"].astype(np.float64),
             store_heads["session"].astype(np.int64),
-            _joined(self.entry_keys, np.dtype("<u8")).astype(np.uint64),
+            _joined(self.entry_keys, np.dtype("<u8")),
             _joined(self.entry_sizes, np.dtype("<u8")).astype(np.int64),
             _joined(self.entry_tokens, np.dtype("<u4")).astype(np.int64),
             _joined(self.entry_flags, np.dtype("u1")).astype(bool),
@@ -326,7 +326,9 @@ class _Parts:
 
 
 def _joined(runs: list[bytes], dtype: np.dtype) -> np.ndarray:
-    return np.frombuffer(b"".join(runs), dtype=dtype)
+    """The runs as one array, read in place (native order; a big-endian machine gets a copy)."""
+    joined = np.frombuffer(b"".join(runs), dtype=dtype)
+    return joined if joined.dtype.isnative else joined.astype(joined.dtype.newbyteorder("="))
 
 
 def _offsets(counts: np.ndarray) -> np.ndarray:

@@ -33,7 +33,7 @@ from cache.tiers import ReuseTier
 NEVER = np.iinfo(np.int64).max // 4  # a distance no budget reaches: never stored, or expired
 # Past this many block queries the log is sampled (SHARDS: keys kept by a hash of their own, distances
 # and tokens scaled by the rate), so 100,000 requests of any length take about a second.
-FULL_QUERIES = 600_000
+FULL_QUERIES = 300_000
 MIN_MEASURED_TOKENS = 16  # shorter prefills are mostly fixed cost: no measure of the speed
 
 
@@ -113,6 +113,14 @@ class RequestHistory:
         log = _with_earlier_stores(log)
         self._blocks, self._checkpoints = _measure(log, self.sample_rate)
         self.stored_bytes = _stored_bytes(log)
+        self._token_scale = 1.0 / self.sample_rate
+        if self.sample_rate < 1.0:
+            # A ratio estimate: the sample's tokens scaled to the exact count of tokens any budget could
+            # reuse (stored before, with every block before them), so popular blocks in or out of the sample
+            # do not swing the whole curve.
+            sampled = self._unbounded_blocks_tokens()
+            if sampled > 0:
+                self._token_scale = _reusable_tokens(log, self._in_place, self._limit) / sampled
 
     @property
     def seconds(self) -> float:
@@ -164,13 +172,20 @@ class RequestHistory:
             )
         distance, tokens, cost = (np.concatenate(column) for column in zip(*parts, strict=True))
         order = np.argsort(distance, kind="stable")
-        rate = self.sample_rate
         return Gains(
-            distance[order].astype(np.float64) / rate,
-            tokens[order].astype(np.float64) / rate,
-            cost[order] / rate,
+            distance[order].astype(np.float64) / self.sample_rate,
+            tokens[order].astype(np.float64) * self._token_scale,
+            cost[order] * self._token_scale,
             int(self._in_place.sum()),
         )
+
+    def _unbounded_blocks_tokens(self) -> float:
+        """The sampled blocks' tokens past what was held in place that an unlimited cache without TTL reuses."""
+        blocks = self._blocks
+        reachable = _prefix_max(np.where(blocks.disk < NEVER, 0, NEVER), blocks.request) < NEVER
+        lowest = np.maximum(blocks.start, self._in_place[blocks.request])
+        highest = np.minimum(blocks.end, self._limit[blocks.request])
+        return float(np.maximum(highest - lowest, 0)[reachable].sum())
 
 
 def _needed_chain(
@@ -188,29 +203,41 @@ def _needed_chain(
     return needed
 
 
+def _reusable_tokens(log: LogColumns, in_place: np.ndarray, limit: np.ndarray) -> float:
+    """Tokens past what was held in place, within the limit, in chain blocks stored before their request
+    together with every block before them: what an unlimited cache without TTL reuses (exact, every block)."""
+    first_stored = _first_store_times(log, log.chain)
+    request = np.repeat(np.arange(log.requests), np.diff(log.chain_offsets))
+    before = (first_stored < log.request_time[request]).astype(np.int64)
+    offset = request.astype(np.int64) * 2  # per request, from its first block not stored on: missing is 1
+    missing = np.maximum.accumulate((1 - before) + offset) - offset
+    start = (np.arange(log.chain.size) - log.chain_offsets[request]) * log.block_size[request]
+    end = np.minimum(start + log.block_size[request], log.prompt[request])
+    gained = np.minimum(end, limit[request]) - np.maximum(start, in_place[request])
+    return float(np.maximum(gained, 0)[missing == 0].sum())
+
+
 def _with_earlier_stores(log: LogColumns) -> LogColumns:
     """The log with stores, at its start, of what a request restored from RAM or disk though no store in
     the log put it there before: stored before the log began (a file rotated away, a cache filled before
     an upgrade, another machine's log). Sized at the log's median bytes per token (its median checkpoint)."""
     restored = np.isin(log.tier, [TIER_CODES[ReuseTier.RAM], TIER_CODES[ReuseTier.DISK]])
-    block_request = np.repeat(np.arange(log.requests), np.diff(log.chain_offsets))
-    block_end = np.minimum(
-        (np.arange(log.chain.size) - log.chain_offsets[block_request] + 1) * log.block_size[block_request],
-        log.prompt[block_request],
-    )
-    blocks = restored[block_request] & (block_end <= log.reused[block_request])
-    blocks &= ~log.without_blocks[block_request]
+    if not restored.any():
+        return log
+    # The chain blocks a restore covered: the first reused // block_size of each restored request's chain.
+    covered = np.where(restored & ~log.without_blocks, log.reused // np.maximum(log.block_size, 1), 0)
+    covered = np.minimum(covered, np.diff(log.chain_offsets))
+    block_request = np.repeat(np.arange(log.requests), covered)
+    first_of = np.concatenate(([0], np.cumsum(covered)))[:-1]
+    block_index = log.chain_offsets[block_request] + np.arange(block_request.size) - first_of[block_request]
     mark_request = np.repeat(np.arange(log.requests), np.diff(log.mark_offsets))
     marks = restored[mark_request] & (log.mark_end == log.reused[mark_request])
-    keys = np.concatenate([log.chain[blocks], log.mark_key[marks]])
-    needed_at = np.concatenate([log.request_time[block_request[blocks]], log.request_time[mark_request[marks]]])
-    owner = np.concatenate([block_request[blocks], mark_request[marks]])
-    is_mark = np.concatenate([np.zeros(int(blocks.sum()), dtype=bool), np.ones(int(marks.sum()), dtype=bool)])
+    keys = np.concatenate([log.chain[block_index], log.mark_key[marks]])
+    owner = np.concatenate([block_request, mark_request[marks]])
+    needed_at = log.request_time[owner]
+    is_mark = np.concatenate([np.zeros(block_request.size, dtype=bool), np.ones(int(marks.sum()), dtype=bool)])
     tokens = np.concatenate(
-        [
-            log.block_size[block_request[blocks]],
-            log.mark_end[marks] % np.maximum(log.block_size[mark_request[marks]], 1),
-        ]
+        [log.block_size[block_request], log.mark_end[marks] % np.maximum(log.block_size[mark_request[marks]], 1)]
     )
     first_stored = _first_store_times(log, keys)
     earlier = first_stored >= needed_at
@@ -484,20 +511,27 @@ def _add_stored_with(
 
 def _sampled(keys: np.ndarray, rate: float) -> np.ndarray:
     """Which keys a sample at `rate` keeps: by a mix of the key's own bits (splitmix64), so a key is
-    in or out for the whole log. In place, in two buffers: a long log's temporaries cost more than the math."""
+    in or out for the whole log. In place, a chunk at a time: a long log's temporaries cost more than the math."""
     if rate >= 1.0:
         return np.ones(keys.size, dtype=bool)
-    mixed = keys.astype(np.uint64, copy=True)
+    kept = np.empty(keys.size, dtype=bool)
+    chunk = 1 << 18
+    mixed = np.empty(min(chunk, keys.size), dtype=np.uint64)
     shifted = np.empty_like(mixed)
+    threshold = np.uint64(rate * 2.0**64)
     with np.errstate(over="ignore"):
-        np.add(mixed, np.uint64(0x9E3779B97F4A7C15), out=mixed)
-        for shift, factor in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB)):
-            np.right_shift(mixed, np.uint64(shift), out=shifted)
-            np.bitwise_xor(mixed, shifted, out=mixed)
-            np.multiply(mixed, np.uint64(factor), out=mixed)
-        np.right_shift(mixed, np.uint64(31), out=shifted)
-        np.bitwise_xor(mixed, shifted, out=mixed)
-    return np.asarray(mixed < np.uint64(rate * 2.0**64), dtype=bool)
+        for start in range(0, keys.size, chunk):
+            part = keys[start : start + chunk]
+            value, spare = mixed[: part.size], shifted[: part.size]
+            np.add(part.astype(np.uint64, copy=False), np.uint64(0x9E3779B97F4A7C15), out=value)
+            for shift, factor in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB)):
+                np.right_shift(value, np.uint64(shift), out=spare)
+                np.bitwise_xor(value, spare, out=value)
+                np.multiply(value, np.uint64(factor), out=value)
+            np.right_shift(value, np.uint64(31), out=spare)
+            np.bitwise_xor(value, spare, out=value)
+            np.less(value, threshold, out=kept[start : start + part.size])
+    return kept
 
 
 def _rank_from_end(flags: np.ndarray, segment: np.ndarray) -> np.ndarray:
