@@ -109,3 +109,24 @@ def test_a_sample_of_requests_that_match_blocks_in_part_stays_within_the_prompt(
         estimate = RequestHistory(columns_of(events), sample_rate=rate).gains(math.inf).reused_at(math.inf)
         assert 0 < estimate <= history.prompt_tokens
     assert 0 < whole <= history.prompt_tokens
+
+
+def test_a_sample_is_scaled_to_the_exact_reuse_of_an_unlimited_cache() -> None:
+    """A ratio estimate: whichever popular blocks the sample holds, its curve ends where the whole log's does."""
+    trace = make_trace("zipf", scale=0.3)
+    events: list[LoggedEvent] = []
+    stored: set[int] = set()
+    for when, chain in zip(trace.times, trace.chains, strict=True):
+        events.append(_request(when, [block + 1 for block in chain], 0, ReuseTier.NONE))
+        new = [block + 1 for block in chain if block not in stored]
+        stored.update(chain)
+        if new:
+            events.append(_store(when + 0.5, new))
+    log = columns_of(events)
+    whole = RequestHistory(log, sample_rate=1.0).gains(math.inf)
+    budgets = [64 * 6400, 1024 * 6400, math.inf]
+    for rate in (0.3, 0.1):
+        sampled = RequestHistory(log, sample_rate=rate).gains(math.inf)
+        assert sampled.reused_at(math.inf) == pytest.approx(whole.reused_at(math.inf), abs=1)
+        for exact, estimate in zip(whole.reused_curve(budgets), sampled.reused_curve(budgets), strict=True):
+            assert abs(exact - estimate) <= 0.05 * whole.reused_at(math.inf)
