@@ -145,13 +145,14 @@ class BlockIndex:
             chain.append(info)
             parent = info.key
             position += size
-        best, best_length = self._closest_child(parent, prompt[position : position + size])
+        best, best_length = self.closest_child(parent, prompt[position : position + size])
         if best is not None:
             chain.append(best)
             position += best_length
         return PrefixMatch(tuple(chain), position)
 
-    def _closest_child(self, parent: BlockKey, wanted: np.ndarray) -> tuple[BlockInfo | None, int]:
+    def closest_child(self, parent: BlockKey, wanted: np.ndarray) -> tuple[BlockInfo | None, int]:
+        """The child of `parent` sharing the longest run of first tokens with `wanted`, and that length."""
         siblings = self._children.get(parent)
         if not siblings or wanted.size == 0:
             return None, 0

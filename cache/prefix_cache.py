@@ -55,6 +55,10 @@ from cache.tiers import ReuseTier
 log = logging.getLogger(__name__)
 
 GIB = 1 << 30
+# Short blocks (a stored sequence's last, partial block) remembered for the request log after the
+# cache evicts them, so a later prompt that extends them is logged as able to reuse them (sizing
+# advice decides at each budget whether they would still be kept). Forgotten all at once past this.
+REMEMBERED_SHORT_BLOCKS = 65_536
 DAY = 24 * 3600.0
 
 
@@ -137,6 +141,7 @@ class PrefixCache:
         self.layout = layout
         self.config = config
         self.index = BlockIndex(config.block_size, namespace.seed)
+        self._short_blocks = BlockIndex(config.block_size, namespace.seed)  # for the request log only
         self.ram = RamTier(config.ram_budget_bytes, config.ttl_seconds, policy=make_policy(config.eviction_policy))
         self.disk = DiskTier(directory, config.disk_budget_bytes, config.ttl_seconds, bytes.fromhex(namespace.id))
         self.requests = RequestCounters()
@@ -145,6 +150,7 @@ class PrefixCache:
         self._told: set[str] = set()
         for info in self.disk.new_entries():
             self.index.add(info)
+            self._remember_short(info)
         try:
             sections = layout.base or layout.swa  # the KV cells' ggml type, for `cache stats` (-1: none)
             k_type = sections.layers[0].k_type if sections is not None and sections.layers else -1
@@ -171,6 +177,7 @@ class PrefixCache:
                     self.index.remove(info.key)
                     self.ram.discard(info.key)
                 self.index.add(info)
+                self._remember_short(info)
             match = self.index.longest_prefix(array) if memory.has_blocks else None
             covered = min(match.matched_tokens, limit) if match is not None else limit
             if not memory.restores_at_checkpoints:
@@ -351,15 +358,27 @@ class PrefixCache:
         self.request_log.append(encode_request(request))
 
     def _partial_match(self, prompt: np.ndarray) -> list[BlockInfo]:
-        """The stored block the longest match ends inside, as a mark ending where the match does
-        (its `end` is that block's start plus the tokens it shares); none when the match ends on a
-        boundary of the prompt's own blocks."""
+        """Stored blocks a restore of `prompt` could end in that are not its own: the one the index's longest
+        match ends in (shorter, or matched in part), and short blocks remembered under any of the prompt's
+        blocks' parents that its tokens extend. Marks ending where each match does."""
+        marks: dict[BlockKey, BlockInfo] = {}
         match = self.index.longest_prefix(prompt)
-        if not match.blocks or match.matched_tokens == match.blocks[-1].end:
-            return []
-        last = match.blocks[-1]
-        shared = match.matched_tokens - last.start
-        return [replace(last, tokens=last.tokens[:shared], order_key=b"")]
+        if match.blocks:
+            last = match.blocks[-1]
+            if last.tokens.size < self.config.block_size or match.matched_tokens < last.end:
+                marks[last.key] = replace(last, tokens=last.tokens[: match.matched_tokens - last.start], order_key=b"")
+        for key, parent, start, end in self.index.keys_for(prompt):
+            short, shared = self._short_blocks.closest_child(parent, prompt[start:end])
+            if short is not None and short.key != key and short.key not in marks:
+                marks[short.key] = replace(short, tokens=short.tokens[:shared], order_key=b"")
+        return sorted(marks.values(), key=lambda info: info.end)
+
+    def _remember_short(self, info: BlockInfo) -> None:
+        if info.checkpoint or info.tokens.size >= self.config.block_size:
+            return
+        if len(self._short_blocks) >= REMEMBERED_SHORT_BLOCKS:
+            self._short_blocks = BlockIndex(self.config.block_size, self.namespace.seed)
+        self._short_blocks.add(info)
 
     def _log_stored(self, stored: list[BlockInfo]) -> None:
         """Note what a store added, for sizing advice."""
@@ -490,6 +509,7 @@ class PrefixCache:
             stored.append(info)
             with self._lock:
                 self.index.add(info)
+                self._remember_short(info)
                 superseded = [
                     sibling
                     for sibling in self.index.children(parent)
@@ -626,6 +646,7 @@ class PrefixCache:
         self.flush()
         with self._lock:
             self.index = BlockIndex(self.config.block_size, self.namespace.seed)
+            self._short_blocks = BlockIndex(self.config.block_size, self.namespace.seed)
         self.ram.clear()
         return self.disk.clear()
 
