@@ -195,6 +195,8 @@ class LogColumns:
     entry_key: np.ndarray  # uint64, every store's entries
     entry_size: np.ndarray  # int64
     entry_tokens: np.ndarray  # int64
+    entry_parent: np.ndarray  # uint64 (0: the root)
+    entry_start: np.ndarray  # int64
     entry_checkpoint: np.ndarray  # bool
     entry_offsets: np.ndarray
 
@@ -264,6 +266,8 @@ class _Parts:
         self.entry_keys: list[bytes] = []
         self.entry_sizes: list[bytes] = []
         self.entry_tokens: list[bytes] = []
+        self.entry_parents: list[bytes] = []
+        self.entry_starts: list[bytes] = []
         self.entry_flags: list[bytes] = []
         self.entry_counts: list[int] = []
 
@@ -291,6 +295,8 @@ class _Parts:
             self.entry_keys.append(data[entries : entries + 8 * count])
             self.entry_sizes.append(data[entries + 24 * count : entries + 32 * count])
             self.entry_tokens.append(data[entries + 20 * count : entries + 24 * count])
+            self.entry_parents.append(data[entries + 8 * count : entries + 16 * count])
+            self.entry_starts.append(data[entries + 16 * count : entries + 20 * count])
             self.entry_flags.append(data[entries + 32 * count : entries + 33 * count])
             self.entry_counts.append(count)
 
@@ -320,6 +326,8 @@ class _Parts:
             _joined(self.entry_keys, np.dtype("<u8")),
             _joined(self.entry_sizes, np.dtype("<u8")).astype(np.int64),
             _joined(self.entry_tokens, np.dtype("<u4")).astype(np.int64),
+            _joined(self.entry_parents, np.dtype("<u8")),
+            _joined(self.entry_starts, np.dtype("<u4")).astype(np.int64),
             _joined(self.entry_flags, np.dtype("u1")).astype(bool),
             _offsets(np.array(self.entry_counts, dtype=np.int64)),
         )

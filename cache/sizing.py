@@ -27,6 +27,7 @@ import numpy as np
 
 from cache.dominance import dominance_sums
 from cache.eviction import ATTENTION_TOKENS
+from cache.ram_replay import replay_ram
 from cache.request_log import TIER_CODES, LogColumns
 from cache.tiers import ReuseTier
 
@@ -79,6 +80,7 @@ class _Blocks:
     ram: np.ndarray  # distance in its process's (RAM) stack
     age: np.ndarray  # seconds since its last use (inf when none)
     ram_age: np.ndarray  # seconds since its process last used it
+    key: np.ndarray  # uint64 short key
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,7 @@ class _Checkpoints:
     age: np.ndarray
     ram_age: np.ndarray
     anchor: np.ndarray  # a restore to `end` needs the chain blocks before this position
+    key: np.ndarray  # uint64 short key
 
 
 class RequestHistory:
@@ -112,6 +115,8 @@ class RequestHistory:
         self.sample_rate = sample_rate if sample_rate is not None else (FULL_QUERIES / queries if long_plain else 1.0)
         log = _with_earlier_stores(log)
         self._blocks, self._checkpoints = _measure(log, self.sample_rate)
+        self.log = log  # with the stores inferred from before it began
+        self._entry_kept = _sampled(log.entry_key, self.sample_rate)
         self.stored_bytes = _stored_bytes(log)
         self._token_scale = 1.0 / self.sample_rate
         if self.sample_rate < 1.0:
@@ -140,11 +145,21 @@ class RequestHistory:
         slope, _ = np.polyfit(units, milliseconds, 1)
         return float(slope) if slope > 0 else float(milliseconds.sum() / units.sum())
 
-    def gains(self, ttl_s: float, ram_budget: float | None = None, tier: str = "any") -> Gains:
+    def gains(self, ttl_s: float, ram_budget: float | None = None, tier: str = "any", ram_policy: str = "lru") -> Gains:
         """Reuse against the disk budget (tier "any": a block kept in RAM within `ram_budget` counts as
-        kept whatever the disk budget) or against the RAM budget (tier "ram": restored from RAM alone)."""
+        kept whatever the disk budget) or against the RAM budget (tier "ram": restored from RAM alone).
+
+        With another `ram_policy` than LRU (cache/eviction.py's "value", "lfu"), what the RAM tier keeps
+        at `ram_budget` comes from a replay of each process's RAM tier under that policy (ram_replay.py)."""
         blocks, marks = self._blocks, self._checkpoints
-        chain = _prefix_max(_tier_distance(blocks, ttl_s, ram_budget, tier), blocks.request)
+        replayed: tuple[np.ndarray, np.ndarray] | None = None
+        if ram_policy != "lru" and ram_budget is not None and tier == "any":
+            replayed = replay_ram(
+                self.log, blocks, marks, ram_budget * self.sample_rate, ttl_s, ram_policy, self._entry_kept
+            )
+        chain = _prefix_max(
+            _tier_distance(blocks, ttl_s, ram_budget, tier, replayed[0] if replayed else None), blocks.request
+        )
         # Requests with marks (checkpoints, or a match ending inside a stored block) take the best of
         # their points; the others (most) add up their blocks, which a sample can estimate.
         with_marks = self.log.at_checkpoints.copy()
@@ -159,7 +174,7 @@ class RequestHistory:
         if marks.request.size:
             needed = _needed_chain(blocks.request, blocks.end, chain, marks.request, marks.anchor)
             needed[self.log.without_blocks[marks.request]] = 0  # a recurrent model's checkpoint restores alone
-            own = np.maximum(needed, _tier_distance(marks, ttl_s, ram_budget, tier))
+            own = np.maximum(needed, _tier_distance(marks, ttl_s, ram_budget, tier, replayed[1] if replayed else None))
             plain = ~self.log.at_checkpoints[blocks.request] & ~alone
             parts.append(
                 _envelope(
@@ -268,6 +283,8 @@ def _with_earlier_stores(log: LogColumns) -> LogColumns:
         entry_key=np.concatenate([keys, log.entry_key]),
         entry_size=np.concatenate([sizes, log.entry_size]),
         entry_tokens=np.concatenate([tokens, log.entry_tokens]),
+        entry_parent=np.concatenate([np.zeros(keys.size, dtype=np.uint64), log.entry_parent]),
+        entry_start=np.concatenate([np.zeros(keys.size, dtype=np.int64), log.entry_start]),
         entry_checkpoint=np.concatenate([checkpoint, log.entry_checkpoint]),
         entry_offsets=np.concatenate([_offsets(per_store), _offsets(per_store)[-1] + log.entry_offsets[1:]]),
     )
@@ -294,11 +311,19 @@ def _offsets(counts: np.ndarray) -> np.ndarray:
     return np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
 
 
-def _tier_distance(entries: _Blocks | _Checkpoints, ttl_s: float, ram_budget: float | None, tier: str) -> np.ndarray:
+def _tier_distance(
+    entries: _Blocks | _Checkpoints,
+    ttl_s: float,
+    ram_budget: float | None,
+    tier: str,
+    in_ram: np.ndarray | None = None,
+) -> np.ndarray:
     """Each entry's distance for the question asked: in its process's RAM stack (tier "ram"), or in the
-    disk stack, 0 where the RAM tier within `ram_budget` still keeps it; NEVER once expired."""
-    kept_in_ram = (entries.ram < NEVER) & (entries.ram <= (ram_budget if ram_budget is not None else -1))
-    in_ram = kept_in_ram & (entries.ram_age <= ttl_s)
+    disk stack, 0 where the RAM tier within `ram_budget` still keeps it (LRU's, or `in_ram` replayed);
+    NEVER once expired."""
+    if in_ram is None:
+        kept_in_ram = (entries.ram < NEVER) & (entries.ram <= (ram_budget if ram_budget is not None else -1))
+        in_ram = kept_in_ram & (entries.ram_age <= ttl_s)
     if tier == "ram":
         return np.where(entries.ram_age <= ttl_s, entries.ram, NEVER)
     return np.where(in_ram, 0, np.where(entries.age <= ttl_s, entries.disk, NEVER))
@@ -467,6 +492,7 @@ def _measure(log: LogColumns, rate: float) -> tuple[_Blocks, _Checkpoints]:
         _add_ancestors(ram, ram_last, wanted_request, block_size_of),
         age,
         ram_age,
+        log.chain[kept_blocks][block_wanted],
     )
     wanted_mark = mark_request[mark_wanted]
     anchor = mark_end[mark_wanted] // np.maximum(log.block_size[wanted_mark], 1) * log.block_size[wanted_mark]
@@ -476,7 +502,16 @@ def _measure(log: LogColumns, rate: float) -> tuple[_Blocks, _Checkpoints]:
     chain = (wanted_request, blocks.end, block_size_of)
     mark_disk = _add_stored_with(mark_disk, mark_last, wanted_mark, anchor, *chain, last)
     mark_ram = _add_stored_with(mark_ram, mark_ram_last, wanted_mark, anchor, *chain, ram_last)
-    marks = _Checkpoints(wanted_mark, mark_end[mark_wanted], mark_disk, mark_ram, mark_age, mark_ram_age, anchor)
+    marks = _Checkpoints(
+        wanted_mark,
+        mark_end[mark_wanted],
+        mark_disk,
+        mark_ram,
+        mark_age,
+        mark_ram_age,
+        anchor,
+        log.mark_key[kept_marks][mark_wanted],
+    )
     return blocks, marks
 
 

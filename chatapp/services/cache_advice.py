@@ -91,7 +91,9 @@ def advise(directory: Path, settings: Settings, logs: list[Path] | None = None) 
     ram, disk, ttl = settings.cache_ram_mib * MIB, settings.cache_disk_mib * MIB, settings.cache_ttl_days * DAY_S
     ms_per_cost = history.prefill_ms_per_cost()
     total = max(history.prompt_tokens, 1)
-    by_disk = history.gains(ttl, ram_budget=ram)
+    # The disk table and the prediction replay the RAM tier under its own policy; the RAM and TTL tables
+    # are LRU's one pass (a replay per budget would take seconds each on a long log).
+    by_disk = history.gains(ttl, ram_budget=ram, ram_policy=settings.cache_eviction)
     from_ram = history.gains(ttl, tier="ram")
 
     def rows(gains: Gains, current: int, disk_tier: bool) -> list[BudgetRow]:
@@ -203,11 +205,11 @@ def format_advice(advice: Advice) -> str:
         "disk budget  reused (any tier)  prefill saved      holds",
         *(_row(row) for row in advice.disk),
         "",
-        f"RAM budget   restored from RAM  prefill saved   ({advice.processes:,} processes, each starting with an "
-        "empty RAM tier)",
+        f"RAM budget   restored from RAM  prefill saved   (as LRU; {advice.processes:,} processes, each starting "
+        "with an empty RAM tier)",
         *(_row(row) for row in advice.ram),
         "",
-        "TTL: " + ", ".join(f"{_days(days)} {share:.1%}" for days, share in advice.ttl),
+        "TTL (RAM as LRU): " + ", ".join(f"{_days(days)} {share:.1%}" for days, share in advice.ttl),
         "",
         f"suggestion: {advice.suggestion}",
     ]

@@ -8,8 +8,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from cache.ram_replay import replay_ram
 from cache.request_log import LoggedEvent, LoggedRequest, LoggedStore, columns_of
-from cache.sizing import RequestHistory
+from cache.sizing import NEVER, RequestHistory
 from cache.tiers import ReuseTier
 from chatapp.benchmark.traces import make_trace
 from tests.cache.sizing_reference import random_log, replay_reused
@@ -130,3 +131,18 @@ def test_a_sample_is_scaled_to_the_exact_reuse_of_an_unlimited_cache() -> None:
         assert sampled.reused_at(math.inf) == pytest.approx(whole.reused_at(math.inf), abs=1)
         for exact, estimate in zip(whole.reused_curve(budgets), sampled.reused_curve(budgets), strict=True):
             assert abs(exact - estimate) <= 0.05 * whole.reused_at(math.inf)
+
+
+@pytest.mark.parametrize("at_checkpoints", [False, True], ids=["blocks", "checkpoints"])
+@pytest.mark.parametrize("seed", range(6))
+def test_the_ram_replay_under_lru_keeps_what_the_stack_distances_say(seed: int, at_checkpoints: bool) -> None:
+    """The replay that other policies need agrees with Mattson's one pass where both apply (LRU)."""
+    history = RequestHistory(columns_of(random_log(seed, requests=120, at_checkpoints=at_checkpoints)))
+    blocks, marks = history._blocks, history._checkpoints
+    for budget, ttl in ((40, math.inf), (120, math.inf), (120, 30.0)):
+        in_blocks, in_marks = replay_ram(history.log, blocks, marks, budget, ttl, "lru", history._entry_kept)
+        for rows, replayed in ((blocks, in_blocks), (marks, in_marks)):
+            stack = (rows.ram < NEVER) & (rows.ram <= budget) & (rows.ram_age <= ttl)
+            assert replayed.tolist() == stack.tolist(), (budget, ttl)
+    value = history.gains(math.inf, ram_budget=120, ram_policy="value")
+    assert 0 <= value.reused_at(0) <= history.gains(math.inf, ram_budget=math.inf).reused_at(0)

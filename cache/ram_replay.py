@@ -1,0 +1,147 @@
+"""What each process's RAM tier kept when each logged request came, replayed under an eviction policy.
+
+Sizing advice (cache/sizing.py) counts LRU's stack distances in one pass; a policy that is not a
+stack algorithm (the value policy, LFU) has to be replayed at each budget. This replays the log the
+way the RAM tier works (ram_tier.py): one tier per process, empty at its start; a store keeps its
+entries deepest first; a request finds what is kept and unexpired, then uses the entries past what
+the live context held, deepest first (a use of one not kept brings it back, as a restore from disk
+does); the policy (cache/eviction.py's own class) chooses victims while the tier is over budget;
+a sliding TTL. Only the keys of the sample are replayed, at the sample's share of the budget.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+from cache.eviction import BlockPlace, EvictionPolicy, make_policy
+from cache.keys import BlockKey
+from cache.request_log import LogColumns
+
+
+class Queries(Protocol):
+    """The rows sizing asks about: a request, a key and where it ends."""
+
+    @property
+    def request(self) -> np.ndarray: ...
+    @property
+    def end(self) -> np.ndarray: ...
+    @property
+    def key(self) -> np.ndarray: ...
+
+
+class BlockQueries(Queries, Protocol):
+    """Blocks also say where they start."""
+
+    @property
+    def start(self) -> np.ndarray: ...
+
+
+class _Tier:
+    """One process's RAM tier: sizes and expiry times, and the policy that picks victims."""
+
+    def __init__(self, budget: float, ttl_s: float, policy: EvictionPolicy) -> None:
+        self.budget, self.ttl_s, self.policy = budget, ttl_s, policy
+        self.kept: dict[int, tuple[int, float]] = {}  # key -> (bytes, last use)
+        self.used = 0
+
+    def holds(self, key: int, now: float) -> bool:
+        slot = self.kept.get(key)
+        if slot is None:
+            return False
+        if now - slot[1] > self.ttl_s:  # expired: dropped when read, as the tier does
+            self._drop(key)
+            return False
+        return True
+
+    def use(self, key: int, size: int, place: BlockPlace, now: float) -> None:
+        """A store or a restore of `key`: kept again if it was, brought back if not; then over budget, evict."""
+        policy_key = BlockKey(key.to_bytes(8, "little"))
+        if self.holds(key, now):
+            self.kept[key] = (self.kept[key][0], now)
+            self.policy.touch(policy_key, now)
+        elif size <= self.budget:
+            self.kept[key] = (size, now)
+            self.used += size
+            self.policy.admit(policy_key, place, size, now)
+        while self.used > self.budget:
+            victim = self.policy.victim()
+            if victim is None:
+                break
+            self._drop(int.from_bytes(victim, "little"))
+
+    def _drop(self, key: int) -> None:
+        size, _ = self.kept.pop(key)
+        self.used -= size
+        self.policy.forget(BlockKey(key.to_bytes(8, "little")))
+
+
+def _place(parent: int, start: int, tokens: int) -> BlockPlace:
+    return BlockPlace(BlockKey(parent.to_bytes(8, "little")) if parent else None, start, tokens)
+
+
+def replay_ram(
+    log: LogColumns,
+    blocks: BlockQueries,
+    marks: Queries,
+    budget: float,
+    ttl_s: float,
+    policy: str,
+    entry_kept: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """For each row of `blocks` and of `marks`: whether its process's RAM tier, replayed under `policy`
+    at `budget` bytes, held it when its request came. `entry_kept`: the stored entries in the sample."""
+    tiers: dict[int, _Tier] = {}
+    sizes: dict[int, int] = {}
+    places: dict[int, BlockPlace] = {}
+    in_ram_blocks = np.zeros(blocks.request.size, dtype=bool)
+    in_ram_marks = np.zeros(marks.request.size, dtype=bool)
+    requests, stores = log.requests, log.store_time.size
+    # Python lists: this loop reads one value at a time, which numpy scalars make several times slower.
+    block_rows = np.searchsorted(blocks.request, np.arange(requests + 1)).tolist()
+    mark_rows = np.searchsorted(marks.request, np.arange(requests + 1)).tolist()
+    block_key, block_end = blocks.key.tolist(), blocks.end.tolist()
+    block_start = blocks.start.tolist()
+    mark_key, mark_end = marks.key.tolist(), marks.end.tolist()
+    entry_offsets, entry_key, entry_size = log.entry_offsets.tolist(), log.entry_key.tolist(), log.entry_size.tolist()
+    entry_parent, entry_start = log.entry_parent.tolist(), log.entry_start.tolist()
+    entry_tokens, kept = log.entry_tokens.tolist(), entry_kept.tolist()
+    store_session, request_session = log.store_session.tolist(), log.request_session.tolist()
+    in_places = log.in_place.tolist()
+    times = np.concatenate([log.request_time, log.store_time])
+    is_store = np.concatenate([np.zeros(requests, dtype=bool), np.ones(stores, dtype=bool)])
+    rows = np.concatenate([np.arange(requests), np.arange(stores)])
+    order = np.lexsort((is_store, times))
+    for number, now, storing in zip(rows[order].tolist(), times[order].tolist(), is_store[order].tolist(), strict=True):
+        session = store_session[number] if storing else request_session[number]
+        tier = tiers.get(session)
+        if tier is None:
+            tier = tiers[session] = _Tier(budget, ttl_s, make_policy(policy))
+        if storing:
+            for entry in range(entry_offsets[number + 1] - 1, entry_offsets[number] - 1, -1):  # deepest first
+                if kept[entry]:
+                    key = entry_key[entry]
+                    sizes[key] = entry_size[entry]
+                    places[key] = _place(entry_parent[entry], entry_start[entry], entry_tokens[entry])
+                    tier.use(key, sizes[key], places[key], now)
+            continue
+        in_place = in_places[number]
+        first_block, last_block = block_rows[number], block_rows[number + 1]
+        first_mark, last_mark = mark_rows[number], mark_rows[number + 1]
+        for row in range(first_block, last_block):
+            in_ram_blocks[row] = tier.holds(block_key[row], now)
+        for row in range(first_mark, last_mark):
+            in_ram_marks[row] = tier.holds(mark_key[row], now)
+        used_marks = sorted((mark_end[row], row) for row in range(first_mark, last_mark) if mark_end[row] > in_place)
+        for _, row in reversed(used_marks):
+            key = mark_key[row]
+            if key in sizes:
+                tier.use(key, sizes[key], places[key], now)
+        for row in range(last_block - 1, first_block - 1, -1):
+            key = block_key[row]
+            if block_end[row] > in_place and key in sizes:
+                parent = block_key[row - 1] if row > first_block else 0
+                start = block_start[row]
+                tier.use(key, sizes[key], places.get(key) or _place(parent, start, block_end[row] - start), now)
+    return in_ram_blocks, in_ram_marks
