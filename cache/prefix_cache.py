@@ -152,8 +152,7 @@ class PrefixCache:
             self.index.add(info)
             self._remember_short(info)
         try:
-            sections = layout.base or layout.swa  # the KV cells' ggml type, for `cache stats` (-1: none)
-            k_type = sections.layers[0].k_type if sections is not None and sections.layers else -1
+            k_type = layout.kv_ggml_types[0]  # the KV cells' type, for `cache stats` (-1: none)
             remember_memory(directory, {"kind": layout.kind.value, "window": layout.window, "k_type": k_type})
         except OSError as error:  # a figure for `cache stats`; the disk tier says what is wrong
             log.warning("could not note the model's memory kind: %s", error)
@@ -323,22 +322,24 @@ class PrefixCache:
         without the cache, `limit` the most the cache could have served, `prefill_ms` computing the rest,
         `started` when it was placed (wall clock: before what it stored while it ran)."""
         array = as_token_array(prompt)
+        logging_it = self.request_log.enabled
+        keys = self.index.keys_for(array) if logging_it else []  # hashed once, outside the lock
         with self._lock:
             self.requests.requests += 1
             self.requests.prompt_tokens += int(array.size)
             self.requests.reused_tokens += reused_tokens
             if tier in self.requests.reused_by_tier:
                 self.requests.reused_by_tier[tier] += reused_tokens
-            if not self.request_log.enabled:
+            if not logging_it:
                 return
             # Besides whole blocks, a restore may end inside a stored block that shares only its first
             # tokens with the prompt (plain models), or at a checkpoint (the others): logged as marks.
             checkpoints = (
                 self.index.checkpoints_along(array, int(array.size))
                 if self.layout.memory.restores_at_checkpoints
-                else self._partial_match(array)
+                else self._partial_match(array, keys)
             )
-        chain = np.array([short_key(key) for key, _, _, _ in self.index.keys_for(array)], dtype=np.uint64)
+        chain = np.array([short_key(key) for key, _, _, _ in keys], dtype=np.uint64)
         request = LoggedRequest(
             time.time() if started is None else started,
             self.request_log.session,
@@ -357,20 +358,18 @@ class PrefixCache:
         )
         self.request_log.append(encode_request(request))
 
-    def _partial_match(self, prompt: np.ndarray) -> list[BlockInfo]:
-        """Stored blocks a restore of `prompt` could end in that are not its own: the one the index's longest
-        match ends in (shorter, or matched in part), and short blocks remembered under any of the prompt's
-        blocks' parents that its tokens extend. Marks ending where each match does."""
+    def _partial_match(self, prompt: np.ndarray, keys: list[tuple[BlockKey, BlockKey, int, int]]) -> list[BlockInfo]:
+        """Stored blocks a restore of `prompt` could end in that are not its own (`keys`, its blocks): one the
+        index holds under a parent the prompt reaches (shorter, or matched in part), and short blocks
+        remembered after eviction. Marks ending where each match does."""
         marks: dict[BlockKey, BlockInfo] = {}
-        match = self.index.longest_prefix(prompt)
-        if match.blocks:
-            last = match.blocks[-1]
-            if last.tokens.size < self.config.block_size or match.matched_tokens < last.end:
-                marks[last.key] = replace(last, tokens=last.tokens[: match.matched_tokens - last.start], order_key=b"")
-        for key, parent, start, end in self.index.keys_for(prompt):
-            short, shared = self._short_blocks.closest_child(parent, prompt[start:end])
-            if short is not None and short.key != key and short.key not in marks:
-                marks[short.key] = replace(short, tokens=short.tokens[:shared], order_key=b"")
+        reachable = True  # the index holds nothing past the prompt's first block it lacks
+        for key, parent, start, end in keys:
+            for index in (self.index, self._short_blocks) if reachable else (self._short_blocks,):
+                found, shared = index.closest_child(parent, prompt[start:end])
+                if found is not None and found.key != key and found.key not in marks:
+                    marks[found.key] = replace(found, tokens=found.tokens[:shared], order_key=b"")
+            reachable = reachable and key in self.index
         return sorted(marks.values(), key=lambda info: info.end)
 
     def _remember_short(self, info: BlockInfo) -> None:

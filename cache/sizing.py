@@ -58,10 +58,6 @@ class Gains:
         running = np.concatenate(([0], np.cumsum(self.tokens)))
         return [self.floor + round(float(running[np.searchsorted(self.distance, b, side="right")])) for b in budgets]
 
-    def cost_curve(self, budgets: Sequence[float]) -> list[float]:
-        running = np.concatenate(([0.0], np.cumsum(self.cost)))
-        return [float(running[np.searchsorted(self.distance, b, side="right")]) for b in budgets]
-
 
 def enough_budget(gains: Gains, budgets: Sequence[float], within_tokens: float) -> float:
     """The smallest of `budgets` (ascending) whose reuse is within `within_tokens` of an unlimited budget's."""
@@ -100,7 +96,6 @@ class RequestHistory:
 
     def __init__(self, log: LogColumns, sample_rate: float | None = None) -> None:
         """`sample_rate`: the share of keys kept (None: all of them unless the log is long)."""
-        self.log = log
         self.requests = log.requests
         self.prompt_tokens = int(log.prompt.sum())
         self.measured_reused = int(log.reused.sum())

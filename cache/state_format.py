@@ -119,6 +119,14 @@ class MemoryLayout:
     def window_bytes_per_cell(self) -> int:
         return self.swa.bytes_per_cell if self.swa is not None else 0
 
+    @property
+    def kv_ggml_types(self) -> tuple[int, int]:
+        """The ggml types of the K and V cells (from the first KV layer; -1 each for a model without KV)."""
+        sections = self.base or self.swa
+        if sections is None or not sections.layers:
+            return -1, -1
+        return sections.layers[0].k_type, sections.layers[0].v_type
+
     def digest(self) -> bytes:
         """16 bytes naming this layout, stored with every entry so an entry never meets another layout."""
         return self.memory.digest(self)

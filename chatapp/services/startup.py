@@ -201,12 +201,11 @@ def kv_cache_factory(
     """
 
     def open_cache(layout: MemoryLayout, info: ModelInfo) -> PrefixCache:
-        sections = layout.base or layout.swa
-        first = sections.layers[0] if sections is not None and sections.layers else None
+        type_k, type_v = layout.kv_ggml_types
         namespace = Namespace(
             model_fingerprint=model_fingerprint,
-            type_k=first.k_type if first is not None else -1,
-            type_v=first.v_type if first is not None else -1,
+            type_k=type_k,
+            type_v=type_v,
             flash_attention=info.flash_attention,
             block_size=config.block_size,
             library_version=library_version(),
