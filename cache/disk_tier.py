@@ -22,7 +22,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -30,6 +30,7 @@ import diskcache
 from diskcache.core import MODE_PICKLE
 
 from cache.blocks import BlockInfo, RecordError, payload_checksum
+from cache.keys import BlockKey
 from cache.stats import DiskSizes, TierCounters
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,9 @@ UNLIMITED = 1 << 62
 CLOCK_SLACK_SECONDS = 300.0
 STORE_TIME_OVERLAP_SECONDS = 120.0  # past diskcache's 60 s wait for the database lock (see new_entries)
 DISK_ERRORS = (OSError, sqlite3.Error, diskcache.Timeout)
+_ROW_BYTES = "rowid, filename, size + COALESCE(length(value), 0) FROM Cache"
+EXPIRED_ROWS = f"SELECT {_ROW_BYTES} WHERE expire_time IS NOT NULL AND expire_time < ? ORDER BY expire_time"
+LEAST_RECENT_ROWS = f"SELECT {_ROW_BYTES} ORDER BY access_time"
 T = TypeVar("T")
 
 
@@ -84,8 +88,9 @@ def _inside(filename: str | None) -> bool:
     return not path.is_absolute() and ".." not in path.parts
 
 
-def open_bytes_store(directory: Path, size_limit: int) -> diskcache.Cache:
-    """A private diskcache folder with LRU culling that stores only bytes."""
+def open_bytes_store(directory: Path, size_limit: int, cull_limit: int = 16) -> diskcache.Cache:
+    """A private diskcache folder with LRU culling that stores only bytes (`cull_limit` 0: culled by the
+    caller, `cull_to_budget`)."""
     directory.mkdir(mode=PRIVATE, parents=True, exist_ok=True)
     os.chmod(directory, PRIVATE)
     return diskcache.Cache(
@@ -94,7 +99,7 @@ def open_bytes_store(directory: Path, size_limit: int) -> diskcache.Cache:
         eviction_policy="least-recently-used",
         disk=BytesOnlyDisk,
         disk_min_file_size=32 * 1024,
-        cull_limit=16,
+        cull_limit=cull_limit,
         statistics=False,
     )
 
@@ -117,6 +122,34 @@ def remove_orphan_files(store: diskcache.Cache, min_age_seconds: float = 600) ->
     for path in orphans:
         path.unlink(missing_ok=True)
     return len(orphans)
+
+
+def cull_to_budget(store: diskcache.Cache, now: float) -> int:
+    """Drop expired rows, then the least recently used, until the store is within its size limit: exactly
+    as many as that takes, so the tier is the LRU sizing advice counts. (diskcache's own cull, left off
+    here, drops `cull_limit` rows whenever the store is full: at a budget of a few dozen blocks, most of
+    it.) A row counts its file's size or its value's length: the pages an inline value frees are reused
+    by the next rows, so the volume stays and the next store culls as much as it adds. Returns how many."""
+    excess = store.volume() - store.size_limit
+    if excess <= 0:
+        return 0
+    victims: dict[int, str | None] = {}
+    with store._transact(retry=True) as (sql, cleanup):
+        for query, arguments in ((EXPIRED_ROWS, (now,)), (LEAST_RECENT_ROWS, ())):
+            rows = sql(query, arguments)
+            while excess > 0 and (batch := rows.fetchmany(64)):
+                for rowid, filename, size in batch:
+                    if excess > 0 and rowid not in victims:
+                        victims[rowid] = filename
+                        excess -= size
+            rows.close()  # before the rows it read are deleted
+        rowids = list(victims)
+        for start in range(0, len(rowids), 500):
+            chunk = rowids[start : start + 500]
+            sql(f"DELETE FROM Cache WHERE rowid IN ({','.join('?' * len(chunk))})", chunk)
+        for filename in victims.values():
+            cleanup(filename)
+    return len(victims)
 
 
 def clear_store(store: diskcache.Cache) -> int:
@@ -148,19 +181,19 @@ def set_aside(directory: Path) -> Path:
     return target
 
 
-def open_store(directory: Path, size_limit: int) -> tuple[diskcache.Cache, str | None]:
+def open_store(directory: Path, size_limit: int, cull_limit: int = 16) -> tuple[diskcache.Cache, str | None]:
     """Open one store; a database too damaged to open is moved aside and a new one begun.
 
     Returns the store and, when something was moved aside, a sentence saying so.
     """
     try:
-        return open_bytes_store(directory, size_limit), None
+        return open_bytes_store(directory, size_limit, cull_limit), None
     except sqlite3.DatabaseError as error:
         if isinstance(error, sqlite3.OperationalError):
             raise  # locked, read-only, cannot open: not damage
         moved = set_aside(directory)
         return open_bytes_store(
-            directory, size_limit
+            directory, size_limit, cull_limit
         ), f"the disk cache {directory} was damaged ({error}); it was moved to {moved.name} and a new one begun"
 
 
@@ -191,7 +224,7 @@ class DiskTier:
         self._recent_rows: dict[bool, dict[int, float]] = {False: {}, True: {}}  # rowid -> store time, in the overlap
         try:
             directory.mkdir(mode=PRIVATE, parents=True, exist_ok=True)
-            self._blocks, repaired = open_store(directory / "blocks", budget_bytes)
+            self._blocks, repaired = open_store(directory / "blocks", budget_bytes, cull_limit=0)  # culled exactly
             self._pinned, repaired_pinned = open_store(directory / "pinned", UNLIMITED)
             self.problem = repaired or repaired_pinned
             for store in (self._blocks, self._pinned):
@@ -276,8 +309,8 @@ class DiskTier:
         """Store a block; False when the disk could not take it (the tier may now be off)."""
         expire = None if info.pinned else self.ttl_seconds
         stored = self._guarded(
-            lambda: self._store(info.pinned).set(
-                info.key.hex(), payload, expire=expire, tag=info.encode(self.namespace_id), retry=True
+            lambda: self._set(
+                self._store(info.pinned), info.key.hex(), payload, expire, info.encode(self.namespace_id)
             ),
             False,
         )
@@ -285,6 +318,13 @@ class DiskTier:
             with self._lock:
                 self.counters.bytes_written += len(payload)
         return bool(stored)
+
+    def _set(self, store: diskcache.Cache, name: str, payload: bytes, expire: float | None, tag: bytes) -> bool:
+        """Write a row, then bring the store back within its budget."""
+        written = bool(store.set(name, payload, expire=expire, tag=tag, retry=True))
+        if store is self._blocks:
+            cull_to_budget(store, self._clock())
+        return written
 
     @contextlib.contextmanager
     def reading(self) -> Iterator[None]:
@@ -369,6 +409,54 @@ class DiskTier:
             self._guarded(lambda: store.touch(name, expire=self.ttl_seconds, retry=True), False)
         return payload
 
+    def refresh(self, infos: Sequence[BlockInfo]) -> None:
+        """Mark blocks just served from RAM as used on disk too: their last use (LRU) and expiry (TTL), in
+        one transaction. Else a prefix served from RAM every day ages on disk unseen, is culled or expires
+        there, and is gone at the next start; and sizing advice, which counts one recency over both tiers,
+        would not describe the cache. `infos` in the order a fetch wants them kept (first: kept longest).
+        Rows gone or expired stay so; pinned ones are never culled and need none."""
+        names = [info.key.hex() for info in infos if not info.pinned]
+        if not names or not self.enabled:
+            return
+        store = self._store(False)
+
+        def update() -> bool:
+            now = self._clock()
+            expire = now + self.ttl_seconds
+            rows = [(now - rank * 1e-6, expire, name, now) for rank, name in enumerate(names)]
+            with store.transact(retry=True):
+                store._con.executemany(
+                    "UPDATE Cache SET access_time = ?, expire_time = ? WHERE key = ? AND raw = 1 "
+                    "AND (expire_time IS NULL OR expire_time > ?)",
+                    rows,
+                )
+            return True
+
+        self._guarded(update, False)
+
+    def holding(self, infos: Sequence[BlockInfo]) -> set[BlockKey]:
+        """Which of these blocks the disk keeps, unexpired (pinned ones always); none while it is off."""
+        pinned = {info.key for info in infos if info.pinned}
+        names = [info.key.hex() for info in infos if not info.pinned]
+        if not self.enabled or not names:
+            return pinned
+
+        def query() -> set[BlockKey]:
+            store, now = self._store(False), self._clock()
+            found: set[BlockKey] = set()
+            for start in range(0, len(names), 500):
+                chunk = names[start : start + 500]
+                rows = store._sql(
+                    f"SELECT key FROM Cache WHERE raw = 1 AND key IN ({','.join('?' * len(chunk))}) "
+                    "AND (expire_time IS NULL OR expire_time > ?)",
+                    (*chunk, now),
+                ).fetchall()
+                found.update(BlockKey(bytes.fromhex(name)) for (name,) in rows)
+            return found
+
+        nothing: set[BlockKey] = set()
+        return pinned | self._guarded(query, nothing)
+
     def delete(self, info: BlockInfo) -> None:
         """Drop a block from the store its record names (a pinned copy another process made stays)."""
         if self.enabled:
@@ -385,7 +473,7 @@ class DiskTier:
         tag = dataclasses.replace(info, pinned=pinned).encode(self.namespace_id)
         # The copy first, then the record says where it is, then the old copy goes: a reader in between
         # finds the block in the store the record names (pins are made beside the engine's own reads).
-        if self._guarded(lambda: target.set(info.key.hex(), payload, expire=expire, tag=tag, retry=True), False):
+        if self._guarded(lambda: self._set(target, info.key.hex(), payload, expire, tag), False):
             info.pinned = pinned
             self._guarded(lambda: source.delete(info.key.hex(), retry=True), False)
 

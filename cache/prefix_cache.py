@@ -17,8 +17,9 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -156,7 +157,7 @@ class PrefixCache:
             remember_memory(directory, {"kind": layout.kind.value, "window": layout.window, "k_type": k_type})
         except OSError as error:  # a figure for `cache stats`; the disk tier says what is wrong
             log.warning("could not note the model's memory kind: %s", error)
-        self._queue: queue.Queue[tuple[np.ndarray, np.ndarray, bool, int] | None] = queue.Queue()
+        self._queue: queue.Queue[Callable[[], None] | None] = queue.Queue()  # the writer's work
         self._writer = threading.Thread(target=self._write_loop, name="chatapp-cache-writer", daemon=True)
         self._writer.start()
 
@@ -207,6 +208,7 @@ class PrefixCache:
             # prefix's last block before its first (a block without its parents cannot be restored).
             for info in reversed(wanted):
                 read.append(self._payload(info))
+        served_by_ram: list[BlockInfo] = []
         for info, (payload, from_disk) in zip(wanted, reversed(read), strict=True):
             if payload is None:
                 if self.layout.memory.restores_at_checkpoints:
@@ -214,6 +216,8 @@ class PrefixCache:
                 break
             if from_disk:
                 tier = ReuseTier.DISK
+            else:
+                served_by_ram.append(info)
             blocks.append(info)
             payloads.append(payload)
         checkpoint = payloads.pop() if found.checkpoint is not None else None
@@ -225,10 +229,17 @@ class PrefixCache:
                 return None
             checkpoint = joined
             tier = ReuseTier.DISK if from_disk else tier
+            if not from_disk:
+                with self._lock:
+                    base = self._base_of(found.checkpoint)
+                served_by_ram.extend([base] if base is not None else [])
         memory = self.layout.memory
         tokens = min(found.tokens, blocks[-1].end) if blocks and not memory.restores_at_checkpoints else found.tokens
         if tokens == 0 or (memory.has_blocks and not blocks):
             return None
+        if served_by_ram:
+            # The disk's copies are used too (one recency over both tiers): refreshed on the writer thread.
+            self._queue.put(partial(self.disk.refresh, served_by_ram))
         prefix = tuple(int(token) for token in as_token_array(prompt)[:tokens])
         return FetchedPrefix(tuple(blocks), tuple(payloads), tokens, checkpoint, tier, prefix)
 
@@ -421,15 +432,17 @@ class PrefixCache:
         last, partial batch, or an answer's tokens).
         """
         array = as_token_array(tokens).copy()
-        self._queue.put((array, state, False, array.size if upto is None else min(upto, array.size)))
+        self._queue.put(
+            partial(self._store_now, array, state, False, array.size if upto is None else min(upto, array.size))
+        )
 
     def store_checkpoint(self, tokens: list[int], payload: bytes) -> None:
         """Keep a checkpoint (`checkpoint_payload` of a state read after `tokens`)."""
         array = as_token_array(tokens).copy()
-        self._queue.put((array, np.frombuffer(payload, dtype=np.uint8), True, array.size))
+        self._queue.put(partial(self._store_now, array, np.frombuffer(payload, dtype=np.uint8), True, array.size))
 
     def flush(self) -> None:
-        """Wait until everything handed to `store` is in RAM and on disk."""
+        """Wait until everything handed to `store` is in RAM and on disk (and what RAM served, refreshed there)."""
         self._queue.join()
 
     def close(self) -> None:
@@ -458,9 +471,9 @@ class PrefixCache:
 
     def _write_loop(self) -> None:
         _lower_this_thread_priority()
-        while (item := self._queue.get()) is not None:
+        while (work := self._queue.get()) is not None:
             try:
-                self._store_now(*item)
+                work()
             except Exception:  # a failed save loses a cache entry, never a conversation
                 log.exception("could not store KV blocks")
             finally:
@@ -493,8 +506,7 @@ class PrefixCache:
             self._store_checkpoint(tokens, checkpoint)
         if state.base is None or order is None:
             return
-        with self._lock:
-            planned = [entry for entry in self.index.keys_for(tokens[:upto]) if entry[0] not in self.index]
+        planned = self._blocks_to_store(tokens[:upto])
         stored: list[BlockInfo] = []
         # Deepest first, as reads go (see fetch): the tiers' LRU then keeps a prefix's first blocks longest.
         for key, parent, start, end in reversed(planned):
@@ -520,6 +532,26 @@ class PrefixCache:
             for sibling in superseded:
                 self._forget(sibling)
         self._log_stored(stored[::-1])
+
+    def _blocks_to_store(self, tokens: np.ndarray) -> list[tuple[BlockKey, BlockKey, int, int]]:
+        """The blocks of `tokens` no tier keeps: new ones, and ones the index still names though RAM evicted
+        them and the disk culled them (it learns so only when a fetch misses). Those are stored again, as
+        sizing advice counts: a prefix computed again is kept again, else a popular one lost once stays lost
+        while the index names it."""
+        with self._lock:
+            entries = self.index.keys_for(tokens)
+            known = [self.index.entries.get(entry[0]) for entry in entries]
+        named = [info for info in known if info is not None and info.key not in self.ram]
+        on_disk = self.disk.holding(named) if named else set()
+        planned = []
+        for entry, info in zip(entries, known, strict=True):
+            if info is None:
+                planned.append(entry)
+            elif info.key not in self.ram and info.key not in on_disk:
+                with self._lock:
+                    self.index.remove(info.key)  # its record goes with it; stored again below
+                planned.append(entry)
+        return planned
 
     def _store_checkpoint(self, tokens: np.ndarray, payload: bytes) -> None:
         """Store a checkpoint (validated by the caller) at the end of `tokens`.

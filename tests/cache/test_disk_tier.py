@@ -282,3 +282,66 @@ def test_a_doubtful_row_read_by_another_thread_does_not_stall_a_restore(
     assert not restoring.is_alive()
     assert not pinning.is_alive()
     assert results == {"first": payload, "second": payload, "damaged": None}
+
+
+def access_times(tier: DiskTier) -> dict[bytes, float]:
+    rows = tier._store(False)._sql("SELECT key, access_time FROM Cache").fetchall()
+    return {bytes.fromhex(key): when for key, when in rows}
+
+
+def test_a_block_served_from_ram_is_kept_fresh_on_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A refresh renews a row's last use (LRU) and expiry (TTL) as a read would, in the order given (the
+    first kept longest), and never brings back a row that expired or is gone."""
+    clock = Clock(1_000_000.0)
+    monkeypatch.setattr(time, "time", clock)
+    tier = DiskTier(tmp_path, 1 << 24, TTL, NAMESPACE, clock=clock)
+    payload = b"r" * 40_000
+    first, second, idle, expired = (block(key, payload) for key in (1, 2, 3, 4))
+    for info in (expired, first, second, idle):
+        assert tier.put(info, payload)
+    clock.now += TTL * 0.75
+    tier.refresh([first, second])
+    times = access_times(tier)
+    assert times[first.key] > times[second.key] > times[idle.key]
+    clock.now += TTL * 0.5  # past the first expiry, within the one the refresh renewed
+    assert tier.get(idle) is None
+    tier.refresh([expired])
+    assert tier.get(expired) is None  # expired before the refresh: not revived
+    never = block(5, payload)
+    tier.refresh([never])  # never stored: nothing made
+    assert never.key not in access_times(tier)
+    assert tier.get(first) == payload
+    assert tier.get(second) == payload
+    tier.close()
+
+
+def test_a_full_disk_drops_exactly_what_it_must_expired_rows_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over budget, the tier drops expired rows, then the least recently used, until it is within it: one
+    block for one block (diskcache alone drops 16 rows at a time, most of a small budget)."""
+    clock = Clock(1_000_000.0)
+    monkeypatch.setattr(time, "time", clock)
+    tier = DiskTier(tmp_path, 1 << 24, TTL, NAMESPACE, clock=clock)
+    payload = b"f" * 40_000
+    expired = block(100, payload)
+    assert tier.put(expired, payload)
+    clock.now += TTL + 1
+    infos = [block(key, payload) for key in range(1, 21)]
+    for info in infos:
+        clock.now += 1
+        assert tier.put(info, payload)
+    clock.now += 1
+    assert tier.get(infos[0]) == payload  # read: now the most recent
+    store = tier._store(False)
+    store.reset("size_limit", store.volume() + 10_000)  # full: one more block is 30,000 bytes too many
+    newer = [block(key, payload) for key in (21, 22)]
+    clock.now += 1
+    assert tier.put(newer[0], payload)
+    kept = set(access_times(tier))
+    assert kept == {info.key for info in [*infos, newer[0]]}  # the expired row went, nothing else
+    clock.now += 1
+    assert tier.put(newer[1], payload)
+    assert set(access_times(tier)) == kept - {infos[1].key} | {newer[1].key}  # then the least recently used
+    assert store.volume() <= store.size_limit
+    tier.close()

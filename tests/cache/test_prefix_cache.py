@@ -273,3 +273,45 @@ def test_the_lru_tiers_evict_a_prefix_from_its_last_block(tmp_path: Path) -> Non
     first, second, last = (times[info.key] for info in blocks)
     assert first > second > last  # the restore read them deepest first
     cache.close()
+
+
+def test_a_prefix_restored_from_ram_stays_fresh_on_disk(tmp_path: Path) -> None:
+    """Restores from RAM refresh the disk's copies (on the writer thread), first block newest: a prefix used
+    from RAM every day is still on disk at the next start."""
+    cache = open_cache(tmp_path)
+    store_sequence(cache, TOKENS)
+    other = [7, 8, 9, 10, 11]
+    store_sequence(cache, other, seed=1)  # stored after: newer on disk than TOKENS' blocks
+    blocks = cache.lookup(np.asarray(TOKENS)).blocks
+    _, matched, tier = restored_state(cache, TOKENS)
+    assert (matched, tier) == (11, "ram")
+    cache.flush()
+    times = {
+        bytes.fromhex(key): when
+        for key, when in cache.disk._store(False)._sql("SELECT key, access_time FROM Cache").fetchall()
+    }
+    first, second, last = (times[info.key] for info in blocks)
+    newest_other = max(times[info.key] for info in cache.lookup(np.asarray(other)).blocks)
+    assert first > second > last > newest_other
+    cache.close()
+
+
+def test_a_prefix_lost_by_both_tiers_is_stored_again_when_computed_again(tmp_path: Path) -> None:
+    """The index still names blocks RAM evicted and the disk culled (it learns so only when a fetch misses):
+    storing the same tokens again keeps them again, instead of skipping them as known."""
+    cache = open_cache(tmp_path)
+    blob = store_sequence(cache, TOKENS)
+    blocks = cache.lookup(np.asarray(TOKENS)).blocks
+    lost, kept = blocks[1], blocks[0]
+    cache.ram.discard(lost.key)
+    cache.disk.delete(lost)
+    cache.ram.discard(kept.key)  # still on disk: not stored again
+    assert cache.lookup(np.asarray(TOKENS)).tokens == 11  # the index does not know yet
+    store_sequence(cache, TOKENS)
+    assert lost.key in cache.ram
+    assert cache.disk.holding([lost]) == {lost.key}
+    assert kept.key not in cache.ram
+    assert cache.disk.holding([kept]) == {kept.key}
+    state, matched, _ = restored_state(cache, TOKENS)
+    assert (state, matched) == (blob, 11)
+    cache.close()
