@@ -108,7 +108,11 @@ class RequestHistory:
         # A checkpoint model's reuse is the best of a few points, which a sample of keys cannot estimate.
         long_plain = not log.at_checkpoints.any() and queries > FULL_QUERIES
         self.sample_rate = sample_rate if sample_rate is not None else (FULL_QUERIES / queries if long_plain else 1.0)
-        log = _with_earlier_stores(log)
+        # When each chain block was first stored: millions of lookups on a long log, so done once, and only
+        # for what needs it (the stores inferred from before the log, and the sample's ratio estimate).
+        needed = self.sample_rate < 1.0 or _restored(log).any()
+        chain_first = _first_store_times(log, log.chain) if needed else np.zeros(0)
+        log, chain_first = _with_earlier_stores(log, chain_first)
         self._blocks, self._checkpoints = _measure(log, self.sample_rate)
         self.log = log  # with the stores inferred from before it began
         self._entry_kept = _sampled(log.entry_key, self.sample_rate)
@@ -120,7 +124,7 @@ class RequestHistory:
             # do not swing the whole curve.
             sampled = self._unbounded_blocks_tokens()
             if sampled > 0:
-                self._token_scale = _reusable_tokens(log, self._in_place, self._limit) / sampled
+                self._token_scale = _reusable_tokens(log, self._in_place, self._limit, chain_first) / sampled
 
     @property
     def seconds(self) -> float:
@@ -148,7 +152,9 @@ class RequestHistory:
         at `ram_budget` comes from a replay of each process's RAM tier under that policy (ram_replay.py)."""
         blocks, marks = self._blocks, self._checkpoints
         replayed: tuple[np.ndarray, np.ndarray] | None = None
-        if ram_policy != "lru" and ram_budget is not None and tier == "any":
+        # A RAM tier that could hold every entry the log stored never evicts, whatever its policy: LRU's pass.
+        evicts = ram_budget is not None and self.stored_bytes > ram_budget
+        if ram_policy != "lru" and ram_budget is not None and tier == "any" and evicts:
             replayed = replay_ram(
                 self.log, blocks, marks, ram_budget * self.sample_rate, ttl_s, ram_policy, self._entry_kept
             )
@@ -213,10 +219,10 @@ def _needed_chain(
     return needed
 
 
-def _reusable_tokens(log: LogColumns, in_place: np.ndarray, limit: np.ndarray) -> float:
-    """Tokens past what was held in place, within the limit, in chain blocks stored before their request
-    together with every block before them: what an unlimited cache without TTL reuses (exact, every block)."""
-    first_stored = _first_store_times(log, log.chain)
+def _reusable_tokens(log: LogColumns, in_place: np.ndarray, limit: np.ndarray, first_stored: np.ndarray) -> float:
+    """Tokens past what was held in place, within the limit, in chain blocks stored (`first_stored`: when,
+    per chain block) before their request together with every block before them: what an unlimited cache
+    without TTL reuses (exact, every block)."""
     request = np.repeat(np.arange(log.requests), np.diff(log.chain_offsets))
     before = (first_stored < log.request_time[request]).astype(np.int64)
     offset = request.astype(np.int64) * 2  # per request, from its first block not stored on: missing is 1
@@ -227,13 +233,20 @@ def _reusable_tokens(log: LogColumns, in_place: np.ndarray, limit: np.ndarray) -
     return float(np.maximum(gained, 0)[missing == 0].sum())
 
 
-def _with_earlier_stores(log: LogColumns) -> LogColumns:
+def _restored(log: LogColumns) -> np.ndarray:
+    """Which requests restored from RAM or disk."""
+    return np.isin(log.tier, [TIER_CODES[ReuseTier.RAM], TIER_CODES[ReuseTier.DISK]])
+
+
+def _with_earlier_stores(log: LogColumns, chain_first: np.ndarray) -> tuple[LogColumns, np.ndarray]:
     """The log with stores, at its start, of what a request restored from RAM or disk though no store in
     the log put it there before: stored before the log began (a file rotated away, a cache filled before
-    an upgrade, another machine's log). Sized at the log's median bytes per token (its median checkpoint)."""
-    restored = np.isin(log.tier, [TIER_CODES[ReuseTier.RAM], TIER_CODES[ReuseTier.DISK]])
+    an upgrade, another machine's log). Sized at the log's median bytes per token (its median checkpoint).
+    `chain_first`: when each chain block was first stored (every one, when any request restored); returned
+    as it is in the new log."""
+    restored = _restored(log)
     if not restored.any():
-        return log
+        return log, chain_first
     # The chain blocks a restore covered: the first reused // block_size of each restored request's chain.
     covered = np.where(restored & ~log.without_blocks, log.reused // np.maximum(log.block_size, 1), 0)
     covered = np.minimum(covered, np.diff(log.chain_offsets))
@@ -249,10 +262,10 @@ def _with_earlier_stores(log: LogColumns) -> LogColumns:
     tokens = np.concatenate(
         [log.block_size[block_request], log.mark_end[marks] % np.maximum(log.block_size[mark_request[marks]], 1)]
     )
-    first_stored = _first_store_times(log, keys)
+    first_stored = np.concatenate([chain_first[block_index], _first_store_times(log, log.mark_key[marks])])
     earlier = first_stored >= needed_at
     if not earlier.any():
-        return log
+        return log, chain_first
     keys, owner, is_mark, tokens = keys[earlier], owner[earlier], is_mark[earlier], tokens[earlier]
     keys, first = np.unique(keys, return_index=True)  # once, for the first request that needed it
     owner, is_mark, tokens = owner[first], is_mark[first], tokens[first]
@@ -266,12 +279,13 @@ def _with_earlier_stores(log: LogColumns) -> LogColumns:
     checkpoint = is_mark & log.at_checkpoints[owner]
     sizes = np.where(checkpoint, checkpoint_size, tokens * per_token).astype(np.int64)
     if not (sizes > 0).any():
-        return log  # nothing in the log tells their size
+        return log, chain_first  # nothing in the log tells their size
     order = np.lexsort((np.arange(keys.size), owner))  # one store per request that needed them, in chain order
     keys, owner, sizes, tokens, checkpoint = keys[order], owner[order], sizes[order], tokens[order], checkpoint[order]
     _, per_store = np.unique(owner, return_counts=True)
     start = min(float(log.request_time.min()), float(log.store_time.min()) if log.store_time.size else np.inf) - 1.0
-    return replace(
+    chain_first = np.where(np.isin(log.chain, keys), start, chain_first)
+    earlier_log = replace(
         log,
         store_time=np.concatenate([np.full(per_store.size, start), log.store_time]),
         store_session=np.concatenate([np.full(per_store.size, -1, dtype=np.int64), log.store_session]),
@@ -283,6 +297,7 @@ def _with_earlier_stores(log: LogColumns) -> LogColumns:
         entry_checkpoint=np.concatenate([checkpoint, log.entry_checkpoint]),
         entry_offsets=np.concatenate([_offsets(per_store), _offsets(per_store)[-1] + log.entry_offsets[1:]]),
     )
+    return earlier_log, chain_first
 
 
 def _first_store_times(log: LogColumns, keys: np.ndarray) -> np.ndarray:
