@@ -160,6 +160,17 @@ def share(figures: list[tuple[int, int]]) -> float:
     return sum(cached for _, cached in figures) / max(1, sum(prompt for prompt, _ in figures))
 
 
+def enough_mib(rows: list[dict[str, object]]) -> int:
+    """The advice's rule where the log is too short for it to suggest: the smallest disk budget within half a
+    point of an unlimited one."""
+    best = float(str(rows[-1]["reused_share"]))
+    enough = next(row for row in rows if float(str(row["reused_share"])) >= best - 0.005)
+    budget = enough["budget_bytes"]
+    if not isinstance(budget, int):
+        raise SystemExit("only an unlimited disk keeps what these requests reuse")
+    return budget >> 20
+
+
 def configure(data: Path, disk_mib: int, ram_mib: int, eviction: str) -> None:
     data.mkdir(parents=True, exist_ok=True)
     (data / "config.toml").write_text(
@@ -175,7 +186,9 @@ def main() -> None:
     parser.add_argument("--ram-mib", type=int, default=8)
     parser.add_argument("--eviction", default="value", choices=["value", "lru", "lfu"])
     parser.add_argument("--restart-at", type=int, help="restart the server before this request")
-    parser.add_argument("--then-disk-mib", type=int, help="predict this disk budget, then measure it")
+    parser.add_argument(
+        "--then-disk-mib", type=int, help="predict this disk budget (0: the one the advice suggests), then measure it"
+    )
     parser.add_argument("--seed", type=int, default=35)
     parser.add_argument("--keep", type=Path, metavar="DIR", help="keep the data folders here (for a look at the log)")
     arguments = parser.parse_args()
@@ -194,15 +207,18 @@ def main() -> None:
         if arguments.restart_at is not None:
             after = figures[arguments.restart_at :]
             print(f"after the restart: {share(after):.1%} of {len(after)} requests' prompt tokens reused")
-        if arguments.then_disk_mib:
+        print(f"suggestion: {advice['suggestion']}")
+        if arguments.then_disk_mib is not None:
             rows = advice["disk"]
             assert isinstance(rows, list)
-            budget = arguments.then_disk_mib << 20
+            suggested = advice["suggested_disk_mib"]
+            then_mib = arguments.then_disk_mib or (suggested if isinstance(suggested, int) else enough_mib(rows))
+            budget = then_mib << 20
             predicted = next((row["reused_share"] for row in rows if row["budget_bytes"] == budget), None)
             second = Path(folder) / "second"
-            configure(second, arguments.then_disk_mib, arguments.ram_mib, arguments.eviction)
+            configure(second, then_mib, arguments.ram_mib, arguments.eviction)
             measured = share(run(second, prompts, steps, arguments.restart_at))
-            print(f"{arguments.then_disk_mib} MiB disk: predicted {predicted:.1%}, measured {measured:.1%}")
+            print(f"{then_mib} MiB disk: predicted {predicted:.1%}, measured {measured:.1%}")
 
 
 if __name__ == "__main__":
