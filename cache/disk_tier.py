@@ -130,11 +130,11 @@ def cull_to_budget(store: diskcache.Cache, now: float) -> int:
     here, drops `cull_limit` rows whenever the store is full: at a budget of a few dozen blocks, most of
     it.) A row counts its file's size or its value's length: the pages an inline value frees are reused
     by the next rows, so the volume stays and the next store culls as much as it adds. Returns how many."""
-    excess = store.volume() - store.size_limit
-    if excess <= 0:
+    if store.volume() <= store.size_limit:
         return 0
     victims: dict[int, str | None] = {}
     with store._transact(retry=True) as (sql, cleanup):
+        excess = store.volume() - store.size_limit  # again, inside: another thread or process may have culled
         for query, arguments in ((EXPIRED_ROWS, (now,)), (LEAST_RECENT_ROWS, ())):
             rows = sql(query, arguments)
             while excess > 0 and (batch := rows.fetchmany(64)):
@@ -306,7 +306,10 @@ class DiskTier:
         return infos
 
     def put(self, info: BlockInfo, payload: bytes) -> bool:
-        """Store a block; False when the disk could not take it (the tier may now be off)."""
+        """Store a block; False when the disk could not take it (the tier may now be off, or the block is
+        larger than the whole budget: kept, it would cull everything else)."""
+        if not info.pinned and len(payload) > self.budget_bytes:
+            return False
         expire = None if info.pinned else self.ttl_seconds
         stored = self._guarded(
             lambda: self._set(

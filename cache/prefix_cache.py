@@ -295,14 +295,14 @@ class PrefixCache:
 
     def _payload(self, info: BlockInfo) -> tuple[bytes | None, bool]:
         """An entry's payload and whether it came from disk; a lost entry is forgotten."""
-        payload = self.ram.get(info.key)
+        payload = self.ram.get(info.key, info.checksum)
         if payload is not None:
             return payload, False
         payload = self.disk.get(info)
         if payload is None:
             self._forget(info)
             return None, False
-        self.ram.put(info.key, payload, pinned=info.pinned, place=place_of(info))
+        self.ram.put(info.key, payload, pinned=info.pinned, place=place_of(info), checksum=info.checksum)
         return payload, True
 
     @property
@@ -409,16 +409,21 @@ class PrefixCache:
     # Storing (engine thread hands over; the writer thread works).
     def has_new_blocks(self, tokens: list[int], upto: int | None = None) -> bool:
         """Whether the first `upto` of `tokens` (all by default) hold any block (or, where the model
-        needs one and `upto` is all of them, a checkpoint at their end) not stored yet (cheap: hashes only)."""
+        needs one and `upto` is all of them, a checkpoint at their end) no tier keeps: not stored yet, or
+        named by the index though lost (cheap: hashes, and one disk query for blocks not in RAM)."""
         array = as_token_array(tokens)
         whole = upto is None or upto >= array.size
         memory = self.layout.memory
         with self._lock:
             if whole and memory.restores_at_checkpoints and self.index.checkpoint_key(array)[0] not in self.index:
                 return True
-            return memory.has_blocks and any(
-                key not in self.index for key, _, _, _ in self.index.keys_for(array if whole else array[:upto])
-            )
+            if not memory.has_blocks:
+                return False
+            known = [
+                self.index.entries.get(key) for key, _, _, _ in self.index.keys_for(array if whole else array[:upto])
+            ]
+        indexed = [info for info in known if info is not None]
+        return len(indexed) < len(known) or bool(self._kept_nowhere(indexed))
 
     def has_checkpoint(self, tokens: list[int]) -> bool:
         with self._lock:
@@ -475,7 +480,7 @@ class PrefixCache:
             try:
                 work()
             except Exception:  # a failed save loses a cache entry, never a conversation
-                log.exception("could not store KV blocks")
+                log.exception("could not store KV blocks (or refresh them on disk)")
             finally:
                 self._queue.task_done()
         self._queue.task_done()
@@ -515,7 +520,7 @@ class PrefixCache:
                 continue  # a longer stored block already holds these tokens
             payload = extract_piece(state.base, order, start, end)
             info = BlockInfo(key, parent, start, block_tokens, len(payload), payload_checksum(payload))
-            self.ram.put(key, payload, place=place_of(info))
+            self.ram.put(key, payload, place=place_of(info), checksum=info.checksum)
             self.disk.put(info, payload)
             stored.append(info)
             with self._lock:
@@ -541,17 +546,24 @@ class PrefixCache:
         with self._lock:
             entries = self.index.keys_for(tokens)
             known = [self.index.entries.get(entry[0]) for entry in entries]
-        named = [info for info in known if info is not None and info.key not in self.ram]
-        on_disk = self.disk.holding(named) if named else set()
+        lost = self._kept_nowhere([info for info in known if info is not None])
         planned = []
         for entry, info in zip(entries, known, strict=True):
             if info is None:
                 planned.append(entry)
-            elif info.key not in self.ram and info.key not in on_disk:
+            elif info.key in lost:
                 with self._lock:
+                    if self.index.entries.get(info.key) is not info:
+                        continue  # another process stored it meanwhile: its record is current
                     self.index.remove(info.key)  # its record goes with it; stored again below
                 planned.append(entry)
         return planned
+
+    def _kept_nowhere(self, known: list[BlockInfo]) -> set[BlockKey]:
+        """Of these indexed blocks, the ones neither RAM nor the disk holds (one query for those not in RAM)."""
+        not_in_ram = [info for info in known if info.key not in self.ram]
+        on_disk = self.disk.holding(not_in_ram) if not_in_ram else set()
+        return {info.key for info in not_in_ram if info.key not in on_disk}
 
     def _store_checkpoint(self, tokens: np.ndarray, payload: bytes) -> None:
         """Store a checkpoint (validated by the caller) at the end of `tokens`.
@@ -589,7 +601,7 @@ class PrefixCache:
             extends=extends.key if extends is not None else None,
             extends_checksum=extends.checksum if extends is not None else 0,
         )
-        self.ram.put(key, stored, place=place_of(info))
+        self.ram.put(key, stored, place=place_of(info), checksum=info.checksum)
         self.disk.put(info, stored)
         with self._lock:
             self.index.add(info)

@@ -22,6 +22,7 @@ class _Slot:
     payload: bytes
     expires_at: float
     pinned: bool
+    checksum: int | None  # the record's, where the caller gave it
 
 
 BOOTTIME = getattr(time, "CLOCK_BOOTTIME", None)
@@ -64,11 +65,13 @@ class RamTier:
         with self._lock:
             return key in self._slots
 
-    def get(self, key: BlockKey) -> bytes | None:
+    def get(self, key: BlockKey, checksum: int | None = None) -> bytes | None:
+        """The payload, unless expired, or kept under another `checksum` than the caller's record says (a
+        block stored again with other bytes since the caller looked it up: a miss, never those bytes)."""
         now = self._clock()
         with self._lock:
             slot = self._slots.get(key)
-            if slot is None:
+            if slot is None or (checksum is not None and slot.checksum not in (None, checksum)):
                 self.counters.misses += 1
                 return None
             if not slot.pinned and slot.expires_at <= now:
@@ -82,7 +85,15 @@ class RamTier:
             self.counters.bytes_read += len(slot.payload)
             return slot.payload
 
-    def put(self, key: BlockKey, payload: bytes, *, pinned: bool = False, place: BlockPlace | None = None) -> None:
+    def put(
+        self,
+        key: BlockKey,
+        payload: bytes,
+        *,
+        pinned: bool = False,
+        place: BlockPlace | None = None,
+        checksum: int | None = None,
+    ) -> None:
         """Keep `payload`; evict the policy's victims past the budget.
 
         `place` (the block's parent, start and tokens) lets a policy weigh the block; without
@@ -95,7 +106,7 @@ class RamTier:
             old = self._slots.get(key)
             if old is not None:
                 self._bytes -= len(old.payload)
-            self._slots[key] = _Slot(payload, now + self.ttl_seconds, pinned)
+            self._slots[key] = _Slot(payload, now + self.ttl_seconds, pinned, checksum)
             self._bytes += len(payload)
             self.counters.bytes_written += len(payload)
             self.policy.admit(key, place or BlockPlace(None, 0, len(payload)), len(payload), now, pinned)

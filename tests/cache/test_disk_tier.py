@@ -345,3 +345,41 @@ def test_a_full_disk_drops_exactly_what_it_must_expired_rows_first(
     assert set(access_times(tier)) == kept - {infos[1].key} | {newer[1].key}  # then the least recently used
     assert store.volume() <= store.size_limit
     tier.close()
+
+
+def test_small_blocks_kept_in_the_database_are_culled_by_their_length(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A payload under 32 KiB lives in the database row (diskcache's `size` is 0 for it): the cull counts its
+    length, so one more block costs a few of the oldest, never the whole store."""
+    clock = Clock(1_000_000.0)
+    monkeypatch.setattr(time, "time", clock)
+    tier = DiskTier(tmp_path, 1 << 24, TTL, NAMESPACE, clock=clock)
+    payload = b"s" * 5_000
+    infos = [block(key, payload) for key in range(1, 41)]
+    for info in infos:
+        clock.now += 1
+        assert tier.put(info, payload)
+    store = tier._store(False)
+    store.reset("size_limit", store.volume() - 1)
+    clock.now += 1
+    newest = block(41, payload)
+    assert tier.put(newest, payload)
+    kept = access_times(tier)
+    culled = [info.key for info in infos if info.key not in kept]
+    assert newest.key in kept
+    assert 1 <= len(culled) <= 4  # the new row's bytes and a page or two of database
+    assert culled == [info.key for info in infos[: len(culled)]]  # the least recently used
+
+
+def test_a_block_larger_than_the_whole_budget_is_refused_not_kept_at_the_cost_of_everything(tmp_path: Path) -> None:
+    tier = DiskTier(tmp_path, 400_000, TTL, NAMESPACE)
+    payload = b"k" * 40_000
+    infos = [block(key, payload) for key in range(1, 6)]
+    for info in infos:
+        assert tier.put(info, payload)
+    huge = block(9, b"h" * 500_000)
+    assert not tier.put(huge, b"h" * 500_000)
+    assert set(access_times(tier)) == {info.key for info in infos}
+    assert tier.enabled
+    tier.close()

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cache.blocks import payload_checksum
 from cache.memory_kinds import MemoryKind, PlainMemory, memory_of
 from cache.namespace import Namespace
 from cache.prefix_cache import CacheConfig, PrefixCache
@@ -314,4 +315,24 @@ def test_a_prefix_lost_by_both_tiers_is_stored_again_when_computed_again(tmp_pat
     assert cache.disk.holding([kept]) == {kept.key}
     state, matched, _ = restored_state(cache, TOKENS)
     assert (state, matched) == (blob, 11)
+    cache.close()
+
+
+def test_a_lost_block_stored_again_with_other_bytes_is_never_served_under_its_old_record(tmp_path: Path) -> None:
+    """A lookup took a block's record; before its fetch, the block is lost and stored again with other bytes
+    (another computation, another process). The fetch must not serve the new bytes under the old record."""
+    cache = open_cache(tmp_path)
+    store_sequence(cache, TOKENS)
+    found = cache.lookup(np.asarray(TOKENS))
+    lost = found.blocks[1]
+    cache.ram.discard(lost.key)
+    cache.disk.delete(lost)
+    assert cache.has_new_blocks(TOKENS)  # indexed, but no tier keeps it: the engine stores it again
+    store_sequence(cache, TOKENS, seed=1)  # other bytes for the same tokens
+    assert cache.lookup(np.asarray(TOKENS)).blocks[1].checksum != lost.checksum
+    fetched = cache.fetch(found, np.asarray(TOKENS))
+    assert fetched is not None
+    for info, payload in zip(fetched.blocks, fetched.payloads, strict=True):
+        assert payload_checksum(payload) == info.checksum
+    assert fetched.tokens == 4  # the block under its old record is a miss, never the new bytes
     cache.close()
