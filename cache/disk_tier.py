@@ -143,13 +143,17 @@ def cull_to_budget(store: diskcache.Cache, now: float) -> int:
                         victims[rowid] = filename
                         excess -= size
             rows.close()  # before the rows it read are deleted
-        rowids = list(victims)
-        for start in range(0, len(rowids), 500):
-            chunk = rowids[start : start + 500]
+        for chunk in _chunks(list(victims)):
             sql(f"DELETE FROM Cache WHERE rowid IN ({','.join('?' * len(chunk))})", chunk)
         for filename in victims.values():
             cleanup(filename)
     return len(victims)
+
+
+def _chunks(items: list[T], size: int = 500) -> Iterator[list[T]]:
+    """`items` a few hundred at a time: SQLite bounds the parameters of one statement."""
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
 
 
 def clear_store(store: diskcache.Cache) -> int:
@@ -447,8 +451,7 @@ class DiskTier:
         def query() -> set[BlockKey]:
             store, now = self._store(False), self._clock()
             found: set[BlockKey] = set()
-            for start in range(0, len(names), 500):
-                chunk = names[start : start + 500]
+            for chunk in _chunks(names):
                 rows = store._sql(
                     f"SELECT key FROM Cache WHERE raw = 1 AND key IN ({','.join('?' * len(chunk))}) "
                     "AND (expire_time IS NULL OR expire_time > ?)",

@@ -58,6 +58,10 @@ class BlockIndex:
         """Every block and checkpoint."""
         return [*self.entries.values(), *self.checkpoints.values()]
 
+    def get(self, key: BlockKey) -> BlockInfo | None:
+        """The record of a block or checkpoint, if indexed."""
+        return self.entries.get(key) or self.checkpoints.get(key)
+
     def add(self, info: BlockInfo) -> None:
         if info.key in self:
             return

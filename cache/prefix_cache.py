@@ -170,7 +170,7 @@ class PrefixCache:
         news = self.disk.new_entries()  # what other processes (or our writer) stored meanwhile
         with self._lock:
             for info in news:
-                known = self.index.entries.get(info.key) or self.index.checkpoints.get(info.key)
+                known = self.index.get(info.key)
                 if known is not None and (known.checksum, known.pinned) != (info.checksum, info.pinned):
                     # Stored again (or pinned) by another process since: its record is current,
                     # and a copy of the old bytes in RAM must not be served under it.
@@ -415,19 +415,19 @@ class PrefixCache:
         whole = upto is None or upto >= array.size
         memory = self.layout.memory
         with self._lock:
-            if whole and memory.restores_at_checkpoints and self.index.checkpoint_key(array)[0] not in self.index:
-                return True
-            if not memory.has_blocks:
-                return False
-            known = [
-                self.index.entries.get(key) for key, _, _, _ in self.index.keys_for(array if whole else array[:upto])
-            ]
+            blocks = self.index.keys_for(array if whole else array[:upto]) if memory.has_blocks else []
+            keys = [key for key, _, _, _ in blocks]
+            if whole and memory.restores_at_checkpoints:
+                keys.append(self.index.checkpoint_key(array)[0])
+            known = [self.index.get(key) for key in keys]
         indexed = [info for info in known if info is not None]
-        return len(indexed) < len(known) or bool(self._kept_nowhere(indexed))
+        return len(indexed) < len(known) or bool(self._drop_lost(indexed))
 
     def has_checkpoint(self, tokens: list[int]) -> bool:
+        """Whether a tier keeps a checkpoint at the end of `tokens` (a lost one is forgotten, to be stored again)."""
         with self._lock:
-            return self.index.checkpoint_key(as_token_array(tokens))[0] in self.index
+            info = self.index.get(self.index.checkpoint_key(as_token_array(tokens))[0])
+        return info is not None and not self._drop_lost([info])
 
     def store(self, tokens: list[int], state: np.ndarray, upto: int | None = None) -> None:
         """Keep the blocks (and checkpoint) of a sequence holding `tokens`, whose full state was just read.
@@ -539,31 +539,28 @@ class PrefixCache:
         self._log_stored(stored[::-1])
 
     def _blocks_to_store(self, tokens: np.ndarray) -> list[tuple[BlockKey, BlockKey, int, int]]:
-        """The blocks of `tokens` no tier keeps: new ones, and ones the index still names though RAM evicted
-        them and the disk culled them (it learns so only when a fetch misses). Those are stored again, as
-        sizing advice counts: a prefix computed again is kept again, else a popular one lost once stays lost
-        while the index names it."""
+        """The blocks of `tokens` no tier keeps: new ones, and lost ones (`_drop_lost`)."""
         with self._lock:
             entries = self.index.keys_for(tokens)
             known = [self.index.entries.get(entry[0]) for entry in entries]
-        lost = self._kept_nowhere([info for info in known if info is not None])
-        planned = []
-        for entry, info in zip(entries, known, strict=True):
-            if info is None:
-                planned.append(entry)
-            elif info.key in lost:
-                with self._lock:
-                    if self.index.entries.get(info.key) is not info:
-                        continue  # another process stored it meanwhile: its record is current
-                    self.index.remove(info.key)  # its record goes with it; stored again below
-                planned.append(entry)
-        return planned
+        lost = self._drop_lost([info for info in known if info is not None])
+        return [entry for entry, info in zip(entries, known, strict=True) if info is None or info.key in lost]
 
-    def _kept_nowhere(self, known: list[BlockInfo]) -> set[BlockKey]:
-        """Of these indexed blocks, the ones neither RAM nor the disk holds (one query for those not in RAM)."""
+    def _drop_lost(self, known: list[BlockInfo]) -> set[BlockKey]:
+        """Forget the indexed entries no tier keeps any more, and return their keys: RAM evicted them and a
+        disk cull took them (here or in another process), which the index learns only here or when a fetch
+        misses. Forgotten, they are stored again when computed again, as sizing advice counts: else a popular
+        prefix lost once stays lost while the index names it. One disk query, for those not in RAM; a record
+        another process replaced meanwhile is current and stays."""
         not_in_ram = [info for info in known if info.key not in self.ram]
         on_disk = self.disk.holding(not_in_ram) if not_in_ram else set()
-        return {info.key for info in not_in_ram if info.key not in on_disk}
+        lost: set[BlockKey] = set()
+        with self._lock:
+            for info in not_in_ram:
+                if info.key not in on_disk and self.index.get(info.key) is info:
+                    self.index.remove(info.key)
+                    lost.add(info.key)
+        return lost
 
     def _store_checkpoint(self, tokens: np.ndarray, payload: bytes) -> None:
         """Store a checkpoint (validated by the caller) at the end of `tokens`.
@@ -576,8 +573,9 @@ class PrefixCache:
         end = int(tokens.size)
         with self._lock:
             key, anchor, anchor_position = self.index.checkpoint_key(tokens)
-            if key in self.index:
-                return
+            known = self.index.get(key)
+        if known is not None and not self._drop_lost([known]):
+            return
         earlier = self._deepest_restorable(tokens, end - 1)
         if earlier is not None and end - earlier.end < self.config.checkpoint_min_gap:
             return

@@ -153,8 +153,7 @@ class RequestHistory:
         blocks, marks = self._blocks, self._checkpoints
         replayed: tuple[np.ndarray, np.ndarray] | None = None
         # A RAM tier that could hold every entry the log stored never evicts, whatever its policy: LRU's pass.
-        evicts = ram_budget is not None and self.stored_bytes > ram_budget
-        if ram_policy != "lru" and ram_budget is not None and tier == "any" and evicts:
+        if ram_policy != "lru" and ram_budget is not None and tier == "any" and self.stored_bytes > ram_budget:
             replayed = replay_ram(
                 self.log, blocks, marks, ram_budget * self.sample_rate, ttl_s, ram_policy, self._entry_kept
             )

@@ -205,8 +205,8 @@ def format_advice(advice: Advice) -> str:
         "disk budget  reused (any tier)  prefill saved      holds",
         *(_row(row) for row in advice.disk),
         "",
-        f"RAM budget   restored from RAM  prefill saved   (as LRU; {advice.processes:,} processes, each starting "
-        "with an empty RAM tier)",
+        f"RAM budget   restored from RAM  prefill saved   (as LRU; {advice.processes:,} "
+        f"process{'es' if advice.processes != 1 else ''}, each starting with an empty RAM tier)",
         *(_row(row) for row in advice.ram),
         "",
         "TTL (RAM as LRU): " + ", ".join(f"{_days(days)} {share:.1%}" for days, share in advice.ttl),

@@ -454,3 +454,22 @@ def test_a_delta_is_never_joined_to_a_base_another_process_stored_again(tmp_path
     assert state != first.sequence.state(6)  # the window cells are the other process's
     second.close()
     first.close()
+
+
+def test_a_checkpoint_lost_by_both_tiers_is_stored_again(harness: Harness) -> None:
+    """The index still names a checkpoint RAM evicted and the disk culled: asked, the cache says it has none,
+    and the engine's next checkpoint there is kept again (as lost blocks are)."""
+    harness.store(TOKENS)
+    harness.store_checkpoint(TOKENS[:4])
+    cache = harness.cache
+    lost = cache.index.checkpoints.get(cache.index.checkpoint_key(np.asarray(TOKENS[:4]))[0])
+    assert lost is not None
+    assert cache.has_checkpoint(TOKENS[:4])
+    cache.ram.discard(lost.key)
+    cache.disk.delete(lost)
+    assert not cache.has_checkpoint(TOKENS[:4])
+    harness.store_checkpoint(TOKENS[:4])
+    assert lost.key in cache.ram
+    assert cache.disk.holding([lost]) == {lost.key}
+    assert harness.restore([*TOKENS[:5], 5]) == (harness.sequence.state(4), 4, "ram")
+    harness.close()
