@@ -223,6 +223,8 @@ _REQUEST_ROW = np.dtype(
     ]
 )
 _HEAD_ROW = np.dtype([("magic", "S4"), ("kind", "u1"), ("length", "<u4"), ("time", "<f8"), ("session", "<u4")])
+_CHECK_ROW = np.dtype("<u8")
+_FRAME = struct.Struct("<4sxI")  # the head's magic and body length
 
 
 def read_columns(paths: Sequence[Path]) -> LogColumns:
@@ -238,114 +240,122 @@ def columns_of(events: Sequence[LoggedEvent]) -> LogColumns:
 
 
 def columns_of_bytes(data: bytes) -> LogColumns:
-    parts = _Parts()
+    """The columns of every intact record in `data`, gathered with numpy (a log holds 100,000s of records:
+    a Python object or slice per record would take longer than the sizing itself)."""
+    starts = _intact_records(data)
+    heads = _rows(data, starts, _HEAD_ROW)
+    body = starts + _HEAD.size
+    length = heads["length"].astype(np.int64)
+    # Requests: the fixed row, then the chain's keys, the checkpoints' keys and their ends.
+    is_request = (heads["kind"] == _KIND_REQUEST) & (length >= _REQUEST.size)
+    rows = _rows(data, body[is_request], _REQUEST_ROW)
+    chain_count = rows["chain"].astype(np.int64)
+    mark_count = rows["checkpoints"].astype(np.int64)
+    shaped = length[is_request] == _REQUEST.size + 8 * chain_count + 12 * mark_count  # else a later version's
+    request_heads, rows = heads[is_request][shaped], rows[shaped]
+    chain_count, mark_count = chain_count[shaped], mark_count[shaped]
+    keys = body[is_request][shaped] + _REQUEST.size
+    # Stores: the count, then the entries' keys, parents, starts, tokens, sizes and checkpoint flags.
+    is_store = (heads["kind"] == _KIND_STORE) & (length >= _STORE.size)
+    count = _rows(data, body[is_store], np.dtype("<u4")).astype(np.int64)
+    shaped = length[is_store] == _STORE.size + 33 * count
+    store_heads, count = heads[is_store][shaped], count[shaped]
+    entries = body[is_store][shaped] + _STORE.size
+    return LogColumns(
+        request_heads["time"].astype(np.float64),
+        request_heads["session"].astype(np.int64),
+        rows["prompt"].astype(np.int64),
+        rows["limit"].astype(np.int64),
+        rows["in_place"].astype(np.int64),
+        rows["reused"].astype(np.int64),
+        rows["tier"].astype(np.int64),
+        (rows["flags"] & FLAG_AT_CHECKPOINTS).astype(bool),
+        (rows["flags"] & FLAG_WITHOUT_BLOCKS).astype(bool),
+        rows["block_size"].astype(np.int64),
+        rows["prefill_ms"].astype(np.float64),
+        _runs(data, keys, chain_count, np.dtype("<u8")),
+        _offsets(chain_count),
+        _runs(data, keys + 8 * chain_count, mark_count, np.dtype("<u8")),
+        _runs(data, keys + 8 * (chain_count + mark_count), mark_count, np.dtype("<u4")).astype(np.int64),
+        _offsets(mark_count),
+        store_heads["time"].astype(np.float64),
+        store_heads["session"].astype(np.int64),
+        _runs(data, entries, count, np.dtype("<u8")),
+        _runs(data, entries + 24 * count, count, np.dtype("<u8")).astype(np.int64),
+        _runs(data, entries + 20 * count, count, np.dtype("<u4")).astype(np.int64),
+        _runs(data, entries + 8 * count, count, np.dtype("<u8")),
+        _runs(data, entries + 16 * count, count, np.dtype("<u4")).astype(np.int64),
+        _runs(data, entries + 32 * count, count, np.dtype("u1")).astype(bool),
+        _offsets(count),
+    )
+
+
+def _intact_records(data: bytes) -> np.ndarray:
+    """Where each intact record starts. A damaged one (bad magic, torn, checksum wrong) is skipped by
+    reading on from the next magic after its start."""
+    starts: list[np.ndarray] = []
     position = 0
-    while position + _HEAD.size + _CHECK.size <= len(data):
-        magic, kind, length, _, _ = _HEAD.unpack_from(data, position)
-        end = position + _HEAD.size + length
-        if magic != _MAGIC or end + _CHECK.size > len(data) or not _intact(data, position, end):
-            position = _next_magic(data, position + 1)  # damaged: read on from the next record
-            continue
-        parts.add(data, kind, position, length)
-        position = end + _CHECK.size
-    return parts.columns()
+    view = memoryview(data)
+    while True:
+        run, ends, stop = _framed_run(data, position)
+        checks = np.array([xxhash.xxh3_64_intdigest(view[a:b]) for a, b in zip(run, ends, strict=True)], np.uint64)
+        wrong = np.flatnonzero(checks != _rows(data, np.array(ends, dtype=np.int64), _CHECK_ROW))
+        good = int(wrong[0]) if wrong.size else len(run)
+        starts.append(np.array(run[:good], dtype=np.int64))
+        if good < len(run):
+            position = _next_magic(data, run[good] + 1)
+        elif stop + _HEAD.size + _CHECK.size <= len(data):
+            position = _next_magic(data, stop + 1)  # the record at `stop` is not framed right
+        else:
+            return np.concatenate(starts)
 
 
-class _Parts:
-    """The byte runs of each column, gathered record by record and joined once."""
-
-    def __init__(self) -> None:
-        self.request_heads: list[bytes] = []
-        self.request_rows: list[bytes] = []
-        self.chain: list[bytes] = []
-        self.mark_keys: list[bytes] = []
-        self.mark_ends: list[bytes] = []
-        self.chain_counts: list[int] = []
-        self.mark_counts: list[int] = []
-        self.store_heads: list[bytes] = []
-        self.entry_keys: list[bytes] = []
-        self.entry_sizes: list[bytes] = []
-        self.entry_tokens: list[bytes] = []
-        self.entry_parents: list[bytes] = []
-        self.entry_starts: list[bytes] = []
-        self.entry_flags: list[bytes] = []
-        self.entry_counts: list[int] = []
-
-    def add(self, data: bytes, kind: int, start: int, length: int) -> None:
-        """One intact record; one of another shape (a later version's) is skipped."""
-        body = start + _HEAD.size
-        if kind == _KIND_REQUEST and length >= _REQUEST.size:
-            *_, chain, marks = _REQUEST.unpack_from(data, body)
-            if length != _REQUEST.size + 8 * chain + 12 * marks:
-                return
-            keys = body + _REQUEST.size
-            self.request_heads.append(data[start:body])
-            self.request_rows.append(data[body:keys])
-            self.chain.append(data[keys : keys + 8 * chain])
-            self.mark_keys.append(data[keys + 8 * chain : keys + 8 * (chain + marks)])
-            self.mark_ends.append(data[keys + 8 * (chain + marks) : body + length])
-            self.chain_counts.append(chain)
-            self.mark_counts.append(marks)
-        elif kind == _KIND_STORE and length >= _STORE.size:
-            (count,) = _STORE.unpack_from(data, body)
-            if length != _STORE.size + 33 * count:
-                return
-            entries = body + _STORE.size
-            self.store_heads.append(data[start:body])
-            self.entry_keys.append(data[entries : entries + 8 * count])
-            self.entry_sizes.append(data[entries + 24 * count : entries + 32 * count])
-            self.entry_tokens.append(data[entries + 20 * count : entries + 24 * count])
-            self.entry_parents.append(data[entries + 8 * count : entries + 16 * count])
-            self.entry_starts.append(data[entries + 16 * count : entries + 20 * count])
-            self.entry_flags.append(data[entries + 32 * count : entries + 33 * count])
-            self.entry_counts.append(count)
-
-    def columns(self) -> LogColumns:
-        heads = _joined(self.request_heads, _HEAD_ROW)
-        rows = _joined(self.request_rows, _REQUEST_ROW)
-        store_heads = _joined(self.store_heads, _HEAD_ROW)
-        return LogColumns(
-            heads["time"].astype(np.float64),
-            heads["session"].astype(np.int64),
-            rows["prompt"].astype(np.int64),
-            rows["limit"].astype(np.int64),
-            rows["in_place"].astype(np.int64),
-            rows["reused"].astype(np.int64),
-            rows["tier"].astype(np.int64),
-            (rows["flags"] & FLAG_AT_CHECKPOINTS).astype(bool),
-            (rows["flags"] & FLAG_WITHOUT_BLOCKS).astype(bool),
-            rows["block_size"].astype(np.int64),
-            rows["prefill_ms"].astype(np.float64),
-            _joined(self.chain, np.dtype("<u8")),
-            _offsets(np.array(self.chain_counts, dtype=np.int64)),
-            _joined(self.mark_keys, np.dtype("<u8")),
-            _joined(self.mark_ends, np.dtype("<u4")).astype(np.int64),
-            _offsets(np.array(self.mark_counts, dtype=np.int64)),
-            store_heads["time"].astype(np.float64),
-            store_heads["session"].astype(np.int64),
-            _joined(self.entry_keys, np.dtype("<u8")),
-            _joined(self.entry_sizes, np.dtype("<u8")).astype(np.int64),
-            _joined(self.entry_tokens, np.dtype("<u4")).astype(np.int64),
-            _joined(self.entry_parents, np.dtype("<u8")),
-            _joined(self.entry_starts, np.dtype("<u4")).astype(np.int64),
-            _joined(self.entry_flags, np.dtype("u1")).astype(bool),
-            _offsets(np.array(self.entry_counts, dtype=np.int64)),
-        )
+def _framed_run(data: bytes, position: int) -> tuple[list[int], list[int], int]:
+    """From `position` on, the records whose magic and length hold (where each starts and its checksum
+    begins), up to where the first that does not starts."""
+    starts: list[int] = []
+    ends: list[int] = []
+    size, head, trailer = len(data), _HEAD.size, _CHECK.size
+    unpack = _FRAME.unpack_from
+    while position + head + trailer <= size:
+        magic, length = unpack(data, position)
+        end = position + head + length
+        if magic != _MAGIC or end + trailer > size:
+            break
+        starts.append(position)
+        ends.append(end)
+        position = end + trailer
+    return starts, ends, position
 
 
-def _joined(runs: list[bytes], dtype: np.dtype) -> np.ndarray:
-    """The runs as one array, read in place (native order; a big-endian machine gets a copy)."""
-    joined = np.frombuffer(b"".join(runs), dtype=dtype)
-    return joined if joined.dtype.isnative else joined.astype(joined.dtype.newbyteorder("="))
+def _rows(data: bytes, starts: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """One `dtype` item read at each of `starts` (byte offsets into `data`)."""
+    if starts.size == 0:
+        return np.zeros(0, dtype=dtype)
+    raw = np.frombuffer(data, dtype=np.uint8)[starts[:, None] + np.arange(dtype.itemsize)]
+    return _native(raw.view(dtype).ravel())
+
+
+def _runs(data: bytes, starts: np.ndarray, counts: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """The `counts[i]` items of `dtype` that begin at byte `starts[i]`, all runs joined in order."""
+    total = int(counts.sum())
+    if total == 0:
+        return np.zeros(0, dtype=dtype.newbyteorder("="))
+    # A view with an item at every byte offset: a run need not be aligned to its item size.
+    every_offset = np.ndarray((len(data) - dtype.itemsize + 1,), dtype=dtype, buffer=data, strides=(1,))
+    first = np.repeat(starts - dtype.itemsize * _offsets(counts)[:-1], counts)
+    return _native(every_offset[first + dtype.itemsize * np.arange(total)])
+
+
+def _native(values: np.ndarray) -> np.ndarray:
+    """Little-endian on disk; a big-endian machine gets a copy in its own order."""
+    if values.dtype.names is not None or values.dtype.isnative:
+        return values
+    return values.astype(values.dtype.newbyteorder("="))
 
 
 def _offsets(counts: np.ndarray) -> np.ndarray:
     return np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
-
-
-def _intact(data: bytes, start: int, end: int) -> bool:
-    (check,) = _CHECK.unpack_from(data, end)
-    return bool(xxhash.xxh3_64_intdigest(data[start:end]) == check)
 
 
 def _next_magic(data: bytes, start: int) -> int:

@@ -152,13 +152,15 @@ class RequestHistory:
         at `ram_budget` comes from a replay of each process's RAM tier under that policy (ram_replay.py)."""
         blocks, marks = self._blocks, self._checkpoints
         replayed: tuple[np.ndarray, np.ndarray] | None = None
+        # The distances are the sample's bytes: a budget is compared with them at the sample's scale.
+        sampled_ram = ram_budget * self.sample_rate if ram_budget is not None else None
         # A RAM tier that could hold every entry the log stored never evicts, whatever its policy: LRU's pass.
         if ram_policy != "lru" and ram_budget is not None and tier == "any" and self.stored_bytes > ram_budget:
             replayed = replay_ram(
                 self.log, blocks, marks, ram_budget * self.sample_rate, ttl_s, ram_policy, self._entry_kept
             )
         chain = _prefix_max(
-            _tier_distance(blocks, ttl_s, ram_budget, tier, replayed[0] if replayed else None), blocks.request
+            _tier_distance(blocks, ttl_s, sampled_ram, tier, replayed[0] if replayed else None), blocks.request
         )
         # Requests with marks (checkpoints, or a match ending inside a stored block) take the best of
         # their points; the others (most) add up their blocks, which a sample can estimate.
@@ -174,7 +176,7 @@ class RequestHistory:
         if marks.request.size:
             needed = _needed_chain(blocks.request, blocks.end, chain, marks.request, marks.anchor)
             needed[self.log.without_blocks[marks.request]] = 0  # a recurrent model's checkpoint restores alone
-            own = np.maximum(needed, _tier_distance(marks, ttl_s, ram_budget, tier, replayed[1] if replayed else None))
+            own = np.maximum(needed, _tier_distance(marks, ttl_s, sampled_ram, tier, replayed[1] if replayed else None))
             plain = ~self.log.at_checkpoints[blocks.request] & ~alone
             parts.append(
                 _envelope(

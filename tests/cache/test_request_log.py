@@ -8,10 +8,13 @@ import numpy as np
 import pytest
 
 from cache.request_log import (
+    _CHECK,
+    _HEAD,
     LOG_NAME,
     LoggedRequest,
     LoggedStore,
     RequestLog,
+    _frame,
     columns_of_bytes,
     encode_request,
     encode_store,
@@ -114,3 +117,16 @@ def test_a_log_that_cannot_be_written_switches_itself_off(tmp_path: Path, caplog
     log.append(encode_request(request(1.0, [1])))  # no exception
     assert not log.enabled
     assert "request log is off" in caplog.text
+
+
+def test_records_of_a_later_version_are_skipped_and_those_after_them_read() -> None:
+    """A kind this version does not know, or a request longer than its counts say, is intact but not read."""
+    first, last = encode_request(request(1.0, [5, 6])), encode_store(store(4.0, [7], [False]))
+    unknown_kind = _frame(9, 2.0, 7, b"\x01" * 40)
+    body = encode_request(request(3.0, [8]))[_HEAD.size : -_CHECK.size]
+    longer = _frame(1, 3.0, 7, body + b"\x00" * 8)  # the same request with 8 bytes its counts do not name
+    log = columns_of_bytes(first + unknown_kind + longer + last)
+    assert log.request_time.tolist() == [1.0]
+    assert log.chain.tolist() == [5, 6]
+    assert log.store_time.tolist() == [4.0]
+    assert log.entry_key.tolist() == [7]
