@@ -117,8 +117,10 @@ class LazyHeap:
     """
 
     def __init__(self) -> None:
+        # An entry is (priority, tie-break, push count, key); the live one of a key is the very tuple
+        # in the heap, so a stale entry is told by identity, not compared field by field.
         self._heap: list[tuple[float, float, int, BlockKey]] = []
-        self._live: dict[BlockKey, tuple[float, float, int]] = {}
+        self._live: dict[BlockKey, tuple[float, float, int, BlockKey]] = {}
         self._counter = itertools.count()
 
     def __len__(self) -> int:
@@ -130,22 +132,28 @@ class LazyHeap:
         return len(self._heap)
 
     def push(self, key: BlockKey, first: float, second: float = 0.0) -> None:
-        entry = (first, second, next(self._counter))
+        entry = (first, second, next(self._counter), key)
         self._live[key] = entry
-        heapq.heappush(self._heap, (*entry, key))
+        heapq.heappush(self._heap, entry)
         if len(self._heap) > 2 * len(self._live) + 64:
-            self._heap = [(*entry, key) for key, entry in self._live.items()]
+            self._heap = list(self._live.values())
             heapq.heapify(self._heap)
 
     def discard(self, key: BlockKey) -> None:
         self._live.pop(key, None)
 
+    def rank_of(self, key: BlockKey) -> tuple[float, float]:
+        """The priority `key` was last pushed with (it must be in the heap)."""
+        first, second, _, _ = self._live[key]
+        return first, second
+
     def peek(self) -> BlockKey | None:
-        while self._heap:
-            first, second, order, key = self._heap[0]
-            if self._live.get(key) == (first, second, order):
-                return key
-            heapq.heappop(self._heap)
+        heap, live = self._heap, self._live
+        while heap:
+            entry = heap[0]
+            if live.get(entry[3]) is entry:
+                return entry[3]
+            heapq.heappop(heap)
         return None
 
     def clear(self) -> None:
@@ -161,7 +169,12 @@ RecordT = TypeVar("RecordT", bound=_Record)
 
 
 class _HeapPolicy(Generic[RecordT]):
-    """A policy that keeps one record per block and offers unpinned ones to a heap, worst first."""
+    """A policy that keeps one record per block and offers unpinned ones to a heap, worst first.
+
+    A use only ever raises a block's rank, so a touch leaves its heap entry where it was: when that
+    entry reaches the top it is pushed again at the rank its record gives now. Every other entry's
+    rank is at most its record's, so the first whose rank is current is the true worst; and a hit
+    (most of a tier's calls) costs no heap push."""
 
     def __init__(self) -> None:
         self._blocks: dict[BlockKey, RecordT] = {}
@@ -174,18 +187,35 @@ class _HeapPolicy(Generic[RecordT]):
             self._offer(key)
 
     def victim(self) -> BlockKey | None:
-        return self._heap.peek()
+        while (key := self._heap.peek()) is not None:
+            rank = self._rank(self._blocks[key])
+            if self._heap.rank_of(key) >= rank:
+                return key
+            self._heap.push(key, *rank)  # used since it was pushed: where it ranks now
+        return None
 
     def clear(self) -> None:
         self._blocks.clear()
         self._heap.clear()
 
     def _offer(self, key: BlockKey) -> None:
-        """Put `key` in the heap where its record now ranks it (or out of it, pinned)."""
+        """Put `key` in the heap where its record now ranks it (or out of it, while it cannot go)."""
+        record = self._blocks[key]
+        if self._held(key, record):
+            self._heap.discard(key)
+        else:
+            self._heap.push(key, *self._rank(record))
+
+    def _rank(self, record: RecordT) -> tuple[float, float]:
+        """Lowest goes first; a use never lowers it."""
         raise NotImplementedError
 
+    def _held(self, key: BlockKey, record: RecordT) -> bool:
+        """Not a candidate now (pinned)."""
+        return record.pinned
 
-@dataclass
+
+@dataclass(slots=True)
 class _Uses:
     count: float
     last: float
@@ -208,22 +238,17 @@ class LfuPolicy(_HeapPolicy[_Uses]):
     def touch(self, key: BlockKey, now: float) -> None:
         uses = self._blocks.get(key)
         if uses is not None:
-            uses.count, uses.last = uses.count + 1, now
-            self._offer(key)
+            uses.count, uses.last = uses.count + 1, now  # a higher rank: its heap entry waits (`victim`)
 
     def forget(self, key: BlockKey) -> None:
         if self._blocks.pop(key, None) is not None:
             self._heap.discard(key)
 
-    def _offer(self, key: BlockKey) -> None:
-        uses = self._blocks[key]
-        if uses.pinned:
-            self._heap.discard(key)
-        else:
-            self._heap.push(key, uses.count, uses.last)
+    def _rank(self, record: _Uses) -> tuple[float, float]:
+        return record.count, record.last
 
 
-@dataclass
+@dataclass(slots=True)
 class _Worth:
     parent: BlockKey | None
     cost_per_byte: float  # recompute cost over payload bytes
@@ -260,6 +285,7 @@ class ValuePolicy(_HeapPolicy[_Worth]):
         if worth is not None:
             worth.pinned = pinned
             self.touch(key, now)
+            self._offer(key)  # pinned or not now
             return
         cost = recompute_cost(place.start, max(place.tokens, 1), self.attention_tokens)
         uses = 1.0
@@ -279,9 +305,12 @@ class ValuePolicy(_HeapPolicy[_Worth]):
         worth = self._blocks.get(key)
         if worth is None:
             return
-        worth.uses = worth.uses * math.exp(-self._rate * max(now - worth.last, 0.0)) + 1.0
-        worth.last = max(now, worth.last)
-        self._offer(key)
+        if now > worth.last:  # (a use from before the last one, another process's clock, decays nothing)
+            worth.uses = worth.uses * math.exp(-self._rate * (now - worth.last)) + 1.0
+            worth.last = now
+        else:
+            worth.uses += 1.0
+        # Its value rose: its heap entry waits until it reaches the top (`victim`).
 
     def forget(self, key: BlockKey) -> None:
         worth = self._blocks.pop(key, None)
@@ -314,12 +343,11 @@ class ValuePolicy(_HeapPolicy[_Worth]):
             return 0.0
         return worth.cost_per_byte * worth.uses * math.exp(-self._rate * max(now - worth.last, 0.0))
 
-    def _offer(self, key: BlockKey) -> None:
-        worth = self._blocks[key]
-        if worth.pinned or self._kept_children.get(key, 0):
-            self._heap.discard(key)
-            return
-        self._heap.push(key, math.log(worth.cost_per_byte * worth.uses) + self._rate * worth.last)
+    def _rank(self, record: _Worth) -> tuple[float, float]:
+        return math.log(record.cost_per_byte * record.uses) + self._rate * record.last, 0.0
+
+    def _held(self, key: BlockKey, record: _Worth) -> bool:
+        return record.pinned or key in self._kept_children  # a parent waits for its children
 
 
 def make_policy(name: str) -> EvictionPolicy:

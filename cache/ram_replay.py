@@ -11,7 +11,7 @@ a sliding TTL. Only the keys of the sample are replayed, at the sample's share o
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, cast
 
 import numpy as np
 
@@ -39,14 +39,14 @@ class BlockQueries(Queries, Protocol):
 
 
 class _Tier:
-    """One process's RAM tier: sizes and expiry times, and the policy that picks victims."""
+    """One process's RAM tier: sizes and last uses, and the policy that picks victims."""
 
     def __init__(self, budget: float, ttl_s: float, policy: EvictionPolicy) -> None:
         self.budget, self.ttl_s, self.policy = budget, ttl_s, policy
-        self.kept: dict[int, tuple[int, float]] = {}  # key -> (bytes, last use)
+        self.kept: dict[BlockKey, tuple[int, float]] = {}  # key -> (bytes, last use)
         self.used = 0
 
-    def holds(self, key: int, now: float) -> bool:
+    def holds(self, key: BlockKey, now: float) -> bool:
         slot = self.kept.get(key)
         if slot is None:
             return False
@@ -55,30 +55,33 @@ class _Tier:
             return False
         return True
 
-    def use(self, key: int, size: int, place: BlockPlace, now: float) -> None:
+    def use(self, key: BlockKey, size: int, place: BlockPlace, now: float) -> None:
         """A store or a restore of `key`: kept again if it was, brought back if not; then over budget, evict."""
-        policy_key = BlockKey(key.to_bytes(8, "little"))
         if self.holds(key, now):
             self.kept[key] = (self.kept[key][0], now)
-            self.policy.touch(policy_key, now)
-        elif size <= self.budget:
-            self.kept[key] = (size, now)
-            self.used += size
-            self.policy.admit(policy_key, place, size, now)
+            self.policy.touch(key, now)
+            return
+        if size > self.budget:
+            return
+        self.kept[key] = (size, now)
+        self.used += size
+        self.policy.admit(key, place, size, now)
         while self.used > self.budget:
             victim = self.policy.victim()
             if victim is None:
                 break
-            self._drop(int.from_bytes(victim, "little"))
+            self._drop(victim)
 
-    def _drop(self, key: int) -> None:
+    def _drop(self, key: BlockKey) -> None:
         size, _ = self.kept.pop(key)
         self.used -= size
-        self.policy.forget(BlockKey(key.to_bytes(8, "little")))
+        self.policy.forget(key)
 
 
-def _place(parent: int, start: int, tokens: int) -> BlockPlace:
-    return BlockPlace(BlockKey(parent.to_bytes(8, "little")) if parent else None, start, tokens)
+def _keys(values: np.ndarray) -> list[BlockKey]:
+    """Short keys as the policy's keys. They stay ints: a policy only hashes and compares its keys, and
+    making 8-byte strings of them would cost more than the replay's own work on a long log."""
+    return cast(list[BlockKey], values.tolist())
 
 
 def replay_ram(
@@ -93,19 +96,20 @@ def replay_ram(
     """For each row of `blocks` and of `marks`: whether its process's RAM tier, replayed under `policy`
     at `budget` bytes, held it when its request came. `entry_kept`: the stored entries in the sample."""
     tiers: dict[int, _Tier] = {}
-    sizes: dict[int, int] = {}
-    places: dict[int, BlockPlace] = {}
-    in_ram_blocks = np.zeros(blocks.request.size, dtype=bool)
-    in_ram_marks = np.zeros(marks.request.size, dtype=bool)
+    sizes: dict[BlockKey, int] = {}
+    places: dict[BlockKey, BlockPlace] = {}
+    in_ram_blocks = [False] * blocks.request.size
+    in_ram_marks = [False] * marks.request.size
     requests, stores = log.requests, log.store_time.size
     # Python lists: this loop reads one value at a time, which numpy scalars make several times slower.
     block_rows = np.searchsorted(blocks.request, np.arange(requests + 1)).tolist()
     mark_rows = np.searchsorted(marks.request, np.arange(requests + 1)).tolist()
-    block_key, block_end = blocks.key.tolist(), blocks.end.tolist()
+    block_key, block_end = _keys(blocks.key), blocks.end.tolist()
     block_start = blocks.start.tolist()
-    mark_key, mark_end = marks.key.tolist(), marks.end.tolist()
-    entry_offsets, entry_key, entry_size = log.entry_offsets.tolist(), log.entry_key.tolist(), log.entry_size.tolist()
-    entry_parent, entry_start = log.entry_parent.tolist(), log.entry_start.tolist()
+    mark_key, mark_end = _keys(marks.key), marks.end.tolist()
+    entry_offsets, entry_size = log.entry_offsets.tolist(), log.entry_size.tolist()
+    entry_key, entry_parent = _keys(log.entry_key), _keys(log.entry_parent)  # a parent of 0: the root
+    entry_start = log.entry_start.tolist()
     entry_tokens, kept = log.entry_tokens.tolist(), entry_kept.tolist()
     store_session, request_session = log.store_session.tolist(), log.request_session.tolist()
     in_places = log.in_place.tolist()
@@ -123,7 +127,8 @@ def replay_ram(
                 if kept[entry]:
                     key = entry_key[entry]
                     sizes[key] = entry_size[entry]
-                    places[key] = _place(entry_parent[entry], entry_start[entry], entry_tokens[entry])
+                    parent = entry_parent[entry]
+                    places[key] = BlockPlace(parent or None, entry_start[entry], entry_tokens[entry])
                     tier.use(key, sizes[key], places[key], now)
             continue
         in_place = in_places[number]
@@ -141,7 +146,9 @@ def replay_ram(
         for row in range(last_block - 1, first_block - 1, -1):
             key = block_key[row]
             if block_end[row] > in_place and key in sizes:
-                parent = block_key[row - 1] if row > first_block else 0
-                start = block_start[row]
-                tier.use(key, sizes[key], places.get(key) or _place(parent, start, block_end[row] - start), now)
-    return in_ram_blocks, in_ram_marks
+                place = places.get(key)
+                if place is None:
+                    start = block_start[row]
+                    place = BlockPlace(block_key[row - 1] if row > first_block else None, start, block_end[row] - start)
+                tier.use(key, sizes[key], place, now)
+    return np.array(in_ram_blocks, dtype=bool), np.array(in_ram_marks, dtype=bool)

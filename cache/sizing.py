@@ -111,8 +111,9 @@ class RequestHistory:
         # When each chain block was first stored: millions of lookups on a long log, so done once, and only
         # for what needs it (the stores inferred from before the log, and the sample's ratio estimate).
         needed = self.sample_rate < 1.0 or _restored(log).any()
-        chain_first = _first_store_times(log, log.chain) if needed else np.zeros(0)
-        log, chain_first = _with_earlier_stores(log, chain_first)
+        first_stores = _FirstStores(log)
+        chain_first = first_stores.of(log.chain) if needed else np.zeros(0)
+        log, chain_first = _with_earlier_stores(log, chain_first, first_stores)
         self._blocks, self._checkpoints = _measure(log, self.sample_rate)
         self.log = log  # with the stores inferred from before it began
         self._entry_kept = _sampled(log.entry_key, self.sample_rate)
@@ -223,15 +224,14 @@ def _needed_chain(
 def _reusable_tokens(log: LogColumns, in_place: np.ndarray, limit: np.ndarray, first_stored: np.ndarray) -> float:
     """Tokens past what was held in place, within the limit, in chain blocks stored (`first_stored`: when,
     per chain block) before their request together with every block before them: what an unlimited cache
-    without TTL reuses (exact, every block)."""
-    request = np.repeat(np.arange(log.requests), np.diff(log.chain_offsets))
-    before = (first_stored < log.request_time[request]).astype(np.int64)
-    offset = request.astype(np.int64) * 2  # per request, from its first block not stored on: missing is 1
-    missing = np.maximum.accumulate((1 - before) + offset) - offset
-    start = (np.arange(log.chain.size) - log.chain_offsets[request]) * log.block_size[request]
-    end = np.minimum(start + log.block_size[request], log.prompt[request])
-    gained = np.minimum(end, limit[request]) - np.maximum(start, in_place[request])
-    return float(np.maximum(gained, 0)[missing == 0].sum())
+    without TTL reuses (exact, every block). Per request that is its leading run of such blocks."""
+    starts, ends = log.chain_offsets[:-1], log.chain_offsets[1:]
+    missing = np.flatnonzero(first_stored >= np.repeat(log.request_time, ends - starts))
+    missing = np.append(missing, log.chain.size)  # past the last block: a request whose blocks all were
+    first_missing = missing[np.searchsorted(missing, starts)]  # each request's first block not stored before it
+    leading = np.minimum(first_missing, ends) - starts
+    reach = np.minimum(leading * log.block_size, log.prompt)
+    return float(np.maximum(np.minimum(reach, limit) - in_place, 0).sum())
 
 
 def _restored(log: LogColumns) -> np.ndarray:
@@ -239,7 +239,9 @@ def _restored(log: LogColumns) -> np.ndarray:
     return np.isin(log.tier, [TIER_CODES[ReuseTier.RAM], TIER_CODES[ReuseTier.DISK]])
 
 
-def _with_earlier_stores(log: LogColumns, chain_first: np.ndarray) -> tuple[LogColumns, np.ndarray]:
+def _with_earlier_stores(
+    log: LogColumns, chain_first: np.ndarray, first_stores: _FirstStores
+) -> tuple[LogColumns, np.ndarray]:
     """The log with stores, at its start, of what a request restored from RAM or disk though no store in
     the log put it there before: stored before the log began (a file rotated away, a cache filled before
     an upgrade, another machine's log). Sized at the log's median bytes per token (its median checkpoint).
@@ -254,20 +256,19 @@ def _with_earlier_stores(log: LogColumns, chain_first: np.ndarray) -> tuple[LogC
     block_request = np.repeat(np.arange(log.requests), covered)
     first_of = np.concatenate(([0], np.cumsum(covered)))[:-1]
     block_index = log.chain_offsets[block_request] + np.arange(block_request.size) - first_of[block_request]
+    earlier = chain_first[block_index] >= log.request_time[block_request]  # not stored before it, in the log
+    block_request, block_index = block_request[earlier], block_index[earlier]
     mark_request = np.repeat(np.arange(log.requests), np.diff(log.mark_offsets))
-    marks = restored[mark_request] & (log.mark_end == log.reused[mark_request])
+    marks = np.flatnonzero(restored[mark_request] & (log.mark_end == log.reused[mark_request]))
+    marks = marks[first_stores.of(log.mark_key[marks]) >= log.request_time[mark_request[marks]]]
+    if block_index.size == 0 and marks.size == 0:
+        return log, chain_first
     keys = np.concatenate([log.chain[block_index], log.mark_key[marks]])
     owner = np.concatenate([block_request, mark_request[marks]])
-    needed_at = log.request_time[owner]
-    is_mark = np.concatenate([np.zeros(block_request.size, dtype=bool), np.ones(int(marks.sum()), dtype=bool)])
+    is_mark = np.concatenate([np.zeros(block_request.size, dtype=bool), np.ones(marks.size, dtype=bool)])
     tokens = np.concatenate(
         [log.block_size[block_request], log.mark_end[marks] % np.maximum(log.block_size[mark_request[marks]], 1)]
     )
-    first_stored = np.concatenate([chain_first[block_index], _first_store_times(log, log.mark_key[marks])])
-    earlier = first_stored >= needed_at
-    if not earlier.any():
-        return log, chain_first
-    keys, owner, is_mark, tokens = keys[earlier], owner[earlier], is_mark[earlier], tokens[earlier]
     keys, first = np.unique(keys, return_index=True)  # once, for the first request that needed it
     owner, is_mark, tokens = owner[first], is_mark[first], tokens[first]
     block_entries = ~log.entry_checkpoint & (log.entry_tokens > 0)
@@ -301,21 +302,34 @@ def _with_earlier_stores(log: LogColumns, chain_first: np.ndarray) -> tuple[LogC
     return earlier_log, chain_first
 
 
-def _first_store_times(log: LogColumns, keys: np.ndarray) -> np.ndarray:
-    """When each key was first stored in the log (inf: never)."""
-    times = np.full(keys.size, np.inf)
-    if log.entry_key.size == 0:
+class _FirstStores:
+    """When each key was first stored in the log (inf: never): the entries sorted once, looked up by many."""
+
+    def __init__(self, log: LogColumns) -> None:
+        self._log = log
+        self._table: tuple[np.ndarray, np.ndarray] | None = None
+
+    def of(self, keys: np.ndarray) -> np.ndarray:
+        times = np.full(keys.size, np.inf)
+        stored_keys, stored_times = self._sorted()
+        if stored_keys.size == 0 or keys.size == 0:
+            return times
+        found = np.minimum(np.searchsorted(stored_keys, keys), stored_keys.size - 1)
+        known = stored_keys[found] == keys
+        times[known] = stored_times[found[known]]
         return times
-    entry_time = log.store_time[np.repeat(np.arange(log.store_time.size), np.diff(log.entry_offsets))]
-    order = np.lexsort((entry_time, log.entry_key))
-    stored_keys, stored_times = log.entry_key[order], entry_time[order]
-    first = np.ones(stored_keys.size, dtype=bool)
-    first[1:] = stored_keys[1:] != stored_keys[:-1]
-    stored_keys, stored_times = stored_keys[first], stored_times[first]
-    found = np.minimum(np.searchsorted(stored_keys, keys), stored_keys.size - 1)
-    known = stored_keys[found] == keys
-    times[known] = stored_times[found[known]]
-    return times
+
+    def _sorted(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each stored key once, sorted, with its first store's time."""
+        if self._table is None:
+            log = self._log
+            entry_time = log.store_time[np.repeat(np.arange(log.store_time.size), np.diff(log.entry_offsets))]
+            order = np.lexsort((entry_time, log.entry_key))
+            stored_keys, stored_times = log.entry_key[order], entry_time[order]
+            first = np.ones(stored_keys.size, dtype=bool)
+            first[1:] = stored_keys[1:] != stored_keys[:-1]
+            self._table = stored_keys[first], stored_times[first]
+        return self._table
 
 
 def _offsets(counts: np.ndarray) -> np.ndarray:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
@@ -153,6 +154,55 @@ def test_eviction_keeps_a_heap_no_larger_than_the_blocks_kept() -> None:
         heap.push(K(bytes([number % 10])), float(number))
     assert len(heap) == 10
     assert heap.entries <= 2 * 10 + 64  # stale entries are swept, not kept
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_hit_leaves_its_heap_entry_yet_the_victim_is_always_the_least_worth(seed: int) -> None:
+    """A touch raises a block's worth without a heap push; whatever the order of uses, pins and evictions,
+    the victim is the unpinned leaf worth least now (the value policy) or used least (LFU)."""
+    rng = random.Random(seed)
+    value, lfu = ValuePolicy(half_life_s=50.0), LfuPolicy()
+    kept: dict[K, K | None] = {}  # key -> parent
+    pinned: set[K] = set()
+    uses: dict[K, tuple[int, float]] = {}  # LFU's reference: count, last use
+    for step in range(600):
+        now = float(step)
+        action = rng.random()
+        if action < 0.35 or len(kept) < 3:
+            key = K(step.to_bytes(4, "little"))
+            parent = rng.choice([None, *kept])
+            place = BlockPlace(parent, rng.randrange(0, 4096, 64), 64)
+            size = rng.choice([10, 100, 1000])
+            value.admit(key, place, size, now)
+            lfu.admit(key, place, size, now)
+            kept[key] = parent
+            uses[key] = (1, now)
+        elif action < 0.85:
+            key = rng.choice(list(kept))
+            value.touch(key, now)
+            lfu.touch(key, now)
+            uses[key] = (uses[key][0] + 1, now)
+        elif action < 0.9:
+            key = rng.choice(list(kept))
+            pin = key not in pinned
+            value.set_pinned(key, pin)
+            lfu.set_pinned(key, pin)
+            pinned.symmetric_difference_update({key})
+        else:
+            parents = {parent for parent in kept.values() if parent is not None}
+            leaves = [key for key in kept if key not in parents and key not in pinned]
+            victim = value.victim()
+            assert (victim is None) == (not leaves)
+            if victim is not None:
+                assert victim in leaves
+                assert value.value(victim, now) <= min(value.value(key, now) for key in leaves) * (1 + 1e-9)
+            unpinned = [key for key in kept if key not in pinned]
+            assert lfu.victim() in ({min(unpinned, key=lambda key: uses[key])} if unpinned else {None})
+            gone = victim if victim is not None else rng.choice(list(kept))
+            for policy in (value, lfu):
+                policy.forget(gone)
+            del kept[gone], uses[gone]
+            pinned.discard(gone)
 
 
 def test_the_cache_config_names_the_ram_tier_policy(tmp_path: Path) -> None:
