@@ -57,10 +57,13 @@ class _Tier:
 
     def use(self, key: BlockKey, size: int, place: BlockPlace, now: float) -> None:
         """A store or a restore of `key`: kept again if it was, brought back if not; then over budget, evict."""
-        if self.holds(key, now):
-            self.kept[key] = (self.kept[key][0], now)
-            self.policy.touch(key, now)
-            return
+        slot = self.kept.get(key)
+        if slot is not None:
+            if now - slot[1] <= self.ttl_s:
+                self.kept[key] = (slot[0], now)
+                self.policy.touch(key, now)
+                return
+            self._drop(key)  # expired
         if size > self.budget:
             return
         self.kept[key] = (size, now)
@@ -110,7 +113,10 @@ def replay_ram(
     entry_offsets, entry_size = log.entry_offsets.tolist(), log.entry_size.tolist()
     entry_key, entry_parent = _keys(log.entry_key), _keys(log.entry_parent)  # a parent of 0: the root
     entry_start = log.entry_start.tolist()
-    entry_tokens, kept = log.entry_tokens.tolist(), entry_kept.tolist()
+    entry_tokens = log.entry_tokens.tolist()
+    kept_entries = np.flatnonzero(entry_kept)  # only the sample's entries are replayed
+    store_kept = np.searchsorted(kept_entries, log.entry_offsets).tolist()
+    kept_rows = kept_entries.tolist()
     store_session, request_session = log.store_session.tolist(), log.request_session.tolist()
     in_places = log.in_place.tolist()
     times = np.concatenate([log.request_time, log.store_time])
@@ -123,26 +129,27 @@ def replay_ram(
         if tier is None:
             tier = tiers[session] = _Tier(budget, ttl_s, make_policy(policy))
         if storing:
-            for entry in range(entry_offsets[number + 1] - 1, entry_offsets[number] - 1, -1):  # deepest first
-                if kept[entry]:
-                    key = entry_key[entry]
-                    sizes[key] = entry_size[entry]
-                    parent = entry_parent[entry]
-                    places[key] = BlockPlace(parent or None, entry_start[entry], entry_tokens[entry])
-                    tier.use(key, sizes[key], places[key], now)
+            for index in range(store_kept[number + 1] - 1, store_kept[number] - 1, -1):  # deepest first
+                entry = kept_rows[index]
+                key = entry_key[entry]
+                sizes[key] = entry_size[entry]
+                places[key] = BlockPlace(entry_parent[entry] or None, entry_start[entry], entry_tokens[entry])
+                tier.use(key, sizes[key], places[key], now)
             continue
         in_place = in_places[number]
         first_block, last_block = block_rows[number], block_rows[number + 1]
         first_mark, last_mark = mark_rows[number], mark_rows[number + 1]
+        holds, use = tier.holds, tier.use
         for row in range(first_block, last_block):
-            in_ram_blocks[row] = tier.holds(block_key[row], now)
-        for row in range(first_mark, last_mark):
-            in_ram_marks[row] = tier.holds(mark_key[row], now)
-        used_marks = sorted((mark_end[row], row) for row in range(first_mark, last_mark) if mark_end[row] > in_place)
-        for _, row in reversed(used_marks):
-            key = mark_key[row]
-            if key in sizes:
-                tier.use(key, sizes[key], places[key], now)
+            in_ram_blocks[row] = holds(block_key[row], now)
+        if first_mark < last_mark:
+            for row in range(first_mark, last_mark):
+                in_ram_marks[row] = holds(mark_key[row], now)
+            used = sorted((mark_end[row], row) for row in range(first_mark, last_mark) if mark_end[row] > in_place)
+            for _, row in reversed(used):
+                key = mark_key[row]
+                if key in sizes:
+                    use(key, sizes[key], places[key], now)
         for row in range(last_block - 1, first_block - 1, -1):
             key = block_key[row]
             if block_end[row] > in_place and key in sizes:
@@ -150,5 +157,5 @@ def replay_ram(
                 if place is None:
                     start = block_start[row]
                     place = BlockPlace(block_key[row - 1] if row > first_block else None, start, block_end[row] - start)
-                tier.use(key, sizes[key], place, now)
+                use(key, sizes[key], place, now)
     return np.array(in_ram_blocks, dtype=bool), np.array(in_ram_marks, dtype=bool)
