@@ -110,7 +110,7 @@ def replay_ram(
     block_key, block_end = _keys(blocks.key), blocks.end.tolist()
     block_start = blocks.start.tolist()
     mark_key, mark_end = _keys(marks.key), marks.end.tolist()
-    entry_offsets, entry_size = log.entry_offsets.tolist(), log.entry_size.tolist()
+    entry_size = log.entry_size.tolist()
     entry_key, entry_parent = _keys(log.entry_key), _keys(log.entry_parent)  # a parent of 0: the root
     entry_start = log.entry_start.tolist()
     entry_tokens = log.entry_tokens.tolist()
