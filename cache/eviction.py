@@ -31,8 +31,16 @@ ATTENTION_TOKENS = 4096.0
 # How fast a block's uses are forgotten: a use this long ago counts half as much as one now. An
 # hour lets a document asked about by several sessions outlast a finished conversation, while a
 # block used in a burst long ago still gives way to what is in use now (on the bench's traces,
-# G, six hours or more let stale bursts crowd out fresh history: far below LRU).
+# G, six hours or more let stale bursts crowd out fresh history: far below LRU). That is the most:
+# a tier that keeps an unused block only minutes (a tight budget) must forget uses faster, or the
+# blocks popular an hour ago crowd out the conversation going on now (on G's zipf trace at 40
+# blocks, an hour's half-life reused 21% of prompt tokens where LRU reused 44%). So by default the
+# half-life is this share of how long the tier keeps a block unused before evicting it (a running
+# geometric mean), at most VALUE_HALF_LIFE_S.
 VALUE_HALF_LIFE_S = 3600.0
+HALF_LIFE_SHARE_OF_IDLE = 1 / 4
+MIN_HALF_LIFE_S = 5.0
+HALF_LIFE_EVICTIONS = 64  # evictions between looks at the half-life (and the running mean's weight)
 POLICY_NAMES = ("value", "lru", "lfu")
 # The value policy remembers the uses of this many evicted blocks per kept one (at least GHOSTS_MIN),
 # so a block evicted and needed again comes back with its history instead of as a stranger.
@@ -266,21 +274,31 @@ class ValuePolicy(_HeapPolicy[_Worth]):
     decays by the same factor over time, so the order of two untouched blocks never changes and
     each block's heap key is fixed between its uses: ln(value at its last use) + last use x
     ln 2 / half-life. Only leaves are candidates: a block with a kept child waits for it.
+
+    `half_life_s` None (the default): the half-life follows how long this tier keeps an unused
+    block (see VALUE_HALF_LIFE_S), looked at every HALF_LIFE_EVICTIONS evictions; when it moves
+    by a quarter or more the heap is keyed again (the order of untouched blocks depends on it).
     """
 
     name = "value"
 
-    def __init__(self, half_life_s: float = VALUE_HALF_LIFE_S, attention_tokens: float = ATTENTION_TOKENS) -> None:
-        if half_life_s <= 0 or attention_tokens <= 0:
+    def __init__(self, half_life_s: float | None = None, attention_tokens: float = ATTENTION_TOKENS) -> None:
+        if (half_life_s is not None and half_life_s <= 0) or attention_tokens <= 0:
             raise ValueError("the half-life and the attention constant must be positive")
-        self.half_life_s = half_life_s
+        self.adaptive = half_life_s is None
+        self.half_life_s = VALUE_HALF_LIFE_S if half_life_s is None else half_life_s
         self.attention_tokens = attention_tokens
         super().__init__()
-        self._rate = math.log(2) / half_life_s
+        self._rate = math.log(2) / self.half_life_s
         self._kept_children: dict[BlockKey, int] = {}
         self._ghosts: OrderedDict[BlockKey, tuple[float, float]] = OrderedDict()  # evicted: uses, last use
+        self._clock = -math.inf  # the latest use seen
+        self._idle_log: float | None = None  # running mean of ln(1 + seconds unused) of the blocks evicted
+        self._evictions = 0
 
     def admit(self, key: BlockKey, place: BlockPlace, size: int, now: float, pinned: bool = False) -> None:
+        if now > self._clock:
+            self._clock = now
         worth = self._blocks.get(key)
         if worth is not None:
             worth.pinned = pinned
@@ -302,6 +320,8 @@ class ValuePolicy(_HeapPolicy[_Worth]):
         self._offer(key)
 
     def touch(self, key: BlockKey, now: float) -> None:
+        if now > self._clock:
+            self._clock = now
         worth = self._blocks.get(key)
         if worth is None:
             return
@@ -335,6 +355,31 @@ class ValuePolicy(_HeapPolicy[_Worth]):
         super().clear()
         self._kept_children.clear()
         self._ghosts.clear()
+
+    def victim(self) -> BlockKey | None:
+        key = super().victim()
+        if key is not None and self.adaptive:
+            self._learn_idle(self._clock - self._blocks[key].last)
+        return key
+
+    def _learn_idle(self, idle_s: float) -> None:
+        """Fold in how long an evicted block was unused; every HALF_LIFE_EVICTIONS, follow it."""
+        sample = math.log1p(max(idle_s, 0.0))
+        if self._idle_log is None:
+            self._idle_log = sample
+        else:
+            self._idle_log += (sample - self._idle_log) / HALF_LIFE_EVICTIONS
+        self._evictions += 1
+        if self._evictions % HALF_LIFE_EVICTIONS:
+            return
+        wanted = math.expm1(self._idle_log) * HALF_LIFE_SHARE_OF_IDLE
+        wanted = min(max(wanted, MIN_HALF_LIFE_S), VALUE_HALF_LIFE_S)
+        if abs(math.log(wanted / self.half_life_s)) >= math.log(1.25):
+            self.half_life_s = wanted
+            self._rate = math.log(2) / wanted
+            self._heap.clear()
+            for block in self._blocks:
+                self._offer(block)
 
     def value(self, key: BlockKey, now: float) -> float:
         """The block's value now, in token-times per byte (0 for an unknown block)."""

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from cache.eviction import (
+    HALF_LIFE_EVICTIONS,
+    HALF_LIFE_SHARE_OF_IDLE,
     BlockPlace,
     LazyHeap,
     LfuPolicy,
@@ -19,6 +21,8 @@ from cache.eviction import (
 from cache.keys import BlockKey as K
 from cache.prefix_cache import CacheConfig, PrefixCache
 from cache.ram_tier import RamTier
+from chatapp.benchmark.trace_replay import BYTES_PER_TOKEN, replay
+from chatapp.benchmark.traces import make_trace
 from tests.cache.test_prefix_cache import LAYOUT, namespace
 
 HOUR = 3600.0
@@ -203,6 +207,35 @@ def test_a_hit_leaves_its_heap_entry_yet_the_victim_is_always_the_least_worth(se
                 policy.forget(gone)
             del kept[gone], uses[gone]
             pinned.discard(gone)
+
+
+def test_the_half_life_follows_how_long_the_tier_keeps_a_block_unused() -> None:
+    """Blocks evicted after 80 s unused: the half-life becomes a quarter of that; a fixed one stays."""
+    adaptive, fixed = ValuePolicy(), ValuePolicy(half_life_s=HOUR)
+    assert adaptive.half_life_s == HOUR  # until the tier has evicted enough to tell
+    for policy in (adaptive, fixed):
+        for number in range(4 * HALF_LIFE_EVICTIONS):
+            now = 10.0 * number
+            policy.admit(K(number.to_bytes(4, "little")), first(), 64, now=now)
+            if number >= 8:  # eight kept: each block goes 80 s after its only use
+                victim = policy.victim()
+                assert victim == K((number - 8).to_bytes(4, "little"))
+                policy.forget(victim)
+    assert adaptive.half_life_s == pytest.approx(80 * HALF_LIFE_SHARE_OF_IDLE, rel=0.05)
+    assert fixed.half_life_s == HOUR
+
+
+def test_at_a_tight_budget_the_value_policy_keeps_the_conversation_going_on() -> None:
+    """An hour's memory of uses lets blocks popular a while ago crowd out the conversation in progress
+    when the tier keeps a block only minutes: the adaptive half-life keeps up with LRU there."""
+    trace = make_trace("zipf", 0.3)
+    budget = 40 * trace.block_tokens * BYTES_PER_TOKEN
+    lru, hour, adaptive = (
+        replay(trace, policy, budget, 2 * 86400).hit_rate
+        for policy in (LruPolicy(), ValuePolicy(half_life_s=HOUR), ValuePolicy())
+    )
+    assert adaptive >= lru - 0.01
+    assert adaptive >= hour + 0.05
 
 
 def test_the_cache_config_names_the_ram_tier_policy(tmp_path: Path) -> None:
