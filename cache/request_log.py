@@ -58,7 +58,9 @@ class LoggedRequest:
     session: int
     prompt_tokens: int
     limit: int  # the cache could serve at most this many tokens
-    in_place: int  # the live context held this many in place (reused whatever the budgets)
+    in_place: (
+        int  # the live context held this many in place, or a kept whole state gave them (reused whatever the budgets)
+    )
     reused_tokens: int
     tier: ReuseTier
     at_checkpoints: bool  # the model restores only where a checkpoint is stored (sliding window, recurrent)

@@ -62,8 +62,8 @@ class Placement:
     reused_tokens: int
     tier: ReuseTier
     restore: RestoreTimings | None = None  # when the prefix came from the cache
-    # For the cache's request log (sizing advice): what the live context held in place for this prompt,
-    # and the most the cache could have served.
+    # For the cache's request log (sizing advice): what the live context held in place for this prompt (or
+    # a kept whole state gave: reuse no tier budget decides), and the most the cache could have served.
     in_place: int = 0
     cache_limit: int = 0
 
@@ -129,12 +129,15 @@ class KVPlacer:
         live = self.sequences[placement.sequence]
         live.holder = holder
         if need_logits:
+            whole_state = live.whole_state_tokens(placement.reused_tokens)
             credited = live.take_credit(placement.reused_tokens, placement.tier)
-            # A warm-up's restore is the cache's work, not the live context's.
-            in_place = placement.in_place if credited == placement.tier else 0
+            # A warm-up's restore is the cache's work, not the live context's; but a kept whole state it
+            # loaded is reuse that no tier budget decides, as the live context's is (for the request log).
+            in_place = placement.in_place if credited == placement.tier else whole_state
             return replace(placement, tier=credited, in_place=in_place)
         if placement.tier in (ReuseTier.RAM, ReuseTier.DISK):
-            live.note_warm_restore(placement.tier, placement.reused_tokens)
+            whole = placement.restore is not None and placement.restore.whole_state
+            live.note_warm_restore(placement.tier, placement.reused_tokens, whole)
         return placement
 
     def _place(
@@ -180,7 +183,8 @@ class KVPlacer:
                 if ready is not None:
                     loaded = self._load_ready(target, ready, found.tokens, time.perf_counter() - looking)
                     if loaded is not None:
-                        return probed(self._noted(loaded, WHOLE_STATE))
+                        # Held in place for the request log: a kept whole state is reuse no tier budget decides.
+                        return replace(probed(self._noted(loaded, WHOLE_STATE)), in_place=loaded.reused_tokens)
                 reading = time.perf_counter()
                 fetched = self.cache.fetch(found, array)
                 read = (reading - looking, time.perf_counter() - reading)

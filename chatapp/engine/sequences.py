@@ -45,6 +45,7 @@ class LiveSequence:
         # them in place reports that tier, not "device" (the user's hit really came from the cache).
         self.restored_from = ReuseTier.NONE
         self.restored_tokens = 0
+        self.restored_whole = False  # from a kept whole state (ready_states.py), which no tier budget decides
 
     def replace(self, tokens: list[int]) -> None:
         """It now holds `tokens` (a restore, or nothing): what it held before is gone with its facts.
@@ -55,7 +56,7 @@ class LiveSequence:
         self.exact = on_grid(len(tokens), self.grid)
         self.checkpoints.clear()
         self.short_first_batch = False
-        self.restored_from, self.restored_tokens = ReuseTier.NONE, 0
+        self.restored_from, self.restored_tokens, self.restored_whole = ReuseTier.NONE, 0, False
 
     def truncate(self, length: int) -> None:
         """It now holds its first `length` tokens: later checkpoints and credit for dropped tokens go."""
@@ -65,7 +66,7 @@ class LiveSequence:
             del self.checkpoints[position]
         self.restored_tokens = min(self.restored_tokens, length)
         if not self.restored_tokens:
-            self.restored_from = ReuseTier.NONE
+            self.restored_from, self.restored_whole = ReuseTier.NONE, False
 
     def computed(self, start: int, end: int) -> None:
         """A prompt batch [start, end) is now in its KV (after its tokens were added)."""
@@ -87,14 +88,19 @@ class LiveSequence:
         positions = [position for position in self.checkpoints if position <= length]
         return max(positions) if positions else None
 
-    def note_warm_restore(self, tier: ReuseTier, tokens: int) -> None:
-        """A warm-up restored its first `tokens` from `tier` (a restore replaces all it held before)."""
-        self.restored_from, self.restored_tokens = tier, tokens
+    def note_warm_restore(self, tier: ReuseTier, tokens: int, whole_state: bool = False) -> None:
+        """A warm-up restored its first `tokens` from `tier` (a restore replaces all it held before),
+        from a kept whole state or not."""
+        self.restored_from, self.restored_tokens, self.restored_whole = tier, tokens, whole_state
+
+    def whole_state_tokens(self, reused: int) -> int:
+        """Of `reused` tokens in place, how many a warm-up's kept whole state gave (until `take_credit`)."""
+        return min(reused, self.restored_tokens) if self.restored_whole else 0
 
     def take_credit(self, reused: int, tier: ReuseTier) -> ReuseTier:
         """The tier a real request reusing `reused` tokens in place reports; the credit is used up."""
         credited = self.restored_from if tier is ReuseTier.DEVICE and reused and self.restored_tokens else tier
-        self.restored_from, self.restored_tokens = ReuseTier.NONE, 0
+        self.restored_from, self.restored_tokens, self.restored_whole = ReuseTier.NONE, 0, False
         return credited
 
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from cache import state_format
+from cache.request_log import log_files, read_columns
 from chatapp.engine.batching import on_grid
 from chatapp.engine.engine import Engine, EngineConfig
 from chatapp.engine.events import GenerationResult, PromptReuse
@@ -91,6 +92,22 @@ def test_resident_conversation_is_answered_in_place(cached: Engine) -> None:
 
 def test_restore_from_ram_equals_cold(cached: Engine, engine: Engine) -> None:
     check_a_restore_from_ram_equals_cold(cached, engine, prompt(cached, "What is a verb?"))
+
+
+def test_the_request_log_counts_a_kept_whole_state_as_reuse_no_tier_budget_decides(cached: Engine) -> None:
+    """Sizing advice must not credit the RAM and disk budgets with what a kept whole state served: the log
+    says it was held in place, as the live context's part is (assembled blocks: only what stayed in place)."""
+    target = prompt(cached, "What is an adverb?")
+    answer(cached, target)
+    push_out(cached)
+    warm = answer(cached, target)
+    assert warm.stats.reuse_tier == "ram"
+    assert cached.cache is not None
+    logged = read_columns(log_files(cached.cache.request_log.path.parent))
+    assert logged.reused[-1] == warm.stats.reused_tokens
+    whole = warm.stats.restore is not None and warm.stats.restore.whole_state
+    assert whole == (cached.config.ready_state_bytes > 0)
+    assert (logged.in_place[-1] == warm.stats.reused_tokens) == whole
 
 
 def test_restore_after_a_restart_comes_from_disk_and_equals_cold(

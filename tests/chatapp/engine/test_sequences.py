@@ -83,3 +83,15 @@ def test_without_a_grid_every_token_held_is_reusable() -> None:
     live.replace(list(range(7)))
     live.tokens.extend(range(7, 9))
     assert live.reusable == 9
+
+
+def test_a_whole_state_a_warm_up_loaded_is_credited_once_and_only_for_what_is_left() -> None:
+    live = LiveSequence(0)
+    live.replace(list(range(50)))
+    live.note_warm_restore(ReuseTier.RAM, 40, whole_state=True)
+    live.truncate(30)
+    assert live.whole_state_tokens(45) == 30
+    assert live.whole_state_tokens(20) == 20
+    live.take_credit(30, ReuseTier.DEVICE)
+    assert live.whole_state_tokens(30) == 0
+    assert restored(ReuseTier.DISK, 40).whole_state_tokens(40) == 0  # assembled from blocks
