@@ -139,8 +139,9 @@ class LazyHeap:
         """Entries held, stale ones included (at most about twice the live keys)."""
         return len(self._heap)
 
-    def push(self, key: BlockKey, first: float, second: float = 0.0) -> None:
-        entry = (first, second, next(self._counter), key)
+    def push(self, key: BlockKey, first: float, second: float = 0.0, order: int | None = None) -> None:
+        """`order` breaks ties (lowest first; by default, the order of pushes)."""
+        entry = (first, second, next(self._counter) if order is None else order, key)
         self._live[key] = entry
         heapq.heappush(self._heap, entry)
         if len(self._heap) > 2 * len(self._live) + 64:
@@ -150,10 +151,10 @@ class LazyHeap:
     def discard(self, key: BlockKey) -> None:
         self._live.pop(key, None)
 
-    def rank_of(self, key: BlockKey) -> tuple[float, float]:
-        """The priority `key` was last pushed with (it must be in the heap)."""
-        first, second, _, _ = self._live[key]
-        return first, second
+    def rank_of(self, key: BlockKey) -> tuple[float, float, int]:
+        """The priority and tie-break `key` was last pushed with (it must be in the heap)."""
+        first, second, order, _ = self._live[key]
+        return first, second, order
 
     def peek(self) -> BlockKey | None:
         heap, live = self._heap, self._live
@@ -171,6 +172,7 @@ class LazyHeap:
 
 class _Record(Protocol):
     pinned: bool
+    order: int  # when it was last used, in uses: ties go to the least recently used
 
 
 RecordT = TypeVar("RecordT", bound=_Record)
@@ -187,6 +189,7 @@ class _HeapPolicy(Generic[RecordT]):
     def __init__(self) -> None:
         self._blocks: dict[BlockKey, RecordT] = {}
         self._heap = LazyHeap()
+        self._uses = itertools.count()
 
     def set_pinned(self, key: BlockKey, pinned: bool) -> None:
         record = self._blocks.get(key)
@@ -196,10 +199,11 @@ class _HeapPolicy(Generic[RecordT]):
 
     def victim(self) -> BlockKey | None:
         while (key := self._heap.peek()) is not None:
-            rank = self._rank(self._blocks[key])
-            if self._heap.rank_of(key) >= rank:
+            record = self._blocks[key]
+            rank = self._rank(record)
+            if not self._heap.rank_of(key) < (*rank, record.order):  # current (a NaN rank included: no loop)
                 return key
-            self._heap.push(key, *rank)  # used since it was pushed: where it ranks now
+            self._heap.push(key, *rank, order=record.order)  # used since it was pushed: where it ranks now
         return None
 
     def clear(self) -> None:
@@ -212,7 +216,7 @@ class _HeapPolicy(Generic[RecordT]):
         if self._held(key, record):
             self._heap.discard(key)
         else:
-            self._heap.push(key, *self._rank(record))
+            self._heap.push(key, *self._rank(record), order=record.order)
 
     def _rank(self, record: RecordT) -> tuple[float, float]:
         """Lowest goes first; a use never lowers it."""
@@ -228,6 +232,7 @@ class _Uses:
     count: float
     last: float
     pinned: bool
+    order: int
 
 
 class LfuPolicy(_HeapPolicy[_Uses]):
@@ -238,15 +243,15 @@ class LfuPolicy(_HeapPolicy[_Uses]):
     def admit(self, key: BlockKey, place: BlockPlace, size: int, now: float, pinned: bool = False) -> None:
         uses = self._blocks.get(key)
         if uses is None:
-            self._blocks[key] = _Uses(1, now, pinned)
+            self._blocks[key] = _Uses(1, now, pinned, next(self._uses))
         else:
-            uses.count, uses.last, uses.pinned = uses.count + 1, now, pinned
+            uses.count, uses.last, uses.pinned, uses.order = uses.count + 1, now, pinned, next(self._uses)
         self._offer(key)
 
     def touch(self, key: BlockKey, now: float) -> None:
         uses = self._blocks.get(key)
-        if uses is not None:
-            uses.count, uses.last = uses.count + 1, now  # a higher rank: its heap entry waits (`victim`)
+        if uses is not None:  # a higher rank: its heap entry waits (`victim`)
+            uses.count, uses.last, uses.order = uses.count + 1, now, next(self._uses)
 
     def forget(self, key: BlockKey) -> None:
         if self._blocks.pop(key, None) is not None:
@@ -263,6 +268,7 @@ class _Worth:
     uses: float  # decayed: each use counts 2^(-age / half-life)
     last: float
     pinned: bool
+    order: int
 
 
 class ValuePolicy(_HeapPolicy[_Worth]):
@@ -311,7 +317,7 @@ class ValuePolicy(_HeapPolicy[_Worth]):
         if remembered is not None:
             past_uses, past_last = remembered
             uses += past_uses * math.exp(-self._rate * max(now - past_last, 0.0))
-        self._blocks[key] = _Worth(place.parent, cost / max(size, 1), uses, now, pinned)
+        self._blocks[key] = _Worth(place.parent, cost / max(size, 1), uses, now, pinned, next(self._uses))
         if place.parent is not None:
             children = self._kept_children.get(place.parent, 0)
             self._kept_children[place.parent] = children + 1
@@ -330,6 +336,7 @@ class ValuePolicy(_HeapPolicy[_Worth]):
             worth.last = now
         else:
             worth.uses += 1.0
+        worth.order = next(self._uses)
         # Its value rose: its heap entry waits until it reaches the top (`victim`).
 
     def forget(self, key: BlockKey) -> None:

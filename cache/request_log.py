@@ -227,6 +227,7 @@ _REQUEST_ROW = np.dtype(
 _HEAD_ROW = np.dtype([("magic", "S4"), ("kind", "u1"), ("length", "<u4"), ("time", "<f8"), ("session", "<u4")])
 _CHECK_ROW = np.dtype("<u8")
 _FRAME = struct.Struct("<4sxI")  # the head's magic and body length
+MAX_REFRAMES = 4  # framings again from inside a damaged record before reading record by record
 
 
 def read_columns(paths: Sequence[Path]) -> LogColumns:
@@ -294,22 +295,52 @@ def columns_of_bytes(data: bytes) -> LogColumns:
 
 def _intact_records(data: bytes) -> np.ndarray:
     """Where each intact record starts. A damaged one (bad magic, torn, checksum wrong) is skipped by
-    reading on from the next magic after its start."""
+    reading on from the next magic after its start. Runs of framed records are checked at once; where
+    the next magic is the next framed record, the run goes on as framed. A magic inside a damaged record
+    means framing again from there, over records already framed: past a few of those, record by record
+    (so a badly damaged log costs a linear pass, never one pass per damaged record)."""
     starts: list[np.ndarray] = []
-    position = 0
+    position, reframed = 0, 0
     view = memoryview(data)
     while True:
         run, ends, stop = _framed_run(data, position)
         checks = np.array([xxhash.xxh3_64_intdigest(view[a:b]) for a, b in zip(run, ends, strict=True)], np.uint64)
-        wrong = np.flatnonzero(checks != _rows(data, np.array(ends, dtype=np.int64), _CHECK_ROW))
-        good = int(wrong[0]) if wrong.size else len(run)
-        starts.append(np.array(run[:good], dtype=np.int64))
-        if good < len(run):
-            position = _next_magic(data, run[good] + 1)
+        kept = checks == _rows(data, np.array(ends, dtype=np.int64), _CHECK_ROW)
+        restart: int | None = None
+        for wrong in np.flatnonzero(~kept).tolist():
+            resync = _next_magic(data, run[wrong] + 1)
+            if resync != (run[wrong + 1] if wrong + 1 < len(run) else stop):
+                kept[wrong:] = False  # a magic inside the damaged record: frame again from there
+                restart = resync
+                break
+        starts.append(np.array(run, dtype=np.int64)[kept])
+        if restart is not None:
+            reframed += 1
+            if reframed > MAX_REFRAMES:
+                starts.append(np.array(_record_by_record(data, restart), dtype=np.int64))
+                return np.concatenate(starts)
+            position = restart
         elif stop + _HEAD.size + _CHECK.size <= len(data):
             position = _next_magic(data, stop + 1)  # the record at `stop` is not framed right
         else:
             return np.concatenate(starts)
+
+
+def _record_by_record(data: bytes, position: int) -> list[int]:
+    """The intact records' starts from `position` on, each framed and checked in turn."""
+    found: list[int] = []
+    view = memoryview(data)
+    size, head, trailer = len(data), _HEAD.size, _CHECK.size
+    while position + head + trailer <= size:
+        magic, length = _FRAME.unpack_from(data, position)
+        end = position + head + length
+        intact = magic == _MAGIC and end + trailer <= size
+        if not intact or xxhash.xxh3_64_intdigest(view[position:end]) != _CHECK.unpack_from(data, end)[0]:
+            position = _next_magic(data, position + 1)
+            continue
+        found.append(position)
+        position = end + trailer
+    return found
 
 
 def _framed_run(data: bytes, position: int) -> tuple[list[int], list[int], int]:

@@ -130,3 +130,17 @@ def test_records_of_a_later_version_are_skipped_and_those_after_them_read() -> N
     assert log.chain.tolist() == [5, 6]
     assert log.store_time.tolist() == [4.0]
     assert log.entry_key.tolist() == [7]
+
+
+def test_many_damaged_records_holding_a_magic_are_skipped_record_by_record() -> None:
+    """Past a few damaged records with a magic inside (framing must start again there), the rest of the
+    log is read record by record: the same records as ever, in one pass."""
+    magic_key = int.from_bytes(b"xxCRL1xx", "little")
+    good = [encode_request(request(float(n), [n + 1])) for n in range(12)]
+    damaged = []
+    for n in range(12):
+        record = bytearray(encode_request(request(100.0 + n, [magic_key, n + 1])))
+        record[-1] ^= 0xFF  # its checksum no longer matches
+        damaged.append(bytes(record))
+    log = columns_of_bytes(b"".join(part for pair in zip(good, damaged, strict=True) for part in pair))
+    assert log.request_time.tolist() == [float(n) for n in range(12)]
