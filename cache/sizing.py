@@ -484,10 +484,17 @@ def _measure(log: LogColumns, rate: float) -> tuple[_Blocks, _Checkpoints]:
     stride = keys.size + 1
     request_session = dense_session[:requests]
 
+    # Every step and request in one process (none stored before the log either): one stack for both tiers.
+    one_process = bool(np.all(dense_session == 0))
+
     def distances(request: np.ndarray, key_of: np.ndarray) -> tuple[np.ndarray, ...]:
         """(disk distance, RAM distance, age, RAM age, last step, last RAM step), ancestors not yet added."""
         step_of, session_of, size_of = request_step[request], request_session[request], sizes[key_of]
         disk, last = _stack_distances(use_step, use_key, use_size, step_count, step_of, key_of, size_of)
+        now = log.request_time[request]
+        age = np.where(last >= 0, now - step_time[np.maximum(last, 0)], np.inf)
+        if one_process:  # (a long-running server's log): its RAM stack is the disk's
+            return disk, disk, age, age, last, last
         # Keys told apart by process, renumbered densely (their products with steps must fit in 64 bits).
         ram_keys = np.concatenate([step_session[use_step] * stride + use_key, session_of * stride + key_of])
         _, ram_ids = np.unique(ram_keys, return_inverse=True)
@@ -501,8 +508,6 @@ def _measure(log: LogColumns, rate: float) -> tuple[_Blocks, _Checkpoints]:
             ram_ids[use_key.size :],
             size_of,
         )
-        now = log.request_time[request]
-        age = np.where(last >= 0, now - step_time[np.maximum(last, 0)], np.inf)
         ram_age = np.where(ram_last >= 0, now - step_time[by_session[np.maximum(ram_last, 0)]], np.inf)
         return disk, ram, age, ram_age, last, ram_last
 
