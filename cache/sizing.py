@@ -19,9 +19,10 @@ used again before the second, a 2-D dominance count (cache/dominance.py) done in
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
@@ -35,6 +36,8 @@ NEVER = np.iinfo(np.int64).max // 4  # a distance no budget reaches: never store
 # Past this many block queries the log is sampled (SHARDS: keys kept by a hash of their own, distances
 # and tokens scaled by the rate), so 100,000 requests of any length take about a second.
 FULL_QUERIES = 300_000
+# A policy's RAM tier is replayed (a Python loop) on this share of a sampled log's keys; LRU's pass takes them all.
+REPLAY_SHARE = 1 / 8
 MIN_MEASURED_TOKENS = 16  # shorter prefills are mostly fixed cost: no measure of the speed
 
 
@@ -57,6 +60,22 @@ class Gains:
     def reused_curve(self, budgets: Sequence[float]) -> list[int]:
         running = np.concatenate(([0], np.cumsum(self.tokens)))
         return [self.floor + round(float(running[np.searchsorted(self.distance, b, side="right")])) for b in budgets]
+
+
+def _plus_difference(base: Gains, plus: Gains, minus: Gains) -> Gains:
+    """`base` plus the difference `plus` - `minus` (their floors are the same), never less at a larger budget
+    (an estimate's noise may say so; a larger budget keeps all a smaller one does)."""
+    distance = np.concatenate([base.distance, plus.distance, minus.distance])
+    order = np.argsort(distance, kind="stable")
+
+    def rising(steps: np.ndarray) -> np.ndarray:
+        """The steps of the largest non-decreasing curve, from 0, never above this one (same total)."""
+        running = np.cumsum(steps[order])
+        return np.diff(np.maximum(np.minimum.accumulate(running[::-1])[::-1], 0.0), prepend=0.0)
+
+    tokens = rising(np.concatenate([base.tokens, plus.tokens, -minus.tokens]))
+    cost = rising(np.concatenate([base.cost, plus.cost, -minus.cost]))
+    return Gains(distance[order], tokens, cost, base.floor)
 
 
 def enough_budget(gains: Gains, budgets: Sequence[float], within_tokens: float) -> float:
@@ -117,6 +136,7 @@ class RequestHistory:
         self._blocks, self._checkpoints = _measure(log, self.sample_rate)
         self.log = log  # with the stores inferred from before it began
         self._entry_kept = _sampled(log.entry_key, self.sample_rate)
+        self._stack_rate = self.sample_rate  # the distances' scale (a replay's share keeps its history's)
         self.stored_bytes = _stored_bytes(log)
         self._token_scale = 1.0 / self.sample_rate
         if self.sample_rate < 1.0:
@@ -150,16 +170,51 @@ class RequestHistory:
         kept whatever the disk budget) or against the RAM budget (tier "ram": restored from RAM alone).
 
         With another `ram_policy` than LRU (cache/eviction.py's "value", "lfu"), what the RAM tier keeps
-        at `ram_budget` comes from a replay of each process's RAM tier under that policy (ram_replay.py)."""
-        blocks, marks = self._blocks, self._checkpoints
-        replayed: tuple[np.ndarray, np.ndarray] | None = None
-        # The distances are the sample's bytes: a budget is compared with them at the sample's scale.
-        sampled_ram = ram_budget * self.sample_rate if ram_budget is not None else None
+        at `ram_budget` comes from a replay of each process's RAM tier under that policy (ram_replay.py).
+        On a sampled log that replay runs on a share of the sample (REPLAY_SHARE, by the same hash): the
+        policy's difference from LRU there, both replayed on the same keys so that their sampling noise
+        cancels, is added to LRU's one pass over the whole sample (a control variate)."""
         # A RAM tier that could hold every entry the log stored never evicts, whatever its policy: LRU's pass.
-        if ram_policy != "lru" and ram_budget is not None and tier == "any" and self.stored_bytes > ram_budget:
-            replayed = replay_ram(
-                self.log, blocks, marks, ram_budget * self.sample_rate, ttl_s, ram_policy, self._entry_kept
-            )
+        if ram_policy == "lru" or ram_budget is None or tier != "any" or self.stored_bytes <= ram_budget:
+            return self._gains(ttl_s, ram_budget, tier, None)
+        if self.sample_rate < 1.0:
+            share = self._replay_sample()
+            if share is not None:
+                by_policy = share._gains(ttl_s, ram_budget, tier, share._replay(ram_budget, ttl_s, ram_policy))
+                by_lru = share._gains(ttl_s, ram_budget, tier, share._replay(ram_budget, ttl_s, "lru"))
+                return _plus_difference(self._gains(ttl_s, ram_budget, tier, None), by_policy, by_lru)
+        return self._gains(ttl_s, ram_budget, tier, self._replay(ram_budget, ttl_s, ram_policy))
+
+    def _replay(self, ram_budget: float, ttl_s: float, policy: str) -> tuple[np.ndarray, np.ndarray]:
+        """What each process's RAM tier, replayed under `policy`, held of each block and checkpoint."""
+        budget = ram_budget * self.sample_rate  # the sample's bytes
+        return replay_ram(self.log, self._blocks, self._checkpoints, budget, ttl_s, policy, self._entry_kept)
+
+    def _replay_sample(self) -> RequestHistory | None:
+        """This history on REPLAY_SHARE of its sample's keys (a subset: the same hash; their distances stay
+        those of the whole sample's stack), its tokens scaled to the same total; None when that holds no
+        block that could be reused."""
+        share = copy.copy(self)
+        share.sample_rate = self.sample_rate * REPLAY_SHARE
+        blocks, marks = self._blocks, self._checkpoints
+        kept = _sampled(blocks.key, share.sample_rate)
+        share._blocks = _Blocks(*(getattr(blocks, column.name)[kept] for column in fields(_Blocks)))
+        kept = _sampled(marks.key, share.sample_rate)
+        share._checkpoints = _Checkpoints(*(getattr(marks, column.name)[kept] for column in fields(_Checkpoints)))
+        share._entry_kept = _sampled(self.log.entry_key, share.sample_rate)
+        tokens = share._unbounded_blocks_tokens()
+        if tokens <= 0:
+            return None
+        share._token_scale = self._token_scale * self._unbounded_blocks_tokens() / tokens
+        return share
+
+    def _gains(
+        self, ttl_s: float, ram_budget: float | None, tier: str, replayed: tuple[np.ndarray, np.ndarray] | None
+    ) -> Gains:
+        """`gains` with what the RAM tier held replayed (None: LRU's stack distances say it)."""
+        blocks, marks = self._blocks, self._checkpoints
+        # The distances are the sample's bytes: a budget is compared with them at the sample's scale.
+        sampled_ram = ram_budget * self._stack_rate if ram_budget is not None else None
         chain = _prefix_max(
             _tier_distance(blocks, ttl_s, sampled_ram, tier, replayed[0] if replayed else None), blocks.request
         )
@@ -191,7 +246,7 @@ class RequestHistory:
         distance, tokens, cost = (np.concatenate(column) for column in zip(*parts, strict=True))
         order = np.argsort(distance, kind="stable")
         return Gains(
-            distance[order].astype(np.float64) / self.sample_rate,
+            distance[order].astype(np.float64) / self._stack_rate,
             tokens[order].astype(np.float64) * self._token_scale,
             cost[order] * self._token_scale,
             int(self._in_place.sum()),

@@ -124,14 +124,15 @@ def test_a_sample_is_scaled_to_the_exact_reuse_of_an_unlimited_cache() -> None:
             events.append(_store(when + 0.5, new))
     log = columns_of(events)
     budgets = [64 * 6400, 1024 * 6400, math.inf]
-    # With a RAM tier too: its budget is in the whole log's bytes, the sample's distances in the sample's.
-    for ram in (None, 128 * 6400):
-        whole = RequestHistory(log, sample_rate=1.0).gains(math.inf, ram_budget=ram)
+    # With a RAM tier too: its budget is in the whole log's bytes, the sample's distances in the sample's;
+    # under the value policy, LRU's pass plus the policy's difference replayed on an eighth of the sample.
+    for ram, policy in ((None, "lru"), (128 * 6400, "lru"), (128 * 6400, "value")):
+        whole = RequestHistory(log, sample_rate=1.0).gains(math.inf, ram_budget=ram, ram_policy=policy)
         for rate in (0.3, 0.1):
-            sampled = RequestHistory(log, sample_rate=rate).gains(math.inf, ram_budget=ram)
+            sampled = RequestHistory(log, sample_rate=rate).gains(math.inf, ram_budget=ram, ram_policy=policy)
             assert sampled.reused_at(math.inf) == pytest.approx(whole.reused_at(math.inf), abs=1)
             for exact, estimate in zip(whole.reused_curve(budgets), sampled.reused_curve(budgets), strict=True):
-                assert abs(exact - estimate) <= 0.05 * whole.reused_at(math.inf), (ram, rate)
+                assert abs(exact - estimate) <= 0.05 * whole.reused_at(math.inf), (ram, policy, rate)
 
 
 @pytest.mark.parametrize("at_checkpoints", [False, True], ids=["blocks", "checkpoints"])
