@@ -105,32 +105,36 @@ def replay_ram(
     in_ram_marks = [False] * marks.request.size
     requests, stores = log.requests, log.store_time.size
     # Python lists: this loop reads one value at a time, which numpy scalars make several times slower.
-    block_rows = np.searchsorted(blocks.request, np.arange(requests + 1)).tolist()
-    mark_rows = np.searchsorted(marks.request, np.arange(requests + 1)).tolist()
+    block_bounds = np.searchsorted(blocks.request, np.arange(requests + 1))
+    mark_bounds = np.searchsorted(marks.request, np.arange(requests + 1))
+    block_rows, mark_rows = block_bounds.tolist(), mark_bounds.tolist()
     block_key, block_end = _keys(blocks.key), blocks.end.tolist()
     block_start = blocks.start.tolist()
     mark_key, mark_end = _keys(marks.key), marks.end.tolist()
-    entry_size = log.entry_size.tolist()
-    entry_key, entry_parent = _keys(log.entry_key), _keys(log.entry_parent)  # a parent of 0: the root
-    entry_start = log.entry_start.tolist()
-    entry_tokens = log.entry_tokens.tolist()
-    kept_entries = np.flatnonzero(entry_kept)  # only the sample's entries are replayed
-    store_kept = np.searchsorted(kept_entries, log.entry_offsets).tolist()
-    kept_rows = kept_entries.tolist()
+    # Only the sample's entries are replayed (their columns, in order), and only the events that touch one.
+    kept_entries = np.flatnonzero(entry_kept)
+    entry_size = log.entry_size[kept_entries].tolist()
+    entry_key, entry_parent = _keys(log.entry_key[kept_entries]), _keys(log.entry_parent[kept_entries])  # 0: root
+    entry_start = log.entry_start[kept_entries].tolist()
+    entry_tokens = log.entry_tokens[kept_entries].tolist()
+    store_kept = np.searchsorted(kept_entries, log.entry_offsets)
     store_session, request_session = log.store_session.tolist(), log.request_session.tolist()
     in_places = log.in_place.tolist()
     times = np.concatenate([log.request_time, log.store_time])
     is_store = np.concatenate([np.zeros(requests, dtype=bool), np.ones(stores, dtype=bool)])
     rows = np.concatenate([np.arange(requests), np.arange(stores)])
+    asks = np.diff(block_bounds) + np.diff(mark_bounds)
+    acting = np.concatenate([asks > 0, np.diff(store_kept) > 0])
     order = np.lexsort((is_store, times))
+    order = order[acting[order]]
+    store_kept = store_kept.tolist()
     for number, now, storing in zip(rows[order].tolist(), times[order].tolist(), is_store[order].tolist(), strict=True):
         session = store_session[number] if storing else request_session[number]
         tier = tiers.get(session)
         if tier is None:
             tier = tiers[session] = _Tier(budget, ttl_s, make_policy(policy))
         if storing:
-            for index in range(store_kept[number + 1] - 1, store_kept[number] - 1, -1):  # deepest first
-                entry = kept_rows[index]
+            for entry in range(store_kept[number + 1] - 1, store_kept[number] - 1, -1):  # deepest first
                 key = entry_key[entry]
                 sizes[key] = entry_size[entry]
                 places[key] = BlockPlace(entry_parent[entry] or None, entry_start[entry], entry_tokens[entry])
