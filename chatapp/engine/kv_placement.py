@@ -129,11 +129,14 @@ class KVPlacer:
         live = self.sequences[placement.sequence]
         live.holder = holder
         if need_logits:
-            whole_state = live.whole_state_tokens(placement.reused_tokens)
+            warmed_whole = live.whole_state_tokens(placement.reused_tokens)
             credited = live.take_credit(placement.reused_tokens, placement.tier)
-            # A warm-up's restore is the cache's work, not the live context's; but a kept whole state it
-            # loaded is reuse that no tier budget decides, as the live context's is (for the request log).
-            in_place = placement.in_place if credited == placement.tier else whole_state
+            # For the request log: a kept whole state (loaded now, or by a warm-up) is reuse no tier budget
+            # decides, as the live context's is; a warm-up's restore of blocks is the cache's work.
+            if placement.restore is not None and placement.restore.whole_state:
+                in_place = placement.reused_tokens
+            else:
+                in_place = placement.in_place if credited == placement.tier else warmed_whole
             return replace(placement, tier=credited, in_place=in_place)
         if placement.tier in (ReuseTier.RAM, ReuseTier.DISK):
             whole = placement.restore is not None and placement.restore.whole_state
@@ -183,8 +186,7 @@ class KVPlacer:
                 if ready is not None:
                     loaded = self._load_ready(target, ready, found.tokens, time.perf_counter() - looking)
                     if loaded is not None:
-                        # Held in place for the request log: a kept whole state is reuse no tier budget decides.
-                        return replace(probed(self._noted(loaded, WHOLE_STATE)), in_place=loaded.reused_tokens)
+                        return probed(self._noted(loaded, WHOLE_STATE))
                 reading = time.perf_counter()
                 fetched = self.cache.fetch(found, array)
                 read = (reading - looking, time.perf_counter() - reading)

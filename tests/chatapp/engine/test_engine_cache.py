@@ -110,6 +110,24 @@ def test_the_request_log_counts_a_kept_whole_state_as_reuse_no_tier_budget_decid
     assert (logged.in_place[-1] == warm.stats.reused_tokens) == whole
 
 
+def test_a_whole_state_a_warm_up_loaded_is_logged_as_held_in_place_by_the_answer(cached: Engine) -> None:
+    """The warm-up loads the kept whole state; the answer then reuses it in place and is credited with the
+    RAM tier, but the log says no tier budget decided it (assembled blocks: the cache's work, not in place)."""
+    target = prompt(cached, "What is a pronoun?")
+    answer(cached, target)
+    push_out(cached)
+    warm_up = cached.generate(GenerationRequest(target[:-4], GREEDY, sequence=0, prefill_only=True)).wait()
+    asked = cached.generate(GenerationRequest(target, GREEDY, sequence=0)).wait()
+    assert asked.stats.reuse_tier == "ram"
+    assert cached.cache is not None
+    logged = read_columns(log_files(cached.cache.request_log.path.parent))
+    whole = warm_up.stats.restore is not None and warm_up.stats.restore.whole_state
+    assert whole == (cached.config.ready_state_bytes > 0)
+    warmed = min(asked.stats.reused_tokens, warm_up.stats.reused_tokens)
+    assert logged.in_place[-1] == (warmed if whole else 0)
+    assert warmed > 0
+
+
 def test_restore_after_a_restart_comes_from_disk_and_equals_cold(
     tmp_path: Path, model_path: Path, engine: Engine
 ) -> None:
