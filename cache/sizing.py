@@ -135,17 +135,21 @@ class RequestHistory:
         log, chain_first = _with_earlier_stores(log, chain_first, first_stores)
         self._blocks, self._checkpoints = _measure(log, self.sample_rate)
         self.log = log  # with the stores inferred from before it began
+        # A RAM replay takes the keys kept at this rate (a share of the sample's: see `_replay_share`).
+        self._replay_rate = self.sample_rate
         self._entry_kept = _sampled(log.entry_key, self.sample_rate)
-        self._stack_rate = self.sample_rate  # the distances' scale (a replay's share keeps its history's)
         self.stored_bytes = _stored_bytes(log)
         self._token_scale = 1.0 / self.sample_rate
+        self._reusable: float | None = None  # tokens an unlimited cache reuses (exact), when sampled
+        self._share: RequestHistory | None = None
         if self.sample_rate < 1.0:
             # A ratio estimate: the sample's tokens scaled to the exact count of tokens any budget could
             # reuse (stored before, with every block before them), so popular blocks in or out of the sample
             # do not swing the whole curve.
             sampled = self._unbounded_blocks_tokens()
             if sampled > 0:
-                self._token_scale = _reusable_tokens(log, self._in_place, self._limit, chain_first) / sampled
+                self._reusable = _reusable_tokens(log, self._in_place, self._limit, chain_first)
+                self._token_scale = self._reusable / sampled
 
     @property
     def seconds(self) -> float:
@@ -178,7 +182,7 @@ class RequestHistory:
         if ram_policy == "lru" or ram_budget is None or tier != "any" or self.stored_bytes <= ram_budget:
             return self._gains(ttl_s, ram_budget, tier, None)
         if self.sample_rate < 1.0:
-            share = self._replay_sample()
+            share = self._replay_share()
             if share is not None:
                 by_policy = share._gains(ttl_s, ram_budget, tier, share._replay(ram_budget, ttl_s, ram_policy))
                 by_lru = share._gains(ttl_s, ram_budget, tier, share._replay(ram_budget, ttl_s, "lru"))
@@ -187,26 +191,27 @@ class RequestHistory:
 
     def _replay(self, ram_budget: float, ttl_s: float, policy: str) -> tuple[np.ndarray, np.ndarray]:
         """What each process's RAM tier, replayed under `policy`, held of each block and checkpoint."""
-        budget = ram_budget * self.sample_rate  # the sample's bytes
+        budget = ram_budget * self._replay_rate  # the replayed keys' bytes
         return replay_ram(self.log, self._blocks, self._checkpoints, budget, ttl_s, policy, self._entry_kept)
 
-    def _replay_sample(self) -> RequestHistory | None:
-        """This history on REPLAY_SHARE of its sample's keys (a subset: the same hash; their distances stay
-        those of the whole sample's stack), its tokens scaled to the same total; None when that holds no
-        block that could be reused."""
-        share = copy.copy(self)
-        share.sample_rate = self.sample_rate * REPLAY_SHARE
-        blocks, marks = self._blocks, self._checkpoints
-        kept = _sampled(blocks.key, share.sample_rate)
-        share._blocks = _Blocks(*(getattr(blocks, column.name)[kept] for column in fields(_Blocks)))
-        kept = _sampled(marks.key, share.sample_rate)
-        share._checkpoints = _Checkpoints(*(getattr(marks, column.name)[kept] for column in fields(_Checkpoints)))
-        share._entry_kept = _sampled(self.log.entry_key, share.sample_rate)
-        tokens = share._unbounded_blocks_tokens()
-        if tokens <= 0:
-            return None
-        share._token_scale = self._token_scale * self._unbounded_blocks_tokens() / tokens
-        return share
+    def _replay_share(self) -> RequestHistory | None:
+        """This history on REPLAY_SHARE of its sample's keys (a subset: the same hash), for replays: the same
+        stack distances, its tokens scaled to the same exact total. None when there is no such total or the
+        share holds no block that could be reused. Made once."""
+        if self._share is None and self._reusable is not None:
+            share = copy.copy(self)
+            share._replay_rate = self.sample_rate * REPLAY_SHARE
+            blocks, marks = self._blocks, self._checkpoints
+            kept = _sampled(blocks.key, share._replay_rate)
+            share._blocks = _Blocks(*(getattr(blocks, column.name)[kept] for column in fields(_Blocks)))
+            kept = _sampled(marks.key, share._replay_rate)
+            share._checkpoints = _Checkpoints(*(getattr(marks, column.name)[kept] for column in fields(_Checkpoints)))
+            share._entry_kept = _sampled(self.log.entry_key, share._replay_rate)
+            tokens = share._unbounded_blocks_tokens()
+            if tokens > 0:
+                share._token_scale = self._reusable / tokens
+                self._share = share
+        return self._share
 
     def _gains(
         self, ttl_s: float, ram_budget: float | None, tier: str, replayed: tuple[np.ndarray, np.ndarray] | None
@@ -214,7 +219,7 @@ class RequestHistory:
         """`gains` with what the RAM tier held replayed (None: LRU's stack distances say it)."""
         blocks, marks = self._blocks, self._checkpoints
         # The distances are the sample's bytes: a budget is compared with them at the sample's scale.
-        sampled_ram = ram_budget * self._stack_rate if ram_budget is not None else None
+        sampled_ram = ram_budget * self.sample_rate if ram_budget is not None else None
         chain = _prefix_max(
             _tier_distance(blocks, ttl_s, sampled_ram, tier, replayed[0] if replayed else None), blocks.request
         )
@@ -246,7 +251,7 @@ class RequestHistory:
         distance, tokens, cost = (np.concatenate(column) for column in zip(*parts, strict=True))
         order = np.argsort(distance, kind="stable")
         return Gains(
-            distance[order].astype(np.float64) / self._stack_rate,
+            distance[order].astype(np.float64) / self.sample_rate,
             tokens[order].astype(np.float64) * self._token_scale,
             cost[order] * self._token_scale,
             int(self._in_place.sum()),
