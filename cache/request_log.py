@@ -58,9 +58,8 @@ class LoggedRequest:
     session: int
     prompt_tokens: int
     limit: int  # the cache could serve at most this many tokens
-    in_place: (
-        int  # the live context held this many in place, or a kept whole state gave them (reused whatever the budgets)
-    )
+    # The live context held this many in place, or a kept whole state gave them: reused whatever the budgets.
+    in_place: int
     reused_tokens: int
     tier: ReuseTier
     at_checkpoints: bool  # the model restores only where a checkpoint is stored (sliding window, recurrent)
@@ -330,27 +329,24 @@ def _record_by_record(data: bytes, position: int) -> list[int]:
     """The intact records' starts from `position` on, each framed and checked in turn."""
     found: list[int] = []
     view = memoryview(data)
-    size, head, trailer = len(data), _HEAD.size, _CHECK.size
-    while position + head + trailer <= size:
-        magic, length = _FRAME.unpack_from(data, position)
-        end = position + head + length
-        intact = magic == _MAGIC and end + trailer <= size
-        if not intact or xxhash.xxh3_64_intdigest(view[position:end]) != _CHECK.unpack_from(data, end)[0]:
+    while position + _HEAD.size + _CHECK.size <= len(data):
+        run, ends, _ = _framed_run(data, position, most=1)
+        if run and xxhash.xxh3_64_intdigest(view[position : ends[0]]) == _CHECK.unpack_from(data, ends[0])[0]:
+            found.append(position)
+            position = ends[0] + _CHECK.size
+        else:
             position = _next_magic(data, position + 1)
-            continue
-        found.append(position)
-        position = end + trailer
     return found
 
 
-def _framed_run(data: bytes, position: int) -> tuple[list[int], list[int], int]:
+def _framed_run(data: bytes, position: int, most: int | None = None) -> tuple[list[int], list[int], int]:
     """From `position` on, the records whose magic and length hold (where each starts and its checksum
-    begins), up to where the first that does not starts."""
+    begins; at most `most` of them), up to where the first that does not starts."""
     starts: list[int] = []
     ends: list[int] = []
     size, head, trailer = len(data), _HEAD.size, _CHECK.size
     unpack = _FRAME.unpack_from
-    while position + head + trailer <= size:
+    while position + head + trailer <= size and (most is None or len(starts) < most):
         magic, length = unpack(data, position)
         end = position + head + length
         if magic != _MAGIC or end + trailer > size:
