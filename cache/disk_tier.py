@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import io
 import logging
 import os
 import sqlite3
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import diskcache
-from diskcache.core import MODE_PICKLE
+from diskcache.core import MODE_BINARY, MODE_PICKLE, MODE_RAW
 
 from cache.blocks import BlockInfo, RecordError, payload_checksum
 from cache.keys import BlockKey
@@ -154,6 +155,52 @@ def _chunks(items: list[T], size: int = 500) -> Iterator[list[T]]:
     """`items` a few hundred at a time: SQLite bounds the parameters of one statement."""
     for start in range(0, len(items), size):
         yield items[start : start + size]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Row:
+    """What a block's row says of its payload: inline (`value`) or in a file (`filename`)."""
+
+    expire_time: float | None
+    mode: int
+    filename: str | None
+    value: bytes | None
+
+    @property
+    def refused(self) -> bool:
+        """A pickle, a text, or a file outside the folder: a damaged or hostile row, never read."""
+        return self.mode not in (MODE_RAW, MODE_BINARY) or not _inside(self.filename)
+
+
+def _read_payloads(
+    directories: dict[bool, Path], infos: Sequence[BlockInfo], rows: Sequence[_Row | None]
+) -> list[bytes | None]:
+    """Each row's payload (None: none, refused, or its file gone). Every file is opened and its pages asked for
+    before any is read, so that a cold disk fetches them together instead of one after another."""
+    files: dict[int, io.FileIO] = {}
+    try:
+        for number, (info, row) in enumerate(zip(infos, rows, strict=True)):
+            if row is None or row.refused or row.mode != MODE_BINARY or row.filename is None:
+                continue
+            with contextlib.suppress(OSError):  # gone: culled by another process since the query
+                files[number] = io.FileIO(directories[info.pinned] / row.filename, "r")
+                if hasattr(os, "posix_fadvise"):
+                    os.posix_fadvise(files[number].fileno(), 0, 0, os.POSIX_FADV_WILLNEED)
+        payloads: list[bytes | None] = []
+        for number, row in enumerate(rows):
+            if number in files:
+                try:
+                    payloads.append(files[number].readall())
+                except OSError:
+                    payloads.append(None)
+            elif row is not None and not row.refused and row.mode == MODE_RAW and row.value is not None:
+                payloads.append(bytes(row.value))
+            else:
+                payloads.append(None)
+        return payloads
+    finally:
+        for file in files.values():
+            file.close()
 
 
 def clear_store(store: diskcache.Cache) -> int:
@@ -376,45 +423,88 @@ class DiskTier:
 
     def get(self, info: BlockInfo) -> bytes | None:
         """The payload if present, intact and unexpired; a damaged or doubtful one is deleted."""
-        if not self.enabled:
-            return None
-        store = self._store(info.pinned)
-        name = info.key.hex()
-        try:
-            found = store.get(name, default=None, expire_time=True, retry=True)
-        except RecordError:  # a pickled value or a file outside the folder: drop the row
-            self._guarded(lambda: store.delete(name, retry=True), False)
-            found = None
-        except DISK_ERRORS as error:
-            self._switch_off(error)
-            found = None
-        payload, expire_time = found if isinstance(found, tuple) else (None, None)
-        now = self._clock()
-        if payload is None:
-            with self._lock:  # the index knew it, so diskcache culled it (LRU) or it expired
-                self.counters.misses += 1
-                self.counters.evictions += 1
-            return None
-        clock_went_back = expire_time is not None and expire_time - self.ttl_seconds > now + CLOCK_SLACK_SECONDS
-        intact = (
-            isinstance(payload, bytes)
-            and len(payload) == info.payload_size
-            and payload_checksum(payload) == info.checksum
+        return self.get_many([info])[0]
+
+    def get_many(self, infos: Sequence[BlockInfo]) -> list[bytes | None]:
+        """The payloads of `infos`, each as `get` gives it (None where missing, damaged or doubtful; those rows
+        are deleted), read with one query per store and the files' pages asked for all at once (a cold disk
+        then reads them together), and the kept ones marked used (LRU) with their TTL renewed in one update.
+        `infos` in the order a fetch wants them kept (first: kept longest), as `refresh` takes them."""
+        if not self.enabled or not infos:
+            return [None] * len(infos)
+        rows = self._guarded(lambda: self._rows_of(infos), None)
+        if rows is None:
+            return [None] * len(infos)
+        payloads = _read_payloads(
+            {pinned: Path(self._store(pinned).directory) for pinned in (False, True)}, infos, rows
         )
-        doubtful = not intact or clock_went_back or (expire_time is not None and expire_time <= now)
+        now = self._clock()
+        kept: list[BlockInfo] = []
+        dropped: list[BlockInfo] = []
+        for info, row, payload in zip(infos, rows, payloads, strict=True):
+            if row is None or row.refused or payload is None:
+                # Culled or expired since the index learnt of it, or a file gone under its row (culled just now);
+                # a refused row (a pickle, a file outside the folder) is dropped.
+                dropped.extend([info] if row is not None and row.refused else [])
+                self._count(hit=False, evicted=True)
+                continue
+            clock_went_back = (
+                row.expire_time is not None and row.expire_time - self.ttl_seconds > now + CLOCK_SLACK_SECONDS
+            )
+            if len(payload) != info.payload_size or payload_checksum(payload) != info.checksum or clock_went_back:
+                dropped.append(info)
+                self._count(hit=False, expired=clock_went_back)
+                continue
+            kept.append(info)
+            self._count(hit=True, read=len(payload))
+        for info in dropped:
+            self.delete(info)
+        names = [info.key.hex() for info in kept if not info.pinned]
+        if names:
+            self._guarded(lambda: self._mark_used(names), False)
+        keep = {id(info) for info in kept}
+        return [payload if id(info) in keep else None for info, payload in zip(infos, payloads, strict=True)]
+
+    def _rows_of(self, infos: Sequence[BlockInfo]) -> list[_Row | None]:
+        """Each entry's unexpired row in the store its record names (None: none there)."""
+        now = self._clock()
+        rows: dict[tuple[bool, str], _Row] = {}
+        for pinned in (False, True):
+            names = [info.key.hex() for info in infos if info.pinned == pinned]
+            for chunk in _chunks(names):
+                for name, expire_time, mode, filename, value in (
+                    self._store(pinned)
+                    ._sql(
+                        "SELECT key, expire_time, mode, filename, value FROM Cache WHERE raw = 1 "
+                        f"AND key IN ({','.join('?' * len(chunk))}) AND (expire_time IS NULL OR expire_time > ?)",
+                        (*chunk, now),
+                    )
+                    .fetchall()
+                ):
+                    rows[(pinned, name)] = _Row(expire_time, mode, filename, value)
+        return [rows.get((info.pinned, info.key.hex())) for info in infos]
+
+    def _count(self, *, hit: bool, read: int = 0, evicted: bool = False, expired: bool = False) -> None:
         with self._lock:  # counters only: a database call under it could wait on another thread's transaction
-            if doubtful:
-                self.counters.misses += 1
-                self.counters.expirations += int(clock_went_back)
-            else:
-                self.counters.hits += 1
-                self.counters.bytes_read += len(payload)
-        if doubtful or not isinstance(payload, bytes):  # (intact says bytes; the second test is for the type)
-            self._guarded(lambda: store.delete(name, retry=True), False)
-            return None
-        if not info.pinned:
-            self._guarded(lambda: store.touch(name, expire=self.ttl_seconds, retry=True), False)
-        return payload
+            self.counters.hits += int(hit)
+            self.counters.misses += int(not hit)
+            self.counters.bytes_read += read
+            self.counters.evictions += int(evicted)
+            self.counters.expirations += int(expired)
+
+    def _mark_used(self, names: Sequence[str]) -> bool:
+        """Rows (first: kept longest) used now, their TTL renewed, in one transaction; rows gone or expired stay so."""
+        store = self._store(False)
+        now = self._clock()
+        expire = now + self.ttl_seconds
+        rows = [(now - rank * 1e-6, expire, name, now) for rank, name in enumerate(names)]
+        with store.transact(retry=True):
+            store._con.executemany(
+                "UPDATE Cache SET access_time = ?, expire_time = ? WHERE key = ? AND raw = 1 "
+                "AND (expire_time IS NULL OR expire_time > ?)",
+                rows,
+            )
+        return True
 
     def refresh(self, infos: Sequence[BlockInfo]) -> None:
         """Mark blocks just served from RAM as used on disk too: their last use (LRU) and expiry (TTL), in
@@ -423,23 +513,8 @@ class DiskTier:
         would not describe the cache. `infos` in the order a fetch wants them kept (first: kept longest).
         Rows gone or expired stay so; pinned ones are never culled and need none."""
         names = [info.key.hex() for info in infos if not info.pinned]
-        if not names or not self.enabled:
-            return
-        store = self._store(False)
-
-        def update() -> bool:
-            now = self._clock()
-            expire = now + self.ttl_seconds
-            rows = [(now - rank * 1e-6, expire, name, now) for rank, name in enumerate(names)]
-            with store.transact(retry=True):
-                store._con.executemany(
-                    "UPDATE Cache SET access_time = ?, expire_time = ? WHERE key = ? AND raw = 1 "
-                    "AND (expire_time IS NULL OR expire_time > ?)",
-                    rows,
-                )
-            return True
-
-        self._guarded(update, False)
+        if names and self.enabled:
+            self._guarded(lambda: self._mark_used(names), False)
 
     def holding(self, infos: Sequence[BlockInfo]) -> set[BlockKey]:
         """Which of these blocks the disk keeps, unexpired (pinned ones always); none while it is off."""

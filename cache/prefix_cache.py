@@ -202,14 +202,10 @@ class PrefixCache:
         payloads: list[bytes] = []
         tier = ReuseTier.RAM
         wanted = [*found.blocks, *((found.checkpoint,) if found.checkpoint is not None else ())]
-        read: list[tuple[bytes | None, bool]] = []
         with self.disk.reading() if self.slowest_tier(found) == ReuseTier.DISK else contextlib.nullcontext():
-            # Deepest first: each read refreshes the entry's recency, and the tiers' LRU must then evict a
-            # prefix's last block before its first (a block without its parents cannot be restored).
-            for info in reversed(wanted):
-                read.append(self._payload(info))
+            read = self._payloads(wanted)
         served_by_ram: list[BlockInfo] = []
-        for info, (payload, from_disk) in zip(wanted, reversed(read), strict=True):
+        for info, (payload, from_disk) in zip(wanted, read, strict=True):
             if payload is None:
                 if self.layout.memory.restores_at_checkpoints:
                     return None
@@ -292,6 +288,28 @@ class PrefixCache:
             log.warning("dropping a checkpoint that does not restore: %s", error)
             self._forget(delta)
             return None, False
+
+    def _payloads(self, wanted: Sequence[BlockInfo]) -> list[tuple[bytes | None, bool]]:
+        """Each entry's payload and whether it came from disk: what RAM lacks is read from disk in one go.
+
+        Recency is then refreshed deepest first, RAM hits and blocks promoted from disk in one order: the
+        tiers' LRU must evict a prefix's last block before its first (a block without its parents cannot
+        be restored). The disk marks its reads in the same order (`get_many`: the first kept longest).
+        """
+        on_disk = [info for info in wanted if info.key not in self.ram]
+        disk_read = dict(zip(map(id, on_disk), self.disk.get_many(on_disk), strict=True))
+        read: list[tuple[bytes | None, bool]] = []
+        for info in reversed(wanted):
+            if id(info) not in disk_read:
+                read.append(self._payload(info))  # from RAM (from disk if RAM let it go meanwhile)
+                continue
+            payload = disk_read[id(info)]
+            if payload is None:
+                self._forget(info)
+            else:
+                self.ram.put(info.key, payload, pinned=info.pinned, place=place_of(info), checksum=info.checksum)
+            read.append((payload, payload is not None))
+        return read[::-1]
 
     def _payload(self, info: BlockInfo) -> tuple[bytes | None, bool]:
         """An entry's payload and whether it came from disk; a lost entry is forgotten."""

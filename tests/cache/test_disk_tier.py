@@ -315,6 +315,38 @@ def test_a_block_served_from_ram_is_kept_fresh_on_disk(tmp_path: Path, monkeypat
     tier.close()
 
 
+def test_a_restore_reads_its_blocks_at_once_as_each_read_alone_would(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`get_many` gives what `get` gives block by block: payloads in files, inline and pinned ones, in the order
+    asked; None for a block never stored, one whose file is gone and one whose bytes are damaged (its row
+    deleted); and the ones kept marked used in the order given (the first kept longest)."""
+    clock = Clock(1_000_000.0)
+    monkeypatch.setattr(time, "time", clock)
+    tier = DiskTier(tmp_path, 1 << 24, TTL, NAMESPACE, clock=clock)
+    payloads = {key: bytes([key]) * 40_000 for key in (1, 2, 3, 6, 7)}  # files, as block payloads are
+    payloads[4] = b"s" * 100  # kept in the database
+    payloads[5] = b"p" * 40_000
+    first, second, third, inline, pinned, damaged, unfiled = (
+        block(key, payloads[key], pinned=key == 5) for key in (1, 2, 3, 4, 5, 6, 7)
+    )
+    for info in (first, second, third, inline, pinned, damaged, unfiled):
+        assert tier.put(info, payloads[info.key[0]])
+    damaged.checksum ^= 1
+    (filename,) = tier._store(False)._sql("SELECT filename FROM Cache WHERE key = ?", (unfiled.key.hex(),)).fetchone()
+    (tmp_path / "blocks" / filename).unlink()
+    never = block(8, b"n" * 64)
+    clock.now += 10
+    asked = [first, inline, pinned, damaged, unfiled, never, second, third]
+    assert tier.get_many(asked) == [payloads[1], payloads[4], payloads[5], None, None, None, payloads[2], payloads[3]]
+    times = access_times(tier)
+    assert times[first.key] > times[inline.key] > times[second.key] > times[third.key] > 1_000_000.0 + 5
+    assert damaged.key not in times  # deleted
+    assert (tier.counters.hits, tier.counters.misses) == (5, 3)
+    assert tier.get_many([]) == []
+    tier.close()
+
+
 def test_a_full_disk_drops_exactly_what_it_must_expired_rows_first(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
