@@ -60,6 +60,7 @@ from chatapp.prompting.prompt import ChatMessage
 from chatapp.services.boundaries import reuse_boundaries
 from chatapp.vocabulary import Role, StopReason
 from tests.cache_support import cached_engine
+from tests.conftest import ON_DEVICE
 from tests.model_factory import (
     TINY_MODEL_THREADS,
     write_tiny_gemma3,
@@ -70,9 +71,13 @@ from tests.model_factory import (
 
 # Random conversation trees on tiny models, 60 per memory kind in the suite (half a minute each on
 # two cores; the notes' runs take thousands with CHATAPP_PROPERTY_EXAMPLES).
-pytestmark = [pytest.mark.slow, pytest.mark.device]
-
 EXAMPLES = int(os.environ.get("CHATAPP_PROPERTY_EXAMPLES", "60"))
+# The examples of a kind run in one test: its time limit grows with their number, so that a long run stops
+# for a hang, not for its length. On a device (llvmpipe, the cores shared) an example of the sliding-window
+# model took about 100 s; on the CPU a second or two.
+SECONDS_PER_EXAMPLE = 150 if ON_DEVICE else 15
+pytestmark = [pytest.mark.slow, pytest.mark.device, pytest.mark.timeout(max(900, SECONDS_PER_EXAMPLE * EXAMPLES))]
+
 SEED = os.environ.get("CHATAPP_PROPERTY_SEED")
 WRITERS: dict[MemoryKind, Callable[[Path], Path]] = {
     MemoryKind.PLAIN: write_tiny_llama,
