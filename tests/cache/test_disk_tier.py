@@ -315,12 +315,15 @@ def test_a_block_served_from_ram_is_kept_fresh_on_disk(tmp_path: Path, monkeypat
     tier.close()
 
 
+@pytest.mark.parametrize("read_ahead", [1, 3, 64])
 def test_a_restore_reads_its_blocks_at_once_as_each_read_alone_would(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, read_ahead: int
 ) -> None:
     """`get_many` gives what `get` gives block by block: payloads in files, inline and pinned ones, in the order
     asked; None for a block never stored, one whose file is gone and one whose bytes are damaged (its row
-    deleted); and the ones kept marked used in the order given (the first kept longest)."""
+    deleted); and the ones kept marked used in the order given (the first kept longest). With files opened
+    ahead of the one read by as many as the limit allows, or one at a time."""
+    monkeypatch.setattr("cache.disk_tier.READ_AHEAD_FILES", read_ahead)
     clock = Clock(1_000_000.0)
     monkeypatch.setattr(time, "time", clock)
     tier = DiskTier(tmp_path, 1 << 24, TTL, NAMESPACE, clock=clock)
