@@ -439,8 +439,8 @@ class DiskTier:
 
     def get_many(self, infos: Sequence[BlockInfo]) -> list[bytes | None]:
         """The payloads of `infos`, each as `get` gives it (None where missing, damaged or doubtful; those rows
-        are deleted), read with one query per store and the files' pages asked for all at once (a cold disk
-        then reads them together), and the kept ones marked used (LRU) with their TTL renewed in one update.
+        are deleted), read with one query per store and the files' pages asked for ahead of the reads (a cold
+        disk then reads them together), and the kept ones marked used (LRU) with their TTL renewed in one update.
         `infos` in the order a fetch wants them kept (first: kept longest), as `refresh` takes them."""
         if not self.enabled or not infos:
             return [None] * len(infos)
