@@ -21,7 +21,8 @@ It runs on a tiny model of each memory kind: plain KV (llama), interleaved slidi
 (gemma3), hybrid attention and short convolutions (LFM2) and recurrent (Mamba), and on the
 plain and sliding-window ones again with flash attention (every batch of 64 rows or more:
 batching.py; there reuse is only checked from above, as prompts shorter than a batch are never
-reused), and on the plain one with q8_0 KV cells (flash attention on; cold runs of the same type). Where the
+reused; on a device the hybrid one too), and on the plain one with q8_0 KV cells (flash attention on;
+cold runs of the same type). Where the
 state cannot be cut, reuse lands on checkpoints (the prompt's end less the tokens every
 answer evaluates again, and each stored answer's end), and the lower bound is the deepest
 of those the prompt shares.
@@ -181,6 +182,8 @@ VARIANTS = [
     Variant(MemoryKind.PLAIN, flash_attention=True),
     Variant(MemoryKind.ISWA, flash_attention=True),
     Variant(MemoryKind.PLAIN, flash_attention=True, kv_type=KvType.Q8_0),
+    # A device's flash attention reads every cell of the cache: the hybrid model's attention layers too.
+    *([Variant(MemoryKind.HYBRID, flash_attention=True)] if ON_DEVICE else []),
 ]
 
 
