@@ -160,55 +160,72 @@ def _chunks(items: list[T], size: int = 500) -> Iterator[list[T]]:
 
 @dataclasses.dataclass(frozen=True)
 class _Row:
-    """What a block's row says of its payload: inline (`value`) or in a file (`filename`)."""
+    """What a block's row says of its payload: inline (`value`) or in a file (`filename`), in the store it was
+    found in (`pinned`: read once, as a pin may move the block meanwhile)."""
 
+    pinned: bool
     expire_time: float | None
     mode: int
     filename: str | None
-    value: bytes | None
+    value: object
 
     @property
     def refused(self) -> bool:
-        """A pickle, a text, or a file outside the folder: a damaged or hostile row, never read."""
-        return self.mode not in (MODE_RAW, MODE_BINARY) or not _inside(self.filename)
+        """A pickle, a text, an inline value that is not bytes, or a file outside the folder: a damaged or
+        hostile row, never read."""
+        if self.mode == MODE_RAW:
+            return not isinstance(self.value, bytes)
+        return self.mode != MODE_BINARY or self.filename is None or not _inside(self.filename)
 
 
 def _read_payloads(
-    directories: dict[bool, Path], infos: Sequence[BlockInfo], rows: Sequence[_Row | None]
+    directories: dict[bool, Path], rows: Sequence[_Row | None], sizes: Sequence[int]
 ) -> list[bytes | None]:
-    """Each row's payload (None: none, refused, or its file gone). Files are opened and their pages asked for
-    READ_AHEAD_FILES ahead of the one read, so that a cold disk fetches them together instead of one after
-    another, with a bounded number open (a prefix of 100,000 tokens has over 1,500 blocks)."""
+    """Each row's payload (None: none, refused, or its file gone), at most one byte more than its size (a longer
+    file is damaged; its checksum fails anyway). Files are opened and their pages asked for READ_AHEAD_FILES
+    ahead of the one read, so that a cold disk fetches them together instead of one after another, with a
+    bounded number open (a prefix of 100,000 tokens has over 1,500 blocks)."""
     files: dict[int, io.FileIO] = {}
     ahead = 0  # the next row to open
 
-    def open_ahead(until: int) -> None:
-        nonlocal ahead
-        for number in range(ahead, min(until, len(rows))):
-            row = rows[number]
-            if row is None or row.refused or row.mode != MODE_BINARY or row.filename is None:
-                continue
-            with contextlib.suppress(OSError):  # gone: culled by another process since the query
-                files[number] = io.FileIO(directories[infos[number].pinned] / row.filename, "r")
-                if hasattr(os, "posix_fadvise"):
-                    os.posix_fadvise(files[number].fileno(), 0, 0, os.POSIX_FADV_WILLNEED)
-        ahead = max(ahead, until)
+    def opened(row: _Row) -> io.FileIO | None:
+        assert row.filename is not None
+        try:
+            file = io.FileIO(directories[row.pinned] / row.filename, "r")
+        except OSError:  # gone: culled by another process since the query (or, ahead, no descriptor free)
+            return None
+        if hasattr(os, "posix_fadvise"):
+            with contextlib.suppress(OSError):
+                os.posix_fadvise(file.fileno(), 0, 0, os.POSIX_FADV_WILLNEED)
+        return file
+
+    def read(number: int, row: _Row) -> bytes | None:
+        file = files.pop(number, None) or opened(row)  # opened again if it could not be ahead
+        if file is None:
+            return None
+        with file:
+            try:
+                return file.read(sizes[number] + 1)
+            except OSError:
+                return None
 
     payloads: list[bytes | None] = []
     try:
         for number, row in enumerate(rows):
-            open_ahead(number + READ_AHEAD_FILES)
-            file = files.pop(number, None)
-            if file is not None:
-                with file:
-                    try:
-                        payloads.append(file.readall())
-                    except OSError:
-                        payloads.append(None)
-            elif row is not None and not row.refused and row.mode == MODE_RAW and row.value is not None:
-                payloads.append(bytes(row.value))
-            else:
+            for later in range(ahead, min(number + READ_AHEAD_FILES, len(rows))):
+                ahead_row = rows[later]
+                if ahead_row is not None and not ahead_row.refused and ahead_row.mode == MODE_BINARY:
+                    file = opened(ahead_row)
+                    if file is not None:
+                        files[later] = file
+            ahead = max(ahead, number + READ_AHEAD_FILES)
+            if row is None or row.refused:
                 payloads.append(None)
+            elif row.mode == MODE_RAW:
+                assert isinstance(row.value, bytes)  # else refused
+                payloads.append(row.value)
+            else:
+                payloads.append(read(number, row))
         return payloads
     finally:
         for file in files.values():
@@ -448,41 +465,44 @@ class DiskTier:
         if rows is None:
             return [None] * len(infos)
         payloads = _read_payloads(
-            {pinned: Path(self._store(pinned).directory) for pinned in (False, True)}, infos, rows
+            {pinned: Path(self._store(pinned).directory) for pinned in (False, True)},
+            rows,
+            [info.payload_size for info in infos],
         )
         now = self._clock()
-        kept: list[BlockInfo] = []
-        dropped: list[BlockInfo] = []
+        kept: list[tuple[BlockInfo, _Row]] = []
+        dropped: list[tuple[BlockInfo, _Row]] = []
         for info, row, payload in zip(infos, rows, payloads, strict=True):
             if row is None or row.refused or payload is None:
                 # Culled or expired since the index learnt of it, or a file gone under its row (culled just now);
                 # a refused row (a pickle, a file outside the folder) is dropped.
-                dropped.extend([info] if row is not None and row.refused else [])
+                dropped.extend([(info, row)] if row is not None and row.refused else [])
                 self._count(hit=False, evicted=True)
                 continue
             clock_went_back = (
                 row.expire_time is not None and row.expire_time - self.ttl_seconds > now + CLOCK_SLACK_SECONDS
             )
             if len(payload) != info.payload_size or payload_checksum(payload) != info.checksum or clock_went_back:
-                dropped.append(info)
+                dropped.append((info, row))
                 self._count(hit=False, expired=clock_went_back)
                 continue
-            kept.append(info)
+            kept.append((info, row))
             self._count(hit=True, read=len(payload))
-        for info in dropped:
-            self.delete(info)
-        names = [info.key.hex() for info in kept if not info.pinned]
+        for info, row in dropped:
+            self._drop_row(row.pinned, info.key.hex())  # from the store it was found in
+        names = [info.key.hex() for info, row in kept if not row.pinned]
         if names:
             self._guarded(lambda: self._mark_used(names), False)
-        keep = {id(info) for info in kept}
+        keep = {id(info) for info, _row in kept}
         return [payload if id(info) in keep else None for info, payload in zip(infos, payloads, strict=True)]
 
     def _rows_of(self, infos: Sequence[BlockInfo]) -> list[_Row | None]:
         """Each entry's unexpired row in the store its record names (None: none there)."""
         now = self._clock()
+        keys = [(info.pinned, info.key.hex()) for info in infos]  # read once: a pin may move a block meanwhile
         rows: dict[tuple[bool, str], _Row] = {}
         for pinned in (False, True):
-            names = [info.key.hex() for info in infos if info.pinned == pinned]
+            names = [name for in_pinned, name in keys if in_pinned == pinned]
             for chunk in _chunks(names):
                 for name, expire_time, mode, filename, value in (
                     self._store(pinned)
@@ -493,8 +513,8 @@ class DiskTier:
                     )
                     .fetchall()
                 ):
-                    rows[(pinned, name)] = _Row(expire_time, mode, filename, value)
-        return [rows.get((info.pinned, info.key.hex())) for info in infos]
+                    rows[(pinned, name)] = _Row(pinned, expire_time, mode, filename, value)
+        return [rows.get(key) for key in keys]
 
     def _count(self, *, hit: bool, read: int = 0, evicted: bool = False, expired: bool = False) -> None:
         with self._lock:  # counters only: a database call under it could wait on another thread's transaction
@@ -552,9 +572,12 @@ class DiskTier:
 
     def delete(self, info: BlockInfo) -> None:
         """Drop a block from the store its record names (a pinned copy another process made stays)."""
+        self._drop_row(info.pinned, info.key.hex())
+
+    def _drop_row(self, pinned: bool, name: str) -> None:
         if self.enabled:
-            store = self._store(info.pinned)
-            self._guarded(lambda: store.delete(info.key.hex(), retry=True), False)
+            store = self._store(pinned)
+            self._guarded(lambda: store.delete(name, retry=True), False)
 
     def set_pinned(self, info: BlockInfo, payload: bytes, pinned: bool) -> None:
         """Move a block between the culled and the never-culled store."""

@@ -15,7 +15,7 @@ import diskcache
 import numpy as np
 import pytest
 
-from cache import maintenance
+from cache import disk_tier, maintenance
 from cache.blocks import BlockInfo, payload_checksum
 from cache.disk_tier import CLOCK_SLACK_SECONDS, DiskTier
 from cache.keys import ROOT_KEY, BlockKey
@@ -145,6 +145,42 @@ def test_hostile_rows_are_refused_and_never_unpickled_nor_followed_outside(tmp_p
     assert tier.get(small) is None
     assert outside.read_bytes() == b"x" * 40_000  # neither read as a payload nor deleted
     assert {info.key for info in tier.new_entries()} == set()
+    tier.close()
+
+
+@pytest.mark.parametrize("value", ["abc", -5, 1 << 60, 1.5, 100])
+def test_an_inline_row_that_holds_no_bytes_is_dropped_not_followed(tmp_path: Path, value: object) -> None:
+    """A small payload lives in its row: one whose value is a text or a number is damage, refused like a pickle
+    (a number is not taken for that many zero bytes, nor allocated), and the restore goes on."""
+    tier = DiskTier(tmp_path, 1 << 24, TTL, NAMESPACE)
+    damaged, intact = block(1, b"v" * 100), block(2, b"w" * 100)
+    assert tier.put(damaged, b"v" * 100)
+    assert tier.put(intact, b"w" * 100)
+    tier.close()
+    with sqlite3.connect(tmp_path / "blocks" / "cache.db") as db:
+        db.execute("UPDATE Cache SET value = ? WHERE key = ?", (value, damaged.key.hex()))
+    tier = DiskTier(tmp_path, 1 << 24, TTL, NAMESPACE)
+    assert tier.get_many([damaged, intact]) == [None, b"w" * 100]
+    assert damaged.key not in access_times(tier)  # dropped
+    tier.close()
+
+
+def test_a_pin_moving_a_block_while_it_is_read_loses_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pins' thread may mark a record pinned between a read's query and its file reads (its copy in the
+    pinned store follows): the read uses the store it found the row in, and neither misses nor deletes it."""
+    tier = DiskTier(tmp_path, 1 << 24, TTL, NAMESPACE)
+    payload = b"m" * 40_000
+    info = block(1, payload)
+    assert tier.put(info, payload)
+    read_payloads = disk_tier._read_payloads
+
+    def pinned_meanwhile(*args: object, **kwargs: object) -> object:
+        info.pinned = True
+        return read_payloads(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr("cache.disk_tier._read_payloads", pinned_meanwhile)
+    assert tier.get(info) == payload
+    assert info.key in access_times(tier)  # still in the store it was read from
     tier.close()
 
 
