@@ -202,8 +202,7 @@ class PrefixCache:
         payloads: list[bytes] = []
         tier = ReuseTier.RAM
         wanted = [*found.blocks, *((found.checkpoint,) if found.checkpoint is not None else ())]
-        with self.disk.reading() if self.slowest_tier(found) == ReuseTier.DISK else contextlib.nullcontext():
-            read = self._payloads(wanted)
+        read = self._payloads(wanted)
         served_by_ram: list[BlockInfo] = []
         for info, (payload, from_disk) in zip(wanted, read, strict=True):
             if payload is None:
@@ -297,18 +296,19 @@ class PrefixCache:
         be restored). The disk marks its reads in the same order (`get_many`: the first kept longest).
         """
         on_disk = [info for info in wanted if info.key not in self.ram]
-        disk_read = dict(zip(map(id, on_disk), self.disk.get_many(on_disk), strict=True))
         read: list[tuple[bytes | None, bool]] = []
-        for info in reversed(wanted):
-            if id(info) not in disk_read:
-                read.append(self._payload(info))  # from RAM (from disk if RAM let it go meanwhile)
-                continue
-            payload = disk_read[id(info)]
-            if payload is None:
-                self._forget(info)
-            else:
-                self.ram.put(info.key, payload, pinned=info.pinned, place=place_of(info), checksum=info.checksum)
-            read.append((payload, payload is not None))
+        with self.disk.reading() if on_disk else contextlib.nullcontext():  # the disk's reads in one transaction
+            disk_read = dict(zip(map(id, on_disk), self.disk.get_many(on_disk), strict=True))
+            for info in reversed(wanted):
+                if id(info) not in disk_read:
+                    read.append(self._payload(info))  # from RAM (from disk if RAM let it go meanwhile)
+                    continue
+                payload = disk_read[id(info)]
+                if payload is None:
+                    self._forget(info)
+                else:
+                    self.ram.put(info.key, payload, pinned=info.pinned, place=place_of(info), checksum=info.checksum)
+                read.append((payload, payload is not None))
         return read[::-1]
 
     def _payload(self, info: BlockInfo) -> tuple[bytes | None, bool]:
