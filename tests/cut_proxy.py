@@ -7,6 +7,7 @@ killed), and new connections are forwarded again afterwards (the server 'restart
 
 from __future__ import annotations
 
+import re
 import socket
 import threading
 from collections.abc import Iterator
@@ -23,6 +24,8 @@ class CutProxy:
         self._sockets: list[socket.socket] = []
         self._lock = threading.Lock()
         self._closed = False
+        self._forwarded = bytearray()
+        self._forwarded_changed = threading.Condition()
         threading.Thread(target=self._accept, daemon=True, name="cut-proxy").start()
 
     @property
@@ -39,19 +42,27 @@ class CutProxy:
             with self._lock:
                 self._sockets += [client, upstream]
             for source, sink in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(source, sink), daemon=True).start()
+                threading.Thread(target=self._pipe, args=(source, sink, sink is client), daemon=True).start()
 
-    @staticmethod
-    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+    def _pipe(self, source: socket.socket, sink: socket.socket, to_client: bool) -> None:
         try:
             while data := source.recv(65536):
                 sink.sendall(data)
+                if to_client:
+                    with self._forwarded_changed:
+                        self._forwarded += data
+                        self._forwarded_changed.notify_all()
         except OSError:
             pass
         finally:
             for end in (source, sink):
                 with suppress(OSError):
                     end.shutdown(socket.SHUT_RDWR)
+
+    def wait_until_forwarded(self, pattern: re.Pattern[bytes], timeout: float) -> bool:
+        """Wait until the bytes passed on to clients match `pattern`: a cut after it cannot beat them."""
+        with self._forwarded_changed:
+            return self._forwarded_changed.wait_for(lambda: pattern.search(self._forwarded) is not None, timeout)
 
     def cut(self) -> None:
         """Break every open connection (both ways), as a killed server would."""

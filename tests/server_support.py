@@ -6,6 +6,7 @@ gate and hold an answer at a known token; the clients talk to it over real HTTP.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from chatapp.benchmark.server_process import free_port
 from chatapp.engine.engine import Engine
-from chatapp.engine.gate import Step
+from chatapp.engine.gate import HOLD_TIMEOUT_SECONDS, Step
 from chatapp.models.catalog import ModelCatalog
 from chatapp.server.context import ServerContext
 from chatapp.server.run import build_server
@@ -140,14 +141,18 @@ def running_backend(data_dir: Path, model_path: Path) -> Iterator[Backend]:
         yield Backend(server, proxy)
 
 
+SOME_STREAMED_TEXT = re.compile(rb'"content": ?"[^"]')  # a streamed event that carries text
+
+
 @contextmanager
 def dying_mid_answer(backend: Backend, after_tokens: int = 3) -> Iterator[None]:
-    """The backend 'dies' in the middle of the next answer: once it has sent `after_tokens` tokens
-    and is held there, the connection to it is cut, whatever the client is reading."""
+    """The backend 'dies' in the middle of the next answer: once it has made `after_tokens` tokens,
+    is held there, and some text has reached the client, the connection to it is cut."""
     with backend.server.engine.holding(Step.TOKEN, after_tokens) as gate:
 
         def cut_when_held() -> None:
             assert gate.wait_until_holding()
+            assert backend.proxy.wait_until_forwarded(SOME_STREAMED_TEXT, HOLD_TIMEOUT_SECONDS)
             backend.proxy.cut()
 
         cutter = threading.Thread(target=cut_when_held, name="test-cutter")
