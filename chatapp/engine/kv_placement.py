@@ -91,7 +91,7 @@ class KVPlacer:
         # Prompts on a fixed grid of batches (batching.py): reuse only whole grid batches.
         self.grid = grid
         self.sequences = Sequences(context.shape.n_sequences, grid)
-        self._window_from_zero = window_from_zero
+        self.window_from_zero = window_from_zero
         self._state_buffer = StateBuffer()  # restores and rewinds assemble here: llama.cpp copies it at once
         # Whole states a plain KV cache loads with no assembly (a window or recurrent state cannot be cut after).
         self.ready = ReadyStates(ready_state_bytes if memory.keeps_whole_states() else 0)
@@ -209,8 +209,15 @@ class KVPlacer:
         return self._session_checkpoint(sequence, length) or 0
 
     def _cuts_in_place(self, sequence: int, length: int) -> bool:
-        """Whether a cut at `length` keeps every cell the next token attends to."""
-        return self.memory.cuts_in_place(length, lambda: self.context.min_position(sequence))
+        """Whether a cut at `length` keeps every cell the next token attends to (placeholders are none)."""
+        window_from = self.sequences[sequence].window_from
+        return self.memory.cuts_in_place(length, lambda: max(self.context.min_position(sequence), window_from))
+
+    def _note_window_placeholders(self, sequence: int, length: int) -> None:
+        """`sequence` was just written with `length` tokens: on a device the window cells before the
+        checkpoint's (the newest `window` at most) are placeholders (assemble_state's window_from_zero)."""
+        if self.window_from_zero and self.memory.window > 0:
+            self.sequences[sequence].window_from = max(0, length - self.memory.window)
 
     def _session_checkpoint(self, sequence: int, length: int) -> int | None:
         """The position of the newest checkpoint this session holds for `sequence` at or before `length`."""
@@ -247,7 +254,12 @@ class KVPlacer:
             self.forget(sequence)
             return 0
         self.sequences[sequence].truncate(length)
-        if self.memory.checks_window_after_cut and length > 0 and not self._window_holds(sequence, length):
+        # Placeholder cells would pass the read-back: they are judged first.
+        if (
+            self.memory.checks_window_after_cut
+            and length > 0
+            and not (self._cuts_in_place(sequence, length) and self._window_holds(sequence, length))
+        ):
             return self._rewind(sequence, length)
         return length
 
@@ -296,7 +308,7 @@ class KVPlacer:
                 cells=position,
                 checkpoint=self.sequences[sequence].checkpoints[position],
                 buffer=self._state_buffer,
-                window_from_zero=self._window_from_zero,
+                window_from_zero=self.window_from_zero,
             )
         except StateFormatError as error:
             log.warning("cannot rewind a sequence: %s", error)
@@ -307,6 +319,7 @@ class KVPlacer:
             self.forget(sequence)
             return 0
         self.sequences[sequence].truncate(position)
+        self._note_window_placeholders(sequence, position)
         return position
 
     # Checkpoints.
@@ -338,7 +351,7 @@ class KVPlacer:
                 cells=fetched.tokens,
                 checkpoint=fetched.checkpoint,
                 buffer=self._state_buffer,
-                window_from_zero=self._window_from_zero,
+                window_from_zero=self.window_from_zero,
             )
         except StateFormatError as error:
             log.warning("cannot assemble a cached prefix: %s", error)
@@ -355,6 +368,7 @@ class KVPlacer:
             lookup_s * 1000, read_s * 1000, (loading - assembling) * 1000, (loaded - loading) * 1000
         )
         self.sequences[sequence].replace(list(fetched.prompt_tokens))
+        self._note_window_placeholders(sequence, fetched.tokens)
         if fetched.checkpoint is not None and self.takes_checkpoints:
             self.sequences[sequence].keep_checkpoint(fetched.tokens, fetched.checkpoint)
         self.sequences.touch(sequence)

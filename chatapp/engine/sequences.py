@@ -46,6 +46,9 @@ class LiveSequence:
         self.restored_from = ReuseTier.NONE
         self.restored_tokens = 0
         self.restored_whole = False  # from a kept whole state (ready_states.py), which no tier budget decides
+        # Its window cells before this position are placeholders (zeros a restore on a device writes so
+        # that the real ones sit where a cold run has them): no cut may make them a window again.
+        self.window_from = 0
 
     def replace(self, tokens: list[int]) -> None:
         """It now holds `tokens` (a restore, or nothing): what it held before is gone with its facts.
@@ -57,6 +60,7 @@ class LiveSequence:
         self.checkpoints.clear()
         self.short_first_batch = False
         self.restored_from, self.restored_tokens, self.restored_whole = ReuseTier.NONE, 0, False
+        self.window_from = 0
 
     def truncate(self, length: int) -> None:
         """It now holds its first `length` tokens: later checkpoints and credit for dropped tokens go."""
@@ -67,6 +71,8 @@ class LiveSequence:
         self.restored_tokens = min(self.restored_tokens, length)
         if not self.restored_tokens:
             self.restored_from, self.restored_whole = ReuseTier.NONE, False
+        if not length:
+            self.window_from = 0
 
     def computed(self, start: int, end: int) -> None:
         """A prompt batch [start, end) is now in its KV (after its tokens were added)."""

@@ -21,9 +21,9 @@ It runs on a tiny model of each memory kind: plain KV (llama), interleaved slidi
 (gemma3), hybrid attention and short convolutions (LFM2) and recurrent (Mamba), and on the
 plain and sliding-window ones again with flash attention (every batch of 64 rows or more:
 batching.py; there reuse is only checked from above, as prompts shorter than a batch are never
-reused; on a device the hybrid one too), and on the plain one with q8_0 KV cells (flash attention on;
-cold runs of the same type). Where the
-state cannot be cut, reuse lands on checkpoints (the prompt's end less the tokens every
+reused; on a device the hybrid one too), on the plain one with q8_0 KV cells (flash attention on;
+cold runs of the same type), and on the CPU on the sliding-window one with restored windows as a
+device writes them (a zero cell for every position before the window). Where the state cannot be cut, reuse lands on checkpoints (the prompt's end less the tokens every
 answer evaluates again, and each stored answer's end), and the lower bound is the deepest
 of those the prompt shares.
 
@@ -164,6 +164,7 @@ class TinyModel:
     path: Path
     flash_attention: bool
     kv_type: KvType = KvType.F16
+    placeholders: bool = False  # restored windows hold placeholder cells, as on a device
 
 
 @dataclass(frozen=True)
@@ -171,10 +172,12 @@ class Variant:
     kind: MemoryKind
     flash_attention: bool = False
     kv_type: KvType = KvType.F16  # a quantized type brings flash attention
+    placeholders: bool = False
 
     def __str__(self) -> str:
         flash = "+flash" if self.flash_attention else ""
-        return f"{self.kind}{flash}{'+' + self.kv_type if self.kv_type.quantized else ''}"
+        placeholders = "+placeholders" if self.placeholders else ""
+        return f"{self.kind}{flash}{'+' + self.kv_type if self.kv_type.quantized else ''}{placeholders}"
 
 
 VARIANTS = [
@@ -184,6 +187,9 @@ VARIANTS = [
     Variant(MemoryKind.PLAIN, flash_attention=True, kv_type=KvType.Q8_0),
     # A device's flash attention reads every cell of the cache: the hybrid model's attention layers too.
     *([Variant(MemoryKind.HYBRID, flash_attention=True)] if ON_DEVICE else []),
+    # A device restores a window with a placeholder cell for every older position (assemble_state): the CPU
+    # does so too here, so that no cut on any machine takes them for a window.
+    *([] if ON_DEVICE else [Variant(MemoryKind.ISWA, placeholders=True)]),
 ]
 
 
@@ -196,7 +202,7 @@ def tiny_model(request: pytest.FixtureRequest) -> Iterator[TinyModel]:
             path = write_tiny_llama(folder / "tiny.gguf", n_embd=128)
         else:
             path = WRITERS[variant.kind](folder / "tiny.gguf")
-        yield TinyModel(path, variant.flash_attention, variant.kv_type)
+        yield TinyModel(path, variant.flash_attention, variant.kv_type, variant.placeholders)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -276,6 +282,8 @@ class Replay:
             kv_type=self.model.kv_type,
         )
         assert self.engine.info.flash_attention == self.model.flash_attention
+        if self.model.placeholders:
+            self.engine.placer.window_from_zero = True
         assert self.engine.cache is not None, self.engine.cache_problem
         self.uncached = []
 

@@ -347,3 +347,24 @@ def test_a_window_with_a_gap_is_never_kept_by_a_cut(iswa: Tiny, tmp_path: Path) 
         kept = engine.placer.cut(0, cut)
         assert kept == on_grid(persona_end(engine), engine.info.prompt_grid)  # rewound to the persona's checkpoint
         assert engine.sequences[0].tokens == engine.prompt_builder.build(messages)[:kept]
+
+
+def test_a_cut_never_keeps_the_placeholders_of_a_restored_window(iswa: Tiny, tmp_path: Path) -> None:
+    """On a device a restored window holds a zero cell for every position before the checkpoint's
+    (assemble_state's window_from_zero). A branch behind the restore point must not cut the sequence
+    in place: its window there would be those zeros. The CPU writes them too here, as a device does."""
+    cold_config = EngineConfig(model_path=iswa.path, context_cap=CONTEXT, sequences=1, threads=TINY_MODEL_THREADS)
+    history = ("Name a bird.", "Name a fish.", "Name a tree.", "Name a stone.")
+    with Engine(cold_config) as cold, open_cached(iswa, tmp_path) as engine:
+        engine.placer.window_from_zero = True
+        ask(engine, messages_for("Name a colour.", history=history))
+        ask(engine, messages_for("Name a river."))  # the one sequence moves on
+        engine.flush_cache()
+        restored = ask(engine, messages_for("Name a colour.", history=history))
+        assert restored.stats.reuse_tier is ReuseTier.RAM
+        branch = messages_for("Name a colour.", history=history[:1])
+        shared = len(engine.prompt_builder.build(branch)) - FRESH_TOKENS
+        assert shared < restored.stats.reused_tokens - engine.info.window  # behind the restored window
+        result = ask(engine, branch)
+        assert result.token_ids == cold_answer(cold, branch)
+        assert not (result.stats.reuse_tier is ReuseTier.DEVICE and result.stats.reused_tokens > persona_end(engine))
