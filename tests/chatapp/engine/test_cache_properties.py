@@ -23,9 +23,10 @@ plain and sliding-window ones again with flash attention (every batch of 64 rows
 batching.py; there reuse is only checked from above, as prompts shorter than a batch are never
 reused; on a device the hybrid one too), on the plain one with q8_0 KV cells (flash attention on;
 cold runs of the same type), and on the CPU on the sliding-window one with restored windows as a
-device writes them (a zero cell for every position before the window). Where the state cannot be cut, reuse lands on checkpoints (the prompt's end less the tokens every
-answer evaluates again, and each stored answer's end), and the lower bound is the deepest
-of those the prompt shares.
+device writes them (a zero cell for every position before the window). Where the state cannot
+be cut, reuse lands on checkpoints (the prompt's end less the tokens every answer evaluates
+again, and each stored answer's end), and the lower bound is the deepest of those the prompt
+shares.
 
 Over the whole session the device, RAM and disk tiers must each have served some request
 (checked by the last test of this module).
