@@ -210,8 +210,12 @@ class KVPlacer:
 
     def _cuts_in_place(self, sequence: int, length: int) -> bool:
         """Whether a cut at `length` keeps every cell the next token attends to (placeholders are none)."""
-        window_from = self.sequences[sequence].window_from
-        return self.memory.cuts_in_place(length, lambda: max(self.context.min_position(sequence), window_from))
+
+        def oldest_real_cell() -> int:
+            first = self.context.min_position(sequence)
+            return first if first < 0 else max(first, self.sequences[sequence].window_from)
+
+        return self.memory.cuts_in_place(length, oldest_real_cell)
 
     def _note_window_placeholders(self, sequence: int, length: int) -> None:
         """`sequence` was just written with `length` tokens: on a device the window cells before the

@@ -330,6 +330,10 @@ class Replay:
         SESSION[f"tier_{stats.reuse_tier}"] += 1
         SESSION["prompt_tokens"] += stats.prompt_tokens
         SESSION["reused_tokens"] += stats.reused_tokens
+        if self.model.placeholders:
+            SESSION["placeholder_requests"] += 1
+            # A restored window holds placeholders: the variant tests them.
+            SESSION["placeholder_windows"] += any(live.window_from for live in self.engine.sequences)
 
         history = "\n".join(self.log)
         assert warm.token_ids == cold.token_ids, f"answer differs from a cold run\n{history}"
@@ -457,3 +461,5 @@ def test_every_tier_served_requests_over_the_session() -> None:
     assert SESSION["reused_tokens"] > 0, summary
     for tier in ("device", "ram", "disk"):
         assert SESSION[f"tier_{tier}"] > 0, f"no request was served from the {tier} tier: {summary}"
+    if SESSION["placeholder_requests"]:
+        assert SESSION["placeholder_windows"] > 0, f"no restored window held placeholders: {summary}"

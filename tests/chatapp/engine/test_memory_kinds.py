@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 import pytest
 
+from cache.keys import as_token_array
 from cache.memory_kinds import MemoryKind
 from chatapp.engine.batching import FLASH_ATTENTION_ROWS, on_grid
 from chatapp.engine.engine import Engine, EngineConfig
@@ -362,9 +363,34 @@ def test_a_cut_never_keeps_the_placeholders_of_a_restored_window(iswa: Tiny, tmp
         engine.flush_cache()
         restored = ask(engine, messages_for("Name a colour.", history=history))
         assert restored.stats.reuse_tier is ReuseTier.RAM
+        engine.flush_cache()  # the engine thread is idle from here on
+        assert engine.context.min_position(0) == 0  # the placeholders are cells to llama.cpp
+        assert engine.sequences[0].window_from == restored.stats.reused_tokens - engine.info.window
         branch = messages_for("Name a colour.", history=history[:1])
         shared = len(engine.prompt_builder.build(branch)) - FRESH_TOKENS
         assert shared < restored.stats.reused_tokens - engine.info.window  # behind the restored window
         result = ask(engine, branch)
         assert result.token_ids == cold_answer(cold, branch)
-        assert not (result.stats.reuse_tier is ReuseTier.DEVICE and result.stats.reused_tokens > persona_end(engine))
+        assert result.stats.reuse_tier is not ReuseTier.DEVICE  # no checkpoint of this session lies behind it
+
+
+def test_a_rewound_window_keeps_its_placeholders_out_of_later_cuts(iswa: Tiny, tmp_path: Path) -> None:
+    """A rewind writes the window as a restore does (placeholders before the checkpoint's cells): a later
+    prompt sharing less than that must not cut in place into them either."""
+    cold_config = EngineConfig(model_path=iswa.path, context_cap=CONTEXT, sequences=1, threads=TINY_MODEL_THREADS)
+    with Engine(cold_config) as cold, open_cached(iswa, tmp_path) as engine:
+        engine.placer.window_from_zero = True
+        messages = messages_for("Name a colour.", history=("Name a bird.", "Name a fish."))
+        ask(engine, messages)
+        engine.flush_cache()  # the engine thread is idle from here on
+        cut = reuse_boundaries(engine.prompt_builder, messages)[-1] - 2  # no checkpoint there
+        assert engine.context.remove(0, cut - 6, cut - 4)  # a gap in the window: the cut must rewind
+        kept = engine.placer.cut(0, cut)
+        assert kept == persona_end(engine) > engine.info.window  # rewound to the persona's checkpoint
+        assert engine.sequences[0].window_from == kept - engine.info.window
+        other = [ChatMessage.of(Role.SYSTEM, "You are brief."), ChatMessage.of(Role.USER, "Name a colour.")]
+        shared = engine.sequences.match_in(0, as_token_array(engine.prompt_builder.build(other)))
+        assert 0 < shared < kept - engine.info.window  # the template's first tokens only
+        result = ask(engine, other)
+        assert result.token_ids == cold_answer(cold, other)
+        assert result.stats.reuse_tier is not ReuseTier.DEVICE
