@@ -5,7 +5,10 @@ streamed (tokens after the first over the time after the first), and chatapp's a
 (the answer's KV recomputed for the cache) is waited for before llama-server's turn, so neither
 runs beside the other. Run from the repository root (llama-server built by `chatapp bench`):
 
-    .venv/bin/python scripts/stream_speed.py [ROUNDS] [--llama-server PATH]
+    .venv/bin/python scripts/stream_speed.py [ROUNDS] [--llama-server PATH] [--flash-attention on|off]
+
+Each with its default flash attention unless `--flash-attention` sets both (chatapp's is off,
+llama-server's `auto`, on for this CPU): one stream's decode depends on it.
 """
 
 from __future__ import annotations
@@ -87,14 +90,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("rounds", type=int, nargs="?", default=4)
     parser.add_argument("--llama-server", type=Path, default=DEFAULT_SERVER)
+    parser.add_argument("--flash-attention", choices=("on", "off"), help="the same setting for both servers")
     args = parser.parse_args()
+    flash = args.flash_attention
+    settings = f"flash_attention = {'true' if flash == 'on' else 'false'}\n" if flash else ""
+    flash_option = ["-fa", flash] if flash else []
     model = bundled_model_path()
     ours, theirs = free_port(), free_port()
     with tempfile.TemporaryDirectory() as data:
-        chatapp = start_chatapp_serve(ours, data)
+        chatapp = start_chatapp_serve(ours, data, settings)
         server = subprocess.Popen(
             [str(args.llama_server), "-m", str(model), "-t", "2", "-tb", "2", "-c", "2048", "-np", "1",
-             "--port", str(theirs)],
+             "--port", str(theirs), *flash_option],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )  # fmt: skip
