@@ -4,9 +4,11 @@ llama.cpp (built with OpenMP, as llama-cpp-python builds it) computes each graph
 OpenMP threads; GCC's libgomp keeps a team for every thread that has started one, for as long as
 that thread lives. Once those threads outnumber the CPUs, libgomp stops spinning at barriers and
 sleeps at once, and a one-token decode (hundreds of barriers) slows down. Two engines in one
-process (a model pool, a test's cold and cached engines) are such a case. Measured on 2 vCPUs,
-2026-12-04: 106-111 answer tokens/s alone, 38-41 with a second live thread that had decoded
-(`OMP_WAIT_POLICY=active` restores the speed, but idle threads then spin: a core burnt while idle).
+process (a model pool, a test's cold and cached engines) are such a case. chatapp therefore sets
+libgomp's waiting policy when it starts (chatapp/openmp_policy.py). Measured on 2 vCPUs,
+2026-12-04: 105-111 answer tokens/s alone; with a second live thread that had decoded, 38-52
+before that policy (run with `GOMP_SPINCOUNT=300000` alone to see it: a policy the user chose is
+kept) and 88-104 with it.
 
     .venv/bin/python scripts/openmp_masters.py [alone|second-thread]
 """
