@@ -111,6 +111,14 @@ class Memory:
         """Whether a checkpoint at `end` may be stored as the window cells it adds to one at `earlier_end`."""
         return False
 
+    def restored_window_start(self, end: int) -> int:
+        """The oldest position whose window cells a restore of `end` tokens writes from its checkpoint.
+
+        Where a restore writes a cell for every older position too (assemble_state's window_from_zero),
+        those are placeholders: a cut must never keep them as a window. At most this (conservative):
+        a checkpoint holds at least the newest `min(end, window)` cells (check_checkpoint)."""
+        return 0
+
     def whole_sections(self) -> tuple[str, ...]:
         """What a checkpoint keeps whole, as a user reads it (none for a plain memory)."""
         return ()
@@ -180,6 +188,9 @@ class WindowMemory(_Checkpointed):
         # At most half a window behind: a delta then holds at most half a window of cells.
         return 0 < end - earlier_end <= self.window // 2
 
+    def restored_window_start(self, end: int) -> int:
+        return max(0, end - self.window)
+
     def whole_sections(self) -> tuple[str, ...]:
         return (f"the {self.window:,}-token window",)
 
@@ -240,6 +251,9 @@ class HybridMemory(_Checkpointed):
 
     def extends_checkpoint(self, earlier_end: int, end: int) -> bool:
         return self.attention.extends_checkpoint(earlier_end, end)
+
+    def restored_window_start(self, end: int) -> int:
+        return self.attention.restored_window_start(end)
 
     def whole_sections(self) -> tuple[str, ...]:
         return self.attention.whole_sections() + self.recurrent.whole_sections()

@@ -35,9 +35,8 @@ def llama_cpp_uses_libgomp() -> bool:
     spec = importlib.util.find_spec("llama_cpp")
     if spec is None or spec.origin is None:
         return False
-    for library in sorted((Path(spec.origin).parent / "lib").glob("libggml-cpu*.so*")):
-        try:
-            return b"libgomp.so" in library.read_bytes()
-        except OSError:
-            return False
-    return False
+    library = next(iter(sorted((Path(spec.origin).parent / "lib").glob("libggml-cpu*.so*"))), None)
+    try:
+        return library is not None and b"libgomp.so" in library.read_bytes()
+    except OSError:
+        return False

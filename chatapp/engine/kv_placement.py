@@ -218,10 +218,10 @@ class KVPlacer:
         return self.memory.cuts_in_place(length, oldest_real_cell)
 
     def _note_window_placeholders(self, sequence: int, length: int) -> None:
-        """`sequence` was just written with `length` tokens: on a device the window cells before the
-        checkpoint's (the newest `window` at most) are placeholders (assemble_state's window_from_zero)."""
-        if self.window_from_zero and self.memory.window > 0:
-            self.sequences[sequence].window_from = max(0, length - self.memory.window)
+        """`sequence` was just written with `length` tokens: with window_from_zero the window cells before
+        its checkpoint's are placeholders."""
+        if self.window_from_zero:
+            self.sequences[sequence].window_from = self.memory.restored_window_start(length)
 
     def _session_checkpoint(self, sequence: int, length: int) -> int | None:
         """The position of the newest checkpoint this session holds for `sequence` at or before `length`."""

@@ -56,6 +56,18 @@ def test_only_a_plain_memory_or_a_window_still_whole_before_the_cut_cuts_in_plac
         assert not memory.cuts_in_place(10, oldest_is(0))
 
 
+def test_a_restored_window_starts_at_its_checkpoint_s_oldest_cell_and_no_earlier() -> None:
+    """Cells before it are placeholders where a device writes them: the memory says where they end."""
+    window = WindowMemory(WINDOW)
+    assert window.restored_window_start(10) == 10 - WINDOW
+    assert window.restored_window_start(WINDOW - 1) == 0  # the whole prefix is the window
+    assert window.cuts_in_place(10, lambda: window.restored_window_start(10))  # at the end it holds
+    assert not window.cuts_in_place(9, lambda: window.restored_window_start(10))  # behind it, never
+    assert HybridMemory(window).restored_window_start(10) == window.restored_window_start(10)
+    for memory in (PlainMemory(), RecurrentMemory(), HybridMemory(PlainMemory())):
+        assert memory.restored_window_start(10) == 0
+
+
 def test_checkpoints_are_deltas_only_where_a_window_slides() -> None:
     for memory in (PlainMemory(), RecurrentMemory(), HybridMemory(PlainMemory())):
         assert not memory.extends_checkpoint(10, 11)
