@@ -68,6 +68,7 @@ class ServerOptions(TypedDict):
     batch: NotRequired[int | None]
     flash_attention: NotRequired[bool]
     gpu_layers: NotRequired[int]  # -ngl: 0 (the default) runs as the chatapp peers do, on the CPU
+    chat_template_file: NotRequired[Path | None]  # instead of the model's own (K: tool_template.py)
 
 
 def server_command(binary: Path, model: Path, *, port: int, **options: Unpack[ServerOptions]) -> list[str]:
@@ -100,6 +101,8 @@ def server_command(binary: Path, model: Path, *, port: int, **options: Unpack[Se
     ]
     if batch is not None:
         command += ["-b", str(batch), "-ub", str(batch)]
+    if options.get("chat_template_file") is not None:
+        command += ["--chat-template-file", str(options["chat_template_file"])]
     return command
 
 

@@ -100,6 +100,7 @@ class PeerSettings:
     block_size: int = 64  # chatapp's cache block
     kv_type: KvType = KvType.F16  # chatapp's KV cells (figure S measures each type; the peers share f16)
     gpu_layers: int = 0  # layers every peer offloads to a GPU (0: all on the CPU, as the figures compare)
+    server_template: str | None = None  # llama-server's chat template instead of the model's (Workload's)
     model_fingerprint: str | None = None  # computed once per run when None
 
     def fingerprint(self) -> str:

@@ -270,8 +270,9 @@ def _folder_name(peer: str) -> str:
 
 def _settings_for(settings: PeerSettings, workload: Workload) -> PeerSettings:
     """A workload of several clients gives each a sequence (chatapp, one spare) or a slot (llama-server);
-    one whose prompts need a longer context (F's tools) gets it."""
-    settings = replace(settings, context=max(settings.context, workload.context))
+    one whose prompts need a longer context (F's tools) gets it, and llama-server the workload's template."""
+    context = max(settings.context, workload.context)
+    settings = replace(settings, context=context, server_template=workload.server_template)
     if workload.clients <= 1:
         return settings
     sequences = max(settings.chatapp_sequences, workload.clients + 1)
@@ -300,6 +301,11 @@ class LlamaServerFactory:
     def __call__(self, settings: PeerSettings, folder: Path) -> Peer:
         from chatapp.benchmark.llama_server import LlamaServerPeer
 
+        template = None
+        if settings.server_template is not None:
+            folder.mkdir(parents=True, exist_ok=True)
+            template = folder / "chat_template.jinja"
+            template.write_text(settings.server_template, encoding="utf-8")
         return LlamaServerPeer(
             self.binary,
             settings.model_path,
@@ -309,6 +315,7 @@ class LlamaServerFactory:
             slots=settings.slots,
             batch=settings.n_batch,
             gpu_layers=settings.gpu_layers,
+            chat_template_file=template,
         )
 
 

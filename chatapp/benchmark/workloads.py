@@ -27,6 +27,7 @@ from pathlib import Path
 
 from cache.keys import as_token_array, common_prefix_length
 from chatapp.benchmark.agent_tools import TOOL_SET, AgentTexts
+from chatapp.benchmark.tool_template import HERMES_CHATML_TEMPLATE
 from chatapp.documents import Document
 from chatapp.engine.opening import open_prompt_builder
 from chatapp.prompting.prompt import ChatMessage
@@ -201,6 +202,8 @@ class Workload:
     clients: int = 1  # F: clients sending their requests at once (their `Request.client`)
     context: int = 0  # F: the context per conversation its prompts need, when the run's is smaller
     protocol: str = "tokens"  # how requests are sent: prompt tokens, or "anthropic" (K: messages and tools)
+    # K on a model whose own template has no tools: the template llama-server is given (tool_template.py).
+    server_template: str | None = None
 
     @property
     def prompt_tokens(self) -> int:
@@ -721,6 +724,7 @@ def workload_k(kit: PromptKit, scale: Scale) -> Workload:
         scale.coder_turns // 2,
         context=_context_for(longest),
         protocol="anthropic",
+        server_template=None if kit.builder.native_tools else HERMES_CHATML_TEMPLATE,
     )
 
 

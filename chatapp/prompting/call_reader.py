@@ -20,6 +20,8 @@ from dataclasses import dataclass
 JSON_CALL_HEAD = re.compile(
     r'\s*\{\s*"name"\s*:\s*"(?P<quoted>(?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\S)'
 )
+# The head so far, its name begun: what a grammar that holds names to a list may decide already.
+JSON_NAME_BEGUN = re.compile(r'\s*\{\s*"name"\s*:\s*"(?P<begun>[^"\\]*)(?P<closed>")?')
 _LONGEST_HEAD = 4096  # characters without a call's head: not a call this reader can follow
 
 
@@ -93,6 +95,14 @@ class JsonCallReader:
         self._seeking = bool(opening)  # looking for the next opening (else for a head)
         self._value: JsonValueEnd | None = None  # the arguments being written
         self._done = False
+        self._spellings: dict[str, str] = {}  # each name the grammar allows, as JSON writes it inside quotes
+        self._named_early: str | None = None  # the current call's name, announced before its head was complete
+
+    def names_held_to(self, names: tuple[str, ...]) -> None:
+        """A grammar holds every call's name to one of `names` (JSON heads only): a call is announced as
+        soon as its name's beginning fits one of them alone, tokens before its head is complete."""
+        if self._head is JSON_CALL_HEAD:
+            self._spellings = {json.dumps(name, ensure_ascii=False)[1:-1]: name for name in names}
 
     def feed(self, piece: str) -> list[CallNews]:
         """What `piece` (the answer's next text, from the first call's opening on) tells of its calls."""
@@ -124,15 +134,35 @@ class JsonCallReader:
             head = self._head.match(self._buffer)
             if head is None:
                 self._done = len(self._buffer) > _LONGEST_HEAD
+                news += self._name_decided()
                 return news
             named = _named(head)
-            if named is None:
-                self._done = True
+            early, self._named_early = self._named_early, None
+            if named is None or (early is not None and named.name != early):
+                self._done = True  # (a name other than the one announced: no grammar held it after all)
                 return news
-            news.append(named)
+            if early is None:
+                news.append(named)
             self._value = JsonValueEnd()
             text, self._buffer = self._buffer[head.end() :], ""
         return news
+
+    def _name_decided(self) -> list[CallNews]:
+        """The call, announced once, when the grammar leaves its name one choice (before its head is whole)."""
+        if not self._spellings or self._named_early is not None:
+            return []
+        begun = JSON_NAME_BEGUN.match(self._buffer)
+        if begun is None:
+            return []
+        written = begun["begun"]
+        if begun["closed"]:
+            fitting = [name for spelling, name in self._spellings.items() if spelling == written]
+        else:
+            fitting = [name for spelling, name in self._spellings.items() if spelling.startswith(written)]
+        if len(fitting) != 1:
+            return []
+        self._named_early = fitting[0]
+        return [CallNamed(fitting[0])]
 
 
 def _named(head: re.Match[str]) -> CallNamed | None:

@@ -27,6 +27,17 @@ RESULT_OPEN = "<tool_response>"
 RESULT_CLOSE = "</tool_response>"
 PARAMETER_CLOSE = "</parameter>"
 NEWLINE = "\n"
+# The Hermes format as taught (Qwen 2.5's words): this text, each tool's schema on a line, then the rest.
+TEACHING_BEFORE_SCHEMAS = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+)
+TEACHING_AFTER_SCHEMAS = (
+    "</tools>\n\nFor each function call, return a json object with function name and arguments within "
+    f"{CALL_OPEN}{CALL_CLOSE} XML tags:\n"
+    f'{CALL_OPEN}\n{{"name": <function-name>, "arguments": <args-json-object>}}\n{CALL_CLOSE}'
+)
+
 _FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.DOTALL)
 _PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
 _CALL_BLOCK = re.compile(re.escape(CALL_OPEN) + r"\s*(.*?)\s*(?:" + re.escape(CALL_CLOSE) + r"|$)", re.DOTALL)
@@ -116,14 +127,7 @@ class HermesToolFormat(BlockToolFormat):
     def instructions(self, tools: Sequence[ToolSpec]) -> str:
         """The format taught in the system prompt, for a template that has no tools of its own."""
         schemas = "\n".join(json.dumps(tool.template_input(), ensure_ascii=False) for tool in tools)
-        return (
-            "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-            "You are provided with function signatures within <tools></tools> XML tags:\n"
-            f"<tools>\n{schemas}\n</tools>\n\n"
-            "For each function call, return a json object with function name and arguments within "
-            f"{CALL_OPEN}{CALL_CLOSE} XML tags:\n"
-            f'{CALL_OPEN}\n{{"name": <function-name>, "arguments": <args-json-object>}}\n{CALL_CLOSE}'
-        )
+        return f"{TEACHING_BEFORE_SCHEMAS}\n{schemas}\n{TEACHING_AFTER_SCHEMAS}"
 
 
 class XmlToolFormat(BlockToolFormat):

@@ -58,6 +58,15 @@ class AnswerShape:
         """Whether the answer is read for calls."""
         return bool(self.tools) and self.choice is not ToolChoice.NONE
 
+    def callable_names(self) -> tuple[str, ...]:
+        """The functions a call may name (the grammar holds it to them)."""
+        return tuple(tool.name for tool in self._callable_tools())
+
+    def _callable_tools(self) -> tuple[ToolSpec, ...]:
+        if self.choice is ToolChoice.FUNCTION:
+            return tuple(tool for tool in self.tools if tool.name == self.function)
+        return self.tools
+
     def grammar(self, builder: PromptBuilder | None) -> Grammar | None:
         """The grammar that holds the answer to this shape (None: free text); ShapeError when it cannot."""
         try:
@@ -70,15 +79,13 @@ class AnswerShape:
         return None
 
     def _call_grammar(self, builder: PromptBuilder) -> Grammar:
-        tools = self.tools
-        if self.choice is ToolChoice.FUNCTION:
-            tools = tuple(tool for tool in self.tools if tool.name == self.function)
-            if not tools:
-                names = ", ".join(tool.name for tool in self.tools)
-                raise ShapeError(
-                    f"tool_choice names the function {self.function!r}, which is not among the tools ({names})",
-                    "tool_choice",
-                )
+        tools = self._callable_tools()
+        if self.choice is ToolChoice.FUNCTION and not tools:
+            names = ", ".join(tool.name for tool in self.tools)
+            raise ShapeError(
+                f"tool_choice names the function {self.function!r}, which is not among the tools ({names})",
+                "tool_choice",
+            )
         parallel = self.parallel and self.choice is not ToolChoice.FUNCTION
         lazy = self.choice is ToolChoice.AUTO
         # With a response format too, the answer is a call or that JSON (Ollama's tools beside `format`).

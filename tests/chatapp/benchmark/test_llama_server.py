@@ -56,6 +56,10 @@ def test_command_line() -> None:
     assert "-ngl -1" in " ".join(offloaded)
     batched = server_command(Path("s"), Path("m"), port=1, context=8, threads=1, cache_ram_mib=0, batch=512)
     assert batched[-4:] == ["-b", "512", "-ub", "512"]
+    templated = server_command(
+        Path("s"), Path("m"), port=1, context=8, threads=1, cache_ram_mib=0, chat_template_file=Path("/t.jinja")
+    )
+    assert templated[-2:] == ["--chat-template-file", "/t.jinja"]
 
 
 def test_env_override(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

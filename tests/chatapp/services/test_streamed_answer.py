@@ -177,7 +177,7 @@ LLAMA_CALL = '{"name": "f", "parameters": {"a": "x}"}}'
 
 
 @given(
-    answer=st.sampled_from([LLAMA_CALL, f"  {LLAMA_CALL}", f"Example: {LLAMA_CALL} done", '{"name": "f" and so']),
+    answer=st.sampled_from([LLAMA_CALL, f"  {LLAMA_CALL}", f"Example: {LLAMA_CALL} done", '{"nam']),
     data=st.data(),
 )
 def test_a_call_that_must_be_the_whole_answer_is_shown_only_where_it_is(answer: str, data: st.DataObject) -> None:
@@ -194,3 +194,61 @@ def test_a_call_that_must_be_the_whole_answer_is_shown_only_where_it_is(answer: 
     shown += [stream.rest(whole), *stream.ending(whole)]
     assert "".join(item for item in shown if isinstance(item, str)) == whole.content
     assert [name for _, name, _, _ in calls_shown(shown)] == [call.name for call in whole.calls]
+
+
+NAMED = AnswerShape(tools=(ToolSpec("read"), ToolSpec("read_file"), ToolSpec("list_dir")))
+
+
+def first_call_after(answer: str, shape: AnswerShape = NAMED) -> tuple[str, str] | None:
+    """`answer` fed a character at a time: the text written when a call was first announced, and its name."""
+    stream = StreamedContent(shape, cast(PromptBuilder, HermesBuilder()))
+    for end in range(1, len(answer) + 1):
+        stream.feed(answer[end - 1])
+        begun = [item for item in stream.calls() if isinstance(item, CallBegins)]
+        if begun:
+            return answer[:end], begun[0].name
+    return None
+
+
+def hermes_call(name: str) -> str:
+    return '<tool_call>\n{"name": "' + name + '", "arguments": {"path": "a"}}\n</tool_call>'
+
+
+def test_a_call_is_announced_as_soon_as_the_grammar_leaves_its_name_one_choice() -> None:
+    """The grammar holds the name to the tools': the first letters that fit one function alone name the call."""
+    assert first_call_after(hermes_call("list_dir")) == ('<tool_call>\n{"name": "l', "list_dir")
+    assert first_call_after(hermes_call("read_file")) == ('<tool_call>\n{"name": "read_', "read_file")
+    # A name that begins another is known once its closing quote is written, and then whole.
+    assert first_call_after(hermes_call("read")) == ('<tool_call>\n{"name": "read"', "read")
+    # One function to call: named as soon as its name begins.
+    one = AnswerShape(tools=(ToolSpec("list_dir"),))
+    assert first_call_after(hermes_call("list_dir"), one) == ('<tool_call>\n{"name": "', "list_dir")
+
+
+@given(name=st.sampled_from(["read", "read_file", "list_dir"]), data=st.data())
+def test_a_call_announced_early_is_shown_once_with_its_whole_arguments(name: str, data: st.DataObject) -> None:
+    answer = "Looking." + hermes_call(name)
+    cuts = sorted(data.draw(st.sets(st.integers(1, len(answer) - 1), max_size=12)))
+    stream = StreamedContent(NAMED, cast(PromptBuilder, HermesBuilder()))
+    shown: list[Shown] = []
+    for start, end in zip([0, *cuts], [*cuts, len(answer)], strict=True):
+        if text := stream.feed(answer[start:end]):
+            shown.append(text)
+        shown += stream.calls()
+    whole = read_answer(answer, NAMED, cast(PromptBuilder, HermesBuilder()))
+    shown += stream.ending(whole)
+    assert [(found, json.loads(arguments), complete) for _, found, arguments, complete in calls_shown(shown)] == [
+        (name, {"path": "a"}, True)
+    ]
+    assert [call.name for call in whole.calls] == [name]
+
+
+def test_a_head_that_names_another_function_than_announced_stops_the_reading() -> None:
+    """Only without a grammar can the name go on otherwise: the call is then not followed further (the answer's
+    end shows what it read), never announced twice."""
+    stream = StreamedContent(NAMED, cast(PromptBuilder, HermesBuilder()))
+    for char in '<tool_call>\n{"name": "list_files", "arguments": {}}\n</tool_call>':
+        stream.feed(char)
+    assert [item.name for item in stream.calls() if isinstance(item, CallBegins)] == ["list_dir"]
+    assert stream.feed(hermes_call("read")) == ""
+    assert stream.calls() == []
