@@ -99,9 +99,11 @@ class JsonCallReader:
         self._named_early: str | None = None  # the current call's name, announced before its head was complete
 
     def names_held_to(self, names: tuple[str, ...]) -> None:
-        """A grammar holds every call's name to one of `names` (JSON heads only): a call is announced as
-        soon as its name's beginning fits one of them alone, tokens before its head is complete."""
-        if self._head is JSON_CALL_HEAD:
+        """A grammar holds every call's name to one of `names`: a call is announced as soon as its name's
+        beginning fits one of them alone, tokens before its head is complete. Only for JSON heads after an
+        opening (Hermes' `<tool_call>`, the grammar's trigger): a call that is the whole answer (Llama 3's) may
+        follow a marker the grammar reads as text, and then no grammar holds it."""
+        if self._head is JSON_CALL_HEAD and self._opening:
             self._spellings = {json.dumps(name, ensure_ascii=False)[1:-1]: name for name in names}
 
     def feed(self, piece: str) -> list[CallNews]:

@@ -64,7 +64,9 @@ class StreamedContent:
         self._leads = form.leads if form is not None else None  # what alone may come before a call
         self._ids = form.call_ids if form is not None else None
         self._reader: JsonCallReader | None = form.call_reader() if form is not None else None
-        if self._reader is not None:  # the answer's grammar (AnswerShape.grammar) holds every call's name
+        if self._reader is not None and shape.json_schema is None:
+            # The answer's grammar (AnswerShape.grammar) holds every call's name to these. Not beside a response
+            # format: its JSON may begin as a call does (`{"name": "...`) and be no call.
             self._reader.names_held_to(shape.callable_names())
         self._harmony = HarmonyReader() if speaks_harmony(builder) else None
         self._held = ""  # text not shown yet: blank space and what may begin a call

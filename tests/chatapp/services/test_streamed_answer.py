@@ -76,17 +76,21 @@ def test_a_harmony_stream_shows_only_the_reply_and_joins_to_it(answer: str, tool
     assert len(whole.calls) == (answer.count("to=functions.f") if tools else 0)
 
 
-def shown_with_calls(answer: str, data: st.DataObject) -> tuple[list[Shown], ShapedAnswer, StreamedContent]:
-    """Everything a stream shows of `answer` (Hermes calls offered), its pieces cut anywhere."""
+def shown_with_calls(
+    answer: str, data: st.DataObject, shape: AnswerShape = TOOLS, builder: object | None = None
+) -> tuple[list[Shown], ShapedAnswer, StreamedContent]:
+    """Everything a stream shows of `answer` (Hermes calls offered, unless another builder is given), its pieces
+    cut anywhere."""
+    form = cast(PromptBuilder, builder if builder is not None else HermesBuilder())
     cuts = sorted(data.draw(st.sets(st.integers(1, len(answer) - 1), max_size=12)))
     pieces = [answer[start:end] for start, end in zip([0, *cuts], [*cuts, len(answer)], strict=True)]
-    stream = StreamedContent(TOOLS, cast(PromptBuilder, HermesBuilder()))
+    stream = StreamedContent(shape, form)
     shown: list[Shown] = []
     for piece in pieces:
         if text := stream.feed(piece):
             shown.append(text)
         shown += stream.calls()
-    whole = read_answer(answer, TOOLS, cast(PromptBuilder, HermesBuilder()))
+    whole = read_answer(answer, shape, form)
     if rest := stream.rest(whole):
         shown.append(rest)
     return [*shown, *stream.ending(whole)], whole, stream
@@ -227,16 +231,7 @@ def test_a_call_is_announced_as_soon_as_the_grammar_leaves_its_name_one_choice()
 
 @given(name=st.sampled_from(["read", "read_file", "list_dir"]), data=st.data())
 def test_a_call_announced_early_is_shown_once_with_its_whole_arguments(name: str, data: st.DataObject) -> None:
-    answer = "Looking." + hermes_call(name)
-    cuts = sorted(data.draw(st.sets(st.integers(1, len(answer) - 1), max_size=12)))
-    stream = StreamedContent(NAMED, cast(PromptBuilder, HermesBuilder()))
-    shown: list[Shown] = []
-    for start, end in zip([0, *cuts], [*cuts, len(answer)], strict=True):
-        if text := stream.feed(answer[start:end]):
-            shown.append(text)
-        shown += stream.calls()
-    whole = read_answer(answer, NAMED, cast(PromptBuilder, HermesBuilder()))
-    shown += stream.ending(whole)
+    shown, whole, _ = shown_with_calls("Looking." + hermes_call(name), data, NAMED)
     assert [(found, json.loads(arguments), complete) for _, found, arguments, complete in calls_shown(shown)] == [
         (name, {"path": "a"}, True)
     ]
@@ -252,3 +247,61 @@ def test_a_head_that_names_another_function_than_announced_stops_the_reading() -
     assert [item.name for item in stream.calls() if isinstance(item, CallBegins)] == ["list_dir"]
     assert stream.feed(hermes_call("read")) == ""
     assert stream.calls() == []
+
+
+@given(data=st.data())
+def test_beside_a_response_format_json_that_begins_as_a_call_does_is_not_announced_early(data: st.DataObject) -> None:
+    """Tools and a response format (Ollama's `format` beside tools): the grammar also allows the format's JSON,
+    which may begin `{"name": "` as Llama 3's call does; only a whole call's head announces a call then."""
+    shape = AnswerShape(tools=(ToolSpec("list_dir"),), json_schema='{"type": "object"}')
+    answer = '{"name": "list_of_things", "size": 2}'
+    shown, whole, _ = shown_with_calls(answer, data, shape, LlamaBuilder())
+    assert not [item for item in shown if isinstance(item, CallBegins)]
+    assert "".join(item for item in shown if isinstance(item, str)) == whole.content == answer
+
+
+def announcements(answer: str, shape: AnswerShape = NAMED) -> list[tuple[str, str]]:
+    """Each call announced while `answer` is fed a character at a time: the text written by then, and its name."""
+    stream = StreamedContent(shape, cast(PromptBuilder, HermesBuilder()))
+    found = []
+    for end in range(1, len(answer) + 1):
+        stream.feed(answer[end - 1])
+        found += [(answer[:end], item.name) for item in stream.calls() if isinstance(item, CallBegins)]
+    return found
+
+
+def test_each_of_several_calls_is_announced_early() -> None:
+    first, second = hermes_call("list_dir"), hermes_call("read_file")
+    assert announcements(f"{first}\n{second}") == [
+        ('<tool_call>\n{"name": "l', "list_dir"),
+        (f'{first}\n<tool_call>\n{{"name": "read_', "read_file"),
+    ]
+
+
+def test_names_json_escapes_are_announced_as_the_grammar_spells_them() -> None:
+    shape = AnswerShape(tools=(ToolSpec('say "hi"'), ToolSpec("café"), ToolSpec("caf")))
+    quoted = '<tool_call>\n{"name": "say \\"hi\\"", "arguments": {}}\n</tool_call>'
+    assert [name for _, name in announcements(quoted, shape)] == ['say "hi"']
+    assert announcements('<tool_call>\n{"name": "café", "arguments": {}}\n</tool_call>', shape)[0] == (
+        '<tool_call>\n{"name": "café',
+        "café",
+    )
+
+
+@given(data=st.data())
+def test_a_call_cut_right_after_its_early_announcement_ends_incomplete(data: st.DataObject) -> None:
+    shown, whole, _ = shown_with_calls('Looking.<tool_call>\n{"name": "l', data, NAMED)
+    assert whole.calls == ()
+    assert [(name, complete) for _, name, _, complete in calls_shown(shown)] == [("list_dir", False)]
+    assert "".join(item for item in shown if isinstance(item, str)) == "Looking."
+
+
+def test_llamas_whole_answer_call_is_announced_only_once_its_head_is_whole() -> None:
+    """Llama 3's call may follow `<|python_tag|>`, which its grammar reads as text: no grammar may hold it."""
+    stream = StreamedContent(NAMED, cast(PromptBuilder, LlamaBuilder()))
+    answer = '{"name": "list_dir", "parameters": {}}'
+    written = []
+    for end in range(1, len(answer) + 1):
+        stream.feed(answer[end - 1])
+        written += [answer[:end] for item in stream.calls() if isinstance(item, CallBegins)]
+    assert written == ['{"name": "list_dir", "parameters": {']
