@@ -13,7 +13,11 @@ nearly the same prompt and both call tools.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
+from chatapp.prompting.chat_template import ChatTemplate
+from chatapp.prompting.prompt import PromptBuilder
 from chatapp.prompting.tool_blocks import (
     CALL_CLOSE,
     CALL_OPEN,
@@ -22,6 +26,9 @@ from chatapp.prompting.tool_blocks import (
     TEACHING_AFTER_SCHEMAS,
     TEACHING_BEFORE_SCHEMAS,
 )
+
+if TYPE_CHECKING:
+    from chatapp.benchmark.workloads import Request
 
 
 def _text(value: str) -> str:
@@ -68,3 +75,18 @@ HERMES_CHATML_TEMPLATE = "".join(
         "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}",
     ]
 )
+
+
+def server_template_for(builder: PromptBuilder, requests: Sequence[Request]) -> str | None:
+    """The template a server is given for `requests` so that it writes their prompts as `builder` does: None
+    where the model's own template renders the tools (the server keeps it), or where this one would write
+    other text (a model whose turns are not ChatML's); the longest request holds every message."""
+    if builder.native_tools or not requests:
+        return None
+    longest = max(requests, key=lambda request: len(request.tokens))
+    own = builder.template
+    teaching = PromptBuilder(ChatTemplate(HERMES_CHATML_TEMPLATE, own.bos_token, own.eos_token), builder.tokenizer)
+    written = teaching.with_tools(longest.tools).build(list(longest.messages))
+    # The same text (the tokens may split otherwise where chatapp tokenizes message by message).
+    same = builder.detokenize(written) == builder.detokenize(list(longest.tokens))
+    return HERMES_CHATML_TEMPLATE if same else None

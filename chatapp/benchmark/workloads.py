@@ -27,7 +27,7 @@ from pathlib import Path
 
 from cache.keys import as_token_array, common_prefix_length
 from chatapp.benchmark.agent_tools import TOOL_SET, AgentTexts
-from chatapp.benchmark.tool_template import HERMES_CHATML_TEMPLATE
+from chatapp.benchmark.tool_template import server_template_for
 from chatapp.documents import Document
 from chatapp.engine.opening import open_prompt_builder
 from chatapp.prompting.prompt import ChatMessage
@@ -724,7 +724,7 @@ def workload_k(kit: PromptKit, scale: Scale) -> Workload:
         scale.coder_turns // 2,
         context=_context_for(longest),
         protocol="anthropic",
-        server_template=None if kit.builder.native_tools else HERMES_CHATML_TEMPLATE,
+        server_template=server_template_for(kit.builder, requests),
     )
 
 

@@ -58,8 +58,11 @@ class AnswerShape:
         """Whether the answer is read for calls."""
         return bool(self.tools) and self.choice is not ToolChoice.NONE
 
-    def callable_names(self) -> tuple[str, ...]:
-        """The functions a call may name (the grammar holds it to them)."""
+    def names_held_by_grammar(self) -> tuple[str, ...]:
+        """The functions every call must name, from its head on (the grammar holds it to them); none beside a
+        response format, whose JSON may begin as a call does (`{"name": "...`) and be no call."""
+        if self.json_schema is not None:
+            return ()
         return tuple(tool.name for tool in self._callable_tools())
 
     def _callable_tools(self) -> tuple[ToolSpec, ...]:

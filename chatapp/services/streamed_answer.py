@@ -3,9 +3,10 @@
 Text is released as it comes, except what could begin a call (the format's opening, and the
 blank space before it). Once a call opens, the rest is calls: where the format's calls can be
 read as they are written (JSON calls: Hermes' blocks, Llama 3's), each call is announced once
-the grammar leaves its function's name one choice and its arguments follow piece by piece, so a client sees the
-call begin tokens after it does (Claude Code's, Codex's first event); other formats' calls are
-sent whole once the answer ends. Every API's stream (Anthropic's, OpenAI's two, Ollama's) reads
+its function is known (after an opening, as soon as the grammar leaves its name one choice) and
+its arguments follow piece by piece, so a client sees the call begin tokens after it does
+(Claude Code's, Codex's first event); other formats' calls are sent whole once the answer ends.
+Every API's stream (Anthropic's, OpenAI's two, Ollama's) reads
 this one class; the screen reads its text.
 """
 
@@ -64,10 +65,8 @@ class StreamedContent:
         self._leads = form.leads if form is not None else None  # what alone may come before a call
         self._ids = form.call_ids if form is not None else None
         self._reader: JsonCallReader | None = form.call_reader() if form is not None else None
-        if self._reader is not None and shape.json_schema is None:
-            # The answer's grammar (AnswerShape.grammar) holds every call's name to these. Not beside a response
-            # format: its JSON may begin as a call does (`{"name": "...`) and be no call.
-            self._reader.names_held_to(shape.callable_names())
+        if self._reader is not None:
+            self._reader.names_held_to(shape.names_held_by_grammar())
         self._harmony = HarmonyReader() if speaks_harmony(builder) else None
         self._held = ""  # text not shown yet: blank space and what may begin a call
         self._shown = 0  # characters shown

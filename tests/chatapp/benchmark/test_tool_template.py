@@ -1,7 +1,8 @@
 """The template K gives llama-server on a model without tools of its own: chatapp's teaching, word for word.
 
-The workload is built on the tiny model with no template (chatapp's fallback teaches the tools)
-and with a Qwen3-style one (its own tools: llama-server keeps the model's template).
+The workload is built on the tiny model with no template (chatapp's fallback teaches the tools),
+with a Qwen3-style one (its own tools: llama-server keeps the model's template) and with Gemma 2's
+(no tools, turns that are not ChatML's: the template would write another prompt, so none is given).
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ import pytest
 
 from chatapp.benchmark.anthropic_client import MESSAGES_PATH, anthropic_body
 from chatapp.benchmark.llama_server import LlamaServerPeer, default_llama_server_path
-from chatapp.benchmark.tool_template import HERMES_CHATML_TEMPLATE
+from chatapp.benchmark.tool_template import HERMES_CHATML_TEMPLATE, server_template_for
 from chatapp.benchmark.workloads import CODER_NAME, SCALES, Workload, build_workloads
 from chatapp.engine.llama_native import NativeModel
+from chatapp.engine.opening import open_prompt_builder
 from chatapp.prompting.chat_template import ChatTemplate
 from chatapp.prompting.prompt import PromptBuilder
 from chatapp.prompting.tool_blocks import HermesToolFormat
@@ -59,10 +61,17 @@ def test_the_template_writes_every_request_as_chatapps_own_prompt(untaught_model
         vocabulary.close()
 
 
-def test_a_model_with_its_own_tools_keeps_its_template(tmp_path: Path) -> None:
-    model = write_tiny_llama(tmp_path / "native.gguf", chat_template=(TEMPLATES / "qwen3_style.jinja").read_text())
+@pytest.mark.parametrize("template", ["qwen3_style.jinja", "gemma2.jinja"])
+def test_a_model_with_its_own_tools_or_other_turns_keeps_its_template(tmp_path: Path, template: str) -> None:
+    model = write_tiny_llama(tmp_path / "model.gguf", chat_template=(TEMPLATES / template).read_text())
     (workload,) = build_workloads(model, SCALES["tiny"], (CODER_NAME,))
     assert workload.server_template is None
+    builder = open_prompt_builder(model)
+    try:
+        assert builder.native_tools == (template == "qwen3_style.jinja")
+        assert server_template_for(builder, workload.requests) is None
+    finally:
+        builder.close()
 
 
 @pytest.mark.slow

@@ -203,15 +203,14 @@ def test_a_call_that_must_be_the_whole_answer_is_shown_only_where_it_is(answer: 
 NAMED = AnswerShape(tools=(ToolSpec("read"), ToolSpec("read_file"), ToolSpec("list_dir")))
 
 
-def first_call_after(answer: str, shape: AnswerShape = NAMED) -> tuple[str, str] | None:
-    """`answer` fed a character at a time: the text written when a call was first announced, and its name."""
-    stream = StreamedContent(shape, cast(PromptBuilder, HermesBuilder()))
+def announcements(answer: str, shape: AnswerShape = NAMED, builder: object | None = None) -> list[tuple[str, str]]:
+    """Each call announced while `answer` is fed a character at a time: the text written by then, and its name."""
+    stream = StreamedContent(shape, cast(PromptBuilder, builder if builder is not None else HermesBuilder()))
+    found = []
     for end in range(1, len(answer) + 1):
         stream.feed(answer[end - 1])
-        begun = [item for item in stream.calls() if isinstance(item, CallBegins)]
-        if begun:
-            return answer[:end], begun[0].name
-    return None
+        found += [(answer[:end], item.name) for item in stream.calls() if isinstance(item, CallBegins)]
+    return found
 
 
 def hermes_call(name: str) -> str:
@@ -220,13 +219,13 @@ def hermes_call(name: str) -> str:
 
 def test_a_call_is_announced_as_soon_as_the_grammar_leaves_its_name_one_choice() -> None:
     """The grammar holds the name to the tools': the first letters that fit one function alone name the call."""
-    assert first_call_after(hermes_call("list_dir")) == ('<tool_call>\n{"name": "l', "list_dir")
-    assert first_call_after(hermes_call("read_file")) == ('<tool_call>\n{"name": "read_', "read_file")
+    assert announcements(hermes_call("list_dir")) == [('<tool_call>\n{"name": "l', "list_dir")]
+    assert announcements(hermes_call("read_file")) == [('<tool_call>\n{"name": "read_', "read_file")]
     # A name that begins another is known once its closing quote is written, and then whole.
-    assert first_call_after(hermes_call("read")) == ('<tool_call>\n{"name": "read"', "read")
+    assert announcements(hermes_call("read")) == [('<tool_call>\n{"name": "read"', "read")]
     # One function to call: named as soon as its name begins.
     one = AnswerShape(tools=(ToolSpec("list_dir"),))
-    assert first_call_after(hermes_call("list_dir"), one) == ('<tool_call>\n{"name": "', "list_dir")
+    assert announcements(hermes_call("list_dir"), one) == [('<tool_call>\n{"name": "', "list_dir")]
 
 
 @given(name=st.sampled_from(["read", "read_file", "list_dir"]), data=st.data())
@@ -260,16 +259,6 @@ def test_beside_a_response_format_json_that_begins_as_a_call_does_is_not_announc
     assert "".join(item for item in shown if isinstance(item, str)) == whole.content == answer
 
 
-def announcements(answer: str, shape: AnswerShape = NAMED) -> list[tuple[str, str]]:
-    """Each call announced while `answer` is fed a character at a time: the text written by then, and its name."""
-    stream = StreamedContent(shape, cast(PromptBuilder, HermesBuilder()))
-    found = []
-    for end in range(1, len(answer) + 1):
-        stream.feed(answer[end - 1])
-        found += [(answer[:end], item.name) for item in stream.calls() if isinstance(item, CallBegins)]
-    return found
-
-
 def test_each_of_several_calls_is_announced_early() -> None:
     first, second = hermes_call("list_dir"), hermes_call("read_file")
     assert announcements(f"{first}\n{second}") == [
@@ -298,10 +287,5 @@ def test_a_call_cut_right_after_its_early_announcement_ends_incomplete(data: st.
 
 def test_llamas_whole_answer_call_is_announced_only_once_its_head_is_whole() -> None:
     """Llama 3's call may follow `<|python_tag|>`, which its grammar reads as text: no grammar may hold it."""
-    stream = StreamedContent(NAMED, cast(PromptBuilder, LlamaBuilder()))
     answer = '{"name": "list_dir", "parameters": {}}'
-    written = []
-    for end in range(1, len(answer) + 1):
-        stream.feed(answer[end - 1])
-        written += [answer[:end] for item in stream.calls() if isinstance(item, CallBegins)]
-    assert written == ['{"name": "list_dir", "parameters": {']
+    assert announcements(answer, NAMED, LlamaBuilder()) == [('{"name": "list_dir", "parameters": {', "list_dir")]
