@@ -15,14 +15,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from functools import partial
 
 from cache.prefix_cache import PrefixCache
 from cache.state_format import MemoryLayout
 from chatapp.engine.config import CacheFactory, EngineConfig, default_thread_count
+from chatapp.engine.device_turns import device_turn
 from chatapp.engine.gate import ArmedGates, Step, StepGate
 from chatapp.engine.handle import GenerationHandle
 from chatapp.engine.kv_placement import KVPlacer
-from chatapp.engine.llama_native import NativeContext, NativeModel
+from chatapp.engine.llama_native import NativeContext, NativeModel, offload_device
 from chatapp.engine.loading import LoadedModel, load_model
 from chatapp.engine.model_card import LOCAL_CAPABILITIES, Capabilities, ModelInfo
 from chatapp.engine.requests import GenerationRequest
@@ -46,7 +48,9 @@ class Engine:
         self._gates = ArmedGates()
         self._loaded: LoadedModel  # set on the engine thread, before start() returns
         self._runner: Runner
-        self._scheduler = Scheduler(self._open)
+        # In a build with a device every engine may use it, also one with no layers there: llama.cpp
+        # runs a large batch's products on the device (op offload).
+        self._scheduler = Scheduler(self._open, partial(device_turn, offload_device() is not None))
         if (error := self._scheduler.start()) is not None:
             raise error
 

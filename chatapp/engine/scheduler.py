@@ -12,11 +12,13 @@ each step; a request's phase (phases.py) says where it is.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
 from collections import deque
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 from chatapp.engine.batch_rule import MAX_TOGETHER
 from chatapp.engine.handle import GenerationHandle
@@ -35,8 +37,13 @@ RunnerOpener = Callable[[Callable[[], bool]], Runner]
 class Scheduler:
     """Owns the engine thread and its queue; thread-safe `submit`, `flush` and `close`."""
 
-    def __init__(self, open_runner: RunnerOpener) -> None:
+    def __init__(
+        self,
+        open_runner: RunnerOpener,
+        device_turn: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
+    ) -> None:
         self._open_runner = open_runner
+        self._device_turn = device_turn  # held for each step's model work (device_turns.py)
         self._jobs: queue.Queue[GenerationHandle | threading.Event | None] = queue.Queue()
         self._started = threading.Event()
         self._start_error: BaseException | None = None
@@ -111,7 +118,8 @@ class Scheduler:
     # Engine thread.
     def _run(self) -> None:
         try:
-            runner = self._open_runner(self.stepping_cancelled)
+            with self._device_turn():
+                runner = self._open_runner(self.stepping_cancelled)
         except BaseException as error:  # reported to start()'s caller
             self._start_error = error
             self._started.set()
@@ -126,13 +134,15 @@ class Scheduler:
                     self._end_pending()
                     for task in self._tasks:
                         task.current.cancel()
-                self._start_tasks(runner)
-                self._step_tasks(runner)
+                with self._device_turn():
+                    self._start_tasks(runner)
+                    self._step_tasks(runner)
         except BaseException as error:  # a bug: no caller may wait for ever on a dead engine
             log.exception("the engine thread failed")
             self._fail_everything(error)
         finally:
-            runner.close()
+            with self._device_turn():
+                runner.close()
 
     def _take_jobs(self, runner: Runner, *, block: bool) -> bool:
         """Move what was submitted into `_pending` (waiting for one when `block`); False once closing."""

@@ -8,11 +8,14 @@ and batching tests (marked `device`), on llvmpipe where the machine has no GPU.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 
+from chatapp.engine.device_turns import DEVICE
 from chatapp.engine.engine import Engine, EngineConfig
+from chatapp.engine.gate import Step
 from chatapp.engine.llama_native import NativeModel, offload_device
 from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.vocabulary import ReuseTier
@@ -65,3 +68,26 @@ def test_a_window_cache_is_full_size_on_the_device(tmp_path: Path) -> None:
     with Engine(config) as engine:
         assert engine.info.window > 0
         assert engine.info.swa_full
+
+
+def test_two_engines_on_the_device_take_turns(tmp_path: Path) -> None:
+    """llama.cpp's Vulkan backend crashes when two contexts work from two threads at once: while one
+    engine is held mid-answer (holding the device), the other's request waits for its turn, then both
+    answer as each does alone."""
+    path = write_tiny_llama(tmp_path / "tiny.gguf")
+    config = EngineConfig(model_path=path, context_cap=256, sequences=1, threads=TINY_MODEL_THREADS)
+    request = GenerationRequest(PROMPT, GREEDY, use_cache=False)
+    with Engine(config) as first, Engine(config) as second:
+        alone = first.generate(request).wait().token_ids
+        with first.holding(Step.TOKEN, after=2) as gate:
+            held = first.generate(request)
+            assert gate.wait_until_holding()
+            waiting = second.generate(request)
+            deadline = time.monotonic() + 120
+            while DEVICE.waiting < 1:  # the second engine's thread reaches the turn and waits there
+                assert time.monotonic() < deadline, "the second engine never waited for the device"
+                time.sleep(0.001)
+            assert not waiting.done
+            gate.release()
+            assert held.wait().token_ids == alone
+        assert waiting.wait().token_ids == alone
