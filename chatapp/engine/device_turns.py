@@ -39,20 +39,31 @@ class FairLock:
                 return
             turn = threading.Event()
             self._waiters.append((me, turn))
-        turn.wait()  # release() has made this thread the owner before it set the event
+        try:
+            turn.wait()  # release() has made this thread the owner before it set the event
+        except BaseException:  # interrupted while waiting: neither keep the turn nor stay in line for it
+            with self._guard:
+                if self._owner == me:
+                    self._hand_over()
+                else:
+                    self._waiters.remove((me, turn))
+            raise
 
     def release(self) -> None:
         with self._guard:
             if self._owner != threading.get_ident():
                 raise RuntimeError("released by a thread that does not hold it")
             self._depth -= 1
-            if self._depth:
-                return
-            if not self._waiters:
-                self._owner = None
-                return
-            self._owner, turn = self._waiters.popleft()
-            self._depth = 1
+            if not self._depth:
+                self._hand_over()
+
+    def _hand_over(self) -> None:
+        """Under the guard: the turn goes to the first waiter, or to nobody."""
+        if not self._waiters:
+            self._owner, self._depth = None, 0
+            return
+        self._owner, turn = self._waiters.popleft()
+        self._depth = 1
         turn.set()
 
     @property

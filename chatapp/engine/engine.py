@@ -13,8 +13,8 @@ and what of it is reused) and sequences.py (what each sequence holds).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from functools import partial
 
 from cache.prefix_cache import PrefixCache
@@ -50,13 +50,14 @@ class Engine:
         self._runner: Runner
         # In a build with a device every engine may use it, also one with no layers there: llama.cpp
         # runs a large batch's products on the device (op offload).
-        self._scheduler = Scheduler(self._open, partial(device_turn, offload_device() is not None))
+        self._on_device = offload_device() is not None
+        self._scheduler = Scheduler(self._open, self._device_step)
         if (error := self._scheduler.start()) is not None:
             raise error
 
     def _open(self, should_abort: Callable[[], bool]) -> Runner:
         """Engine thread: load the model, then the placement and the runner that serve requests."""
-        loaded = load_model(self.config, self._cache_factory, should_abort)
+        loaded = load_model(self.config, self._cache_factory, should_abort, partial(device_turn, self._on_device))
         cache = loaded.cache
         try:
             placer = KVPlacer(
@@ -76,6 +77,18 @@ class Engine:
         self._loaded = loaded
         self._runner = Runner(loaded, placer, self.config.checkpoint_interval, self._gates, self._scheduler)
         return self._runner
+
+    @contextmanager
+    def _device_step(self) -> Iterator[None]:
+        """Engine thread: the device's turn for one turn of steps, held until the device has done
+        their work (a decode may return while it still runs there, and the next engine may not
+        start meanwhile)."""
+        with device_turn(self._on_device):
+            try:
+                yield
+            finally:
+                if self._on_device:
+                    self._loaded.context.synchronize()
 
     # Public API, safe from any thread.
     def generate(self, request: GenerationRequest) -> GenerationHandle:
@@ -115,7 +128,9 @@ class Engine:
         counting only the requests `where` accepts.
 
         Inside the block the gate holds once, until released or the held request is cancelled;
-        leaving the block releases it and disarms it. Several gates may be armed at once.
+        leaving the block releases it and disarms it. Several gates may be armed at once. In a build
+        with a device the held engine keeps the device's turn (device_turns.py): other engines wait for it,
+        and one constructed inside the block does not load until the gate lets go.
         """
         return self._gates.holding(step, after, where)
 

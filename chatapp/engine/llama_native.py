@@ -387,6 +387,11 @@ class NativeContext:
             llama_cpp.llama_free(self.pointer)
             self.pointer = None
 
+    def synchronize(self) -> None:
+        """Wait for the work queued on the device (a decode may return before it is done there)."""
+        if self.pointer:
+            llama_cpp.llama_synchronize(self.pointer)
+
     def decode(self, tokens: list[int], *, start_pos: int, sequence: int, logits_for_last: bool) -> None:
         """Evaluate `tokens` at positions start_pos.. in `sequence` (at most n_batch tokens).
 

@@ -8,9 +8,11 @@ owns the context from here on.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field, replace
 from functools import partial
 
 import numpy as np
@@ -49,6 +51,8 @@ class LoadedModel:
     cache_problem: str | None  # why there is no cache, in one line
     batch_answers: bool = False  # several requests' answer tokens share one decode (batch_rule.py)
     batch_problem: str | None = None  # why they do not, in one line
+    # The device's turn (device_turns.py), taken to free the context and the model.
+    device_turn: Callable[[], AbstractContextManager[None]] = field(default=contextlib.nullcontext, repr=False)
 
     @property
     def grid(self) -> int:
@@ -63,9 +67,10 @@ class LoadedModel:
     def close(self) -> None:
         """Finish the cache's writes, then free the context and the model."""
         if self.cache is not None:
-            self.cache.close()
-        self.context.close()
-        self.model.close()
+            self.cache.close()  # disk writes only: other engines keep the device meanwhile
+        with self.device_turn():
+            self.context.close()
+            self.model.close()
 
 
 def prompt_min_rows(model: NativeModel, context: NativeContext) -> int:
@@ -86,9 +91,16 @@ def prompt_grid(config: EngineConfig, model: NativeModel, context: NativeContext
 
 
 def load_model(
-    config: EngineConfig, cache_factory: CacheFactory | None, should_abort: Callable[[], bool]
+    config: EngineConfig,
+    cache_factory: CacheFactory | None,
+    should_abort: Callable[[], bool],
+    device_turn: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
 ) -> LoadedModel:
-    """Load the weights and a context shaped by `config`, test the state format, open the cache."""
+    """Load the weights and a context shaped by `config`, test the state format, open the cache.
+
+    Each part that works on the device takes its own turn there (device_turns.py), so that another
+    engine's answers go on between them while this one loads.
+    """
     layers, device = config.n_gpu_layers, offload_device()  # the registry asked once
     if layers < 0:
         layers = ALL_LAYERS if device is not None else 0  # a GPU build on a machine with a device
@@ -109,22 +121,25 @@ def load_model(
     verdict = key_of(sequences=config.sequences)
     probes = config.batch_answers and not verdict_known(verdict, config.batch_memo)
     weights_progress, probe_progress = split_progress(config.load_progress, 1.0 - PROBE_SHARE if probes else 1.0)
-    model = NativeModel(config.model_path, n_gpu_layers=layers, progress=weights_progress)
+    with device_turn():
+        model = NativeModel(config.model_path, n_gpu_layers=layers, progress=weights_progress)
     per_sequence = min(model.n_ctx_train or config.context_cap, config.context_cap)
     try:
-        context = NativeContext(
-            model,
-            n_sequences=config.sequences,
-            n_ctx_per_sequence=per_sequence,
-            n_threads=threads,
-            n_batch=config.n_batch,
-            flash_attention=config.uses_flash_attention,
-            kv_type=config.kv_type,
-            swa_full=swa_full,
-            should_abort=should_abort,
-        )
+        with device_turn():
+            context = NativeContext(
+                model,
+                n_sequences=config.sequences,
+                n_ctx_per_sequence=per_sequence,
+                n_threads=threads,
+                n_batch=config.n_batch,
+                flash_attention=config.uses_flash_attention,
+                kv_type=config.kv_type,
+                swa_full=swa_full,
+                should_abort=should_abort,
+            )
     except BaseException:
-        model.close()
+        with device_turn():
+            model.close()
         raise
     shape = context.shape
     info = ModelInfo(
@@ -146,23 +161,28 @@ def load_model(
         facts=model.facts(),
     )
     try:
-        layout, problem = verify_state_format(model, context)
-        batch, why_not = (
-            answer_batching(model, context, info.gpu_layers, verdict, config.batch_memo, probe_progress)
-            if config.batch_answers
-            else (False, "turned off in the settings")
-        )
+        with device_turn():
+            layout, problem = verify_state_format(model, context)
+        batch: bool = False
+        why_not: str | None = "turned off in the settings"
+        if config.batch_answers:
+            with device_turn():
+                batch, why_not = answer_batching(
+                    model, context, info.gpu_layers, verdict, config.batch_memo, probe_progress
+                )
         split_key = key_of(sequences=1)  # the split probe's verdict does not depend on the sequences
-        info = replace(info, prompt_grid=prompt_grid(config, model, context, info.gpu_layers, split_key))
+        with device_turn():
+            info = replace(info, prompt_grid=prompt_grid(config, model, context, info.gpu_layers, split_key))
         if probe_progress is not None:
             probe_progress(1.0)  # the bar ends where a probe that found a difference early, or never ran, left it
         cache = cache_factory(layout, info) if cache_factory is not None and layout is not None else None
     except BaseException:
-        context.close()
-        model.close()
+        with device_turn():
+            context.close()
+            model.close()
         raise
     builder = PromptBuilder.for_model(model)
-    return LoadedModel(model, context, info, builder, layout, cache, problem, batch, why_not)
+    return LoadedModel(model, context, info, builder, layout, cache, problem, batch, why_not, device_turn)
 
 
 def verify_state_format(model: NativeModel, context: NativeContext) -> tuple[MemoryLayout | None, str | None]:

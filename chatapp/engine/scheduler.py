@@ -43,7 +43,8 @@ class Scheduler:
         device_turn: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
     ) -> None:
         self._open_runner = open_runner
-        self._device_turn = device_turn  # held for each step's model work (device_turns.py)
+        # Held for each turn's steps (device_turns.py); it waits at its end for the device to finish them.
+        self._device_turn = device_turn
         self._jobs: queue.Queue[GenerationHandle | threading.Event | None] = queue.Queue()
         self._started = threading.Event()
         self._start_error: BaseException | None = None
@@ -118,8 +119,7 @@ class Scheduler:
     # Engine thread.
     def _run(self) -> None:
         try:
-            with self._device_turn():
-                runner = self._open_runner(self.stepping_cancelled)
+            runner = self._open_runner(self.stepping_cancelled)  # takes its own turns on the device
         except BaseException as error:  # reported to start()'s caller
             self._start_error = error
             self._started.set()
@@ -141,8 +141,7 @@ class Scheduler:
             log.exception("the engine thread failed")
             self._fail_everything(error)
         finally:
-            with self._device_turn():
-                runner.close()
+            runner.close()  # the cache's writes first, then the device's turn to free the model
 
     def _take_jobs(self, runner: Runner, *, block: bool) -> bool:
         """Move what was submitted into `_pending` (waiting for one when `block`); False once closing."""

@@ -11,11 +11,12 @@ import pytest
 
 from chatapp.engine.device_turns import DEVICE, FairLock
 from chatapp.engine.engine import Engine, EngineConfig
+from chatapp.engine.events import GenerationResult
 from chatapp.engine.llama_native import offload_device
 from chatapp.engine.requests import GenerationRequest, SamplingParams
 from tests.model_factory import TINY_MODEL_THREADS, write_tiny_llama
 
-WAIT_SECONDS = 60.0
+WAIT_SECONDS = 300.0  # only a hang comes near it
 
 
 def wait_for_waiters(lock: FairLock, count: int) -> None:
@@ -93,8 +94,16 @@ def test_an_engine_in_a_cpu_build_loads_and_answers_while_the_device_is_held(tmp
     """Engines in a CPU build never take the device's turn (this one would wait for ever if it did)."""
     path = write_tiny_llama(tmp_path / "tiny.gguf")
     config = EngineConfig(model_path=path, context_cap=256, sequences=1, threads=TINY_MODEL_THREADS, n_gpu_layers=0)
-    with DEVICE.held(), Engine(config) as engine:
-        assert engine.info.gpu_layers == 0
-        request = GenerationRequest((5, 6, 7, 8), SamplingParams(temperature=0.0, max_tokens=2), use_cache=False)
-        result = engine.generate(request).wait()
-    assert result.stats.generated_tokens == 2
+    results: list[GenerationResult] = []
+
+    def load_and_answer() -> None:  # on a thread: a regression fails here instead of hanging the suite
+        with Engine(config) as engine:
+            request = GenerationRequest((5, 6, 7, 8), SamplingParams(temperature=0.0, max_tokens=2), use_cache=False)
+            results.append(engine.generate(request).wait())
+
+    with DEVICE.held():
+        thread = threading.Thread(target=load_and_answer, daemon=True)
+        thread.start()
+        thread.join(WAIT_SECONDS)
+        assert not thread.is_alive(), "the engine waited for the device's turn"
+    assert results[0].stats.generated_tokens == 2
