@@ -15,10 +15,12 @@ but idle, and the same decodes on two bare NativeContexts (each on its own threa
 one; 20 rounds; with ids spread over the vocabulary, 24 rounds), nor on two contexts made by
 chatapp's load_model (its state self-test and split probe) then decoded bare (12 rounds). So it
 is neither two threads in llama.cpp at once, nor the cache's state reads, nor the load-time
-probes; what of an engine's request path it needs (the recompute of an answer's tokens after it,
-with its cut; the grid's batching) is not known yet: llama.cpp's sampler chain on two bare
-contexts did not crash either (12 rounds). The property test met it as hybrid+flash chunks that
-died (seeds 9002 and 9012).
+probes; what of an engine's request path it needs is not known yet. Ruled out as well: the
+recompute of an answer's tokens after it (patched out: 2 of 10 still crashed), llama.cpp's
+sampler chain on bare contexts (12 rounds), and bare contexts made by load_model replaying the
+engine's calls for these prompts (the chat's tokens, 64-token batches, a checkpoint read between
+them: 16 rounds). The property test met it as hybrid+flash chunks that died (seeds 9002 and
+9012).
 
     make vulkan
     GGML_VK_VISIBLE_DEVICES=0 .venv-vulkan/bin/python scripts/vulkan_two_engines_crash.py [on|off] [RUNS]
