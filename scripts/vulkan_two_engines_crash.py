@@ -20,10 +20,10 @@ recompute of an answer's tokens after it (patched out: 2 of 10 still crashed), l
 sampler chain on bare contexts (12 rounds), and bare contexts made by load_model replaying the
 engine's calls for these prompts (the chat's tokens, 64-token batches, a checkpoint read between
 them: 16 rounds). ggml-vulkan's operator fusion is involved: with GGML_VK_DISABLE_FUSION=1 no
-run crashed in 32 (B without a cache: the same setting crashed 22 of 72 runs without it;
-GGML_VK_DISABLE_DESCRIPTOR_REUSE, GGML_VK_DISABLE_GRAPH_OPTIMIZE, GGML_VK_FA_SPARSE_DISABLE and
-GGML_VK_PREFER_HOST_MEMORY did not help). The property test met it as hybrid+flash chunks that
-died (seeds 9002 and 9012).
+run crashed in 32 (B without a cache: with fusion on the same setup crashed 26 of 90 runs,
+whatever else was set; GGML_VK_DISABLE_DESCRIPTOR_REUSE, GGML_VK_DISABLE_GRAPH_OPTIMIZE,
+GGML_VK_FA_SPARSE_DISABLE and GGML_VK_PREFER_HOST_MEMORY did not help). The property test met it
+as hybrid+flash chunks that died (seeds 9002 and 9012).
 
     make vulkan
     GGML_VK_VISIBLE_DEVICES=0 .venv-vulkan/bin/python scripts/vulkan_two_engines_crash.py [on|off] [RUNS]
