@@ -1,8 +1,7 @@
 """One engine at a time on an offload device: the process-wide turn its engine threads take.
 
 llama.cpp's Vulkan backend is not safe with several contexts used from several threads at
-once (llama.cpp issues #7575 and #11371): a state read on one engine's thread while another
-engine's thread sampled crashed the process. Two engines on one device (`chatapp serve` with
+once (llama.cpp issues #7575 and #11371). Two engines on one device (`chatapp serve` with
 two models loaded, the cache tests' cached and cold engines) therefore take turns: an
 engine's thread holds the device while it loads, for each scheduler step and while it closes,
 in a build with a device, whether or not its layers are there (llama.cpp runs a large batch's
