@@ -29,7 +29,7 @@ start=$(date +%s)
 rc=$?
 say "build rc=$rc in $(( $(date +%s) - start )) s"
 if [ $rc -ne 0 ]; then tail -c 10000000 /tmp/build.log > "$OUT/build.log"; exit 1; fi
-left() { echo $(( deadline - $(date +%s) )); }
+left() { local l=$(( deadline - $(date +%s) )); echo $(( l > 1 ? l : 1 )); }  # never 0 or less: timeout needs a positive time
 
 # The engine on the GPU beside the CPU, in one process, and the app's start-up path.
 # -X faulthandler: a crash in llama.cpp shows where Python was.

@@ -17,6 +17,8 @@ from collections import deque
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 
+from chatapp.engine.llama_native import offload_device
+
 
 class FairLock:
     """A re-entrant lock handed to its waiters in the order they asked (threading's locks are not)."""
@@ -67,7 +69,7 @@ class FairLock:
 
     @property
     def waiting(self) -> int:
-        """How many threads wait for their turn (for tests and the status of a busy device)."""
+        """How many threads wait for their turn (tests watch it)."""
         with self._guard:
             return len(self._waiters)
 
@@ -83,7 +85,12 @@ class FairLock:
 DEVICE = FairLock()
 
 
-def device_turn(on_a_device: bool) -> AbstractContextManager[None]:
+def on_a_device() -> bool:
+    """Whether this llama.cpp has a device, so that every engine may use it (even one with no layers there)."""
+    return offload_device() is not None
+
+
+def device_turn() -> AbstractContextManager[None]:
     """What an engine thread holds around its work on the model: the device's turn in a build with a
-    device, nothing in a CPU build. Enter it anew for each step."""
-    return DEVICE.held() if on_a_device else contextlib.nullcontext()
+    device, nothing in a CPU build. Enter it anew for each part of the work."""
+    return DEVICE.held() if on_a_device() else contextlib.nullcontext()

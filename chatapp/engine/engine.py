@@ -13,18 +13,16 @@ and what of it is reused) and sequences.py (what each sequence holds).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
-from functools import partial
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 from cache.prefix_cache import PrefixCache
 from cache.state_format import MemoryLayout
 from chatapp.engine.config import CacheFactory, EngineConfig, default_thread_count
-from chatapp.engine.device_turns import device_turn
 from chatapp.engine.gate import ArmedGates, Step, StepGate
 from chatapp.engine.handle import GenerationHandle
 from chatapp.engine.kv_placement import KVPlacer
-from chatapp.engine.llama_native import NativeContext, NativeModel, offload_device
+from chatapp.engine.llama_native import NativeContext, NativeModel
 from chatapp.engine.loading import LoadedModel, load_model
 from chatapp.engine.model_card import LOCAL_CAPABILITIES, Capabilities, ModelInfo
 from chatapp.engine.requests import GenerationRequest
@@ -48,16 +46,13 @@ class Engine:
         self._gates = ArmedGates()
         self._loaded: LoadedModel  # set on the engine thread, before start() returns
         self._runner: Runner
-        # In a build with a device every engine may use it, also one with no layers there: llama.cpp
-        # runs a large batch's products on the device (op offload).
-        self._on_device = offload_device() is not None
-        self._scheduler = Scheduler(self._open, self._device_step)
+        self._scheduler = Scheduler(self._open)
         if (error := self._scheduler.start()) is not None:
             raise error
 
     def _open(self, should_abort: Callable[[], bool]) -> Runner:
         """Engine thread: load the model, then the placement and the runner that serve requests."""
-        loaded = load_model(self.config, self._cache_factory, should_abort, partial(device_turn, self._on_device))
+        loaded = load_model(self.config, self._cache_factory, should_abort)
         cache = loaded.cache
         try:
             placer = KVPlacer(
@@ -77,18 +72,6 @@ class Engine:
         self._loaded = loaded
         self._runner = Runner(loaded, placer, self.config.checkpoint_interval, self._gates, self._scheduler)
         return self._runner
-
-    @contextmanager
-    def _device_step(self) -> Iterator[None]:
-        """Engine thread: the device's turn for one turn of steps, held until the device has done
-        their work (a decode may return while it still runs there, and the next engine may not
-        start meanwhile)."""
-        with device_turn(self._on_device):
-            try:
-                yield
-            finally:
-                if self._on_device:
-                    self._loaded.context.synchronize()
 
     # Public API, safe from any thread.
     def generate(self, request: GenerationRequest) -> GenerationHandle:

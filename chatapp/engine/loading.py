@@ -8,11 +8,9 @@ owns the context from here on.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Callable
-from contextlib import AbstractContextManager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from functools import partial
 
 import numpy as np
@@ -24,6 +22,7 @@ from cache.state_format import MemoryLayout, StateFormatError
 from chatapp.engine.batch_rule import answer_batching, verdict_key, verdict_known
 from chatapp.engine.batching import FLASH_ATTENTION_ROWS, GRID_TOKENS, MIN_ROWS
 from chatapp.engine.config import CacheFactory, EngineConfig, default_thread_count, split_progress
+from chatapp.engine.device_turns import device_turn
 from chatapp.engine.llama_native import NativeContext, NativeModel, offload_device
 from chatapp.engine.model_card import ModelInfo
 from chatapp.engine.split_rule import fixed_batches
@@ -51,8 +50,6 @@ class LoadedModel:
     cache_problem: str | None  # why there is no cache, in one line
     batch_answers: bool = False  # several requests' answer tokens share one decode (batch_rule.py)
     batch_problem: str | None = None  # why they do not, in one line
-    # The device's turn (device_turns.py), taken to free the context and the model.
-    device_turn: Callable[[], AbstractContextManager[None]] = field(default=contextlib.nullcontext, repr=False)
 
     @property
     def grid(self) -> int:
@@ -68,7 +65,7 @@ class LoadedModel:
         """Finish the cache's writes, then free the context and the model."""
         if self.cache is not None:
             self.cache.close()  # disk writes only: other engines keep the device meanwhile
-        with self.device_turn():
+        with device_turn():
             self.context.close()
             self.model.close()
 
@@ -94,7 +91,6 @@ def load_model(
     config: EngineConfig,
     cache_factory: CacheFactory | None,
     should_abort: Callable[[], bool],
-    device_turn: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
 ) -> LoadedModel:
     """Load the weights and a context shaped by `config`, test the state format, open the cache.
 
@@ -182,7 +178,7 @@ def load_model(
             model.close()
         raise
     builder = PromptBuilder.for_model(model)
-    return LoadedModel(model, context, info, builder, layout, cache, problem, batch, why_not, device_turn)
+    return LoadedModel(model, context, info, builder, layout, cache, problem, batch, why_not)
 
 
 def verify_state_format(model: NativeModel, context: NativeContext) -> tuple[MemoryLayout | None, str | None]:

@@ -11,11 +11,13 @@ from __future__ import annotations
 import codecs
 import logging
 import time
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
+from contextlib import contextmanager
 from typing import Protocol
 
 from cache.state_format import StateFormatError
 from chatapp.engine.batching import on_grid
+from chatapp.engine.device_turns import device_turn, on_a_device
 from chatapp.engine.events import AnswerText, GenerationResult, GenerationStats, PromptReuse
 from chatapp.engine.gate import ArmedGates, Step
 from chatapp.engine.handle import GenerationHandle
@@ -74,6 +76,17 @@ class Runner:
             grid=loaded.grid,
         )
         self.batched_decodes = 0  # decodes that evaluated several answers' tokens (tests, the bench)
+
+    @contextmanager
+    def device_step(self) -> Iterator[None]:
+        """The device's turn for one turn of steps (device_turns.py), held until the device has done their
+        work: a decode may return while it still runs there, and the next engine may not start meanwhile."""
+        with device_turn():
+            try:
+                yield
+            finally:
+                if on_a_device():
+                    self._loaded.context.synchronize()
 
     def close(self) -> None:
         """The engine thread ends: free what was loaded (after the cache's last writes)."""

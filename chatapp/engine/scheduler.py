@@ -12,13 +12,11 @@ each step; a request's phase (phases.py) says where it is.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import queue
 import threading
 from collections import deque
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 
 from chatapp.engine.batch_rule import MAX_TOGETHER
 from chatapp.engine.handle import GenerationHandle
@@ -37,14 +35,8 @@ RunnerOpener = Callable[[Callable[[], bool]], Runner]
 class Scheduler:
     """Owns the engine thread and its queue; thread-safe `submit`, `flush` and `close`."""
 
-    def __init__(
-        self,
-        open_runner: RunnerOpener,
-        device_turn: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
-    ) -> None:
+    def __init__(self, open_runner: RunnerOpener) -> None:
         self._open_runner = open_runner
-        # Held for each turn's steps (device_turns.py); it waits at its end for the device to finish them.
-        self._device_turn = device_turn
         self._jobs: queue.Queue[GenerationHandle | threading.Event | None] = queue.Queue()
         self._started = threading.Event()
         self._start_error: BaseException | None = None
@@ -134,7 +126,7 @@ class Scheduler:
                     self._end_pending()
                     for task in self._tasks:
                         task.current.cancel()
-                with self._device_turn():
+                with runner.device_step():
                     self._start_tasks(runner)
                     self._step_tasks(runner)
         except BaseException as error:  # a bug: no caller may wait for ever on a dead engine
