@@ -25,6 +25,19 @@ whatever else was set; GGML_VK_DISABLE_DESCRIPTOR_REUSE, GGML_VK_DISABLE_GRAPH_O
 GGML_VK_FA_SPARSE_DISABLE and GGML_VK_PREFER_HOST_MEMORY did not help). The property test met it
 as hybrid+flash chunks that died (seeds 9002 and 9012).
 
+Which fusion (2026-12-04, fifth session): ggml-vulkan.cpp from the same sdist, patched so that
+ggml_backend_vk_graph_compute drops a fusion whose fusion_string is named in an environment
+variable (taken down the same path as its own "need_disable"), built alone (cmake, target
+ggml-vulkan) and loaded with LLAMA_CPP_LIB_PATH. GGML_VK_PERF_LOGGER shows three fusions in this
+model's graphs, flash attention on or off alike: RMS_NORM_MUL, ROPE_VIEW_SET_ROWS and MUL_MAT_ADD
+(only in one-token decodes: a matrix-vector product fused with the residual add after it, m=64
+k=64 and m=64 k=128). Runs that crashed: none skipped 3 of 14, ROPE_VIEW_SET_ROWS skipped 4 of 14,
+RMS_NORM_MUL skipped 4 of 14, MUL_MAT_ADD skipped 0 of 14 and again 0 of 20 (also
+GGML_VK_DISABLE_MULTI_ADD=1 with fusion on: 2 of 10). So it is MUL_MAT_ADD after flash attention
+on llvmpipe. The Vulkan validation layer (Debian 12's 1.3.239, GPU-assisted validation asked for)
+reported nothing in one run that did not crash (8.5 minutes). `make test-vulkan` therefore sets
+GGML_VK_DISABLE_FUSION=1 on llvmpipe (VULKAN_FUSION=on to keep it).
+
     make vulkan
     GGML_VK_VISIBLE_DEVICES=0 .venv-vulkan/bin/python scripts/vulkan_two_engines_crash.py [on|off] [RUNS]
 

@@ -27,6 +27,16 @@ TEST_SEQUENCES = 2
 ON_DEVICE = bool(os.environ.get("CHATAPP_TEST_DEVICE"))
 
 
+def pytest_report_header() -> str | None:
+    """Say where the device tests ran and how: a run on llvmpipe turns ggml-vulkan's fusion off (see the Makefile)."""
+    if not ON_DEVICE:
+        return None
+    device = offload_device() or "none"
+    if not device.startswith("Vulkan"):
+        return f"device: {device}"
+    return f"device: {device}; operator fusion {'off' if 'GGML_VK_DISABLE_FUSION' in os.environ else 'on'}"
+
+
 @pytest.fixture(scope="session", autouse=True)
 def device_when_asked() -> None:
     if ON_DEVICE and offload_device() is None:
