@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The GPU check as run on the lent GPU machine (no network there): install carried wheels,
 # build llama-cpp-python with CUDA from a slimmed sdist, then run the checks, all within one call.
-# Carried (ignored) paths: .whl/ (cp312 wheels: pydantic, pydantic-core, annotated-types,
-# typing-inspection, typing-extensions, platformdirs, diskcache, gguf, pypdf), .gpu/lcp-slim.tar.gz
-# (the sdist without llama.cpp's docs, models, examples and git history: 9 MB), .gpu/smollm2-4layers.gguf
-# (scripts/truncate_gguf.py). Run it as `DEADLINE_S=330 bash scripts/device_gpu_check.sh`.
+# Carried (ignored) paths, made here by scripts/prepare_gpu_check.sh (10 s): .whl/ (cp312 wheels:
+# pydantic, pydantic-core, annotated-types, typing-inspection, typing-extensions, platformdirs,
+# diskcache, gguf, pypdf), .gpu/lcp-slim.tar.gz (the sdist without llama.cpp's docs, models, examples
+# and git history: 9 MB), .gpu/smollm2-4layers.gguf (scripts/truncate_gguf.py).
+# Run it as `DEADLINE_S=330 bash scripts/device_gpu_check.sh`.
 # The CUDA build takes 266 s of the H200 machine's 16 cores (measured 2026-12-04); it is about 135 MB
 # packed, more than a call brings back, so every run builds it again.
 # $OUT/gpu.txt says what passed as it happens; $OUT/tests.log and $OUT/gpu_check.txt hold the
