@@ -351,15 +351,15 @@ def test_a_block_served_from_ram_is_kept_fresh_on_disk(tmp_path: Path, monkeypat
     tier.close()
 
 
-@pytest.mark.parametrize("read_ahead", [1, 3, 64])
+@pytest.mark.parametrize("threads", [1, 3, 4])
 def test_a_restore_reads_its_blocks_at_once_as_each_read_alone_would(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, read_ahead: int
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, threads: int
 ) -> None:
     """`get_many` gives what `get` gives block by block: payloads in files, inline and pinned ones, in the order
     asked; None for a block never stored, one whose file is gone and one whose bytes are damaged (its row
-    deleted); and the ones kept marked used in the order given (the first kept longest). With files opened
-    ahead of the one read by as many as the limit allows, or one at a time."""
-    monkeypatch.setattr("cache.disk_tier.READ_AHEAD_FILES", read_ahead)
+    deleted); and the ones kept marked used in the order given (the first kept longest). With files read
+    several at a time, or one at a time."""
+    monkeypatch.setattr("cache.disk_tier.READ_THREADS", threads)
     clock = Clock(1_000_000.0)
     monkeypatch.setattr(time, "time", clock)
     tier = DiskTier(tmp_path, 1 << 24, TTL, NAMESPACE, clock=clock)
@@ -383,6 +383,76 @@ def test_a_restore_reads_its_blocks_at_once_as_each_read_alone_would(
     assert damaged.key not in times  # deleted
     assert (tier.counters.hits, tier.counters.misses) == (5, 3)
     assert tier.get_many([]) == []
+    tier.close()
+
+
+def test_a_restore_reads_as_many_files_at_once_as_it_has_threads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The files of one restore are read READ_THREADS at a time: every read waits at a barrier that only that
+    many reads in flight together pass (read one after another, it breaks and they come back None), and the
+    reads ran on no more threads than that (not a thread per file). Nine files: three rounds of three."""
+    threads = 3
+    monkeypatch.setattr("cache.disk_tier.READ_THREADS", threads)
+    together = threading.Barrier(threads, timeout=10)
+    readers: set[int] = set()
+    read_file = disk_tier._read_file
+
+    def at_the_barrier(path: Path, size: int) -> bytes | None:
+        readers.add(threading.get_ident())
+        try:
+            together.wait()
+        except threading.BrokenBarrierError:
+            return None
+        return read_file(path, size)
+
+    tier = DiskTier(tmp_path, 1 << 24, TTL, NAMESPACE)
+    infos = [block(key, bytes([key]) * 40_000) for key in range(1, 10)]
+    for info in infos:
+        assert tier.put(info, bytes([info.key[0]]) * 40_000)
+    monkeypatch.setattr("cache.disk_tier._read_file", at_the_barrier)
+    assert tier.get_many(infos) == [bytes([info.key[0]]) * 40_000 for info in infos]
+    assert threading.get_ident() not in readers
+    assert len(readers) <= threads
+    tier.close()
+
+
+def _read_in_child(folder: str, infos: list[BlockInfo], done: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+    tier = DiskTier(Path(folder), 1 << 24, TTL, NAMESPACE)
+    done.put(tier.get_many(infos))
+    tier.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+def test_a_forked_process_reads_with_threads_of_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A child forked after its parent read from disk on every reading thread reads as well: the parent's
+    threads are not in it, and a pool it inherited would count them as there and never run a read."""
+    monkeypatch.setattr("cache.disk_tier.READ_THREADS", 2)
+    tier = DiskTier(tmp_path, 1 << 24, TTL, NAMESPACE)
+    infos = [block(key, bytes([key]) * 40_000) for key in (1, 2, 3)]
+    for info in infos:
+        assert tier.put(info, bytes([info.key[0]]) * 40_000)
+    expected = [bytes([info.key[0]]) * 40_000 for info in infos]
+    together = threading.Barrier(2, timeout=10)
+    read_file = disk_tier._read_file
+
+    def at_the_barrier(path: Path, size: int) -> bytes | None:
+        together.wait()  # both reading threads exist once the two reads pass
+        return read_file(path, size)
+
+    monkeypatch.setattr("cache.disk_tier._read_file", at_the_barrier)
+    assert tier.get_many(infos[:2]) == expected[:2]
+    monkeypatch.setattr("cache.disk_tier._read_file", read_file)
+    context = multiprocessing.get_context("fork")
+    done = context.Queue()
+    child = context.Process(target=_read_in_child, args=(str(tmp_path), infos, done))
+    child.start()
+    try:
+        assert done.get(timeout=30) == expected
+    finally:
+        child.join(timeout=30)
+        if child.is_alive():
+            child.kill()
     tier.close()
 
 
