@@ -186,7 +186,11 @@ class _Row:
 
 @functools.cache
 def _readers(threads: int) -> ThreadPoolExecutor:
-    """The threads that read payload files, shared by every tier of the process (idle between restores)."""
+    """The threads that read payload files, shared by every tier of the process (idle between restores).
+
+    Shared, so restores on two engines' threads queue their files behind each other's (first come, first read),
+    and reads that hang (a stalled network file system) hold every tier's restores and the interpreter's exit;
+    a restore's files are few next to what computing them again costs, and the cache folder is local."""
     return ThreadPoolExecutor(threads, thread_name_prefix="cache-disk-read")
 
 
@@ -225,7 +229,10 @@ def _read_payloads(
         number, path = files[0]
         payloads[number] = _read_file(path, sizes[number])
     elif files:
-        read = _readers(READ_THREADS).map(lambda item: _read_file(item[1], sizes[item[0]]), files)
+        try:
+            read = list(_readers(READ_THREADS).map(lambda item: _read_file(item[1], sizes[item[0]]), files))
+        except RuntimeError:  # the pool is shut down (the interpreter is exiting): read here, one at a time
+            read = [_read_file(path, sizes[number]) for number, path in files]
         for (number, _path), payload in zip(files, read, strict=True):
             payloads[number] = payload
     return payloads

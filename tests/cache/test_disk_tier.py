@@ -9,6 +9,7 @@ import os
 import sqlite3
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import diskcache
@@ -414,6 +415,20 @@ def test_a_restore_reads_as_many_files_at_once_as_it_has_threads(
     assert tier.get_many(infos) == [bytes([info.key[0]]) * 40_000 for info in infos]
     assert threading.get_ident() not in readers
     assert len(readers) <= threads
+    tier.close()
+
+
+def test_a_restore_reads_when_the_reading_threads_are_gone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At interpreter exit Python shuts thread pools down before other threads end: a restore then reads its
+    files on its own thread instead of failing."""
+    gone = ThreadPoolExecutor(2)
+    gone.shutdown()
+    monkeypatch.setattr("cache.disk_tier._readers", lambda threads: gone)
+    tier = DiskTier(tmp_path, 1 << 24, TTL, NAMESPACE)
+    infos = [block(key, bytes([key]) * 40_000) for key in (1, 2, 3)]
+    for info in infos:
+        assert tier.put(info, bytes([info.key[0]]) * 40_000)
+    assert tier.get_many(infos) == [bytes([info.key[0]]) * 40_000 for info in infos]
     tier.close()
 
 
