@@ -12,6 +12,12 @@ same length are answered with and without the cache, in turns, each until the en
 again (with the cache: its lookup, and storing the new blocks), for what a total miss costs.
 The restore paths again in each quantized KV type the model takes (kv_types.py), beside f16:
 smaller states, each against llama.cpp's own load of that type.
+
+Beside the goals, the least a block restore can cost through llama.cpp's state API, measured in
+the same run: llama.cpp loads a sequence from one buffer holding the whole state, and only once
+that buffer is whole, so a restore from blocks (RAM, or disk through the page cache) pays at
+least one copy of the state's bytes before the load, and one from a cold disk at least the read
+before the load. Those floors say how far any layout of the blocks could bring the ratios.
 """
 
 from __future__ import annotations
@@ -68,11 +74,26 @@ class RestoreFigures:
     bytes_per_token: dict[str, int] = field(default_factory=dict)
     state_bytes: dict[str, int] = field(default_factory=dict)
     sequential_read_ms: float | None = None  # f16's restored bytes read cold from one file (None: cannot drop pages)
+    copy_ms: float | None = None  # f16's restored bytes copied once within memory already touched (the least assembly)
 
     @property
     def ready_load_ms(self) -> float:
         """llama.cpp loading this prefix from a ready buffer (the block restores' load step)."""
         return ready_load(self.paths)
+
+    @property
+    def blocks_floor(self) -> float | None:
+        """The least a restore from blocks in RAM or in the page cache can cost, as a share of llama.cpp's own
+        load: one copy of the bytes into the buffer it loads from, then the load."""
+        return (self.copy_ms + self.ready_load_ms) / self.ready_load_ms if self.copy_ms else None
+
+    @property
+    def cold_floor(self) -> float | None:
+        """The least a restore from a cold disk can cost, as a share of reading its bytes sequentially: that
+        read, straight into the buffer llama.cpp loads from, then the load."""
+        if not self.sequential_read_ms:
+            return None
+        return (self.sequential_read_ms + self.ready_load_ms) / self.sequential_read_ms
 
 
 def ready_load(paths: dict[str, RestoreSteps]) -> float:
@@ -104,6 +125,7 @@ def measure_restores(
         paths, restored, per_token = _restore_paths(engine, prompt, repeats)
         size = restored * per_token  # 0 for a recurrent model (its checkpoints are not blocks): no yardstick
         sequential = sequential_read_ms(folder, size, repeats) if can_drop_pages() and size else None
+        copy = plain_copy_ms(size, repeats) if size else None
         misses: list[float] = []
         without: list[float] = []
         for repeat in range(miss_repeats):  # in turns: the machine's load drifts
@@ -134,6 +156,7 @@ def measure_restores(
         bytes_per_token=per_tokens,
         state_bytes=sizes,
         sequential_read_ms=sequential,
+        copy_ms=copy,
     )
 
 
@@ -225,6 +248,19 @@ def sequential_read_ms(folder: Path, size: int, repeats: int) -> float:
     return statistics.median(times)
 
 
+def plain_copy_ms(size: int, repeats: int) -> float:
+    """Median time of one copy of `size` bytes from memory already touched into memory already touched:
+    the least an assembly of blocks into one buffer costs (a restore reuses its buffer, state_format.py)."""
+    source = np.ones(size, dtype=np.uint8)
+    target = np.full(size, 2, dtype=np.uint8)  # written: np.zeros' pages would fault in the first copy
+    times = []
+    for _ in range(max(repeats, 3)):
+        started = time.perf_counter()
+        np.copyto(target, source)
+        times.append((time.perf_counter() - started) * 1000)
+    return statistics.median(times)
+
+
 def _until_idle(engine: LocalEngine, tokens: tuple[int, ...], use_cache: bool) -> float:
     started = time.perf_counter()
     _answer(engine, tokens, use_cache=use_cache)
@@ -254,7 +290,12 @@ def restore_figure_verdicts(figures: RestoreFigures | None) -> list[Verdict]:
 
 def restore_record(figures: RestoreFigures) -> dict[str, Any]:
     """For bench.json."""
-    return {**asdict(figures), "ready_load_ms": figures.ready_load_ms}
+    return {
+        **asdict(figures),
+        "ready_load_ms": figures.ready_load_ms,
+        "blocks_floor": figures.blocks_floor,
+        "cold_floor": figures.cold_floor,
+    }
 
 
 def restore_table(figures: RestoreFigures) -> str:
@@ -271,6 +312,7 @@ def restore_table(figures: RestoreFigures) -> str:
             f"     the same bytes read cold from one file: {figures.sequential_read_ms:.1f} ms (the cold restore "
             f"{cold.total_ms / figures.sequential_read_ms:.2f}x)"
         )
+    lines += _floor_lines(figures)
     lines.append(
         f"     a total miss until idle: {figures.miss_ms:,.0f} ms with the cache, {figures.no_cache_ms:,.0f} ms "
         f"without ({figures.miss_ms / figures.no_cache_ms:.3f}x)"
@@ -285,6 +327,19 @@ def restore_table(figures: RestoreFigures) -> str:
         )
         lines += _path_lines(paths)
     return "\n".join(lines)
+
+
+def _floor_lines(figures: RestoreFigures) -> list[str]:
+    """The floors through llama.cpp's state API (see the module docstring), where this run measured them."""
+    lines = []
+    if figures.blocks_floor is not None and figures.copy_ms is not None:
+        lines.append(
+            f"     the least through llama.cpp's one-buffer load: from blocks (RAM, page cache) a copy "
+            f"({figures.copy_ms:.1f} ms) then the load, {figures.blocks_floor:.2f}x the load"
+        )
+    if figures.cold_floor is not None:
+        lines.append(f"     from a cold disk the one-file read then the load, {figures.cold_floor:.2f}x the read")
+    return lines
 
 
 def _path_lines(paths: dict[str, RestoreSteps]) -> list[str]:

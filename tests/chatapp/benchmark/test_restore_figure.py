@@ -12,6 +12,8 @@ from chatapp.benchmark.peers import PeerSettings
 from chatapp.benchmark.restore_figure import (
     COLD,
     PATHS,
+    RestoreFigures,
+    RestoreSteps,
     can_drop_pages,
     measure_restores,
     restore_figure_verdicts,
@@ -47,8 +49,38 @@ def test_every_path_restores_the_prefix_and_times_its_steps(tiny_model: Path, tm
     assert verdicts[0].value == pytest.approx(whole.total_ms / figures.ready_load_ms)
     assert verdicts[3].value == pytest.approx(cold.total_ms / figures.sequential_read_ms)
     assert not list((tmp_path / "restores").glob("sequential.bin"))  # the yardstick's file is gone
+    assert (figures.copy_ms or 0.0) > 0.0  # measured (None fails)
+    assert (figures.blocks_floor or 0.0) > 1.0
+    assert (figures.cold_floor or 0.0) > 1.0
     assert not figures.by_kv_type  # the tiny llama's heads are shorter than a quantized block
     assert set(figures.state_bytes) == set(figures.bytes_per_token) == {"f16"}
+
+
+def _steps(load_ms: float, total_ms: float) -> RestoreSteps:
+    return RestoreSteps(lookup_ms=0.1, read_ms=1.0, assemble_ms=2.0, load_ms=load_ms, total_ms=total_ms)
+
+
+def test_the_floors_through_the_state_api_are_a_copy_or_the_read_then_the_load() -> None:
+    figures = RestoreFigures(
+        prefix_tokens=2000,
+        repeats=5,
+        paths={path: _steps(4.0 if path != PATHS[0] else 4.5, 10.0) for path in PATHS},
+        miss_ms=100.0,
+        no_cache_ms=100.0,
+        elapsed_s=1.0,
+        sequential_read_ms=8.0,
+        copy_ms=3.0,
+    )
+    assert figures.ready_load_ms == 4.0  # the block restores' load step
+    assert figures.blocks_floor == pytest.approx((3.0 + 4.0) / 4.0)
+    assert figures.cold_floor == pytest.approx((8.0 + 4.0) / 8.0)
+    table = restore_table(figures)
+    assert "a copy (3.0 ms) then the load, 1.75x the load" in table
+    assert "the one-file read then the load, 1.50x the read" in table
+    unmeasured = RestoreFigures(**{**figures.__dict__, "sequential_read_ms": None, "copy_ms": None})
+    assert unmeasured.blocks_floor is None
+    assert unmeasured.cold_floor is None
+    assert "the least through" not in restore_table(unmeasured)  # no floor where this run measured none
 
 
 @pytest.mark.slow
