@@ -5,9 +5,19 @@ every thread that has started one, as long as that thread lives. Once those thre
 the CPUs (two engines in one process: a model pool, or a test's cold and cached engines), libgomp
 spins at most 1,000 times at a barrier before it sleeps, and a one-token decode, hundreds of
 barriers, ran at half speed or less (scripts/openmp_masters.py: 52 against 105-110 tokens/s on
-2 vCPUs). `OMP_WAIT_POLICY=active` with libgomp's own default spin count (`GOMP_SPINCOUNT=300000`)
-makes it spin as long in that case as it does with one team, and no longer: idle threads still
-sleep after it (measured: no CPU used by an idle engine). libgomp reads these once, when it loads.
+2 vCPUs). `OMP_WAIT_POLICY=active` keeps it spinning in that case as with one team.
+
+How long it spins is the other half. libgomp's own default, 300,000 spins, spends a waiting thread's
+whole time slice on a busy machine: when more threads want the CPUs than there are (another program
+computing, a second llama.cpp process), a thread spins at a barrier while the one it waits for is
+not running. Measured on 2 vCPUs with a CPU burner at 50% on each and a second chatapp process
+answering (2026-12-04): an 8-token `chatapp ask` took 44-48 s at 300,000 spins, 6.2-6.4 s at 30,000,
+3.0 s at 10,000, 1.5 s at 1,000 and 1.4 s with `passive` (20 s with libgomp's defaults). Idle,
+10,000 spins decode as fast as 300,000 (one engine: 92-103 against 93-102 tokens/s, alternated; two
+teams in one process, `scripts/openmp_masters.py second-thread`: 106-108 against 113-116), where
+1,000 lose a little with two teams (97-100) and `passive` a quarter alone (80-82). Idle threads
+still sleep after the spinning (no CPU used by an idle engine). libgomp reads these once, when it
+loads.
 """
 
 from __future__ import annotations
@@ -18,7 +28,7 @@ from pathlib import Path
 
 WAIT_POLICY = "OMP_WAIT_POLICY"
 SPIN_COUNT = "GOMP_SPINCOUNT"
-LIBGOMP_DEFAULT_SPIN_COUNT = "300000"
+SPIN_COUNT_VALUE = "10000"  # see the module docstring: long enough idle, short enough when busy
 
 
 def keep_openmp_spinning() -> None:
@@ -26,7 +36,7 @@ def keep_openmp_spinning() -> None:
     if WAIT_POLICY in os.environ or SPIN_COUNT in os.environ or not llama_cpp_uses_libgomp():
         return
     os.environ[WAIT_POLICY] = "active"
-    os.environ[SPIN_COUNT] = LIBGOMP_DEFAULT_SPIN_COUNT
+    os.environ[SPIN_COUNT] = SPIN_COUNT_VALUE
 
 
 def llama_cpp_uses_libgomp() -> bool:

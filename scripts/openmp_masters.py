@@ -8,7 +8,7 @@ process (a model pool, a test's cold and cached engines) are such a case. chatap
 libgomp's waiting policy when it starts (chatapp/openmp_policy.py). Measured on 2 vCPUs,
 2026-12-04: 105-111 answer tokens/s alone; with a second live thread that had decoded, 38-52
 before that policy (run with `GOMP_SPINCOUNT=300000` alone to see it: a policy the user chose is
-kept) and 88-104 with it.
+kept) and 88-104 with it (at libgomp's 300,000 spins; 106-108 at the 10,000 chatapp sets now).
 
     .venv/bin/python scripts/openmp_masters.py [alone|second-thread]
 """
