@@ -16,8 +16,10 @@ answering (2026-12-04): an 8-token `chatapp ask` took 44-48 s at 300,000 spins, 
 10,000 spins decode as fast as 300,000 (one engine: 92-103 against 93-102 tokens/s, alternated; two
 teams in one process, `scripts/openmp_masters.py second-thread`: 106-108 against 113-116), where
 1,000 lose a little with two teams (97-100) and `passive` a quarter alone (80-82). Idle threads
-still sleep after the spinning (no CPU used by an idle engine). libgomp reads these once, when it
-loads.
+still sleep after the spinning (no CPU used by an idle engine). A spin is one `pause` instruction,
+whose length differs between CPUs (Intel made it about ten times longer with Skylake; these figures
+are from such a core): where decoding idles at barriers, `GOMP_SPINCOUNT` set by the user is kept.
+libgomp reads these once, when it loads.
 """
 
 from __future__ import annotations
