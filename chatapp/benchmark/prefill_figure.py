@@ -7,7 +7,10 @@ model, context and threads; the speed is prompt tokens over the time to the firs
 chatapp's flash-attention mode makes every batch 64 tokens or more (batching.py), which keeps
 its restores exact; llama-server's default is flash attention on where the device has it.
 The decode row is answer tokens after the first over the time after the first (each side's own
-count: a greedy answer to a question that asks for a long one), flash attention off, turn by turn.
+count: a greedy answer to a question that asks for a long one), flash attention off and on, turn by
+turn; its goal is judged with it off in both. Which setting decodes faster depends on the CPU's
+kernels (on one Xeon, off with AVX-512 kernels, on with AVX2 ones): the row tells a user whether
+`flash_attention = true` pays on their machine and model.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from chatapp.benchmark.goals import Verdict, decode_verdict, prefill_verdicts
 from chatapp.benchmark.llama_server import uncached_server
 from chatapp.benchmark.peers import PeerSettings
 from chatapp.benchmark.workloads import PromptKit
+from chatapp.engine.batching import FLASH_ATTENTION_ROWS
 from chatapp.engine.opening import EngineConfig, start_local_engine
 from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.prompting.prompt import ChatMessage
@@ -31,6 +35,11 @@ from chatapp.vocabulary import Role
 PREFILL_NAME = "P"
 DECODE_TOKENS = 128  # answer tokens per decode measurement
 DECODE_QUESTION = "Write a long story about a lighthouse keeper and the sea."
+# The table suggests flash attention where it is at least FLASH_WORTH as fast in prefill or decode and
+# keeps at least FLASH_LOSS_ALLOWED of its speed in the other: one run's noise is several percent (the rows are not
+# alternated answer by answer), and the gain must pay for the prompt tokens it computes again.
+FLASH_WORTH = 1.10
+FLASH_LOSS_ALLOWED = 0.97
 
 
 @dataclass(frozen=True)
@@ -39,7 +48,7 @@ class PrefillFigures:
     repeats: int
     tokens_per_s: dict[str, float]  # "chatapp" / "llama-server", each with " flash" for flash attention on
     elapsed_s: float
-    decode_tokens_per_s: dict[str, float] = field(default_factory=dict)  # "chatapp" / "llama-server"
+    decode_tokens_per_s: dict[str, float] = field(default_factory=dict)  # named as tokens_per_s
 
 
 def measure_prefill(
@@ -63,9 +72,12 @@ def measure_prefill(
         if server is not None:
             speeds[f"llama-server{suffix}"] = _server_speed(settings, server, prompts[repeats:], flash)
     question = kit.build([ChatMessage.of(Role.USER, DECODE_QUESTION)])
-    decode = {"chatapp": _chatapp_decode(settings, question, repeats)}
-    if server is not None:
-        decode["llama-server"] = _server_decode(settings, server, question, repeats)
+    decode: dict[str, float] = {}
+    for flash in (False, True):
+        suffix = " flash" if flash else ""
+        decode[f"chatapp{suffix}"] = _chatapp_decode(settings, question, repeats, flash)
+        if server is not None:
+            decode[f"llama-server{suffix}"] = _server_decode(settings, server, question, repeats, flash)
     return PrefillFigures(len(prompts[0]), repeats, speeds, time.perf_counter() - started, decode)
 
 
@@ -87,8 +99,8 @@ def _engine_config(settings: PeerSettings, flash: bool) -> EngineConfig:
     )
 
 
-def _chatapp_decode(settings: PeerSettings, question: tuple[int, ...], repeats: int) -> float:
-    with closing(start_local_engine(_engine_config(settings, False))) as engine:
+def _chatapp_decode(settings: PeerSettings, question: tuple[int, ...], repeats: int, flash: bool) -> float:
+    with closing(start_local_engine(_engine_config(settings, flash))) as engine:
         speeds = []
         for _ in range(repeats):
             request = GenerationRequest(
@@ -99,8 +111,8 @@ def _chatapp_decode(settings: PeerSettings, question: tuple[int, ...], repeats: 
     return statistics.median(speeds)
 
 
-def _server_decode(settings: PeerSettings, server: Path, question: tuple[int, ...], repeats: int) -> float:
-    peer = uncached_server(settings, server)
+def _server_decode(settings: PeerSettings, server: Path, question: tuple[int, ...], repeats: int, flash: bool) -> float:
+    peer = uncached_server(settings, server, flash_attention=flash)
     try:
         speeds = []
         for _ in range(repeats):
@@ -131,6 +143,27 @@ def _server_speed(settings: PeerSettings, server: Path, prompts: list[tuple[int,
     return statistics.median(speeds)
 
 
+def flash_advice(figures: PrefillFigures) -> str:
+    """Whether flash attention pays for chatapp on this machine and model: its prefill and decode speed on
+    against off, and what turning it on costs (empty where this run did not measure both)."""
+    prefill, decoding = figures.tokens_per_s, figures.decode_tokens_per_s
+    measured = (
+        prefill.get("chatapp"),
+        prefill.get("chatapp flash"),
+        decoding.get("chatapp"),
+        decoding.get("chatapp flash"),
+    )
+    if not all(measured):
+        return ""
+    gains = (prefill["chatapp flash"] / prefill["chatapp"], decoding["chatapp flash"] / decoding["chatapp"])
+    pays = max(gains) >= FLASH_WORTH and min(gains) >= FLASH_LOSS_ALLOWED
+    return (
+        f"chatapp with flash attention on: prefill {gains[0]:.2f}x, decode {gains[1]:.2f}x its speed off in this run "
+        f"({'worth `flash_attention = true`' if pays else 'keep the default, off'}; on, each answer computes its "
+        f"last {FLASH_ATTENTION_ROWS} prompt tokens again)"
+    )
+
+
 def prefill_figure_verdicts(figures: PrefillFigures | None) -> list[Verdict]:
     if figures is None or "llama-server flash" not in figures.tokens_per_s:
         return []
@@ -152,9 +185,14 @@ def prefill_record(figures: PrefillFigures) -> dict[str, Any]:
 def prefill_table(figures: PrefillFigures) -> str:
     speeds = figures.tokens_per_s
     cells = "  ".join(f"{name} {speed:,.0f}" for name, speed in speeds.items())
-    decode = "  ".join(f"{name} {speed:,.1f}" for name, speed in figures.decode_tokens_per_s.items())
-    return (
+    decoding = figures.decode_tokens_per_s
+    decode = "  ".join(f"{name} {speed:,.1f}" for name, speed in decoding.items())
+    lines = [
         f"P  prefill of a {figures.prompt_tokens:,}-token prompt, nothing cached (median of {figures.repeats}, "
-        f"tokens/s; {figures.elapsed_s:.0f} s): {cells}\n"
-        f"P  decode of one stream, answer tokens/s after the first (median of {figures.repeats}): {decode}"
-    )
+        f"tokens/s; {figures.elapsed_s:.0f} s): {cells}",
+        f"P  decode of one stream, answer tokens/s after the first (median of {figures.repeats}): {decode}",
+    ]
+    advice = flash_advice(figures)
+    if advice:
+        lines.append(f"   {advice}")
+    return "\n".join(lines)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from chatapp.benchmark.peers import PeerSettings
-from chatapp.benchmark.prefill_figure import PrefillFigures, measure_prefill, prefill_figure_verdicts
+from chatapp.benchmark.prefill_figure import PrefillFigures, measure_prefill, prefill_figure_verdicts, prefill_table
 from tests.chatapp.benchmark.figure_support import measured
 
 
@@ -18,8 +18,8 @@ def test_chatapp_prefill_is_measured_with_flash_attention_off_and_on(tiny_model:
     assert set(figures.tokens_per_s) == {"chatapp", "chatapp flash"}  # llama-server not asked for
     assert all(speed > 0 for speed in figures.tokens_per_s.values())
     assert figures.prompt_tokens > 80
-    assert set(figures.decode_tokens_per_s) == {"chatapp"}
-    assert figures.decode_tokens_per_s["chatapp"] > 0, "one stream's answer tokens per second"
+    assert set(figures.decode_tokens_per_s) == {"chatapp", "chatapp flash"}
+    assert all(speed > 0 for speed in figures.decode_tokens_per_s.values()), "one stream's answer tokens per second"
     assert prefill_figure_verdicts(figures) == []  # no yardstick without llama-server
 
 
@@ -35,3 +35,36 @@ def test_the_decode_row_is_judged_against_llama_server_at_097() -> None:
         figures = PrefillFigures(2000, 3, speeds, 1.0, {"chatapp": chatapp, "llama-server": 100.0})
         (decode,) = [verdict for verdict in prefill_figure_verdicts(figures) if "decode" in verdict.measure]
         assert (decode.value, decode.met) == (chatapp / 100.0, met)
+
+
+@pytest.mark.parametrize(
+    ("prefill_on", "decode_on", "advice"),
+    [
+        (132.0, 103.0, "worth `flash_attention = true`"),  # AVX2 kernels on one Xeon: prefill gains
+        (100.0, 110.0, "worth `flash_attention = true`"),
+        (96.0, 86.0, "keep the default, off"),  # AVX-512 kernels there: both lose
+        (140.0, 90.0, "keep the default, off"),  # one gains, the other loses
+        (120.0, 96.0, "keep the default, off"),
+        (106.0, 107.0, "keep the default, off"),  # within one run's noise
+    ],
+)
+def test_the_table_says_whether_flash_attention_pays(prefill_on: float, decode_on: float, advice: str) -> None:
+    speeds = {"chatapp": 100.0, "chatapp flash": prefill_on}
+    figures = PrefillFigures(2000, 3, speeds, 1.0, {"chatapp": 100.0, "chatapp flash": decode_on})
+    expected = f"prefill {prefill_on / 100:.2f}x, decode {decode_on / 100:.2f}x its speed off in this run ({advice};"
+    assert expected in prefill_table(figures)
+    assert "last 64 prompt tokens again" in prefill_table(figures)
+
+
+def test_no_advice_without_both_settings_measured() -> None:
+    figures = PrefillFigures(2000, 3, {"chatapp": 100.0, "chatapp flash": 150.0}, 1.0, {"chatapp": 100.0})
+    assert "flash attention on:" not in prefill_table(figures)
+
+
+def test_the_decode_goal_is_judged_with_flash_attention_off_in_both() -> None:
+    speeds = {"chatapp": 90.0, "chatapp flash": 110.0, "llama-server": 80.0, "llama-server flash": 100.0}
+    decoding = {"chatapp": 97.0, "llama-server": 100.0, "chatapp flash": 50.0, "llama-server flash": 120.0}
+    (decode,) = [
+        v for v in prefill_figure_verdicts(PrefillFigures(2000, 3, speeds, 1.0, decoding)) if "decode" in v.measure
+    ]
+    assert decode.value == pytest.approx(0.97)
