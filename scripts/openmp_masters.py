@@ -3,12 +3,13 @@
 llama.cpp (built with OpenMP, as llama-cpp-python builds it) computes each graph with a team of
 OpenMP threads; GCC's libgomp keeps a team for every thread that has started one, for as long as
 that thread lives. Once those threads outnumber the CPUs, libgomp stops spinning at barriers and
-sleeps at once, and a one-token decode (hundreds of barriers) slows down. Two engines in one
-process (a model pool, a test's cold and cached engines) are such a case. chatapp therefore sets
-libgomp's waiting policy when it starts (chatapp/openmp_policy.py). Measured on 2 vCPUs,
-2026-12-04: 105-111 answer tokens/s alone; with a second live thread that had decoded, 38-52
-before that policy (run with `GOMP_SPINCOUNT=300000` alone to see it: a policy the user chose is
-kept) and 88-104 with it (at libgomp's 300,000 spins; 106-108 at the 10,000 chatapp sets now).
+sleeps almost at once (100 spins), and a one-token decode (hundreds of barriers) slows down. Two
+engines in one process (a model pool, a test's cold and cached engines) are such a case. chatapp
+therefore sets libgomp's waiting policy when it starts (chatapp/openmp_policy.py). Measured on 2
+vCPUs, 2026-12-04: 105-111 answer tokens/s alone; with a second live thread that had decoded, 38-52
+before that policy (run with `OMP_WAIT_POLICY=` set empty to see it: a policy the user set is kept,
+and libgomp reads an empty one as none) and 88-116 with it (the spin count does not matter here:
+with its threads outnumbering the CPUs libgomp spins at most 1,000 times under `active`).
 
     .venv/bin/python scripts/openmp_masters.py [alone|second-thread]
 """

@@ -8,9 +8,10 @@ chatapp's flash-attention mode makes every batch 64 tokens or more (batching.py)
 its restores exact; llama-server's default is flash attention on where the device has it.
 The decode row is answer tokens after the first over the time after the first (each side's own
 count: a greedy answer to a question that asks for a long one), flash attention off and on, turn by
-turn; its goal is judged with it off in both. Which setting decodes faster depends on the CPU's
-kernels (on one Xeon, off with AVX-512 kernels, on with AVX2 ones): the row tells a user whether
-`flash_attention = true` pays on their machine and model.
+turn; its goal is judged with it off in both. Which setting is faster depends on the CPU's kernels
+and varies from one day to the next on a shared machine (on one Xeon, chatapp's prefill with flash
+attention on was 1.32x as fast with AVX2 kernels, 0.96x and 1.13x on two days with AVX-512 ones): the
+table tells a user whether `flash_attention = true` pays on their machine and model in this run.
 """
 
 from __future__ import annotations

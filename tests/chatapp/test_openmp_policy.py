@@ -19,13 +19,22 @@ def test_with_libgomp_the_policy_is_active_with_a_short_spin_count(monkeypatch: 
     assert (os.environ[WAIT_POLICY], os.environ[SPIN_COUNT]) == ("active", "10000")
 
 
-@pytest.mark.parametrize("chosen", [(WAIT_POLICY, "passive"), (SPIN_COUNT, "300000")])
-def test_a_policy_the_user_chose_is_kept(monkeypatch: pytest.MonkeyPatch, chosen: tuple[str, str]) -> None:
-    monkeypatch.delenv(WAIT_POLICY, raising=False)
+def test_a_wait_policy_the_user_chose_is_kept_and_nothing_else_is_set(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(SPIN_COUNT, raising=False)
-    monkeypatch.setenv(*chosen)
+    monkeypatch.setenv(WAIT_POLICY, "passive")  # a spin count set beside it would override passive's none
+    monkeypatch.setattr(openmp_policy, "llama_cpp_uses_libgomp", lambda: True)
     keep_openmp_spinning()
-    assert {key: value for key, value in os.environ.items() if key in (WAIT_POLICY, SPIN_COUNT)} == dict([chosen])
+    assert os.environ[WAIT_POLICY] == "passive"
+    assert SPIN_COUNT not in os.environ
+
+
+def test_a_spin_count_the_user_chose_is_kept_beside_the_active_policy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without `active`, libgomp spins only 100 times once two engines' threads outnumber the CPUs."""
+    monkeypatch.delenv(WAIT_POLICY, raising=False)
+    monkeypatch.setenv(SPIN_COUNT, "300000")
+    monkeypatch.setattr(openmp_policy, "llama_cpp_uses_libgomp", lambda: True)
+    keep_openmp_spinning()
+    assert (os.environ[WAIT_POLICY], os.environ[SPIN_COUNT]) == ("active", "300000")
 
 
 def test_without_libgomp_nothing_is_set(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -42,7 +42,7 @@ def test_the_decode_row_is_judged_against_llama_server_at_097() -> None:
     [
         (132.0, 103.0, "worth `flash_attention = true`"),  # AVX2 kernels on one Xeon: prefill gains
         (100.0, 110.0, "worth `flash_attention = true`"),
-        (96.0, 86.0, "keep the default, off"),  # AVX-512 kernels there: both lose
+        (96.0, 86.0, "keep the default, off"),  # both lose
         (140.0, 90.0, "keep the default, off"),  # one gains, the other loses
         (120.0, 96.0, "keep the default, off"),
         (106.0, 107.0, "keep the default, off"),  # within one run's noise
