@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from cache.state_format import in_parallel
 from chatapp.benchmark.goals import Verdict, restore_verdicts
 from chatapp.benchmark.peers import PeerSettings, close_engine, open_chatapp_engine
 from chatapp.benchmark.workloads import PromptKit
@@ -47,6 +48,7 @@ RESTORE_NAME = "R"
 PATHS = ("ram, whole state", "ram, blocks", "disk, blocks", "disk, cold")
 COLD = PATHS[3]
 READ_CHUNK = 1 << 20  # the sequential yardstick's reads
+COPY_PARTS = 32  # the floor's copy in as many parts as a model has layers, more or less
 
 
 @dataclass(frozen=True)
@@ -249,14 +251,21 @@ def sequential_read_ms(folder: Path, size: int, repeats: int) -> float:
 
 
 def plain_copy_ms(size: int, repeats: int) -> float:
-    """Median time of one copy of `size` bytes from memory already touched into memory already touched:
-    the least an assembly of blocks into one buffer costs (a restore reuses its buffer, state_format.py)."""
+    """Median time of one copy of `size` bytes from memory already touched into memory already touched, spread
+    over the cores as a restore's assembly spreads its copies (state_format.in_parallel): the least an assembly
+    of blocks into one buffer costs (a restore reuses its buffer, state_format.StateBuffer)."""
     source = np.ones(size, dtype=np.uint8)
     target = np.full(size, 2, dtype=np.uint8)  # written: np.zeros' pages would fault in the first copy
+    bounds = [size * part // COPY_PARTS for part in range(COPY_PARTS + 1)]
+
+    def copy(parts: slice) -> None:
+        start, end = bounds[parts.start], bounds[parts.stop]
+        np.copyto(target[start:end], source[start:end])
+
     times = []
     for _ in range(max(repeats, 3)):
         started = time.perf_counter()
-        np.copyto(target, source)
+        in_parallel(copy, COPY_PARTS, size)
         times.append((time.perf_counter() - started) * 1000)
     return statistics.median(times)
 
