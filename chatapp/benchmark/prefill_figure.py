@@ -66,19 +66,18 @@ def measure_prefill(
         )
         for number in range(2 * repeats)
     ]
-    speeds: dict[str, float] = {}
-    for flash in (False, True):
-        suffix = " flash" if flash else ""
-        speeds[f"chatapp{suffix}"] = _chatapp_speed(settings, prompts[:repeats], flash)
-        if server is not None:
-            speeds[f"llama-server{suffix}"] = _server_speed(settings, server, prompts[repeats:], flash)
     question = kit.build([ChatMessage.of(Role.USER, DECODE_QUESTION)])
+    speeds: dict[str, float] = {}
     decode: dict[str, float] = {}
     for flash in (False, True):
         suffix = " flash" if flash else ""
-        decode[f"chatapp{suffix}"] = _chatapp_decode(settings, question, repeats, flash)
+        speeds[f"chatapp{suffix}"], decode[f"chatapp{suffix}"] = _chatapp_speeds(
+            settings, prompts[:repeats], question, flash
+        )
         if server is not None:
-            decode[f"llama-server{suffix}"] = _server_decode(settings, server, question, repeats, flash)
+            speeds[f"llama-server{suffix}"], decode[f"llama-server{suffix}"] = _server_speeds(
+                settings, server, prompts[repeats:], question, flash
+            )
     return PrefillFigures(len(prompts[0]), repeats, speeds, time.perf_counter() - started, decode)
 
 
@@ -100,48 +99,41 @@ def _engine_config(settings: PeerSettings, flash: bool) -> EngineConfig:
     )
 
 
-def _chatapp_decode(settings: PeerSettings, question: tuple[int, ...], repeats: int, flash: bool) -> float:
+def _chatapp_speeds(
+    settings: PeerSettings, prompts: list[tuple[int, ...]], question: tuple[int, ...], flash: bool
+) -> tuple[float, float]:
+    """One engine's median prefill speed over `prompts`, then its median decode speed over as many answers to
+    `question` (one model load for both)."""
     with closing(start_local_engine(_engine_config(settings, flash))) as engine:
-        speeds = []
-        for _ in range(repeats):
+        prefill = []
+        for prompt in prompts:
+            request = GenerationRequest(prompt, SamplingParams(temperature=0.0, max_tokens=1), use_cache=False)
+            prefill.append(len(prompt) / (engine.generate(request).wait().stats.ttft_ms / 1000))
+        decode = []
+        for _ in prompts:
             request = GenerationRequest(
                 question, SamplingParams(temperature=0.0, max_tokens=DECODE_TOKENS), use_cache=False
             )
             stats = engine.generate(request).wait().stats
-            speeds.append(_after_first(stats.generated_tokens, stats.ttft_ms, stats.total_ms))
-    return statistics.median(speeds)
+            decode.append(_after_first(stats.generated_tokens, stats.ttft_ms, stats.total_ms))
+    return statistics.median(prefill), statistics.median(decode)
 
 
-def _server_decode(settings: PeerSettings, server: Path, question: tuple[int, ...], repeats: int, flash: bool) -> float:
+def _server_speeds(
+    settings: PeerSettings, server: Path, prompts: list[tuple[int, ...]], question: tuple[int, ...], flash: bool
+) -> tuple[float, float]:
+    """The same from one llama-server (one start for both)."""
     peer = uncached_server(settings, server, flash_attention=flash)
     try:
-        speeds = []
-        for _ in range(repeats):
+        prefill = [len(prompt) / (peer.ask(prompt, 1).ttft_ms / 1000) for prompt in prompts]
+        decode = []
+        for _ in prompts:
             answer = peer.ask(question, DECODE_TOKENS)
             tokens = len(answer.token_ids) if answer.token_ids is not None else DECODE_TOKENS
-            speeds.append(_after_first(tokens, answer.ttft_ms, answer.total_ms))
+            decode.append(_after_first(tokens, answer.ttft_ms, answer.total_ms))
     finally:
         peer.close()
-    return statistics.median(speeds)
-
-
-def _chatapp_speed(settings: PeerSettings, prompts: list[tuple[int, ...]], flash: bool) -> float:
-    with closing(start_local_engine(_engine_config(settings, flash))) as engine:
-        speeds = []
-        for prompt in prompts:
-            request = GenerationRequest(prompt, SamplingParams(temperature=0.0, max_tokens=1), use_cache=False)
-            result = engine.generate(request).wait()
-            speeds.append(len(prompt) / (result.stats.ttft_ms / 1000))
-    return statistics.median(speeds)
-
-
-def _server_speed(settings: PeerSettings, server: Path, prompts: list[tuple[int, ...]], flash: bool) -> float:
-    peer = uncached_server(settings, server, flash_attention=flash)
-    try:
-        speeds = [len(prompt) / (peer.ask(prompt, 1).ttft_ms / 1000) for prompt in prompts]
-    finally:
-        peer.close()
-    return statistics.median(speeds)
+    return statistics.median(prefill), statistics.median(decode)
 
 
 def flash_advice(figures: PrefillFigures) -> str:
