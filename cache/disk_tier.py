@@ -25,11 +25,13 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
 import diskcache
+import numpy as np
 from diskcache.core import MODE_BINARY, MODE_PICKLE, MODE_RAW
 
 from cache.blocks import BlockInfo, RecordError, payload_checksum
@@ -210,29 +212,86 @@ def _read_file(path: Path, size: int) -> bytes | None:
         return None
 
 
+def _read_file_into(path: Path, target: memoryview) -> memoryview | None:
+    """The file read into `target` (its size exactly); None when it cannot be read. A file shorter or longer
+    than `target` gives a view of another size: damaged, as a read of `_read_file` would say."""
+    try:
+        with io.FileIO(path, "r") as file:
+            done = 0
+            while done < len(target) and (read := file.readinto(target[done:])):
+                done += read
+            longer = done == len(target) and file.read(1)
+    except OSError:
+        return None
+    return target if done == len(target) and not longer else target[: min(done, len(target) - 1)]
+
+
+Payload = bytes | memoryview
+
+
+@dataclasses.dataclass(frozen=True)
+class _Read:
+    """A payload as read, with its checksum where a reading thread took it (still in the cache, spread over
+    the threads): None for an inline payload, taken by the caller."""
+
+    payload: Payload
+    checksum: int | None = None
+
+    def sum(self) -> int:
+        return self.checksum if self.checksum is not None else payload_checksum(self.payload)
+
+
+def _checked(payload: Payload | None) -> _Read | None:
+    return _Read(payload, payload_checksum(payload)) if payload is not None else None
+
+
 def _read_payloads(
-    directories: dict[bool, Path], rows: Sequence[_Row | None], sizes: Sequence[int]
-) -> list[bytes | None]:
+    directories: dict[bool, Path],
+    rows: Sequence[_Row | None],
+    sizes: Sequence[int],
+    into: np.ndarray | None = None,
+) -> list[_Read | None]:
     """Each row's payload (None: none, refused, or its file gone), in the order of `rows`: inline ones from the
-    row, files READ_THREADS at a time (at most that many open)."""
-    payloads: list[bytes | None] = [None] * len(rows)
+    row, files READ_THREADS at a time (at most that many open).
+
+    With `into` (at least the sizes' sum), file payloads are read into it, side by side in the order of `rows`,
+    and given as views of it: reused memory takes no page faults (a fourth of the time of new memory, measured),
+    and pieces side by side assemble in long runs (state_format)."""
+    payloads: list[_Read | None] = [None] * len(rows)
     files: list[tuple[int, Path]] = []
     for number, row in enumerate(rows):
         if row is None or row.refused:
             continue
         if row.mode == MODE_RAW:
             assert isinstance(row.value, bytes)  # else refused
-            payloads[number] = row.value
+            payloads[number] = _Read(row.value)
         else:
             assert row.filename is not None  # else refused
             files.append((number, directories[row.pinned] / row.filename))
-    read: list[bytes | None] | None = None
+    if into is not None:
+        offsets = np.concatenate(([0], np.cumsum(sizes, dtype=np.int64)))
+        view = into.data
+
+        def read(item: tuple[int, Path]) -> _Read | None:
+            number, path = item
+            return _checked(_read_file_into(path, view[int(offsets[number]) : int(offsets[number + 1])]))
+    else:
+
+        def read(item: tuple[int, Path]) -> _Read | None:
+            return _checked(_read_file(item[1], sizes[item[0]]))
+
+    done: list[_Read | None] | None = None
+    reads: list[futures.Future[_Read | None]] = []
     if len(files) > 1:  # one block (`get`) wakes no thread
         with contextlib.suppress(RuntimeError):  # the pool is shut down (the interpreter exits): read here
-            read = list(_readers(READ_THREADS).map(lambda item: _read_file(item[1], sizes[item[0]]), files))
-    if read is None:
-        read = [_read_file(path, sizes[number]) for number, path in files]
-    for (number, _path), payload in zip(files, read, strict=True):
+            for item in files:
+                reads.append(_readers(READ_THREADS).submit(read, item))
+        futures.wait(reads)  # every read ends before a failure is raised or read again: none writes to `into` after
+        if len(reads) == len(files):
+            done = [future.result() for future in reads]
+    if done is None:
+        done = [read(item) for item in files]
+    for (number, _path), payload in zip(files, done, strict=True):
         payloads[number] = payload
     return payloads
 
@@ -457,28 +516,33 @@ class DiskTier:
 
     def get(self, info: BlockInfo) -> bytes | None:
         """The payload if present, intact and unexpired; a damaged or doubtful one is deleted."""
-        return self.get_many([info])[0]
+        payload = self.get_many([info])[0]
+        assert not isinstance(payload, memoryview)  # read into new memory: no `into`
+        return payload
 
-    def get_many(self, infos: Sequence[BlockInfo]) -> list[bytes | None]:
+    def get_many(self, infos: Sequence[BlockInfo], into: np.ndarray | None = None) -> list[Payload | None]:
         """The payloads of `infos`, each as `get` gives it (None where missing, damaged or doubtful; those rows
         are deleted), read with one query per store and READ_THREADS files at a time, and the kept ones marked
-        used (LRU) with their TTL renewed in one update.
+        used (LRU) with their TTL renewed in one update. With `into` (bytes for all of them), payloads in files
+        are read into it side by side (see _read_payloads), views valid while `into` is not written again.
         `infos` in the order a fetch wants them kept (first: kept longest), as `refresh` takes them."""
         if not self.enabled or not infos:
             return [None] * len(infos)
         rows = self._guarded(lambda: self._rows_of(infos), None)
         if rows is None:
             return [None] * len(infos)
-        payloads = _read_payloads(
+        reads = _read_payloads(
             {pinned: Path(self._store(pinned).directory) for pinned in (False, True)},
             rows,
             [info.payload_size for info in infos],
+            into,
         )
         now = self._clock()
         kept: list[tuple[BlockInfo, _Row]] = []
         dropped: list[tuple[BlockInfo, _Row]] = []
-        for info, row, payload in zip(infos, rows, payloads, strict=True):
-            if row is None or row.refused or payload is None:
+        payloads: list[Payload | None] = [None] * len(infos)
+        for number, (info, row, read) in enumerate(zip(infos, rows, reads, strict=True)):
+            if row is None or row.refused or read is None:
                 # Culled or expired since the index learnt of it, or a file gone under its row (culled just now);
                 # a refused row (a pickle, a file outside the folder) is dropped.
                 dropped.extend([(info, row)] if row is not None and row.refused else [])
@@ -487,19 +551,19 @@ class DiskTier:
             clock_went_back = (
                 row.expire_time is not None and row.expire_time - self.ttl_seconds > now + CLOCK_SLACK_SECONDS
             )
-            if len(payload) != info.payload_size or payload_checksum(payload) != info.checksum or clock_went_back:
+            if len(read.payload) != info.payload_size or read.sum() != info.checksum or clock_went_back:
                 dropped.append((info, row))
                 self._count(hit=False, expired=clock_went_back)
                 continue
             kept.append((info, row))
-            self._count(hit=True, read=len(payload))
+            payloads[number] = read.payload
+            self._count(hit=True, read=len(read.payload))
         for info, row in dropped:
             self._drop_row(row.pinned, info.key.hex())  # from the store it was found in
         names = [info.key.hex() for info, row in kept if not row.pinned]
         if names:
             self._guarded(lambda: self._mark_used(names), False)
-        keep = {id(info) for info, _row in kept}
-        return [payload if id(info) in keep else None for info, payload in zip(infos, payloads, strict=True)]
+        return payloads
 
     def _rows_of(self, infos: Sequence[BlockInfo]) -> list[_Row | None]:
         """Each entry's unexpired row in the store its record names (None: none there)."""

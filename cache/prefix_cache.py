@@ -18,7 +18,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
@@ -32,6 +32,7 @@ from cache.keys import BlockKey, as_token_array
 from cache.maintenance import add_totals, remember_memory
 from cache.namespace import Namespace
 from cache.ram_tier import RamTier
+from cache.read_arena import ReadArenas
 from cache.request_log import (
     DEFAULT_MAX_BYTES,
     LoggedRequest,
@@ -112,20 +113,35 @@ class CachedPrefix:
     checkpoint: BlockInfo | None
 
 
+@dataclass
+class _PendingCopies:
+    """Blocks a fetch read from disk into reused memory, for RAM to copy once the caller is done with them:
+    the fetch's entries deepest first, each with its view (None: served by RAM, only touched again)."""
+
+    order: list[tuple[BlockInfo, memoryview | None]]
+    arena: np.ndarray
+    handed: bool = False
+
+
 @dataclass(frozen=True)
 class FetchedPrefix:
     """The payloads of a cached prefix, its length, and the slowest tier they came from."""
 
     blocks: tuple[BlockInfo, ...]
-    payloads: tuple[bytes, ...]
+    payloads: tuple[bytes | memoryview, ...]  # views of reused memory among them: valid until `release`
     tokens: int
     checkpoint: bytes | None
     tier: ReuseTier
     prompt_tokens: tuple[int, ...]  # the prefix itself
+    copies: _PendingCopies | None = field(default=None, repr=False, compare=False)  # for PrefixCache.release
 
     @property
-    def pieces(self) -> list[tuple[int, bytes]]:
+    def pieces(self) -> list[tuple[int, bytes | memoryview]]:
         return [(block.tokens.size, payload) for block, payload in zip(self.blocks, self.payloads, strict=True)]
+
+
+def _own_bytes(payload: bytes | memoryview) -> bytes:
+    return payload if isinstance(payload, bytes) else bytes(payload)
 
 
 def place_of(info: BlockInfo) -> BlockPlace:
@@ -158,6 +174,7 @@ class PrefixCache:
         except OSError as error:  # a figure for `cache stats`; the disk tier says what is wrong
             log.warning("could not note the model's memory kind: %s", error)
         self._queue: queue.Queue[Callable[[], None] | None] = queue.Queue()  # the writer's work
+        self._arenas = ReadArenas()  # what restores read disk blocks into
         self._writer = threading.Thread(target=self._write_loop, name="chatapp-cache-writer", daemon=True)
         self._writer.start()
 
@@ -191,18 +208,34 @@ class PrefixCache:
         return CachedPrefix(end, blocks, checkpoint)
 
     def fetch(self, found: CachedPrefix, prompt: np.ndarray) -> FetchedPrefix | None:
-        """The payloads of a lookup's prefix from RAM, else disk (promoted to RAM).
+        """The payloads of a lookup's prefix from RAM, else disk (promoted to RAM once `release`d).
 
         A missing block shortens a plain model's prefix to the blocks before it; a model
         that needs its checkpoint gets nothing unless every block and the checkpoint are there.
         """
         if found.tokens == 0:
             return None
-        blocks: list[BlockInfo] = []
-        payloads: list[bytes] = []
-        tier = ReuseTier.RAM
         wanted = [*found.blocks, *((found.checkpoint,) if found.checkpoint is not None else ())]
-        read = self._payloads(wanted)
+        read, copies = self._payloads(wanted)
+        fetched = self._fetched(found, prompt, wanted, read)
+        if copies is None:
+            return fetched
+        if fetched is None:  # nothing holds the views: RAM copies them at once
+            self._hand_over(copies)
+            return None
+        return replace(fetched, copies=copies)
+
+    def _fetched(
+        self,
+        found: CachedPrefix,
+        prompt: np.ndarray,
+        wanted: list[BlockInfo],
+        read: list[tuple[bytes | memoryview | None, bool]],
+    ) -> FetchedPrefix | None:
+        """The prefix that `read` (the payloads of `wanted`) restores, if any."""
+        blocks: list[BlockInfo] = []
+        payloads: list[bytes | memoryview] = []
+        tier = ReuseTier.RAM
         served_by_ram: list[BlockInfo] = []
         for info, (payload, from_disk) in zip(wanted, read, strict=True):
             if payload is None:
@@ -215,7 +248,8 @@ class PrefixCache:
                 served_by_ram.append(info)
             blocks.append(info)
             payloads.append(payload)
-        checkpoint = payloads.pop() if found.checkpoint is not None else None
+        # A checkpoint outlives the fetch (the sequence keeps it for rewinds): its own bytes, not a view.
+        checkpoint = _own_bytes(payloads.pop()) if found.checkpoint is not None else None
         if found.checkpoint is not None:
             blocks.pop()
         if found.checkpoint is not None and found.checkpoint.extends is not None and checkpoint is not None:
@@ -237,6 +271,20 @@ class PrefixCache:
             self._queue.put(partial(self.disk.refresh, served_by_ram))
         prefix = tuple(int(token) for token in as_token_array(prompt)[:tokens])
         return FetchedPrefix(tuple(blocks), tuple(payloads), tokens, checkpoint, tier, prefix)
+
+    def release(self, fetched: FetchedPrefix) -> None:
+        """The caller is done with `fetched`'s payloads (loaded, or given up): what came from disk into reused
+        memory is copied into RAM now, on the writer thread, and that memory goes to the next restore. Not
+        before: the copies would slow the restore they follow. A fetch never released keeps its blocks on disk."""
+        if fetched.copies is not None:
+            self._hand_over(fetched.copies)
+
+    def _hand_over(self, copies: _PendingCopies) -> None:
+        """Queue RAM's copies of a fetch's blocks and the return of its buffer, once (the engine thread alone
+        hands over: no lock)."""
+        if not copies.handed:
+            copies.handed = True
+            self._queue.put(partial(self._promote, copies.order, copies.arena))
 
     def slowest_tier(self, found: CachedPrefix) -> ReuseTier:
         """Where a fetch of `found` would read from: RAM when every entry is there, else disk."""
@@ -288,28 +336,62 @@ class PrefixCache:
             self._forget(delta)
             return None, False
 
-    def _payloads(self, wanted: Sequence[BlockInfo]) -> list[tuple[bytes | None, bool]]:
+    def _payloads(
+        self, wanted: Sequence[BlockInfo]
+    ) -> tuple[list[tuple[bytes | memoryview | None, bool]], _PendingCopies | None]:
         """Each entry's payload and whether it came from disk: what RAM lacks is read from disk in one go.
 
         Recency is then refreshed deepest first, RAM hits and blocks promoted from disk in one order: the
         tiers' LRU must evict a prefix's last block before its first (a block without its parents cannot
         be restored). The disk marks its reads in the same order (`get_many`: the first kept longest).
+        Several blocks from disk are read into reused memory (read_arena.py) and given as views of it; RAM
+        copies them, and refreshes the order, once the caller releases the fetch (`release`).
         """
         on_disk = [info for info in wanted if info.key not in self.ram]
-        read: list[tuple[bytes | None, bool]] = []
+        arena = self._arenas.take(sum(info.payload_size for info in on_disk)) if len(on_disk) > 1 else None
+        read: list[tuple[bytes | memoryview | None, bool]] = []
+        order: list[tuple[BlockInfo, memoryview | None]] = []  # deepest first; None: in RAM now, touch it
         with self.disk.reading() if on_disk else contextlib.nullcontext():  # the disk's reads in one transaction
-            disk_read = dict(zip(map(id, on_disk), self.disk.get_many(on_disk), strict=True))
+            disk_read = dict(zip(map(id, on_disk), self.disk.get_many(on_disk, arena), strict=True))
             for info in reversed(wanted):
                 if id(info) not in disk_read:
                     read.append(self._payload(info))  # from RAM (from disk if RAM let it go meanwhile)
+                    order.append((info, None))
                     continue
                 payload = disk_read[id(info)]
                 if payload is None:
                     self._forget(info)
+                elif isinstance(payload, memoryview):
+                    order.append((info, payload))
                 else:
-                    self.ram.put(info.key, payload, pinned=info.pinned, place=place_of(info), checksum=info.checksum)
+                    self._keep_in_ram(info, payload)
+                    order.append((info, None))
                 read.append((payload, payload is not None))
-        return read[::-1]
+        return read[::-1], _PendingCopies(order, arena) if arena is not None else None
+
+    def _keep_in_ram(self, info: BlockInfo, payload: bytes) -> None:
+        self.ram.put(info.key, payload, pinned=info.pinned, place=place_of(info), checksum=info.checksum)
+
+    def _promote(self, order: list[tuple[BlockInfo, memoryview | None]], arena: np.ndarray) -> None:
+        """On the writer thread, after a fetch read blocks into `arena`: RAM's copies of them, and the recency of
+        the fetch's blocks in its order (see _payloads); then the arena is free for the next restore."""
+        try:
+            for info, view in order:
+                if view is None:
+                    self.ram.touch(info.key)
+                    continue
+                with self._lock:  # forgotten, stored again or pinned since the fetch: as the index says now
+                    current = self.index.get(info.key)
+                if current is None or current.checksum != info.checksum:
+                    continue
+                payload = bytes(view)
+                # A guard: the buffer is this job's until given back, so the bytes are those checked when read.
+                if payload_checksum(payload) != info.checksum:
+                    log.warning("a block read from disk changed before it reached RAM; not kept")
+                    continue
+                self._keep_in_ram(current, payload)
+        finally:
+            self._arenas.give(arena)
 
     def _payload(self, info: BlockInfo) -> tuple[bytes | None, bool]:
         """An entry's payload and whether it came from disk; a lost entry is forgotten."""
@@ -320,7 +402,7 @@ class PrefixCache:
         if payload is None:
             self._forget(info)
             return None, False
-        self.ram.put(info.key, payload, pinned=info.pinned, place=place_of(info), checksum=info.checksum)
+        self._keep_in_ram(info, payload)
         return payload, True
 
     @property

@@ -85,6 +85,16 @@ class RamTier:
             self.counters.bytes_read += len(slot.payload)
             return slot.payload
 
+    def touch(self, key: BlockKey) -> None:
+        """Make a kept block the most recently used and renew its TTL, as `get` does, without counting a hit."""
+        now = self._clock()
+        with self._lock:
+            slot = self._slots.get(key)
+            if slot is None or (not slot.pinned and slot.expires_at <= now):
+                return
+            slot.expires_at = now + self.ttl_seconds
+            self.policy.touch(key, now)
+
     def put(
         self,
         key: BlockKey,

@@ -642,20 +642,84 @@ def _write_uniform_layers(
         )
         v_cell = layer.v_row
 
+    runs = _adjacent_runs(pieces)
+
     def copy_layers(layers: slice) -> None:
         cell = 0
-        for use, n_cells, payload in pieces:
-            data = np.frombuffer(payload, dtype=np.uint8)
-            k_bytes = count * n_cells * layer.k_row
-            piece_keys = data[:k_bytes].reshape(count, n_cells * layer.k_row)
-            keys[layers, cell * layer.k_row : (cell + use) * layer.k_row] = piece_keys[layers, : use * layer.k_row]
-            piece_values = data[k_bytes:].reshape(count, values.shape[1], n_cells * v_cell)
-            values[layers, :, cell * v_cell : (cell + use) * v_cell] = piece_values[layers, :, : use * v_cell]
-            cell += use
+        for run, use, n_cells in runs:
+            k_width, v_width = n_cells * layer.k_row, n_cells * v_cell
+            k_bytes = count * k_width
+            if len(run) == 1:  # plain views: as_strided's cost, paid per piece, would match the copy's
+                data = run[0]
+                keys[layers, cell * layer.k_row : (cell + use) * layer.k_row] = data[:k_bytes].reshape(count, k_width)[
+                    layers, : use * layer.k_row
+                ]
+                piece_values = data[k_bytes:].reshape(count, values.shape[1], v_width)
+                values[layers, :, cell * v_cell : (cell + use) * v_cell] = piece_values[layers, :, : use * v_cell]
+            else:  # whole pieces of one size: one copy in the target's order
+                target_keys = _split_columns(keys, cell * layer.k_row, len(run), k_width)
+                target_keys[layers] = _run_view(run, (count, k_width), 0)[layers]
+                target_values = _split_columns(values, cell * v_cell, len(run), v_width)
+                run_values = _run_view(run, (count, values.shape[1], v_width), k_bytes)
+                target_values[layers] = run_values.transpose(0, 2, 1, 3)[layers]
+            cell += use * len(run)
 
-    # Only a transposed V pays per run; other copies are bound by memory, where threads only contend.
-    in_parallel(copy_layers, count, total * layout.bytes_per_cell if layout.v_trans else 0)
+    # The copies run in the target's order, whole rows at a time, where pieces lie side by side in one buffer
+    # (read from disk together); a transposed V from scattered pieces pays per 128-byte run: over the cores.
+    parallel = layout.v_trans or len(runs) < len(pieces)
+    in_parallel(copy_layers, count, total * layout.bytes_per_cell if parallel else 0)
     return v_offset + count * v_stride
+
+
+def _adjacent_runs(
+    pieces: Sequence[tuple[int, int, bytes | memoryview]],
+) -> list[tuple[list[np.ndarray], int, int]]:
+    """The pieces as runs (arrays, cells used of each, cells of each): whole pieces of one size, views of one
+    buffer (read from disk together), each starting where the one before starts plus one constant stride,
+    share a run; any other piece is alone."""
+    runs: list[tuple[list[np.ndarray], int, int]] = []
+    owners: list[object] = []  # the buffer each run's pieces are views of (None: not a view)
+    stride = 0
+    for use, n_cells, payload in pieces:
+        data = np.frombuffer(payload, dtype=np.uint8)
+        owner = payload.obj if isinstance(payload, memoryview) else None
+        if runs:
+            run, run_use, run_cells = runs[-1]
+            step = _address(data) - _address(run[-1])
+            joins = owner is not None and owner is owners[-1] and use == n_cells == run_use == run_cells
+            if joins and data.size == run[0].size and step >= data.size and (len(run) == 1 or step == stride):
+                stride = step
+                run.append(data)
+                continue
+        runs.append(([data], use, n_cells))
+        owners.append(owner)
+    return runs
+
+
+def _address(data: np.ndarray) -> int:
+    return int(data.__array_interface__["data"][0])
+
+
+def _run_view(run: list[np.ndarray], shape: tuple[int, ...], offset: int) -> np.ndarray:
+    """The run's pieces from byte `offset` on as one array: shape[0] (layers) first, then the pieces, then
+    the rest of `shape`, without a copy."""
+    first = run[0][offset:]
+    stride = _address(run[1]) - _address(run[0])  # runs of one piece are copied without this view
+    inner = [int(np.prod(shape[index + 1 :])) for index in range(len(shape))]
+    return np.lib.stride_tricks.as_strided(
+        first, shape=(shape[0], len(run), *shape[1:]), strides=(inner[0], stride, *inner[1:]), writeable=False
+    )
+
+
+def _split_columns(target: np.ndarray, start: int, parts: int, width: int) -> np.ndarray:
+    """Columns [start, start + parts * width) of every row of `target` as (..., parts, width), without a copy."""
+    columns = target[..., start : start + parts * width]
+    return np.lib.stride_tricks.as_strided(
+        columns,
+        shape=(*columns.shape[:-1], parts, width),
+        strides=(*columns.strides[:-1], width * columns.strides[-1], columns.strides[-1]),
+        writeable=True,
+    )
 
 
 # A copy of pieces is many short runs (a transposed V row gets 2 bytes a cell from each block), each

@@ -190,7 +190,12 @@ class KVPlacer:
                 reading = time.perf_counter()
                 fetched = self.cache.fetch(found, array)
                 read = (reading - looking, time.perf_counter() - reading)
-                restored = self._restore(target, fetched, read) if fetched is not None else None
+                restored = None
+                if fetched is not None:
+                    try:
+                        restored = self._restore(target, fetched, read)
+                    finally:
+                        self.cache.release(fetched)  # loaded (or given up): RAM may copy what came from disk
                 if restored is not None and restored.reused_tokens > keepable:
                     return probed(self._noted(restored, restored.tier.value))
                 if target == resident_sequence:

@@ -387,6 +387,48 @@ def test_a_restore_reads_its_blocks_at_once_as_each_read_alone_would(
     tier.close()
 
 
+def payload_file(tier: DiskTier, info: BlockInfo) -> Path:
+    (filename,) = tier._store(False)._sql("SELECT filename FROM Cache WHERE key = ?", (info.key.hex(),)).fetchone()
+    return Path(tier._store(False).directory) / str(filename)
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_a_restore_reads_files_into_one_buffer_side_by_side(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, threads: int
+) -> None:
+    """Given a buffer, the files are read into it in the order asked, each after the space of the ones before,
+    and come back as views of it; an inline payload comes from its row; a file cut short or grown longer is
+    damaged as in a read into new memory: None, and its row deleted."""
+    monkeypatch.setattr("cache.disk_tier.READ_THREADS", threads)
+    tier = DiskTier(tmp_path, 1 << 24, TTL, NAMESPACE)
+    payloads = {key: bytes([key]) * (40_000 + key) for key in (1, 2, 3, 4, 5)}
+    payloads[6] = b"s" * 100  # kept in the database
+    infos = {key: block(key, payload) for key, payload in payloads.items()}
+    for key, info in infos.items():
+        assert tier.put(info, payloads[key])
+    with payload_file(tier, infos[3]).open("r+b") as cut:
+        cut.truncate(1_000)
+    with payload_file(tier, infos[4]).open("ab") as grown:
+        grown.write(b"x")
+    asked = [infos[key] for key in (1, 6, 3, 4, 2, 5)]
+    into = np.zeros(sum(info.payload_size for info in asked) + 7, dtype=np.uint8)
+    got = tier.get_many(asked, into)
+    assert got == [payloads[1], payloads[6], None, None, payloads[2], payloads[5]]
+    offsets = np.cumsum([0, *(info.payload_size for info in asked)])
+    for number in (0, 4, 5):
+        view = got[number]
+        assert isinstance(view, memoryview)
+        start = int(offsets[number])
+        assert np.shares_memory(np.frombuffer(view, dtype=np.uint8), into[start : start + len(view)])
+        assert into[start : start + len(view)].tobytes() == payloads[asked[number].key[0]]
+    assert isinstance(got[1], bytes)
+    assert tier.get_many([infos[3], infos[4]]) == [None, None]
+    assert tier._store(False)._sql(
+        "SELECT COUNT(*) FROM Cache WHERE key IN (?, ?)", (infos[3].key.hex(), infos[4].key.hex())
+    ).fetchone() == (0,)
+    tier.close()
+
+
 def test_a_restore_reads_as_many_files_at_once_as_it_has_threads(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

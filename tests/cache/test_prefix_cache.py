@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import pickle
 import sqlite3
+import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import pytest
 from cache.blocks import payload_checksum
 from cache.memory_kinds import MemoryKind, PlainMemory, memory_of
 from cache.namespace import Namespace
-from cache.prefix_cache import CacheConfig, PrefixCache
+from cache.prefix_cache import CacheConfig, FetchedPrefix, PrefixCache
 from cache.state_format import MemoryLayout, assemble_state, extract_piece, parse_state
 from tests.cache.state_factory import make_state, small_layout
 
@@ -45,6 +46,8 @@ def restored_state(cache: PrefixCache, prompt: list[int]) -> tuple[bytes, int, s
     assert fetched is not None
     assert fetched.prompt_tokens == tuple(prompt[: fetched.tokens])
     state = assemble_state(LAYOUT, fetched.pieces, 0, cells=fetched.tokens)
+    cache.release(fetched)  # as the engine does once loaded: RAM copies what came from disk
+    cache.flush()
     return state.tobytes(), fetched.tokens, fetched.tier
 
 
@@ -73,6 +76,75 @@ def test_after_a_restart_blocks_come_from_disk(tmp_path: Path) -> None:
     assert tier == "disk"
     assert restored_state(again, TOKENS)[2] == "ram"  # promoted
     again.close()
+
+
+def fetched_from_disk(cache: PrefixCache, prompt: list[int]) -> FetchedPrefix:
+    found = cache.lookup(np.asarray(prompt))
+    fetched = cache.fetch(found, np.asarray(prompt))
+    assert fetched is not None
+    assert fetched.tier == "disk"
+    return fetched
+
+
+def test_blocks_read_from_disk_are_views_of_reused_memory_until_ram_copies_them(tmp_path: Path) -> None:
+    """A restore reads its disk blocks side by side into one buffer and hands out views of it; the writer thread
+    then keeps copies in RAM and frees the buffer, which the next restore from disk reads into again. While a
+    copy is pending, another restore reads into other memory: the views still hold their blocks."""
+    cache = open_cache(tmp_path)
+    blob = store_sequence(cache, TOKENS)
+    other = [7, 8, 9, 10, 11, 12, 13, 14]
+    other_blob = store_sequence(cache, other, seed=1)
+    cache.ram.clear()
+    first = fetched_from_disk(cache, TOKENS)
+    assert all(isinstance(payload, memoryview) for payload in first.payloads)
+    read = [bytes(payload) for payload in first.payloads]
+    cache.flush()
+    assert not any(info.key in cache.ram for info in first.blocks)  # in RAM only once released
+    memory = np.frombuffer(first.payloads[0], dtype=np.uint8)
+    cache.release(first)
+    cache.flush()
+    assert [cache.ram.get(info.key) for info in first.blocks] == read
+    cache.ram.clear()
+    again = fetched_from_disk(cache, TOKENS)
+    assert np.shares_memory(np.frombuffer(again.payloads[0], dtype=np.uint8), memory)  # reused
+    held = threading.Event()
+
+    def hold_the_writer() -> None:
+        held.wait()
+
+    cache._queue.put(hold_the_writer)  # the writer is busy: the copies of `again` wait
+    read_again = [bytes(payload) for payload in again.payloads]
+    cache.release(again)
+    cache.ram.clear()
+    meanwhile = fetched_from_disk(cache, other)
+    cache.release(meanwhile)
+    assert not np.shares_memory(np.frombuffer(meanwhile.payloads[0], dtype=np.uint8), memory)
+    assert assemble_state(LAYOUT, again.pieces, 0, cells=again.tokens).tobytes() == blob
+    assert assemble_state(LAYOUT, meanwhile.pieces, 0, cells=meanwhile.tokens).tobytes() == other_blob
+    held.set()
+    cache.flush()
+    assert [cache.ram.get(info.key) for info in again.blocks] == read_again
+    cache.close()
+
+
+def test_ram_copies_what_the_index_holds_when_released_as_it_holds_it(tmp_path: Path) -> None:
+    """Between a fetch and its release, a block may be forgotten, or pinned: RAM keeps no forgotten block
+    and keeps a pinned one as pinned (never evicted)."""
+    cache = open_cache(tmp_path)
+    store_sequence(cache, TOKENS)
+    cache.ram.clear()
+    fetched = fetched_from_disk(cache, TOKENS)
+    assert cache.pin(TOKENS) == 3
+    cache.release(fetched)
+    cache.flush()
+    assert all(cache.ram._slots[info.key].pinned for info in fetched.blocks)
+    cache.ram.clear()
+    forgotten = fetched_from_disk(cache, TOKENS)
+    cache.clear()
+    cache.release(forgotten)
+    cache.flush()
+    assert not any(info.key in cache.ram for info in forgotten.blocks)
+    cache.close()
 
 
 def test_shared_prefixes_are_stored_once_and_partials_superseded(tmp_path: Path) -> None:

@@ -104,6 +104,8 @@ class Harness:
         state = assemble_state(
             self.model.layout, fetched.pieces, dest, cells=fetched.tokens, checkpoint=fetched.checkpoint
         )
+        self.cache.release(fetched)  # as the engine does once loaded: RAM copies what came from disk
+        self.cache.flush()
         return state.tobytes(), fetched.tokens, fetched.tier
 
     def close(self) -> None:

@@ -161,6 +161,47 @@ def test_uniform_layers_assemble_alike_in_a_reused_buffer(
     assert np.shares_memory(first, again)  # the same memory, written again
 
 
+def side_by_side(pieces: list[tuple[int, bytes]], gap: int) -> list[tuple[int, memoryview]]:
+    """The pieces copied into one buffer, each `gap` bytes after the one before ends (as a disk restore reads
+    them), as views of that buffer."""
+    buffer = bytearray(sum(len(payload) + gap for _, payload in pieces))
+    views, offset = [], 0
+    for n_cells, payload in pieces:
+        buffer[offset : offset + len(payload)] = payload
+        views.append((n_cells, memoryview(buffer)[offset : offset + len(payload)]))
+        offset += len(payload) + gap
+    return views
+
+
+@pytest.mark.parametrize("v_trans", [False, True])
+@pytest.mark.parametrize("cells", [4, 10, 12, 14])
+@pytest.mark.parametrize("gap", [0, 5])
+@pytest.mark.parametrize("threads", [1, 3], ids=["one thread", "layers split between threads"])
+def test_pieces_side_by_side_in_one_buffer_assemble_as_scattered_ones(
+    v_trans: bool, cells: int, gap: int, threads: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pieces read into one buffer are copied as one array per run of whole pieces of one size: the same bytes
+    as from pieces anywhere, with a partly used last piece, a shorter one, and a piece from elsewhere between."""
+    monkeypatch.setattr(state_format, "PARALLEL_COPY_BYTES", 0 if threads > 1 else 1 << 40)
+    monkeypatch.setattr(state_format, "_COPY_WORKERS", threads)
+    model = SyntheticModel(PLAIN, base=small_layout(v_trans, n_layer=4, uniform=True))
+    sequence = SyntheticSequence(model, 14, seed=cells + gap)
+    pieces = pieces_of(sequence.state(14), [0, 3, 6, 9, 12, 14])
+    expected = sequence.state(cells, seq_id=1)
+    in_one = side_by_side(pieces, gap)
+    runs = state_format._adjacent_runs([(n_cells, n_cells, payload) for n_cells, payload in in_one])
+    assert [len(run) for run, _, _ in runs] == [4, 1]  # four pieces of 3 cells, then the one of 2
+    assert assemble_state(model.layout, in_one, 1, cells=cells).tobytes() == expected
+    mixed: list[tuple[int, bytes | memoryview]] = [*in_one[:2], pieces[2], *in_one[3:]]  # one from RAM between
+    runs = state_format._adjacent_runs([(n_cells, n_cells, payload) for n_cells, payload in mixed])
+    assert [len(run) for run, _, _ in runs] == [2, 1, 1, 1]
+    assert assemble_state(model.layout, mixed, 1, cells=cells).tobytes() == expected
+    elsewhere = side_by_side(pieces[3:4], gap)  # the same size at the same stride by chance, in another buffer
+    apart = [*in_one[:3], *elsewhere]
+    runs = state_format._adjacent_runs([(n_cells, n_cells, payload) for n_cells, payload in apart])
+    assert [len(run) for run, _, _ in runs] == [3, 1]
+
+
 def test_a_state_buffer_gives_fresh_memory_past_its_limit() -> None:
     buffer = StateBuffer(max_bytes=100)
     small, large = buffer.take(80), buffer.take(200)
