@@ -7,27 +7,32 @@ model, context and threads; the speed is prompt tokens over the time to the firs
 chatapp's flash-attention mode makes every batch 64 tokens or more (batching.py), which keeps
 its restores exact; llama-server's default is flash attention on where the device has it.
 The decode row is answer tokens after the first over the time after the first (each side's own
-count: a greedy answer to a question that asks for a long one), flash attention off and on, turn by
-turn; its goal is judged with it off in both. Which setting is faster depends on the CPU's kernels
-and varies from one day to the next on a shared machine (on one Xeon, chatapp's prefill with flash
-attention on was 1.32x as fast with AVX2 kernels, 0.96x and 1.13x on two days with AVX-512 ones): the
-table tells a user whether `flash_attention = true` pays on their machine and model in this run.
+count: a greedy answer to a question that asks for a long one), flash attention off and on; its goal is
+judged with it off in both. Both sides are open together for each setting and asked in turns, request
+by request, prompts and answers alike: a run's drifting load then falls on both. Which setting is
+faster depends on the CPU's kernels and varies from one day to the next on a shared machine (on one
+Xeon, chatapp's prefill with flash attention on was 1.32x as fast with AVX2 kernels, 0.96x and 1.13x
+on two days with AVX-512 ones): the table tells a user whether `flash_attention = true` pays on their
+machine and model in this run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from contextlib import closing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from chatapp.benchmark.goals import Verdict, decode_verdict, prefill_verdicts
-from chatapp.benchmark.llama_server import uncached_server
+from chatapp.benchmark.llama_server import LlamaServerPeer, uncached_server
 from chatapp.benchmark.peers import PeerSettings
 from chatapp.benchmark.workloads import PromptKit
 from chatapp.engine.batching import FLASH_ATTENTION_ROWS
+from chatapp.engine.contract import LocalEngine
+from chatapp.engine.events import GenerationStats
 from chatapp.engine.opening import EngineConfig, start_local_engine
 from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.prompting.prompt import ChatMessage
@@ -37,8 +42,8 @@ PREFILL_NAME = "P"
 DECODE_TOKENS = 128  # answer tokens per decode measurement
 DECODE_QUESTION = "Write a long story about a lighthouse keeper and the sea."
 # The table suggests flash attention where it is at least FLASH_WORTH as fast in prefill or decode and
-# keeps at least FLASH_LOSS_ALLOWED of its speed in the other: one run's noise is several percent (the rows are not
-# alternated answer by answer), and the gain must pay for the prompt tokens it computes again.
+# keeps at least FLASH_LOSS_ALLOWED of its speed in the other: one run's noise is several percent (the two settings
+# are measured one after the other), and the gain must pay for the prompt tokens it computes again.
 FLASH_WORTH = 1.10
 FLASH_LOSS_ALLOWED = 0.97
 
@@ -71,13 +76,9 @@ def measure_prefill(
     decode: dict[str, float] = {}
     for flash in (False, True):
         suffix = " flash" if flash else ""
-        speeds[f"chatapp{suffix}"], decode[f"chatapp{suffix}"] = _chatapp_speeds(
-            settings, prompts[:repeats], question, flash
-        )
-        if server is not None:
-            speeds[f"llama-server{suffix}"], decode[f"llama-server{suffix}"] = _server_speeds(
-                settings, server, prompts[repeats:], question, flash
-            )
+        measured = _side_by_side(settings, server, prompts, question, flash)
+        for side, (prefill, decoding) in measured.items():
+            speeds[f"{side}{suffix}"], decode[f"{side}{suffix}"] = prefill, decoding
     return PrefillFigures(len(prompts[0]), repeats, speeds, time.perf_counter() - started, decode)
 
 
@@ -99,41 +100,74 @@ def _engine_config(settings: PeerSettings, flash: bool) -> EngineConfig:
     )
 
 
-def _chatapp_speeds(
-    settings: PeerSettings, prompts: list[tuple[int, ...]], question: tuple[int, ...], flash: bool
-) -> tuple[float, float]:
-    """One engine's median prefill speed over `prompts`, then its median decode speed over as many answers to
-    `question` (one model load for both)."""
-    with closing(start_local_engine(_engine_config(settings, flash))) as engine:
-        prefill = []
-        for prompt in prompts:
-            request = GenerationRequest(prompt, SamplingParams(temperature=0.0, max_tokens=1), use_cache=False)
-            prefill.append(len(prompt) / (engine.generate(request).wait().stats.ttft_ms / 1000))
-        decode = []
-        for _ in prompts:
-            request = GenerationRequest(
-                question, SamplingParams(temperature=0.0, max_tokens=DECODE_TOKENS), use_cache=False
-            )
-            stats = engine.generate(request).wait().stats
-            decode.append(_after_first(stats.generated_tokens, stats.ttft_ms, stats.total_ms))
-    return statistics.median(prefill), statistics.median(decode)
+class _Side(Protocol):
+    def prefill(self, prompt: tuple[int, ...]) -> float: ...
+    def decode(self, question: tuple[int, ...]) -> float: ...
 
 
-def _server_speeds(
-    settings: PeerSettings, server: Path, prompts: list[tuple[int, ...]], question: tuple[int, ...], flash: bool
-) -> tuple[float, float]:
-    """The same from one llama-server (one start for both)."""
-    peer = uncached_server(settings, server, flash_attention=flash)
-    try:
-        prefill = [len(prompt) / (peer.ask(prompt, 1).ttft_ms / 1000) for prompt in prompts]
-        decode = []
-        for _ in prompts:
-            answer = peer.ask(question, DECODE_TOKENS)
-            tokens = len(answer.token_ids) if answer.token_ids is not None else DECODE_TOKENS
-            decode.append(_after_first(tokens, answer.ttft_ms, answer.total_ms))
-    finally:
-        peer.close()
-    return statistics.median(prefill), statistics.median(decode)
+class _ChatappSide:
+    """chatapp's engine: prompt tokens per second of a prompt, answer tokens per second after the first.
+
+    Each request returns once the engine is idle again: after an answer it computes the answer's tokens
+    again in prompt batches (a third of a second on both cores for 128 tokens here), which would otherwise
+    run during llama-server's turn and slow it (measured: 74-80 against 100-125 tokens/s)."""
+
+    def __init__(self, engine: LocalEngine) -> None:
+        self.engine = engine
+
+    def prefill(self, prompt: tuple[int, ...]) -> float:
+        request = GenerationRequest(prompt, SamplingParams(temperature=0.0, max_tokens=1), use_cache=False)
+        return len(prompt) / (self._stats(request).ttft_ms / 1000)
+
+    def decode(self, question: tuple[int, ...]) -> float:
+        sampling = SamplingParams(temperature=0.0, max_tokens=DECODE_TOKENS)
+        stats = self._stats(GenerationRequest(question, sampling, use_cache=False))
+        return _after_first(stats.generated_tokens, stats.ttft_ms, stats.total_ms)
+
+    def _stats(self, request: GenerationRequest) -> GenerationStats:
+        stats = self.engine.generate(request).wait().stats
+        self.engine.flush_cache()  # idle again (see above)
+        return stats
+
+
+class _ServerSide:
+    """The same from llama-server."""
+
+    def __init__(self, peer: LlamaServerPeer) -> None:
+        self.peer = peer
+
+    def prefill(self, prompt: tuple[int, ...]) -> float:
+        return len(prompt) / (self.peer.ask(prompt, 1).ttft_ms / 1000)
+
+    def decode(self, question: tuple[int, ...]) -> float:
+        answer = self.peer.ask(question, DECODE_TOKENS)
+        tokens = len(answer.token_ids) if answer.token_ids is not None else DECODE_TOKENS
+        return _after_first(tokens, answer.ttft_ms, answer.total_ms)
+
+
+def _side_by_side(
+    settings: PeerSettings, server: Path | None, prompts: list[tuple[int, ...]], question: tuple[int, ...], flash: bool
+) -> dict[str, tuple[float, float]]:
+    """Each side's median prefill speed (each its own half of `prompts`) and median decode speed, one engine and
+    one llama-server (when built) open together and asked in turns, request by request: the machine's load
+    drifts within a run as much as the gap the decode goal judges."""
+    repeats = len(prompts) // 2
+    with contextlib.ExitStack() as stack:
+        engine = stack.enter_context(closing(start_local_engine(_engine_config(settings, flash))))
+        sides: dict[str, _Side] = {"chatapp": _ChatappSide(engine)}
+        if server is not None:
+            peer = uncached_server(settings, server, flash_attention=flash)
+            stack.callback(peer.close)
+            sides["llama-server"] = _ServerSide(peer)
+        prefill: dict[str, list[float]] = {name: [] for name in sides}
+        decode: dict[str, list[float]] = {name: [] for name in sides}
+        for repeat in range(repeats):
+            for number, (name, side) in enumerate(sides.items()):
+                prefill[name].append(side.prefill(prompts[number * repeats + repeat]))
+        for _ in range(repeats):
+            for name, side in sides.items():
+                decode[name].append(side.decode(question))
+    return {name: (statistics.median(prefill[name]), statistics.median(decode[name])) for name in sides}
 
 
 def flash_advice(figures: PrefillFigures) -> str:

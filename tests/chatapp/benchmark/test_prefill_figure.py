@@ -6,8 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from chatapp.benchmark.peers import PeerSettings
+from chatapp.benchmark import prefill_figure
+from chatapp.benchmark.peers import PeerAnswer, PeerSettings
 from chatapp.benchmark.prefill_figure import PrefillFigures, measure_prefill, prefill_figure_verdicts, prefill_table
+from chatapp.engine.contract import LocalEngine
+from chatapp.engine.handle import GenerationHandle
+from chatapp.engine.opening import EngineConfig, start_local_engine
+from chatapp.engine.requests import GenerationRequest
 from tests.chatapp.benchmark.figure_support import measured
 
 
@@ -21,6 +26,63 @@ def test_chatapp_prefill_is_measured_with_flash_attention_off_and_on(tiny_model:
     assert set(figures.decode_tokens_per_s) == {"chatapp", "chatapp flash"}
     assert all(speed > 0 for speed in figures.decode_tokens_per_s.values()), "one stream's answer tokens per second"
     assert prefill_figure_verdicts(figures) == []  # no yardstick without llama-server
+
+
+class RecordingServer:
+    """Stands in for llama-server's process: answers at once, and notes each request in the shared log."""
+
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+        self.closed = False
+
+    def ask(self, prompt_tokens: tuple[int, ...], max_tokens: int) -> PeerAnswer:
+        self.log.append(f"server {'prefill' if max_tokens == 1 else 'decode'}")
+        return PeerAnswer("", tuple(range(max_tokens)), 10.0, 10.0 + max_tokens, len(prompt_tokens), 0)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.mark.slow
+def test_both_sides_are_asked_in_turns_and_chatapp_is_idle_before_the_servers_turn(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Prompts alternate between the sides, then answers do; each chatapp request has left its engine idle
+    (the answer's recompute done) before llama-server is asked."""
+    log: list[str] = []
+    servers: list[RecordingServer] = []
+
+    def server(*_args: object, **_kwargs: object) -> RecordingServer:
+        servers.append(RecordingServer(log))
+        return servers[-1]
+
+    monkeypatch.setattr(prefill_figure, "uncached_server", server)
+    start_engine = start_local_engine
+
+    def noted_engine(config: EngineConfig) -> LocalEngine:
+        engine = start_engine(config)
+        generate, flush = engine.generate, engine.flush_cache
+
+        def noted_generate(request: GenerationRequest) -> GenerationHandle:
+            log.append(f"chatapp {'prefill' if request.sampling.max_tokens == 1 else 'decode'}")
+            return generate(request)
+
+        def noted_flush() -> None:
+            flush()
+            log.append("chatapp idle")
+
+        monkeypatch.setattr(engine, "generate", noted_generate)
+        monkeypatch.setattr(engine, "flush_cache", noted_flush)
+        return engine
+
+    monkeypatch.setattr(prefill_figure, "start_local_engine", noted_engine)
+    settings = PeerSettings(model_path=tiny_model, context=512, threads=1)
+    figures = measured(measure_prefill, settings, Path("llama-server"), prompt_tokens=80, repeats=2)
+    turns = ["chatapp prefill", "chatapp idle", "server prefill"] * 2
+    turns += ["chatapp decode", "chatapp idle", "server decode"] * 2
+    assert log == turns * 2  # flash attention off, then on
+    assert [server.closed for server in servers] == [True, True]
+    assert set(figures.decode_tokens_per_s) == {"chatapp", "llama-server", "chatapp flash", "llama-server flash"}
 
 
 def test_the_verdicts_compare_each_mode_with_llama_servers_flash_attention() -> None:
