@@ -229,20 +229,11 @@ def _read_file_into(path: Path, target: memoryview) -> memoryview | None:
 Payload = bytes | memoryview
 
 
-@dataclasses.dataclass(frozen=True)
-class _Read:
-    """A payload as read, with its checksum where a reading thread took it (still in the cache, spread over
-    the threads): None for an inline payload, taken by the caller."""
-
-    payload: Payload
-    checksum: int | None = None
-
-    def sum(self) -> int:
-        return self.checksum if self.checksum is not None else payload_checksum(self.payload)
+Checked = tuple[Payload, int]  # a payload as read, and its checksum (taken by the thread that read it)
 
 
-def _checked(payload: Payload | None) -> _Read | None:
-    return _Read(payload, payload_checksum(payload)) if payload is not None else None
+def _checked(payload: Payload | None) -> Checked | None:
+    return (payload, payload_checksum(payload)) if payload is not None else None
 
 
 def _read_payloads(
@@ -250,21 +241,21 @@ def _read_payloads(
     rows: Sequence[_Row | None],
     sizes: Sequence[int],
     into: np.ndarray | None = None,
-) -> list[_Read | None]:
+) -> list[Checked | None]:
     """Each row's payload (None: none, refused, or its file gone), in the order of `rows`: inline ones from the
     row, files READ_THREADS at a time (at most that many open).
 
     With `into` (at least the sizes' sum), file payloads are read into it, side by side in the order of `rows`,
     and given as views of it: reused memory takes no page faults (a fourth of the time of new memory, measured),
     and pieces side by side assemble in long runs (state_format)."""
-    payloads: list[_Read | None] = [None] * len(rows)
+    payloads: list[Checked | None] = [None] * len(rows)
     files: list[tuple[int, Path]] = []
     for number, row in enumerate(rows):
         if row is None or row.refused:
             continue
         if row.mode == MODE_RAW:
             assert isinstance(row.value, bytes)  # else refused
-            payloads[number] = _Read(row.value)
+            payloads[number] = _checked(row.value)
         else:
             assert row.filename is not None  # else refused
             files.append((number, directories[row.pinned] / row.filename))
@@ -272,16 +263,16 @@ def _read_payloads(
         offsets = np.concatenate(([0], np.cumsum(sizes, dtype=np.int64)))
         view = into.data
 
-        def read(item: tuple[int, Path]) -> _Read | None:
+        def read(item: tuple[int, Path]) -> Checked | None:
             number, path = item
             return _checked(_read_file_into(path, view[int(offsets[number]) : int(offsets[number + 1])]))
     else:
 
-        def read(item: tuple[int, Path]) -> _Read | None:
+        def read(item: tuple[int, Path]) -> Checked | None:
             return _checked(_read_file(item[1], sizes[item[0]]))
 
-    done: list[_Read | None] | None = None
-    reads: list[futures.Future[_Read | None]] = []
+    done: list[Checked | None] | None = None
+    reads: list[futures.Future[Checked | None]] = []
     if len(files) > 1:  # one block (`get`) wakes no thread
         with contextlib.suppress(RuntimeError):  # the pool is shut down (the interpreter exits): read here
             for item in files:
@@ -551,13 +542,14 @@ class DiskTier:
             clock_went_back = (
                 row.expire_time is not None and row.expire_time - self.ttl_seconds > now + CLOCK_SLACK_SECONDS
             )
-            if len(read.payload) != info.payload_size or read.sum() != info.checksum or clock_went_back:
+            payload, checksum = read
+            if len(payload) != info.payload_size or checksum != info.checksum or clock_went_back:
                 dropped.append((info, row))
                 self._count(hit=False, expired=clock_went_back)
                 continue
             kept.append((info, row))
-            payloads[number] = read.payload
-            self._count(hit=True, read=len(read.payload))
+            payloads[number] = payload
+            self._count(hit=True, read=len(payload))
         for info, row in dropped:
             self._drop_row(row.pinned, info.key.hex())  # from the store it was found in
         names = [info.key.hex() for info, row in kept if not row.pinned]

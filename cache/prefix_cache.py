@@ -44,6 +44,7 @@ from cache.request_log import (
 )
 from cache.state_format import (
     MemoryLayout,
+    StateBuffer,
     StateFormatError,
     checkpoint_tail,
     extract_piece,
@@ -119,7 +120,7 @@ class _PendingCopies:
     the fetch's entries deepest first, each with its view (None: served by RAM, only touched again)."""
 
     order: list[tuple[BlockInfo, memoryview | None]]
-    arena: np.ndarray
+    arena: StateBuffer
     handed: bool = False
 
 
@@ -138,10 +139,6 @@ class FetchedPrefix:
     @property
     def pieces(self) -> list[tuple[int, bytes | memoryview]]:
         return [(block.tokens.size, payload) for block, payload in zip(self.blocks, self.payloads, strict=True)]
-
-
-def _own_bytes(payload: bytes | memoryview) -> bytes:
-    return payload if isinstance(payload, bytes) else bytes(payload)
 
 
 def place_of(info: BlockInfo) -> BlockPlace:
@@ -217,13 +214,10 @@ class PrefixCache:
             return None
         wanted = [*found.blocks, *((found.checkpoint,) if found.checkpoint is not None else ())]
         read, copies = self._payloads(wanted)
-        fetched = self._fetched(found, prompt, wanted, read)
-        if copies is None:
-            return fetched
-        if fetched is None:  # nothing holds the views: RAM copies them at once
+        fetched = self._fetched(found, prompt, wanted, read, copies)
+        if fetched is None and copies is not None:  # nothing holds the views: RAM copies them at once
             self._hand_over(copies)
-            return None
-        return replace(fetched, copies=copies)
+        return fetched
 
     def _fetched(
         self,
@@ -231,6 +225,7 @@ class PrefixCache:
         prompt: np.ndarray,
         wanted: list[BlockInfo],
         read: list[tuple[bytes | memoryview | None, bool]],
+        copies: _PendingCopies | None,
     ) -> FetchedPrefix | None:
         """The prefix that `read` (the payloads of `wanted`) restores, if any."""
         blocks: list[BlockInfo] = []
@@ -248,8 +243,8 @@ class PrefixCache:
                 served_by_ram.append(info)
             blocks.append(info)
             payloads.append(payload)
-        # A checkpoint outlives the fetch (the sequence keeps it for rewinds): its own bytes, not a view.
-        checkpoint = _own_bytes(payloads.pop()) if found.checkpoint is not None else None
+        checkpoint = payloads.pop() if found.checkpoint is not None else None
+        assert not isinstance(checkpoint, memoryview)  # its own bytes (_payloads): a sequence keeps it for rewinds
         if found.checkpoint is not None:
             blocks.pop()
         if found.checkpoint is not None and found.checkpoint.extends is not None and checkpoint is not None:
@@ -270,7 +265,7 @@ class PrefixCache:
             # The disk's copies are used too (one recency over both tiers): refreshed on the writer thread.
             self._queue.put(partial(self.disk.refresh, served_by_ram))
         prefix = tuple(int(token) for token in as_token_array(prompt)[:tokens])
-        return FetchedPrefix(tuple(blocks), tuple(payloads), tokens, checkpoint, tier, prefix)
+        return FetchedPrefix(tuple(blocks), tuple(payloads), tokens, checkpoint, tier, prefix, copies)
 
     def release(self, fetched: FetchedPrefix) -> None:
         """The caller is done with `fetched`'s payloads (loaded, or given up): what came from disk into reused
@@ -348,11 +343,12 @@ class PrefixCache:
         copies them, and refreshes the order, once the caller releases the fetch (`release`).
         """
         on_disk = [info for info in wanted if info.key not in self.ram]
-        arena = self._arenas.take(sum(info.payload_size for info in on_disk)) if len(on_disk) > 1 else None
+        arena = self._arenas.take() if len(on_disk) > 1 else None
+        into = arena.take(sum(info.payload_size for info in on_disk)) if arena is not None else None
         read: list[tuple[bytes | memoryview | None, bool]] = []
         order: list[tuple[BlockInfo, memoryview | None]] = []  # deepest first; None: in RAM now, touch it
         with self.disk.reading() if on_disk else contextlib.nullcontext():  # the disk's reads in one transaction
-            disk_read = dict(zip(map(id, on_disk), self.disk.get_many(on_disk, arena), strict=True))
+            disk_read = dict(zip(map(id, on_disk), self.disk.get_many(on_disk, into), strict=True))
             for info in reversed(wanted):
                 if id(info) not in disk_read:
                     read.append(self._payload(info))  # from RAM (from disk if RAM let it go meanwhile)
@@ -361,9 +357,10 @@ class PrefixCache:
                 payload = disk_read[id(info)]
                 if payload is None:
                     self._forget(info)
-                elif isinstance(payload, memoryview):
+                elif isinstance(payload, memoryview) and not info.checkpoint:
                     order.append((info, payload))
-                else:
+                else:  # a checkpoint outlives the fetch (a sequence keeps it for rewinds): its own bytes at once
+                    payload = payload if isinstance(payload, bytes) else bytes(payload)
                     self._keep_in_ram(info, payload)
                     order.append((info, None))
                 read.append((payload, payload is not None))
@@ -372,7 +369,7 @@ class PrefixCache:
     def _keep_in_ram(self, info: BlockInfo, payload: bytes) -> None:
         self.ram.put(info.key, payload, pinned=info.pinned, place=place_of(info), checksum=info.checksum)
 
-    def _promote(self, order: list[tuple[BlockInfo, memoryview | None]], arena: np.ndarray) -> None:
+    def _promote(self, order: list[tuple[BlockInfo, memoryview | None]], arena: StateBuffer) -> None:
         """On the writer thread, after a fetch read blocks into `arena`: RAM's copies of them, and the recency of
         the fetch's blocks in its order (see _payloads); then the arena is free for the next restore."""
         try:
@@ -384,12 +381,8 @@ class PrefixCache:
                     current = self.index.get(info.key)
                 if current is None or current.checksum != info.checksum:
                     continue
-                payload = bytes(view)
-                # A guard: the buffer is this job's until given back, so the bytes are those checked when read.
-                if payload_checksum(payload) != info.checksum:
-                    log.warning("a block read from disk changed before it reached RAM; not kept")
-                    continue
-                self._keep_in_ram(current, payload)
+                # Checked when read; the buffer is this job's until given back, so the bytes are still those.
+                self._keep_in_ram(current, bytes(view))
         finally:
             self._arenas.give(arena)
 

@@ -12,32 +12,27 @@ from __future__ import annotations
 
 import threading
 
-import numpy as np
+from cache.state_format import StateBuffer
 
 MAX_KEPT_BYTES = 256 << 20  # a larger read gets new memory, so an occasional huge restore does not stay resident
 
 
 class ReadArenas:
-    """At most one buffer kept between restores; whoever takes it owns it until it is given back."""
+    """At most one StateBuffer kept between restores; whoever takes it owns it until it is given back."""
 
     def __init__(self, max_bytes: int = MAX_KEPT_BYTES) -> None:
         self.max_bytes = max_bytes
-        self._free: np.ndarray | None = None
+        self._free: StateBuffer | None = None
         self._lock = threading.Lock()
 
-    def take(self, size: int) -> np.ndarray:
-        """A buffer of at least `size` bytes (contents undefined), the kept one when it is free and large enough."""
+    def take(self) -> StateBuffer:
+        """The kept buffer when it is free, else a new one (it grows as StateBuffer does)."""
         with self._lock:
             kept, self._free = self._free, None
-        if kept is not None and kept.size >= size:
-            return kept
-        grown = max(size, kept.size * 5 // 4) if kept is not None else size
-        return np.empty(min(grown, self.max_bytes) if size <= self.max_bytes else size, dtype=np.uint8)
+        return kept if kept is not None else StateBuffer(self.max_bytes)
 
-    def give(self, buffer: np.ndarray) -> None:
-        """Hand `buffer` back once nothing reads it; kept for the next restore unless it is over the limit."""
-        if buffer.size > self.max_bytes:
-            return
+    def give(self, buffer: StateBuffer) -> None:
+        """Hand `buffer` back once nothing reads its memory; the larger of two is kept."""
         with self._lock:
-            if self._free is None or self._free.size < buffer.size:
+            if self._free is None or self._free.capacity < buffer.capacity:
                 self._free = buffer

@@ -518,6 +518,11 @@ class StateBuffer:
         self.max_bytes = max_bytes
         self._memory = np.empty(0, dtype=np.uint8)
 
+    @property
+    def capacity(self) -> int:
+        """The bytes of memory kept for the next `take`."""
+        return int(self._memory.size)
+
     def take(self, size: int) -> np.ndarray:
         """`size` bytes of memory (their contents undefined), valid until the next call."""
         if size > self.max_bytes:

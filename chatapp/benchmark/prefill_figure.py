@@ -21,18 +21,17 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
+from collections.abc import Sequence
 from contextlib import closing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from chatapp.benchmark.goals import Verdict, decode_verdict, prefill_verdicts
-from chatapp.benchmark.llama_server import LlamaServerPeer, uncached_server
-from chatapp.benchmark.peers import PeerSettings
-from chatapp.benchmark.workloads import PromptKit
+from chatapp.benchmark.llama_server import uncached_server
+from chatapp.benchmark.peers import Peer, PeerAnswer, PeerSettings
+from chatapp.benchmark.workloads import PromptKit, Request
 from chatapp.engine.batching import FLASH_ATTENTION_ROWS
-from chatapp.engine.contract import LocalEngine
-from chatapp.engine.events import GenerationStats
 from chatapp.engine.opening import EngineConfig, start_local_engine
 from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.prompting.prompt import ChatMessage
@@ -100,49 +99,41 @@ def _engine_config(settings: PeerSettings, flash: bool) -> EngineConfig:
     )
 
 
-class _Side(Protocol):
-    def prefill(self, prompt: tuple[int, ...]) -> float: ...
-    def decode(self, question: tuple[int, ...]) -> float: ...
+class _UncachedChatapp:
+    """chatapp's engine as a bench peer (peers.Peer), every prompt computed whole (`use_cache` off).
+
+    `settle` waits until the engine is idle: after an answer it computes the answer's tokens again in prompt
+    batches (128 tokens: about a third of a second on both cores here), which would otherwise run during
+    llama-server's turn and slow it (measured: 74-80 against 100-125 tokens/s)."""
+
+    name = "chatapp"
+
+    def __init__(self, settings: PeerSettings, flash: bool) -> None:
+        self.engine = start_local_engine(_engine_config(settings, flash))
+
+    def prepare(self, request: Request) -> dict[str, float] | None:
+        return None
+
+    def ask(self, prompt_tokens: Sequence[int], max_tokens: int) -> PeerAnswer:
+        sampling = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+        result = self.engine.generate(GenerationRequest(tuple(prompt_tokens), sampling, use_cache=False)).wait()
+        stats = result.stats
+        return PeerAnswer(
+            result.text, result.token_ids, stats.ttft_ms, stats.total_ms, stats.prompt_tokens, stats.computed_tokens
+        )
+
+    def settle(self) -> None:
+        self.engine.flush_cache()
+
+    def close(self) -> None:
+        self.engine.close()
 
 
-class _ChatappSide:
-    """chatapp's engine: prompt tokens per second of a prompt, answer tokens per second after the first.
-
-    Each request returns once the engine is idle again: after an answer it computes the answer's tokens
-    again in prompt batches (a third of a second on both cores for 128 tokens here), which would otherwise
-    run during llama-server's turn and slow it (measured: 74-80 against 100-125 tokens/s)."""
-
-    def __init__(self, engine: LocalEngine) -> None:
-        self.engine = engine
-
-    def prefill(self, prompt: tuple[int, ...]) -> float:
-        request = GenerationRequest(prompt, SamplingParams(temperature=0.0, max_tokens=1), use_cache=False)
-        return len(prompt) / (self._stats(request).ttft_ms / 1000)
-
-    def decode(self, question: tuple[int, ...]) -> float:
-        sampling = SamplingParams(temperature=0.0, max_tokens=DECODE_TOKENS)
-        stats = self._stats(GenerationRequest(question, sampling, use_cache=False))
-        return _after_first(stats.generated_tokens, stats.ttft_ms, stats.total_ms)
-
-    def _stats(self, request: GenerationRequest) -> GenerationStats:
-        stats = self.engine.generate(request).wait().stats
-        self.engine.flush_cache()  # idle again (see above)
-        return stats
-
-
-class _ServerSide:
-    """The same from llama-server."""
-
-    def __init__(self, peer: LlamaServerPeer) -> None:
-        self.peer = peer
-
-    def prefill(self, prompt: tuple[int, ...]) -> float:
-        return len(prompt) / (self.peer.ask(prompt, 1).ttft_ms / 1000)
-
-    def decode(self, question: tuple[int, ...]) -> float:
-        answer = self.peer.ask(question, DECODE_TOKENS)
-        tokens = len(answer.token_ids) if answer.token_ids is not None else DECODE_TOKENS
-        return _after_first(tokens, answer.ttft_ms, answer.total_ms)
+def _asked(peer: Peer, prompt: tuple[int, ...], max_tokens: int) -> PeerAnswer:
+    """One greedy answer, then the peer's own work after it (off the clock): the other side's turn is its own."""
+    answer = peer.ask(prompt, max_tokens)
+    peer.settle()
+    return answer
 
 
 def _side_by_side(
@@ -153,20 +144,22 @@ def _side_by_side(
     drifts within a run as much as the gap the decode goal judges."""
     repeats = len(prompts) // 2
     with contextlib.ExitStack() as stack:
-        engine = stack.enter_context(closing(start_local_engine(_engine_config(settings, flash))))
-        sides: dict[str, _Side] = {"chatapp": _ChatappSide(engine)}
+        sides: dict[str, Peer] = {"chatapp": stack.enter_context(closing(_UncachedChatapp(settings, flash)))}
         if server is not None:
-            peer = uncached_server(settings, server, flash_attention=flash)
-            stack.callback(peer.close)
-            sides["llama-server"] = _ServerSide(peer)
+            sides["llama-server"] = stack.enter_context(
+                closing(uncached_server(settings, server, flash_attention=flash))
+            )
         prefill: dict[str, list[float]] = {name: [] for name in sides}
         decode: dict[str, list[float]] = {name: [] for name in sides}
         for repeat in range(repeats):
-            for number, (name, side) in enumerate(sides.items()):
-                prefill[name].append(side.prefill(prompts[number * repeats + repeat]))
+            for number, (name, peer) in enumerate(sides.items()):
+                prompt = prompts[number * repeats + repeat]
+                prefill[name].append(len(prompt) / (_asked(peer, prompt, 1).ttft_ms / 1000))
         for _ in range(repeats):
-            for name, side in sides.items():
-                decode[name].append(side.decode(question))
+            for name, peer in sides.items():
+                answer = _asked(peer, question, DECODE_TOKENS)
+                tokens = len(answer.token_ids) if answer.token_ids is not None else DECODE_TOKENS
+                decode[name].append(_after_first(tokens, answer.ttft_ms, answer.total_ms))
     return {name: (statistics.median(prefill[name]), statistics.median(decode[name])) for name in sides}
 
 

@@ -1,4 +1,4 @@
-"""The buffer disk restores read into: reused once given back, never while taken."""
+"""The buffer disk restores read into: reused once given back, never while taken (growth: StateBuffer's)."""
 
 from __future__ import annotations
 
@@ -9,33 +9,24 @@ from cache.read_arena import ReadArenas
 
 def test_a_buffer_is_reused_once_given_back_and_never_while_taken() -> None:
     arenas = ReadArenas(max_bytes=1_000)
-    first = arenas.take(100)
-    assert first.size >= 100
-    while_taken = arenas.take(100)
-    assert not np.shares_memory(first, while_taken)
+    first = arenas.take()
+    memory = first.take(100)
+    while_taken = arenas.take()
+    assert while_taken is not first
+    assert not np.shares_memory(while_taken.take(100), memory)
     arenas.give(first)
-    again = arenas.take(80)
-    assert np.shares_memory(again, first)
-    assert not np.shares_memory(arenas.take(80), first)  # taken again: other memory
+    again = arenas.take()
+    assert again is first
+    assert np.shares_memory(again.take(80), memory)
+    assert arenas.take() is not first  # taken again: another buffer
 
 
-def test_a_larger_need_grows_the_buffer_and_the_larger_one_is_kept() -> None:
+def test_the_larger_of_two_buffers_given_back_is_kept() -> None:
     arenas = ReadArenas(max_bytes=1_000)
-    small = arenas.take(100)
-    arenas.give(small)
-    grown = arenas.take(200)
-    assert grown.size >= 200
-    arenas.give(grown)
+    small, large = arenas.take(), arenas.take()
+    small.take(100)
+    large.take(600)
+    arenas.give(large)
     arenas.give(small)  # a smaller one given back later does not replace it
-    assert np.shares_memory(arenas.take(150), grown)
-
-
-def test_a_buffer_over_the_limit_is_new_memory_each_time() -> None:
-    arenas = ReadArenas(max_bytes=1_000)
-    huge = arenas.take(5_000)
-    assert huge.size == 5_000
-    arenas.give(huge)
-    assert not np.shares_memory(arenas.take(5_000), huge)
-    capped = arenas.take(900)
-    arenas.give(capped)
-    assert arenas.take(1_000).size <= 1_000  # grown at most to the limit
+    assert arenas.take() is large
+    assert arenas.take().capacity == 0  # a new one

@@ -39,6 +39,9 @@ class RecordingServer:
         self.log.append(f"server {'prefill' if max_tokens == 1 else 'decode'}")
         return PeerAnswer("", tuple(range(max_tokens)), 10.0, 10.0 + max_tokens, len(prompt_tokens), 0)
 
+    def settle(self) -> None:
+        pass
+
     def close(self) -> None:
         self.closed = True
 
