@@ -180,7 +180,7 @@ def flash_advice(figures: PrefillFigures) -> str:
     return (
         f"chatapp with flash attention on: prefill {gains[0]:.2f}x, decode {gains[1]:.2f}x its speed off in this run "
         f"({'worth `flash_attention = true`' if pays else 'keep the default, off'}; on, each answer computes its "
-        f"last {FLASH_ATTENTION_ROWS} prompt tokens again)"
+        f"last {FLASH_ATTENTION_ROWS} prompt tokens again, and several clients' answers are decoded one at a time)"
     )
 
 

@@ -119,6 +119,7 @@ def test_the_table_says_whether_flash_attention_pays(prefill_on: float, decode_o
     expected = f"prefill {prefill_on / 100:.2f}x, decode {decode_on / 100:.2f}x its speed off in this run ({advice};"
     assert expected in prefill_table(figures)
     assert "last 64 prompt tokens again" in prefill_table(figures)
+    assert "answers are decoded one at a time" in prefill_table(figures)  # what it costs `chatapp serve`
 
 
 def test_no_advice_without_both_settings_measured() -> None:
