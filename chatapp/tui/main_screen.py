@@ -42,6 +42,9 @@ from chatapp.tui.widgets import PrefillRow, StatusLine, last_code_block
 
 class MainScreen(Screen[None]):
     BINDINGS = commands.bindings()
+    # A narrow terminal (80 columns is common) gives the chat most of the width: the sidebar narrows,
+    # and below 60 columns it starts hidden (Ctrl+B shows it).
+    HORIZONTAL_BREAKPOINTS = [(0, "-tiny"), (60, "-narrow"), (100, "-roomy")]
 
     def __init__(self, service: ChatService) -> None:
         super().__init__()

@@ -100,7 +100,7 @@ class Sidebar(Vertical):
         query: str
 
     def compose(self) -> ComposeResult:
-        yield Input(placeholder="Search conversations (Ctrl+F)", id="search")
+        yield Input(placeholder="Search (Ctrl+F)", id="search")
         yield ConversationList(id="conversations")
         yield Label("Branches (F3)", classes="sidebar-title")
         tree = BranchTree("conversation", id="branches")

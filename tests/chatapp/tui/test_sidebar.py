@@ -61,3 +61,22 @@ async def test_search_rename_and_delete(data_dir: Path) -> None:
         await pilot.click("#yes")
         await wait_until(pilot, lambda: listed_titles(app) == ["Tell me about owls."])
         assert app.service.current.view().conversation.title == "Tell me about owls.", "the next conversation opens"
+
+
+async def test_a_narrow_terminal_gives_the_chat_the_width(data_dir: Path) -> None:
+    app = make_app(data_dir)
+    async with running(app, ready=False) as pilot:
+        sidebar = app.main_screen.query_one("#sidebar")
+        wide = sidebar.size.width
+        await pilot.resize_terminal(80, 24)
+        await wait_until(pilot, lambda: sidebar.size.width < wide)
+        assert sidebar.display, "80 columns: narrower, still shown"
+        chat = app.main_screen.query_one("#chat")
+        assert chat.size.width > 80 / 2
+
+        await pilot.resize_terminal(56, 24)
+        await wait_until(pilot, lambda: not sidebar.display or sidebar.size.width == 0)
+        assert sidebar.region.width == 0, "under 60 columns the sidebar starts hidden"
+        await pilot.press("ctrl+b")
+        await wait_until(pilot, lambda: sidebar.region.width > 0)
+        assert sidebar.region.width < 56 / 2, "shown on request, still narrow"
