@@ -37,9 +37,22 @@ def is_shown(path: Path, *, hidden: bool = False) -> bool:
 
 
 def typed_path(text: str, base: Path) -> Path:
-    """A path typed in the picker: `~` expanded, a relative one taken from `base`."""
-    path = user_path(text)
+    """A path typed in the picker: `~` expanded, a relative one taken from `base`.
+
+    The field starts with a folder, so a whole path typed after it starts over where it begins
+    ("/work/docs//etc/notes.md", "/work/docs/~/notes.md"), as in Emacs's and GTK's file choosers.
+    """
+    path = user_path(_started_over(text))
     return path if path.is_absolute() else base / path
+
+
+def _started_over(text: str) -> str:
+    """The part of `text` from the last place a new absolute or home path was typed (all of it if none)."""
+    home = text.rfind("/~")
+    if home >= 0 and not (home + 2 == len(text) or text[home + 2] == "/"):
+        home = -1  # a name that begins with a tilde, not the home folder
+    start = max(text.rfind("//"), home)
+    return text[start + 1 :] if start > 0 else text
 
 
 def typed_folder(text: str, base: Path) -> Path | None:

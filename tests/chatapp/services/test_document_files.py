@@ -82,3 +82,15 @@ def test_typed_paths(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ]:
         with pytest.raises(ChatappError, match=message):
             document_path(typed, folder)
+
+
+def test_a_whole_path_typed_after_the_folder_starts_over(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The field starts with a folder: typing an absolute or home path after it must not be appended to it."""
+    monkeypatch.setenv("HOME", str(folder / "nested"))
+    elsewhere = "/elsewhere/"
+    assert document_path(f"{elsewhere}{folder}/notes.txt", Path(elsewhere)) == folder / "notes.txt"
+    assert document_path(f"{elsewhere}~/only.md", Path(elsewhere)) == folder / "nested" / "only.md"
+    assert complete_path(f"{elsewhere}{folder}/nested/o", Path(elsewhere)) == f"{elsewhere}{folder}/nested/only.md"
+    assert typed_folder(f"{elsewhere}{folder}/nested/", Path(elsewhere)) == (folder / "nested").resolve()
+    (folder / "~draft.md").write_text("text", encoding="utf-8")
+    assert document_path(f"{folder}/~draft.md", folder) == folder / "~draft.md", "a name that starts with ~"
