@@ -64,9 +64,11 @@ class MessageView(Vertical):
 
 
 class StatusLine(Widget):
-    """One line at the bottom: what is happening, model, persona, context use, speed, cache result.
+    """One line at the bottom: what is happening, context use, speed, cache result, persona, model.
 
-    Each part is a reactive attribute: the screen sets what changed and Textual redraws the line.
+    What changes comes first, so a narrow terminal cuts the model's name (also under each answer)
+    and the persona (also above the chat) rather than the context use. Each part is a reactive
+    attribute: the screen sets what changed and Textual redraws the line.
     """
 
     state: reactive[str] = reactive("loading model…")
@@ -77,11 +79,12 @@ class StatusLine(Widget):
     last_answer: reactive[dict[str, Any] | None] = reactive(None)  # the figures of the last answer
 
     def render(self) -> str:
-        fields = [self.state, self.model, self.persona]
+        fields = [self.state]
         if self.context_size is not None:
             fields.append(f"context {self.context_used:,}/{self.context_size:,}")
         if self.last_answer:
             fields.extend(speed_fields(self.last_answer))
+        fields += [self.persona, self.model]
         return "  ·  ".join(field for field in fields if field)
 
 
