@@ -3,6 +3,9 @@ and hosts the main screen and its dialogs."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import signal
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -27,6 +30,9 @@ from chatapp.tui.model_picker import ModelPicker
 from chatapp.tui.persona_screen import PersonaScreen
 from chatapp.tui.settings_screen import SettingsScreen
 
+# Windows has no hang-up signal.
+_STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGHUP", "SIGTERM") if hasattr(signal, name))
+
 
 class ChatApp(App[None]):
     """chatapp's TUI."""
@@ -45,7 +51,23 @@ class ChatApp(App[None]):
 
     def on_mount(self) -> None:
         self.push_screen(self.main_screen)
+        self._exit_on_hangup()
         self.load_engine()
+
+    def _exit_on_hangup(self) -> None:
+        """Close as Ctrl+Q does when the terminal goes away (its window closed, an SSH session dropped)
+        or the process is asked to stop: by default Python dies at once on SIGHUP or SIGTERM, and the
+        cache's queued disk writes and this session's counters were lost with it."""
+        loop = asyncio.get_running_loop()
+        for number in _STOP_SIGNALS:
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # no signals in this loop
+                loop.add_signal_handler(number, self.exit)
+
+    def _default_signals(self) -> None:
+        loop = asyncio.get_running_loop()
+        for number in _STOP_SIGNALS:
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.remove_signal_handler(number)
 
     @work(thread=True, exclusive=True, group="engine")
     def load_engine(self) -> None:
@@ -69,6 +91,7 @@ class ChatApp(App[None]):
         self.main_screen.engine_failed(reason)
 
     def on_unmount(self) -> None:
+        self._default_signals()
         self.main_screen.model_switch.stop()
         self.service.close()
         self.library.close()
