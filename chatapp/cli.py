@@ -409,8 +409,9 @@ def run_chat(workspace: Workspace) -> int:
 
     if workspace.remote is None:
         _ = workspace.model_path  # resolving it checks the file: fail before the screen opens
-    ChatApp(workspace).run()
-    return 0
+    app = ChatApp(workspace)
+    app.run()
+    return app.return_code or 0  # 128 + the signal when a hang-up or SIGTERM closed it
 
 
 ENV_DEBUG = "CHATAPP_DEBUG"

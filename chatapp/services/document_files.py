@@ -8,6 +8,7 @@ so the dialog can say what is wrong while it is still open.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,12 +22,17 @@ if TYPE_CHECKING:
 __all__ = [
     "ATTACHABLE_SUFFIXES",
     "SUPPORTED",
+    "chosen_document",
     "complete_path",
     "document_path",
     "is_shown",
     "start_folder",
     "typed_folder",
 ]
+
+
+# A home folder typed after the field's folder ("/work/docs/~/notes.md"), not a name that begins with "~".
+_HOME_TYPED = re.compile(r"/~(?=/|$)")
 
 
 def is_shown(path: Path, *, hidden: bool = False) -> bool:
@@ -48,11 +54,10 @@ def typed_path(text: str, base: Path) -> Path:
 
 def _started_over(text: str) -> str:
     """The part of `text` from the last place a new absolute or home path was typed (all of it if none)."""
-    home = text.rfind("/~")
-    if home >= 0 and not (home + 2 == len(text) or text[home + 2] == "/"):
-        home = -1  # a name that begins with a tilde, not the home folder
-    start = max(text.rfind("//"), home)
-    return text[start + 1 :] if start > 0 else text
+    homes = [match.start() for match in _HOME_TYPED.finditer(text)]  # "/~" then "/" or the end, not "/~draft.md"
+    root = text.rfind("//")
+    start = max(root if root > 0 else -1, homes[-1] if homes else -1)  # a leading "//" is a path of its own
+    return text[start + 1 :] if start >= 0 else text
 
 
 def typed_folder(text: str, base: Path) -> Path | None:
@@ -67,6 +72,12 @@ def typed_folder(text: str, base: Path) -> Path | None:
 def document_path(text: str, base: Path) -> Path:
     """The file a typed path names; ChatappError naming the problem and the fix if it cannot be attached."""
     return check_document_path(typed_path(text, base))
+
+
+def chosen_document(path: Path) -> Path:
+    """A file chosen in the picker's tree: a real path, checked as it is (never read as typed text,
+    where a folder named `~` would mean the home folder)."""
+    return check_document_path(path)
 
 
 def start_folder(service: ChatService) -> Path:
@@ -90,8 +101,8 @@ def complete_path(text: str, base: Path) -> str | None:
     then carries the name's own case). After a `/` with nothing typed, only a lone entry
     is offered. Hidden entries are offered once the typed part starts with a dot.
     """
-    if text == "~":
-        return "~/"
+    if _started_over(text) == "~":
+        return text + "/"
     head, slash, partial = text.rpartition("/")
     folder_text = head + slash
     try:

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import signal
 from collections.abc import Iterable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,7 @@ class ChatApp(App[None]):
         self.service = ChatService(workspace, self.library.conversations, self.library.personas, self.library.pins)
         self.cache_service = CacheService(self.service)
         self.main_screen = MainScreen(self.service)
+        self._replaced_signals: dict[int, Any] = {}  # signal -> the handler it had before this app
 
     def on_mount(self) -> None:
         self.push_screen(self.main_screen)
@@ -57,17 +59,27 @@ class ChatApp(App[None]):
     def _exit_on_hangup(self) -> None:
         """Close as Ctrl+Q does when the terminal goes away (its window closed, an SSH session dropped)
         or the process is asked to stop: by default Python dies at once on SIGHUP or SIGTERM, and the
-        cache's queued disk writes and this session's counters were lost with it."""
+        cache's queued disk writes and this session's counters were lost with it. Exit code 128 + the
+        signal, as a shell reports a process it stopped. A hang-up already ignored (nohup) stays so."""
         loop = asyncio.get_running_loop()
         for number in _STOP_SIGNALS:
+            previous = signal.getsignal(number)
+            if number != signal.SIGTERM and previous == signal.SIG_IGN:
+                continue
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # no signals in this loop
-                loop.add_signal_handler(number, self.exit)
+                loop.add_signal_handler(number, partial(self.exit, return_code=128 + number))
+                self._replaced_signals[number] = previous
 
-    def _default_signals(self) -> None:
+    def _restore_signals(self) -> None:
+        """Put back the handlers there were before (last of all: a second signal while the cache
+        writes must not kill the process)."""
         loop = asyncio.get_running_loop()
-        for number in _STOP_SIGNALS:
-            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+        for number, previous in self._replaced_signals.items():
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError, TypeError):
                 loop.remove_signal_handler(number)
+                if previous is not None:
+                    signal.signal(number, previous)
+        self._replaced_signals.clear()
 
     @work(thread=True, exclusive=True, group="engine")
     def load_engine(self) -> None:
@@ -91,10 +103,12 @@ class ChatApp(App[None]):
         self.main_screen.engine_failed(reason)
 
     def on_unmount(self) -> None:
-        self._default_signals()
-        self.main_screen.model_switch.stop()
-        self.service.close()
-        self.library.close()
+        try:
+            self.main_screen.model_switch.stop()
+            self.service.close()
+            self.library.close()
+        finally:
+            self._restore_signals()
 
     # Screens.
     def action_personas(self) -> None:

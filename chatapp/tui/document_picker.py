@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from textual import on
@@ -22,7 +22,14 @@ from textual.suggester import Suggester
 from textual.widgets import DirectoryTree, Input, Label
 
 from chatapp.errors import ChatappError
-from chatapp.services.document_files import SUPPORTED, complete_path, document_path, is_shown, typed_folder
+from chatapp.services.document_files import (
+    SUPPORTED,
+    chosen_document,
+    complete_path,
+    document_path,
+    is_shown,
+    typed_folder,
+)
 
 
 class DocumentTree(DirectoryTree):
@@ -100,17 +107,17 @@ class DocumentPicker(ModalScreen[Path | None]):
 
     @on(Input.Submitted, "#document-path")
     def submitted(self, event: Input.Submitted) -> None:
-        self.attach(event.value)
+        self._attach_file(lambda: document_path(event.value, self.folder))
 
     @on(DirectoryTree.FileSelected, "#document-tree")
     def chosen(self, event: DirectoryTree.FileSelected) -> None:
         event.stop()
-        self.attach(str(event.path))
+        self._attach_file(lambda: chosen_document(event.path))
 
-    def attach(self, text: str) -> None:
-        """Return the file, or say under the field why it cannot be attached."""
+    def _attach_file(self, checked: Callable[[], Path]) -> None:
+        """Return the file `checked` gives, or say under the field why it cannot be attached."""
         try:
-            path = document_path(text, self.folder)
+            path = checked()
         except ChatappError as error:
             self.query_one("#document-problem", Label).update(str(error))
             return
