@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ATTACHABLE_SUFFIXES",
     "SUPPORTED",
-    "chosen_document",
+    "check_document_path",
     "complete_path",
     "document_path",
     "is_shown",
@@ -72,12 +72,6 @@ def typed_folder(text: str, base: Path) -> Path | None:
 def document_path(text: str, base: Path) -> Path:
     """The file a typed path names; ChatappError naming the problem and the fix if it cannot be attached."""
     return check_document_path(typed_path(text, base))
-
-
-def chosen_document(path: Path) -> Path:
-    """A file chosen in the picker's tree: a real path, checked as it is (never read as typed text,
-    where a folder named `~` would mean the home folder)."""
-    return check_document_path(path)
 
 
 def start_folder(service: ChatService) -> Path:

@@ -24,7 +24,7 @@ from textual.widgets import DirectoryTree, Input, Label
 from chatapp.errors import ChatappError
 from chatapp.services.document_files import (
     SUPPORTED,
-    chosen_document,
+    check_document_path,
     complete_path,
     document_path,
     is_shown,
@@ -112,7 +112,7 @@ class DocumentPicker(ModalScreen[Path | None]):
     @on(DirectoryTree.FileSelected, "#document-tree")
     def chosen(self, event: DirectoryTree.FileSelected) -> None:
         event.stop()
-        self._attach_file(lambda: chosen_document(event.path))
+        self._attach_file(lambda: check_document_path(event.path))  # a real path: never read as typed text
 
     def _attach_file(self, checked: Callable[[], Path]) -> None:
         """Return the file `checked` gives, or say under the field why it cannot be attached."""

@@ -8,7 +8,7 @@ import pytest
 
 from chatapp.documents import ATTACHABLE_SUFFIXES
 from chatapp.errors import ChatappError
-from chatapp.services.document_files import chosen_document, complete_path, document_path, is_shown, typed_folder
+from chatapp.services.document_files import complete_path, document_path, is_shown, typed_folder
 
 
 @pytest.fixture
@@ -98,15 +98,3 @@ def test_a_whole_path_typed_after_the_folder_starts_over(folder: Path, monkeypat
     assert document_path(f"{elsewhere}~/~draft.md", Path(elsewhere)) == folder / "nested" / "~draft.md"
     assert document_path("/~/only.md", Path("/")) == folder / "nested" / "only.md", "the field at the root folder"
     assert complete_path(f"{elsewhere}~", Path(elsewhere)) == f"{elsewhere}~/"
-
-
-def test_a_file_chosen_in_the_tree_is_taken_as_it_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Not read as typed text: a folder named `~` is a folder, not the home folder."""
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    odd = tmp_path / "~" / "sub"
-    odd.mkdir(parents=True)
-    (odd / "notes.md").write_text("text", encoding="utf-8")
-    assert chosen_document(odd / "notes.md") == odd / "notes.md"
-    (tmp_path / "photo.png").write_bytes(b"png")
-    with pytest.raises(ChatappError, match="unsupported type"):
-        chosen_document(tmp_path / "photo.png")

@@ -81,6 +81,26 @@ async def test_the_tree_shows_folders_and_attachable_files_only(folder: Path) ->
         assert labels(archive) == ["old.txt"]
 
 
+async def test_a_file_chosen_in_the_tree_is_taken_as_it_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real path, not typed text: a folder literally named `~` is that folder, not the home folder."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    folder = tmp_path / "~" / "docs"
+    folder.mkdir(parents=True)
+    (folder / "notes.md").write_text(NOTES, encoding="utf-8")
+    app = PickerHost(folder)
+    async with running(app, ready=False) as pilot:
+        tree = app.screen.query_one(DocumentTree)
+        await wait_until(pilot, lambda: bool(tree.root.children))
+        await pilot.press("down")  # from the field to the tree
+        while tree.cursor_node is None or str(tree.cursor_node.label) != "notes.md":
+            await pilot.press("down")
+        picker = app.screen
+        assert isinstance(picker, DocumentPicker)
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: bool(app.returned) or bool(problem(picker)))
+        assert app.returned == [folder / "notes.md"], problem(picker) if not app.returned else ""
+
+
 async def test_typing_a_folder_browses_it_and_a_lone_file_completes(folder: Path) -> None:
     app = PickerHost(folder)
     async with running(app, ready=False) as pilot:
