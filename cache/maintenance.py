@@ -34,6 +34,7 @@ TOTALS_FILE = "totals.json"
 MEMORY_FILE = "memory.json"  # how the last model that used this folder keeps its state
 NAMESPACES_FILE = "namespaces.json"  # what each namespace belongs to, as the app described it
 LOCK_FILE = ".totals.lock"
+CHECKS_FOLDER = "restore-checks"  # restore_checks.py: one record per namespace, its sampled prompts
 _totals_lock = threading.Lock()
 
 
@@ -64,7 +65,7 @@ def remember_namespace(directory: Path, namespace_id: str, label: dict[str, Any]
     """Note what a namespace's entries belong to (the app's words: a model's name and file), for the
     stats and clearing by model without loading it."""
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    with _file_lock(directory / LOCK_FILE):
+    with file_lock(directory / LOCK_FILE):
         known = _read_json(directory / NAMESPACES_FILE)
         if known.get(namespace_id) == label:
             return
@@ -107,6 +108,8 @@ def clear_namespaces(directory: Path, namespace_ids: set[str]) -> int:
                 namespace = record_namespace(bytes(tag))
                 if namespace is not None and namespace.hex() in namespace_ids and store.delete(key, retry=True):
                     removed += 1
+    for namespace_id in namespace_ids:
+        (directory / CHECKS_FOLDER / f"{namespace_id}.json").unlink(missing_ok=True)
     return removed
 
 
@@ -118,13 +121,13 @@ def add_totals(directory: Path, session: dict[str, Any]) -> None:
     cannot be written.
     """
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    with _totals_lock, _file_lock(directory / LOCK_FILE):
+    with _totals_lock, file_lock(directory / LOCK_FILE):
         merged = _add(read_totals(directory), session)
         replace_atomically(directory / TOTALS_FILE, json.dumps(merged, indent=1, sort_keys=True), durable=False)
 
 
 @contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
+def file_lock(path: Path) -> Iterator[None]:
     """An exclusive advisory lock between processes (a no-op where flock does not exist)."""
     descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
@@ -183,7 +186,8 @@ def prune(directory: Path) -> int:
 
 
 def clear(directory: Path) -> int:
-    """Remove every entry and its files, pinned ones too, the totals and the request log; return how many entries.
+    """Remove every entry and its files, pinned ones too, the totals, the request log and the restore checks;
+    return how many entries.
 
     Payload files no row names (left by a process killed between writing a file and
     committing its row) are removed too, as are folders set aside as damaged.
@@ -203,5 +207,6 @@ def clear(directory: Path) -> int:
         shutil.rmtree(damaged, ignore_errors=True)
     (directory / TOTALS_FILE).unlink(missing_ok=True)
     (directory / MEMORY_FILE).unlink(missing_ok=True)
+    shutil.rmtree(directory / CHECKS_FOLDER, ignore_errors=True)  # the sampled prompts are content too
     remove_log(directory)
     return removed

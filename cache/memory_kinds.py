@@ -89,6 +89,11 @@ class Memory:
         tokens; `oldest` reads the oldest position the sequence still holds."""
         return True
 
+    def cut_keeps_cells(self, written: int, length: int, ring: int) -> bool:
+        """Whether a sequence that held `written` tokens, cut in place to `length`, keeps its cells where a
+        cold run of `length` tokens has them, in a window cache of `ring` cells (0: none)."""
+        return True
+
     def keeps_whole_states(self) -> bool:
         """Whether a whole state may be loaded and then cut to a shorter prefix (kept ready in RAM):
         only where nothing needs a checkpoint."""
@@ -114,7 +119,7 @@ class Memory:
     def restored_window_start(self, end: int) -> int:
         """The oldest position whose window cells a restore of `end` tokens writes from its checkpoint.
 
-        Where a restore writes a cell for every older position too (assemble_state's window_from_zero),
+        Where a restore writes a cell for older positions too (assemble_state's window_ring),
         those are placeholders: a cut must never keep them as a window. At most this (conservative):
         a checkpoint holds at least the newest `min(end, window)` cells (check_checkpoint)."""
         return 0
@@ -175,6 +180,12 @@ class WindowMemory(_Checkpointed):
             return False
         first = oldest()
         return 0 <= first <= max(0, length - self.window)
+
+    def cut_keeps_cells(self, written: int, length: int, ring: int) -> bool:
+        # Position p is in cell p mod ring. A cut whose freed cells run on from cell `length mod ring`
+        # leaves llama.cpp writing next where a cold run does; one that frees cells past the ring's end
+        # and from cell 0 on sends llama.cpp back to cell 0: the sequence is then written again.
+        return ring <= 0 or length >= written or (written - 1) // ring == length // ring
 
     def check_checkpoint(self, layout: MemoryLayout, checkpoint: Checkpoint, end: int) -> None:
         cells, first = checkpoint.window_cells, checkpoint.first
@@ -251,6 +262,9 @@ class HybridMemory(_Checkpointed):
 
     def extends_checkpoint(self, earlier_end: int, end: int) -> bool:
         return self.attention.extends_checkpoint(earlier_end, end)
+
+    def cut_keeps_cells(self, written: int, length: int, ring: int) -> bool:
+        return self.attention.cut_keeps_cells(written, length, ring)
 
     def restored_window_start(self, end: int) -> int:
         return self.attention.restored_window_start(end)

@@ -42,6 +42,7 @@ from cache.request_log import (
     encode_store,
     short_key,
 )
+from cache.restore_checks import RestoreChecks
 from cache.state_format import (
     MemoryLayout,
     StateBuffer,
@@ -95,6 +96,9 @@ class CacheConfig:
     eviction_policy: str = "value"
     # The request log `chatapp cache advise` sizes the tiers from (cache/request_log.py); 0 keeps none.
     request_log_bytes: int = DEFAULT_MAX_BYTES
+    # One prompt in this many that reused KV is computed again without it in idle time and its logits
+    # compared bit for bit (cache/restore_checks.py); 0 checks none.
+    check_every: int = 0
 
     def __post_init__(self) -> None:
         if self.eviction_policy not in POLICY_NAMES:
@@ -160,6 +164,7 @@ class PrefixCache:
         self.disk = DiskTier(directory, config.disk_budget_bytes, config.ttl_seconds, bytes.fromhex(namespace.id))
         self.requests = RequestCounters()
         self.request_log = RequestLog(directory, config.request_log_bytes, enabled=self.disk.enabled)
+        self.checks = RestoreChecks(directory, namespace.id, every=config.check_every, enabled=self.disk.enabled)
         self._lock = threading.RLock()
         self._told: set[str] = set()
         for info in self.disk.new_entries():
@@ -805,6 +810,7 @@ class PrefixCache:
                     "budget_bytes": self.ram.budget_bytes,
                     **self.ram.counters.as_dict(),
                 },
+                "checks": self.checks.counts().as_stats(),
                 "memory": {
                     "kind": self.layout.kind.value,
                     "window": self.layout.window,

@@ -398,19 +398,29 @@ def _window_arrays(layout: KVLayout, cells: int, data: memoryview) -> tuple[list
     return keys, values
 
 
-def _window_cells(layout: KVLayout, parts: Sequence[tuple[int, memoryview]], skip: int) -> bytes:
-    """The cells of consecutive window parts joined, less the first `skip` cells."""
+def _window_cells(
+    layout: KVLayout, parts: Sequence[tuple[int, memoryview]], skip: int, stop: int | None = None
+) -> bytes:
+    """The cells of consecutive window parts joined, less the first `skip` cells (and those from `stop` on)."""
     split = [_window_arrays(layout, cells, data) for cells, data in parts]
     out: list[np.ndarray] = []
     for index, _layer in enumerate(layout.layers):
-        out.append(np.concatenate([keys[index] for keys, _ in split], axis=0)[skip:])
+        out.append(np.concatenate([keys[index] for keys, _ in split], axis=0)[skip:stop])
     for index, layer in enumerate(layout.layers):
         if layout.v_trans:
             joined = np.concatenate([values[index] for _, values in split], axis=1)
-            out.append(joined[:, skip * layer.v_element :])
+            end = None if stop is None else stop * layer.v_element
+            out.append(joined[:, skip * layer.v_element : end])
         else:
-            out.append(np.concatenate([values[index] for _, values in split], axis=0)[skip:])
+            out.append(np.concatenate([values[index] for _, values in split], axis=0)[skip:stop])
     return b"".join(np.ascontiguousarray(part).data for part in out)
+
+
+def _window_slice(layout: KVLayout, cells: int, data: bytes | memoryview, start: int, count: int) -> bytes:
+    """Cells start..start+count of window data holding `cells` cells, in the same layout."""
+    if not 0 <= start <= start + count <= cells:
+        raise StateFormatError(f"no cells {start}..{start + count} in a window of {cells}")
+    return _window_cells(layout, [(cells, memoryview(data))], start, start + count)
 
 
 def checkpoint_tail(layout: MemoryLayout, payload: bytes | memoryview, end: int, cells: int) -> bytes:
@@ -446,6 +456,69 @@ def join_checkpoint(
 # Assembly.
 
 
+def window_ring_cells(window: int, tokens: int, ring: int) -> WindowRing:
+    """Where a cold run of `tokens` tokens leaves the cells of a window cache of `ring` cells per sequence.
+
+    llama.cpp puts a sequence's window cells in a ring: a cold run from an empty cache writes
+    position p in cell p mod `ring` (each batch in the next free cells, from cell 0 again once the
+    cache is full, over cells whose tokens left the window). Attention sums over cells in cell
+    order, so a restore is bit-identical to a cold run only with every cell where that run has it:
+    a restore writes the window's cells there, and a masked placeholder (zeros) in every older
+    cell. When the ring has wrapped, the cell the next token goes to holds the next position as a
+    placeholder, which the loader removes at once: llama.cpp then starts there, as in the cold run.
+    """
+    if ring <= 0 or tokens <= 0 or (tokens > ring and ring <= window):
+        raise StateFormatError(f"no window ring of {ring} cells for {tokens} tokens and a {window}-token window")
+    first = max(0, tokens - window)
+    cells = min(tokens, ring)
+    index = np.arange(cells, dtype=np.int64)
+    turns, head = divmod(tokens, ring)
+    if tokens <= ring:
+        positions = index
+    else:  # the newest position in each cell; the next token's cell holds the next position
+        positions = np.where(index < head, index + turns * ring, index + (turns - 1) * ring)
+        positions[head] = tokens
+    return WindowRing(positions.astype(np.int32), first, tokens)
+
+
+@dataclass(frozen=True)
+class WindowRing:
+    """A restored window section's cells in cell order: positions (one placeholder past the prefix
+    once the ring has wrapped) and which of them hold the window's cells."""
+
+    positions: np.ndarray  # int32, cell order
+    first: int  # the window's first position: older cells are placeholders
+    tokens: int  # the prefix's length: a cell at this position is the next token's placeholder
+
+    def runs(self) -> list[tuple[int, int, int]]:
+        """(first cell, cells, window cell index or -1 for placeholders) of each run of cells."""
+        real = (self.positions >= self.first) & (self.positions < self.tokens)
+        edges = np.flatnonzero(np.diff(real.astype(np.int8)) != 0) + 1
+        starts = np.concatenate(([0], edges))
+        stops = np.concatenate((edges, [real.size]))
+        out = []
+        for start, stop in zip(starts.tolist(), stops.tolist(), strict=True):
+            source = int(self.positions[start]) - self.first if real[start] else -1
+            out.append((start, stop - start, source))
+        return out
+
+
+def _window_section_pieces(
+    layout: KVLayout, restored: Checkpoint, ring: WindowRing
+) -> list[tuple[int, bytes | memoryview]]:
+    """The pieces of a window section laid out as `ring` says: slices of the checkpoint's window cells
+    (each run in position order) and zeros for the placeholders."""
+    pieces: list[tuple[int, bytes | memoryview]] = []
+    for _start, count, source in ring.runs():
+        if source < 0:  # zeros: calloc'd pages, nothing written until read
+            pieces.append((count, np.zeros(piece_size(layout, count), np.uint8).data))
+        elif source == 0 and count == restored.window_cells:
+            pieces.append((count, restored.window))
+        else:
+            pieces.append((count, _window_slice(layout, restored.window_cells, restored.window, source, count)))
+    return pieces
+
+
 def assemble_state(
     layout: MemoryLayout,
     pieces: Sequence[tuple[int, bytes | memoryview]],
@@ -454,7 +527,7 @@ def assemble_state(
     cells: int | None = None,
     checkpoint: bytes | memoryview | None = None,
     buffer: StateBuffer | None = None,
-    window_from_zero: bool = False,
+    window_ring: int = 0,
 ) -> np.ndarray:
     """A state of `cells` tokens (default: all the pieces') for `dest_seq`, ready for llama.cpp.
 
@@ -463,11 +536,11 @@ def assemble_state(
     sections needs the `checkpoint` taken at exactly `cells` tokens. With `buffer`, the
     state is written into its memory (valid until its next use) instead of new memory.
 
-    `window_from_zero`: the window section holds a cell for every position from 0, those before
-    the window empty (zeros; no later token attends to them), as a full-size window cache
-    holds them after a cold run. Attention kernels that read every cell of the cache (a GPU's
-    flash attention, measured on Vulkan) then see the cells where a cold run has them: with
-    only the window's cells, in other places, they round otherwise.
+    `window_ring`: the cells llama.cpp's window cache holds per sequence. The window section
+    then puts each cell where a cold run of the prefix has it (`window_ring_cells`); the loader
+    must then remove the cells from position `cells` on (`llama_memory_seq_rm`), a placeholder
+    among them. 0 writes only the window's cells, from the first cell: equal to a cold run only
+    where the kernels do not depend on where cells lie.
     """
     available = sum(n_cells for n_cells, _ in pieces)
     total = available if cells is None else cells
@@ -475,14 +548,21 @@ def assemble_state(
         raise StateFormatError(f"cannot assemble {total} cells from pieces of {available}")
     restored = layout.memory.checkpoint_for_restore(layout, checkpoint, total)
     window: list[tuple[int, bytes | memoryview]] = []
-    window_start = 0
+    window_positions = np.empty(0, np.int32)
     if layout.swa is not None and restored is not None:
-        window = [(restored.window_cells, restored.window)]
-        window_start = restored.first
-        if window_from_zero and restored.first > 0:  # zeros: calloc'd pages, nothing written until read
-            empty = np.zeros(piece_size(layout.swa, restored.first), np.uint8).data
-            window = [(restored.first, empty), *window]
-            window_start = 0
+        if window_ring > 0:
+            ring = window_ring_cells(layout.window, total, window_ring)
+            if ring.first < restored.first:
+                raise StateFormatError(f"a window from {restored.first} for a ring that needs it from {ring.first}")
+            if ring.first > restored.first:  # a checkpoint may hold more than the window
+                skip = ring.first - restored.first
+                data = _window_slice(layout.swa, restored.window_cells, restored.window, skip, total - ring.first)
+                restored = Checkpoint(total - ring.first, ring.first, memoryview(data), restored.recurrent)
+            window = _window_section_pieces(layout.swa, restored, ring)
+            window_positions = ring.positions
+        else:
+            window = [(restored.window_cells, restored.window)]
+            window_positions = np.arange(restored.first, total, dtype=np.int32)
     size = HEADER.size
     if layout.base is not None:
         size += layout.base.section_size(total)
@@ -494,9 +574,10 @@ def assemble_state(
     HEADER.pack_into(out.data, 0, STATE_MAGIC, dest_seq)
     offset = HEADER.size
     if layout.base is not None:
-        offset = _write_kv_section(out, offset, layout.base, _trim(pieces, total), 0, dest_seq)
+        positions = np.arange(total, dtype=np.int32)
+        offset = _write_kv_section(out, offset, layout.base, _trim(pieces, total), positions, dest_seq)
     if layout.swa is not None and restored is not None:
-        offset = _write_kv_section(out, offset, layout.swa, window, window_start, dest_seq)
+        offset = _write_kv_section(out, offset, layout.swa, window, window_positions, dest_seq)
     if restored is not None and len(restored.recurrent):
         out[offset : offset + len(restored.recurrent)] = np.frombuffer(restored.recurrent, dtype=np.uint8)
         offset += len(restored.recurrent)
@@ -549,15 +630,17 @@ def _write_kv_section(
     offset: int,
     layout: KVLayout,
     pieces: Sequence[tuple[int, int, bytes | memoryview]] | Sequence[tuple[int, bytes | memoryview]],
-    first_position: int,
+    positions: np.ndarray,
     dest_seq: int,
 ) -> int:
-    """Write a KV section of `pieces` (cells at first_position..) for `dest_seq`; the offset after it."""
+    """Write a KV section of `pieces` (cells at `positions`, in cell order) for `dest_seq`; the offset after it."""
     normal = [(piece[0], piece[0], piece[1]) if len(piece) == 2 else piece for piece in pieces]
     for _use, n_cells, payload in normal:
         if len(payload) != piece_size(layout, n_cells):
             raise StateFormatError(f"a piece of {n_cells} cells has {len(payload)} bytes")
     total = sum(use for use, _, _ in normal)
+    if positions.size != total:
+        raise StateFormatError(f"{positions.size} positions for {total} cells")
     # Streams are written in order, each as its cell count then its cells. With one stream
     # per sequence (kv_unified off) the cells go in the destination sequence's slot.
     stream = dest_seq if layout.n_stream > 1 else 0
@@ -571,7 +654,7 @@ def _write_kv_section(
     struct.pack_into("<I", header, offset, total)
     offset += 4
     meta = np.empty(total, dtype=CELL_META)
-    meta["pos"] = np.arange(first_position, first_position + total, dtype=np.int32)
+    meta["pos"] = positions
     meta["n_seq_id"] = 1
     meta["seq_id"] = dest_seq
     out[offset : offset + meta.nbytes] = meta.view(np.uint8)

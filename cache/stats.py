@@ -59,6 +59,16 @@ class MemoryStats(TypedDict):
     checkpoint_bytes: int
 
 
+class CheckStats(TypedDict):
+    """Restores checked against cold runs (restore_checks.py): lifetime counts for this namespace."""
+
+    checked: int
+    equal: int
+    mismatched: int
+    pending: int
+    suspended: bool
+
+
 class CacheStats(TypedDict):
     """A snapshot of the whole cache, for the cache screen and `chatapp cache stats`."""
 
@@ -74,6 +84,7 @@ class CacheStats(TypedDict):
     ram: RamStats
     disk: DiskStats
     memory: MemoryStats
+    checks: CheckStats
 
 
 @dataclass

@@ -22,6 +22,7 @@ from chatapp.errors import ChatappError, SettingsError
 from chatapp.services.ask import AskRequest, ask
 from chatapp.services.cache_admin import cache_stats, clear_cache, clear_model_cache, format_stats, prune_cache
 from chatapp.services.cache_advice import advise, format_advice
+from chatapp.services.cache_verify import resume_reuse, verify
 from chatapp.services.model_list import format_models, model_record
 from chatapp.services.startup import (
     Workspace,
@@ -133,6 +134,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="a request log to read instead of this cache's (e.g. another machine's requests.log); repeatable",
     )
     cache_commands.add_parser("prune", parents=[shared], help="drop expired entries now")
+    verify_parser = cache_commands.add_parser(
+        "verify",
+        parents=[shared],
+        help="check the sampled answers that reused the cache against cold runs, bit for bit",
+        description="One answer in cache_checks that reused cached KV is kept as a sample; the app checks it "
+        "in idle time, and `chatapp ask` leaves its sample waiting. This loads the model and checks what waits: "
+        "each prompt with the cache and without it, the next token's logits compared bit for bit. A "
+        "difference stops reuse for this model and build (every prompt computed in full) and exits with 1.",
+    )
+    verify_parser.add_argument("--limit", type=int, default=0, metavar="N", help="check at most N prompts")
+    verify_parser.add_argument(
+        "--clear", action="store_true", help="resume reuse that a failed check stopped (loads no model)"
+    )
     cache_commands.add_parser(
         "clear",
         parents=[shared],
@@ -328,12 +342,28 @@ def run_cache(args: argparse.Namespace, workspace: Workspace) -> int:
             _write_stdout((json.dumps(advice.as_json()) if args.json else format_advice(advice)) + "\n")
     elif args.cache_command == "prune":
         _write_stdout(f"pruned {prune_cache(workspace):,} expired entries\n")
+    elif args.cache_command == "verify":
+        return run_cache_verify(args, workspace)
     elif args.model:
         name, removed = clear_model_cache(workspace, args.model)
         _write_stdout(f"removed {removed:,} entries of {name} from {workspace.kv_cache_dir}\n")
     else:
         _write_stdout(f"removed {clear_cache(workspace):,} entries from {workspace.kv_cache_dir}\n")
     return 0
+
+
+def run_cache_verify(args: argparse.Namespace, workspace: Workspace) -> int:
+    if args.clear:
+        resumed = resume_reuse(workspace.kv_cache_dir)
+        _write_stdout(f"reuse resumed for {resumed:,} stopped model{'' if resumed == 1 else 's'}\n")
+        return 0
+    if args.limit < 0:
+        raise ChatappError(f"--limit {args.limit}: give a number of prompts, 0 or more (0: all)")
+    checking = workspace.with_settings(cache_checks=0)  # this run samples nothing new
+    with closing(checking.open_engine(sequences=1)) as engine:
+        report = verify(engine, engine.info.name, args.limit)
+    _write_stdout(report.describe() + "\n")
+    return 1 if report.stopped else 0
 
 
 def run_models(args: argparse.Namespace, workspace: Workspace) -> int:

@@ -74,6 +74,15 @@ class Settings(BaseModel):
         "recent uses, leaves of the prefix tree first), lru (least recently used) or lfu (least often used); "
         "the disk tier drops least recently used",
     )
+    cache_checks: int = Field(
+        20,
+        ge=0,
+        le=1_000_000,
+        description="check one answer in this many that reused cached KV: in idle time its prompt is computed "
+        "again without the cache and the next token's logits compared bit for bit; a difference stops reuse for "
+        "this model and build until `chatapp cache verify --clear` (0: never; each check costs one full prompt's "
+        "compute, given up when a request comes)",
+    )
     swa_full: bool = Field(
         False,
         description="sliding-window models (Gemma 3, gpt-oss): keep every token's window KV, so a conversation "

@@ -27,9 +27,14 @@ def cached_engine(
     ram_bytes: int = 512 << 20,
     disk_bytes: int = 1 << 30,
     fixed_batches: bool | None = None,
+    check_every: int = 0,
 ) -> Engine:
     config = CacheConfig(
-        block_size=block_size, ram_budget_bytes=ram_bytes, disk_budget_bytes=disk_bytes, ttl_seconds=3600
+        block_size=block_size,
+        ram_budget_bytes=ram_bytes,
+        disk_budget_bytes=disk_bytes,
+        ttl_seconds=3600,
+        check_every=check_every,
     )
     engine_config = EngineConfig(
         model_path=model_path,

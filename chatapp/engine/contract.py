@@ -25,6 +25,7 @@ from chatapp.engine.events import (
     StreamEvent,
 )
 from chatapp.engine.handle import GenerationHandle
+from chatapp.engine.llama_native import build_name
 from chatapp.engine.model_card import Capabilities, ModelFacts, ModelInfo
 from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.engine.restore_costs import RestoreCosts
@@ -45,6 +46,7 @@ __all__ = [  # the door: what code outside chatapp.engine may name
     "PromptReuse",
     "SamplingParams",
     "StreamEvent",
+    "build_name",  # the llama.cpp build and CPU: logits compare bit for bit within one (restore checks)
 ]
 
 

@@ -67,6 +67,9 @@ class GenerationStats:
     total_ms: float
     prefill_ms: float
     restore: RestoreTimings | None = None  # the steps of a restore from RAM or disk
+    # The next token's logits after the prompt, hashed (NativeContext.logits_digest): a cold run of the same
+    # prompt on the same build has the same digest exactly when its logits are bit-identical ("" if none).
+    logits_digest: str = ""
 
     @property
     def decode_tokens_per_s(self) -> float:

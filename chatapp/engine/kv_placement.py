@@ -79,10 +79,10 @@ class KVPlacer:
         ready_state_bytes: int = 0,
         min_rows: int = MIN_ROWS,
         grid: int = 0,
-        window_from_zero: bool = False,
+        window_ring: int = 0,
     ) -> None:
-        """`window_from_zero`: restored windows keep a cell for every position (assemble_state): layers
-        offloaded to a device, whose attention kernels read every cell of the cache."""
+        """`window_ring`: the cells llama.cpp's sliding-window cache holds per sequence; restored windows
+        put each cell where a cold run has it (assemble_state), else only the window's cells from cell 0."""
         self.context = context
         self.cache = cache
         # The model's own memory, not the layout's: a cut is judged even when the format is not understood.
@@ -91,7 +91,7 @@ class KVPlacer:
         # Prompts on a fixed grid of batches (batching.py): reuse only whole grid batches.
         self.grid = grid
         self.sequences = Sequences(context.shape.n_sequences, grid)
-        self.window_from_zero = window_from_zero
+        self.window_ring = window_ring
         self._state_buffer = StateBuffer()  # restores and rewinds assemble here: llama.cpp copies it at once
         # Whole states a plain KV cache loads with no assembly (a window or recurrent state cannot be cut after).
         self.ready = ReadyStates(ready_state_bytes if memory.keeps_whole_states() else 0)
@@ -100,6 +100,12 @@ class KVPlacer:
         # warm-up computes unless its whole prompt is resident (flash attention: a batch of its own).
         self.fresh_tokens = max(FRESH_TOKENS, min_rows)
         self.warm_up_rest = min_rows if min_rows > MIN_ROWS else 0
+
+    @property
+    def reuse_stopped(self) -> bool:
+        """Whether a restore check found reused KV unlike a cold run's: every prompt is then computed in full
+        until the user clears it (cache/restore_checks.py)."""
+        return self.cache is not None and self.cache.checks.suspended
 
     @property
     def takes_checkpoints(self) -> bool:
@@ -152,7 +158,7 @@ class KVPlacer:
         holder: GenerationHandle | None,
     ) -> Placement:
         limit = on_grid(max(0, len(prompt) - self.fresh_tokens) if need_logits else len(prompt), self.grid)
-        if not use_cache:
+        if not use_cache or self.reuse_stopped:
             target = self.sequences.least_recently_used(holder) if sequence is None else sequence
             return replace(self._keep(target, 0, ReuseTier.NONE), cache_limit=limit)
         array = as_token_array(prompt)
@@ -223,9 +229,9 @@ class KVPlacer:
         return self.memory.cuts_in_place(length, oldest_real_cell)
 
     def _note_window_placeholders(self, sequence: int, length: int) -> None:
-        """`sequence` was just written with `length` tokens: with window_from_zero the window cells before
-        its checkpoint's are placeholders."""
-        if self.window_from_zero:
+        """`sequence` was just written with `length` tokens: in a window ring the window cells before its
+        checkpoint's are placeholders."""
+        if self.window_ring:
             self.sequences[sequence].window_from = self.memory.restored_window_start(length)
 
     def _session_checkpoint(self, sequence: int, length: int) -> int | None:
@@ -257,7 +263,9 @@ class KVPlacer:
         return self._cut_in_place(sequence, length)
 
     def _cut_in_place(self, sequence: int, length: int) -> int:
-        """Drop the cells from `length` on; a sliding window must then hold exactly the cells it needs."""
+        """Drop the cells from `length` on; a sliding window must then hold exactly the cells it needs, where
+        a cold run of those `length` tokens has them (else it is written again there: a rewind)."""
+        written = self.context.max_position(sequence) + 1  # a stopped batch's cells too
         if not self.context.remove(sequence, length, -1):
             # llama.cpp cannot cut this sequence: start over.
             self.forget(sequence)
@@ -267,7 +275,11 @@ class KVPlacer:
         if (
             self.memory.checks_window_after_cut
             and length > 0
-            and not (self._cuts_in_place(sequence, length) and self._window_holds(sequence, length))
+            and not (
+                self._cuts_in_place(sequence, length)
+                and self._window_holds(sequence, length)
+                and self.memory.cut_keeps_cells(written, length, self.window_ring)
+            )
         ):
             return self._rewind(sequence, length)
         return length
@@ -317,19 +329,24 @@ class KVPlacer:
                 cells=position,
                 checkpoint=self.sequences[sequence].checkpoints[position],
                 buffer=self._state_buffer,
-                window_from_zero=self.window_from_zero,
+                window_ring=self.window_ring,
             )
         except StateFormatError as error:
             log.warning("cannot rewind a sequence: %s", error)
             self.forget(sequence)
             return 0
-        if not write_sequence_state(self.context.pointer, sequence, rebuilt):
+        if not self._load_assembled(sequence, rebuilt, position):
             log.warning("llama.cpp refused a rewound sequence; computing it instead")
             self.forget(sequence)
             return 0
         self.sequences[sequence].truncate(position)
         self._note_window_placeholders(sequence, position)
         return position
+
+    def _load_assembled(self, sequence: int, state: np.ndarray, tokens: int) -> bool:
+        """Load a state assemble_state wrote for `tokens` tokens, then drop the next token's placeholder
+        cell of a window ring (llama.cpp then starts the next batch in that cell, as a cold run does)."""
+        return write_sequence_state(self.context.pointer, sequence, state) and self.context.remove(sequence, tokens, -1)
 
     # Checkpoints.
     def remember_checkpoint(self, sequence: int, position: int, partial_state: np.ndarray) -> bytes | None:
@@ -360,14 +377,14 @@ class KVPlacer:
                 cells=fetched.tokens,
                 checkpoint=fetched.checkpoint,
                 buffer=self._state_buffer,
-                window_from_zero=self.window_from_zero,
+                window_ring=self.window_ring,
             )
         except StateFormatError as error:
             log.warning("cannot assemble a cached prefix: %s", error)
             return None
         self.forget(sequence)
         loading = time.perf_counter()
-        if not write_sequence_state(self.context.pointer, sequence, state):
+        if not self._load_assembled(sequence, state, fetched.tokens):
             log.warning("llama.cpp refused a cached prefix; computing it instead")
             self.context.remove(sequence, 0, -1)
             return None

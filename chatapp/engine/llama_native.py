@@ -20,6 +20,7 @@ from typing import Any
 
 import llama_cpp
 import numpy as np
+import xxhash
 
 from cache.memory_kinds import MemoryKind, memory_of
 from chatapp.engine.kv_types import KvType
@@ -74,6 +75,13 @@ def initialise_llama() -> None:
 def last_llama_problem() -> str:
     """The most recent warning or error llama.cpp logged, for error messages."""
     return _recent_problems[-1] if _recent_problems else "no reason given"
+
+
+@functools.cache
+def build_name() -> str:
+    """The llama.cpp build and the CPU features it runs with: logits compare bit for bit within one only."""
+    system = llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip()
+    return f"llama-cpp-python {llama_cpp.__version__}; {system}"
 
 
 def gpu_offload_supported() -> bool:
@@ -301,6 +309,13 @@ class ContextShape:
     swa_full: bool = True
     kv_type: KvType = KvType.F16
 
+    def window_cells(self, window: int) -> int:
+        """The cells llama.cpp's sliding-window cache holds per sequence (llama_kv_cache_iswa): the whole
+        context with swa_full, else one window and one batch, padded to 256 cells."""
+        if self.swa_full:
+            return self.n_ctx_per_sequence
+        return min(self.n_ctx_per_sequence, -(-(window + self.n_batch) // 256) * 256)
+
 
 class DecodeAborted(Exception):
     """llama_decode stopped early because the abort flag was raised."""
@@ -458,6 +473,11 @@ class NativeContext:
             self.decode(tokens[position:end], start_pos=position, sequence=0, logits_for_last=end == len(tokens))
             position = end
         return self.logits()
+
+    def logits_digest(self, row: int = -1) -> str:
+        """A 128-bit hash of output `row`'s logits, read in place: equal digests are bit-identical logits."""
+        pointer = llama_cpp.llama_get_logits_ith(self.pointer, row)
+        return xxhash.xxh3_128_hexdigest(np.ctypeslib.as_array(pointer, shape=(self.model.n_vocab,)).data)
 
     def logits(self, row: int = -1) -> np.ndarray:
         """A copy of output `row`'s logits from the last decode (its last output by default)."""

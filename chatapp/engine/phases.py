@@ -17,6 +17,7 @@ class Phase(StrEnum):
     # The caller has its result; what follows is the engine's own work, which gives way to any request.
     RECOMPUTING = "recomputing"  # computing the answer's KV again, in batches (runner.py says why)
     STORING = "storing"  # handing the sequence's new blocks to the cache
+    CHECKING = "checking"  # computing a reused prompt again without the cache (cache/restore_checks.py)
     DONE = "done"
 
     @property
@@ -27,4 +28,4 @@ class Phase(StrEnum):
     @property
     def answered(self) -> bool:
         """Whether its caller has the result: the rest is the engine's own work."""
-        return self in (Phase.RECOMPUTING, Phase.STORING, Phase.DONE)
+        return self in (Phase.RECOMPUTING, Phase.STORING, Phase.CHECKING, Phase.DONE)

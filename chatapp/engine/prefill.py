@@ -22,7 +22,6 @@ from chatapp.engine.events import PromptProgress
 from chatapp.engine.gate import ArmedGates, Step
 from chatapp.engine.kv_placement import KVPlacer
 from chatapp.engine.llama_native import DecodeAborted, NativeContext
-from chatapp.engine.phases import Phase
 from chatapp.engine.requests import GenerationRequest
 from chatapp.engine.sequences import LiveSequence
 from chatapp.engine.tasks import Task
@@ -70,10 +69,10 @@ class Prefill:
         also ends at each position in `checkpoints`, where the uncuttable state is kept.
         Other tasks take their steps between batches, not after the last: its logits are
         sampled before another sequence's decode replaces them. The recompute after an answer
-        (the engine's own work) neither counts in the turn order nor passes a test gate.
+        and a restore check (the engine's own work) neither count in the turn order nor pass a test gate.
         """
         job = task.current
-        own_work = task.phase is Phase.RECOMPUTING
+        own_work = task.phase.answered  # an answer's recompute, a restore check
         batch = self.context.shape.n_batch
         rows = self.min_rows
         tokens = live.tokens

@@ -15,6 +15,7 @@ from collections.abc import Generator, Iterator
 from contextlib import contextmanager
 from typing import Protocol
 
+from cache.restore_checks import ReusedPrompt
 from cache.state_format import StateFormatError
 from chatapp.engine.batching import on_grid
 from chatapp.engine.device_turns import device_turn, on_a_device
@@ -22,6 +23,7 @@ from chatapp.engine.events import AnswerText, GenerationResult, GenerationStats,
 from chatapp.engine.gate import ArmedGates, Step
 from chatapp.engine.handle import GenerationHandle
 from chatapp.engine.kv_placement import KVPlacer, Placement
+from chatapp.engine.llama_native import build_name
 from chatapp.engine.loading import LoadedModel
 from chatapp.engine.phases import Phase
 from chatapp.engine.prefill import Prefill
@@ -126,6 +128,7 @@ class Runner:
             handle.finish(None, error)
             return
         if request.use_cache and self.cache is not None and not request.prefill_only:
+            self._offer_for_check(request, result)
             # Counted before the caller hears of it (a warm-up is not a request the user made).
             self.cache.record_request(
                 request.prompt_tokens,
@@ -151,6 +154,51 @@ class Runner:
                 self.placer.save(live.index)
             except (StateFormatError, RuntimeError) as error:
                 log.warning("could not keep the KV of this answer: %s", error)
+        if self.cache is not None and not request.prefill_only:
+            task.phase = Phase.CHECKING
+            yield from self._check_a_reuse(task, live)
+
+    def _offer_for_check(self, request: GenerationRequest, result: GenerationResult) -> None:
+        """A prompt answered with reused KV may be one the restore checks sample (cache/restore_checks.py)."""
+        assert self.cache is not None
+        stats = result.stats
+        if stats.reused_tokens and stats.logits_digest:
+            reused = ReusedPrompt(
+                request.prompt_tokens, stats.reuse_tier.value, stats.reused_tokens, stats.logits_digest, build_name()
+            )
+            self.cache.checks.offer(reused)
+
+    def _check_a_reuse(self, task: Task, live: LiveSequence) -> Generator[TaskStep, None, None]:
+        """Compute one sampled prompt again from nothing, in this sequence, and hand its logits' digest to
+        the checks; work for the idle time, which stops (the prompt stays sampled) when a request comes.
+
+        The sequence then holds that prompt, as a cold run of it leaves it: the next turn reuses it in place,
+        or restores the rest.
+        """
+        assert self.cache is not None
+        checks = self.cache.checks
+        sampled = checks.next(build_name())
+        if sampled is None:
+            return
+        answered = task.current
+        job = GenerationHandle(GenerationRequest(sampled.tokens, answered.request.sampling, use_cache=False))
+        task.current = job
+        self._own_work.begin_own_work(job)
+        try:
+            if job.cancel_event.is_set():
+                return  # a request waits: the sequence keeps what it holds, the prompt stays sampled
+            self.placer.forget(live.index)
+            stopped = yield from self._prefill.run(task, live, list(sampled.tokens))
+            if stopped is None and not job.cancel_event.is_set():
+                checks.done(sampled, self.context.logits_digest())
+            if live.short_first_batch:  # computed by other kernels than a longer prompt's: never reused
+                self.placer.forget(live.index)
+        except Exception as error:  # the caller has its answer; a failure here only leaves the check for later
+            log.warning("could not check a restored prompt: %s", error)
+            self.placer.forget(live.index)
+        finally:
+            self._own_work.end_own_work()
+            task.current = answered
 
     def evaluate_answers(self, tokens: list[AnswerToken]) -> None:
         """Evaluate answer tokens: one alone as always, several (of different sequences) in one decode.
@@ -234,10 +282,12 @@ class Runner:
         generated: list[int] = []
         pieces: list[str] = []
         first_token_at: float | None = None
+        digest = ""
         if stop_reason is None and request.prefill_only:
             stop_reason = StopReason.PREFILLED
         elif stop_reason is None:
             task.phase = Phase.DECODING
+            digest = self.context.logits_digest()  # the prompt's last output, before any other decode
             stop_reason, first_token_at = yield from self._decode_answer(handle, live, generated, pieces)
         finished_at = time.perf_counter()
         ttft_at = first_token_at if first_token_at is not None else finished_at
@@ -251,6 +301,7 @@ class Runner:
             total_ms=(finished_at - handle.submitted_at) * 1000,
             prefill_ms=prefill_ms,
             restore=placement.restore,
+            logits_digest=digest,
         )
         return GenerationResult(text="".join(pieces), token_ids=tuple(generated), stop_reason=stop_reason, stats=stats)
 

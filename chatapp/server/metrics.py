@@ -46,6 +46,21 @@ class CacheCollector(Collector):
             entries.add_metric([tier], tier_figures["entries"])
             size.add_metric([tier], tier_figures["bytes"])
         yield from (evictions, expirations, entries, size)
+        checks = figures.get("checks")
+        if checks:  # restores computed again without the cache (cache/restore_checks.py), lifetime counts
+            outcomes = CounterMetricFamily(
+                "chatapp_cache_checks",
+                "Prompts that reused cached KV, computed again without it: logits equal or not, bit for bit",
+                labels=["outcome"],
+            )
+            outcomes.add_metric(["equal"], checks["equal"])
+            outcomes.add_metric(["mismatched"], checks["mismatched"])
+            yield outcomes
+            yield GaugeMetricFamily(
+                "chatapp_cache_reuse_stopped",
+                "1 while a failed check has stopped reuse for this model and build (`chatapp cache verify --clear`)",
+                value=int(checks["suspended"]),
+            )
 
 
 class AdviceCollector(Collector):

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from cache import maintenance
 from cache.memory_kinds import MemoryKind, memory_of
+from cache.restore_checks import folder_counts
 from cache.tiers import REUSING_TIERS
 from chatapp.errors import ChatappError
 from chatapp.models.file_types import ggml_type_name
@@ -27,6 +28,25 @@ MEMORY_KIND_NAMES = {
     "hybrid": "attention + recurrent state",
     "hybrid-iswa": "sliding window + recurrent state",
 }
+
+
+def describe_checks(checks: Mapping[str, Any] | None) -> str | None:
+    """The restore checks' outcome in one line (the cache screen, `cache stats`); None when there are none."""
+    if not checks:
+        return None
+    if checks["suspended"]:
+        return (
+            f"REUSE STOPPED: {checks['mismatched']:,} of {checks['checked']:,} checked answers that reused the "
+            "cache differed from a cold run; every prompt is computed in full. `chatapp cache verify` checks "
+            "again; `chatapp cache verify --clear` resumes reuse"
+        )
+    if not checks["checked"] and not checks["pending"]:
+        return "no answer that reused the cache has been checked against a cold run yet"
+    pending = f" ({checks['pending']:,} waiting for idle time)" if checks["pending"] else ""
+    return (
+        f"{checks['equal']:,} of {checks['checked']:,} answers that reused the cache, computed again without it, "
+        f"had bit-identical logits{pending}"
+    )
 
 
 def describe_memory(kind: str, window: int, interval_tokens: int, grid: int = 0, kv_type: str = "f16") -> str:
@@ -110,6 +130,7 @@ def cache_stats(workspace: Workspace) -> dict[str, Any]:
             "ttl_days": settings.cache_ttl_days,
             **_counters(totals.get("disk")),
         },
+        "checks": folder_counts(directory),
     }
 
 
@@ -174,6 +195,7 @@ def format_stats(stats: dict[str, Any]) -> str:
     rows = [
         f"KV cache in {stats['directory']}",
         f"memory of the last model used: {stats['memory']['description']}",
+        *([f"restore checks: {checks}"] if (checks := describe_checks(stats.get("checks"))) else []),
         header,
         _row("ram", "-", "-", ram),
         _row("disk", f"{disk['entries']:,}", byte_size(disk["bytes"]), disk),

@@ -37,6 +37,7 @@ class CacheOverview:
     divergence: str | None = None  # where this session's last prompt that left an earlier one did
     restore_choice: str | None = None  # this session's hits restored or computed, and the speeds behind it
     server: str | None = None  # the backend whose own cache serves this session (no local tiers, pins or actions)
+    checks: str | None = None  # the restore checks' outcome (cache/restore_checks.py)
 
 
 class CacheService:
@@ -63,10 +64,18 @@ class CacheService:
                 memory += f" ({count:,} checkpoint{'' if count == 1 else 's'} stored)"
             choice = engine.restore_costs.describe() if engine.restore_costs is not None else None
             ttft = list(self.chat.figures.ttft_ms)
-            return CacheOverview(stats, True, pins, ttft, problem, memory, divergence, choice)
+            checks = cache_admin.describe_checks(stats.get("checks"))
+            return CacheOverview(stats, True, pins, ttft, problem, memory, divergence, choice, checks=checks)
         offline = cache_admin.cache_stats(self.chat.workspace)
         return CacheOverview(
-            offline, False, pins, list(self.chat.figures.ttft_ms), problem, offline["memory"]["description"], divergence
+            offline,
+            False,
+            pins,
+            list(self.chat.figures.ttft_ms),
+            problem,
+            offline["memory"]["description"],
+            divergence,
+            checks=cache_admin.describe_checks(offline["checks"]),
         )
 
     def advice(self) -> Advice | None:

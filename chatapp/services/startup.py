@@ -99,7 +99,11 @@ class Workspace:
 
     def with_model(self, model: Path) -> Workspace:
         """This workspace with another model (for this run: the settings file keeps its own)."""
-        return replace(self, settings=self.settings.model_copy(update={"model": model}))
+        return self.with_settings(model=model)
+
+    def with_settings(self, **changes: object) -> Workspace:
+        """This workspace with other settings (for this run: the settings file keeps its own)."""
+        return replace(self, settings=self.settings.model_copy(update=changes))
 
     def engine_config(
         self, sequences: int | None = None, load_progress: Callable[[float], bool] | None = None
@@ -162,6 +166,7 @@ class Workspace:
             disk_budget_bytes=settings.cache_disk_mib << 20,
             ttl_seconds=settings.cache_ttl_days * 86400,
             eviction_policy=settings.cache_eviction,
+            check_every=settings.cache_checks,
         )
 
     def cache_factory(self, hash_progress: LoadProgress | None = None) -> CacheFactory:

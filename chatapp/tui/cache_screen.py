@@ -92,6 +92,8 @@ class CacheScreen(ModalScreen[None]):
         memory = f"Model memory: {overview.memory}"
         if overview.restore_choice:
             memory += f"\nRestore or compute: {overview.restore_choice}"
+        if overview.checks:
+            memory += f"\nRestore checks: {overview.checks}"
         self.query_one("#cache-memory", Static).update(memory)
         self.query_one("#cache-divergence", Static).update(
             f"Last prompt that left an earlier one: {overview.divergence}"

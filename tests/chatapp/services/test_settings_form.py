@@ -50,6 +50,7 @@ EVERYTHING = Settings(
     cache_disk_mib=1,
     cache_ttl_days=0.25,
     cache_eviction="lru",
+    cache_checks=3,
     swa_full=True,
     checkpoint_every_blocks=4,
     backend="http://127.0.0.1:9",
@@ -102,7 +103,7 @@ def test_labels_kinds_and_restart_flags() -> None:
     assert restart == {
         "model", "context_cap", "sequences", "n_gpu_layers", "threads", "flash_attention", "kv_type", "batch_answers",
         "prompt_batches", "cache_block_size", "cache_ram_mib", "cache_disk_mib", "cache_ttl_days", "cache_eviction",
-        "swa_full",
+        "cache_checks", "swa_full",
         "backend", "backend_key", "backend_model",
         "checkpoint_every_blocks",
     }  # fmt: skip
