@@ -95,13 +95,14 @@ class Engine:
         self._scheduler.submit(handle)
         return handle
 
-    def flush_cache(self) -> None:
+    def flush_cache(self, *, checks: bool = False) -> None:
         """Wait until every answer so far has been handed to the cache and stored.
 
         Answers are stored after their caller is told they are done, so that storing never
         delays a reply; this waits for the engine thread to get there, then for the writer.
+        A restore check in idle time is given up (its prompt stays sampled) unless `checks`.
         """
-        if self._scheduler.flush() and self.cache is not None:
+        if self._scheduler.flush(checks=checks) and self.cache is not None:
             self.cache.flush()
 
     def holding(

@@ -39,8 +39,9 @@ log = logging.getLogger(__name__)
 class OwnWork(Protocol):
     """The scheduler's side of the engine's own work (an answer's recompute), which gives way to requests."""
 
-    def begin_own_work(self, job: GenerationHandle) -> None:
-        """`job` starts; it is cancelled at once (or later) when a request comes first."""
+    def begin_own_work(self, job: GenerationHandle, *, deferrable: bool = False) -> None:
+        """`job` starts; it is cancelled at once (or later) when a request comes first, and a `deferrable` one
+        (a restore check) when a flush waits too."""
         ...
 
     def end_own_work(self) -> None: ...
@@ -156,7 +157,7 @@ class Runner:
                 log.warning("could not keep the KV of this answer: %s", error)
         if self.cache is not None and not request.prefill_only:
             task.phase = Phase.CHECKING
-            yield from self._check_a_reuse(task, live)
+            yield from self._check_a_reuse(task)
 
     def _offer_for_check(self, request: GenerationRequest, result: GenerationResult) -> None:
         """A prompt answered with reused KV may be one the restore checks sample (cache/restore_checks.py)."""
@@ -168,12 +169,12 @@ class Runner:
             )
             self.cache.checks.offer(reused)
 
-    def _check_a_reuse(self, task: Task, live: LiveSequence) -> Generator[TaskStep, None, None]:
-        """Compute one sampled prompt again from nothing, in this sequence, and hand its logits' digest to
-        the checks; work for the idle time, which stops (the prompt stays sampled) when a request comes.
+    def _check_a_reuse(self, task: Task) -> Generator[TaskStep, None, None]:
+        """Compute one sampled prompt again from nothing and hand its logits' digest to the checks: work for
+        the idle time, which stops (the prompt stays sampled) when a request comes or a flush waits.
 
-        The sequence then holds that prompt, as a cold run of it leaves it: the next turn reuses it in place,
-        or restores the rest.
+        It runs in the sequence unused for longest (an empty one first), which then holds that prompt as a cold
+        run leaves it: the conversations resident in the others, the one just answered among them, stay.
         """
         assert self.cache is not None
         checks = self.cache.checks
@@ -183,19 +184,23 @@ class Runner:
         answered = task.current
         job = GenerationHandle(GenerationRequest(sampled.tokens, answered.request.sampling, use_cache=False))
         task.current = job
-        self._own_work.begin_own_work(job)
+        self._own_work.begin_own_work(job, deferrable=True)
+        checking: LiveSequence | None = None
         try:
             if job.cancel_event.is_set():
-                return  # a request waits: the sequence keeps what it holds, the prompt stays sampled
-            self.placer.forget(live.index)
-            stopped = yield from self._prefill.run(task, live, list(sampled.tokens))
+                return  # a request waits (or a flush): every sequence keeps what it holds, the prompt stays sampled
+            checking = self.sequences[self.sequences.least_recently_used(task.handle)]
+            checking.holder = task.handle  # released with the task's other sequences when it ends
+            self.placer.forget(checking.index)
+            stopped = yield from self._prefill.run(task, checking, list(sampled.tokens))
             if stopped is None and not job.cancel_event.is_set():
                 checks.done(sampled, self.context.logits_digest())
-            if live.short_first_batch:  # computed by other kernels than a longer prompt's: never reused
-                self.placer.forget(live.index)
+            if checking.short_first_batch:  # computed by other kernels than a longer prompt's: never reused
+                self.placer.forget(checking.index)
         except Exception as error:  # the caller has its answer; a failure here only leaves the check for later
             log.warning("could not check a restored prompt: %s", error)
-            self.placer.forget(live.index)
+            if checking is not None:
+                self.placer.forget(checking.index)
         finally:
             self._own_work.end_own_work()
             task.current = answered

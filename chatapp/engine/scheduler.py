@@ -45,6 +45,8 @@ class Scheduler:
         self._closing_lock = threading.Lock()  # also guards the two fields below
         self._waiting_requests = 0  # generation requests submitted and not yet started by the engine thread
         self._own_job: GenerationHandle | None = None  # the answer recompute running now, if any
+        self._own_job_deferrable = False  # whether it is a restore check, which a flush gives up
+        self._flushing = 0  # flush() calls waiting that give up restore checks
         # Engine thread only.
         self._tasks: list[Task] = []  # requests started and not yet done, in turn order
         self._pending: deque[Task] = deque()  # taken from the queue, not yet started (Phase.PENDING)
@@ -70,14 +72,27 @@ class Scheduler:
         if own_job is not None:
             own_job.cancel()  # a request comes before the recompute of the last answer
 
-    def flush(self) -> bool:
-        """Wait until every request submitted so far is done, own work included; False once closing."""
+    def flush(self, *, checks: bool = False) -> bool:
+        """Wait until every request submitted so far is done, own work included; False once closing.
+
+        A restore check (work for idle time that may take a whole prompt's compute) is given up, its
+        prompt kept for later, unless `checks`: a server or app closing waits for stores, not for it.
+        """
         reached = threading.Event()
         with self._closing_lock:
             if self._closing:
                 return False
             self._jobs.put(reached)
-        reached.wait()
+            if not checks:
+                self._flushing += 1
+                if self._own_job is not None and self._own_job_deferrable:
+                    self._own_job.cancel()
+        try:
+            reached.wait()
+        finally:
+            if not checks:
+                with self._closing_lock:
+                    self._flushing -= 1
         return True
 
     def close(self) -> None:
@@ -98,15 +113,17 @@ class Scheduler:
         return stepping is not None and stepping.current.cancel_event.is_set()
 
     # The runner's own work (OwnWork).
-    def begin_own_work(self, job: GenerationHandle) -> None:
+    def begin_own_work(self, job: GenerationHandle, *, deferrable: bool = False) -> None:
         with self._closing_lock:
             self._own_job = job
-            if self._waiting_requests or self._closing or len(self._tasks) > 1:
+            self._own_job_deferrable = deferrable
+            if self._waiting_requests or self._closing or len(self._tasks) > 1 or (deferrable and self._flushing):
                 job.cancel()
 
     def end_own_work(self) -> None:
         with self._closing_lock:
             self._own_job = None
+            self._own_job_deferrable = False
 
     # Engine thread.
     def _run(self) -> None:

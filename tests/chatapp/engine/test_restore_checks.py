@@ -41,7 +41,7 @@ def stored_and_pushed_out(engine: Engine, target: tuple[int, ...]) -> RestoreChe
     check so far done); the engine's restore checks."""
     answer(engine, target)
     answer(engine, prompt(engine, "Tell me about rivers.", persona="You are a geographer."))
-    engine.flush_cache()
+    engine.flush_cache(checks=True)
     assert engine.cache is not None
     return engine.cache.checks
 
@@ -64,7 +64,7 @@ def checked(tmp_path: Path, model_path: Path) -> Iterator[Engine]:
 def test_a_restored_answer_is_computed_again_in_idle_time_and_found_equal(checked: Engine) -> None:
     target = prompt(checked, "What is a verb?")
     restored_from_ram(checked, target)
-    checked.flush_cache()  # waits for the engine's own work: the check runs after the answer
+    checked.flush_cache(checks=True)  # waits for the engine's own work: the check runs after the answer
     assert checked.cache is not None
     counts = checked.cache.checks.counts()
     assert counts.checked >= 1
@@ -94,7 +94,7 @@ def test_a_check_gives_way_to_a_request_and_waits_for_the_next_idle_time(checked
             held = checks.counts()
             assert (held.checked, held.pending) == (before.checked, before.pending + 1)
     assert waiting.wait().stats.prompt_tokens == len(other)
-    checked.flush_cache()
+    checked.flush_cache(checks=True)
     after = checks.counts()
     assert after.checked == before.checked + 1 == after.equal  # one check per idle time: the oldest sample
     assert all(sampled.tokens != target for sampled in checks.take(build_name()))
@@ -123,7 +123,7 @@ def test_a_damaged_restore_is_caught_and_stops_reuse_until_resumed(
     warm = answer(checked, target)
     monkeypatch.undo()
     assert warm.stats.reuse_tier is ReuseTier.RAM
-    checked.flush_cache()  # the idle-time check
+    checked.flush_cache(checks=True)  # the idle-time check
     counts = checks.counts()
     assert counts.mismatched == before.mismatched + 1
     assert counts.suspended
@@ -135,5 +135,5 @@ def test_a_damaged_restore_is_caught_and_stops_reuse_until_resumed(
     answer(checked, prompt(checked, "Tell me about rivers.", persona="You are a geographer."))
     resumed = answer(checked, target)
     assert resumed.stats.reuse_tier is ReuseTier.RAM
-    checked.flush_cache()
+    checked.flush_cache(checks=True)
     assert not checks.suspended  # this restore was whole: its check found it equal
