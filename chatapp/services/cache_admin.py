@@ -44,8 +44,8 @@ def describe_checks(checks: Mapping[str, Any] | None) -> str | None:
         return "no answer that reused the cache has been checked against a cold run yet"
     pending = f" ({checks['pending']:,} waiting for idle time)" if checks["pending"] else ""
     return (
-        f"{checks['equal']:,} of {checks['checked']:,} answers that reused the cache, computed again without it, "
-        f"had bit-identical logits{pending}"
+        f"so far {checks['equal']:,} of {checks['checked']:,} answers that reused the cache, computed again without "
+        f"it, had bit-identical logits{pending}"
     )
 
 

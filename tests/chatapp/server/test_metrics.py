@@ -51,6 +51,11 @@ def test_counters_match_the_requests_made(http: httpx.Client, client: openai.Ope
     assert grew("chatapp_time_to_first_token_seconds_count") == 2
     assert grew("chatapp_request_duration_seconds_count") == 2
     assert ("chatapp_cache_evictions_total", (("tier", "disk"),)) in after
+    # The restore checks (the second answer reused the first's KV: sampled, checked when the server is idle).
+    assert ("chatapp_cache_checks_total", (("outcome", "equal"),)) in after
+    assert value(after, "chatapp_cache_checks_total", outcome="mismatched") == 0
+    assert ("chatapp_cache_reuse_stopped", ()) in after
+    assert value(after, "chatapp_cache_reuse_stopped") == 0
     # Sizing advice from the request log (this server's first scrape computed it; the next ones reuse it).
     predicted = {
         labels: share for (name, labels), share in after.items() if name == "chatapp_cache_predicted_reuse_ratio"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from chatapp.services.cache_admin import _kv_type_name, describe_memory
+from chatapp.services.cache_admin import _kv_type_name, describe_checks, describe_memory
 
 
 def test_a_model_on_a_fixed_grid_is_said_to_reuse_whole_batches_and_a_free_one_any_token() -> None:
@@ -37,3 +37,18 @@ def test_the_folders_kv_type_is_named_from_the_ggml_type_it_stored() -> None:
     assert _kv_type_name(2) == "q4_0"
     assert _kv_type_name(1) == "f16"
     assert _kv_type_name(-1) == "f16"  # a folder written before the type was noted
+
+
+def test_the_restore_checks_in_one_line() -> None:
+    counts = {"checked": 0, "equal": 0, "mismatched": 0, "pending": 0, "suspended": False}
+    assert describe_checks(None) is None
+    assert describe_checks(counts) == "no answer that reused the cache has been checked against a cold run yet"
+    counts |= {"checked": 12, "equal": 12, "pending": 1}
+    assert describe_checks(counts) == (
+        "so far 12 of 12 answers that reused the cache, computed again without it, had bit-identical logits "
+        "(1 waiting for idle time)"
+    )
+    stopped = describe_checks(counts | {"equal": 11, "mismatched": 1, "suspended": True})
+    assert stopped is not None
+    assert stopped.startswith("REUSE STOPPED: 1 of 12 checked answers")
+    assert "`chatapp cache verify --clear` resumes reuse" in stopped
