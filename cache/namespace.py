@@ -35,10 +35,15 @@ class Namespace:
     # Prompts computed in fixed batches of this many tokens (a model whose KV depends on where
     # batches end); 0 (left out) where batches end anywhere.
     batch_grid: int = 0
+    # The cells a sliding-window cache holds per sequence (swa_full, the batch size): where the window's
+    # cells lie, and so the bits of every token after its first wrap; 0 (left out) without a window.
+    window_cells: int = 0
+    # The device offloaded layers run on: its kernels round otherwise than the CPU's; "" (left out) on the CPU.
+    device: str = ""
 
     def canonical(self) -> str:
         fields = asdict(self)
-        for optional in ("batch_rows", "batch_grid"):
+        for optional in ("batch_rows", "batch_grid", "window_cells", "device"):
             if not fields[optional]:
                 del fields[optional]
         return json.dumps(fields, sort_keys=True)

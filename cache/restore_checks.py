@@ -96,7 +96,7 @@ class RestoreChecks:
         self.enabled = enabled  # False where the folder cannot be written: kept in memory only
         self._offered = 0
         self._allowed = False  # reuse_allowed()
-        self._seen = 0  # the record's modification time when last read
+        self._seen = (0, 0, 0)  # the record's file when last read or written (_signature)
         self._lock = threading.Lock()
         self._state = self._read() if enabled else _empty()
 
@@ -136,6 +136,10 @@ class RestoreChecks:
 
         if prompts:
             self._change(keep)
+
+    def drop(self, prompt: ReusedPrompt) -> None:
+        """No longer keep `prompt` (it cannot be checked here: too long for the context, not this vocabulary's)."""
+        self._change(lambda state: state.update(pending=[e for e in state["pending"] if _prompt_of(e) != prompt]))
 
     def next(self, build: str) -> ReusedPrompt | None:
         """The oldest kept prompt whose digest this build computed, or None."""
@@ -198,9 +202,10 @@ class RestoreChecks:
             suspended = bool(state["suspended"])
             return CheckCounts(state["checked"], state["equal"], mismatched, len(state["pending"]), suspended)
 
-    def clear(self) -> None:
-        """Let reuse start again (the mismatches stay listed, the counts too)."""
-        self._change(lambda state: state.update(suspended=False))
+    def clear(self) -> bool:
+        """Let reuse start again (the mismatches stay listed, the counts too); False where the record could not
+        be written (the stop then holds for other processes)."""
+        return self._change(lambda state: state.update(suspended=False))
 
     def refresh(self) -> None:
         """Read what another process (`chatapp cache verify`) may have written."""
@@ -209,19 +214,23 @@ class RestoreChecks:
                 self._state = self._read()
 
     def _refresh_if_changed(self) -> None:
-        if not self.enabled:
-            return
-        try:
-            changed = self.path.stat().st_mtime_ns
-        except OSError:
-            changed = 0
-        if changed != self._seen:
+        if self.enabled and self._signature() != self._seen:
             self.refresh()
 
+    def _signature(self) -> tuple[int, int, int]:
+        """What tells the record's file changed: its inode, modification time and size (a write in the same
+        clock tick as the last read replaces the inode)."""
+        try:
+            stat = self.path.stat()
+        except OSError:
+            return (0, 0, 0)
+        return (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+
     # The file.
-    def _change(self, change: Callable[[dict[str, Any]], None]) -> None:
+    def _change(self, change: Callable[[dict[str, Any]], None]) -> bool:
         """Apply `change` to the record as the file holds it now, under the folder's lock (another process
-        may share the folder), and write it back; in memory only where the folder cannot be written."""
+        may share the folder), and write it back; whether it was written (in memory only where the folder
+        cannot be written)."""
         with self._lock:
             if self.enabled:
                 try:
@@ -230,17 +239,19 @@ class RestoreChecks:
                         state = self._read()
                         change(state)
                         replace_atomically(self.path, json.dumps(state), durable=False)
+                        self._seen = self._signature()
                     self._state = state
-                    return
+                    return True
                 except OSError as error:  # a full or read-only folder: this session counts in memory
-                    log.warning("could not write the restore checks (%s)", error)
+                    log.warning("could not write the restore checks in %s (%s)", self.path.parent, error)
                     self.enabled = False
             change(self._state)
+            return False
 
     def _read(self) -> dict[str, Any]:
         """The record; a file is input, so anything of the wrong shape reads as absent."""
         try:
-            self._seen = self.path.stat().st_mtime_ns
+            self._seen = self._signature()
             data = json.loads(self.path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return _empty()
@@ -271,8 +282,12 @@ def _valid(entry: object, fields: dict[str, type]) -> bool:
         return False
     if not all(isinstance(entry[name], kind) for name, kind in fields.items()):
         return False
-    tokens = entry.get("tokens", [])
-    return all(isinstance(token, int) for token in tokens)
+    if "tokens" not in entry:
+        return True
+    tokens = entry["tokens"]
+    return bool(tokens) and all(
+        isinstance(token, int) and not isinstance(token, bool) and token >= 0 for token in tokens
+    )
 
 
 def _empty() -> dict[str, Any]:

@@ -138,14 +138,17 @@ def build_parser() -> argparse.ArgumentParser:
         "verify",
         parents=[shared],
         help="check the sampled answers that reused the cache against cold runs, bit for bit",
-        description="One answer in cache_checks that reused cached KV is kept as a sample; the app checks it "
-        "in idle time, and `chatapp ask` leaves its sample waiting. This loads the model and checks what waits: "
-        "each prompt with the cache and without it, the next token's logits compared bit for bit. A "
-        "difference stops reuse for this model and build (every prompt computed in full) and exits with 1.",
+        description="One answer in every `cache_checks` (a setting, 20) that reused cached KV is kept as a "
+        "sample; the app checks it in idle time, and `chatapp ask` leaves its sample waiting. This loads the model "
+        "and checks what waits: each prompt with the cache and without it, the next token's logits compared bit "
+        "for bit. A difference stops reuse for this model and build (every prompt computed in full); it exits "
+        "with 1 while reuse is stopped.",
     )
     verify_parser.add_argument("--limit", type=int, default=0, metavar="N", help="check at most N prompts")
     verify_parser.add_argument(
-        "--clear", action="store_true", help="resume reuse that a failed check stopped (loads no model)"
+        "--clear",
+        action="store_true",
+        help="resume reuse that a failed check stopped, for every model in the folder (loads no model)",
     )
     cache_commands.add_parser(
         "clear",

@@ -16,7 +16,16 @@ from chatapp.services.library import Library, open_library
 from chatapp.services.startup import Workspace, open_workspace
 
 # Greedy and short: reproducible answers, a fast run on two cores (one llama.cpp thread).
-SERVICE_SETTINGS = {"temperature": 0.0, "context_cap": 1024, "sequences": 2, "max_tokens": 12, "threads": 1}
+# No restore checks: one would compute a sampled prompt in the slot unused for longest in idle time, which the
+# tiers these tests expect assume keeps its conversation (the checks have tests of their own: test_restore_checks).
+SERVICE_SETTINGS = {
+    "temperature": 0.0,
+    "context_cap": 1024,
+    "sequences": 2,
+    "max_tokens": 12,
+    "threads": 1,
+    "cache_checks": 0,
+}
 # The `hold` fixture: arm the shared engine's gate for the rest of the test.
 Hold = Callable[[Step, int], StepGate]
 

@@ -64,7 +64,7 @@ class Engine:
                 ready_state_bytes=min(self.config.ready_state_bytes, cache.config.ram_budget_bytes) if cache else 0,
                 min_rows=loaded.min_rows,
                 grid=loaded.grid,
-                window_ring=loaded.context.shape.window_cells(loaded.info.window),
+                window_ring=loaded.info.window_cells,
             )
         except BaseException:
             loaded.close()

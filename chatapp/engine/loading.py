@@ -153,6 +153,7 @@ def load_model(
         memory_kind=model.memory.kind,
         window=model.window,
         swa_full=shape.swa_full,
+        window_cells=shape.window_cells(model.window) if model.window > 0 else 0,
         n_vocab=model.n_vocab,
         facts=model.facts(),
     )

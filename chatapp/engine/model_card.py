@@ -53,6 +53,9 @@ class ModelInfo:
     memory_kind: MemoryKind = MemoryKind.PLAIN
     window: int = 0  # tokens a sliding-window layer attends to (0: none)
     swa_full: bool = True
+    # The cells llama.cpp's sliding-window cache holds per sequence (0: no window): where a window's cells lie
+    # depends on it, and so does every bit a cold run computes after the window's first wrap.
+    window_cells: int = 0
     n_vocab: int = 0
     server: str | None = None  # the remote engine's address, None when the model runs here
     # What tells a served model apart when its file is not here (a hash of what the server says of

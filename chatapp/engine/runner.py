@@ -178,8 +178,11 @@ class Runner:
         """
         assert self.cache is not None
         checks = self.cache.checks
-        sampled = checks.next(build_name())
+        sampled = checks.next(build_name()) if checks.every > 0 else None  # 0: checks off, samples kept
         if sampled is None:
+            return
+        if not len(sampled.tokens) < self.context.shape.n_ctx_per_sequence or max(sampled.tokens) >= self.model.n_vocab:
+            checks.drop(sampled)  # another context's or vocabulary's: nothing to compare here
             return
         answered = task.current
         job = GenerationHandle(GenerationRequest(sampled.tokens, answered.request.sampling, use_cache=False))
@@ -197,8 +200,9 @@ class Runner:
                 checks.done(sampled, self.context.logits_digest())
             if checking.short_first_batch:  # computed by other kernels than a longer prompt's: never reused
                 self.placer.forget(checking.index)
-        except Exception as error:  # the caller has its answer; a failure here only leaves the check for later
+        except Exception as error:  # the caller has its answer; a failure costs this sample only
             log.warning("could not check a restored prompt: %s", error)
+            checks.drop(sampled)
             if checking is not None:
                 self.placer.forget(checking.index)
         finally:

@@ -37,8 +37,8 @@ def describe_checks(checks: Mapping[str, Any] | None) -> str | None:
     if checks["suspended"]:
         return (
             f"REUSE STOPPED: {checks['mismatched']:,} of {checks['checked']:,} checked answers that reused the "
-            "cache differed from a cold run; every prompt is computed in full. `chatapp cache verify` checks "
-            "again; `chatapp cache verify --clear` resumes reuse"
+            "cache differed from a cold run; that model's prompts are computed in full until `chatapp cache "
+            "verify --clear` resumes reuse"
         )
     if not checks["checked"] and not checks["pending"]:
         return "no answer that reused the cache has been checked against a cold run yet"

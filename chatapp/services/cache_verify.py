@@ -38,16 +38,18 @@ class VerifyReport:
         lifetime = f"; {self.lifetime_equal:,} of {self.lifetime_checked:,} checked so far were equal"
         if not self.checked:
             gone = f" ({self.gone:,} no longer cached)" if self.gone else ""
-            return f"{self.model}: no sampled prompt waits to be checked{gone}{lifetime}"
-        tiers = ", ".join(f"{tier} {count:,}" for tier, count in sorted(self.by_tier.items()))
-        line = (
-            f"{self.model}: checked {self.checked:,} prompt{'' if self.checked == 1 else 's'} that reuse cached "
-            f"KV ({tiers}): {self.equal:,} bit-identical to a cold run{lifetime}"
-        )
+            line = f"{self.model}: no sampled prompt waits to be checked{gone}{lifetime}"
+        else:
+            tiers = ", ".join(f"{tier} {count:,}" for tier, count in sorted(self.by_tier.items()))
+            line = (
+                f"{self.model}: checked {self.checked:,} prompt{'' if self.checked == 1 else 's'} that reuse cached "
+                f"KV ({tiers}): {self.equal:,} bit-identical to a cold run{lifetime}"
+            )
         if self.stopped:
+            found = "this run found a difference" if self.equal < self.checked else "a check found a difference"
             line += (
-                f"\n{self.checked - self.equal:,} differed: reuse is stopped for this model and build (every prompt "
-                "computed in full); `chatapp cache verify --clear` resumes it"
+                f"\nreuse is stopped for this model and build ({found}): every prompt is computed in full until "
+                "`chatapp cache verify --clear`"
             )
         return line
 
@@ -69,6 +71,8 @@ def verify(engine: EngineClient, model: str, limit: int = 0) -> VerifyReport:
                 stats = cached.stats
                 if stats.reused_tokens:
                     cold = engine.generate(GenerationRequest(sampled.tokens, GREEDY_ONE, use_cache=False)).wait()
+                    if not stats.logits_digest or not cold.stats.logits_digest:  # stopped before its logits
+                        break
                     tier = stats.reuse_tier.value
                     now = ReusedPrompt(sampled.tokens, tier, stats.reused_tokens, stats.logits_digest, build)
                     report.checked += 1
@@ -90,6 +94,7 @@ def resume_reuse(cache_dir: Path) -> int:
     for record in sorted((cache_dir / CHECKS_FOLDER).glob("*.json")):
         checks = RestoreChecks(cache_dir, record.stem)
         if checks.suspended:
-            checks.clear()
+            if not checks.clear():
+                raise ChatappError(f"could not write {record}: reuse stays stopped; fix the folder's permissions")
             resumed += 1
     return resumed

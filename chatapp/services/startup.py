@@ -218,6 +218,8 @@ def kv_cache_factory(
             context_size=info.n_ctx_per_sequence,
             batch_rows=FLASH_ATTENTION_ROWS if info.flash_attention else 0,
             batch_grid=info.prompt_grid,
+            window_cells=info.window_cells,
+            device=info.device if info.gpu_layers > 0 else "",
         )
         try:
             maintenance.remember_namespace(

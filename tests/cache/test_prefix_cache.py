@@ -158,8 +158,13 @@ def test_shared_prefixes_are_stored_once_and_partials_superseded(tmp_path: Path)
 
 
 def test_a_namespace_without_a_batch_rule_keeps_the_keys_it_had() -> None:
-    assert "batch_rows" not in namespace("model-a").canonical()
+    canonical = namespace("model-a").canonical()
+    for optional in ("batch_rows", "window_cells", "device"):
+        assert optional not in canonical
     assert replace(namespace("model-a"), batch_rows=64).id != namespace("model-a").id
+    # A window cache of another size lays its cells out otherwise (and so rounds otherwise); so does a device.
+    assert replace(namespace("model-a"), window_cells=1024).id != replace(namespace("model-a"), window_cells=4096).id
+    assert replace(namespace("model-a"), device="Vulkan0").id != namespace("model-a").id
 
 
 def test_namespaces_never_share_entries(tmp_path: Path) -> None:

@@ -95,6 +95,8 @@ def test_only_the_newest_samples_wait(tmp_path: Path) -> None:
         "[]",
         json.dumps({"checked": -4, "equal": "x", "suspended": "yes", "pending": [{"tokens": ["a"]}], "mismatches": 3}),
         json.dumps({"pending": [{"tokens": [1], "tier": "disk", "reused": 1, "digest": "d", "build": 2}]}),
+        json.dumps({"pending": [{"tokens": [], "tier": "disk", "reused": 1, "digest": "d", "build": "cpu"}]}),
+        json.dumps({"pending": [{"tokens": [-1, 2], "tier": "disk", "reused": 1, "digest": "d", "build": "cpu"}]}),
     ],
 )
 def test_a_damaged_record_reads_as_empty_never_as_a_crash(tmp_path: Path, content: str) -> None:
@@ -130,3 +132,14 @@ def test_a_folder_that_cannot_be_written_keeps_counting_in_memory(tmp_path: Path
     assert not checks.done(reused(1), "other")
     assert checks.suspended
     assert not checks.enabled
+    assert not checks.clear()  # said, so that `cache verify --clear` does not claim it resumed reuse
+    assert not checks.suspended  # this process goes on
+
+
+def test_a_sample_that_cannot_be_checked_is_dropped(tmp_path: Path) -> None:
+    checks = RestoreChecks(tmp_path, NAMESPACE, every=1)
+    checks.offer(reused(1))
+    checks.offer(reused(2))
+    checks.drop(reused(1))
+    assert checks.next("cpu") == reused(2)
+    assert checks.counts().checked == 0

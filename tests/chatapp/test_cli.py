@@ -231,15 +231,18 @@ def test_cache_stats_prune_and_clear(data_dir: Path, capsys) -> None:
 
 
 def test_cache_verify_checks_the_restore_ask_left_sampled(data_dir: Path, capsys) -> None:
-    """`ask` ends right after its answer, before the idle time the check would take: the sample waits."""
+    """`ask` ends right after its answer, mostly before the idle time the check would take: the sample waits."""
     ask_json(capsys, "Name a colour.", "--system", "You answer in one word.")
     second, _ = ask_json(capsys, "Name a fruit.", "--system", "You answer in one word.")
     assert second["reuse_tier"] == "disk"
     assert main(["cache", "stats", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["checks"]["pending"] == 1  # the session's first reuse
+    sampled = json.loads(capsys.readouterr().out)["checks"]  # the session's first reuse, checked or waiting
+    assert sampled["pending"] + sampled["checked"] == 1
     assert main(["cache", "verify", "--context", "1024"]) == 0
     report = capsys.readouterr().out
-    assert "checked 1 prompt that reuse cached KV (disk 1): 1 bit-identical to a cold run" in report
+    if sampled["pending"]:
+        assert "checked 1 prompt that reuse cached KV (disk 1): 1 bit-identical to a cold run" in report
+    assert "1 of 1 checked so far were equal" in report
     assert main(["cache", "stats", "--json"]) == 0
     checks = json.loads(capsys.readouterr().out)["checks"]
     assert checks == {"checked": 1, "equal": 1, "mismatched": 0, "pending": 0, "suspended": False}

@@ -138,8 +138,10 @@ def test_a_cut_inside_a_block_and_behind_the_window_equals_cold(
 
 
 def test_follow_ups_and_branches_past_the_window_ring_equal_cold(gemma: Path, cold: Engine, tmp_path: Path) -> None:
-    """The document wraps the window cache's ring; each follow-up continues in place, each branch cuts back
-    to an earlier turn (across the ring's end: written again where a cold run has its cells)."""
+    """The document wraps the window cache's ring of 1,024 cells. A follow-up continues in place; a branch that
+    changes the document's 29th line cuts the sequence back below 1,024 tokens while more than 1,024 are written:
+    the cut frees cells on both sides of the ring's end, so the sequence is written again where a cold run has
+    its cells (its window before the cut becomes placeholders), and answers as the cold run does."""
     with open_cached(gemma, tmp_path) as engine:
         turns = conversation("When was the lighthouse at Cape 3 built?", DOCUMENT)
         first = ask(engine, turns)
@@ -150,8 +152,19 @@ def test_follow_ups_and_branches_past_the_window_ring_equal_cold(gemma: Path, co
         assert answer.tier is ReuseTier.DEVICE
         assert answer.reused > len(engine.prompt_builder.build(turns)) - 64
         assert_as_cold(cold, follow_up, answer)
-        branch = conversation("Which lighthouse is the tallest?", DOCUMENT)
+        engine.flush_cache()  # the engine thread is idle from here on
+        written = len(engine.sequences[0].tokens)
+        branch = conversation("When was it built?", DOCUMENT.replace("Cape 29 was built in 1829", "Cape 29 was built"))
+        shared = next(
+            index
+            for index, (a, b) in enumerate(
+                zip(engine.sequences[0].tokens, engine.prompt_builder.build(branch), strict=False)
+            )
+            if a != b
+        )
+        assert engine.info.window < shared < 1024 < written
         answer = ask(engine, branch)
         assert answer.tier is ReuseTier.DEVICE
-        assert answer.reused > 1024  # past the ring's end
+        assert answer.reused == on_grid(shared, engine.info.prompt_grid)
+        assert engine.sequences[0].window_from == answer.reused - engine.info.window  # written again
         assert_as_cold(cold, branch, answer)
