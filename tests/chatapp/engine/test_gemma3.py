@@ -20,7 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from cache.llama_state import read_sequence_state
 from cache.memory_kinds import MemoryKind
+from cache.state_format import extract_piece, parse_state
 from chatapp.engine.batching import on_grid
 from chatapp.engine.engine import Engine, EngineConfig
 from chatapp.engine.requests import GenerationRequest
@@ -67,6 +69,24 @@ def cold_full_size(gemma: Path) -> Iterator[Engine]:
         yield engine
 
 
+def assert_kv_as_cold(engine: Engine, cold: Engine) -> None:
+    """The KV bytes llama.cpp returns for sequence 0 of each engine (both idle, both holding the same prompt
+    and answer), section by section and position by position, are equal."""
+    engine.flush_cache()
+    cold.flush_cache()
+    memory = engine.model.memory
+    warm_state = parse_state(read_sequence_state(engine.context.pointer, 0), memory)
+    cold_state = parse_state(read_sequence_state(cold.context.pointer, 0), memory)
+    for name in ("base", "swa"):
+        warm, expected = getattr(warm_state, name), getattr(cold_state, name)
+        assert warm is not None
+        assert expected is not None
+        warm_order, warm_first = warm.order()
+        cold_order, cold_first = expected.order()
+        assert (warm_first, warm.n_cells) == (cold_first, expected.n_cells), name
+        assert extract_piece(warm, warm_order, 0, warm.n_cells) == extract_piece(expected, cold_order, 0, warm.n_cells)
+
+
 def assert_as_cold(cold: Engine, messages: list[ChatMessage], answer: Answer) -> None:
     """The next token's logits after the prompt bit for bit, then every greedy token, as a cold run's."""
     prompt = tuple(cold.prompt_builder.build(messages))
@@ -91,6 +111,7 @@ def test_the_persona_restores_from_ram_exactly(gemma: Path, cold: Engine, tmp_pa
         assert answer.tier is ReuseTier.RAM
         assert answer.reused == on_grid(reuse_boundaries(engine.prompt_builder, second)[0], engine.info.prompt_grid) > 0
         assert_as_cold(cold, second, answer)
+        assert_kv_as_cold(engine, cold)
 
 
 def test_a_document_past_the_window_restores_from_disk_in_a_new_process(
@@ -168,3 +189,4 @@ def test_follow_ups_and_branches_past_the_window_ring_equal_cold(gemma: Path, co
         assert answer.reused == on_grid(shared, engine.info.prompt_grid)
         assert engine.sequences[0].window_from == answer.reused - engine.info.window  # written again
         assert_as_cold(cold, branch, answer)
+        assert_kv_as_cold(engine, cold)
