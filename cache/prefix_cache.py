@@ -78,6 +78,12 @@ def _lower_this_thread_priority() -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICENESS)
 
 
+STOPPED_NOTICE = (
+    "a restore check found an answer that reused the cache unlike a cold run: every prompt of this model is now "
+    "computed in full; `chatapp cache verify` checks again, `chatapp cache verify --clear` resumes reuse"
+)
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     """Sizes and lifetimes; the defaults suit a laptop."""
@@ -409,12 +415,13 @@ class PrefixCache:
         return self.disk.problem
 
     def take_notice(self) -> str | None:
-        """`problem`, the first time it is asked for: the app tells the user once."""
-        problem = self.disk.problem
-        if problem is None or problem in self._told:
-            return None
-        self._told.add(problem)
-        return problem
+        """`problem`, or that a failed restore check stopped reuse, the first time it is asked for: the app
+        tells the user once."""
+        for problem in (self.disk.problem, STOPPED_NOTICE if self.checks.suspended else None):
+            if problem is not None and problem not in self._told:
+                self._told.add(problem)
+                return problem
+        return None
 
     def record_request(
         self,

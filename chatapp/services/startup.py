@@ -13,7 +13,7 @@ from typing import Any
 from cache import maintenance
 from cache.fingerprint import FingerprintCancelled, files_fingerprint, fingerprints_remembered
 from cache.namespace import Namespace
-from cache.prefix_cache import CacheConfig, PrefixCache
+from cache.prefix_cache import STOPPED_NOTICE, CacheConfig, PrefixCache
 from cache.state_format import MemoryLayout
 from chatapp.engine.contract import EngineClient, ModelInfo, SamplingParams
 from chatapp.engine.opening import (
@@ -262,4 +262,6 @@ def engine_notices(engine: EngineClient) -> list[str]:
         notices.append(engine.cache_problem)
     if engine.cache is not None and engine.cache.problem:
         notices.append(engine.cache.problem)
+    if engine.cache is not None and engine.cache.checks.suspended:
+        notices.append(STOPPED_NOTICE)
     return notices

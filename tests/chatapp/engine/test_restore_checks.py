@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from cache import llama_state
+from cache.prefix_cache import STOPPED_NOTICE
 from cache.restore_checks import RestoreChecks
 from cache.state_format import parse_state
 from chatapp.engine import kv_placement
@@ -128,6 +129,9 @@ def test_a_damaged_restore_is_caught_and_stops_reuse_until_resumed(
     assert counts.mismatched == before.mismatched + 1
     assert counts.suspended
     assert "reused from ram answered unlike a cold run" in checks.mismatches()[-1].describe()
+    assert checked.cache is not None
+    assert checked.cache.take_notice() == STOPPED_NOTICE  # the app tells the user, once
+    assert checked.cache.take_notice() is None
     stopped = answer(checked, target)  # computed in full, though every block is still there
     assert stopped.stats.reused_tokens == 0
     assert stopped.stats.reuse_tier is ReuseTier.NONE
