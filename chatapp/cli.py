@@ -224,6 +224,13 @@ def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser], sh
         "last answer before the new question on, so every new question misses the cache from there",
     )
     serve_parser.add_argument(
+        "--keep-billing-line",
+        action="store_true",
+        help="send Claude Code's first system block (x-anthropic-billing-header: ..., metadata for Anthropic's "
+        "billing whose last part follows each conversation's first message) to the model as it comes; by "
+        "default it is left out, so that every new conversation reuses the instructions computed before",
+    )
+    serve_parser.add_argument(
         "--sort-tools",
         action="store_true",
         help="offer a request's tools in name order: for clients that list their tools in another order "
@@ -414,6 +421,7 @@ def run_serve(args: argparse.Namespace, workspace: Workspace) -> int:
         default_max_tokens=args.max_tokens,
         sort_tools=args.sort_tools,
         keep_reasoning=args.reasoning_history == "kept",
+        keep_billing_line=args.keep_billing_line,
     )
     serving = Serving(workspace, options)
     try:

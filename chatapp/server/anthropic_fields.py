@@ -71,16 +71,34 @@ class MessagesBody(MessagesBase):
         return checked_stop(self.stop_sequences, "stop_sequences")
 
 
-def api_messages(body: MessagesBase) -> list[ApiMessage]:
+# Claude Code's first system block: metadata for Anthropic's billing, not text for the model. Its last part
+# follows the conversation's first message, so two conversations' prompts would part at its ~10th token,
+# before the ~20k tokens of instructions and tool schemas that every one of them shares.
+BILLING_LINE = "x-anthropic-billing-header:"
+
+
+def system_prompt(body: MessagesBase, keep_billing_line: bool = False) -> str:
+    """The system prompt the model is told: the text or text blocks, Claude Code's billing line left out
+    (unless `keep_billing_line`)."""
+    system = body.system
+    if not keep_billing_line:
+        if isinstance(system, list):
+            system = [block for block in system if not (block.text or "").lstrip().startswith(BILLING_LINE)]
+        elif system is not None and system.lstrip().startswith(BILLING_LINE):
+            system = system.lstrip().partition("\n")[2]
+    return _text_of(system, "system")
+
+
+def api_messages(body: MessagesBase, keep_billing_line: bool = False) -> list[ApiMessage]:
     """The system prompt, then each message: a user turn's tool results become tool messages, in order."""
-    return converted(body)[0]
+    return converted(body, keep_billing_line)[0]
 
 
-def converted(body: MessagesBase) -> tuple[list[ApiMessage], list[int]]:
+def converted(body: MessagesBase, keep_billing_line: bool = False) -> tuple[list[ApiMessage], list[int]]:
     """The request's messages, and after each of the client's how many of them are made."""
     messages: list[ApiMessage] = []
     ends: list[int] = []
-    system = _text_of(body.system, "system")
+    system = system_prompt(body, keep_billing_line)
     if system.strip():
         messages.append(ApiMessage(Role.SYSTEM, system))
     for index, message in enumerate(body.messages):
@@ -257,7 +275,7 @@ def final_usage(figures: CompletionUsage) -> dict[str, int]:
     return usage(figures.prompt_tokens, figures.cached_tokens, figures.completion_tokens, figures.kept_tokens)
 
 
-def keep_hints(body: MessagesBase, ends: list[int]) -> tuple[KeepHint, ...]:
+def keep_hints(body: MessagesBase, ends: list[int], keep_billing_line: bool = False) -> tuple[KeepHint, ...]:
     """The request's `cache_control` breakpoints: each keeps the prompt through the message that holds it
     (tools and system: through the system prompt, which the tools are written into); `ends`: how many
     messages `converted` had made after each of the client's."""
@@ -265,7 +283,7 @@ def keep_hints(body: MessagesBase, ends: list[int]) -> tuple[KeepHint, ...]:
     system_blocks = body.system if isinstance(body.system, list) else []
     breakpoints += [(f"tools[{index}]", tool.get("cache_control")) for index, tool in enumerate(body.tools or ())]
     breakpoints += [(f"system[{index}]", block.cache_control) for index, block in enumerate(system_blocks)]
-    system_count = 1 if _text_of(body.system, "system").strip() else 0
+    system_count = 1 if system_prompt(body, keep_billing_line).strip() else 0
     hints = [(where, system_count, ttl) for where, ttl in _marked(breakpoints)]
     for index, message in enumerate(body.messages):
         if isinstance(message.content, list):

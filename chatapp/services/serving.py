@@ -62,6 +62,9 @@ class ServingOptions:
     default_max_tokens: int | None = None  # None: until the model ends the answer or the context is full
     sort_tools: bool = False
     keep_reasoning: bool = True
+    # Claude Code's billing line kept in the system prompt (anthropic_fields.BILLING_LINE): off, every new
+    # conversation reuses the instructions the ones before it computed.
+    keep_billing_line: bool = False
 
 
 @dataclass(frozen=True)

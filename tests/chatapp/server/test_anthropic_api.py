@@ -13,6 +13,7 @@ import anthropic
 import httpx
 import pytest
 
+from chatapp.server import anthropic_fields as fields
 from chatapp.services.pins import PinKeeper
 from tests.server_support import SYSTEM_PROMPT, RunningServer, running_server
 
@@ -321,3 +322,54 @@ def test_thinking_is_accepted_and_changes_nothing_on_a_model_without_a_switch(cl
     assert answered.usage.output_tokens == 2
     with pytest.raises(anthropic.BadRequestError, match="thinking"):
         claude.messages.create(max_tokens=2, thinking={"type": "enabled", "budget_tokens": 0}, **asked)
+
+
+def claude_code_system(conversation: str, *, text: str = SYSTEM_PROMPT) -> Any:
+    """The system blocks Claude Code 2.1.197 sends: its billing line, whose last three hex digits follow the
+    conversation's first message, then its agent line and instructions (here a short stand-in)."""
+    return [
+        {
+            "type": "text",
+            "text": f"x-anthropic-billing-header: cc_version=2.1.197.{conversation}; cc_entrypoint=sdk-cli;",
+        },
+        {"type": "text", "text": "You are a Claude agent, built on Anthropic's Claude Agent SDK."},
+        {"type": "text", "text": text, "cache_control": {"type": "ephemeral"}},
+    ]
+
+
+def test_a_new_claude_code_conversation_reuses_the_instructions_the_one_before_computed(
+    claude: anthropic.Anthropic,
+) -> None:
+    instructions = SYSTEM_PROMPT + " Every answer cites the keeper's log (billing line test)."
+    asked: dict[str, Any] = {"model": "claude-sonnet-4-5", "max_tokens": 4, "extra_body": NEVER_ENDS}
+    first = claude.messages.create(
+        **asked, system=claude_code_system("7a9", text=instructions), messages=[{"role": "user", "content": QUESTION}]
+    )
+    second = claude.messages.create(
+        **asked,
+        system=claude_code_system("430", text=instructions),
+        messages=[{"role": "user", "content": "Which lighthouse is the tallest?"}],
+    )
+    # Nothing before shares these instructions (but the template's first tokens).
+    assert (first.usage.cache_read_input_tokens or 0) < 0.1 * prompt_of(first.usage)
+    assert second.usage.cache_read_input_tokens is not None
+    # Everything up to the question (but the grid's last partial batch, on a model computed on one).
+    assert second.usage.cache_read_input_tokens >= 0.75 * prompt_of(second.usage)
+
+
+def test_the_billing_line_is_left_out_of_the_system_prompt_unless_kept() -> None:
+    def body_with(system: Any) -> fields.MessagesBody:
+        return fields.MessagesBody.model_validate(
+            {"model": "m", "max_tokens": 4, "system": system, "messages": [{"role": "user", "content": QUESTION}]}
+        )
+
+    body = body_with(claude_code_system("7a9"))
+    dropped = fields.system_prompt(body)
+    assert "x-anthropic-billing-header" not in dropped
+    assert dropped.startswith("You are a Claude agent")
+    assert fields.system_prompt(body, keep_billing_line=True).startswith("x-anthropic-billing-header: cc_version")
+    as_text = body_with("x-anthropic-billing-header: cc_version=1.2.3.abc;\nBe brief.")
+    assert fields.system_prompt(as_text) == "Be brief."
+    only_billing = body_with(claude_code_system("7a9")[:1])
+    assert fields.system_prompt(only_billing) == ""
+    assert fields.keep_hints(only_billing, [1]) == ()  # no system message left for a breakpoint to keep
