@@ -289,9 +289,13 @@ class CompletionService:
 
     def count_prompt(self, request: CompletionRequest) -> int:
         """How many tokens `request`'s prompt is, built as `start` would build it (nothing is computed)."""
+        return len(self.prompt_tokens(request))
+
+    def prompt_tokens(self, request: CompletionRequest) -> tuple[int, ...]:
+        """`request`'s prompt, built as `start` would build it (nothing is computed)."""
         if self.engine.prompt_builder is None:  # a backend's chat API builds its prompts there: nothing to count
             raise RequestError(NO_REMOTE_COUNT, "messages")
-        return len(self._prompt(request)[1].tokens)
+        return tuple(self._prompt(request)[1].tokens)
 
     def _prompt(
         self, request: CompletionRequest
