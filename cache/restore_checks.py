@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from cache.atomic_file import replace_atomically
 from cache.maintenance import CHECKS_FOLDER, file_lock
@@ -74,13 +74,7 @@ class CheckCounts:
     suspended: bool
 
     def as_stats(self) -> CheckStats:
-        return CheckStats(
-            checked=self.checked,
-            equal=self.equal,
-            mismatched=self.mismatched,
-            pending=self.pending,
-            suspended=self.suspended,
-        )
+        return cast(CheckStats, asdict(self))  # the same fields, by construction
 
 
 class RestoreChecks:
@@ -142,7 +136,10 @@ class RestoreChecks:
         self._change(lambda state: state.update(pending=[e for e in state["pending"] if _prompt_of(e) != prompt]))
 
     def next(self, build: str) -> ReusedPrompt | None:
-        """The oldest kept prompt whose digest this build computed, or None."""
+        """The oldest kept prompt whose digest this build computed, or None (always while checks are off:
+        the samples kept wait for `cache verify` or a session that checks)."""
+        if self.every <= 0:
+            return None
         with self._lock:
             for entry in self._state["pending"]:
                 if entry.get("build") == build:

@@ -178,7 +178,7 @@ class Runner:
         """
         assert self.cache is not None
         checks = self.cache.checks
-        sampled = checks.next(build_name()) if checks.every > 0 else None  # 0: checks off, samples kept
+        sampled = checks.next(build_name())
         if sampled is None:
             return
         if not len(sampled.tokens) < self.context.shape.n_ctx_per_sequence or max(sampled.tokens) >= self.model.n_vocab:

@@ -32,9 +32,12 @@ def test_one_reused_prompt_in_every_is_kept_the_first_always(tmp_path: Path) -> 
 
 def test_nothing_is_kept_when_off_or_when_nothing_was_reused(tmp_path: Path) -> None:
     assert not RestoreChecks(tmp_path, NAMESPACE, every=0).offer(reused(1))
+    RestoreChecks(tmp_path, NAMESPACE, every=1).offer(reused(2))
+    assert RestoreChecks(tmp_path, NAMESPACE, every=0).next("cpu") is None  # off: kept, but not checked here
+    assert RestoreChecks(tmp_path, NAMESPACE, every=1).next("cpu") == reused(2)
     nothing_reused = ReusedPrompt((1, 2, 3), "none", 0, "d", "cpu")
     assert not RestoreChecks(tmp_path, NAMESPACE, every=1).offer(nothing_reused)
-    assert RestoreChecks(tmp_path, NAMESPACE).counts().pending == 0
+    assert RestoreChecks(tmp_path, NAMESPACE).counts().pending == 1
 
 
 def test_a_check_counts_once_and_only_its_own_build_is_offered(tmp_path: Path) -> None:
@@ -77,7 +80,7 @@ def test_taken_prompts_are_no_longer_waiting_and_those_put_back_are(tmp_path: Pa
     assert taken == [reused(0), reused(1), reused(2)]
     assert checks.next("cpu") is None
     checks.put_back(taken[1:])
-    assert RestoreChecks(tmp_path, NAMESPACE).next("cpu") == reused(1)
+    assert RestoreChecks(tmp_path, NAMESPACE, every=1).next("cpu") == reused(1)
 
 
 def test_only_the_newest_samples_wait(tmp_path: Path) -> None:
@@ -109,7 +112,7 @@ def test_a_damaged_record_reads_as_empty_never_as_a_crash(tmp_path: Path, conten
     assert (counts.checked, counts.equal, counts.pending, counts.suspended) == (0, 0, 0, False)
     assert checks.next("cpu") is None
     assert checks.offer(reused(1))  # and it is written whole again
-    assert RestoreChecks(tmp_path, NAMESPACE).next("cpu") == reused(1)
+    assert RestoreChecks(tmp_path, NAMESPACE, every=1).next("cpu") == reused(1)
 
 
 def test_the_folder_adds_up_every_model_and_clear_removes_the_samples(tmp_path: Path) -> None:
