@@ -224,11 +224,13 @@ def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser], sh
         "last answer before the new question on, so every new question misses the cache from there",
     )
     serve_parser.add_argument(
-        "--keep-billing-line",
+        "--prompts-as-sent",
         action="store_true",
-        help="send Claude Code's first system block (x-anthropic-billing-header: ..., metadata for Anthropic's "
-        "billing whose last part follows each conversation's first message) to the model as it comes; by "
-        "default it is left out, so that every new conversation reuses the instructions computed before",
+        help="build Claude Code's prompts as they come: its first system block (x-anthropic-billing-header: ..., "
+        "metadata for Anthropic's billing whose last part follows each conversation's first message) sent to "
+        "the model, and its system message after a new conversation's first question left there; by default "
+        "the billing line is left out and that message joins the system prompt, so that every new conversation "
+        "reuses the instructions computed before",
     )
     serve_parser.add_argument(
         "--sort-tools",
@@ -421,7 +423,7 @@ def run_serve(args: argparse.Namespace, workspace: Workspace) -> int:
         default_max_tokens=args.max_tokens,
         sort_tools=args.sort_tools,
         keep_reasoning=args.reasoning_history == "kept",
-        keep_billing_line=args.keep_billing_line,
+        prompts_as_sent=args.prompts_as_sent,
     )
     serving = Serving(workspace, options)
     try:

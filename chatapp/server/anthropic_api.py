@@ -35,11 +35,11 @@ async def messages(request: Request) -> Response:
     context, body = await read_request(request, fields.MessagesBody)
     context.check_model(body.model)
     shape = fields.anthropic_shape(body.fields_sent())
-    billing = context.serving.options.keep_billing_line
-    chat, ends = fields.converted(body, billing)
+    as_sent = context.serving.options.prompts_as_sent
+    chat, ends = fields.converted(body, as_sent)
     options = sampling_of(body, body.max_tokens, top_k=body.top_k)
     stops = body.stops()
-    keep, reasoning = fields.keep_hints(body, ends, billing), anthropic_thinking(body.fields_sent().get("thinking"))
+    keep, reasoning = fields.keep_hints(body, ends, as_sent), anthropic_thinking(body.fields_sent().get("thinking"))
     answer = await start_chat(context, body.model, chat, options, stops, shape, keep=keep, reasoning=reasoning)
     message_id = f"msg_{uuid.uuid4().hex}"
     headers = await answer.placed(request)
@@ -69,7 +69,7 @@ async def count_tokens(request: Request) -> dict[str, int]:
     context, body = await read_request(request, fields.MessagesBase)
     context.check_model(body.model)
     shape = fields.anthropic_shape(body.fields_sent())
-    chat = fields.api_messages(body, context.serving.options.keep_billing_line)
+    chat = fields.api_messages(body, context.serving.options.prompts_as_sent)
     reasoning = anthropic_thinking(body.fields_sent().get("thinking"))
     async with context.serving_for(body.model) as serving:
         try:

@@ -77,36 +77,60 @@ class MessagesBody(MessagesBase):
 BILLING_LINE = "x-anthropic-billing-header:"
 
 
-def system_prompt(body: MessagesBase, keep_billing_line: bool = False) -> str:
-    """The system prompt the model is told: the text or text blocks, Claude Code's billing line left out
-    (unless `keep_billing_line`)."""
+def system_prompt(body: MessagesBase, as_sent: bool = False) -> str:
+    """The system prompt the model is told: the text or text blocks, Claude Code's billing line left out, and
+    the system messages sent before the first answer (`opening_system_messages`) after it; `as_sent`: the
+    system field alone, as it comes."""
     system = body.system
-    if not keep_billing_line:
-        if isinstance(system, list):
-            system = [block for block in system if not (block.text or "").lstrip().startswith(BILLING_LINE)]
-        elif system is not None and system.lstrip().startswith(BILLING_LINE):
-            system = system.lstrip().partition("\n")[2]
-    return _text_of(system, "system")
+    if as_sent:
+        return _text_of(system, "system")
+    if isinstance(system, list):
+        system = [block for block in system if not (block.text or "").lstrip().startswith(BILLING_LINE)]
+    elif system is not None and system.lstrip().startswith(BILLING_LINE):
+        system = system.lstrip().partition("\n")[2]
+    opening = [
+        _text_of(body.messages[index].content, f"messages[{index}].content") for index in opening_system_messages(body)
+    ]
+    return "\n\n".join(text for text in (_text_of(system, "system"), *opening) if text.strip())
 
 
-def api_messages(body: MessagesBase, keep_billing_line: bool = False) -> list[ApiMessage]:
+def opening_system_messages(body: MessagesBase) -> list[int]:
+    """The places of the system messages sent before the first answer. Claude Code sends one after each new
+    conversation's first question (the ~1.5k tokens of "Available agent types", the same in every
+    conversation, and in the same place in its later requests): told with the system prompt, before the
+    question, every new conversation reuses it."""
+    places = []
+    for index, message in enumerate(body.messages):
+        if message.role == "assistant":
+            break
+        if message.role == "system":
+            places.append(index)
+    return places
+
+
+def api_messages(body: MessagesBase, as_sent: bool = False) -> list[ApiMessage]:
     """The system prompt, then each message: a user turn's tool results become tool messages, in order."""
-    return converted(body, keep_billing_line)[0]
+    return converted(body, as_sent)[0]
 
 
-def converted(body: MessagesBase, keep_billing_line: bool = False) -> tuple[list[ApiMessage], list[int]]:
-    """The request's messages, and after each of the client's how many of them are made."""
+def converted(body: MessagesBase, as_sent: bool = False) -> tuple[list[ApiMessage], list[int]]:
+    """The request's messages, and after each of the client's how many of them are made; `as_sent`: Claude
+    Code's billing line and opening system messages where they come (`system_prompt`)."""
     messages: list[ApiMessage] = []
     ends: list[int] = []
-    system = system_prompt(body, keep_billing_line)
+    system = system_prompt(body, as_sent)
     if system.strip():
         messages.append(ApiMessage(Role.SYSTEM, system))
+    with_system = len(messages)
+    told = set() if as_sent else set(opening_system_messages(body))
     for index, message in enumerate(body.messages):
         where = f"messages[{index}]"
         blocks = (
             [AnthropicBlock(type="text", text=message.content)] if isinstance(message.content, str) else message.content
         )
-        if message.role == "user":
+        if index in told:
+            pass  # told with the system prompt
+        elif message.role == "user":
             messages.extend(_user_turn(blocks, where))
         elif message.role == "assistant":
             messages.append(_assistant_turn(blocks, where))
@@ -116,7 +140,7 @@ def converted(body: MessagesBase, keep_billing_line: bool = False) -> tuple[list
             raise ApiError(
                 400, f"{where}.role is {message.role!r}; use user, assistant or system", param=f"{where}.role"
             )
-        ends.append(len(messages))
+        ends.append(with_system if index in told else len(messages))
     return messages, ends
 
 
@@ -275,7 +299,7 @@ def final_usage(figures: CompletionUsage) -> dict[str, int]:
     return usage(figures.prompt_tokens, figures.cached_tokens, figures.completion_tokens, figures.kept_tokens)
 
 
-def keep_hints(body: MessagesBase, ends: list[int], keep_billing_line: bool = False) -> tuple[KeepHint, ...]:
+def keep_hints(body: MessagesBase, ends: list[int], as_sent: bool = False) -> tuple[KeepHint, ...]:
     """The request's `cache_control` breakpoints: each keeps the prompt through the message that holds it
     (tools and system: through the system prompt, which the tools are written into); `ends`: how many
     messages `converted` had made after each of the client's."""
@@ -283,7 +307,7 @@ def keep_hints(body: MessagesBase, ends: list[int], keep_billing_line: bool = Fa
     system_blocks = body.system if isinstance(body.system, list) else []
     breakpoints += [(f"tools[{index}]", tool.get("cache_control")) for index, tool in enumerate(body.tools or ())]
     breakpoints += [(f"system[{index}]", block.cache_control) for index, block in enumerate(system_blocks)]
-    system_count = 1 if system_prompt(body, keep_billing_line).strip() else 0
+    system_count = 1 if system_prompt(body, as_sent).strip() else 0
     hints = [(where, system_count, ttl) for where, ttl in _marked(breakpoints)]
     for index, message in enumerate(body.messages):
         if isinstance(message.content, list):

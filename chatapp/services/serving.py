@@ -62,9 +62,10 @@ class ServingOptions:
     default_max_tokens: int | None = None  # None: until the model ends the answer or the context is full
     sort_tools: bool = False
     keep_reasoning: bool = True
-    # Claude Code's billing line kept in the system prompt (anthropic_fields.BILLING_LINE): off, every new
-    # conversation reuses the instructions the ones before it computed.
-    keep_billing_line: bool = False
+    # Claude Code's prompts as sent: its billing line and opening system messages where they come
+    # (anthropic_fields.system_prompt); off, every new conversation reuses the instructions the ones before it
+    # computed.
+    prompts_as_sent: bool = False
 
 
 @dataclass(frozen=True)

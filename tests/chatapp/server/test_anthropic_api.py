@@ -15,6 +15,7 @@ import pytest
 
 from chatapp.server import anthropic_fields as fields
 from chatapp.services.pins import PinKeeper
+from chatapp.vocabulary import Role
 from tests.server_support import SYSTEM_PROMPT, RunningServer, running_server
 
 API_KEY = "anthropic-test-key"
@@ -367,9 +368,43 @@ def test_the_billing_line_is_left_out_of_the_system_prompt_unless_kept() -> None
     dropped = fields.system_prompt(body)
     assert "x-anthropic-billing-header" not in dropped
     assert dropped.startswith("You are a Claude agent")
-    assert fields.system_prompt(body, keep_billing_line=True).startswith("x-anthropic-billing-header: cc_version")
+    assert fields.system_prompt(body, as_sent=True).startswith("x-anthropic-billing-header: cc_version")
     as_text = body_with("x-anthropic-billing-header: cc_version=1.2.3.abc;\nBe brief.")
     assert fields.system_prompt(as_text) == "Be brief."
     only_billing = body_with(claude_code_system("7a9")[:1])
     assert fields.system_prompt(only_billing) == ""
     assert fields.keep_hints(only_billing, [1]) == ()  # no system message left for a breakpoint to keep
+
+
+def test_system_messages_before_the_first_answer_are_told_with_the_system_prompt_unless_as_sent() -> None:
+    agents = "Available agent types for the Agent tool:\n- claude: any task"
+    later = "The user switched folders."
+    body = fields.MessagesBody.model_validate(
+        {
+            "model": "m",
+            "max_tokens": 4,
+            "system": claude_code_system("7a9"),
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": QUESTION, "cache_control": {"type": "ephemeral"}}],
+                },
+                {"role": "system", "content": agents},
+                {"role": "assistant", "content": "Ask on."},
+                {"role": "system", "content": later},
+                {"role": "user", "content": "Which lighthouse is the tallest?"},
+            ],
+        }
+    )
+    chat, ends = fields.converted(body)
+    assert [message.role for message in chat] == [Role.SYSTEM, Role.USER, Role.ASSISTANT, Role.SYSTEM, Role.USER]
+    assert chat[0].content.startswith("You are a Claude agent")
+    assert chat[0].content.endswith("\n\n" + agents)
+    assert (chat[1].content, chat[3].content) == (QUESTION, later)  # a system message after an answer stays
+    assert ends == [2, 1, 3, 4, 5]  # the opening system message is made with the system prompt
+    assert [hint.messages for hint in fields.keep_hints(body, ends)] == [1, 2]  # the instructions' block, the question
+    as_sent, sent_ends = fields.converted(body, as_sent=True)
+    assert [message.role for message in as_sent][:3] == [Role.SYSTEM, Role.USER, Role.SYSTEM]
+    assert as_sent[0].content.startswith("x-anthropic-billing-header")
+    assert agents not in as_sent[0].content
+    assert sent_ends == [2, 3, 4, 5, 6]
