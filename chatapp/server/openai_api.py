@@ -33,7 +33,7 @@ from chatapp.server.schemas import (
     refuse_unsupported,
 )
 from chatapp.server.tool_fields import chat_message, openai_call, openai_shape
-from chatapp.services.completions import CompletionOutcome, CompletionUsage
+from chatapp.services.completions import ApiMessage, CompletionOutcome, CompletionUsage
 from chatapp.services.streamed_answer import CallArguments, CallBegins, CallShown
 from chatapp.vocabulary import StopReason
 
@@ -75,16 +75,21 @@ async def chat_completions(request: Request) -> Response:
     refuse_unsupported(fields, OPENAI_UNSUPPORTED)
     context.check_model(body.model)
     shape = openai_shape(fields)
-    messages = [
-        chat_message(index, message.role, message.text(index), message.fields_sent(), OPENAI_MESSAGE_UNSUPPORTED)
-        for index, message in enumerate(body.messages)
-    ]
+    messages = chat_messages(body)
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     options = sampling_of(body, max_tokens)
     stop = checked_stop(body.stop, "stop")
     reasoning = openai_reasoning(fields.get("reasoning_effort"))
     answer = await start_chat(context, body.model, messages, options, stop, shape, reasoning=reasoning)
     return await _respond(request, body, answer, "chat.completion", "chatcmpl")
+
+
+def chat_messages(body: ChatCompletionBody) -> list[ApiMessage]:
+    """The request's messages, each checked, as the prompt is built from them."""
+    return [
+        chat_message(index, message.role, message.text(index), message.fields_sent(), OPENAI_MESSAGE_UNSUPPORTED)
+        for index, message in enumerate(body.messages)
+    ]
 
 
 @router.post("/completions")
