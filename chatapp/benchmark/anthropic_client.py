@@ -1,4 +1,4 @@
-"""K's requests as Claude Code sends them (Anthropic's Messages API), and the streamed answer read back.
+"""K's and J's requests as Claude Code sends them (Anthropic's Messages API), and the streamed answer read back.
 
 A request is the whole session so far: the system prompt and the tools, the user's task, then per
 turn the agent's tool call (a `tool_use` block) and its result (a `tool_result` block), with
@@ -33,12 +33,16 @@ def anthropic_body(request: Request, max_tokens: int) -> dict[str, Any]:
     messages = [_message(message) for message in history]
     if messages:
         messages[-1]["content"][-1]["cache_control"] = EPHEMERAL
+    if request.after_question:  # J: sent after the first question, as Claude Code sends its agent types
+        system = system.removesuffix("\n\n" + request.after_question)
+        messages.insert(1, {"role": "system", "content": request.after_question})
+    billing = [{"type": "text", "text": request.billing_line}] if request.billing_line else []
     tools = [
         {"name": spec.name, "description": spec.description, "input_schema": spec.parameters} for spec in request.tools
     ]
     return {
         "model": "claude-sonnet-4-5",
-        "system": [{"type": "text", "text": system, "cache_control": EPHEMERAL}],
+        "system": [*billing, {"type": "text", "text": system, "cache_control": EPHEMERAL}],
         "messages": messages,
         "tools": tools,
         "tool_choice": {"type": "auto"},

@@ -212,6 +212,7 @@ def goal_verdicts(runs: Iterable[dict[str, Any]]) -> list[Verdict]:
         for workload in REMOTE_WORKLOADS:
             verdicts += _remote_verdicts(workload, remote, run_of(workload, in_process), run_of(workload, remote))
     verdicts += _coder_verdicts(run_of("K", SERVE), run_of("K", SERVER))
+    verdicts += _new_conversation_verdicts(run_of("J", SERVE), run_of("J", SERVER))
     return verdicts
 
 
@@ -220,11 +221,9 @@ def _coder_verdicts(serve: dict[str, Any] | None, server: dict[str, Any] | None)
     /v1/messages, the first turn after the restart, and the answers after it against cold runs."""
     if serve is None:
         return []
-    checks = serve.get("cold_check") or []
-    verdicts = []
-    if checks:
-        share = sum(1 for check in checks if check["equal"]) / len(checks)
-        verdicts.append(_at_least("K", "answers after restart equal to cold (share)", share, 1.0))
+    verdicts = (
+        [_cold_share("K", "answers after restart equal to cold (share)", serve)] if serve.get("cold_check") else []
+    )
     if server is not None:
         verdicts.append(
             _at_most(
@@ -234,6 +233,30 @@ def _coder_verdicts(serve: dict[str, Any] | None, server: dict[str, Any] | None)
         first = first_after_restart(server) / first_after_restart(serve)
         verdicts.append(_at_least("K", "first TTFT after restart, llama-server / chatapp serve", first, 10.0))
     return verdicts
+
+
+def _new_conversation_verdicts(serve: dict[str, Any] | None, server: dict[str, Any] | None) -> list[Verdict]:
+    """J, new coding-agent conversations: the median TTFT of the conversations after the first against
+    llama-server's on its own /v1/messages, and the answers checked against cold runs."""
+    if serve is None:
+        return []
+    verdicts = [_cold_share("J", "answers equal to cold (share)", serve)] if serve.get("cold_check") else []
+    if server is not None:
+        ratio = _ttft(server, _later_conversation) / _ttft(serve, _later_conversation)
+        verdicts.append(_at_least("J", "median TTFT of conversations 2-5, llama-server / chatapp serve", ratio, 10.0))
+    return verdicts
+
+
+def _later_conversation(index: int, request: dict[str, Any]) -> bool:
+    """A new conversation's first request after the first one (J; the sub-agent's is not one)."""
+    label = str(request["label"])
+    return label.startswith("conversation") and label != "conversation 1"
+
+
+def _cold_share(workload: str, measure: str, run: dict[str, Any]) -> Verdict:
+    """The share of a run's checked answers equal to the same prompt computed cold (all of them, or a miss)."""
+    checks = run["cold_check"]
+    return _at_least(workload, measure, sum(1 for check in checks if check["equal"]) / len(checks), 1.0)
 
 
 def _remote(peer: str) -> bool:

@@ -52,7 +52,7 @@ from chatapp.benchmark.restore_figure import RESTORE_NAME
 from chatapp.benchmark.streams_figure import STREAMS_NAME
 from chatapp.benchmark.trace_figure import TRACE_NAME
 from chatapp.benchmark.workloads import (
-    CODER_NAME,
+    AGENT_NAMES,
     SCALES,
     WORKLOAD_NAMES,
     Request,
@@ -72,9 +72,9 @@ from chatapp.services.prompt_plan import builder_of
 
 SERVER_PEER = "llama-server"
 SERVE_PEER = "chatapp-serve"
-MESSAGES_PEERS = (SERVE_PEER, SERVER_PEER)  # the peers that serve Anthropic's Messages API (K)
+MESSAGES_PEERS = (SERVE_PEER, SERVER_PEER)  # the peers that serve Anthropic's Messages API (K, J)
 DEFAULT_PEERS = (*PEERS, SERVE_PEER, LOOPBACK_PEER)
-ALL_NAMES = (*WORKLOAD_NAMES, CODER_NAME, *FIGURE_NAMES, RESTORE_NAME, PREFILL_NAME, STREAMS_NAME, TRACE_NAME)
+ALL_NAMES = (*WORKLOAD_NAMES, *AGENT_NAMES, *FIGURE_NAMES, RESTORE_NAME, PREFILL_NAME, STREAMS_NAME, TRACE_NAME)
 SKIP_SERVER = "llama-server: skipped (not built; run scripts/build_llama_server.py or pass --llama-server PATH)"
 
 
@@ -188,7 +188,7 @@ class _PhaseRunner:
         prepared = peer.prepare(request)
         if off_clock is not None:
             off_clock.append((preparing, time.perf_counter()))
-        if workload.protocol == "anthropic":  # K: the request as Claude Code sends it
+        if workload.protocol == "anthropic":  # K, J: the request as Claude Code sends it
             answer = peer.ask_messages(anthropic_body(request, self.max_tokens))  # type: ignore[attr-defined]
         else:
             answer = peer.ask(request.tokens, self.max_tokens)
@@ -222,14 +222,14 @@ class _PhaseRunner:
 def cold_check(
     settings: PeerSettings, workload: Workload, run: dict[str, Any], max_tokens: int, log: Callable[[str], None]
 ) -> list[dict[str, Any]]:
-    """K's answers after the restart (the first, restored from disk, and the last) against the same prompts
-    computed cold by chatapp's engine in this process (no cache; greedy, the answer's length fixed), and the
-    prompt the server built from the messages against the one the workload built."""
-    chosen = [index for index, request in enumerate(run["requests"]) if request["after_restart"]]
+    """The answers a workload over the Messages API names (`cold_checked`: K's first after the restart, restored
+    from disk, and its last; J's first reusing conversation and its last) against the same prompts computed cold
+    by chatapp's engine in this process (no cache; greedy, the answer's length fixed), and the prompt the server
+    built from the messages against the one the workload built."""
     checks = []
     engine = open_cold_engine(settings)
     try:
-        for index in sorted({chosen[0], chosen[-1]} if chosen else set()):
+        for index in workload.cold_checked:
             request, served = workload.requests[index], run["requests"][index]
             # The tools offered as the server offers them (auto: a lazy grammar from a call's first word on).
             builder = builder_of(engine).with_tools(request.tools)
@@ -339,7 +339,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workloads",
         default=",".join(ALL_NAMES),
-        help="which workloads, e.g. A,C (default: all: the peers on A-F, then chatapp's cache figures L "
+        help="which workloads, e.g. A,C (default: all: the peers on A-F, K (a coding agent's session over "
+        "Anthropic's Messages API) and J (new coding-agent conversations as Claude Code begins them), then "
+        "chatapp's cache figures L "
         "(lookup among many conversations), S (storage of conversations on one persona), R (what one "
         "restore and one total miss cost, step by step), P (prefill speed beside llama-server), N (clients "
         "at once over HTTP beside llama-server -np N) and G "
@@ -522,7 +524,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _built_workloads(plan: BenchPlan) -> list[Workload]:
     """The workloads the plan names that send requests, built (and logged) before any peer runs."""
-    built = (*WORKLOAD_NAMES, CODER_NAME)
+    built = (*WORKLOAD_NAMES, *AGENT_NAMES)
     names = tuple(name for name in plan.workload_names if name in built)
     workloads = build_workloads(plan.settings.model_path, plan.scale, names)
     for workload in workloads:
@@ -535,13 +537,13 @@ def _built_workloads(plan: BenchPlan) -> list[Workload]:
 
 
 def _peers_on(workload: Workload, plan: BenchPlan, settings: PeerSettings, work: Path) -> list[dict[str, Any]]:
-    """Every peer that serves `workload`, one after another; K's answers after the restart checked cold."""
+    """Every peer that serves `workload`, one after another; K's and J's chosen answers checked cold."""
     runs = []
     for name, factory in plan.factories.items():
         if getattr(factory, "drafts_only", False) and not any(request.draft for request in workload.requests):
             continue  # warm-ahead and type-ahead need to know how the app builds the prompt (C)
         if workload.protocol == "anthropic" and name not in MESSAGES_PEERS:
-            continue  # K goes over Anthropic's Messages API: the servers that serve it
+            continue  # K and J go over Anthropic's Messages API: the servers that serve it
         peer_settings = _settings_for(settings, workload)
         folder = work / _folder_name(name) / workload.name
         run = run_peer_on_workload(name, factory, peer_settings, workload, folder, plan.max_tokens, _log)

@@ -16,6 +16,10 @@ bench/cache_bench.py, moved here), grown until the model's tokenizer counts the 
   F  an agent loop: clients at once, each sending a coding agent's ten tools (JSON schemas) with a
      5,000-token system prompt and tools in all, a task, then one tool call and its result per
      step (agent_tools.py), back to back; the peer restarted half-way
+  K  a coding agent's session over Anthropic's Messages API (20,000 tokens of instructions and tools), a tool
+     call and its result per turn, restarted half-way (run when asked)
+  J  new conversations of a coding agent as Claude Code begins them, a sub-agent's request between two (run when
+     asked)
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ from chatapp.vocabulary import Role
 
 WORKLOAD_NAMES = ("A", "B", "C", "D", "E", "F")
 CODER_NAME = "K"  # a coding agent over Anthropic's Messages API: run when asked (it needs a long context)
+NEW_CONVERSATIONS_NAME = "J"  # new conversations of a Claude-Code-shaped agent: run when asked (a long context)
+AGENT_NAMES = (CODER_NAME, NEW_CONVERSATIONS_NAME)  # sent as messages: each server builds its own prompt
 BACK = "back:"  # A: a request to a persona asked before, after another one (goal A's requests)
 
 
@@ -68,6 +74,9 @@ class Scale:
     agent_context: int = 8192  # F: context per conversation at least (the tools alone outgrow a small one)
     coder_system: int = 20_000  # K: the system prompt and the tools, as Claude Code's first request (~19,600)
     coder_turns: int = 10  # K: turns of one session (restarted half-way)
+    new_conversations: int = 5  # J: new conversations in a row
+    agent_types: int = 1500  # J: the system message sent after each conversation's first question
+    sub_agent_system: int = 3000  # J: a sub-agent's own instructions (one request between conversations)
     lookup_conversations: int = 10_000  # L: conversations in the index a lookup searches
     storage_conversations: int = 50  # S: conversations on one persona stored through the engine
     restore_repeats: int = 5  # R: restores of one prefix by each path
@@ -122,6 +131,9 @@ SCALES = {
         agent_context=4096,
         coder_system=2000,
         coder_turns=4,
+        new_conversations=3,
+        agent_types=300,
+        sub_agent_system=400,
         stream_clients=(1, 3),
         stream_rounds=2,
         stream_answer=32,
@@ -153,6 +165,9 @@ SCALES = {
         agent_context=2048,
         coder_system=300,
         coder_turns=2,
+        new_conversations=2,
+        agent_types=40,
+        sub_agent_system=60,
         stream_clients=(1, 3),
         stream_rounds=1,
         stream_answer=4,
@@ -188,6 +203,11 @@ class Request:
     # F: what a client would send for these tokens: the chat messages (tool calls, results) and tools.
     messages: tuple[ChatMessage, ...] = ()
     tools: tuple[ToolSpec, ...] = ()
+    # J: what Claude Code sends beside the messages chatapp builds the prompt of: a billing line as the first
+    # system block (left out of chatapp's prompt), and the end of the system prompt as a system message after
+    # the first question (its agent types, told with chatapp's system prompt).
+    billing_line: str = ""
+    after_question: str = ""
 
 
 @dataclass(frozen=True)
@@ -204,6 +224,8 @@ class Workload:
     protocol: str = "tokens"  # how requests are sent: prompt tokens, or "anthropic" (K: messages and tools)
     # K on a model whose own template has no tools: the template llama-server is given (tool_template.py).
     server_template: str | None = None
+    # K, J: the requests whose answers are checked against the same prompt computed cold.
+    cold_checked: tuple[int, ...] = ()
 
     @property
     def prompt_tokens(self) -> int:
@@ -725,6 +747,68 @@ def workload_k(kit: PromptKit, scale: Scale) -> Workload:
         context=_context_for(longest),
         protocol="anthropic",
         server_template=server_template_for(kit.builder, requests),
+        cold_checked=tuple(sorted({scale.coder_turns // 2, scale.coder_turns - 1})),  # after the restart
+    )
+
+
+def workload_j(kit: PromptKit, scale: Scale) -> Workload:
+    """New conversations of a coding agent, one after another, each begun as Claude Code begins one over
+    Anthropic's Messages API: the same instructions and tools (about 20,000 tokens) after a billing line whose
+    last part changes with every conversation, a reminder with the date, the question, then ~1,500 tokens of
+    agent types as a system message; between the second and the third, a sub-agent's request (instructions
+    and a task of its own). Every conversation after the first should compute only its question."""
+    agent = AgentTexts(kit.texts)
+    tools = agent.tools(2, 0)
+    room = kit.context_limit() - scale.agent_types - 2 * scale.agent_step - 512
+    bare = len(kit.builder.with_tools(tools).build(conversation_messages("", None, [])))
+    instructions = agent.persona(4, max(64, min(scale.coder_system, room) - bare))
+    agent_types = "Available agent types for the Agent tool:\n" + agent.persona(5, scale.agent_types)
+    system = f"{instructions}\n\n{agent_types}"  # as chatapp tells them (anthropic_fields.system_prompt)
+    reminder = "<system-reminder>\n# currentDate\nToday's date is 2026-12-06.\n</system-reminder>\n"
+    rng = random.Random(1_256)
+    requests = []
+    for number in range(scale.new_conversations):
+        if number == min(2, scale.new_conversations - 1):
+            sub_system = agent.persona(6, scale.sub_agent_system)
+            task = agent.task(1_300, scale.agent_step)
+            sub_tools = tools[: len(tools) // 2]
+            messages = conversation_messages(sub_system, None, [Turn(Role.USER, task)])
+            requests.append(_claude_code_request(kit, "sub-agent", messages, sub_tools, rng, ""))
+        question = agent.task(1_200 + number, scale.agent_step)
+        messages = conversation_messages(system, None, [Turn(Role.USER, reminder + question)])
+        label = f"conversation {number + 1}"
+        requests.append(_claude_code_request(kit, label, messages, tools, rng, agent_types))
+    longest = max(len(request.tokens) for request in requests)
+    firsts = [index for index, request in enumerate(requests) if request.label.startswith("conversation")]
+    return Workload(
+        NEW_CONVERSATIONS_NAME,
+        f"new coding-agent conversations as Claude Code begins them: {len(requests[0].tokens):,} tokens of "
+        "instructions, tools and agent types, a question each, a sub-agent's request between two",
+        with_known_prefixes(kit, requests),
+        context=_context_for(longest),
+        protocol="anthropic",
+        server_template=server_template_for(kit.builder, requests),
+        cold_checked=tuple(sorted({firsts[1], firsts[-1]})),  # the first that reuses, and the last
+    )
+
+
+def _claude_code_request(
+    kit: PromptKit,
+    label: str,
+    messages: list[ChatMessage],
+    tools: tuple[ToolSpec, ...],
+    rng: random.Random,
+    after_question: str,
+) -> Request:
+    """A conversation's first request: chatapp's prompt of `messages`, sent with a billing line of its own."""
+    billing = f"x-anthropic-billing-header: cc_version=2.1.197.{rng.randrange(4096):03x}; cc_entrypoint=sdk-cli;"
+    return Request(
+        label,
+        kit.build(messages, tools),
+        messages=tuple(messages),
+        tools=tools,
+        billing_line=billing,
+        after_question=after_question,
     )
 
 
@@ -763,6 +847,7 @@ BUILDERS = {
     "E": workload_e,
     "F": workload_f,
     CODER_NAME: workload_k,
+    NEW_CONVERSATIONS_NAME: workload_j,
 }
 
 

@@ -159,3 +159,13 @@ def test_f_judges_each_clients_first_request_after_the_restart_beside_the_median
     assert found["F each client's first TTFT after restart, llama-server / chatapp"] == pytest.approx(
         (6500 / 600, True)
     )
+
+
+def test_j_judges_the_later_conversations_first_requests_and_leaves_the_sub_agent_out() -> None:
+    labels = ["conversation 1", "conversation 2", "sub-agent", "conversation 3", "conversation 4"]
+    serve = run("J", "chatapp-serve", [900, 10, 500, 20, 30], labels)
+    serve["cold_check"] = [{"equal": True}, {"equal": False}]
+    server = run("J", "llama-server", [950, 900, 5, 150, 1000], labels)
+    found = verdicts_by_measure([serve, server])
+    assert found["J median TTFT of conversations 2-5, llama-server / chatapp serve"] == pytest.approx((900 / 20, True))
+    assert found["J answers equal to cold (share)"] == pytest.approx((0.5, False))

@@ -281,3 +281,21 @@ def test_the_coding_agent_goes_over_anthropics_messages_api_and_is_checked_again
     assert not saved["mismatches"]
     measures = {goal["measure"] for goal in saved["goals"]}
     assert "answers after restart equal to cold (share)" in measures
+
+
+@pytest.mark.slow
+def test_new_coding_agent_conversations_reuse_their_instructions_and_answer_as_cold(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """J: chatapp serve reads Claude Code's bodies back to the prompts the workload built, and a new conversation
+    after the sub-agent's request still finds the instructions the first one computed."""
+    assert runner.main(argv(tiny_model, tmp_path, "chatapp-serve", "J")) == 0
+    saved = json.loads((tmp_path / "bench.json").read_text())
+    (run,) = saved["runs"]
+    first, sub_agent, second = run["requests"]
+    assert sub_agent["label"] == "sub-agent"
+    assert first["computed_tokens"] == first["prompt_tokens"]
+    assert second["computed_tokens"] <= second["prompt_tokens"] - second["known_prefix"] + 64
+    assert [check["equal"] for check in run["cold_check"]] == [True]
+    assert not saved["mismatches"]
+    assert "answers equal to cold (share)" in {goal["measure"] for goal in saved["goals"]}

@@ -15,12 +15,14 @@ from typing import Any
 import pytest
 
 from chatapp.benchmark.agent_tools import TOOL_SET
+from chatapp.benchmark.anthropic_client import anthropic_body
 from chatapp.benchmark.workloads import SCALES, Request, Workload, build_workloads
 from chatapp.engine.handle import GenerationHandle
 from chatapp.engine.llama_native import NativeModel
 from chatapp.engine.opening import open_prompt_builder
 from chatapp.engine.requests import GenerationRequest
 from chatapp.prompting.prompt import ChatMessage
+from chatapp.server import anthropic_fields
 from chatapp.tools import ToolSpec
 from chatapp.vocabulary import Role
 from tests.chatapp.benchmark.test_agent_tools import TYPES, follows
@@ -203,3 +205,44 @@ def test_a_client_sending_the_chat_with_its_tools_gets_the_same_prompt(
                     temperature=0,
                 )
     assert prompts == [request.tokens for request in agent_loop.requests]
+
+
+@pytest.fixture(scope="module")
+def new_conversations(model: Path) -> Workload:
+    (workload,) = build_workloads(model, SCALE, ("J",))
+    return workload
+
+
+def test_new_conversations_are_sent_as_claude_code_begins_them(new_conversations: Workload) -> None:
+    """Each conversation's body: a billing line of its own first, the instructions, the question, then the agent
+    types as a system message; the sub-agent's request has instructions of its own."""
+    labels = [request.label for request in new_conversations.requests]
+    assert labels == ["conversation 1", "sub-agent", "conversation 2"]
+    bodies = [anthropic_body(request, 4) for request in new_conversations.requests]
+    billing = [body["system"][0]["text"] for body in bodies]
+    assert all(line.startswith("x-anthropic-billing-header: cc_version=") for line in billing)
+    assert len(set(billing)) == len(billing)
+    first, sub_agent, second = bodies
+    assert first["system"][1] == second["system"][1]
+    assert [message["role"] for message in second["messages"]] == ["user", "system"]
+    assert second["messages"][1]["content"].startswith("Available agent types")
+    assert second["messages"][0]["content"] != first["messages"][0]["content"]
+    assert [message["role"] for message in sub_agent["messages"]] == ["user"]
+    assert sub_agent["system"][1]["text"] != first["system"][1]["text"]
+    assert new_conversations.cold_checked == (2,)  # the first conversation that reuses is the last here
+
+
+def test_chatapp_reads_each_body_back_to_the_workloads_prompt(new_conversations: Workload, model: Path) -> None:
+    """The server leaves the billing line out and tells the agent types with the system prompt: the messages
+    it builds the prompt from are the workload's, so the prompt is the workload's tokens."""
+    builder = open_prompt_builder(model)
+    for request in new_conversations.requests:
+        body = anthropic_fields.MessagesBody.model_validate(anthropic_body(request, 4))
+        chat, _ = anthropic_fields.converted(body)
+        assert [(message.role, message.content) for message in chat] == [
+            (message.role, message.content) for message in request.messages
+        ]
+        assert tuple(builder.with_tools(request.tools).build(list(request.messages))) == request.tokens
+    conversations = [request.tokens for request in new_conversations.requests if request.label != "sub-agent"]
+    question = len(conversations[1]) - new_conversations.requests[2].known_prefix
+    assert question < 0.5 * len(conversations[1])  # all but the question was known from the first
