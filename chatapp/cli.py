@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from contextlib import closing
 from pathlib import Path
@@ -19,6 +20,7 @@ from chatapp.benchmark.runner import add_arguments as add_bench_arguments
 from chatapp.benchmark.runner import run as run_bench
 from chatapp.documents import load_document
 from chatapp.errors import ChatappError, SettingsError
+from chatapp.server.access import ORIGINS_ENV, AccessPolicy, is_loopback_name, split_list
 from chatapp.services.ask import AskRequest, ask
 from chatapp.services.cache_admin import cache_stats, clear_cache, clear_model_cache, format_stats, prune_cache
 from chatapp.services.cache_advice import advise, format_advice
@@ -199,6 +201,24 @@ def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser], sh
         metavar="KEY",
         default=os.environ.get(ENV_API_KEY) or None,
         help=f"require 'Authorization: Bearer KEY' on every route but /health (or ${ENV_API_KEY})",
+    )
+    serve_parser.add_argument(
+        "--allowed-hosts",
+        metavar="NAMES",
+        action="append",
+        default=[],
+        help="names besides localhost, 127.0.0.1 and [::1] that requests may address the server by "
+        "(comma-separated or repeated, * for any): bound to a loopback address, a request for another Host is "
+        "refused, as a web page reaching the server by DNS rebinding would send",
+    )
+    serve_parser.add_argument(
+        "--allowed-origins",
+        metavar="ORIGINS",
+        action="append",
+        default=[],
+        help="web pages besides this machine's that may call the server, as origins such as "
+        "https://app.example.com or https://*.example.com (comma-separated or repeated, * for any; also "
+        f"${ORIGINS_ENV}); a request a browser sends from any other page is refused",
     )
     serve_parser.add_argument(
         "--max-pending",
@@ -412,6 +432,7 @@ def run_serve(args: argparse.Namespace, workspace: Workspace) -> int:
     aliases = tuple(alias.strip() for alias in args.model_alias)
     if not all(aliases):
         raise SettingsError("a --model-alias is empty; pass a model name such as gpt-4o")
+    access = access_policy(args)
     check_port_free(args.host, args.port)
 
     def say(line: str) -> None:
@@ -443,8 +464,36 @@ def run_serve(args: argparse.Namespace, workspace: Workspace) -> int:
     except BaseException:
         serving.close()
         raise
-    serve(pool, host=args.host, port=args.port, api_key=args.api_key, body_limit_bytes=MAX_BODY_BYTES, say=say)
+    serve(
+        pool,
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key,
+        body_limit_bytes=MAX_BODY_BYTES,
+        say=say,
+        access=access,
+    )
     return 0
+
+
+def access_policy(args: argparse.Namespace) -> AccessPolicy:
+    """The Host and Origin rules `chatapp serve`'s flags (and $CHATAPP_ALLOWED_ORIGINS) set; a SettingsError for a
+    name or an origin written as something else."""
+    hosts = split_list(args.allowed_hosts)
+    for name in hosts:
+        if "/" in name or name.count(":") == 1 or not name.strip("*."):
+            raise SettingsError(
+                f"--allowed-hosts {name!r} is not a host name; give the name alone, such as chatapp.lan (no scheme, "
+                "no port)"
+            )
+    origins = split_list([*args.allowed_origins, os.environ.get(ORIGINS_ENV, "")])
+    for origin in origins:
+        if origin not in ("*", "null") and not re.fullmatch(r"[a-z][a-z0-9+.-]*://[^/\s]+", origin.lower()):
+            raise SettingsError(
+                f"--allowed-origins {origin!r} is not an origin; write a page's origin, such as "
+                "https://app.example.com or https://*.example.com (no path)"
+            )
+    return AccessPolicy.for_address(is_loopback_name(args.host), hosts, origins)
 
 
 def run_chat(workspace: Workspace) -> int:

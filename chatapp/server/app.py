@@ -1,4 +1,4 @@
-"""The ASGI application: both APIs, /health, /metrics, the API key check and the error shapes."""
+"""The ASGI application: the APIs, /health, /metrics, the Host, Origin and API key checks and the error shapes."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from chatapp import __version__
 from chatapp.server import anthropic_api, llama_api, ollama_api, openai_api, responses_api, unsupported
+from chatapp.server.access import cors_headers
 from chatapp.server.context import ServerContext
 from chatapp.server.errors import ApiError, error_response, handle_api_error, handle_http_error, handle_unexpected
 from chatapp.server.metrics import CONTENT_TYPE
@@ -48,8 +49,18 @@ def create_app(context: ServerContext) -> FastAPI:
     @app.middleware("http")
     async def check_key_and_count(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
         path = request.url.path
-        if context.api_key is not None and path not in OPEN_ROUTES and not _authorized(request, context.api_key):
-            response: Response = error_response(
+        origin = request.headers.get("origin")
+        access = context.access
+        refusal = access.host_refusal(request.headers.get("host"))
+        if refusal is None and origin is not None and not access.origin_allowed(origin):
+            refusal = access.origin_refusal(origin)
+        if refusal is not None:
+            response: Response = error_response(path, ApiError(403, refusal, kind="permission_error"))
+        elif origin is not None and _is_preflight(request):
+            requested = request.headers.get("access-control-request-headers", "")
+            response = Response(status_code=204, headers=cors_headers(origin, requested))
+        elif context.api_key is not None and path not in OPEN_ROUTES and not _authorized(request, context.api_key):
+            response = error_response(
                 path,
                 ApiError(
                     401,
@@ -60,12 +71,19 @@ def create_app(context: ServerContext) -> FastAPI:
             )
         else:
             response = await call_next(request)
+        if origin is not None and refusal is None:
+            response.headers.update(cors_headers(origin))
         route = request.scope.get("route")
         template = getattr(route, "path", "other")
         context.metrics.requests.labels(template, str(response.status_code)).inc()
         return response
 
     return app
+
+
+def _is_preflight(request: Request) -> bool:
+    """A browser asking whether it may send a request (CORS): answered before the key is asked for."""
+    return request.method == "OPTIONS" and "access-control-request-method" in request.headers
 
 
 def _authorized(request: Request, key: str) -> bool:

@@ -1,4 +1,4 @@
-"""What the routes share: the served models, the metrics, the limits and the key (one per app)."""
+"""What the routes share: the served models, the metrics, the limits, the key and who may call (one per app)."""
 
 from __future__ import annotations
 
@@ -10,17 +10,19 @@ from anyio import to_thread
 from fastapi import Request
 
 from chatapp.errors import ModelError
+from chatapp.server.access import AccessPolicy
 from chatapp.server.errors import ApiError
 from chatapp.server.metrics import ServerMetrics
 from chatapp.services.model_pool import UNCHANGED, KeepAlive, ModelNotServed, ModelPool, ModelRefused, ModelsBusy
 from chatapp.services.serving import Serving
 
 RETRY_AFTER_SECONDS = "1"  # what a 503 asks the client to wait
+LOOPBACK_ONLY = AccessPolicy(check_host=True)  # bound to loopback, no other names or pages allowed
 
 
 @dataclass
 class ServerContext:
-    """What the routes share: the served models, the metrics, the limits and the key.
+    """What the routes share: the served models, the metrics, the limits, the key and the Host and Origin rules.
 
     The pool holds the model the server started with (under its id and aliases, or every name
     with `any_model`) and loads any other model on this machine a request names.
@@ -30,6 +32,7 @@ class ServerContext:
     metrics: ServerMetrics
     body_limit_bytes: int = 8 << 20
     api_key: str | None = None
+    access: AccessPolicy = LOOPBACK_ONLY
 
     @property
     def serving(self) -> Serving:

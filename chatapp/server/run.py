@@ -7,7 +7,6 @@ the cache is written before the process exits, so nothing is left half-written.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import signal
 import socket
@@ -18,6 +17,7 @@ from types import FrameType
 import uvicorn
 
 from chatapp.errors import ChatappError
+from chatapp.server.access import AccessPolicy, is_loopback_name
 from chatapp.server.app import create_app
 from chatapp.server.context import ServerContext
 from chatapp.server.metrics import ServerMetrics
@@ -26,16 +26,6 @@ from chatapp.services.model_pool import ModelPool
 
 GRACEFUL_SHUTDOWN_SECONDS = 5
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-
-
-def is_loopback(host: str) -> bool:
-    """Whether `host` is reachable from this machine only."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _stop_as_interrupted(_signal: int, _frame: FrameType | None) -> None:
@@ -69,12 +59,14 @@ def build_server(
     api_key: str | None,
     body_limit_bytes: int,
     log_level: str = "info",
+    access: AccessPolicy | None = None,
 ) -> tuple[uvicorn.Server, ServerContext]:
     """The app on `pool`'s models in a uvicorn server not yet started (`serve` runs it; tests run it on
     a thread), and what its routes share."""
     workspace = pool.default.workspace
     metrics = ServerMetrics(pool.default.cache_figures, AdviceMemo(workspace.kv_cache_dir, workspace.settings).latest)
-    context = ServerContext(pool, metrics, body_limit_bytes, api_key)
+    access = access if access is not None else AccessPolicy.for_address(is_loopback_name(host))
+    context = ServerContext(pool, metrics, body_limit_bytes, api_key, access)
     config = uvicorn.Config(
         create_app(context),
         host=host,
@@ -94,11 +86,14 @@ def serve(
     api_key: str | None,
     body_limit_bytes: int,
     say: Callable[[str], None],
+    access: AccessPolicy | None = None,
 ) -> None:
     """Serve until interrupted; every model is closed on the way out, the started one last."""
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
     serving = pool.default
-    server, context = build_server(pool, host=host, port=port, api_key=api_key, body_limit_bytes=body_limit_bytes)
+    server, context = build_server(
+        pool, host=host, port=port, api_key=api_key, body_limit_bytes=body_limit_bytes, access=access
+    )
     shown_host = f"[{host}]" if ":" in host else host
     say(
         f"chatapp serving {serving.model.id} at http://{shown_host}:{port}/v1 (OpenAI) "
@@ -117,7 +112,9 @@ def serve(
         say(f"and {found}, each loaded when a request names it (GET /v1/models)")
     for notice in serving.notices:
         say(f"warning: {notice}")
-    if not is_loopback(host) and api_key is None:
+    if context.access.allowed_origins:
+        say(f"web pages at {', '.join(context.access.allowed_origins)} may call it (--allowed-origins)")
+    if not is_loopback_name(host) and api_key is None:
         say(
             f"warning: listening on {host} without an API key: anyone who can reach this port can use the model; "
             "pass --api-key KEY (or set CHATAPP_API_KEY)"
