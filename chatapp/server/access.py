@@ -6,9 +6,9 @@ same-origin with the server: its requests carry that name as Host) and by cross-
 requests (a POST with `Content-Type: text/plain` needs no CORS preflight, and the browser delivers
 it). Bound to a loopback address, the server therefore answers only requests whose Host is a
 loopback name (or one `--allowed-hosts` lists); whatever the address, a request a browser sends
-from a page (it carries `Origin`) is answered only for a page on this machine (or an application's, such
-as an editor's webview) or one `--allowed-origins` (or $CHATAPP_ALLOWED_ORIGINS) lists, and only those get CORS headers. Local
-clients send no Origin and are not affected.
+from a page (it carries `Origin`) is answered only for a page on this machine (or an application's,
+such as an editor's webview) or one `--allowed-origins` (or $CHATAPP_ALLOWED_ORIGINS) lists, and
+only those get CORS headers. Local clients send no Origin and are not affected.
 """
 
 from __future__ import annotations
