@@ -224,7 +224,7 @@ def anthropic_shape(fields: dict[str, Any]) -> AnswerShape:
     value = fields.get("tool_choice")
     if value is not None:
         kind = value.get("type") if isinstance(value, dict) else None
-        if kind not in CHAT_TOOL_CHOICES:
+        if not isinstance(kind, str) or kind not in CHAT_TOOL_CHOICES:
             raise ApiError(400, "tool_choice.type must be 'auto', 'any', 'tool' or 'none'", param="tool_choice")
         name = value.get("name")
         chat_fields["tool_choice"] = (

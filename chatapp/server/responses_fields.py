@@ -81,7 +81,7 @@ def api_messages(body: ResponsesBody) -> list[ApiMessage]:
             messages.append(
                 ApiMessage(Role.TOOL, output, tool_call_id=call_id, name=names.get(call_id, ""), where=where)
             )
-        elif kind not in DROPPED_ITEMS:
+        elif not isinstance(kind, str) or kind not in DROPPED_ITEMS:
             raise ApiError(
                 400,
                 f"{where} is of type {kind!r}; this server reads message, function_call and function_call_output",
@@ -114,7 +114,7 @@ def _content_text(content: Any, where: str) -> str:
     pieces = []
     for number, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind not in TEXT_PARTS or not isinstance(part.get("text"), str):
+        if not isinstance(kind, str) or kind not in TEXT_PARTS or not isinstance(part.get("text"), str):
             raise ApiError(400, f"{where}[{number}] is of type {kind!r}; this server reads text only", param=where)
         pieces.append(part["text"])
     return "".join(pieces)
