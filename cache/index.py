@@ -14,6 +14,7 @@ looks at the few checkpoints anchored at each.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -121,12 +122,25 @@ class BlockIndex:
 
     def checkpoints_along(self, prompt: np.ndarray, limit: int) -> list[BlockInfo]:
         """Every checkpoint at a position <= `limit` whose tokens are a prefix of `prompt`, shallowest first."""
+        return self._along(prompt, min(limit, int(prompt.size)), self._checkpoints_at)
+
+    def _checkpoints_at(self, anchor: BlockKey) -> list[BlockInfo]:
+        return [self.checkpoints[key] for key in self._anchored.get(anchor, ())]
+
+    def entries_along(self, prompt: np.ndarray) -> list[BlockInfo]:
+        """Every block and checkpoint whose tokens lie along `prompt`: the blocks of its chain, the shorter ones
+        earlier prompts ended in, and its checkpoints; whatever requests that began as `prompt` may have stored.
+        The walk goes on past a missing block: the blocks after it are keyed by the tokens, not by the block."""
+        size = int(prompt.size)
+        return [*self._along(prompt, size, self.children), *self.checkpoints_along(prompt, size)]
+
+    def _along(self, prompt: np.ndarray, limit: int, hung: Callable[[BlockKey], list[BlockInfo]]) -> list[BlockInfo]:
+        """The entries `hung` from each block boundary of `prompt` (by the chain's keys) whose tokens are the
+        prompt's from there, ending by `limit`."""
         found: list[BlockInfo] = []
         parent, position = ROOT_KEY, 0
-        limit = min(limit, int(prompt.size))
         while position <= limit:
-            for key in self._anchored.get(parent, ()):
-                info = self.checkpoints[key]
+            for info in hung(parent):
                 end = position + int(info.tokens.size)
                 if end <= limit and np.array_equal(prompt[position:end], info.tokens):
                     found.append(info)

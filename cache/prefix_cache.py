@@ -194,15 +194,7 @@ class PrefixCache:
         memory = self.layout.memory
         news = self.disk.new_entries()  # what other processes (or our writer) stored meanwhile
         with self._lock:
-            for info in news:
-                known = self.index.get(info.key)
-                if known is not None and (known.checksum, known.pinned) != (info.checksum, info.pinned):
-                    # Stored again (or pinned) by another process since: its record is current,
-                    # and a copy of the old bytes in RAM must not be served under it.
-                    self.index.remove(info.key)
-                    self.ram.discard(info.key)
-                self.index.add(info)
-                self._remember_short(info)
+            self._absorb(news)
             match = self.index.longest_prefix(array) if memory.has_blocks else None
             covered = min(match.matched_tokens, limit) if match is not None else limit
             if not memory.restores_at_checkpoints:
@@ -214,6 +206,18 @@ class PrefixCache:
         end = checkpoint.end
         blocks = tuple(block for block in match.blocks if block.start < end) if match is not None else ()
         return CachedPrefix(end, blocks, checkpoint)
+
+    def _absorb(self, news: list[BlockInfo]) -> None:
+        """Index what other processes (or our writer) stored since the last look (under the lock)."""
+        for info in news:
+            known = self.index.get(info.key)
+            if known is not None and (known.checksum, known.pinned) != (info.checksum, info.pinned):
+                # Stored again (or pinned) by another process since: its record is current,
+                # and a copy of the old bytes in RAM must not be served under it.
+                self.index.remove(info.key)
+                self.ram.discard(info.key)
+            self.index.add(info)
+            self._remember_short(info)
 
     def fetch(self, found: CachedPrefix, prompt: np.ndarray) -> FetchedPrefix | None:
         """The payloads of a lookup's prefix from RAM, else disk (promoted to RAM once `release`d).
@@ -784,6 +788,26 @@ class PrefixCache:
         """Whether a pinned checkpoint delta extends `base` (a chain unpins its own delta before its base)."""
         with self._lock:
             return any(info.pinned and info.extends == base.key for info in self.index.checkpoints.values())
+
+    def forget(self, prompts: Sequence[Sequence[int]], keep: Sequence[Sequence[int]] = ()) -> int:
+        """Remove from RAM and disk, now, every entry requests beginning as one of `prompts` may have stored
+        that none of `keep` uses: what a deleted conversation alone held, which is in effect its text. Pinned
+        entries, and a whole checkpoint a kept delta extends, stay. How many entries went."""
+        self.flush()
+        news = self.disk.new_entries()
+        with self._lock:
+            self._absorb(news)
+            going = {info.key: info for prompt in prompts for info in self.index.entries_along(as_token_array(prompt))}
+            for prompt in keep:
+                for info in self.index.entries_along(as_token_array(prompt)):
+                    going.pop(info.key, None)
+            extended = {info.extends for info in self.index.checkpoints.values() if info.key not in going}
+            gone = [info for key, info in going.items() if not info.pinned and key not in extended]
+            for info in gone:
+                self._short_blocks.remove(info.key)
+        for info in gone:
+            self._forget(info)
+        return len(gone)
 
     def prune(self) -> int:
         return self.ram.prune() + self.disk.prune()

@@ -24,14 +24,15 @@ from chatapp.services.answers import AnswerJob
 from chatapp.services.branches import BranchView, as_document, branch_turns, prompt_messages
 from chatapp.services.divergence import Divergence
 from chatapp.services.engine_slot import EngineSlot
-from chatapp.services.messages import Turn, conversation_messages, next_question_parts
+from chatapp.services.forgetting import Forgetting
+from chatapp.services.messages import Turn, conversation_messages
 from chatapp.services.model_choice import file_fit_problem
 from chatapp.services.open_conversation import NEW_TITLE, OpenConversation
 from chatapp.services.personas import PersonaService
 from chatapp.services.prompt_plan import PromptPlan, TooLongWording, check_fits
 from chatapp.services.startup import Workspace, engine_notices
 from chatapp.services.streams import EngineStream
-from chatapp.services.warmup import draft_plan
+from chatapp.services.warmup import next_question_plan
 from chatapp.store.conversations import ConversationStore
 from chatapp.store.personas import PersonaStore
 from chatapp.store.pins import PinStore
@@ -83,9 +84,10 @@ class ChatService:
     ) -> None:
         self.slot = EngineSlot(workspace)  # the model answering, and one prepared for a switch
         self.conversations = conversations
-        self.personas = PersonaService(personas)
+        forgetting = Forgetting(conversations, personas, lambda: self.slot.engine)  # what is deleted, from the cache
+        self.personas = PersonaService(personas, forgetting.persona)
         self.pins = pins
-        self.current = OpenConversation(conversations, self.slot.display_builder)  # the branch on screen
+        self.current = OpenConversation(conversations, self.slot.display_builder, forgetting.conversation)
         self.figures = SessionFigures()
         self._prefix_tokens: dict[tuple[str, int], int | None] = {}  # (persona prompt, document id) → tokens
 
@@ -356,9 +358,7 @@ class ChatService:
         self, root: MessageRecord, document: Document | None, history: list[MessageRecord], draft: str
     ) -> PromptPlan:
         """What the next question's prompt begins with while `draft` is typed (tokens, or messages)."""
-        parts_before = next_question_parts(document, branch_turns(history))
-        messages = prompt_messages(root, document, history)
-        return draft_plan(self.slot.running()[0], messages, parts_before, draft)
+        return next_question_plan(self.slot.running()[0], root.content, document, history, draft)
 
     def stop_warming(self) -> None:
         prewarmer = self.slot.prewarmer

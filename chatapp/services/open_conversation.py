@@ -19,11 +19,18 @@ NEW_TITLE = "New conversation"
 class OpenConversation:
     """Which conversation is open, and the views of it the screens show."""
 
-    def __init__(self, conversations: ConversationStore, display_builder: Callable[[], PromptBuilder | None]) -> None:
-        """`display_builder`: the answering model's prompt builder (a gpt-oss answer shows its reply only)."""
+    def __init__(
+        self,
+        conversations: ConversationStore,
+        display_builder: Callable[[], PromptBuilder | None],
+        forget: Callable[[int], object] = lambda conversation_id: None,
+    ) -> None:
+        """`display_builder`: the answering model's prompt builder (a gpt-oss answer shows its reply only);
+        `forget`: removes from the cache what only a conversation about to be deleted used."""
         self.conversations = conversations
         self.conversation_id: int | None = None
         self._display_builder = display_builder
+        self._forget = forget
 
     def list_conversations(self, query: str = "") -> list[ConversationRecord]:
         return self.conversations.list_conversations(query)
@@ -88,6 +95,8 @@ class OpenConversation:
         self.conversations.rename(self.record().id, title.strip())
 
     def delete(self, conversation_id: int) -> None:
+        """Delete the conversation, and from the cache what only it used (in effect its text)."""
+        self._forget(conversation_id)
         self.conversations.delete(conversation_id)
         if conversation_id == self.conversation_id:
             self.conversation_id = None

@@ -6,6 +6,7 @@ creating and updating, and every failure is a ChatappError with one line to show
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from chatapp.errors import PersonaError
@@ -14,8 +15,10 @@ from chatapp.store.personas import PersonaStore
 
 
 class PersonaService:
-    def __init__(self, store: PersonaStore) -> None:
+    def __init__(self, store: PersonaStore, forget: Callable[[PersonaRecord], object] = lambda persona: None) -> None:
+        """`forget`: removes from the cache what only a persona about to be deleted used."""
         self._store = store
+        self._forget = forget
 
     def all(self) -> list[PersonaRecord]:
         """Every persona, by name."""
@@ -41,6 +44,8 @@ class PersonaService:
         return self._store.duplicate(persona.id)
 
     def delete(self, persona: PersonaRecord) -> None:
+        """Delete the persona, and from the cache what only it used (conversations keep their copy)."""
+        self._forget(persona)
         self._store.delete(persona.id)
 
     def import_file(self, path: Path) -> PersonaRecord:

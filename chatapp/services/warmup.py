@@ -12,10 +12,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
+from chatapp.documents import Document
 from chatapp.engine.contract import EngineClient, GenerationHandle, GenerationRequest, SamplingParams
 from chatapp.errors import ContextOverflowError
 from chatapp.prompting.prompt import ChatMessage
+from chatapp.records import MessageRecord
+from chatapp.services.branches import branch_turns
 from chatapp.services.drafts import draft_prompt_tokens, settled_text
+from chatapp.services.messages import conversation_messages, next_question_parts
 from chatapp.services.prompt_plan import PromptPlan
 from chatapp.vocabulary import Role
 
@@ -34,6 +38,16 @@ def draft_plan(
     if not parts:  # servers refuse an empty message: warm what comes before it
         return PromptPlan((), (), tuple(messages))
     return PromptPlan((), (), (*messages, ChatMessage.of(Role.USER, *parts)))
+
+
+def next_question_plan(
+    engine: EngineClient, persona: str, document: Document | None, history: Sequence[MessageRecord], draft: str
+) -> PromptPlan:
+    """What a branch's next question's prompt begins with while `draft` is typed: the persona, the document
+    and the turns so far (every earlier prompt of the branch is a prefix of it, with the answers' tokens)."""
+    turns = branch_turns(list(history))
+    messages = conversation_messages(persona, document, turns)
+    return draft_plan(engine, messages, next_question_parts(document, turns), draft)
 
 
 def _is_prefix(head: Sequence[int], tokens: Sequence[int]) -> bool:

@@ -174,3 +174,19 @@ def test_checkpoints_and_blocks_live_side_by_side() -> None:
     assert index.remove(at_boundary.key) is None
     assert len(index) == 2
     assert index.longest_prefix(as_token_array(tokens)).matched_tokens == 6
+
+
+def test_entries_along_a_prompt_are_its_blocks_shorter_ones_and_checkpoints_past_a_missing_block() -> None:
+    index = BlockIndex(BLOCK, SEED)
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+    store(index, prompt[:6])  # an earlier prompt: [1-4] and the short [5,6]
+    store(index, prompt)  # [1-4] [5-8] [9,10]
+    store(index, [1, 2, 3, 4, 5, 6, 99])  # another branch: [5,6,99] is not along the prompt
+    middle = add_checkpoint(index, prompt[:7])
+    elsewhere = add_checkpoint(index, [1, 2, 3, 4, 5, 99])
+    index.remove(index.keys_for(as_token_array(prompt))[1][0])  # block [5-8] evicted: the walk goes past it
+    along = index.entries_along(as_token_array(prompt))
+    spans = sorted((info.start, info.end, info.checkpoint) for info in along)
+    assert spans == [(0, 4, False), (4, 6, False), (4, 7, True), (8, 10, False)]
+    assert middle in along
+    assert elsewhere not in along

@@ -413,3 +413,38 @@ def test_a_lost_block_stored_again_with_other_bytes_is_never_served_under_its_ol
         assert payload_checksum(payload) == info.checksum
     assert fetched.tokens == 4  # the block under its old record is a miss, never the new bytes
     cache.close()
+
+
+def entries_of(cache: PrefixCache, tokens: list[int]) -> list[object]:
+    """What the cache holds along `tokens`: in its index, its RAM tier and its disk tier."""
+    along = cache.index.entries_along(np.asarray(tokens))
+    return [*along, *(info.key for info in along if info.key in cache.ram), *cache.disk.holding(along)]
+
+
+def test_forgetting_removes_a_prompts_entries_from_ram_and_disk_and_leaves_what_is_kept(tmp_path: Path) -> None:
+    cache = open_cache(tmp_path)
+    shared = [7, 7, 7, 7]  # one block both prompts begin with (a persona)
+    deleted, kept = [*shared, *TOKENS], [*shared, 1, 2, 3, 4, 5]
+    store_sequence(cache, deleted)
+    store_sequence(cache, kept)
+    own = [info for info in cache.index.entries_along(np.asarray(deleted)) if info.start >= len(shared)]
+    assert [(info.start, info.end) for info in own] == [(4, 8), (8, 12), (12, 15)]
+    assert cache.disk.holding(own) == {info.key for info in own}
+
+    gone = cache.forget([deleted], keep=[kept])
+    assert gone == len(own)
+    assert entries_of(cache, deleted) == entries_of(cache, shared)  # the shared block alone is left
+    assert len(entries_of(cache, shared)) == 3  # in the index, in RAM and on disk
+    assert cache.lookup(np.asarray(kept)).tokens == len(kept)
+    assert restored_state(cache, kept)[1] == len(kept)
+    reopened = open_cache(tmp_path)  # nothing of it comes back from disk in another process
+    assert reopened.lookup(np.asarray(deleted)).tokens == len(shared)
+
+
+def test_forgetting_leaves_pinned_entries_and_is_a_no_op_for_what_was_never_stored(tmp_path: Path) -> None:
+    cache = open_cache(tmp_path)
+    store_sequence(cache, TOKENS)
+    assert cache.pin(TOKENS[:8]) == 2
+    assert cache.forget([TOKENS]) == 1  # the partial block; the two pinned ones stay
+    assert cache.lookup(np.asarray(TOKENS)).tokens == 8
+    assert cache.forget([[5, 5, 5, 5, 5]]) == 0

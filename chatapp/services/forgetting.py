@@ -1,0 +1,98 @@
+"""Forgetting what the user deletes: the cache's entries that only a deleted conversation or persona used.
+
+A prefix's KV state is, in effect, its text: a conversation deleted in the app would otherwise stay on
+disk in the cache until eviction or its time to live. Deleting one removes from RAM and disk, at once,
+every entry its branches' prompts may have stored that no other conversation and no persona still begins
+with (a persona shared with other conversations stays, and so does a document another conversation is
+about). The prompts are built as the chat builds them, on the loaded model; with none loaded (or with a
+server's cache, which is the server's) nothing is removed here, and the entries go by eviction, by their
+time to live or with `chatapp cache clear`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from chatapp.engine.contract import EngineClient
+from chatapp.records import MessageRecord, PersonaRecord
+from chatapp.services.branches import as_document
+from chatapp.services.warmup import next_question_plan
+from chatapp.store.conversations import ConversationStore
+from chatapp.store.personas import PersonaStore
+
+log = logging.getLogger(__name__)
+
+Prompt = tuple[int, ...]
+
+
+class Forgetting:
+    """Builds the prompts of what is deleted and of what stays, and has the cache drop the difference."""
+
+    def __init__(
+        self, conversations: ConversationStore, personas: PersonaStore, engine: Callable[[], EngineClient | None]
+    ) -> None:
+        self._conversations = conversations
+        self._personas = personas
+        self._engine = engine
+
+    def conversation(self, conversation_id: int) -> int:
+        """Forget what only this conversation (about to be deleted) used; how many cache entries went."""
+        return self._forget(
+            lambda engine: self._conversation_prompts(engine, conversation_id),
+            lambda engine: self._kept(engine, skip_conversation=conversation_id),
+        )
+
+    def persona(self, persona: PersonaRecord) -> int:
+        """Forget what only this persona (about to be deleted) used: its own warm-ahead, not the conversations
+        that keep their copy of it."""
+        return self._forget(
+            lambda engine: [self._persona_prompt(engine, persona.prompt)],
+            lambda engine: self._kept(engine, skip_persona=persona.id),
+        )
+
+    def _forget(
+        self,
+        going: Callable[[EngineClient], list[Prompt]],
+        staying: Callable[[EngineClient], list[Prompt]],
+    ) -> int:
+        engine = self._engine()
+        cache = engine.cache if engine is not None else None
+        if engine is None or cache is None or engine.prompt_builder is None:
+            return 0
+        gone = cache.forget(going(engine), staying(engine))
+        log.info("forgot %d cache entries of what was deleted", gone)
+        return gone
+
+    def _kept(
+        self, engine: EngineClient, skip_conversation: int | None = None, skip_persona: int | None = None
+    ) -> list[Prompt]:
+        """The prompts of every conversation and persona that stays."""
+        kept = [
+            prompt
+            for record in self._conversations.list_conversations()
+            if record.id != skip_conversation
+            for prompt in self._conversation_prompts(engine, record.id)
+        ]
+        kept += [
+            self._persona_prompt(engine, persona.prompt)
+            for persona in self._personas.list()
+            if persona.id != skip_persona
+        ]
+        return kept
+
+    def _conversation_prompts(self, engine: EngineClient, conversation_id: int) -> list[Prompt]:
+        """Each branch's next-question prompt: every prompt the branch sent is a prefix of it."""
+        records = self._conversations.messages(conversation_id)
+        parents = {record.parent_id for record in records}
+        leaves = [record for record in records if record.id not in parents]
+        return [self._branch_prompt(engine, self._conversations.path(leaf.id)) for leaf in leaves]
+
+    def _branch_prompt(self, engine: EngineClient, path: list[MessageRecord]) -> Prompt:
+        root = path[0]
+        document = as_document(self._conversations.get_document(root.document_id)) if root.document_id else None
+        return next_question_plan(engine, root.content, document, path[1:], "").tokens
+
+    @staticmethod
+    def _persona_prompt(engine: EngineClient, persona: str) -> Prompt:
+        return next_question_plan(engine, persona, None, [], "").tokens

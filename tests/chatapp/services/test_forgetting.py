@@ -1,0 +1,101 @@
+"""Deleting a conversation or a persona removes from the cache's RAM and disk, at once, what only it used (in
+effect its text), on the real bundled model: a document nothing else is about goes; a persona another
+conversation begins with stays."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cache.blocks import BlockInfo
+from cache.prefix_cache import PrefixCache
+from chatapp.engine.engine import Engine
+from chatapp.services.branches import as_document
+from chatapp.services.chat_service import ChatService
+from chatapp.services.library import Library
+from chatapp.services.startup import Workspace
+from tests.chatapp.services.test_chat_service import unique_document
+from tests.service_support import attach, make_service
+
+
+@pytest.fixture
+def service(workspace: Workspace, library: Library, shared_engine: Engine) -> Iterator[ChatService]:
+    chat = make_service(workspace, library, shared_engine)
+    yield chat
+    chat.stop_warming()
+
+
+def asked(service: ChatService, question: str) -> tuple[int, ...]:
+    """Ask on the open branch and wait; the prompt its next question would begin with (the whole branch)."""
+    service.ask(question).wait()
+    view = service.current.view()
+    path = service.conversations.path(view.leaf.id)
+    return tuple(service.next_question_tokens(path[0], as_document(view.document), path[1:], ""))
+
+
+def held(cache: PrefixCache, entries: list[BlockInfo]) -> tuple[int, int, int]:
+    """How many of `entries` the cache holds: in its index, in RAM, on disk."""
+    return (
+        sum(info.key in cache.index for info in entries),
+        sum(info.key in cache.ram for info in entries),
+        len(cache.disk.holding(entries)),
+    )
+
+
+def along(cache: PrefixCache, prompt: tuple[int, ...]) -> list[BlockInfo]:
+    return cache.index.entries_along(np.asarray(prompt))
+
+
+def test_deleting_a_conversation_forgets_its_document_and_keeps_the_shared_persona(
+    service: ChatService, library: Library, shared_engine: Engine, tmp_path: Path
+) -> None:
+    cache = shared_engine.cache
+    assert cache is not None
+    persona = library.personas.create("Forgetful archivist", "You are an archivist. Answer in one sentence. " * 20)
+    service.current.new_conversation(persona)
+    attach(service, unique_document(tmp_path, "lighthouse"))
+    with_document = asked(service, "Which site is counted last?")
+    deleted = service.current.view().conversation.id
+    service.current.new_conversation(persona)
+    other = asked(service, "What do you keep?")
+    shared_engine.flush_cache()
+
+    persona_prefix = tuple(service.next_question_tokens(service.current.view().root, None, [], ""))
+    shared = {info.key for info in [*along(cache, other), *along(cache, persona_prefix)]}
+    document_entries = [info for info in along(cache, with_document) if info.key not in shared]
+    persona_entries = along(cache, persona_prefix)
+    assert len(document_entries) >= 2  # the document, the question and the answer: on disk and in RAM
+    assert held(cache, document_entries)[2] == len(document_entries)
+    assert persona_entries
+    kept_before = held(cache, persona_entries)
+
+    service.current.delete(deleted)
+    assert held(cache, document_entries) == (0, 0, 0)
+    assert held(cache, persona_entries) == kept_before
+    assert cache.lookup(np.asarray(other)).tokens > len(persona_prefix)  # the other conversation still reuses
+
+
+def test_deleting_a_persona_keeps_what_its_conversations_use_and_their_deletion_then_forgets_it(
+    service: ChatService, library: Library, shared_engine: Engine
+) -> None:
+    cache = shared_engine.cache
+    assert cache is not None
+    persona = library.personas.create("Short-lived tutor", "You are a patient tutor of Latin grammar. " * 20)
+    service.current.new_conversation(persona)
+    prompt = asked(service, "Decline 'rosa'.")
+    conversation = service.current.view().conversation.id
+    shared_engine.flush_cache()
+    persona_prefix = tuple(service.next_question_tokens(service.current.view().root, None, [], ""))
+    entries = along(cache, prompt)
+    persona_entries = along(cache, persona_prefix)
+    assert persona_entries
+    before = held(cache, entries)
+
+    service.personas.delete(persona)  # the conversation keeps its copy of the persona, and its entries
+    assert held(cache, entries) == before
+    service.current.delete(conversation)  # nothing begins with the persona any more
+    assert held(cache, persona_entries) == (0, 0, 0)
+    assert held(cache, entries) == (0, 0, 0)
