@@ -60,7 +60,11 @@ class Forgetting:
         cache = engine.cache if engine is not None else None
         if engine is None or cache is None or engine.prompt_builder is None:
             return 0
-        gone = cache.forget(going(engine), staying(engine))
+        try:
+            gone = cache.forget(going(engine), staying(engine))
+        except OSError as error:  # the deletion goes ahead; the entries then go by their time to live
+            log.warning("could not remove what was deleted from the cache (%s); `chatapp cache clear` wipes it", error)
+            return 0
         log.info("forgot %d cache entries of what was deleted", gone)
         return gone
 
