@@ -9,6 +9,7 @@ connection: a client that hangs up cancels its request and frees its sequence.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
@@ -59,6 +60,17 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 CLIENT_GONE = 499  # nginx's code for a client that closed the connection: nobody reads it
 COMPACT = (",", ":")  # JSON separators for streamed events
+# Characters some clients' line readers split a line at (Python's str.splitlines), though JSON allows them raw:
+# written escaped, an event or an NDJSON line stays one line for every reader.
+LINE_BREAKING = {"\u0085": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+
+
+def event_json(payload: object) -> str:
+    """`payload` as one line of compact JSON for a stream (server-sent events, NDJSON)."""
+    text = json.dumps(payload, ensure_ascii=False, separators=COMPACT)
+    for raw, escaped in LINE_BREAKING.items():
+        text = text.replace(raw, escaped)
+    return text
 
 
 async def start(start_completion: Callable[[], Completion]) -> CompletionFeed:

@@ -10,7 +10,6 @@ last `cache_control` breakpoint, which pins that beginning for 5 minutes or an h
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -20,7 +19,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from chatapp.server import anthropic_fields as fields
-from chatapp.server.answering import CLIENT_GONE, COMPACT, Answer, start_chat
+from chatapp.server.answering import CLIENT_GONE, Answer, event_json, start_chat
 from chatapp.server.bodies import read_request, sampling_of
 from chatapp.server.errors import ApiError
 from chatapp.server.reasoning_fields import anthropic_thinking
@@ -84,7 +83,7 @@ def _message(message_id: str, model: str) -> dict[str, Any]:
 
 
 def _event(kind: str, payload: dict[str, Any]) -> str:
-    return f"event: {kind}\ndata: {json.dumps({'type': kind, **payload}, ensure_ascii=False, separators=COMPACT)}\n\n"
+    return f"event: {kind}\ndata: {event_json({'type': kind, **payload})}\n\n"
 
 
 async def _events(answer: Answer, message_id: str, model: str, stops: tuple[str, ...]) -> AsyncIterator[str]:

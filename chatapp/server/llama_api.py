@@ -9,7 +9,6 @@ the same client serves llama-server and chatapp alike.
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,7 +18,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from chatapp.prompting.prompt import PromptBuilder
-from chatapp.server.answering import CLIENT_GONE, COMPACT, Answer, start
+from chatapp.server.answering import CLIENT_GONE, Answer, event_json, start
 from chatapp.server.bodies import read_request
 from chatapp.server.context import context_of
 from chatapp.server.errors import ApiError
@@ -192,7 +191,7 @@ async def _chunks(answer: Answer, return_tokens: bool) -> AsyncIterator[str]:
     """One event per piece of text (with its token id when asked), then the final report."""
 
     def event(payload: dict[str, Any]) -> str:
-        return f"data: {json.dumps(payload, ensure_ascii=False, separators=COMPACT)}\n\n"
+        return f"data: {event_json(payload)}\n\n"
 
     try:
         async for item in answer.events():

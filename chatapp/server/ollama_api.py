@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from chatapp import __version__
 from chatapp.server import ollama_models
-from chatapp.server.answering import CLIENT_GONE, Answer, finish_reason, start, start_chat
+from chatapp.server.answering import CLIENT_GONE, Answer, event_json, finish_reason, start, start_chat
 from chatapp.server.bodies import read_request
 from chatapp.server.context import ServerContext, context_of
 from chatapp.server.errors import ApiError
@@ -197,7 +197,7 @@ async def _lines(answer: Answer, model: str, chat: bool) -> AsyncIterator[str]:
     """The answer as it comes (held back where a call may begin), then its calls, then the figures."""
     try:
         async for text in answer.shown_text():
-            yield json.dumps(_piece(model, text, chat, False), ensure_ascii=False) + "\n"
+            yield event_json(_piece(model, text, chat, False)) + "\n"
         outcome = answer.outcome()
     except Exception as error:  # the headers are sent: Ollama reports a failure as an error line
         yield json.dumps({"error": f"the answer failed ({type(error).__name__}: {error})"}) + "\n"
@@ -205,5 +205,5 @@ async def _lines(answer: Answer, model: str, chat: bool) -> AsyncIterator[str]:
     if outcome.tool_calls:  # Ollama sends the calls in a message of their own before the end
         calls = _piece(model, "", chat, False)
         calls["message"]["tool_calls"] = [ollama_call(call) for call in outcome.tool_calls]
-        yield json.dumps(calls, ensure_ascii=False) + "\n"
-    yield json.dumps(_final(model, outcome, chat, "", with_calls=False), ensure_ascii=False) + "\n"
+        yield event_json(calls) + "\n"
+    yield event_json(_final(model, outcome, chat, "", with_calls=False)) + "\n"

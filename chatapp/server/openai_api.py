@@ -17,7 +17,7 @@ from anyio import to_thread
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from chatapp.server.answering import CLIENT_GONE, COMPACT, Answer, finish_reason, start, start_chat
+from chatapp.server.answering import CLIENT_GONE, Answer, event_json, finish_reason, start, start_chat
 from chatapp.server.bodies import read_request, sampling_of
 from chatapp.server.context import context_of
 from chatapp.server.errors import ApiError
@@ -158,7 +158,7 @@ async def _chunks(
 
     def chunk(choices: list[dict[str, Any]], **extra: Any) -> str:
         payload = {"id": response_id, "object": kind, "created": created, "model": model, "choices": choices, **extra}
-        return f"data: {json.dumps(payload, ensure_ascii=False, separators=COMPACT)}\n\n"
+        return f"data: {event_json(payload)}\n\n"
 
     piece: Callable[[str, str | None], dict[str, Any]]
     if chat:

@@ -6,7 +6,6 @@ OpenAI Agents SDK's default path. Stateless: each request carries the whole conv
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -16,7 +15,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from chatapp.server import responses_fields as fields
-from chatapp.server.answering import CLIENT_GONE, COMPACT, Answer, start_chat
+from chatapp.server.answering import CLIENT_GONE, Answer, event_json, start_chat
 from chatapp.server.bodies import read_request, sampling_of
 from chatapp.server.reasoning_fields import responses_reasoning
 from chatapp.services.completions import CompletionOutcome
@@ -66,7 +65,7 @@ class _Events:
     def event(self, kind: str, **payload: Any) -> str:
         data = {"type": kind, "sequence_number": self.number, **payload}
         self.number += 1
-        return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False, separators=COMPACT)}\n\n"
+        return f"event: {kind}\ndata: {event_json(data)}\n\n"
 
     def whole(self, outcome: CompletionOutcome | None, output: list[Any]) -> dict[str, Any]:
         return {
