@@ -104,6 +104,7 @@ class RuleSet:
         and agents validate a call before they run it (Claude Code's own tools bound numbers with
         `minimum`). An answer's own format is refused by the keyword's name instead: it is the output.
         """
+        refuse_malformed(schema, where)
         try:
             if tool:
                 schema = enforceable_part(schema)
@@ -268,25 +269,48 @@ def _each_schema(schema: Any, change: Callable[[dict[str, Any]], dict[str, Any]]
 
 def _keywords(schema: Any, path: str) -> Iterator[tuple[str, str]]:
     """(path, keyword) for every keyword of `schema` and of the schemas inside it."""
+    for place, one in _schemas(schema, path):
+        for keyword in one if isinstance(one, dict) else ():
+            yield place, keyword
+
+
+def _schemas(schema: Any, path: str) -> Iterator[tuple[str, Any]]:
+    """(path, value) for `schema` and every place inside it that holds a schema, whatever the value there is."""
+    yield path, schema
     if not isinstance(schema, dict):
         return
-    for keyword in schema:
-        yield path, keyword
     for field in SCHEMA_MAPS:
         inner_map = schema.get(field)
         for name, inner in inner_map.items() if isinstance(inner_map, dict) else ():
-            yield from _keywords(inner, f"{path}.{field}.{name}")
-    for field in SCHEMA_LISTS:
-        inner_list = schema.get(field)
-        for index, inner in enumerate(inner_list if isinstance(inner_list, list) else ()):
-            yield from _keywords(inner, f"{path}.{field}[{index}]")
-    for field in SCHEMA_VALUES:
+            yield from _schemas(inner, f"{path}.{field}.{name}")
+    for field in (*SCHEMA_LISTS, *SCHEMA_VALUES):
         inner = schema.get(field)
         if isinstance(inner, list):
             for index, item in enumerate(inner):
-                yield from _keywords(item, f"{path}.{field}[{index}]")
-        else:
-            yield from _keywords(inner, f"{path}.{field}")
+                yield from _schemas(item, f"{path}.{field}[{index}]")
+        elif field in SCHEMA_VALUES and field in schema:
+            yield from _schemas(inner, f"{path}.{field}")
+
+
+def refuse_malformed(schema: Any, where: str) -> None:
+    """GrammarError naming the first place in `schema` that holds something else than a schema where one
+    belongs (a schema is an object, or true or false), or a map or list of them written as another value."""
+    for path, one in _schemas(schema, where):
+        if isinstance(one, bool):
+            continue
+        if not isinstance(one, dict):
+            raise GrammarError(f"{path} is {type(one).__name__} {_shown(one)}; a schema is a JSON object (or true)")
+        for field in SCHEMA_MAPS:
+            if field in one and not isinstance(one[field], dict):
+                raise GrammarError(f"{path}.{field} must be an object of schemas by name")
+        for field in SCHEMA_LISTS:
+            if field in one and not isinstance(one[field], list):
+                raise GrammarError(f"{path}.{field} must be a list of schemas")
+
+
+def _shown(value: Any) -> str:
+    written = json.dumps(value, ensure_ascii=False, default=str)
+    return written if len(written) <= 40 else written[:39] + "…"
 
 
 def schema_grammar(schema: dict[str, Any], where: str) -> Grammar:
