@@ -243,6 +243,9 @@ def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser], sh
         "question as templates such as Qwen 3's write the history, which changes the prompt from the "
         "last answer before the new question on, so every new question misses the cache from there",
     )
+    serve_parser.add_argument(  # its name until 2026-12-06, when it kept the billing line alone
+        "--keep-billing-line", dest="prompts_as_sent", action="store_true", help=argparse.SUPPRESS
+    )
     serve_parser.add_argument(
         "--prompts-as-sent",
         action="store_true",
@@ -481,12 +484,12 @@ def access_policy(args: argparse.Namespace) -> AccessPolicy:
     name or an origin written as something else."""
     hosts = split_list(args.allowed_hosts)
     for name in hosts:
-        if "/" in name or name.count(":") == 1 or not name.strip("*."):
+        if name != "*" and ("/" in name or "*" in name or name.count(":") == 1 or not name.strip(".[]")):
             raise SettingsError(
-                f"--allowed-hosts {name!r} is not a host name; give the name alone, such as chatapp.lan (no scheme, "
-                "no port)"
+                f"--allowed-hosts {name!r} is not a host name; give each name alone, such as chatapp.lan (no scheme, "
+                "no port, no pattern), or * for any"
             )
-    origins = split_list([*args.allowed_origins, os.environ.get(ORIGINS_ENV, "")])
+    origins = [origin.rstrip("/") for origin in split_list([*args.allowed_origins, os.environ.get(ORIGINS_ENV, "")])]
     for origin in origins:
         if origin not in ("*", "null") and not re.fullmatch(r"[a-z][a-z0-9+.-]*://[^/\s]+", origin.lower()):
             raise SettingsError(

@@ -296,15 +296,15 @@ def refuse_malformed(schema: Any, where: str) -> None:
     """GrammarError naming the first place in `schema` that holds something else than a schema where one
     belongs (a schema is an object, or true or false), or a map or list of them written as another value."""
     for path, one in _schemas(schema, where):
-        if isinstance(one, bool):
+        if isinstance(one, bool) or (one is None and path != where):  # a keyword set to null: as if left out
             continue
         if not isinstance(one, dict):
             raise GrammarError(f"{path} is {type(one).__name__} {_shown(one)}; a schema is a JSON object (or true)")
-        for field in SCHEMA_MAPS:
-            if field in one and not isinstance(one[field], dict):
+        for field in SCHEMA_MAPS:  # null, or [] (an empty map as some JSON writers write it), is no schema at all
+            if one.get(field) not in (None, []) and not isinstance(one[field], dict):
                 raise GrammarError(f"{path}.{field} must be an object of schemas by name")
         for field in SCHEMA_LISTS:
-            if field in one and not isinstance(one[field], list):
+            if one.get(field) is not None and not isinstance(one[field], list):
                 raise GrammarError(f"{path}.{field} must be a list of schemas")
 
 

@@ -13,8 +13,8 @@ only those get CORS headers. Local clients send no Origin and are not affected.
 
 from __future__ import annotations
 
-import fnmatch
 import ipaddress
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -64,7 +64,7 @@ class AccessPolicy:
     def for_address(
         cls, bound_to_loopback: bool, allowed_hosts: Iterable[str] = (), allowed_origins: Iterable[str] = ()
     ) -> AccessPolicy:
-        hosts = frozenset(name.lower().rstrip(".") for name in allowed_hosts)
+        hosts = frozenset(name.lower().rstrip(".").strip("[]") for name in allowed_hosts)
         origins = tuple(origin.lower().rstrip("/") for origin in allowed_origins)
         return cls(bound_to_loopback or bool(hosts), hosts, origins)
 
@@ -81,14 +81,18 @@ class AccessPolicy:
         )
 
     def origin_allowed(self, origin: str) -> bool:
-        """A page on this machine, or one the allowed origins list."""
+        """A page on this machine, or one the allowed origins list (a malformed origin is neither)."""
         origin = origin.strip().lower().rstrip("/")
-        parts = urlsplit(origin)
-        if parts.scheme in WEB_SCHEMES and parts.hostname is not None and is_loopback_name(parts.hostname):
+        try:
+            parts = urlsplit(origin)
+            hostname = parts.hostname
+        except ValueError:  # `http://[::1` and the like
+            return False
+        if parts.scheme in WEB_SCHEMES and hostname is not None and is_loopback_name(hostname):
             return True
         if parts.scheme in LOCAL_APP_SCHEMES:
             return True
-        return any(fnmatch.fnmatchcase(origin, pattern) for pattern in self.allowed_origins)
+        return any(origin_pattern(pattern).fullmatch(origin) for pattern in self.allowed_origins)
 
     @staticmethod
     def origin_refusal(origin: str) -> str:
@@ -96,6 +100,12 @@ class AccessPolicy:
             f"requests from the web page at {origin} are refused (a page on another site may not use this "
             f"server); to allow it, start chatapp serve with --allowed-origins {origin} or set ${ORIGINS_ENV}"
         )
+
+
+def origin_pattern(pattern: str) -> re.Pattern[str]:
+    """An allowed origin as a pattern: `*` stands for any run of characters but `/`, everything else for itself
+    (brackets of an IPv6 address included)."""
+    return re.compile("[^/]*".join(re.escape(piece) for piece in pattern.split("*")))
 
 
 def cors_headers(origin: str, requested_headers: str | None = None) -> dict[str, str]:

@@ -70,7 +70,10 @@ def create_app(context: ServerContext) -> FastAPI:
                 ),
             )
         else:
-            response = await call_next(request)
+            try:
+                response = await call_next(request)
+            except Exception as error:  # answered here, so an allowed page can read it and it is counted
+                response = await handle_unexpected(request, error)
         if origin is not None and refusal is None:
             response.headers.update(cors_headers(origin))
         route = request.scope.get("route")

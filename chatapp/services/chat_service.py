@@ -84,7 +84,7 @@ class ChatService:
     ) -> None:
         self.slot = EngineSlot(workspace)  # the model answering, and one prepared for a switch
         self.conversations = conversations
-        forgetting = Forgetting(conversations, personas, lambda: self.slot.engine)  # what is deleted, from the cache
+        forgetting = Forgetting(conversations, personas, lambda: self.slot.engine, self._settle_warming)
         self.personas = PersonaService(personas, forgetting.persona)
         self.pins = pins
         self.current = OpenConversation(conversations, self.slot.display_builder, forgetting.conversation)
@@ -364,6 +364,13 @@ class ChatService:
         prewarmer = self.slot.prewarmer
         if prewarmer is not None:
             prewarmer.cancel()
+
+    def _settle_warming(self) -> None:
+        """Stop warming and wait for it: a warm-up still running would store what is being deleted again."""
+        prewarmer = self.slot.prewarmer
+        if prewarmer is not None:
+            prewarmer.cancel()
+            prewarmer.wait()
 
 
 def _branch_too_long(document: Document | None) -> TooLongWording:

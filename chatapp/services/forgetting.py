@@ -16,10 +16,13 @@ from collections.abc import Callable
 
 from chatapp.engine.contract import EngineClient
 from chatapp.records import MessageRecord, PersonaRecord
-from chatapp.services.branches import as_document
+from chatapp.services.branches import as_document, branch_turns
+from chatapp.services.messages import conversation_messages
+from chatapp.services.prompt_plan import plan_for
 from chatapp.services.warmup import next_question_plan
 from chatapp.store.conversations import ConversationStore
 from chatapp.store.personas import PersonaStore
+from chatapp.vocabulary import Role
 
 log = logging.getLogger(__name__)
 
@@ -30,11 +33,17 @@ class Forgetting:
     """Builds the prompts of what is deleted and of what stays, and has the cache drop the difference."""
 
     def __init__(
-        self, conversations: ConversationStore, personas: PersonaStore, engine: Callable[[], EngineClient | None]
+        self,
+        conversations: ConversationStore,
+        personas: PersonaStore,
+        engine: Callable[[], EngineClient | None],
+        settle: Callable[[], None] = lambda: None,
     ) -> None:
+        """`settle`: stops what would store more of it meanwhile (a warm-up of the branch on screen)."""
         self._conversations = conversations
         self._personas = personas
         self._engine = engine
+        self._settle = settle
 
     def conversation(self, conversation_id: int) -> int:
         """Forget what only this conversation (about to be deleted) used; how many cache entries went."""
@@ -61,8 +70,9 @@ class Forgetting:
         if engine is None or cache is None or engine.prompt_builder is None:
             return 0
         try:
+            self._settle()
             gone = cache.forget(going(engine), staying(engine))
-        except OSError as error:  # the deletion goes ahead; the entries then go by their time to live
+        except Exception as error:  # the deletion goes ahead; the entries go by their time to live
             log.warning("could not remove what was deleted from the cache (%s); `chatapp cache clear` wipes it", error)
             return 0
         log.info("forgot %d cache entries of what was deleted", gone)
@@ -93,8 +103,13 @@ class Forgetting:
         return [self._branch_prompt(engine, self._conversations.path(leaf.id)) for leaf in leaves]
 
     def _branch_prompt(self, engine: EngineClient, path: list[MessageRecord]) -> Prompt:
+        """What the branch stored: the next question's beginning after an answer; after a question left without
+        one (the app closed, the engine failed), the prompt that question sent."""
         root = path[0]
         document = as_document(self._conversations.get_document(root.document_id)) if root.document_id else None
+        if path[-1].role is Role.USER:
+            messages = conversation_messages(root.content, document, branch_turns(path[1:]))
+            return plan_for(engine, messages).tokens
         return next_question_plan(engine, root.content, document, path[1:], "").tokens
 
     @staticmethod

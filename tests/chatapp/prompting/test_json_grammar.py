@@ -28,7 +28,14 @@ def test_a_malformed_schema_is_refused_in_words_naming_the_place(schema: dict[st
     assert "attribute" not in str(refused.value)
 
 
-def test_schemas_of_true_and_legacy_item_lists_still_compile() -> None:
+def test_schemas_of_true_legacy_item_lists_and_null_or_empty_keywords_still_compile() -> None:
     rules = RuleSet()
     assert rules.schema_rule({"type": "object", "additionalProperties": True}, "a", "p", tool=True)
     assert rules.schema_rule({"type": "array", "items": [{"type": "string"}]}, "b", "p", tool=True)
+    loose: dict[str, Any] = {
+        "type": "object",
+        "additionalProperties": None,
+        "$defs": [],
+        "definitions": None,
+    }  # as PHP writes them
+    assert rules.schema_rule(loose, "c", "p", tool=True)

@@ -64,6 +64,7 @@ def test_a_page_of_another_site_is_refused_as_json_and_as_a_simple_text_request(
     assert preflight.status_code == 403
     assert "access-control-allow-origin" not in preflight.headers
     assert http.get("/v1/models", headers={"Origin": "null"}).status_code == 403  # a file:// page, a sandbox
+    assert http.get("/v1/models", headers={"Origin": "http://[::1"}).status_code == 403  # malformed: not a 500
 
 
 def test_a_page_on_this_machine_is_answered_and_may_read_the_answer(
@@ -127,6 +128,11 @@ def test_bound_beyond_this_machine_the_host_is_not_checked_but_the_origin_is() -
     wildcard = AccessPolicy.for_address(True, allowed_origins=["https://*.example.com"])
     assert wildcard.origin_allowed("https://app.example.com")
     assert not wildcard.origin_allowed("https://example.org")
+    ipv6 = AccessPolicy.for_address(True, allowed_origins=["http://[fe80::1]:3000"])
+    assert ipv6.origin_allowed("http://[fe80::1]:3000")
+    assert not ipv6.origin_allowed("http://f:3000")  # brackets are the address's, not a character class
+    assert not wildcard.origin_allowed("https://evil.com/.example.com")
+    assert AccessPolicy.for_address(True, ["[fe80::1]"]).host_refusal("[fe80::1]:8080") is None
     assert host_name("[::1]:8080") == "::1"
     assert host_name("127.0.0.1:80") == "127.0.0.1"
 
@@ -146,5 +152,11 @@ def test_the_flags_and_the_environment_make_the_policy_and_refuse_what_is_not_a_
     for wrong, flag in (("app.example.com/path", "--allowed-origins"), ("http://x/y", "--allowed-origins")):
         with pytest.raises(SettingsError, match=f"{flag} .* is not an origin"):
             access_policy(parser.parse_args(["serve", flag, wrong]))
-    with pytest.raises(SettingsError, match="is not a host name"):
-        access_policy(parser.parse_args(["serve", "--allowed-hosts", "chatapp.lan:8080"]))
+    for wrong in ("chatapp.lan:8080", "*.lan"):
+        with pytest.raises(SettingsError, match="is not a host name"):
+            access_policy(parser.parse_args(["serve", "--allowed-hosts", wrong]))
+    anything = access_policy(
+        parser.parse_args(["serve", "--allowed-hosts", "*", "--allowed-origins", "https://a.example/"])
+    )
+    assert anything.host_refusal("whatever.example") is None
+    assert anything.allowed_origins == ("https://a.example",)

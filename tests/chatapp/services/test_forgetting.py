@@ -15,10 +15,17 @@ from cache.prefix_cache import PrefixCache
 from chatapp.engine.engine import Engine
 from chatapp.services.branches import as_document
 from chatapp.services.chat_service import ChatService
+from chatapp.services.forgetting import Forgetting
 from chatapp.services.library import Library
+from chatapp.services.messages import Turn, conversation_messages
+from chatapp.services.prompt_plan import builder_of
 from chatapp.services.startup import Workspace
+from chatapp.vocabulary import Role
 from tests.chatapp.services.test_chat_service import unique_document
-from tests.service_support import attach, make_service
+from tests.model_factory import write_tiny_llama
+from tests.service_support import attach, cold_service, make_service
+
+TEMPLATES = Path(__file__).parents[1] / "prompting" / "templates"
 
 
 @pytest.fixture
@@ -99,3 +106,22 @@ def test_deleting_a_persona_keeps_what_its_conversations_use_and_their_deletion_
     service.current.delete(conversation)  # nothing begins with the persona any more
     assert held(cache, persona_entries) == (0, 0, 0)
     assert held(cache, entries) == (0, 0, 0)
+
+
+def test_a_question_left_without_an_answer_is_forgotten_as_sent_and_never_stops_a_deletion(
+    tmp_path: Path, model_path: Path
+) -> None:
+    """On a template that refuses two user turns in a row (Gemma's), a branch ending in a question that got no
+    answer (the app closed, the engine failed) is read as the prompt that question sent."""
+    gemma_like = write_tiny_llama(tmp_path / "gemma-like.gguf", chat_template=(TEMPLATES / "gemma2.jinja").read_text())
+    with cold_service(tmp_path / "data", gemma_like) as (service, library):
+        engine = service.slot.engine
+        assert engine is not None
+        view = service.current.new_conversation()
+        question = service.conversations.add_message(view.conversation.id, view.root.id, Role.USER, "Still there?")
+        forgetting = Forgetting(library.conversations, library.personas, lambda: engine)
+        (prompt,) = forgetting._conversation_prompts(engine, view.conversation.id)
+        sent = builder_of(engine).build(conversation_messages("", None, [Turn(Role.USER, question.content)]))
+        assert list(prompt) == sent  # with the generation prompt, as the question was sent
+        service.current.delete(view.conversation.id)  # no cache here: nothing to forget, and no refusal
+        assert service.current.list_conversations() == []
