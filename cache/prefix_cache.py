@@ -792,7 +792,9 @@ class PrefixCache:
     def forget(self, prompts: Sequence[Sequence[int]], keep: Sequence[Sequence[int]] = ()) -> int:
         """Remove from RAM and disk, now, every entry requests beginning as one of `prompts` may have stored
         that none of `keep` uses: what a deleted conversation alone held, which is in effect its text. Pinned
-        entries, and a whole checkpoint a kept delta extends, stay. How many entries went."""
+        entries, and a whole checkpoint a kept delta extends, stay. A kept prompt that ended inside one of the
+        deleted prompt's blocks (its own shorter block was never stored: that one covered it) computes those
+        tokens again: the block holds deleted text. How many entries went."""
         self.flush()
         news = self.disk.new_entries()
         with self._lock:
