@@ -103,8 +103,10 @@ class AccessPolicy:
 
 
 def origin_pattern(pattern: str) -> re.Pattern[str]:
-    """An allowed origin as a pattern: `*` stands for any run of characters but `/`, everything else for itself
-    (brackets of an IPv6 address included)."""
+    """An allowed origin as a pattern: `*` alone for any origin; in an origin, `*` stands for any run of
+    characters but `/` (`https://*.example.com`), everything else for itself (an IPv6 address's brackets too)."""
+    if pattern == "*":
+        return re.compile(".*")
     return re.compile("[^/]*".join(re.escape(piece) for piece in pattern.split("*")))
 
 

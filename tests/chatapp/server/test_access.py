@@ -128,6 +128,7 @@ def test_bound_beyond_this_machine_the_host_is_not_checked_but_the_origin_is() -
     wildcard = AccessPolicy.for_address(True, allowed_origins=["https://*.example.com"])
     assert wildcard.origin_allowed("https://app.example.com")
     assert not wildcard.origin_allowed("https://example.org")
+    assert AccessPolicy.for_address(True, allowed_origins=["*"]).origin_allowed("https://any.example:8443")
     ipv6 = AccessPolicy.for_address(True, allowed_origins=["http://[fe80::1]:3000"])
     assert ipv6.origin_allowed("http://[fe80::1]:3000")
     assert not ipv6.origin_allowed("http://f:3000")  # brackets are the address's, not a character class
