@@ -591,6 +591,7 @@ class PrefixCache:
             except Exception:  # a failed save loses a cache entry, never a conversation
                 log.exception("could not store KV blocks (or refresh them on disk)")
             finally:
+                work = None  # the job holds the state it stored: let it go now, not when the next job comes
                 self._queue.task_done()
         self._queue.task_done()
 

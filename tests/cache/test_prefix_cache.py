@@ -448,3 +448,21 @@ def test_forgetting_leaves_pinned_entries_and_is_a_no_op_for_what_was_never_stor
     assert cache.forget([TOKENS]) == 1  # the partial block; the two pinned ones stay
     assert cache.lookup(np.asarray(TOKENS)).tokens == 8
     assert cache.forget([[5, 5, 5, 5, 5]]) == 0
+
+
+def test_a_stored_state_is_let_go_once_its_blocks_are_written(tmp_path: Path) -> None:
+    """The writer keeps no reference to the last state it stored: a gigabyte state would stay resident until the
+    next store."""
+    import gc
+    import weakref
+
+    cache = open_cache(tmp_path)
+    blob, _ = make_state(KV_LAYOUT, list(range(len(TOKENS))), seq_id=0, stream=0, seed=0)
+    state = np.frombuffer(bytearray(blob), dtype=np.uint8)
+    held = weakref.ref(state.base) if state.base is not None else weakref.ref(state)
+    cache.store(TOKENS, state)
+    del state
+    cache.flush()
+    gc.collect()
+    assert held() is None
+    assert cache.lookup(np.asarray(TOKENS)).tokens == len(TOKENS)
