@@ -84,10 +84,11 @@ class ChatService:
     ) -> None:
         self.slot = EngineSlot(workspace)  # the model answering, and one prepared for a switch
         self.conversations = conversations
-        forgetting = Forgetting(conversations, personas, lambda: self.slot.engine, self._settle_warming)
-        self.personas = PersonaService(personas, forgetting.persona)
+        # What is deleted, removed from the cache (off this thread).
+        self.forgetting = Forgetting(conversations, personas, lambda: self.slot.engine, self._settle_warming)
+        self.personas = PersonaService(personas, self.forgetting.persona)
         self.pins = pins
-        self.current = OpenConversation(conversations, self.slot.display_builder, forgetting.conversation)
+        self.current = OpenConversation(conversations, self.slot.display_builder, self.forgetting.conversation)
         self.figures = SessionFigures()
         self._prefix_tokens: dict[tuple[str, int], int | None] = {}  # (persona prompt, document id) → tokens
 
@@ -165,6 +166,7 @@ class ChatService:
 
     def close(self) -> None:
         """Stop what runs and free the model (the conversations database is the library's to close)."""
+        self.forgetting.wait()  # a deletion's entries leave the cache before the cache closes
         self.slot.close()
 
     def startup_notices(self) -> list[str]:
@@ -367,9 +369,8 @@ class ChatService:
 
     def _settle_warming(self) -> None:
         """Stop warming and wait for it: a warm-up still running would store what is being deleted again."""
-        prewarmer = self.slot.prewarmer
-        if prewarmer is not None:
-            prewarmer.cancel()
+        self.stop_warming()
+        if (prewarmer := self.slot.prewarmer) is not None:
             prewarmer.wait()
 
 

@@ -12,6 +12,8 @@ time to live or with `chatapp cache clear`.
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 from collections.abc import Callable
 
 from chatapp.engine.contract import EngineClient
@@ -30,7 +32,11 @@ Prompt = tuple[int, ...]
 
 
 class Forgetting:
-    """Builds the prompts of what is deleted and of what stays, and has the cache drop the difference."""
+    """Builds the prompts of what is deleted and of what stays, and has the cache drop the difference.
+
+    The deleted item's own prompts are built at once (its rows go right after); what stays is read, and the
+    cache's work done, on a thread of its own: tokenizing every other conversation takes about a second per
+    50 long ones, which the screen that deletes must not wait for. `wait` waits for it (close, tests)."""
 
     def __init__(
         self,
@@ -44,39 +50,65 @@ class Forgetting:
         self._personas = personas
         self._engine = engine
         self._settle = settle
+        self._work: queue.Queue[Callable[[], None]] = queue.Queue()
+        self._worker = threading.Thread(target=self._run, name="forgetting", daemon=True)
+        self._worker.start()
+        self.forgotten = 0  # cache entries removed so far (for the log and tests)
 
-    def conversation(self, conversation_id: int) -> int:
-        """Forget what only this conversation (about to be deleted) used; how many cache entries went."""
-        return self._forget(
+    def conversation(self, conversation_id: int) -> None:
+        """Forget what only this conversation (about to be deleted) used."""
+        self._forget(
             lambda engine: self._conversation_prompts(engine, conversation_id),
             lambda engine: self._kept(engine, skip_conversation=conversation_id),
         )
 
-    def persona(self, persona: PersonaRecord) -> int:
+    def persona(self, persona: PersonaRecord) -> None:
         """Forget what only this persona (about to be deleted) used: its own warm-ahead, not the conversations
         that keep their copy of it."""
-        return self._forget(
+        self._forget(
             lambda engine: [self._persona_prompt(engine, persona.prompt)],
             lambda engine: self._kept(engine, skip_persona=persona.id),
         )
+
+    def wait(self) -> None:
+        """Until every deletion so far is forgotten."""
+        self._work.join()
 
     def _forget(
         self,
         going: Callable[[EngineClient], list[Prompt]],
         staying: Callable[[EngineClient], list[Prompt]],
-    ) -> int:
+    ) -> None:
         engine = self._engine()
         cache = engine.cache if engine is not None else None
         if engine is None or cache is None or engine.prompt_builder is None:
-            return 0
+            return
         try:
-            self._settle()
-            gone = cache.forget(going(engine), staying(engine))
+            gone = going(engine)
         except Exception as error:  # the deletion goes ahead; the entries go by their time to live
-            log.warning("could not remove what was deleted from the cache (%s); `chatapp cache clear` wipes it", error)
-            return 0
-        log.info("forgot %d cache entries of what was deleted", gone)
-        return gone
+            log.warning("could not read what is deleted (%s); its cache entries go by their time to live", error)
+            return
+
+        def forget() -> None:
+            self._settle()
+            removed = cache.forget(gone, staying(engine))
+            self.forgotten += removed
+            log.info("forgot %d cache entries of what was deleted", removed)
+
+        self._work.put(forget)
+
+    def _run(self) -> None:
+        while True:
+            job = self._work.get()
+            try:
+                job()
+            except Exception as error:  # the deletion went ahead; the entries go by their time to live
+                log.warning(
+                    "could not remove what was deleted from the cache (%s); `chatapp cache clear` wipes it", error
+                )
+            finally:
+                job = None  # type: ignore[assignment]
+                self._work.task_done()
 
     def _kept(
         self, engine: EngineClient, skip_conversation: int | None = None, skip_persona: int | None = None

@@ -80,6 +80,7 @@ def test_deleting_a_conversation_forgets_its_document_and_keeps_the_shared_perso
     kept_before = held(cache, persona_entries)
 
     service.current.delete(deleted)
+    service.forgetting.wait()  # the cache's work runs off the deleting thread
     assert held(cache, document_entries) == (0, 0, 0)
     assert held(cache, persona_entries) == kept_before
     assert cache.lookup(np.asarray(other)).tokens > len(persona_prefix)  # the other conversation still reuses
@@ -102,8 +103,10 @@ def test_deleting_a_persona_keeps_what_its_conversations_use_and_their_deletion_
     before = held(cache, entries)
 
     service.personas.delete(persona)  # the conversation keeps its copy of the persona, and its entries
+    service.forgetting.wait()
     assert held(cache, entries) == before
     service.current.delete(conversation)  # nothing begins with the persona any more
+    service.forgetting.wait()
     assert held(cache, persona_entries) == (0, 0, 0)
     assert held(cache, entries) == (0, 0, 0)
 
