@@ -38,7 +38,7 @@ async def messages(request: Request) -> Response:
     chat, ends = fields.converted(body, as_sent)
     options = sampling_of(body, body.max_tokens, top_k=body.top_k)
     stops = body.stops()
-    keep, reasoning = fields.keep_hints(body, ends, as_sent), anthropic_thinking(body.fields_sent().get("thinking"))
+    keep, reasoning = fields.keep_hints(body, chat, ends), anthropic_thinking(body.fields_sent().get("thinking"))
     answer = await start_chat(context, body.model, chat, options, stops, shape, keep=keep, reasoning=reasoning)
     message_id = f"msg_{uuid.uuid4().hex}"
     headers = await answer.placed(request)

@@ -299,15 +299,15 @@ def final_usage(figures: CompletionUsage) -> dict[str, int]:
     return usage(figures.prompt_tokens, figures.cached_tokens, figures.completion_tokens, figures.kept_tokens)
 
 
-def keep_hints(body: MessagesBase, ends: list[int], as_sent: bool = False) -> tuple[KeepHint, ...]:
+def keep_hints(body: MessagesBase, chat: list[ApiMessage], ends: list[int]) -> tuple[KeepHint, ...]:
     """The request's `cache_control` breakpoints: each keeps the prompt through the message that holds it
-    (tools and system: through the system prompt, which the tools are written into); `ends`: how many
-    messages `converted` had made after each of the client's."""
+    (tools and system: through the system prompt, which the tools are written into); `chat` and `ends`: what
+    `converted` made, and how many messages it had made after each of the client's."""
     breakpoints: list[tuple[str, Any]] = []
     system_blocks = body.system if isinstance(body.system, list) else []
     breakpoints += [(f"tools[{index}]", tool.get("cache_control")) for index, tool in enumerate(body.tools or ())]
     breakpoints += [(f"system[{index}]", block.cache_control) for index, block in enumerate(system_blocks)]
-    system_count = 1 if system_prompt(body, as_sent).strip() else 0
+    system_count = 1 if chat and chat[0].role is Role.SYSTEM else 0  # the system prompt, if `converted` made one
     hints = [(where, system_count, ttl) for where, ttl in _marked(breakpoints)]
     for index, message in enumerate(body.messages):
         if isinstance(message.content, list):

@@ -371,9 +371,11 @@ def test_the_billing_line_is_left_out_of_the_system_prompt_unless_kept() -> None
     assert fields.system_prompt(body, as_sent=True).startswith("x-anthropic-billing-header: cc_version")
     as_text = body_with("x-anthropic-billing-header: cc_version=1.2.3.abc;\nBe brief.")
     assert fields.system_prompt(as_text) == "Be brief."
-    only_billing = body_with(claude_code_system("7a9")[:1])
+    only_billing = body_with([{**claude_code_system("7a9")[0], "cache_control": {"type": "ephemeral"}}])
     assert fields.system_prompt(only_billing) == ""
-    assert fields.keep_hints(only_billing, [1]) == ()  # no system message left for a breakpoint to keep
+    assert (
+        fields.keep_hints(only_billing, *fields.converted(only_billing)) == ()
+    )  # no system message left for a breakpoint to keep
 
 
 def test_system_messages_before_the_first_answer_are_told_with_the_system_prompt_unless_as_sent() -> None:
@@ -402,7 +404,10 @@ def test_system_messages_before_the_first_answer_are_told_with_the_system_prompt
     assert chat[0].content.endswith("\n\n" + agents)
     assert (chat[1].content, chat[3].content) == (QUESTION, later)  # a system message after an answer stays
     assert ends == [2, 1, 3, 4, 5]  # the opening system message is made with the system prompt
-    assert [hint.messages for hint in fields.keep_hints(body, ends)] == [1, 2]  # the instructions' block, the question
+    assert [hint.messages for hint in fields.keep_hints(body, chat, ends)] == [
+        1,
+        2,
+    ]  # the instructions' block, the question
     as_sent, sent_ends = fields.converted(body, as_sent=True)
     assert [message.role for message in as_sent][:3] == [Role.SYSTEM, Role.USER, Role.SYSTEM]
     assert as_sent[0].content.startswith("x-anthropic-billing-header")
