@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 from contextlib import closing
 from pathlib import Path
@@ -20,7 +19,7 @@ from chatapp.benchmark.runner import add_arguments as add_bench_arguments
 from chatapp.benchmark.runner import run as run_bench
 from chatapp.documents import load_document
 from chatapp.errors import ChatappError, SettingsError
-from chatapp.server.access import ORIGINS_ENV, AccessPolicy, is_loopback_name, split_list
+from chatapp.server.access import ORIGINS_ENV, AccessPolicy, split_list
 from chatapp.services.ask import AskRequest, ask
 from chatapp.services.cache_admin import cache_stats, clear_cache, clear_model_cache, format_stats, prune_cache
 from chatapp.services.cache_advice import advise, format_advice
@@ -480,23 +479,9 @@ def run_serve(args: argparse.Namespace, workspace: Workspace) -> int:
 
 
 def access_policy(args: argparse.Namespace) -> AccessPolicy:
-    """The Host and Origin rules `chatapp serve`'s flags (and $CHATAPP_ALLOWED_ORIGINS) set; a SettingsError for a
-    name or an origin written as something else."""
-    hosts = split_list(args.allowed_hosts)
-    for name in hosts:
-        if name != "*" and ("/" in name or "*" in name or name.count(":") == 1 or not name.strip(".[]")):
-            raise SettingsError(
-                f"--allowed-hosts {name!r} is not a host name; give each name alone, such as chatapp.lan (no scheme, "
-                "no port, no pattern), or * for any"
-            )
-    origins = [origin.rstrip("/") for origin in split_list([*args.allowed_origins, os.environ.get(ORIGINS_ENV, "")])]
-    for origin in origins:
-        if origin not in ("*", "null") and not re.fullmatch(r"[a-z][a-z0-9+.-]*://[^/\s]+", origin.lower()):
-            raise SettingsError(
-                f"--allowed-origins {origin!r} is not an origin; write a page's origin, such as "
-                "https://app.example.com or https://*.example.com (no path)"
-            )
-    return AccessPolicy.for_address(is_loopback_name(args.host), hosts, origins)
+    """The Host and Origin rules `chatapp serve`'s flags (and $CHATAPP_ALLOWED_ORIGINS) set."""
+    origins = [*args.allowed_origins, os.environ.get(ORIGINS_ENV, "")]
+    return AccessPolicy.configured(args.host, split_list(args.allowed_hosts), split_list(origins))
 
 
 def run_chat(workspace: Workspace) -> int:

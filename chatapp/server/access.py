@@ -19,6 +19,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from chatapp.errors import SettingsError
+
 ORIGINS_ENV = "CHATAPP_ALLOWED_ORIGINS"
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 WEB_SCHEMES = frozenset({"http", "https"})
@@ -26,6 +28,7 @@ WEB_SCHEMES = frozenset({"http", "https"})
 # them by default: no web site can send them.
 LOCAL_APP_SCHEMES = frozenset({"app", "tauri", "vscode-webview", "vscode-file"})
 PREFLIGHT_MAX_AGE_S = "600"
+ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/\s]+")  # scheme://host[:port], no path
 
 
 def split_list(values: Iterable[str]) -> tuple[str, ...]:
@@ -67,6 +70,24 @@ class AccessPolicy:
         hosts = frozenset(name.lower().rstrip(".").strip("[]") for name in allowed_hosts)
         origins = tuple(origin.lower().rstrip("/") for origin in allowed_origins)
         return cls(bound_to_loopback or bool(hosts), hosts, origins)
+
+    @classmethod
+    def configured(cls, bound_to: str, allowed_hosts: Iterable[str], allowed_origins: Iterable[str]) -> AccessPolicy:
+        """The rules of a server bound to `bound_to` with these names and origins allowed; a SettingsError naming
+        one that is written as something else."""
+        for name in allowed_hosts:
+            if name != "*" and ("/" in name or "*" in name or name.count(":") == 1 or not name.strip(".[]")):
+                raise SettingsError(
+                    f"--allowed-hosts {name!r} is not a host name; give each name alone, such as chatapp.lan (no "
+                    "scheme, no port, no pattern), or * for any"
+                )
+        for origin in allowed_origins:
+            if origin not in ("*", "null") and not ORIGIN.fullmatch(origin.lower().rstrip("/")):
+                raise SettingsError(
+                    f"--allowed-origins {origin!r} is not an origin; write a page's origin, such as "
+                    "https://app.example.com or https://*.example.com (no path)"
+                )
+        return cls.for_address(is_loopback_name(bound_to), allowed_hosts, allowed_origins)
 
     def host_refusal(self, header: str | None) -> str | None:
         """Why a request with this Host header is refused; None when it is answered."""
