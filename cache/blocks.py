@@ -46,8 +46,8 @@ def sort_bytes(tokens: np.ndarray) -> bytes:
     return np.ascontiguousarray(tokens, dtype=">u4").tobytes()
 
 
-def payload_checksum(payload: bytes | memoryview) -> int:
-    return xxhash.xxh3_64_intdigest(payload)
+def payload_checksum(payload: bytes | memoryview | np.ndarray) -> int:
+    return xxhash.xxh3_64_intdigest(payload.data if isinstance(payload, np.ndarray) else payload)
 
 
 @dataclass

@@ -212,24 +212,36 @@ def _read_file(path: Path, size: int) -> bytes | None:
         return None
 
 
-def _read_file_into(path: Path, target: memoryview) -> memoryview | None:
+def _read_file_into(path: Path, target: np.ndarray) -> np.ndarray | None:
     """The file read into `target` (its size exactly); None when it cannot be read. A file shorter or longer
     than `target` gives a view of another size: damaged, as a read of `_read_file` would say."""
+    view = target.data
     try:
         with io.FileIO(path, "r") as file:
             done = 0
-            while done < len(target) and (read := file.readinto(target[done:])):
+            while done < len(view) and (read := file.readinto(view[done:])):
                 done += read
-            longer = done == len(target) and file.read(1)
+            longer = done == len(view) and file.read(1)
     except OSError:
         return None
-    return target if done == len(target) and not longer else target[: min(done, len(target) - 1)]
+    return target if done == len(view) and not longer else target[: min(done, len(view) - 1)]
 
 
-Payload = bytes | memoryview
-
-
+Payload = bytes | memoryview | np.ndarray
 Checked = tuple[Payload, int]  # a payload as read, and its checksum (taken by the thread that read it)
+# Called with a block's index among those asked for and its payload, on the thread that read it, once its
+# size and checksum are those of its record; the payload is valid during the call only unless kept.
+Sink = Callable[[int, Payload], None]
+
+_scratch = threading.local()
+
+
+def _scratch_of(size: int) -> np.ndarray:
+    """This thread's reused memory for one block: reads into it take no page faults, and stay this small."""
+    memory: np.ndarray | None = getattr(_scratch, "memory", None)
+    if memory is None or memory.size < size:  # with room for a slightly larger block (blocks differ by a few bytes)
+        memory = _scratch.memory = np.empty(size * 5 // 4, dtype=np.uint8)
+    return memory[:size]
 
 
 def _checked(payload: Payload | None) -> Checked | None:
@@ -237,17 +249,10 @@ def _checked(payload: Payload | None) -> Checked | None:
 
 
 def _read_payloads(
-    directories: dict[bool, Path],
-    rows: Sequence[_Row | None],
-    sizes: Sequence[int],
-    into: np.ndarray | None = None,
+    directories: dict[bool, Path], rows: Sequence[_Row | None], read: Callable[[int, Path], Checked | None]
 ) -> list[Checked | None]:
     """Each row's payload (None: none, refused, or its file gone), in the order of `rows`: inline ones from the
-    row, files READ_THREADS at a time (at most that many open).
-
-    With `into` (at least the sizes' sum), file payloads are read into it, side by side in the order of `rows`,
-    and given as views of it: reused memory takes no page faults (a fourth of the time of new memory, measured),
-    and pieces side by side assemble in long runs (state_format)."""
+    row, files by `read(index, path)`, READ_THREADS at a time (at most that many open)."""
     payloads: list[Checked | None] = [None] * len(rows)
     files: list[tuple[int, Path]] = []
     for number, row in enumerate(rows):
@@ -259,29 +264,17 @@ def _read_payloads(
         else:
             assert row.filename is not None  # else refused
             files.append((number, directories[row.pinned] / row.filename))
-    if into is not None:
-        offsets = np.concatenate(([0], np.cumsum(sizes, dtype=np.int64)))
-        view = into.data
-
-        def read(item: tuple[int, Path]) -> Checked | None:
-            number, path = item
-            return _checked(_read_file_into(path, view[int(offsets[number]) : int(offsets[number + 1])]))
-    else:
-
-        def read(item: tuple[int, Path]) -> Checked | None:
-            return _checked(_read_file(item[1], sizes[item[0]]))
-
     done: list[Checked | None] | None = None
     reads: list[futures.Future[Checked | None]] = []
     if len(files) > 1:  # one block (`get`) wakes no thread
         with contextlib.suppress(RuntimeError):  # the pool is shut down (the interpreter exits): read here
-            for item in files:
-                reads.append(_readers(READ_THREADS).submit(read, item))
-        futures.wait(reads)  # every read ends before a failure is raised or read again: none writes to `into` after
+            for number, path in files:
+                reads.append(_readers(READ_THREADS).submit(read, number, path))
+        futures.wait(reads)  # every read ends before a failure is raised or read again: none writes after
         if len(reads) == len(files):
             done = [future.result() for future in reads]
     if done is None:
-        done = [read(item) for item in files]
+        done = [read(number, path) for number, path in files]
     for (number, _path), payload in zip(files, done, strict=True):
         payloads[number] = payload
     return payloads
@@ -507,33 +500,55 @@ class DiskTier:
 
     def get(self, info: BlockInfo) -> bytes | None:
         """The payload if present, intact and unexpired; a damaged or doubtful one is deleted."""
-        payload = self.get_many([info])[0]
-        assert not isinstance(payload, memoryview)  # read into new memory: no `into`
-        return payload
+        return self.get_many([info])[0]
 
-    def get_many(self, infos: Sequence[BlockInfo], into: np.ndarray | None = None) -> list[Payload | None]:
+    def get_many(self, infos: Sequence[BlockInfo]) -> list[bytes | None]:
         """The payloads of `infos`, each as `get` gives it (None where missing, damaged or doubtful; those rows
         are deleted), read with one query per store and READ_THREADS files at a time, and the kept ones marked
-        used (LRU) with their TTL renewed in one update. With `into` (bytes for all of them), payloads in files
-        are read into it side by side (see _read_payloads), views valid while `into` is not written again.
-        `infos` in the order a fetch wants them kept (first: kept longest), as `refresh` takes them."""
+        used (LRU) with their TTL renewed in one update. `infos` in the order a fetch wants them kept (first:
+        kept longest), as `refresh` takes them."""
+        sizes = [info.payload_size for info in infos]
+        _rows, payloads = self._read(infos, lambda number, path: _checked(_read_file(path, sizes[number])))
+        return [bytes(payload) if payload is not None else None for payload in payloads]
+
+    def read_into(self, infos: Sequence[BlockInfo], sink: Sink, *, keep: bool) -> list[bool]:
+        """Hand each intact payload of `infos` to `sink` as it is read, as `get_many` reads them; which ones were.
+
+        Payloads in files are read into new memory the sink may keep (`keep`), else into the reading
+        thread's scratch, valid during the call only: a prefix of gigabytes is then never held twice."""
+        sizes = [info.payload_size for info in infos]
+
+        def read(number: int, path: Path) -> Checked | None:
+            target = np.empty(sizes[number], dtype=np.uint8) if keep else _scratch_of(sizes[number])
+            checked = _checked(_read_file_into(path, target))
+            if checked is not None and len(checked[0]) == sizes[number] and checked[1] == infos[number].checksum:
+                sink(number, checked[0])
+            return checked
+
+        rows, payloads = self._read(infos, read)
+        for number, (row, payload) in enumerate(zip(rows, payloads, strict=True)):
+            if payload is not None and row is not None and row.mode == MODE_RAW:
+                sink(number, payload)  # inline (a few kilobytes): here, not on a reader
+        return [payload is not None for payload in payloads]
+
+    def _read(
+        self, infos: Sequence[BlockInfo], read: Callable[[int, Path], Checked | None]
+    ) -> tuple[Sequence[_Row | None], list[Payload | None]]:
+        """The rows of `infos` and the payloads `read` gave for those there, intact and unexpired; the others'
+        rows deleted, the kept ones marked used."""
+        nothing: list[Payload | None] = [None] * len(infos)
         if not self.enabled or not infos:
-            return [None] * len(infos)
+            return [None] * len(infos), nothing
         rows = self._guarded(lambda: self._rows_of(infos), None)
         if rows is None:
-            return [None] * len(infos)
-        reads = _read_payloads(
-            {pinned: Path(self._store(pinned).directory) for pinned in (False, True)},
-            rows,
-            [info.payload_size for info in infos],
-            into,
-        )
+            return [None] * len(infos), nothing
+        reads = _read_payloads({pinned: Path(self._store(pinned).directory) for pinned in (False, True)}, rows, read)
         now = self._clock()
         kept: list[tuple[BlockInfo, _Row]] = []
         dropped: list[tuple[BlockInfo, _Row]] = []
         payloads: list[Payload | None] = [None] * len(infos)
-        for number, (info, row, read) in enumerate(zip(infos, rows, reads, strict=True)):
-            if row is None or row.refused or read is None:
+        for number, (info, row, checked) in enumerate(zip(infos, rows, reads, strict=True)):
+            if row is None or row.refused or checked is None:
                 # Culled or expired since the index learnt of it, or a file gone under its row (culled just now);
                 # a refused row (a pickle, a file outside the folder) is dropped.
                 dropped.extend([(info, row)] if row is not None and row.refused else [])
@@ -542,7 +557,7 @@ class DiskTier:
             clock_went_back = (
                 row.expire_time is not None and row.expire_time - self.ttl_seconds > now + CLOCK_SLACK_SECONDS
             )
-            payload, checksum = read
+            payload, checksum = checked
             if len(payload) != info.payload_size or checksum != info.checksum or clock_went_back:
                 dropped.append((info, row))
                 self._count(hit=False, expired=clock_went_back)
@@ -555,7 +570,7 @@ class DiskTier:
         names = [info.key.hex() for info, row in kept if not row.pinned]
         if names:
             self._guarded(lambda: self._mark_used(names), False)
-        return payloads
+        return rows, payloads
 
     def _rows_of(self, infos: Sequence[BlockInfo]) -> list[_Row | None]:
         """Each entry's unexpired row in the store its record names (None: none there)."""

@@ -18,7 +18,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
@@ -32,7 +32,6 @@ from cache.keys import BlockKey, as_token_array
 from cache.maintenance import add_totals, remember_memory
 from cache.namespace import Namespace
 from cache.ram_tier import RamTier
-from cache.read_arena import ReadArenas
 from cache.request_log import (
     DEFAULT_MAX_BYTES,
     LoggedRequest,
@@ -43,9 +42,9 @@ from cache.request_log import (
     short_key,
 )
 from cache.restore_checks import RestoreChecks
+from cache.state_assembly import StateAssembly, StateBuffer, in_parallel
 from cache.state_format import (
     MemoryLayout,
-    StateBuffer,
     StateFormatError,
     checkpoint_tail,
     extract_piece,
@@ -76,6 +75,16 @@ def _lower_this_thread_priority() -> None:
     """
     with contextlib.suppress(AttributeError, OSError):
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICENESS)
+
+
+def _schedule_idle(thread_id: int | None, idle: bool) -> None:
+    """Linux: run a thread only on a core nothing else wants (SCHED_IDLE), or as any thread again at its
+    nice value. Elsewhere (or refused) nothing changes."""
+    if thread_id is None:
+        return
+    with contextlib.suppress(AttributeError, OSError):
+        policy = os.SCHED_IDLE if idle else os.SCHED_OTHER
+        os.sched_setscheduler(thread_id, policy, os.sched_param(0))
 
 
 STOPPED_NOTICE = (
@@ -124,31 +133,16 @@ class CachedPrefix:
     checkpoint: BlockInfo | None
 
 
-@dataclass
-class _PendingCopies:
-    """Blocks a fetch read from disk into reused memory, for RAM to copy once the caller is done with them:
-    the fetch's entries deepest first, each with its view (None: served by RAM, only touched again)."""
-
-    order: list[tuple[BlockInfo, memoryview | None]]
-    arena: StateBuffer
-    handed: bool = False
-
-
 @dataclass(frozen=True)
 class FetchedPrefix:
-    """The payloads of a cached prefix, its length, and the slowest tier they came from."""
+    """A cached prefix as a state llama.cpp loads, its length, and the slowest tier it came from."""
 
     blocks: tuple[BlockInfo, ...]
-    payloads: tuple[bytes | memoryview, ...]  # views of reused memory among them: valid until `release`
+    state: np.ndarray  # in the caller's buffer when it gave one
     tokens: int
     checkpoint: bytes | None
     tier: ReuseTier
     prompt_tokens: tuple[int, ...]  # the prefix itself
-    copies: _PendingCopies | None = field(default=None, repr=False, compare=False)  # for PrefixCache.release
-
-    @property
-    def pieces(self) -> list[tuple[int, bytes | memoryview]]:
-        return [(block.tokens.size, payload) for block, payload in zip(self.blocks, self.payloads, strict=True)]
 
 
 def place_of(info: BlockInfo) -> BlockPlace:
@@ -182,8 +176,8 @@ class PrefixCache:
         except OSError as error:  # a figure for `cache stats`; the disk tier says what is wrong
             log.warning("could not note the model's memory kind: %s", error)
         self._queue: queue.Queue[Callable[[], None] | None] = queue.Queue()  # the writer's work
-        self._arenas = ReadArenas()  # what restores read disk blocks into
         self._writer = threading.Thread(target=self._write_loop, name="chatapp-cache-writer", daemon=True)
+        self._yielding = False
         self._writer.start()
 
     # Lookup and restore (engine thread).
@@ -219,82 +213,153 @@ class PrefixCache:
             self.index.add(info)
             self._remember_short(info)
 
-    def fetch(self, found: CachedPrefix, prompt: np.ndarray) -> FetchedPrefix | None:
-        """The payloads of a lookup's prefix from RAM, else disk (promoted to RAM once `release`d).
-
-        A missing block shortens a plain model's prefix to the blocks before it; a model
-        that needs its checkpoint gets nothing unless every block and the checkpoint are there.
-        """
-        if found.tokens == 0:
-            return None
-        wanted = [*found.blocks, *((found.checkpoint,) if found.checkpoint is not None else ())]
-        read, copies = self._payloads(wanted)
-        fetched = self._fetched(found, prompt, wanted, read, copies)
-        if fetched is None and copies is not None:  # nothing holds the views: RAM copies them at once
-            self._hand_over(copies)
-        return fetched
-
-    def _fetched(
+    def fetch(
         self,
         found: CachedPrefix,
         prompt: np.ndarray,
-        wanted: list[BlockInfo],
-        read: list[tuple[bytes | memoryview | None, bool]],
-        copies: _PendingCopies | None,
+        dest_seq: int = 0,
+        *,
+        buffer: StateBuffer | None = None,
+        window_ring: int = 0,
+        keep_blocks: bool = True,
     ) -> FetchedPrefix | None:
-        """The prefix that `read` (the payloads of `wanted`) restores, if any."""
-        blocks: list[BlockInfo] = []
-        payloads: list[bytes | memoryview] = []
+        """A lookup's prefix as a state for `dest_seq` (see StateAssembly), from RAM, else disk.
+
+        Blocks read from disk go straight into the state, each through memory of one block's size:
+        kept by RAM when `keep_blocks` (no copy), else the reading thread's scratch (a caller that
+        keeps the whole state instead). A missing or damaged block shortens a plain model's prefix to
+        the blocks before it; a model that needs its checkpoint gets nothing unless every block and
+        the checkpoint are there.
+        """
+        if found.tokens == 0:
+            return None
         tier = ReuseTier.RAM
         served_by_ram: list[BlockInfo] = []
-        for info, (payload, from_disk) in zip(wanted, read, strict=True):
-            if payload is None:
-                if self.layout.memory.restores_at_checkpoints:
-                    return None
-                break
-            if from_disk:
-                tier = ReuseTier.DISK
-            else:
-                served_by_ram.append(info)
-            blocks.append(info)
-            payloads.append(payload)
-        checkpoint = payloads.pop() if found.checkpoint is not None else None
-        assert not isinstance(checkpoint, memoryview)  # its own bytes (_payloads): a sequence keeps it for rewinds
+        checkpoint: bytes | None = None
         if found.checkpoint is not None:
-            blocks.pop()
-        if found.checkpoint is not None and found.checkpoint.extends is not None and checkpoint is not None:
-            joined, from_disk = self._joined_delta(found.checkpoint, checkpoint)
-            if joined is None:
+            got = self._checkpoint_of(found.checkpoint)
+            if got is None:
                 return None
-            checkpoint = joined
+            checkpoint, from_disk, from_ram = got
             tier = ReuseTier.DISK if from_disk else tier
-            if not from_disk:
-                with self._lock:
-                    base = self._base_of(found.checkpoint)
-                served_by_ram.extend([base] if base is not None else [])
+            served_by_ram.extend(from_ram)
         memory = self.layout.memory
+        blocks = list(found.blocks)
+        read_disk = False
+        while True:
+            try:
+                filled = self._fill(blocks, found, checkpoint, dest_seq, buffer, window_ring, keep_blocks)
+            except StateFormatError as error:
+                log.warning("cannot assemble a cached prefix: %s", error)
+                return None
+            if filled is None:
+                return None
+            state, usable, from_disk, from_ram = filled
+            read_disk = read_disk or from_disk
+            if usable == len(blocks):
+                break
+            if memory.restores_at_checkpoints or usable == 0:
+                return None
+            blocks = blocks[:usable]  # read again up to the block that was lost (rare: RAM's are kept meanwhile)
+        tier = ReuseTier.DISK if read_disk else tier
+        served_by_ram.extend(from_ram)
         tokens = min(found.tokens, blocks[-1].end) if blocks and not memory.restores_at_checkpoints else found.tokens
-        if tokens == 0 or (memory.has_blocks and not blocks):
-            return None
         if served_by_ram:
             # The disk's copies are used too (one recency over both tiers): refreshed on the writer thread.
             self._queue.put(partial(self.disk.refresh, served_by_ram))
         prefix = tuple(int(token) for token in as_token_array(prompt)[:tokens])
-        return FetchedPrefix(tuple(blocks), tuple(payloads), tokens, checkpoint, tier, prefix, copies)
+        return FetchedPrefix(tuple(blocks), state, tokens, checkpoint, tier, prefix)
 
-    def release(self, fetched: FetchedPrefix) -> None:
-        """The caller is done with `fetched`'s payloads (loaded, or given up): what came from disk into reused
-        memory is copied into RAM now, on the writer thread, and that memory goes to the next restore. Not
-        before: the copies would slow the restore they follow. A fetch never released keeps its blocks on disk."""
-        if fetched.copies is not None:
-            self._hand_over(fetched.copies)
+    def _checkpoint_of(self, info: BlockInfo) -> tuple[bytes, bool, list[BlockInfo]] | None:
+        """A checkpoint's whole payload (a delta joined to its base), whether any of it came from disk, and the
+        entries RAM served; None when it is lost."""
+        payload, from_disk = self._payload(info)
+        if payload is None:
+            return None
+        from_ram = [] if from_disk else [info]
+        if info.extends is None:
+            return payload, from_disk, from_ram
+        joined, base_from_disk = self._joined_delta(info, payload)
+        if joined is None:
+            return None
+        if not base_from_disk:
+            with self._lock:
+                base = self._base_of(info)
+            from_ram.extend([base] if base is not None else [])
+        return joined, from_disk or base_from_disk, from_ram
 
-    def _hand_over(self, copies: _PendingCopies) -> None:
-        """Queue RAM's copies of a fetch's blocks and the return of its buffer, once (the engine thread alone
-        hands over: no lock)."""
-        if not copies.handed:
-            copies.handed = True
-            self._queue.put(partial(self._promote, copies.order, copies.arena))
+    def _fill(
+        self,
+        blocks: list[BlockInfo],
+        found: CachedPrefix,
+        checkpoint: bytes | None,
+        dest_seq: int,
+        buffer: StateBuffer | None,
+        window_ring: int,
+        keep_blocks: bool,
+    ) -> tuple[np.ndarray, int, bool, list[BlockInfo]] | None:
+        """The state of `blocks` (and the checkpoint), how many blocks were there, whether any came from disk,
+        and the blocks RAM served. When fewer were there, the state is incomplete: the caller asks again.
+
+        RAM's blocks are taken deepest first and disk's marked used in that order, then RAM keeps the ones read
+        from disk in it too: the tiers' LRU must evict a prefix's last block before its first (a block
+        without its parents cannot be restored)."""
+        memory = self.layout.memory
+        if memory.has_blocks and not blocks:
+            return None
+        cells = min(found.tokens, blocks[-1].end) if blocks and not memory.restores_at_checkpoints else found.tokens
+        assembly = StateAssembly(
+            self.layout,
+            [int(info.tokens.size) for info in blocks],
+            dest_seq,
+            cells=cells,
+            checkpoint=checkpoint,
+            buffer=buffer,
+            window_ring=window_ring,
+        )
+        in_ram: dict[int, bytes | np.ndarray] = {}
+        for number in reversed(range(assembly.pieces)):
+            info = blocks[number]
+            payload = self.ram.get(info.key, info.checksum)
+            if payload is not None:
+                in_ram[number] = payload
+        pieces = [(number, payload) for number, payload in sorted(in_ram.items())]
+
+        def fill(chosen: slice) -> None:
+            for number, payload in pieces[chosen]:
+                assembly.fill(number, payload)
+
+        in_parallel(fill, len(pieces), sum(len(payload) for _, payload in pieces))
+        on_disk = [number for number in reversed(range(assembly.pieces)) if number not in in_ram]
+        kept: dict[int, np.ndarray] = {}
+
+        def sink(index: int, payload: bytes | memoryview | np.ndarray) -> None:
+            assembly.fill(on_disk[index], payload)
+            if keep_blocks and isinstance(payload, np.ndarray):
+                kept[on_disk[index]] = payload
+
+        with self.disk.reading() if on_disk else contextlib.nullcontext():  # the disk's reads in one transaction
+            read = self.disk.read_into([blocks[number] for number in on_disk], sink, keep=keep_blocks)
+        lost = sorted(number for number, intact in zip(on_disk, read, strict=True) if not intact)
+        for number in lost:
+            self._forget(blocks[number])
+        for number in reversed(range(assembly.pieces)):
+            if number in kept and (not lost or number < lost[0]):
+                self._keep_read(blocks[number], kept[number])
+            elif number in in_ram:
+                self.ram.touch(blocks[number].key)
+        if lost:
+            return assembly.state, lost[0], True, []
+        served = [blocks[number] for number in sorted(in_ram)]
+        return assembly.finish(), len(blocks), bool(on_disk), served
+
+    def _keep_read(self, info: BlockInfo, payload: np.ndarray) -> None:
+        """RAM keeps a block read from disk, unless forgotten, stored again or pinned since: as the index says now."""
+        with self._lock:
+            current = self.index.get(info.key)
+        if current is not None and current.checksum == info.checksum:
+            payload.flags.writeable = False
+            self._keep_in_ram(current, payload)
 
     def slowest_tier(self, found: CachedPrefix) -> ReuseTier:
         """Where a fetch of `found` would read from: RAM when every entry is there, else disk."""
@@ -346,66 +411,14 @@ class PrefixCache:
             self._forget(delta)
             return None, False
 
-    def _payloads(
-        self, wanted: Sequence[BlockInfo]
-    ) -> tuple[list[tuple[bytes | memoryview | None, bool]], _PendingCopies | None]:
-        """Each entry's payload and whether it came from disk: what RAM lacks is read from disk in one go.
-
-        Recency is then refreshed deepest first, RAM hits and blocks promoted from disk in one order: the
-        tiers' LRU must evict a prefix's last block before its first (a block without its parents cannot
-        be restored). The disk marks its reads in the same order (`get_many`: the first kept longest).
-        Several blocks from disk are read into reused memory (read_arena.py) and given as views of it; RAM
-        copies them, and refreshes the order, once the caller releases the fetch (`release`).
-        """
-        on_disk = [info for info in wanted if info.key not in self.ram]
-        arena = self._arenas.take() if len(on_disk) > 1 else None
-        into = arena.take(sum(info.payload_size for info in on_disk)) if arena is not None else None
-        read: list[tuple[bytes | memoryview | None, bool]] = []
-        order: list[tuple[BlockInfo, memoryview | None]] = []  # deepest first; None: in RAM now, touch it
-        with self.disk.reading() if on_disk else contextlib.nullcontext():  # the disk's reads in one transaction
-            disk_read = dict(zip(map(id, on_disk), self.disk.get_many(on_disk, into), strict=True))
-            for info in reversed(wanted):
-                if id(info) not in disk_read:
-                    read.append(self._payload(info))  # from RAM (from disk if RAM let it go meanwhile)
-                    order.append((info, None))
-                    continue
-                payload = disk_read[id(info)]
-                if payload is None:
-                    self._forget(info)
-                elif isinstance(payload, memoryview) and not info.checkpoint:
-                    order.append((info, payload))
-                else:  # a checkpoint outlives the fetch (a sequence keeps it for rewinds): its own bytes at once
-                    payload = payload if isinstance(payload, bytes) else bytes(payload)
-                    self._keep_in_ram(info, payload)
-                    order.append((info, None))
-                read.append((payload, payload is not None))
-        return read[::-1], _PendingCopies(order, arena) if arena is not None else None
-
-    def _keep_in_ram(self, info: BlockInfo, payload: bytes) -> None:
+    def _keep_in_ram(self, info: BlockInfo, payload: bytes | np.ndarray) -> None:
         self.ram.put(info.key, payload, pinned=info.pinned, place=place_of(info), checksum=info.checksum)
-
-    def _promote(self, order: list[tuple[BlockInfo, memoryview | None]], arena: StateBuffer) -> None:
-        """On the writer thread, after a fetch read blocks into `arena`: RAM's copies of them, and the recency of
-        the fetch's blocks in its order (see _payloads); then the arena is free for the next restore."""
-        try:
-            for info, view in order:
-                if view is None:
-                    self.ram.touch(info.key)
-                    continue
-                with self._lock:  # forgotten, stored again or pinned since the fetch: as the index says now
-                    current = self.index.get(info.key)
-                if current is None or current.checksum != info.checksum:
-                    continue
-                # Checked when read; the buffer is this job's until given back, so the bytes are still those.
-                self._keep_in_ram(current, bytes(view))
-        finally:
-            self._arenas.give(arena)
 
     def _payload(self, info: BlockInfo) -> tuple[bytes | None, bool]:
         """An entry's payload and whether it came from disk; a lost entry is forgotten."""
-        payload = self.ram.get(info.key, info.checksum)
-        if payload is not None:
-            return payload, False
+        kept = self.ram.get(info.key, info.checksum)
+        if kept is not None:  # a block a restore read from disk is memory RAM kept: bytes of it for the caller
+            return kept if isinstance(kept, bytes) else kept.tobytes(), False
         payload = self.disk.get(info)
         if payload is None:
             self._forget(info)
@@ -538,22 +551,39 @@ class PrefixCache:
             info = self.index.get(self.index.checkpoint_key(as_token_array(tokens))[0])
         return info is not None and not self._drop_lost([info])
 
-    def store(self, tokens: list[int], state: np.ndarray, upto: int | None = None) -> None:
+    def store(self, tokens: list[int], state: np.ndarray, upto: int | None = None, *, ram: bool = True) -> None:
         """Keep the blocks (and checkpoint) of a sequence holding `tokens`, whose full state was just read.
 
         With `upto`, only the blocks within its first `upto` tokens, and no checkpoint unless that is
         all of them: the rest was computed otherwise than a cold run computes it (a fixed grid's
-        last, partial batch, or an answer's tokens).
+        last, partial batch, or an answer's tokens). Without `ram` the blocks go to disk only (the
+        caller keeps the whole state in RAM instead), unless there is no disk tier.
         """
         array = as_token_array(tokens).copy()
-        self._queue.put(
-            partial(self._store_now, array, state, False, array.size if upto is None else min(upto, array.size))
-        )
+        upto = array.size if upto is None else min(upto, array.size)
+        self._queue.put(partial(self._store_now, array, state, False, upto, ram))
 
     def store_checkpoint(self, tokens: list[int], payload: bytes) -> None:
         """Keep a checkpoint (`checkpoint_payload` of a state read after `tokens`)."""
         array = as_token_array(tokens).copy()
-        self._queue.put(partial(self._store_now, array, np.frombuffer(payload, dtype=np.uint8), True, array.size))
+        self._queue.put(partial(self._store_now, array, np.frombuffer(payload, dtype=np.uint8), True, array.size, True))
+
+    def yield_to_model(self, computing: bool) -> None:
+        """While the model computes (`computing`), the writer runs only on a core nothing else wants.
+
+        A nice value still takes a tenth of a core from llama.cpp's threads, which wait for each
+        other every token: a gigabyte store cost a decode 40% of its speed (bench W). Idle-class, the
+        writer uses the gaps between tokens; once the model is idle it runs at its nice value again,
+        so a busy machine (another program's load) never starves it for long.
+        """
+        if computing != self._yielding:
+            self._yielding = computing
+            _schedule_idle(self._writer.native_id, computing)
+
+    @property
+    def busy(self) -> bool:
+        """Whether the writer has work left (a store being written, say)."""
+        return self._queue.unfinished_tasks > 0
 
     def flush(self) -> None:
         """Wait until everything handed to `store` is in RAM and on disk (and what RAM served, refreshed there)."""
@@ -595,7 +625,7 @@ class PrefixCache:
                 self._queue.task_done()
         self._queue.task_done()
 
-    def _store_now(self, tokens: np.ndarray, data: np.ndarray, is_checkpoint: bool, upto: int) -> None:
+    def _store_now(self, tokens: np.ndarray, data: np.ndarray, is_checkpoint: bool, upto: int, ram: bool) -> None:
         memory = self.layout.memory
         try:
             if is_checkpoint:
@@ -622,6 +652,7 @@ class PrefixCache:
         if state.base is None or order is None:
             return
         planned = self._blocks_to_store(tokens[:upto])
+        ram = ram or not self.disk.enabled
         stored: list[BlockInfo] = []
         # Deepest first, as reads go (see fetch): the tiers' LRU then keeps a prefix's first blocks longest.
         for key, parent, start, end in reversed(planned):
@@ -630,7 +661,8 @@ class PrefixCache:
                 continue  # a longer stored block already holds these tokens
             payload = extract_piece(state.base, order, start, end)
             info = BlockInfo(key, parent, start, block_tokens, len(payload), payload_checksum(payload))
-            self.ram.put(key, payload, place=place_of(info), checksum=info.checksum)
+            if ram:
+                self.ram.put(key, payload, place=place_of(info), checksum=info.checksum)
             self.disk.put(info, payload)
             stored.append(info)
             with self._lock:

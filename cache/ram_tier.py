@@ -12,14 +12,19 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from cache.eviction import BlockPlace, EvictionPolicy, LruPolicy
 from cache.keys import BlockKey
 from cache.stats import TierCounters
 
+# A block's bytes: as stored (bytes), or the read-only memory a restore read it into from disk (no copy made).
+RamPayload = bytes | np.ndarray
+
 
 @dataclass
 class _Slot:
-    payload: bytes
+    payload: RamPayload
     expires_at: float
     pinned: bool
     checksum: int | None  # the record's, where the caller gave it
@@ -65,7 +70,7 @@ class RamTier:
         with self._lock:
             return key in self._slots
 
-    def get(self, key: BlockKey, checksum: int | None = None) -> bytes | None:
+    def get(self, key: BlockKey, checksum: int | None = None) -> RamPayload | None:
         """The payload, unless expired, or kept under another `checksum` than the caller's record says (a
         block stored again with other bytes since the caller looked it up: a miss, never those bytes)."""
         now = self._clock()
@@ -98,7 +103,7 @@ class RamTier:
     def put(
         self,
         key: BlockKey,
-        payload: bytes,
+        payload: RamPayload,
         *,
         pinned: bool = False,
         place: BlockPlace | None = None,

@@ -7,6 +7,11 @@ most of it is one load and one cut, with no block assembly. llama.cpp loads a se
 state into any sequence (it takes the destination's stream and discards the cells' stored
 sequence ids), so the bytes are kept unchanged.
 
+A state larger than that budget (a long prefix of a large model: a gigabyte for 8k tokens of
+an 8B model) is kept *instead of* its blocks: as one entry of the RAM tier, under RAM's budget
+and eviction, while its blocks go to disk only. So it is held once, not as a state and again as
+blocks; the caller reads it (`keeps_whole`) before deciding where the blocks go.
+
 Only for plain KV caches: a sliding window or a recurrent state cannot be cut after the load.
 """
 
@@ -18,8 +23,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cache.eviction import BlockPlace
+from cache.keys import BlockKey
+from cache.ram_tier import RamTier
+
 # A ready state is loaded whole, then cut: worth it when it holds at most this much more than is reused.
 MAX_LOADED_PER_REUSED = 1.5
+WHOLE_KEY_PREFIX = b"whole-state:"  # RAM keys of whole states: never a block key (those are 16 bytes)
 
 
 @dataclass(frozen=True)
@@ -28,37 +38,70 @@ class ReadyState:
     state: np.ndarray  # llama.cpp's bytes for those tokens, as read
 
 
-class ReadyStates:
-    """The newest whole states, least recently used dropped first past `budget_bytes`."""
+@dataclass(frozen=True)
+class _Kept:
+    tokens: np.ndarray
+    state: np.ndarray | None  # None: kept by the RAM tier under `ram_key`
+    ram_key: BlockKey | None = None
 
-    def __init__(self, budget_bytes: int) -> None:
+
+class ReadyStates:
+    """The newest whole states up to `budget_bytes` each and in all, least recently used dropped first;
+    larger ones in `ram` (when given), as its entries."""
+
+    def __init__(self, budget_bytes: int, ram: RamTier | None = None) -> None:
         self.budget_bytes = budget_bytes
-        self._states: OrderedDict[int, ReadyState] = OrderedDict()  # id of the tokens' owner -> state
+        self.ram = ram if budget_bytes > 0 else None
+        self._states: OrderedDict[int, _Kept] = OrderedDict()  # id of the tokens' owner -> state
         self._bytes = 0
         self._next_id = 0
         self._lock = threading.Lock()
 
     @property
     def bytes_used(self) -> int:
+        """Bytes of the states kept under this budget (those in RAM count there)."""
         return self._bytes
+
+    def keeps_whole(self, nbytes: int) -> bool:
+        """Whether a state of `nbytes` is kept whole in RAM in place of its blocks (larger than this budget,
+        within RAM's)."""
+        return self.ram is not None and self.budget_bytes < nbytes <= self.ram.budget_bytes
 
     def keep(self, tokens: np.ndarray, state: np.ndarray) -> None:
         """Keep `state`, the whole state of a sequence holding exactly `tokens`.
 
         A kept state whose tokens are a prefix of these is dropped: this one restores all it did.
         """
-        if not tokens.size or state.nbytes > self.budget_bytes:
+        if not tokens.size:
             return
-        entry = ReadyState(tokens.copy(), state)
+        in_ram = self.keeps_whole(state.nbytes)
+        if state.nbytes > self.budget_bytes and not in_ram:
+            return
+        self.drop_superseded(tokens)
+        with self._lock:
+            key = self._next_id
+            self._next_id += 1
+            if in_ram:
+                assert self.ram is not None
+                ram_key = BlockKey(WHOLE_KEY_PREFIX + key.to_bytes(8, "little"))
+                self._states[key] = _Kept(tokens.copy(), None, ram_key)
+            else:
+                self._states[key] = _Kept(tokens.copy(), state)
+                self._bytes += state.nbytes
+                while self._bytes > self.budget_bytes:
+                    self._drop(next(iter(self._states)))
+        if in_ram:
+            assert self.ram is not None
+            state.flags.writeable = False
+            self.ram.put(ram_key, state, place=BlockPlace(None, 0, int(tokens.size)))
+
+    def drop_superseded(self, tokens: np.ndarray) -> None:
+        """Drop the kept states whose tokens are a prefix of `tokens`: a state of `tokens` about to be read
+        restores all they did (dropped first, a large one is not held twice meanwhile)."""
         with self._lock:
             for key, kept in list(self._states.items()):
                 if kept.tokens.size <= tokens.size and np.array_equal(kept.tokens, tokens[: kept.tokens.size]):
                     self._drop(key)
-            self._states[self._next_id] = entry
-            self._next_id += 1
-            self._bytes += state.nbytes
-            while self._bytes > self.budget_bytes:
-                self._drop(next(iter(self._states)))
 
     def best(self, prompt: np.ndarray, reuse: int) -> ReadyState | None:
         """A kept state whose first `reuse` tokens are the prompt's, cheap enough to load whole and cut.
@@ -68,28 +111,46 @@ class ReadyStates:
         if reuse <= 0:
             return None
         with self._lock:
-            fitting = [
-                (key, kept)
+            fitting = sorted(
+                (kept.tokens.size, key)
                 for key, kept in self._states.items()
                 if reuse <= kept.tokens.size <= reuse * MAX_LOADED_PER_REUSED
                 and np.array_equal(kept.tokens[:reuse], prompt[:reuse])
-            ]
-            if not fitting:
-                return None
-            return min(fitting, key=lambda item: item[1].tokens.size)[1]
+            )
+            candidates = [(key, self._states[key]) for _size, key in fitting]
+        for key, kept in candidates:
+            state = kept.state if kept.ram_key is None else self._from_ram(key, kept)
+            if state is not None:
+                return ReadyState(kept.tokens, state)
+        return None
+
+    def _from_ram(self, key: int, kept: _Kept) -> np.ndarray | None:
+        assert self.ram is not None
+        assert kept.ram_key is not None
+        state = self.ram.get(kept.ram_key)
+        if state is None:  # evicted or expired there: forgotten here
+            with self._lock:
+                self._states.pop(key, None)
+            return None
+        assert isinstance(state, np.ndarray)
+        return state
 
     def used(self, state: ReadyState) -> None:
         """`state` was loaded: it is the most recently used."""
         with self._lock:
             for key, kept in self._states.items():
-                if kept is state:
+                if kept.tokens is state.tokens:
                     self._states.move_to_end(key)
                     return
 
     def clear(self) -> None:
         with self._lock:
-            self._states.clear()
-            self._bytes = 0
+            for key in list(self._states):
+                self._drop(key)
 
     def _drop(self, key: int) -> None:
-        self._bytes -= self._states.pop(key).state.nbytes
+        kept = self._states.pop(key)
+        if kept.state is not None:
+            self._bytes -= kept.state.nbytes
+        elif self.ram is not None and kept.ram_key is not None:
+            self.ram.discard(kept.ram_key)

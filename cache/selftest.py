@@ -16,13 +16,8 @@ from collections.abc import Callable
 import numpy as np
 
 from cache.memory_kinds import Memory
-from cache.state_format import (
-    MemoryLayout,
-    StateFormatError,
-    assemble_state,
-    extract_piece,
-    parse_state,
-)
+from cache.state_assembly import assemble_state
+from cache.state_format import MemoryLayout, StateFormatError, extract_piece, parse_state
 
 
 def verify_layout(

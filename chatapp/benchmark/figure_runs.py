@@ -18,6 +18,15 @@ from chatapp.benchmark.cache_figures import (
     measure_storage_by_type,
 )
 from chatapp.benchmark.goals import Verdict
+from chatapp.benchmark.large_state_figure import (
+    LARGE_NAME,
+    LARGE_PREFIX_TOKENS,
+    LargeStateFigures,
+    large_state_figure_verdicts,
+    large_state_record,
+    large_state_table,
+    measure_large_state,
+)
 from chatapp.benchmark.peers import PeerSettings
 from chatapp.benchmark.prefill_figure import (
     PREFILL_NAME,
@@ -53,7 +62,7 @@ from chatapp.benchmark.trace_figure import (
 )
 from chatapp.benchmark.workloads import PromptKit, Scale
 
-KIT_FIGURES = {"S", RESTORE_NAME, PREFILL_NAME, STREAMS_NAME}  # built from prompts as the app builds them
+KIT_FIGURES = {"S", RESTORE_NAME, PREFILL_NAME, STREAMS_NAME, LARGE_NAME}  # built from prompts as the app builds them
 
 
 @dataclass(frozen=True)
@@ -75,6 +84,7 @@ class FigureRuns:
     lookup: LookupFigures | None = None
     storage: StorageByType | None = None
     restores: RestoreFigures | None = None
+    large: LargeStateFigures | None = None
     prefills: PrefillFigures | None = None
     streams: StreamsFigures | None = None
     traces: TraceFigures | None = None
@@ -117,6 +127,9 @@ class FigureRuns:
                 repeats=scale.restore_repeats,
                 miss_repeats=scale.miss_repeats,
             )
+        if LARGE_NAME in names:
+            job.log(f"{LARGE_NAME}: one {LARGE_PREFIX_TOKENS:,}-token prefix stored and restored, memory and time")
+            self.large = measure_large_state(settings, kit, work / "large")
         if PREFILL_NAME in names:
             job.log(
                 f"{PREFILL_NAME}: prefill with nothing cached, chatapp and llama-server, flash attention off and on"
@@ -145,6 +158,7 @@ class FigureRuns:
             **figures_record(self.lookup, self.storage),
             **({"traces": trace_record(self.traces)} if self.traces is not None else {}),
             **({"restores": restore_record(self.restores)} if self.restores is not None else {}),
+            **({"large_state": large_state_record(self.large)} if self.large is not None else {}),
             **({"prefill": prefill_record(self.prefills)} if self.prefills is not None else {}),
             **({"streams": streams_record(self.streams)} if self.streams is not None else {}),
         }
@@ -154,6 +168,7 @@ class FigureRuns:
         return [
             *cache_figure_verdicts(self.lookup, self.storage),
             *restore_figure_verdicts(self.restores),
+            *large_state_figure_verdicts(self.large),
             *prefill_figure_verdicts(self.prefills),
             *streams_figure_verdicts(self.streams),
             *trace_figure_verdicts(self.traces),
@@ -165,6 +180,8 @@ class FigureRuns:
         tables = [figures_table(self.lookup, self.storage)] if found else []
         if self.restores is not None:
             tables.append(restore_table(self.restores))
+        if self.large is not None:
+            tables.append(large_state_table(self.large))
         if self.prefills is not None:
             tables.append(prefill_table(self.prefills))
         if self.streams is not None:

@@ -355,6 +355,22 @@ def restore_verdicts(
     return [*verdicts, _at_most("R", "total miss / no cache (until idle)", miss, 1.02)]
 
 
+def large_state_verdicts(
+    *, peaks: list[float], cold: float | None, warm: float | None, decode: float, equal: bool
+) -> list[Verdict]:
+    """W's goals (see large_state_figure.py): `peaks` in states over the prompt's with no cache, storing run first."""
+    verdicts = [_at_most("W", "peak RSS over computing with no cache, in states (worst step)", max(peaks), 1.25)]
+    if cold is not None:
+        verdicts.append(_at_most("W", "disk restore (page cache cold) / reading its bytes from one file", cold, 1.3))
+    if warm is not None:
+        verdicts.append(_at_most("W", "disk restore (page cache warm) / llama.cpp's load plus a warm read", warm, 1.3))
+    return [
+        *verdicts,
+        _at_least("W", "decode tok/s while a large state is stored / idle", decode, 0.9),
+        _at_least("W", "restored answers equal to cold (1: all)", float(equal), 1.0),
+    ]
+
+
 def prefill_verdicts(*, default: float, flash: float) -> list[Verdict]:
     """P's goals from its ratios (see prefill_figure.py)."""
     return [

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from cache.state_format import in_parallel
+from cache.state_assembly import in_parallel
 from chatapp.benchmark.goals import Verdict, restore_verdicts
 from chatapp.benchmark.peers import PeerSettings, close_engine, open_chatapp_engine
 from chatapp.benchmark.workloads import PromptKit
@@ -57,7 +57,6 @@ class RestoreSteps:
 
     lookup_ms: float
     read_ms: float
-    assemble_ms: float
     load_ms: float
     total_ms: float
 
@@ -252,8 +251,8 @@ def sequential_read_ms(folder: Path, size: int, repeats: int) -> float:
 
 def plain_copy_ms(size: int, repeats: int) -> float:
     """Median time of one copy of `size` bytes from memory already touched into memory already touched, spread
-    over the cores as a restore's assembly spreads its copies (state_format.in_parallel): the least an assembly
-    of blocks into one buffer costs (a restore reuses its buffer, state_format.StateBuffer)."""
+    over the cores as a restore's assembly spreads its copies (state_assembly.in_parallel): the least an assembly
+    of blocks into one buffer costs (a restore reuses its buffer, state_assembly.StateBuffer)."""
     source = np.ones(size, dtype=np.uint8)
     target = np.full(size, 2, dtype=np.uint8)  # written: np.zeros' pages would fault in the first copy
     bounds = [size * part // COPY_PARTS for part in range(COPY_PARTS + 1)]
@@ -312,7 +311,7 @@ def restore_table(figures: RestoreFigures) -> str:
     lines = [
         f"R  restoring a {figures.prefix_tokens:,}-token prefix (median of {figures.repeats}, ms; "
         f"llama.cpp loading it from a ready buffer: {figures.ready_load_ms:.1f} ms; {figures.elapsed_s:.0f} s)",
-        f"     {'path':18} {'lookup':>7} {'read':>7} {'assemble':>9} {'load':>7} {'total':>7} {'/ ready':>8}",
+        f"     {'path':18} {'lookup':>7} {'read':>7} {'load':>7} {'total':>7} {'/ ready':>8}",
     ]
     lines += _path_lines(figures.paths)
     cold = figures.paths.get(COLD)
@@ -354,7 +353,7 @@ def _floor_lines(figures: RestoreFigures) -> list[str]:
 def _path_lines(paths: dict[str, RestoreSteps]) -> list[str]:
     load = ready_load(paths)
     return [
-        f"     {path:18} {steps.lookup_ms:7.1f} {steps.read_ms:7.1f} {steps.assemble_ms:9.1f} "
+        f"     {path:18} {steps.lookup_ms:7.1f} {steps.read_ms:7.1f} "
         f"{steps.load_ms:7.1f} {steps.total_ms:7.1f} {steps.total_ms / load:7.2f}x"
         for path, steps in paths.items()
     ]

@@ -37,6 +37,7 @@ from chatapp.benchmark.anthropic_client import answer_as_shown, anthropic_body
 from chatapp.benchmark.cache_figures import FIGURE_NAMES
 from chatapp.benchmark.figure_runs import FigureJob, FigureRuns
 from chatapp.benchmark.goals import goals_table, reused_fraction
+from chatapp.benchmark.large_state_figure import LARGE_NAME
 from chatapp.benchmark.memory import RssSampler, folder_bytes
 from chatapp.benchmark.peers import PEERS, Peer, PeerFactory, PeerSettings, open_cold_engine
 from chatapp.benchmark.prefill_figure import PREFILL_NAME
@@ -75,6 +76,7 @@ SERVE_PEER = "chatapp-serve"
 MESSAGES_PEERS = (SERVE_PEER, SERVER_PEER)  # the peers that serve Anthropic's Messages API (K, J)
 DEFAULT_PEERS = (*PEERS, SERVE_PEER, LOOPBACK_PEER)
 ALL_NAMES = (*WORKLOAD_NAMES, *AGENT_NAMES, *FIGURE_NAMES, RESTORE_NAME, PREFILL_NAME, STREAMS_NAME, TRACE_NAME)
+OPT_IN_NAMES = (LARGE_NAME,)  # only when named: W wants a model with wide KV (scripts/wide_model.py)
 SKIP_SERVER = "llama-server: skipped (not built; run scripts/build_llama_server.py or pass --llama-server PATH)"
 
 
@@ -345,7 +347,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(lookup among many conversations), S (storage of conversations on one persona), R (what one "
         "restore and one total miss cost, step by step), P (prefill speed beside llama-server), N (clients "
         "at once over HTTP beside llama-server -np N) and G "
-        "(eviction policies replayed on request traces, no model))",
+        "(eviction policies replayed on request traces, no model)); W only when named: one large prefix stored "
+        "and restored, peak memory and time (with --model a wide-KV model: scripts/wide_model.py)",
     )
     parser.add_argument(
         "--peers",
@@ -426,11 +429,11 @@ def plan_from(args: argparse.Namespace) -> BenchPlan:
         remotes = {name: remote for name in peer_names if (remote := remote_peer_factory(name)) is not None}
     except PeerSpecError as error:
         raise BenchRefused(str(error)) from None
-    unknown = [name for name in workload_names if name not in ALL_NAMES]
+    unknown = [name for name in workload_names if name not in (*ALL_NAMES, *OPT_IN_NAMES)]
     unknown += [name for name in peer_names if name not in (*PEERS, SERVER_PEER, SERVE_PEER, *remotes)]
     if unknown:
         raise BenchRefused(
-            f"unknown workload or peer: {', '.join(unknown)} (workloads {','.join(ALL_NAMES)}; "
+            f"unknown workload or peer: {', '.join(unknown)} (workloads {','.join((*ALL_NAMES, *OPT_IN_NAMES))}; "
             f"peers {','.join([*DEFAULT_PEERS, SERVER_PEER])}, {LOOPBACK_PEER}+warm, remote:URL)"
         )
     factories = _factories(peer_names, remotes)

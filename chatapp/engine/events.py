@@ -44,14 +44,13 @@ class RestoreTimings:
     """Where a restore from the cache spent its time, in milliseconds (the bench's restore figure)."""
 
     lookup_ms: float  # finding the longest stored prefix
-    read_ms: float  # the payloads from RAM, or from disk
-    assemble_ms: float  # one state in llama.cpp's layout
+    read_ms: float  # the blocks from RAM, or from disk, copied into one state in llama.cpp's layout as they come
     load_ms: float  # llama.cpp taking that state (what loading a ready buffer costs)
-    whole_state: bool = False  # a kept whole state, loaded and cut (no read, no assembly)
+    whole_state: bool = False  # a kept whole state, loaded and cut (nothing read)
 
     @property
     def total_ms(self) -> float:
-        return self.lookup_ms + self.read_ms + self.assemble_ms + self.load_ms
+        return self.lookup_ms + self.read_ms + self.load_ms
 
 
 @dataclass(frozen=True)

@@ -27,17 +27,10 @@ import numpy as np
 from cache.keys import as_token_array
 from cache.llama_state import read_sequence_state, write_sequence_state
 from cache.memory_kinds import Memory
-from cache.prefix_cache import FetchedPrefix, PrefixCache
+from cache.prefix_cache import CachedPrefix, FetchedPrefix, PrefixCache
 from cache.ready_states import ReadyState, ReadyStates
-from cache.state_format import (
-    MemoryLayout,
-    StateBuffer,
-    StateFormatError,
-    assemble_state,
-    extract_piece,
-    parse_state,
-    read_checkpoint,
-)
+from cache.state_assembly import StateBuffer, assemble_state
+from cache.state_format import MemoryLayout, StateFormatError, extract_piece, parse_state, read_checkpoint
 from chatapp.engine.batching import MIN_ROWS, on_grid
 from chatapp.engine.events import RestoreTimings
 from chatapp.engine.handle import GenerationHandle
@@ -94,7 +87,10 @@ class KVPlacer:
         self.window_ring = window_ring
         self._state_buffer = StateBuffer()  # restores and rewinds assemble here: llama.cpp copies it at once
         # Whole states a plain KV cache loads with no assembly (a window or recurrent state cannot be cut after).
-        self.ready = ReadyStates(ready_state_bytes if memory.keeps_whole_states() else 0)
+        # Larger ones, within RAM's budget, are kept as RAM's entry instead of their blocks (one copy, not two).
+        self.ready = ReadyStates(
+            ready_state_bytes if memory.keeps_whole_states() else 0, cache.ram if cache is not None else None
+        )
         self.costs = RestoreCosts()  # restore or compute: the engine notes its prefill speed here
         # Prompt tokens every answer computes (more with flash attention: batching.py), and those a
         # warm-up computes unless its whole prompt is resident (flash attention: a batch of its own).
@@ -193,15 +189,7 @@ class KVPlacer:
                     loaded = self._load_ready(target, ready, found.tokens, time.perf_counter() - looking)
                     if loaded is not None:
                         return probed(self._noted(loaded, WHOLE_STATE))
-                reading = time.perf_counter()
-                fetched = self.cache.fetch(found, array)
-                read = (reading - looking, time.perf_counter() - reading)
-                restored = None
-                if fetched is not None:
-                    try:
-                        restored = self._restore(target, fetched, read)
-                    finally:
-                        self.cache.release(fetched)  # loaded (or given up): RAM may copy what came from disk
+                restored = self._fetch_and_restore(target, found, array, looking)
                 if restored is not None and restored.reused_tokens > keepable:
                     return probed(self._noted(restored, restored.tier.value))
                 if target == resident_sequence:
@@ -365,34 +353,40 @@ class KVPlacer:
         return payload
 
     # Restoring from the cache.
-    def _restore(self, sequence: int, fetched: FetchedPrefix, read: tuple[float, float]) -> Placement | None:
-        """Load a fetched prefix into `sequence`; `read` is how long the lookup and fetch took (s)."""
+    def _fetch_and_restore(
+        self, sequence: int, found: CachedPrefix, prompt: np.ndarray, looking: float
+    ) -> Placement | None:
+        """Fetch a lookup's prefix and load it into `sequence`; `looking`: when the lookup began.
+
+        A prefix large enough to be kept whole (ReadyStates.keeps_whole) is assembled in new memory
+        from blocks read through a scratch buffer, and that state is then RAM's entry: one copy.
+        """
         assert self.cache is not None
-        assembling = time.perf_counter()
-        try:
-            state = assemble_state(
-                self.cache.layout,
-                fetched.pieces,
-                sequence,
-                cells=fetched.tokens,
-                checkpoint=fetched.checkpoint,
-                buffer=self._state_buffer,
-                window_ring=self.window_ring,
-            )
-        except StateFormatError as error:
-            log.warning("cannot assemble a cached prefix: %s", error)
+        reading = time.perf_counter()
+        whole = self.ready.keeps_whole(self.cache.layout.bytes_per_cell * found.tokens)
+        buffer = None if whole else self._state_buffer
+        fetched = self.cache.fetch(
+            found, prompt, sequence, buffer=buffer, window_ring=self.window_ring, keep_blocks=not whole
+        )
+        if fetched is None:
             return None
+        restored = self._restore(sequence, fetched, (reading - looking, time.perf_counter() - reading))
+        if restored is not None and whole:
+            self.ready.keep(as_token_array(fetched.prompt_tokens), fetched.state)
+        return restored
+
+    def _restore(self, sequence: int, fetched: FetchedPrefix, read: tuple[float, float]) -> Placement | None:
+        """Load a fetched prefix into `sequence`; `read` is how long the lookup and fetch took (s). The fetch
+        assembles the state as it reads: its time is the read's."""
         self.forget(sequence)
         loading = time.perf_counter()
-        if not self._load_assembled(sequence, state, fetched.tokens):
+        if not self._load_assembled(sequence, fetched.state, fetched.tokens):
             log.warning("llama.cpp refused a cached prefix; computing it instead")
             self.context.remove(sequence, 0, -1)
             return None
         loaded = time.perf_counter()
         lookup_s, read_s = read
-        timings = RestoreTimings(
-            lookup_s * 1000, read_s * 1000, (loading - assembling) * 1000, (loaded - loading) * 1000
-        )
+        timings = RestoreTimings(lookup_s * 1000, read_s * 1000, (loaded - loading) * 1000)
         self.sequences[sequence].replace(list(fetched.prompt_tokens))
         self._note_window_placeholders(sequence, fetched.tokens)
         if fetched.checkpoint is not None and self.takes_checkpoints:
@@ -426,7 +420,7 @@ class KVPlacer:
         if self._cut_in_place(sequence, reuse) != reuse:
             self.forget(sequence)
             return None
-        timings = RestoreTimings(lookup_s * 1000, 0.0, 0.0, (time.perf_counter() - loading) * 1000, whole_state=True)
+        timings = RestoreTimings(lookup_s * 1000, 0.0, (time.perf_counter() - loading) * 1000, whole_state=True)
         self.sequences.touch(sequence)
         return Placement(sequence, reuse, ReuseTier.RAM, timings)
 
@@ -441,7 +435,9 @@ class KVPlacer:
         tokens = live.tokens
         if self.cache is None or not live.reusable or not self.cache.has_new_blocks(tokens, upto=live.reusable):
             return
-        state = read_sequence_state(self.context.pointer, sequence)
         # On a grid a kept state is loaded for its whole grid batches only (a load cuts the rest).
-        self.ready.keep(as_token_array(tokens[: live.reusable]), state)
-        self.cache.store(list(tokens), state, upto=live.reusable)
+        kept = as_token_array(tokens[: live.reusable])
+        self.ready.drop_superseded(kept)  # before the read: a large one is not held twice meanwhile
+        state = read_sequence_state(self.context.pointer, sequence)
+        self.ready.keep(kept, state)
+        self.cache.store(list(tokens), state, upto=live.reusable, ram=not self.ready.keeps_whole(state.nbytes))

@@ -4,6 +4,7 @@ hostile rows, two processes (synthetic states, no model)."""
 from __future__ import annotations
 
 import errno
+import itertools
 import multiprocessing
 import os
 import sqlite3
@@ -392,13 +393,15 @@ def payload_file(tier: DiskTier, info: BlockInfo) -> Path:
     return Path(tier._store(False).directory) / str(filename)
 
 
+@pytest.mark.parametrize("keep", [False, True], ids=["scratch", "kept"])
 @pytest.mark.parametrize("threads", [1, 4])
-def test_a_restore_reads_files_into_one_buffer_side_by_side(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, threads: int
+def test_a_restore_hands_each_intact_payload_on_as_it_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, threads: int, keep: bool
 ) -> None:
-    """Given a buffer, the files are read into it in the order asked, each after the space of the ones before,
-    and come back as views of it; an inline payload comes from its row; a file cut short or grown longer is
-    damaged as in a read into new memory: None, and its row deleted."""
+    """`read_into` gives the sink each intact payload with its place among those asked: files on the reading
+    threads, in new memory when the sink may keep it, else in that thread's reused scratch (one block's size);
+    an inline payload comes from its row. A file cut short or grown longer never reaches the sink: False, and
+    its row deleted, as in `get_many`."""
     monkeypatch.setattr("cache.disk_tier.READ_THREADS", threads)
     tier = DiskTier(tmp_path, 1 << 24, TTL, NAMESPACE)
     payloads = {key: bytes([key]) * (40_000 + key) for key in (1, 2, 3, 4, 5)}
@@ -411,17 +414,24 @@ def test_a_restore_reads_files_into_one_buffer_side_by_side(
     with payload_file(tier, infos[4]).open("ab") as grown:
         grown.write(b"x")
     asked = [infos[key] for key in (1, 6, 3, 4, 2, 5)]
-    into = np.zeros(sum(info.payload_size for info in asked) + 7, dtype=np.uint8)
-    got = tier.get_many(asked, into)
-    assert got == [payloads[1], payloads[6], None, None, payloads[2], payloads[5]]
-    offsets = np.cumsum([0, *(info.payload_size for info in asked)])
-    for number in (0, 4, 5):
-        view = got[number]
-        assert isinstance(view, memoryview)
-        start = int(offsets[number])
-        assert np.shares_memory(np.frombuffer(view, dtype=np.uint8), into[start : start + len(view)])
-        assert into[start : start + len(view)].tobytes() == payloads[asked[number].key[0]]
-    assert isinstance(got[1], bytes)
+    seen: dict[int, bytes] = {}
+    memory: dict[int, np.ndarray] = {}
+    lock = threading.Lock()
+
+    def sink(number: int, payload: bytes | memoryview | np.ndarray) -> None:
+        with lock:
+            seen[number] = bytes(payload)
+            if isinstance(payload, np.ndarray):
+                memory[number] = payload
+
+    assert tier.read_into(asked, sink, keep=keep) == [True, True, False, False, True, True]
+    assert seen == {number: payloads[asked[number].key[0]] for number in (0, 1, 4, 5)}
+    files = [memory[number] for number in (0, 4, 5)]
+    shared = [np.shares_memory(one, other) for one, other in itertools.combinations(files, 2)]
+    if keep:
+        assert not any(shared)  # each its own
+    elif threads == 1:
+        assert all(shared)  # the one thread's scratch, read into again
     assert tier.get_many([infos[3], infos[4]]) == [None, None]
     assert tier._store(False)._sql(
         "SELECT COUNT(*) FROM Cache WHERE key IN (?, ?)", (infos[3].key.hex(), infos[4].key.hex())

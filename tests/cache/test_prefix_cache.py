@@ -5,18 +5,17 @@ from __future__ import annotations
 import os
 import pickle
 import sqlite3
-import threading
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from cache.blocks import payload_checksum
 from cache.memory_kinds import MemoryKind, PlainMemory, memory_of
 from cache.namespace import Namespace
 from cache.prefix_cache import CacheConfig, FetchedPrefix, PrefixCache
-from cache.state_format import MemoryLayout, assemble_state, extract_piece, parse_state
+from cache.state_assembly import assemble_state
+from cache.state_format import MemoryLayout, extract_piece, parse_state
 from tests.cache.state_factory import make_state, small_layout
 
 KV_LAYOUT = small_layout(v_trans=False, scale=512)  # pieces over 32 KiB: stored as files
@@ -45,10 +44,8 @@ def restored_state(cache: PrefixCache, prompt: list[int]) -> tuple[bytes, int, s
     fetched = cache.fetch(found, np.asarray(prompt))
     assert fetched is not None
     assert fetched.prompt_tokens == tuple(prompt[: fetched.tokens])
-    state = assemble_state(LAYOUT, fetched.pieces, 0, cells=fetched.tokens)
-    cache.release(fetched)  # as the engine does once loaded: RAM copies what came from disk
     cache.flush()
-    return state.tobytes(), fetched.tokens, fetched.tier
+    return fetched.state.tobytes(), fetched.tokens, fetched.tier
 
 
 TOKENS = list(range(100, 111))  # 11 tokens: blocks of 4, 4 and a partial 3
@@ -78,72 +75,45 @@ def test_after_a_restart_blocks_come_from_disk(tmp_path: Path) -> None:
     again.close()
 
 
-def fetched_from_disk(cache: PrefixCache, prompt: list[int]) -> FetchedPrefix:
+def fetched_from_disk(cache: PrefixCache, prompt: list[int], *, keep_blocks: bool = True) -> FetchedPrefix:
     found = cache.lookup(np.asarray(prompt))
-    fetched = cache.fetch(found, np.asarray(prompt))
+    fetched = cache.fetch(found, np.asarray(prompt), keep_blocks=keep_blocks)
     assert fetched is not None
     assert fetched.tier == "disk"
     return fetched
 
 
-def test_blocks_read_from_disk_are_views_of_reused_memory_until_ram_copies_them(tmp_path: Path) -> None:
-    """A restore reads its disk blocks side by side into one buffer and hands out views of it; the writer thread
-    then keeps copies in RAM and frees the buffer, which the next restore from disk reads into again. While a
-    copy is pending, another restore reads into other memory: the views still hold their blocks."""
+def test_ram_keeps_the_memory_blocks_were_read_into_from_disk(tmp_path: Path) -> None:
+    """A restore reads each disk block into memory of its own, copies it into the state and hands it to RAM as
+    it is (read-only): no second copy. Without `keep_blocks` (a caller that keeps the whole state instead) the
+    blocks go through the reader's scratch and RAM keeps none of them; the state is the same."""
     cache = open_cache(tmp_path)
     blob = store_sequence(cache, TOKENS)
-    other = [7, 8, 9, 10, 11, 12, 13, 14]
-    other_blob = store_sequence(cache, other, seed=1)
     cache.ram.clear()
-    first = fetched_from_disk(cache, TOKENS)
-    assert all(isinstance(payload, memoryview) for payload in first.payloads)
-    read = [bytes(payload) for payload in first.payloads]
-    cache.flush()
-    assert not any(info.key in cache.ram for info in first.blocks)  # in RAM only once released
-    memory = np.frombuffer(first.payloads[0], dtype=np.uint8)
-    cache.release(first)
-    cache.flush()
-    assert [cache.ram.get(info.key) for info in first.blocks] == read
-    cache.ram.clear()
-    again = fetched_from_disk(cache, TOKENS)
-    assert np.shares_memory(np.frombuffer(again.payloads[0], dtype=np.uint8), memory)  # reused
-    held = threading.Event()
-
-    def hold_the_writer() -> None:
-        held.wait()
-
-    cache._queue.put(hold_the_writer)  # the writer is busy: the copies of `again` wait
-    read_again = [bytes(payload) for payload in again.payloads]
-    cache.release(again)
-    cache.ram.clear()
-    meanwhile = fetched_from_disk(cache, other)
-    cache.release(meanwhile)
-    assert not np.shares_memory(np.frombuffer(meanwhile.payloads[0], dtype=np.uint8), memory)
-    assert assemble_state(LAYOUT, again.pieces, 0, cells=again.tokens).tobytes() == blob
-    assert assemble_state(LAYOUT, meanwhile.pieces, 0, cells=meanwhile.tokens).tobytes() == other_blob
-    held.set()
-    cache.flush()
-    assert [cache.ram.get(info.key) for info in again.blocks] == read_again
+    skipped = fetched_from_disk(cache, TOKENS, keep_blocks=False)
+    assert skipped.state.tobytes() == blob
+    assert not any(info.key in cache.ram for info in skipped.blocks)
+    kept = fetched_from_disk(cache, TOKENS)
+    assert kept.state.tobytes() == blob
+    payloads = [cache.ram.get(info.key, info.checksum) for info in kept.blocks]
+    assert all(isinstance(payload, np.ndarray) and not payload.flags.writeable for payload in payloads)
+    expected = [blob_piece(blob, info.start, info.end) for info in kept.blocks]
+    assert [bytes(payload) for payload in payloads if payload is not None] == expected
+    again = cache.fetch(cache.lookup(np.asarray(TOKENS)), np.asarray(TOKENS))
+    assert again is not None
+    assert again.tier == "ram"
+    assert again.state.tobytes() == blob
     cache.close()
 
 
-def test_ram_copies_what_the_index_holds_when_released_as_it_holds_it(tmp_path: Path) -> None:
-    """Between a fetch and its release, a block may be forgotten, or pinned: RAM keeps no forgotten block
-    and keeps a pinned one as pinned (never evicted)."""
+def test_a_block_pinned_before_it_is_read_from_disk_stays_pinned_in_ram(tmp_path: Path) -> None:
+    """RAM keeps a block read from disk as the index holds it now: a pinned one as pinned (never evicted)."""
     cache = open_cache(tmp_path)
     store_sequence(cache, TOKENS)
+    assert cache.pin(TOKENS) == 3
     cache.ram.clear()
     fetched = fetched_from_disk(cache, TOKENS)
-    assert cache.pin(TOKENS) == 3
-    cache.release(fetched)
-    cache.flush()
     assert all(cache.ram._slots[info.key].pinned for info in fetched.blocks)
-    cache.ram.clear()
-    forgotten = fetched_from_disk(cache, TOKENS)
-    cache.clear()
-    cache.release(forgotten)
-    cache.flush()
-    assert not any(info.key in cache.ram for info in forgotten.blocks)
     cache.close()
 
 
@@ -212,7 +182,7 @@ def test_a_damaged_payload_is_dropped_and_never_restored(tmp_path: Path, damage,
         assert fetched is not None
         assert [b.key for b in fetched.blocks] == [stored[0].key]
         assert fetched.tokens == 4
-        assert fetched.payloads[0] == blob_piece(blob, 0, 4)
+        assert fetched.state.tobytes() == assemble_state(LAYOUT, [(4, blob_piece(blob, 0, 4))], 0).tobytes()
     assert stored[block].key not in again.index  # dropped, so it is recomputed next time
     again.close()
 
@@ -399,7 +369,7 @@ def test_a_lost_block_stored_again_with_other_bytes_is_never_served_under_its_ol
     """A lookup took a block's record; before its fetch, the block is lost and stored again with other bytes
     (another computation, another process). The fetch must not serve the new bytes under the old record."""
     cache = open_cache(tmp_path)
-    store_sequence(cache, TOKENS)
+    blob = store_sequence(cache, TOKENS)
     found = cache.lookup(np.asarray(TOKENS))
     lost = found.blocks[1]
     cache.ram.discard(lost.key)
@@ -409,9 +379,8 @@ def test_a_lost_block_stored_again_with_other_bytes_is_never_served_under_its_ol
     assert cache.lookup(np.asarray(TOKENS)).blocks[1].checksum != lost.checksum
     fetched = cache.fetch(found, np.asarray(TOKENS))
     assert fetched is not None
-    for info, payload in zip(fetched.blocks, fetched.payloads, strict=True):
-        assert payload_checksum(payload) == info.checksum
     assert fetched.tokens == 4  # the block under its old record is a miss, never the new bytes
+    assert fetched.state.tobytes() == assemble_state(LAYOUT, [(4, blob_piece(blob, 0, 4))], 0).tobytes()
     cache.close()
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from cache.eviction import LruPolicy
+from cache.ram_tier import RamTier
 from cache.ready_states import ReadyStates
 
 
@@ -66,3 +68,41 @@ def test_kept_tokens_are_a_copy() -> None:
     ready.keep(held, state(5))
     held[0] = 9
     assert ready.best(tokens(1, 2, 3), 3) is not None
+
+
+def test_a_state_larger_than_the_budget_is_kept_as_one_ram_entry_under_ram_budget() -> None:
+    """Past its own budget a state is RAM's entry (counted, evicted and dropped there), not a second copy."""
+    ram = RamTier(budget_bytes=250, ttl_seconds=3600, policy=LruPolicy())
+    ready = ReadyStates(100, ram)
+    assert not ready.keeps_whole(100)
+    assert ready.keeps_whole(101)
+    assert not ready.keeps_whole(251)  # larger than RAM: blocks go to disk only, nothing kept whole
+    large = state(200, 7)
+    ready.keep(tokens(1, 2, 3, 4), large)
+    assert (ram.bytes_used, ready.bytes_used) == (200, 0)
+    found = ready.best(tokens(1, 2, 3, 4, 9), 4)
+    assert found is not None
+    assert np.shares_memory(found.state, large)  # the memory read, not a copy
+    assert not found.state.flags.writeable
+    ready.drop_superseded(tokens(1, 2, 3, 4, 5))
+    assert ram.bytes_used == 0  # let go before a longer state is read: never both at once
+    assert ready.best(tokens(1, 2, 3, 4, 9), 4) is None
+    ready.keep(tokens(1, 2, 3), state(150, 1))
+    ready.keep(tokens(5, 6, 7), state(150, 2))  # RAM evicts the older one
+    assert ready.best(tokens(1, 2, 3), 3) is None
+    found = ready.best(tokens(5, 6, 7), 3)
+    assert found is not None
+    assert found.state[0] == 2
+    ready.keep(tokens(5, 6, 7, 8), state(251))  # too large for RAM: not kept, and nothing it superseded lost
+    assert ready.best(tokens(5, 6, 7), 3) is not None
+    ready.clear()
+    assert ram.bytes_used == 0
+
+
+def test_without_a_budget_nothing_is_kept_whole_not_even_in_ram() -> None:
+    """A model whose states cannot be cut after a load (windows, recurrent states) keeps no whole states."""
+    ram = RamTier(budget_bytes=1000, ttl_seconds=3600)
+    ready = ReadyStates(0, ram)
+    assert not ready.keeps_whole(500)
+    ready.keep(tokens(1, 2), state(500))
+    assert ram.bytes_used == 0

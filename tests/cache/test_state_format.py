@@ -4,22 +4,23 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import random
 import struct
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
-from cache import state_format
+from cache import state_assembly
 from cache.memory_kinds import MemoryKind, PlainMemory, memory_of
+from cache.state_assembly import StateAssembly, StateBuffer, assemble_state
 from cache.state_format import (
     CHECKPOINT_HEAD,
     KVLayout,
     MemoryLayout,
     ParsedState,
-    StateBuffer,
     StateFormatError,
-    assemble_state,
     checkpoint_payload,
     checkpoint_tail,
     extract_piece,
@@ -142,15 +143,14 @@ def test_assembling_fewer_cells_trims_the_last_piece(v_trans: bool, cells: int) 
 
 @pytest.mark.parametrize("v_trans", [False, True])
 @pytest.mark.parametrize("cells", [3, 8, 11])
-@pytest.mark.parametrize("threads", [1, 3], ids=["one thread", "layers split between threads"])
+@pytest.mark.parametrize("threads", [1, 3], ids=["one thread", "pieces split between threads"])
 def test_uniform_layers_assemble_alike_in_a_reused_buffer(
     v_trans: bool, cells: int, threads: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Most models' layers are all alike: their fast path gives the same bytes, in reused memory too,
-    and so does a copy split between threads (as large states with a transposed V are: 4 layers in 3
-    uneven groups here)."""
-    monkeypatch.setattr(state_format, "PARALLEL_COPY_BYTES", 0 if threads > 1 else 1 << 40)
-    monkeypatch.setattr(state_format, "_COPY_WORKERS", threads)
+    and so does a copy split between threads (as large states are: 3 pieces on 3 threads here)."""
+    monkeypatch.setattr(state_assembly, "PARALLEL_COPY_BYTES", 0 if threads > 1 else 1 << 40)
+    monkeypatch.setattr(state_assembly, "_COPY_WORKERS", threads)
     model = SyntheticModel(PLAIN, base=small_layout(v_trans, n_layer=4, uniform=True))
     sequence = SyntheticSequence(model, 11, seed=cells)
     pieces = pieces_of(sequence.state(11), [0, 4, 8, 11])
@@ -162,45 +162,32 @@ def test_uniform_layers_assemble_alike_in_a_reused_buffer(
     assert np.shares_memory(first, again)  # the same memory, written again
 
 
-def side_by_side(pieces: list[tuple[int, bytes]], gap: int) -> list[tuple[int, memoryview]]:
-    """The pieces copied into one buffer, each `gap` bytes after the one before ends (as a disk restore reads
-    them), as views of that buffer."""
-    buffer = bytearray(sum(len(payload) + gap for _, payload in pieces))
-    views, offset = [], 0
-    for n_cells, payload in pieces:
-        buffer[offset : offset + len(payload)] = payload
-        views.append((n_cells, memoryview(buffer)[offset : offset + len(payload)]))
-        offset += len(payload) + gap
-    return views
-
-
+@pytest.mark.parametrize("uniform", [False, True], ids=["layers differ", "layers alike"])
 @pytest.mark.parametrize("v_trans", [False, True])
 @pytest.mark.parametrize("cells", [4, 10, 12, 14])
-@pytest.mark.parametrize("gap", [0, 5])
-@pytest.mark.parametrize("threads", [1, 3], ids=["one thread", "layers split between threads"])
-def test_pieces_side_by_side_in_one_buffer_assemble_as_scattered_ones(
-    v_trans: bool, cells: int, gap: int, threads: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Pieces read into one buffer are copied as one array per run of whole pieces of one size: the same bytes
-    as from pieces anywhere, with a partly used last piece, a shorter one, and a piece from elsewhere between."""
-    monkeypatch.setattr(state_format, "PARALLEL_COPY_BYTES", 0 if threads > 1 else 1 << 40)
-    monkeypatch.setattr(state_format, "_COPY_WORKERS", threads)
-    model = SyntheticModel(PLAIN, base=small_layout(v_trans, n_layer=4, uniform=True))
-    sequence = SyntheticSequence(model, 14, seed=cells + gap)
+def test_pieces_filled_in_any_order_on_threads_give_the_same_state(uniform: bool, v_trans: bool, cells: int) -> None:
+    """A restore from disk fills each block into the state as its read ends, on the reader's thread: any order
+    gives the bytes of an assembly in order, a partly used last piece and a shorter one included."""
+    model = SyntheticModel(PLAIN, base=small_layout(v_trans, n_layer=4, uniform=uniform))
+    sequence = SyntheticSequence(model, 14, seed=cells + uniform)
     pieces = pieces_of(sequence.state(14), [0, 3, 6, 9, 12, 14])
-    expected = sequence.state(cells, seq_id=1)
-    in_one = side_by_side(pieces, gap)
-    runs = state_format._adjacent_runs([(n_cells, n_cells, payload) for n_cells, payload in in_one])
-    assert [len(run) for run, _, _ in runs] == [4, 1]  # four pieces of 3 cells, then the one of 2
-    assert assemble_state(model.layout, in_one, 1, cells=cells).tobytes() == expected
-    mixed: list[tuple[int, bytes | memoryview]] = [*in_one[:2], pieces[2], *in_one[3:]]  # one from RAM between
-    runs = state_format._adjacent_runs([(n_cells, n_cells, payload) for n_cells, payload in mixed])
-    assert [len(run) for run, _, _ in runs] == [2, 1, 1, 1]
-    assert assemble_state(model.layout, mixed, 1, cells=cells).tobytes() == expected
-    elsewhere = side_by_side(pieces[3:4], gap)  # the same size at the same stride by chance, in another buffer
-    apart = [*in_one[:3], *elsewhere]
-    runs = state_format._adjacent_runs([(n_cells, n_cells, payload) for n_cells, payload in apart])
-    assert [len(run) for run, _, _ in runs] == [3, 1]
+    assembly = StateAssembly(model.layout, [n_cells for n_cells, _ in pieces], 1, cells=cells)
+    needed = list(range(assembly.pieces))
+    random.Random(cells).shuffle(needed)
+    with ThreadPoolExecutor(3) as pool:
+        list(pool.map(lambda index: assembly.fill(index, np.frombuffer(pieces[index][1], np.uint8)), needed))
+    assembly.fill(len(pieces) - 1, pieces[-1][1])  # a piece past the cells asked for is not needed: ignored
+    assert assembly.finish().tobytes() == sequence.state(cells, seq_id=1)
+
+
+def test_an_assembly_with_a_piece_missing_is_refused() -> None:
+    """A block that could not be read leaves its cells unwritten: the state is never handed out."""
+    model = SyntheticModel(PLAIN, base=small_layout(True))
+    pieces = pieces_of(SyntheticSequence(model, 8, seed=1).state(8), [0, 4, 8])
+    assembly = StateAssembly(model.layout, [4, 4], 0)
+    assembly.fill(1, pieces[1][1])
+    with pytest.raises(StateFormatError, match="1 of 2 pieces"):
+        assembly.finish()
 
 
 def test_a_state_buffer_gives_fresh_memory_past_its_limit() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cache import state_format
+from cache import state_assembly
 from cache.request_log import log_files, read_columns
 from chatapp.engine.batching import on_grid
 from chatapp.engine.engine import Engine, EngineConfig
@@ -196,7 +196,7 @@ def test_a_cut_inside_a_block_reuses_every_shared_token(cached: Engine, engine: 
 def test_a_long_prefix_assembled_from_many_blocks_equals_cold(
     cached: Engine, engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(state_format, "PARALLEL_COPY_BYTES", 1)  # its layers split between threads, as large ones are
+    monkeypatch.setattr(state_assembly, "PARALLEL_COPY_BYTES", 1)  # its blocks split between threads, as large ones are
     long_persona = "You are a careful reviewer of essays. " * 40
     target = prompt(cached, "Review this: cats are great.", persona=long_persona)
     assert len(target) > 300  # about 20 blocks of 16 tokens
@@ -251,3 +251,45 @@ def test_a_hit_is_computed_when_computing_is_measured_faster(cached: Engine, eng
     assert computed.stats.reused_tokens < 16 < len(target)
     assert computed.token_ids == cold.token_ids
     assert costs.recomputed == 1
+
+
+def empty_sequences(engine: Engine) -> None:
+    """Store what is resident, then put another conversation in every sequence."""
+    flush(engine)
+    other = prompt(engine, "Tell me about rivers.", persona="You are a geographer.")
+    for sequence in range(engine.info.n_sequences):
+        engine.generate(GenerationRequest(other, GREEDY, sequence, use_cache=False)).wait()
+
+
+def test_a_state_past_the_whole_state_budget_is_kept_once_as_rams_entry(
+    tmp_path: Path, model_path: Path, engine: Engine
+) -> None:
+    """A state larger than the engine's own budget for whole states (a gigabyte prefix of a large model; any
+    state with a budget of one byte) is kept as RAM's entry instead of its blocks, which go to disk only. It
+    is restored whole, equal to cold; in the next process the disk restore reads through a scratch block,
+    and the state it assembled is then RAM's entry."""
+    target = prompt(engine, "What is a verb?")
+    cold = cold_answer(engine, target)
+    with cached_engine(tmp_path / "kv", model_path, ready_state_bytes=1) as cached:
+        answer(cached, target)
+        empty_sequences(cached)
+        assert cached.cache is not None
+        blocks = list(cached.cache.lookup(np.asarray(target)).blocks)
+        assert blocks
+        assert not any(info.key in cached.cache.ram for info in blocks)
+        assert cached.cache.disk.holding(blocks) == {info.key for info in blocks}
+        warm = answer(cached, target)
+        assert warm.stats.restore is not None
+        assert warm.stats.restore.whole_state
+        assert_as_cold(warm, cold)
+    with cached_engine(tmp_path / "kv", model_path, ready_state_bytes=1) as again:
+        assert again.cache is not None
+        from_disk = answer(again, target)
+        assert from_disk.stats.reuse_tier == "disk"
+        assert_as_cold(from_disk, cold)
+        assert not any(info.key in again.cache.ram for info in blocks)
+        empty_sequences(again)
+        from_ram = answer(again, target)
+        assert from_ram.stats.restore is not None
+        assert from_ram.stats.restore.whole_state
+        assert_as_cold(from_ram, cold)
