@@ -244,6 +244,22 @@ def _scratch_of(size: int) -> np.ndarray:
     return memory[:size]
 
 
+def _read_ahead(paths: Sequence[Path]) -> None:
+    """Ask the kernel for every file of a restore at once (POSIX_FADV_WILLNEED), so a cold disk reads them
+    side by side while the threads copy the first: 117 files of 8 MiB from a dropped page cache, 4 threads,
+    took 490 ms instead of 790 ms (one file of the same bytes: 340-380 ms). Where it cannot: nothing."""
+    advise = getattr(os, "posix_fadvise", None)
+    if advise is None:
+        return
+    for path in paths:
+        with contextlib.suppress(OSError):
+            descriptor = os.open(path, os.O_RDONLY)
+            try:
+                advise(descriptor, 0, 0, os.POSIX_FADV_WILLNEED)
+            finally:
+                os.close(descriptor)
+
+
 def _checked(payload: Payload | None) -> Checked | None:
     return (payload, payload_checksum(payload)) if payload is not None else None
 
@@ -267,6 +283,7 @@ def _read_payloads(
     done: list[Checked | None] | None = None
     reads: list[futures.Future[Checked | None]] = []
     if len(files) > 1:  # one block (`get`) wakes no thread
+        _read_ahead([path for _number, path in files])
         with contextlib.suppress(RuntimeError):  # the pool is shut down (the interpreter exits): read here
             for number, path in files:
                 reads.append(_readers(READ_THREADS).submit(read, number, path))

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import queue
 import threading
 import time
@@ -54,6 +53,7 @@ from cache.state_format import (
 )
 from cache.stats import CacheStats, RequestCounters
 from cache.tiers import ReuseTier
+from cache.writer_pace import StoreBacklog, lower_this_thread_priority
 
 log = logging.getLogger(__name__)
 
@@ -63,28 +63,6 @@ GIB = 1 << 30
 # advice decides at each budget whether they would still be kept). Forgotten all at once past this.
 REMEMBERED_SHORT_BLOCKS = 65_536
 DAY = 24 * 3600.0
-
-
-WRITER_NICENESS = 10
-
-
-def _lower_this_thread_priority() -> None:
-    """Let the model's threads go first: storing is background work that must not slow a prefill.
-
-    On Linux a thread has its own nice value; elsewhere this does nothing.
-    """
-    with contextlib.suppress(AttributeError, OSError):
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICENESS)
-
-
-def _schedule_idle(thread_id: int | None, idle: bool) -> None:
-    """Linux: run a thread only on a core nothing else wants (SCHED_IDLE), or as any thread again at its
-    nice value. Elsewhere (or refused) nothing changes."""
-    if thread_id is None:
-        return
-    with contextlib.suppress(AttributeError, OSError):
-        policy = os.SCHED_IDLE if idle else os.SCHED_OTHER
-        os.sched_setscheduler(thread_id, policy, os.sched_param(0))
 
 
 STOPPED_NOTICE = (
@@ -145,6 +123,18 @@ class FetchedPrefix:
     prompt_tokens: tuple[int, ...]  # the prefix itself
 
 
+@dataclass(frozen=True)
+class _Filled:
+    """What one pass of a fetch made: the state (None when a block was lost on the way, the blocks before it
+    `usable`), whether it read disk, the blocks RAM served, and the prefix's tokens."""
+
+    state: np.ndarray | None
+    usable: int
+    from_disk: bool
+    served_by_ram: list[BlockInfo]
+    tokens: int
+
+
 def place_of(info: BlockInfo) -> BlockPlace:
     """A block's place in the prefix tree, for the RAM tier's policy; a checkpoint hangs off its anchor
     and costs the tokens from the anchor to its position."""
@@ -177,7 +167,7 @@ class PrefixCache:
             log.warning("could not note the model's memory kind: %s", error)
         self._queue: queue.Queue[Callable[[], None] | None] = queue.Queue()  # the writer's work
         self._writer = threading.Thread(target=self._write_loop, name="chatapp-cache-writer", daemon=True)
-        self._yielding = False
+        self._backlog = StoreBacklog()
         self._writer.start()
 
     # Lookup and restore (engine thread).
@@ -254,21 +244,19 @@ class PrefixCache:
                 return None
             if filled is None:
                 return None
-            state, usable, from_disk, from_ram = filled
-            read_disk = read_disk or from_disk
-            if usable == len(blocks):
+            read_disk = read_disk or filled.from_disk
+            if filled.state is not None:
                 break
-            if memory.restores_at_checkpoints or usable == 0:
+            if memory.restores_at_checkpoints or filled.usable == 0:
                 return None
-            blocks = blocks[:usable]  # read again up to the block that was lost (rare: RAM's are kept meanwhile)
+            blocks = blocks[: filled.usable]  # again up to the block that was lost (rare: RAM keeps those read)
         tier = ReuseTier.DISK if read_disk else tier
-        served_by_ram.extend(from_ram)
-        tokens = min(found.tokens, blocks[-1].end) if blocks and not memory.restores_at_checkpoints else found.tokens
+        served_by_ram.extend(filled.served_by_ram)
         if served_by_ram:
             # The disk's copies are used too (one recency over both tiers): refreshed on the writer thread.
             self._queue.put(partial(self.disk.refresh, served_by_ram))
-        prefix = tuple(int(token) for token in as_token_array(prompt)[:tokens])
-        return FetchedPrefix(tuple(blocks), state, tokens, checkpoint, tier, prefix)
+        prefix = tuple(int(token) for token in as_token_array(prompt)[: filled.tokens])
+        return FetchedPrefix(tuple(blocks), filled.state, filled.tokens, checkpoint, tier, prefix)
 
     def _checkpoint_of(self, info: BlockInfo) -> tuple[bytes, bool, list[BlockInfo]] | None:
         """A checkpoint's whole payload (a delta joined to its base), whether any of it came from disk, and the
@@ -297,22 +285,21 @@ class PrefixCache:
         buffer: StateBuffer | None,
         window_ring: int,
         keep_blocks: bool,
-    ) -> tuple[np.ndarray, int, bool, list[BlockInfo]] | None:
-        """The state of `blocks` (and the checkpoint), how many blocks were there, whether any came from disk,
-        and the blocks RAM served. When fewer were there, the state is incomplete: the caller asks again.
+    ) -> _Filled | None:
+        """The state of `blocks` (and the checkpoint); None for a model with blocks and none of them.
 
-        RAM's blocks are taken deepest first and disk's marked used in that order, then RAM keeps the ones read
-        from disk in it too: the tiers' LRU must evict a prefix's last block before its first (a block
-        without its parents cannot be restored)."""
+        RAM's blocks are taken deepest first and disk's marked used shallowest first (kept longest), then
+        RAM keeps the ones read from disk too, deepest first: the tiers' LRU must evict a prefix's last
+        block before its first (a block without its parents cannot be restored)."""
         memory = self.layout.memory
         if memory.has_blocks and not blocks:
             return None
-        cells = min(found.tokens, blocks[-1].end) if blocks and not memory.restores_at_checkpoints else found.tokens
+        tokens = min(found.tokens, blocks[-1].end) if blocks and not memory.restores_at_checkpoints else found.tokens
         assembly = StateAssembly(
             self.layout,
             [int(info.tokens.size) for info in blocks],
             dest_seq,
-            cells=cells,
+            cells=tokens,
             checkpoint=checkpoint,
             buffer=buffer,
             window_ring=window_ring,
@@ -330,35 +317,37 @@ class PrefixCache:
                 assembly.fill(number, payload)
 
         in_parallel(fill, len(pieces), sum(len(payload) for _, payload in pieces))
-        on_disk = [number for number in reversed(range(assembly.pieces)) if number not in in_ram]
-        kept: dict[int, np.ndarray] = {}
+        on_disk = [number for number in range(assembly.pieces) if number not in in_ram]
+        kept: dict[int, bytes | np.ndarray] = {}
 
         def sink(index: int, payload: bytes | memoryview | np.ndarray) -> None:
             assembly.fill(on_disk[index], payload)
-            if keep_blocks and isinstance(payload, np.ndarray):
+            if keep_blocks and not isinstance(payload, memoryview):  # new memory, or a row's own bytes
                 kept[on_disk[index]] = payload
 
         with self.disk.reading() if on_disk else contextlib.nullcontext():  # the disk's reads in one transaction
             read = self.disk.read_into([blocks[number] for number in on_disk], sink, keep=keep_blocks)
-        lost = sorted(number for number, intact in zip(on_disk, read, strict=True) if not intact)
+        lost = [number for number, intact in zip(on_disk, read, strict=True) if not intact]
         for number in lost:
             self._forget(blocks[number])
-        for number in reversed(range(assembly.pieces)):
-            if number in kept and (not lost or number < lost[0]):
+        usable = min(lost, default=len(blocks))
+        for number in reversed(range(min(usable, assembly.pieces))):
+            if number in kept:
                 self._keep_read(blocks[number], kept[number])
             elif number in in_ram:
                 self.ram.touch(blocks[number].key)
         if lost:
-            return assembly.state, lost[0], True, []
+            return _Filled(None, usable, True, [], tokens)
         served = [blocks[number] for number in sorted(in_ram)]
-        return assembly.finish(), len(blocks), bool(on_disk), served
+        return _Filled(assembly.finish(), usable, bool(on_disk), served, tokens)
 
-    def _keep_read(self, info: BlockInfo, payload: np.ndarray) -> None:
+    def _keep_read(self, info: BlockInfo, payload: bytes | np.ndarray) -> None:
         """RAM keeps a block read from disk, unless forgotten, stored again or pinned since: as the index says now."""
         with self._lock:
             current = self.index.get(info.key)
         if current is not None and current.checksum == info.checksum:
-            payload.flags.writeable = False
+            if isinstance(payload, np.ndarray):
+                payload.flags.writeable = False
             self._keep_in_ram(current, payload)
 
     def slowest_tier(self, found: CachedPrefix) -> ReuseTier:
@@ -561,24 +550,20 @@ class PrefixCache:
         """
         array = as_token_array(tokens).copy()
         upto = array.size if upto is None else min(upto, array.size)
-        self._queue.put(partial(self._store_now, array, state, False, upto, ram))
+        self._backlog.enter()  # waits while two states wait already: they must not pile up in memory
+        self._queue.put(partial(self._counted_store, partial(self._store_now, array, state, False, upto, ram)))
 
     def store_checkpoint(self, tokens: list[int], payload: bytes) -> None:
         """Keep a checkpoint (`checkpoint_payload` of a state read after `tokens`)."""
         array = as_token_array(tokens).copy()
         self._queue.put(partial(self._store_now, array, np.frombuffer(payload, dtype=np.uint8), True, array.size, True))
 
-    def yield_to_model(self, computing: bool) -> None:
-        """While the model computes (`computing`), the writer runs only on a core nothing else wants.
-
-        A nice value still takes a tenth of a core from llama.cpp's threads, which wait for each
-        other every token: a gigabyte store cost a decode 40% of its speed (bench W). Idle-class, the
-        writer uses the gaps between tokens; once the model is idle it runs at its nice value again,
-        so a busy machine (another program's load) never starves it for long.
-        """
-        if computing != self._yielding:
-            self._yielding = computing
-            _schedule_idle(self._writer.native_id, computing)
+    def _counted_store(self, work: Callable[[], None]) -> None:
+        """A store on the writer thread, counted from its queueing to its end (writer_pace.py)."""
+        try:
+            work()
+        finally:
+            self._backlog.leave()
 
     @property
     def busy(self) -> bool:
@@ -614,7 +599,7 @@ class PrefixCache:
             }
 
     def _write_loop(self) -> None:
-        _lower_this_thread_priority()
+        lower_this_thread_priority()
         while (work := self._queue.get()) is not None:
             try:
                 work()

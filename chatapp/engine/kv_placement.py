@@ -364,6 +364,8 @@ class KVPlacer:
         assert self.cache is not None
         reading = time.perf_counter()
         whole = self.ready.keeps_whole(self.cache.layout.bytes_per_cell * found.tokens)
+        if whole:  # a kept state of fewer of these tokens goes before the new one is read: never both at once
+            self.ready.drop_superseded(prompt[: found.tokens])
         buffer = None if whole else self._state_buffer
         fetched = self.cache.fetch(
             found, prompt, sequence, buffer=buffer, window_ring=self.window_ring, keep_blocks=not whole

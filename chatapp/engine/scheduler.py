@@ -137,14 +137,12 @@ class Scheduler:
         try:
             closing = False
             while not closing or self._tasks:
-                self._yield_writes(runner)  # before waiting for work, too: idle, the cache writes at its pace
                 if not closing:
                     closing = not self._take_jobs(runner, block=not self._tasks and not self._pending)
                 if closing:
                     self._end_pending()
                     for task in self._tasks:
                         task.current.cancel()
-                self._yield_writes(runner)
                 with runner.device_step():
                     self._start_tasks(runner)
                     self._step_tasks(runner)
@@ -153,11 +151,6 @@ class Scheduler:
             self._fail_everything(error)
         finally:
             runner.close()  # the cache's writes first, then the device's turn to free the model
-
-    def _yield_writes(self, runner: Runner) -> None:
-        """The cache's writes wait for the gaps while the model computes (PrefixCache.yield_to_model)."""
-        if runner.cache is not None:
-            runner.cache.yield_to_model(bool(self._tasks or self._pending))
 
     def _take_jobs(self, runner: Runner, *, block: bool) -> bool:
         """Move what was submitted into `_pending` (waiting for one when `block`); False once closing."""

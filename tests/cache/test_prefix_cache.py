@@ -323,6 +323,41 @@ def test_the_lru_tiers_evict_a_prefix_from_its_last_block(tmp_path: Path) -> Non
     cache.close()
 
 
+def test_a_prefix_read_from_disk_is_kept_longest_from_its_first_block(tmp_path: Path) -> None:
+    """Every block of a prefix read from disk: the disk marks the first one used last (kept longest), and RAM
+    keeps them all, the first one evicted last."""
+    cache = open_cache(tmp_path)
+    store_sequence(cache, TOKENS)
+    blocks = cache.lookup(np.asarray(TOKENS)).blocks
+    cache.ram.clear()
+    _, matched, tier = restored_state(cache, TOKENS)
+    assert (matched, tier) == (11, "disk")
+    times = {
+        bytes.fromhex(key): when
+        for key, when in cache.disk._store(False)._sql("SELECT key, access_time FROM Cache").fetchall()
+    }
+    first, second, last = (times[info.key] for info in blocks)
+    assert first > second > last
+    assert cache.ram.policy.victim() == blocks[-1].key
+    cache.close()
+
+
+def test_blocks_kept_in_the_database_row_come_back_to_ram_too(tmp_path: Path) -> None:
+    """Blocks under diskcache's file size live in their row: read from disk, RAM keeps them as well."""
+    inline = small_layout(v_trans=False)  # pieces of a few hundred bytes
+    layout = MemoryLayout(PlainMemory(), inline, None, 0)
+    cache = PrefixCache(tmp_path, namespace(), layout, CONFIG)
+    blob, _ = make_state(inline, list(range(len(TOKENS))), seq_id=0, stream=0)
+    cache.store(TOKENS, np.frombuffer(blob, dtype=np.uint8))
+    cache.flush()
+    cache.ram.clear()
+    for tier in ("disk", "ram"):
+        fetched = cache.fetch(cache.lookup(np.asarray(TOKENS)), np.asarray(TOKENS))
+        assert fetched is not None
+        assert (fetched.state.tobytes(), fetched.tier) == (blob, tier)
+    cache.close()
+
+
 def test_a_prefix_restored_from_ram_stays_fresh_on_disk(tmp_path: Path) -> None:
     """Restores from RAM refresh the disk's copies (on the writer thread), first block newest: a prefix used
     from RAM every day is still on disk at the next start."""

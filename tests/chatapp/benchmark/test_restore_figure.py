@@ -12,6 +12,7 @@ from chatapp.benchmark import runner
 from chatapp.benchmark.peers import PeerSettings
 from chatapp.benchmark.restore_figure import (
     COLD,
+    MIN_PREFIX_TOKENS,
     PATHS,
     RestoreFigures,
     RestoreSteps,
@@ -108,7 +109,7 @@ def test_the_bench_reports_figure_r(tiny_model: Path, tmp_path: Path, capsys: py
     argv = ["--scale", "tiny", "--model", str(tiny_model), "--threads", "1", "--workloads", "R"]
     assert runner.main([*argv, "--peers", "chatapp", "--out", str(tmp_path)]) == 0
     printed = capsys.readouterr().out
-    assert "R  restoring a 60-token prefix" in printed
+    assert f"R  restoring a {MIN_PREFIX_TOKENS}-token prefix" in printed  # the scale's 60, raised to the least R takes
     report = json.loads((tmp_path / "bench.json").read_text())
     assert set(report["meta"]["cache_figures"]["restores"]["paths"]) == set(PATHS)
     assert {goal["goal"] for goal in report["goals"]} == {"R"}
