@@ -167,7 +167,7 @@ class PrefixCache:
             log.warning("could not note the model's memory kind: %s", error)
         self._queue: queue.Queue[Callable[[], None] | None] = queue.Queue()  # the writer's work
         self._writer = threading.Thread(target=self._write_loop, name="chatapp-cache-writer", daemon=True)
-        self._backlog = StoreBacklog()
+        self._backlog = StoreBacklog(config.ram_budget_bytes)
         self._writer.start()
 
     # Lookup and restore (engine thread).
@@ -550,20 +550,13 @@ class PrefixCache:
         """
         array = as_token_array(tokens).copy()
         upto = array.size if upto is None else min(upto, array.size)
-        self._backlog.enter()  # waits while two states wait already: they must not pile up in memory
-        self._queue.put(partial(self._counted_store, partial(self._store_now, array, state, False, upto, ram)))
+        # The states waiting for the writer hold at most RAM's budget (writer_pace.py): past it, the oldest go.
+        self._queue.put(self._backlog.queued(partial(self._store_now, array, state, False, upto, ram), state.nbytes))
 
     def store_checkpoint(self, tokens: list[int], payload: bytes) -> None:
         """Keep a checkpoint (`checkpoint_payload` of a state read after `tokens`)."""
         array = as_token_array(tokens).copy()
         self._queue.put(partial(self._store_now, array, np.frombuffer(payload, dtype=np.uint8), True, array.size, True))
-
-    def _counted_store(self, work: Callable[[], None]) -> None:
-        """A store on the writer thread, counted from its queueing to its end (writer_pace.py)."""
-        try:
-            work()
-        finally:
-            self._backlog.leave()
 
     @property
     def busy(self) -> bool:

@@ -3,24 +3,31 @@
 llama.cpp's threads wait for each other at every step of a token, so a thread that takes a slice
 of one core slows all of them. Bench W, a 931 MiB state stored while another conversation decodes
 96 tokens on 2 cores: the writer at nice 10 left the decode 0.65x its idle speed, at nice 19
-0.91x, and in the idle class (SCHED_IDLE, switched on only while the model computed) 0.91x too.
-Nice 19 is what any user may set, and a thread cannot lower it again without privileges: the
+0.78-0.91x, and in the idle class (SCHED_IDLE, only while the model computed) 0.81-1.10x. Nice 19
+is what any user may set (a thread cannot leave the idle class again without privileges): the
 writer runs at 19 all along. It then takes the gaps between tokens, and little else while other
 programs keep the cores busy.
 
-So that states never pile up in memory when the gaps are too few (a busy server), at most
-`MAX_WAITING` states wait to be stored: the next store waits for room, and the model, idle
-meanwhile, leaves the cores to the writer.
+So that states do not pile up in memory when the gaps are too few (a machine busy with other
+work, a busy server), the states waiting for the writer, the one it writes included, hold at most
+`limit_bytes` (the RAM tier's budget): past it, a newer one takes the place of the oldest that has
+not begun. That one is not stored (a miss later, never a wrong restore); the newer state of a
+conversation holds all its older one did.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
+from collections import deque
+from collections.abc import Callable
+
+log = logging.getLogger(__name__)
 
 WRITER_NICENESS = 19
-MAX_WAITING = 2  # the state being written and one more
+MIN_HELD_BYTES = 256 << 20  # the least the writer may hold, whatever the RAM budget
 
 
 def lower_this_thread_priority() -> None:
@@ -29,26 +36,70 @@ def lower_this_thread_priority() -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICENESS)
 
 
-class StoreBacklog:
-    """The states handed to the writer and not yet stored, at most `limit` at a time. Thread-safe."""
+class QueuedStore:
+    """A store handed to the writer: run once, unless given up before it began (its state let go at once)."""
 
-    def __init__(self, limit: int = MAX_WAITING) -> None:
-        self.limit = limit
-        self._waiting = 0
-        self._room = threading.Condition()
+    def __init__(self, backlog: StoreBacklog, work: Callable[[], None], nbytes: int) -> None:
+        self._backlog = backlog
+        self._work: Callable[[], None] | None = work
+        self.nbytes = nbytes
+
+    def __call__(self) -> None:
+        """On the writer thread."""
+        work = self._backlog.begin(self)
+        if work is None:
+            return
+        try:
+            work()
+        finally:
+            self._backlog.end(self)
+
+    def take(self) -> Callable[[], None] | None:
+        """Its work, once (None when given up)."""
+        work, self._work = self._work, None
+        return work
+
+    def give_up(self) -> None:
+        self._work = None
+
+
+class StoreBacklog:
+    """The stores the writer holds, at most `limit_bytes` of states (the one it writes included). Thread-safe."""
+
+    def __init__(self, limit_bytes: int) -> None:
+        self.limit_bytes = max(limit_bytes, MIN_HELD_BYTES)
+        self.given_up = 0
+        self._waiting: deque[QueuedStore] = deque()
+        self._writing: QueuedStore | None = None
+        self._lock = threading.Lock()
 
     @property
-    def waiting(self) -> int:
-        return self._waiting
+    def held_bytes(self) -> int:
+        writing = self._writing.nbytes if self._writing is not None else 0
+        return writing + sum(store.nbytes for store in self._waiting)
 
-    def enter(self) -> None:
-        """Count one more state, once fewer than `limit` wait (blocks until then)."""
-        with self._room:
-            self._room.wait_for(lambda: self._waiting < self.limit)
-            self._waiting += 1
+    def queued(self, work: Callable[[], None], nbytes: int) -> QueuedStore:
+        """A store of a state of `nbytes` to hand to the writer; the oldest waiting ones are given up past the
+        limit (never the newest)."""
+        store = QueuedStore(self, work, nbytes)
+        with self._lock:
+            self._waiting.append(store)
+            while self.held_bytes > self.limit_bytes and len(self._waiting) > 1:
+                self._waiting.popleft().give_up()
+                self.given_up += 1
+                log.info("the cache's writer is behind: an older state is not stored (a newer one is queued)")
+        return store
 
-    def leave(self) -> None:
-        """A state is stored (or given up): room for the next."""
-        with self._room:
-            self._waiting -= 1
-            self._room.notify_all()
+    def begin(self, store: QueuedStore) -> Callable[[], None] | None:
+        """The writer takes `store`: its work, or None when it was given up."""
+        with self._lock:
+            if store in self._waiting:
+                self._waiting.remove(store)
+            work = store.take()
+            self._writing = store if work is not None else None
+            return work
+
+    def end(self, store: QueuedStore) -> None:
+        with self._lock:
+            if self._writing is store:
+                self._writing = None
