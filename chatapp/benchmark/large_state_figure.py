@@ -118,7 +118,7 @@ def measure_large_state(
             equal = result.stats.logits_digest == reference.stats.logits_digest != ""
             restores[path] = LargeRestore(timings.total_ms, (peak - baseline_peak) / state, equal)
         read_cold = sequential_read_ms(folder, state, 1) if can_drop_pages() else None
-        read_warm = _warm_read_ms(folder, state)
+        read_warm = sequential_read_ms(folder, state, 1, cold=False)
     finally:
         close_engine(engine)
     return LargeStateFigures(
@@ -224,27 +224,6 @@ def _restore(engine: LocalEngine, tokens: tuple[int, ...], path: str) -> Generat
     if result.stats.reuse_tier != expected or restore is None or restore.whole_state != (path == RESTORE_PATHS[0]):
         raise RuntimeError(f"figure W: the {path} restore took another path ({result.stats.reuse_tier}, {restore})")
     return result
-
-
-def _warm_read_ms(folder: Path, size: int) -> float:
-    """Reading `size` bytes of one file already in the page cache."""
-    path = folder / "warm.bin"
-    chunk = bytes(1 << 20)
-    with path.open("wb") as out:
-        for _ in range(0, size, len(chunk)):
-            out.write(chunk)
-    buffer = bytearray(len(chunk))
-    try:
-        with path.open("rb", buffering=0) as source:  # once to have it all in the page cache
-            while source.readinto(buffer):
-                pass
-        started = time.perf_counter()
-        with path.open("rb", buffering=0) as source:
-            while source.readinto(buffer):
-                pass
-        return (time.perf_counter() - started) * 1000
-    finally:
-        path.unlink(missing_ok=True)
 
 
 def large_state_figure_verdicts(figures: LargeStateFigures | None) -> list[Verdict]:

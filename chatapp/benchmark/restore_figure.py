@@ -230,24 +230,31 @@ def drop_pages(folder: Path) -> None:
                 os.close(descriptor)
 
 
-def sequential_read_ms(folder: Path, size: int, repeats: int) -> float:
-    """Median time to read `size` bytes from one file in this folder, cold, in large sequential reads:
-    what the disk itself costs, the yardstick of a cold restore."""
+def sequential_read_ms(folder: Path, size: int, repeats: int, *, cold: bool = True) -> float:
+    """Median time to read `size` bytes from one file in this folder in large sequential reads, cold (what
+    the disk itself costs, the yardstick of a cold restore) or from the page cache."""
     path = folder / "sequential.bin"
     chunk = np.random.default_rng(3).integers(0, 256, READ_CHUNK, dtype=np.uint8).tobytes()
     with path.open("wb") as out:
         for _ in range(0, size, READ_CHUNK):
             out.write(chunk)
     buffer = bytearray(READ_CHUNK)
+
+    def read() -> float:
+        started = time.perf_counter()
+        with path.open("rb", buffering=0) as source:
+            while source.readinto(buffer):
+                pass
+        return (time.perf_counter() - started) * 1000
+
     times = []
     try:
+        if not cold:
+            read()  # all of it in the page cache
         for _ in range(repeats):
-            drop_pages(folder)
-            started = time.perf_counter()
-            with path.open("rb", buffering=0) as source:
-                while source.readinto(buffer):
-                    pass
-            times.append((time.perf_counter() - started) * 1000)
+            if cold:
+                drop_pages(folder)
+            times.append(read())
     finally:
         path.unlink(missing_ok=True)
     return statistics.median(times)

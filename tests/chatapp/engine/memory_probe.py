@@ -42,6 +42,7 @@ def main(model: str, folder: str, tokens: str, use_cache: str, ready_bytes: str)
                 "reused": result.stats.reused_tokens,
                 "tier": result.stats.reuse_tier.value,
                 "tokens": list(result.token_ids),
+                "logits_digest": result.stats.logits_digest,
             }
         )
     )

@@ -63,7 +63,8 @@ def test_storing_and_restoring_a_large_state_holds_it_about_once(wide_model: Pat
     cold = probe(wide_model, tmp_path / "kv", tokens, use_cache=True)
     restored = probe(wide_model, tmp_path / "kv", tokens, use_cache=True)
     assert cold["reused"] == 0
-    assert (restored["tier"], restored["tokens"]) == ("disk", cold["tokens"])
+    assert restored["tier"] == "disk"
+    assert restored["logits_digest"] == cold["logits_digest"] == uncached["logits_digest"] != ""  # bit for bit
     assert restored["reused"] >= PROMPT_TOKENS - 64
     state = PROMPT_TOKENS * cold["bytes_per_token"]
     assert state > 80 << 20  # large next to what a process's memory varies by
