@@ -46,7 +46,28 @@ def sort_bytes(tokens: np.ndarray) -> bytes:
     return np.ascontiguousarray(tokens, dtype=">u4").tobytes()
 
 
-def payload_checksum(payload: bytes | memoryview | np.ndarray) -> int:
+@dataclass(frozen=True)
+class PayloadParts:
+    """A payload as the flat u8 arrays it is made of, in order (`piece_parts`): hashed and written to a
+    file part by part, with no joined copy (for a gigabyte state, one copy of it less)."""
+
+    parts: tuple[np.ndarray, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(part.nbytes for part in self.parts)
+
+    def joined(self) -> bytes:
+        return b"".join(part.data for part in self.parts)
+
+
+def payload_checksum(payload: bytes | memoryview | np.ndarray | PayloadParts) -> int:
+    """xxh3-64 of the payload's bytes (of its parts one after another: the same digest as joined)."""
+    if isinstance(payload, PayloadParts):
+        hasher = xxhash.xxh3_64()
+        for part in payload.parts:
+            hasher.update(part.data)
+        return hasher.intdigest()
     return xxhash.xxh3_64_intdigest(payload.data if isinstance(payload, np.ndarray) else payload)
 
 

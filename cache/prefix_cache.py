@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cache.blocks import BlockInfo, payload_checksum
+from cache.blocks import BlockInfo, PayloadParts, payload_checksum
 from cache.disk_tier import DiskTier
 from cache.eviction import POLICY_NAMES, BlockPlace, make_policy
 from cache.index import BlockIndex
@@ -46,14 +46,14 @@ from cache.state_format import (
     MemoryLayout,
     StateFormatError,
     checkpoint_tail,
-    extract_piece,
     join_checkpoint,
     parse_state,
+    piece_parts,
     read_checkpoint,
 )
 from cache.stats import CacheStats, RequestCounters
 from cache.tiers import ReuseTier
-from cache.writer_pace import StoreBacklog, lower_this_thread_priority
+from cache.writer_pace import StoreBacklog, WriterPace, lower_this_thread_priority
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +168,7 @@ class PrefixCache:
         self._queue: queue.Queue[Callable[[], None] | None] = queue.Queue()  # the writer's work
         self._writer = threading.Thread(target=self._write_loop, name="chatapp-cache-writer", daemon=True)
         self._backlog = StoreBacklog(config.ram_budget_bytes)
+        self.pace = WriterPace()  # the engine tells it when the model computes
         self._writer.start()
 
     # Lookup and restore (engine thread).
@@ -634,12 +635,14 @@ class PrefixCache:
         stored: list[BlockInfo] = []
         # Deepest first, as reads go (see fetch): the tiers' LRU then keeps a prefix's first blocks longest.
         for key, parent, start, end in reversed(planned):
+            began = time.perf_counter()
             block_tokens = tokens[start:end].copy()
             if end - start < self.config.block_size and self._covered_by_sibling(parent, block_tokens):
                 continue  # a longer stored block already holds these tokens
-            payload = extract_piece(state.base, order, start, end)
-            info = BlockInfo(key, parent, start, block_tokens, len(payload), payload_checksum(payload))
-            if ram:
+            parts = PayloadParts(piece_parts(state.base, order, start, end))
+            payload = parts.joined() if ram else parts  # RAM keeps bytes; the disk writes the parts as they are
+            info = BlockInfo(key, parent, start, block_tokens, parts.nbytes, payload_checksum(payload))
+            if isinstance(payload, bytes):
                 self.ram.put(key, payload, place=place_of(info), checksum=info.checksum)
             self.disk.put(info, payload)
             stored.append(info)
@@ -656,6 +659,7 @@ class PrefixCache:
                 ]
             for sibling in superseded:
                 self._forget(sibling)
+            self.pace.after(time.perf_counter() - began)  # indexed: a rest leaves nothing half done
         self._log_stored(stored[::-1])
 
     def _blocks_to_store(self, tokens: np.ndarray) -> list[tuple[BlockKey, BlockKey, int, int]]:

@@ -292,6 +292,12 @@ def recurrent_position(section: bytes | memoryview) -> int:
 
 def extract_piece(section: KVSection, order: np.ndarray, start: int, end: int) -> bytes:
     """The K and V data of the cells at order[start:end] (positions first + start .. first + end)."""
+    return b"".join(part.data for part in piece_parts(section, order, start, end))
+
+
+def piece_parts(section: KVSection, order: np.ndarray, start: int, end: int) -> tuple[np.ndarray, ...]:
+    """`extract_piece`'s bytes as the flat u8 arrays it joins, in order: views of the state where its cells
+    are in place and its layout lets them be (K rows; V untransposed), copies elsewhere (a transposed V)."""
     if not 0 <= start < end <= section.n_cells:
         raise StateFormatError(f"cells {start}..{end} are outside the section's {section.n_cells} cells")
     cells = order[start:end]
@@ -305,7 +311,7 @@ def extract_piece(section: KVSection, order: np.ndarray, start: int, end: int) -
             parts.append(values[:, first:last] if contiguous else values[:, cells])
         else:
             parts.append(values[first:last] if contiguous else values[cells])
-    return b"".join(np.ascontiguousarray(part).data for part in parts)
+    return tuple(np.ascontiguousarray(part).reshape(-1) for part in parts)
 
 
 def piece_size(layout: KVLayout, n_cells: int) -> int:

@@ -21,6 +21,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 
@@ -28,6 +29,10 @@ log = logging.getLogger(__name__)
 
 WRITER_NICENESS = 19
 MIN_HELD_BYTES = 256 << 20  # the least the writer may hold, whatever the RAM budget
+# While the model computes, the writer works at most this share of the time (it rests as long as it
+# worked, after each block): nice only lends it the cores' gaps, while its copies into the state's
+# blocks and into the page cache take memory bandwidth a decode needs as much (bench W).
+BUSY_SHARE = 0.25
 
 
 def lower_this_thread_priority() -> None:
@@ -103,3 +108,20 @@ class StoreBacklog:
         with self._lock:
             if self._writing is store:
                 self._writing = None
+
+
+class WriterPace:
+    """How long the writer rests after a piece of work: as long as it worked while `others_computing` says
+    the model computes (BUSY_SHARE), not at all when it is idle (a flush at exit writes at full speed)."""
+
+    def __init__(self) -> None:
+        self.others_computing: Callable[[], bool] = lambda: False  # the engine's, once it runs
+        self.rested_s = 0.0
+
+    def after(self, worked_s: float) -> None:
+        """On the writer thread, after a piece of work that took `worked_s`."""
+        if worked_s <= 0 or not self.others_computing():
+            return
+        rest = worked_s * (1 - BUSY_SHARE) / BUSY_SHARE
+        self.rested_s += rest
+        time.sleep(rest)

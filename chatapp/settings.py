@@ -36,11 +36,12 @@ class Settings(BaseModel):
         -1, ge=-1, description="layers offloaded to the GPU; -1 means all when the build has a GPU"
     )
     threads: int | None = Field(None, ge=1, description="CPU threads; empty means one per core")
-    flash_attention: bool = Field(
-        False,
-        description="llama.cpp's flash attention; restores stay exact (every prompt batch has 64+ tokens), "
-        "but each answer computes its last 64 prompt tokens, prompts under 64 tokens are not reused and several "
-        "clients' answers are decoded one at a time; often faster prefill (`chatapp bench --workloads P` says)",
+    flash_attention: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="llama.cpp's flash attention; auto measures it once per model and machine and turns it on "
+        "where it is clearly faster, except in a server whose several clients' answers batch (off there); on, "
+        "restores stay exact, but each answer computes its last 64 prompt tokens again, prompts under 64 tokens "
+        "are not reused and several clients' answers are decoded one at a time",
     )
     kv_type: Literal["f16", "q8_0", "q4_0"] = Field(
         "f16",
@@ -121,6 +122,12 @@ class Settings(BaseModel):
             if not value.startswith(("http://", "https://")):
                 raise ValueError(f"{value!r} is not an http:// or https:// address; give the server's URL")
         return value
+
+    @field_validator("flash_attention", mode="before")
+    @classmethod
+    def _true_is_on(cls, value: object) -> object:
+        """Files written before `auto` say true or false."""
+        return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
 
     @field_validator("model", "model_folders", "backend_key", "backend_model", mode="before")
     @classmethod

@@ -17,6 +17,11 @@ from chatapp.model_files import bundled_model_path
 if TYPE_CHECKING:
     from tests.server_support import Backend
 
+# Flash attention's `auto` off, not measured, here and in the processes the tests start: reuse counts
+# differ with it on, and which setting a machine's measurement picks must not decide a test
+# (tests/chatapp/engine/test_flash_choice.py measures).
+os.environ["CHATAPP_FLASH_AUTO"] = "off"
+
 # Small contexts keep the suite fast on two cores; the behaviour under test is the same.
 TEST_CONTEXT = 1024
 TEST_SEQUENCES = 2

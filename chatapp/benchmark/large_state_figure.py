@@ -38,7 +38,8 @@ LARGE_NAME = "W"
 LARGE_CONTEXT = 8192
 LARGE_PREFIX_TOKENS = 7_400
 RESTORE_PATHS = ("ram, whole state", "disk, warm", "disk, cold")
-DECODE_TOKENS = 96
+MIN_DURING = 16  # tokens decoded during the store that time its rate alone
+DECODE_TOKENS = 192
 T = TypeVar("T")
 
 
@@ -92,6 +93,7 @@ def measure_large_state(
         cache = engine.cache
         assert cache is not None
         reference, baseline_peak = _peak_of(lambda: _answer(engine, target, use_cache=False, sequence=0))
+        idle_before, _ = _decode_rate(engine, prompt(3, "Count slowly."), None)
         storing = _StoreWatch(engine)
 
         def store() -> tuple[GenerationResult, float, float]:
@@ -103,7 +105,8 @@ def measure_large_state(
 
         (cold, decode_storing, share), store_peak = _peak_of(store)
         store_s = storing.end()
-        decode_idle, _ = _decode_rate(engine, prompt(3, "Count slowly."), None)
+        idle_after, _ = _decode_rate(engine, prompt(3, "Count slowly."), None)
+        decode_idle = (idle_before + idle_after) / 2  # the machine's pace drifts: idle on both sides of the store
         restored = int(cold.stats.prompt_tokens)
         state = restored * cache.layout.bytes_per_cell
         restores: dict[str, LargeRestore] = {}
@@ -186,24 +189,26 @@ class _StoreWatch:
 
 def _decode_rate(engine: LocalEngine, tokens: tuple[int, ...], storing: _StoreWatch | None) -> tuple[float, float]:
     """Tokens per second of a greedy answer in the other sequence (nothing cached, nothing stored), and the
-    share of its decode that ran while `storing` was busy."""
+    share of its decode that ran while `storing` was busy: with `storing`, the rate of that share alone (the
+    whole answer's where fewer than MIN_DURING of its tokens came during the store)."""
     handle = engine.generate(
         GenerationRequest(tokens, SamplingParams(temperature=0.0, max_tokens=DECODE_TOKENS), 1, False)
     )
     stamps: list[float] = []
-    during = 0
+    during: list[float] = []
     for event in handle.events():
         if not isinstance(event, AnswerText) or event.token_id < 0:
             continue
         stamps.append(time.perf_counter())
         if storing is not None and storing.busy():
-            during += 1
+            during.append(stamps[-1])
         elif storing is not None and not storing.ended:
             storing.end()
     handle.wait()
     if len(stamps) < 2:
         return 0.0, 0.0
-    return (len(stamps) - 1) / (stamps[-1] - stamps[0]), during / len(stamps)
+    timed = during if len(during) >= MIN_DURING else stamps
+    return (len(timed) - 1) / (timed[-1] - timed[0]), len(during) / len(stamps)
 
 
 def _restore(engine: LocalEngine, tokens: tuple[int, ...], path: str) -> GenerationResult:

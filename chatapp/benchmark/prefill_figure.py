@@ -32,6 +32,7 @@ from chatapp.benchmark.llama_server import uncached_server
 from chatapp.benchmark.peers import Peer, PeerAnswer, PeerSettings
 from chatapp.benchmark.workloads import PromptKit, Request
 from chatapp.engine.batching import FLASH_ATTENTION_ROWS
+from chatapp.engine.flash_choice import flash_pays
 from chatapp.engine.opening import EngineConfig, start_local_engine
 from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.prompting.prompt import ChatMessage
@@ -40,11 +41,6 @@ from chatapp.vocabulary import Role
 PREFILL_NAME = "P"
 DECODE_TOKENS = 128  # answer tokens per decode measurement
 DECODE_QUESTION = "Write a long story about a lighthouse keeper and the sea."
-# The table suggests flash attention where it is at least FLASH_WORTH as fast in prefill or decode and
-# keeps at least FLASH_LOSS_ALLOWED of its speed in the other: one run's noise is several percent (the two settings
-# are measured one after the other), and the gain must pay for the prompt tokens it computes again.
-FLASH_WORTH = 1.10
-FLASH_LOSS_ALLOWED = 0.97
 
 
 @dataclass(frozen=True)
@@ -176,24 +172,34 @@ def flash_advice(figures: PrefillFigures) -> str:
     if not all(measured):
         return ""
     gains = (prefill["chatapp flash"] / prefill["chatapp"], decoding["chatapp flash"] / decoding["chatapp"])
-    pays = max(gains) >= FLASH_WORTH and min(gains) >= FLASH_LOSS_ALLOWED
     return (
         f"chatapp with flash attention on: prefill {gains[0]:.2f}x, decode {gains[1]:.2f}x its speed off in this run "
-        f"({'worth `flash_attention = true`' if pays else 'keep the default, off'}; on, each answer computes its "
-        f"last {FLASH_ATTENTION_ROWS} prompt tokens again, and several clients' answers are decoded one at a time)"
+        f"(by the rule `auto` measures with at load: {'on' if flash_pays(*gains) else 'off'} for the TUI and ask, "
+        f"off in a server whose clients' answers batch; on, each answer computes its last {FLASH_ATTENTION_ROWS} "
+        "prompt tokens again, and several clients' answers are decoded one at a time)"
     )
+
+
+def _chatapp_default(figures: PrefillFigures) -> str:
+    """The side that is chatapp's default for one user: `auto`'s rule applied to this run's speeds."""
+    prefill, decoding = figures.tokens_per_s, figures.decode_tokens_per_s
+    if "chatapp flash" not in prefill or not decoding.get("chatapp flash") or not decoding.get("chatapp"):
+        return "chatapp"
+    gains = (prefill["chatapp flash"] / prefill["chatapp"], decoding["chatapp flash"] / decoding["chatapp"])
+    return "chatapp flash" if flash_pays(*gains) else "chatapp"
 
 
 def prefill_figure_verdicts(figures: PrefillFigures | None) -> list[Verdict]:
     if figures is None or "llama-server flash" not in figures.tokens_per_s:
         return []
     speeds, decode = figures.tokens_per_s, figures.decode_tokens_per_s
+    default = _chatapp_default(figures)
     verdicts = prefill_verdicts(
-        default=speeds["chatapp"] / speeds["llama-server flash"],
+        default=speeds[default] / speeds["llama-server flash"],
         flash=speeds["chatapp flash"] / speeds["llama-server flash"],
     )
-    if decode.get("llama-server"):
-        verdicts.append(decode_verdict(decode["chatapp"] / decode["llama-server"]))
+    if decode.get("llama-server flash") and decode.get(default):
+        verdicts.append(decode_verdict(decode[default] / decode["llama-server flash"]))
     return verdicts
 
 

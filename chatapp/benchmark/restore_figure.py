@@ -219,10 +219,14 @@ def can_drop_pages() -> bool:
 
 
 def drop_pages(folder: Path) -> None:
-    """Take every file under `folder` out of the page cache (written back first: dirty pages stay)."""
-    for path in folder.rglob("*"):
-        if path.is_file():
-            descriptor = os.open(path, os.O_RDONLY)
+    """Take every file under `folder` out of the page cache (written back first: dirty pages stay). A file
+    or folder the cache removes meanwhile (a cull, a superseded block) is passed over."""
+    for parent, _folders, files in os.walk(folder):  # a folder gone meanwhile is skipped
+        for name in files:
+            try:
+                descriptor = os.open(os.path.join(parent, name), os.O_RDONLY)
+            except FileNotFoundError:
+                continue
             try:
                 os.fsync(descriptor)
                 os.posix_fadvise(descriptor, 0, 0, os.POSIX_FADV_DONTNEED)

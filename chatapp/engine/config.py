@@ -10,6 +10,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from cache.prefix_cache import PrefixCache
 from cache.state_format import MemoryLayout
@@ -25,6 +26,7 @@ def default_thread_count() -> int:
 
 
 LoadProgress = Callable[[float], bool]  # hears the share done (0..1); False stops (LoadCancelled)
+FlashSetting = bool | Literal["auto"]  # flash attention on, off, or as measured (flash_choice.py)
 
 
 def split_progress(progress: LoadProgress | None, at: float) -> tuple[LoadProgress | None, LoadProgress | None]:
@@ -45,8 +47,10 @@ class EngineConfig:
     n_gpu_layers: int = -1  # -1: all layers when the build can offload, else none
     threads: int | None = None
     # On, every prompt batch has at least FLASH_ATTENTION_ROWS tokens (batching.py), which keeps
-    # restores exact; off by default: each answer then computes 64 prompt tokens, not 2.
-    flash_attention: bool = False
+    # restores exact; each answer then computes 64 prompt tokens, not 2. "auto": flash_choice.py decides.
+    flash_attention: FlashSetting = False
+    # A server: several clients' answers may share a decode, so `auto` keeps flash attention off.
+    serves_many: bool = False
     # The KV cells' number format (kv_types.py): a quantized one turns flash attention on.
     kv_type: KvType = KvType.F16
     n_batch: int = 512
@@ -73,7 +77,7 @@ class EngineConfig:
         if self.n_batch < MIN_BATCH:
             # batch_end never leaves one token alone, which needs room for three in a batch.
             raise ValueError(f"n_batch must be at least {MIN_BATCH}, got {self.n_batch}")
-        if self.uses_flash_attention and self.n_batch < 2 * FLASH_ATTENTION_ROWS:
+        if (self.uses_flash_attention or self.flash_attention == "auto") and self.n_batch < 2 * FLASH_ATTENTION_ROWS:
             # Every batch has FLASH_ATTENTION_ROWS tokens or more, and none leaves fewer behind.
             raise ValueError(
                 f"with flash attention n_batch must be at least {2 * FLASH_ATTENTION_ROWS}, got {self.n_batch}"
@@ -82,7 +86,7 @@ class EngineConfig:
     @property
     def uses_flash_attention(self) -> bool:
         """Asked for, or needed by a quantized KV type (llama.cpp quantizes V only under it)."""
-        return self.flash_attention or self.kv_type.quantized
+        return self.flash_attention is True or self.kv_type.quantized
 
 
 # Opens the prefix cache once the state format is verified (the layout) and the model is known.

@@ -69,6 +69,8 @@ class Engine:
         except BaseException:
             loaded.close()
             raise
+        if cache is not None:
+            cache.pace.others_computing = self._scheduler.computing
         self._loaded = loaded
         self._runner = Runner(loaded, placer, self.config.checkpoint_interval, self._gates, self._scheduler)
         return self._runner

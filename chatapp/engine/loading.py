@@ -21,8 +21,9 @@ from cache.selftest import verify_layout
 from cache.state_format import MemoryLayout, StateFormatError
 from chatapp.engine.batch_rule import answer_batching, verdict_key, verdict_known
 from chatapp.engine.batching import FLASH_ATTENTION_ROWS, GRID_TOKENS, MIN_ROWS
-from chatapp.engine.config import CacheFactory, EngineConfig, default_thread_count, split_progress
+from chatapp.engine.config import CacheFactory, EngineConfig, LoadProgress, default_thread_count, split_progress
 from chatapp.engine.device_turns import device_turn
+from chatapp.engine.flash_choice import FlashChoice, decided_flash, flash_key, measure_flash, recalled_flash
 from chatapp.engine.llama_native import NativeContext, NativeModel, offload_device
 from chatapp.engine.model_card import ModelInfo
 from chatapp.engine.split_rule import fixed_batches
@@ -34,6 +35,7 @@ ALL_LAYERS = 999
 # Of a load's progress, the batching probe's when it runs (a model's first load in these settings:
 # a few decodes per group size, seconds on a large model on a CPU); the weights have the rest.
 PROBE_SHARE = 0.3
+MEASURE_SHARE = 0.2  # flash attention's measurement, where `auto` runs it (flash_choice.py)
 SELF_TEST_TEXT = "chatapp cache self-test: the quick brown fox"
 
 
@@ -105,22 +107,38 @@ def load_model(
     # sequence where a cold run has others, and its kernels round otherwise (measured on Vulkan with
     # flash attention): the full-size window cache there.
     swa_full = config.swa_full or layers > 0
-    key_of = partial(
-        verdict_key,
-        config.model_path,
-        threads=threads,
-        flash_attention=config.uses_flash_attention,
-        gpu_layers=layers,
-        swa_full=swa_full,
+    flash_memo = flash_key(config.model_path, threads=threads, gpu_layers=layers, swa_full=swa_full)
+    flash = decided_flash(
+        config.flash_attention,
         kv_type=config.kv_type,
+        serves_many=config.serves_many,
+        batch_answers=config.batch_answers,
+        sequences=config.sequences,
+        model=config.model_path,
+    ) or recalled_flash(flash_memo, config.batch_memo)
+    key_of = partial(
+        verdict_key, config.model_path, threads=threads, gpu_layers=layers, swa_full=swa_full, kv_type=config.kv_type
     )
-    verdict = key_of(sequences=config.sequences)
-    probes = config.batch_answers and not verdict_known(verdict, config.batch_memo)
-    weights_progress, probe_progress = split_progress(config.load_progress, 1.0 - PROBE_SHARE if probes else 1.0)
+    # Whether the batching probe runs, for the progress bar's parts (with flash attention as remembered).
+    probes = config.batch_answers and not verdict_known(
+        key_of(sequences=config.sequences, flash_attention=flash is not None and flash.on), config.batch_memo
+    )
+    weights_progress, measure_progress, probe_progress = _progress_parts(config.load_progress, flash is None, probes)
     with device_turn():
         model = NativeModel(config.model_path, n_gpu_layers=layers, progress=weights_progress)
-    per_sequence = min(model.n_ctx_train or config.context_cap, config.context_cap)
     try:
+        if flash is None:
+            with device_turn():
+                flash = measure_flash(
+                    model,
+                    flash_memo,
+                    config.batch_memo,
+                    threads=threads,
+                    n_batch=config.n_batch,
+                    swa_full=swa_full,
+                    progress=measure_progress,
+                )
+        per_sequence = min(model.n_ctx_train or config.context_cap, config.context_cap)
         with device_turn():
             context = NativeContext(
                 model,
@@ -128,7 +146,7 @@ def load_model(
                 n_ctx_per_sequence=per_sequence,
                 n_threads=threads,
                 n_batch=config.n_batch,
-                flash_attention=config.uses_flash_attention,
+                flash_attention=flash.on,
                 kv_type=config.kv_type,
                 swa_full=swa_full,
                 should_abort=should_abort,
@@ -137,26 +155,10 @@ def load_model(
         with device_turn():
             model.close()
         raise
-    shape = context.shape
-    info = ModelInfo(
-        path=config.model_path,
-        name=model.metadata("general.name") or config.model_path.stem,
-        description=model.description(),
-        n_ctx_train=model.n_ctx_train,
-        n_ctx_per_sequence=shape.n_ctx_per_sequence,
-        n_sequences=shape.n_sequences,
-        flash_attention=shape.flash_attention,
-        gpu_layers=min(layers, model.n_layer + 1),
-        device=(device or "an unnamed device") if layers > 0 else "CPU",
-        threads=threads,
-        kv_type=shape.kv_type.value,
-        memory_kind=model.memory.kind,
-        window=model.window,
-        swa_full=shape.swa_full,
-        window_cells=shape.window_cells(model.window) if model.window > 0 else 0,
-        n_vocab=model.n_vocab,
-        facts=model.facts(),
-    )
+    if context.shape.flash_attention != flash.on:
+        flash = FlashChoice(context.shape.flash_attention, "this build has no flash attention for this model")
+    info = _model_info(config, model, context, flash, layers, device, threads)
+    key_of = partial(key_of, flash_attention=flash.on)
     try:
         with device_turn():
             layout, problem = verify_state_format(model, context)
@@ -165,7 +167,12 @@ def load_model(
         if config.batch_answers:
             with device_turn():
                 batch, why_not = answer_batching(
-                    model, context, info.gpu_layers, verdict, config.batch_memo, probe_progress
+                    model,
+                    context,
+                    info.gpu_layers,
+                    key_of(sequences=config.sequences),
+                    config.batch_memo,
+                    probe_progress,
                 )
         split_key = key_of(sequences=1)  # the split probe's verdict does not depend on the sequences
         with device_turn():
@@ -180,6 +187,50 @@ def load_model(
         raise
     builder = PromptBuilder.for_model(model)
     return LoadedModel(model, context, info, builder, layout, cache, problem, batch, why_not)
+
+
+def _progress_parts(
+    progress: LoadProgress | None, measures: bool, probes: bool
+) -> tuple[LoadProgress | None, LoadProgress | None, LoadProgress | None]:
+    """The load's progress bar in three parts: the weights, flash attention's measurement, the batching probe
+    (each part that does not run has no share)."""
+    weights_share = 1.0 - (MEASURE_SHARE if measures else 0.0) - (PROBE_SHARE if probes else 0.0)
+    weights, rest = split_progress(progress, weights_share)
+    measure_share = MEASURE_SHARE / (1.0 - weights_share) if measures else 0.0  # of the rest, when it has any
+    measure, probe = split_progress(rest, measure_share)
+    return weights, measure, probe
+
+
+def _model_info(
+    config: EngineConfig,
+    model: NativeModel,
+    context: NativeContext,
+    flash: FlashChoice,
+    layers: int,
+    device: str | None,
+    threads: int,
+) -> ModelInfo:
+    shape = context.shape
+    return ModelInfo(
+        path=config.model_path,
+        name=model.metadata("general.name") or config.model_path.stem,
+        description=model.description(),
+        n_ctx_train=model.n_ctx_train,
+        n_ctx_per_sequence=shape.n_ctx_per_sequence,
+        n_sequences=shape.n_sequences,
+        flash_attention=shape.flash_attention,
+        flash_attention_why=flash.why,
+        gpu_layers=min(layers, model.n_layer + 1),
+        device=(device or "an unnamed device") if layers > 0 else "CPU",
+        threads=threads,
+        kv_type=shape.kv_type.value,
+        memory_kind=model.memory.kind,
+        window=model.window,
+        swa_full=shape.swa_full,
+        window_cells=shape.window_cells(model.window) if model.window > 0 else 0,
+        n_vocab=model.n_vocab,
+        facts=model.facts(),
+    )
 
 
 def verify_state_format(model: NativeModel, context: NativeContext) -> tuple[MemoryLayout | None, str | None]:

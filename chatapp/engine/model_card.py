@@ -65,6 +65,7 @@ class ModelInfo:
     # Prompts computed in fixed batches of this many tokens, where the model's KV depends on where
     # batches end (split_rule.py); 0: anywhere.
     prompt_grid: int = 0
+    flash_attention_why: str = ""  # why flash attention is on or off, in a few words (flash_choice.py)
 
     @property
     def short_name(self) -> str:

@@ -12,7 +12,14 @@ from pathlib import Path
 import llama_cpp
 
 from chatapp.engine.batching import FLASH_ATTENTION_ROWS as FLASH_ATTENTION_ROWS  # for the settings that open engines
-from chatapp.engine.config import CacheFactory, EngineConfig, LoadProgress, default_thread_count, split_progress
+from chatapp.engine.config import (
+    CacheFactory,
+    EngineConfig,
+    FlashSetting,
+    LoadProgress,
+    default_thread_count,
+    split_progress,
+)
 from chatapp.engine.contract import EngineClient, LocalEngine
 from chatapp.engine.engine import Engine
 from chatapp.engine.kv_types import KvType
@@ -26,6 +33,7 @@ from chatapp.prompting.prompt import PromptBuilder
 __all__ = [
     "CacheFactory",
     "EngineConfig",
+    "FlashSetting",
     "KvType",
     "LoadProgress",
     "RemoteConfig",

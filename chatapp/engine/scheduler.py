@@ -107,6 +107,10 @@ class Scheduler:
             stepping.current.cancel()
         self._thread.join()
 
+    def computing(self) -> bool:
+        """Whether requests are being computed (a hint read from any thread: the cache's writer paces itself)."""
+        return bool(self._tasks) or self._stepping is not None
+
     def stepping_cancelled(self) -> bool:
         """Whether the job running now was cancelled (llama.cpp asks during a long decode)."""
         stepping = self._stepping

@@ -100,6 +100,23 @@ class AdviceCollector(Collector):
             )
 
 
+class EngineCollector(Collector):
+    """The default model's settings that decide its speed, as the engine chose them at load."""
+
+    def __init__(self, flash_attention: Callable[[], tuple[bool, str]]) -> None:
+        self._flash_attention = flash_attention
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        on, why = self._flash_attention()
+        flash = GaugeMetricFamily(
+            "chatapp_flash_attention",
+            "1 where llama.cpp's flash attention is on for the default model, with why (as set, measured, ...)",
+            labels=["why"],
+        )
+        flash.add_metric([why], int(on))
+        yield flash
+
+
 class ServerMetrics:
     """The counters and histograms one server keeps."""
 
@@ -107,6 +124,7 @@ class ServerMetrics:
         self,
         cache_figures: Callable[[], dict[str, Any] | None],
         advice: Callable[[], Advice | None] | None = None,
+        flash_attention: Callable[[], tuple[bool, str]] | None = None,
     ) -> None:
         disable_created_metrics()  # type: ignore[no-untyped-call]  # `*_created` samples are noise here
         self.registry = CollectorRegistry()
@@ -135,6 +153,8 @@ class ServerMetrics:
         registry.register(CacheCollector(cache_figures))
         if advice is not None:
             registry.register(AdviceCollector(advice))
+        if flash_attention is not None:
+            registry.register(EngineCollector(flash_attention))
 
     def completion_ended(self, usage: CompletionUsage) -> None:
         self.prompt_tokens.inc(usage.prompt_tokens)

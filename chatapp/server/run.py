@@ -64,7 +64,11 @@ def build_server(
     """The app on `pool`'s models in a uvicorn server not yet started (`serve` runs it; tests run it on
     a thread), and what its routes share."""
     workspace = pool.default.workspace
-    metrics = ServerMetrics(pool.default.cache_figures, AdviceMemo(workspace.kv_cache_dir, workspace.settings).latest)
+    metrics = ServerMetrics(
+        pool.default.cache_figures,
+        AdviceMemo(workspace.kv_cache_dir, workspace.settings).latest,
+        pool.default.flash_attention,
+    )
     access = access if access is not None else AccessPolicy.for_address(is_loopback_name(host))
     context = ServerContext(pool, metrics, body_limit_bytes, api_key, access)
     config = uvicorn.Config(
@@ -103,7 +107,9 @@ def serve(
     if info.gpu_layers > 0:
         say(f"{info.gpu_layers} layers on {info.device}")
     if info.kv_type != "f16":
-        say(f"KV cache in {info.kv_type} (flash attention on)")
+        say(f"KV cache in {info.kv_type}")
+    if info.flash_attention_why:
+        say(f"flash attention {'on' if info.flash_attention else 'off'} ({info.flash_attention_why})")
     if pool.any_model or pool.aliases:
         say(f"it answers to {context.names_answered()}")
     others = len(pool.listed()) - len(pool.default_names())

@@ -53,6 +53,7 @@ def ask(
         "model": model,
         "model_fingerprint": model_fingerprint,
         "device": engine.info.device,  # where the offloaded layers ran ("CPU" when none were)
+        "flash_attention": engine.info.flash_attention,  # as set, or as measured faster (flash_choice.py)
         "kv_type": engine.info.kv_type,  # the KV cells' number format (answers differ a little by type)
     }
 

@@ -144,6 +144,11 @@ class EngineSlot:
             return ""
         return engine.info.device.split(":")[0]
 
+    def flash_attention(self) -> bool:
+        """Whether the loaded model runs with flash attention (as set, or as measured faster: flash_choice.py)."""
+        engine = self.engine
+        return engine is not None and engine.info.flash_attention
+
     def context_size(self) -> int | None:
         """Tokens one conversation's context holds (None until the model is loaded)."""
         engine = self.engine

@@ -107,7 +107,7 @@ class Serving:
         # or the context is full, as OpenAI, Ollama and llama-server answer (not the chat screen's
         # `max_tokens` setting, which is the length of an answer in the app).
         self.default_max_tokens = options.default_max_tokens
-        self.engine: EngineClient = workspace.open_engine()
+        self.engine: EngineClient = workspace.open_engine(serves_many=True)
         try:
             location, fingerprint = workspace.model_identity(self.engine.info)
             self._owns_answer_ids = answer_ids is None
@@ -254,6 +254,11 @@ class Serving:
     def flush(self) -> None:
         """Wait until the engine has finished the work after every answer so far and the cache has stored it."""
         self.engine.flush_cache()
+
+    def flash_attention(self) -> tuple[bool, str]:
+        """Whether the model runs with flash attention, and why (for /metrics)."""
+        info = self.engine.info
+        return info.flash_attention, info.flash_attention_why or ("on" if info.flash_attention else "off")
 
     def cache_figures(self) -> dict[str, Any] | None:
         """The cache's counters now (None without a cache)."""

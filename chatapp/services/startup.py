@@ -20,6 +20,7 @@ from chatapp.engine.opening import (
     FLASH_ATTENTION_ROWS,
     CacheFactory,
     EngineConfig,
+    FlashSetting,
     KvType,
     LoadProgress,
     RemoteConfig,
@@ -39,6 +40,10 @@ log = logging.getLogger(__name__)
 FINGERPRINT_MEMO = "model-fingerprints.json"
 BATCH_VERDICTS = "batch-verdicts.json"  # per model, build, CPU and settings: do answers batch exactly here
 HASH_SHARE = 0.5  # of a first load's progress bar: the content hash reads the file once, the load again
+
+
+# The settings' words for flash attention, as the engine takes them ("auto": flash_choice.py measures).
+FLASH_SETTINGS: dict[str, FlashSetting] = {"auto": "auto", "on": True, "off": False}
 
 
 @dataclass(frozen=True)
@@ -106,8 +111,13 @@ class Workspace:
         return replace(self, settings=self.settings.model_copy(update=changes))
 
     def engine_config(
-        self, sequences: int | None = None, load_progress: Callable[[float], bool] | None = None
+        self,
+        sequences: int | None = None,
+        load_progress: Callable[[float], bool] | None = None,
+        *,
+        serves_many: bool = False,
     ) -> EngineConfig:
+        """The engine's settings; `serves_many`: for a server, whose clients' answers may share a decode."""
         settings = self.settings
         return EngineConfig(
             load_progress=load_progress,
@@ -116,7 +126,8 @@ class Workspace:
             sequences=sequences or settings.sequences,
             n_gpu_layers=settings.n_gpu_layers,
             threads=settings.threads,
-            flash_attention=settings.flash_attention,
+            flash_attention=FLASH_SETTINGS[settings.flash_attention],
+            serves_many=serves_many,
             kv_type=KvType(settings.kv_type),
             swa_full=settings.swa_full,
             checkpoint_interval=settings.checkpoint_every_blocks * settings.cache_block_size,
@@ -135,6 +146,7 @@ class Workspace:
         use_cache: bool = True,
         sequences: int | None = None,
         load_progress: Callable[[float], bool] | None = None,
+        serves_many: bool = False,
     ) -> EngineClient:
         """Load the model; with `use_cache`, its KV prefixes are kept in the cache folder.
 
@@ -142,14 +154,15 @@ class Workspace:
         reserves a whole context of KV memory. With a backend in the settings, the engine is
         that server (its cache is its own; `use_cache` and `sequences` do not apply).
         `load_progress` hears the share done, the first content hash of a model file included
-        (the first half then); False from it stops the hash or the load (LoadCancelled).
+        (the first half then); False from it stops the hash or the load (LoadCancelled). `serves_many`:
+        a server's engine (flash attention's `auto` keeps it off where clients' answers batch).
         """
         remote = self.remote
         if remote is not None:
             return connect_remote_engine(remote)
         with brisk_thread_switches():  # its Python steps never starved by a screen drawing meanwhile
             hashing, loading = self._progress_parts(load_progress, use_cache)
-            config = self.engine_config(sequences, loading)
+            config = self.engine_config(sequences, loading, serves_many=serves_many)
             return start_local_engine(config, self.cache_factory(hashing) if use_cache else None)
 
     def _progress_parts(self, progress: LoadProgress | None, use_cache: bool) -> tuple[LoadProgress | None, ...]:

@@ -100,7 +100,8 @@ class MainScreen(Screen[None]):
     # Called by the app.
     def engine_ready(self, model_label: str) -> None:
         device = self.service.slot.offload_device()
-        self.status.model = f"{model_label} on {device}" if device else model_label
+        label = f"{model_label} on {device}" if device else model_label
+        self.status.model = f"{label} (flash attention)" if self.service.slot.flash_attention() else label
         self.status.context_size = self.service.slot.context_size()
         self.status.state = "ready"
         self.shown.update_info()

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from cache import disk_tier, maintenance
-from cache.blocks import BlockInfo, payload_checksum
+from cache.blocks import BlockInfo, PayloadParts, payload_checksum
 from cache.disk_tier import CLOCK_SLACK_SECONDS, DiskTier
 from cache.keys import ROOT_KEY, BlockKey
 from tests.cache.test_prefix_cache import TOKENS, open_cache, restored_state, store_sequence
@@ -590,4 +590,41 @@ def test_a_block_larger_than_the_whole_budget_is_refused_not_kept_at_the_cost_of
     assert not tier.put(huge, b"h" * 500_000)
     assert set(access_times(tier)) == {info.key for info in infos}
     assert tier.enabled
+    tier.close()
+
+
+@pytest.mark.parametrize("sizes", [(40_000, 9_000, 70_000), (100, 200, 300)])  # a file / a database row
+def test_a_payload_stored_as_parts_reads_back_as_their_bytes_joined(tmp_path: Path, sizes: tuple[int, ...]) -> None:
+    tier = DiskTier(tmp_path, 1 << 24, TTL, NAMESPACE)
+    rng = np.random.default_rng(5)
+    parts = PayloadParts(tuple(rng.integers(0, 256, size, dtype=np.uint8) for size in sizes))
+    joined = parts.joined()
+    assert payload_checksum(parts) == payload_checksum(joined)  # hashed part by part: the same digest
+    info = block(7, joined)
+    assert tier.put(info, parts)
+    assert tier.get(info) == joined
+    assert tier.counters.bytes_written == len(joined)
+    tier.close()
+
+
+def test_a_payload_file_that_could_not_be_written_whole_is_not_left_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tier = DiskTier(tmp_path, 1 << 24, TTL, NAMESPACE)
+    written: list[str] = []
+    real_open = open
+
+    def fails_after_the_first_part(path: str, mode: str) -> object:
+        writer = real_open(path, mode)
+        written.append(path)
+        real_write, calls = writer.write, itertools.count()
+        writer.write = lambda data: real_write(data) if next(calls) == 0 else disk_full()  # type: ignore[method-assign, assignment]
+        return writer
+
+    monkeypatch.setattr(disk_tier, "open", fails_after_the_first_part, raising=False)
+    parts = PayloadParts((np.ones(50_000, dtype=np.uint8), np.zeros(50_000, dtype=np.uint8)))
+    assert not tier.put(block(8, parts.joined()), parts)
+    assert written
+    assert not os.path.exists(written[0])
+    assert "the disk is full" in (tier.problem or "")
     tier.close()

@@ -83,3 +83,27 @@ def test_a_cache_whose_writer_is_behind_stores_the_newest_states(
     cache.flush()
     assert [cache.lookup(np.asarray(tokens)).tokens for tokens in sequences] == [0, 8, 8]
     cache.close()
+
+
+def test_while_the_model_computes_the_writer_rests_after_each_block_and_not_when_it_is_idle(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each stored block's work is followed by a rest (three times as long: BUSY_SHARE), only while
+    the engine says it computes; every block is stored either way."""
+    space = Namespace("model-a", 1, 1, True, CONFIG.block_size, "0.3.36", layout_digest=LAYOUT.digest().hex())
+    cache = PrefixCache(tmp_path, space, LAYOUT, CONFIG)
+    rests: list[float] = []
+    monkeypatch.setattr("cache.writer_pace.time.sleep", rests.append)
+    computing = [True]
+    cache.pace.others_computing = lambda: computing[0]
+    for number, busy in ((1, True), (2, False)):
+        computing[0] = busy
+        tokens = [1000 * number + index for index in range(12)]  # three blocks of 4
+        blob, _ = make_state(KV_LAYOUT, list(range(len(tokens))), seq_id=0, stream=0, seed=number)
+        cache.store(tokens, np.frombuffer(blob, dtype=np.uint8))
+        cache.flush()
+        assert cache.lookup(np.asarray(tokens)).tokens == 12
+        assert len(rests) == 3  # the three blocks of the first store only
+    assert all(rest > 0 for rest in rests)
+    assert cache.pace.rested_s == pytest.approx(sum(rests))
+    cache.close()

@@ -13,6 +13,7 @@ from cache.request_log import log_files, read_columns
 from chatapp.engine.batching import on_grid
 from chatapp.engine.engine import Engine, EngineConfig
 from chatapp.engine.events import GenerationResult, PromptReuse
+from chatapp.engine.gate import Step
 from chatapp.engine.kv_placement import FRESH_TOKENS
 from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.prompting.prompt import ChatMessage
@@ -293,3 +294,20 @@ def test_a_state_past_the_whole_state_budget_is_kept_once_as_rams_entry(
         assert from_ram.stats.restore is not None
         assert from_ram.stats.restore.whole_state
         assert_as_cold(from_ram, cold)
+
+
+def test_the_cache_writer_knows_when_the_model_computes(tmp_path: Path, model_path: Path) -> None:
+    """The writer rests between blocks only while answers run (writer_pace.py): the engine tells it."""
+    with cached_engine(tmp_path / "kv", model_path) as engine:
+        cache = engine.cache
+        assert cache is not None
+        assert not cache.pace.others_computing()  # idle: a flush writes at full speed
+        with engine.holding(Step.TOKEN, after=2) as gate:
+            request = GenerationRequest(prompt(engine, "Count to ten."), SamplingParams(temperature=0, max_tokens=6))
+            handle = engine.generate(request)
+            assert gate.wait_until_holding()
+            assert cache.pace.others_computing()  # an answer is under way
+            gate.release()
+            handle.wait()
+        engine.flush_cache()
+        assert not cache.pace.others_computing()

@@ -37,7 +37,7 @@ EVERYTHING = Settings(
     sequences=2,
     n_gpu_layers=0,
     threads=3,
-    flash_attention=True,
+    flash_attention="on",
     kv_type="q8_0",
     batch_answers=False,
     prompt_batches="grid",
@@ -95,7 +95,8 @@ def test_labels_kinds_and_restart_flags() -> None:
     assert kinds["seed"] == "optional-int"
     assert kinds["context_cap"] == "int"
     assert kinds["temperature"] == "float"
-    assert kinds["flash_attention"] == "bool"
+    assert kinds["batch_answers"] == "bool"
+    assert kinds["flash_attention"] == "choice"
     assert kinds["cache_eviction"] == "choice"
     assert kinds["prompt_batches"] == "choice"
     assert kinds["kv_type"] == "choice"
@@ -113,8 +114,8 @@ def test_labels_kinds_and_restart_flags() -> None:
 def test_format_value() -> None:
     assert format_value(field("model"), None) == ""
     assert format_value(field("model"), Path("/m/x.gguf")) == "/m/x.gguf"
-    assert format_value(field("flash_attention"), True) == "true"
-    assert format_value(field("flash_attention"), False) == "false"
+    assert format_value(field("batch_answers"), True) == "true"
+    assert format_value(field("batch_answers"), False) == "false"
     assert format_value(field("threads"), None) == ""
     assert format_value(field("context_cap"), 8192) == "8192"
     assert format_value(field("temperature"), 0.7) == "0.7"
@@ -142,7 +143,7 @@ def test_empty_text_means_the_default() -> None:
      ("false", False), ("False", False), ("NO", False), ("off", False), ("0", False)],
 )  # fmt: skip
 def test_bool_words(text: str, value: bool) -> None:
-    assert parse_values({"flash_attention": text}).flash_attention is value
+    assert parse_values({"batch_answers": text}).batch_answers is value
 
 
 @pytest.mark.parametrize(
@@ -155,7 +156,8 @@ def test_bool_words(text: str, value: bool) -> None:
         ({"threads": "0"}, "Threads: Input should be greater than or equal to 1"),
         ({"seed": "-1"}, "Seed: Input should be greater than or equal to 0"),
         ({"cache_ttl_days": "soon"}, "Cache TTL days: Input should be a valid number"),
-        ({"flash_attention": "maybe"}, "Flash attention: Input should be true or false"),
+        ({"batch_answers": "maybe"}, "Batch answers: Input should be true or false"),
+        ({"flash_attention": "true"}, "Flash attention: Input should be 'auto', 'on' or 'off'"),
     ],
 )
 def test_bad_values_give_the_label_and_the_reason(texts: dict[str, str], message: str) -> None:
@@ -167,13 +169,13 @@ def test_bad_values_give_the_label_and_the_reason(texts: dict[str, str], message
 
 
 def test_every_bad_field_is_reported_together() -> None:
-    texts = form_of(Settings()) | {"max_tokens": "0", "flash_attention": "perhaps", "temperature": "hot"}
+    texts = form_of(Settings()) | {"max_tokens": "0", "batch_answers": "perhaps", "temperature": "hot"}
     errors = field_errors(texts)
-    assert list(errors) == ["flash_attention", "temperature", "max_tokens"]  # form order
+    assert list(errors) == ["batch_answers", "temperature", "max_tokens"]  # form order
     assert errors["temperature"].startswith("Input should be a valid number")
     assert errors["max_tokens"] == "Input should be greater than or equal to 1"
-    assert errors["flash_attention"].startswith("Input should be true or false")
-    with pytest.raises(SettingsError, match=r"^Flash attention: .* \(and 2 more problems\)$"):
+    assert errors["batch_answers"].startswith("Input should be true or false")
+    with pytest.raises(SettingsError, match=r"^Batch answers: .* \(and 2 more problems\)$"):
         parse_values(texts)
     assert field_errors(form_of(EVERYTHING)) == {}
 
