@@ -48,6 +48,8 @@ class LargeRestore:
     ms: float
     peak_states: float  # the step's peak RSS over the baseline's, in states
     equal_to_cold: bool
+    read_ms: float = 0.0  # of `ms`, the blocks read and copied into the state (RestoreTimings.read_ms)
+    load_ms: float = 0.0  # of `ms`, llama.cpp taking the state
 
 
 @dataclass(frozen=True)
@@ -119,7 +121,9 @@ def measure_large_state(
             assert timings is not None
             load_ms = timings.load_ms if path == RESTORE_PATHS[0] else load_ms
             equal = result.stats.logits_digest == reference.stats.logits_digest != ""
-            restores[path] = LargeRestore(timings.total_ms, (peak - baseline_peak) / state, equal)
+            restores[path] = LargeRestore(
+                timings.total_ms, (peak - baseline_peak) / state, equal, timings.read_ms, timings.load_ms
+            )
         read_cold = sequential_read_ms(folder, state, 1) if can_drop_pages() else None
         read_warm = sequential_read_ms(folder, state, 1, cold=False)
     finally:
@@ -257,12 +261,12 @@ def large_state_table(figures: LargeStateFigures) -> str:
         f"     storing run: peak +{figures.store_peak_states:.2f} states; "
         f"on disk {figures.store_s:.1f} s after the answer; answer as cold: "
         f"{'yes' if figures.store_equal_to_cold else 'NO'}",
-        f"     {'path':18} {'ms':>8} {'peak':>7} {'as cold':>8}",
+        f"     {'path':18} {'ms':>8} {'read':>8} {'load':>8} {'peak':>7} {'as cold':>8}",
     ]
     for path, restore in figures.restores.items():
         lines.append(
-            f"     {path:18} {restore.ms:8.1f} {restore.peak_states:6.2f}x "
-            f"{'yes' if restore.equal_to_cold else 'NO':>8}"
+            f"     {path:18} {restore.ms:8.1f} {restore.read_ms:8.1f} {restore.load_ms:8.1f} "
+            f"{restore.peak_states:6.2f}x {'yes' if restore.equal_to_cold else 'NO':>8}"
         )
     lines.append(f"     llama.cpp's own load of the state from memory: {figures.ready_load_ms:.1f} ms")
     if figures.read_cold_ms is not None:

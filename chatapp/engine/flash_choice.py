@@ -9,9 +9,10 @@ chatapp's prefill was 0.96-1.17x as fast with it, with the AVX2 kernels of the s
 So `auto` keeps it off where several clients' answers may batch (a server with more than one
 sequence and answer batching on). Elsewhere (the TUI, `ask`, a server of one sequence) it is
 measured once per model file, build, CPU and settings: a short prefill and decode on a small
-context with it off and on, alternated, the better of two rounds kept (one where a round is slow). It is on where it is at
-least FLASH_WORTH as fast in one and keeps FLASH_LOSS_ALLOWED of the speed in the other, the rule
-bench P's advice line uses. The verdict is remembered like the batching probe's (verdict_memo.py).
+context with it off and on, alternated, the better of two rounds kept (one where a round is slow).
+It is on where it is at least FLASH_WORTH as fast in one and keeps FLASH_LOSS_ALLOWED of the speed
+in the other, the rule bench P's advice line uses. The verdict is remembered like the batching
+probe's (verdict_memo.py).
 """
 
 from __future__ import annotations
