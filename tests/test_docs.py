@@ -13,7 +13,7 @@ import pytest
 from chatapp.cli import build_parser
 
 ROOT = Path(__file__).parents[1]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
 # A command as written: in a code block's line (continued with a backslash) or in inline backticks.
 COMMAND = re.compile(r"chatapp ([a-z]+)((?: +[^\s`|]+)*)")
 FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)")
@@ -53,3 +53,20 @@ def test_every_chatapp_command_in_the_manual_exists_with_its_flags(page: Path) -
             continue  # prose such as "chatapp serves" or "chatapp keeps"
         unknown += [f"chatapp {name} {flag}" for flag in FLAG.findall(rest) if flag not in flags_of(commands[name])]
     assert not unknown, f"{page.name} names flags chatapp does not take: {sorted(set(unknown))}"
+
+
+MAKE_COMMAND = re.compile(r"(?:^|[`\s])make ([a-z][a-z0-9-]*)(?=[\s`]|$)")
+MAKE_TARGET = re.compile(r"^([a-z][a-z0-9-]*):", re.MULTILINE)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)
+def test_every_make_target_in_the_manual_exists(page: Path) -> None:
+    targets = set(MAKE_TARGET.findall((ROOT / "Makefile").read_text(encoding="utf-8")))
+    text = page.read_text(encoding="utf-8")
+    written = {
+        match.group(1)
+        for line in text.splitlines()
+        for piece in (re.findall(r"`([^`]+)`", line) if not line.startswith(("make ", "    ")) else [line])
+        for match in MAKE_COMMAND.finditer(piece)
+    }
+    assert written <= targets, f"{page.name} names make targets the Makefile lacks: {sorted(written - targets)}"
