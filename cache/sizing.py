@@ -456,137 +456,216 @@ def _envelope(
     return distance[useful], gained[useful], _cost(before[useful], best[useful])
 
 
-def _measure(log: LogColumns, rate: float) -> tuple[_Blocks, _Checkpoints]:
-    """Stack distances of every block (and checkpoint) a request could reuse, in the disk and RAM stacks.
+@dataclass(frozen=True)
+class _Queries:
+    """What the sampled log asks for: each request's chain blocks and checkpoints (marks), each store's
+    entries, with dense ids of their keys (a key left out of the sample gets a valid id never used)."""
+
+    keys: np.ndarray  # the kept keys, sorted: an id is an index here
+    kept_blocks: np.ndarray  # indices into log.chain
+    block_request: np.ndarray
+    block_start: np.ndarray
+    block_end: np.ndarray
+    block_id: np.ndarray
+    block_wanted: np.ndarray  # queried within the request's limit
+    block_touched: np.ndarray  # and not held in place: a use of the block
+    kept_marks: np.ndarray  # indices into log.mark_key
+    mark_request: np.ndarray
+    mark_end: np.ndarray
+    mark_id: np.ndarray
+    mark_wanted: np.ndarray
+    mark_touched: np.ndarray
+    entry_store: np.ndarray  # of each kept entry (log.entry_key), its store
+    entry_checkpoint: np.ndarray
+    entry_id: np.ndarray
+    kept_entries: np.ndarray
+
+    @classmethod
+    def of(cls, log: LogColumns, rate: float) -> _Queries:
+        chain_kept, mark_kept, entry_kept = (
+            _sampled(column, rate) for column in (log.chain, log.mark_key, log.entry_key)
+        )
+        keys = np.unique(np.concatenate([log.entry_key[entry_kept], log.chain[chain_kept], log.mark_key[mark_kept]]))
+        keys = keys if keys.size else np.zeros(1, dtype=np.uint64)  # ids below index something, even in an empty log
+
+        def ids(values: np.ndarray) -> np.ndarray:
+            return np.minimum(np.searchsorted(keys, values), keys.size - 1)
+
+        # Only what the sample keeps is looked at from here on (a long log makes big arrays slow to allocate).
+        kept_blocks = np.flatnonzero(chain_kept)
+        block_request = np.searchsorted(log.chain_offsets, kept_blocks, side="right") - 1
+        block_start = (kept_blocks - log.chain_offsets[block_request]) * log.block_size[block_request]
+        block_end = np.minimum(block_start + log.block_size[block_request], log.prompt[block_request])
+        limit = np.minimum(log.limit, log.prompt)
+        block_wanted = block_start < limit[block_request]
+        kept_marks = np.flatnonzero(mark_kept)
+        mark_request = np.searchsorted(log.mark_offsets, kept_marks, side="right") - 1
+        mark_end = log.mark_end[kept_marks]
+        mark_wanted = mark_end <= limit[mark_request]
+        if rate < 1.0:
+            # A sample's blocks are added up, scaled; a block matched in part (plain models) is the best of two
+            # points, which a sum cannot scale: left out (less than a block per request).
+            mark_wanted &= log.at_checkpoints[mark_request]
+        kept_entries = np.flatnonzero(entry_kept)
+        return cls(
+            keys=keys,
+            kept_blocks=kept_blocks,
+            block_request=block_request,
+            block_start=block_start,
+            block_end=block_end,
+            block_id=ids(log.chain[kept_blocks]),
+            block_wanted=block_wanted,
+            block_touched=block_wanted & (block_end > log.in_place[block_request]),
+            kept_marks=kept_marks,
+            mark_request=mark_request,
+            mark_end=mark_end,
+            mark_id=ids(log.mark_key[kept_marks]),
+            mark_wanted=mark_wanted,
+            # checkpoints, or a block matched in part
+            mark_touched=mark_wanted & (mark_end > log.in_place[mark_request]),
+            entry_store=np.searchsorted(log.entry_offsets, kept_entries, side="right") - 1,
+            entry_checkpoint=log.entry_checkpoint[kept_entries],
+            entry_id=ids(log.entry_key[kept_entries]),
+            kept_entries=kept_entries,
+        )
+
+
+@dataclass(frozen=True)
+class _Timeline:
+    """Every use of a kept key as a step in time, and the stacks a request's queries are measured in.
 
     Time is counted in steps: a store's blocks are one step (used deepest first), each checkpoint it
     stores a step before them; a request's queries come before its own steps, one per checkpoint it
     uses (deepest first), then one for its blocks. Within a step only a block's ancestors come after
     it (`_add_ancestors`).
     """
-    chain_kept, mark_kept, entry_kept = (_sampled(column, rate) for column in (log.chain, log.mark_key, log.entry_key))
-    keys = np.unique(np.concatenate([log.entry_key[entry_kept], log.chain[chain_kept], log.mark_key[mark_kept]]))
-    keys = keys if keys.size else np.zeros(1, dtype=np.uint64)  # ids below index something, even in an empty log
 
-    def ids(values: np.ndarray) -> np.ndarray:
-        """Dense ids of kept keys (those left out get a valid id that is never used)."""
-        return np.minimum(np.searchsorted(keys, values), keys.size - 1)
+    use_step: np.ndarray
+    use_key: np.ndarray
+    use_size: np.ndarray
+    sizes: np.ndarray  # bytes of each key
+    step_count: int
+    step_time: np.ndarray
+    step_session: np.ndarray
+    request_step: np.ndarray
+    request_session: np.ndarray
+    request_time: np.ndarray
+    by_session: np.ndarray  # steps ordered process by process (the RAM stacks)
+    session_rank: np.ndarray
+    one_process: bool  # every step and request in one process: one stack for both tiers
 
-    requests, stores = log.requests, log.store_time.size
-    # Events (requests and stores) in time order, a store after a request of the same moment.
-    times = np.concatenate([log.request_time, log.store_time])
-    is_store = np.concatenate([np.zeros(requests, dtype=bool), np.ones(stores, dtype=bool)])
-    order = np.lexsort((is_store, times))
-    row = np.concatenate([np.arange(requests), np.arange(stores)])[order]
-    store_event = is_store[order]
-    # Requests: their chain blocks (queried within the limit) and checkpoints (queried for models that need one).
-    # Only what the sample keeps is looked at from here on (a long log makes big arrays slow to allocate).
-    kept_blocks = np.flatnonzero(chain_kept)
-    block_request = np.searchsorted(log.chain_offsets, kept_blocks, side="right") - 1
-    block_start = (kept_blocks - log.chain_offsets[block_request]) * log.block_size[block_request]
-    block_end = np.minimum(block_start + log.block_size[block_request], log.prompt[block_request])
-    limit = np.minimum(log.limit, log.prompt)
-    block_id = ids(log.chain[kept_blocks])
-    block_wanted = block_start < limit[block_request]
-    block_touched = block_wanted & (block_end > log.in_place[block_request])
-    kept_marks = np.flatnonzero(mark_kept)
-    mark_request = np.searchsorted(log.mark_offsets, kept_marks, side="right") - 1
-    mark_end = log.mark_end[kept_marks]
-    mark_id = ids(log.mark_key[kept_marks])
-    mark_wanted = mark_end <= limit[mark_request]
-    if rate < 1.0:
-        # A sample's blocks are added up, scaled; a block matched in part (plain models) is the best of two
-        # points, which a sum cannot scale: left out (less than a block per request).
-        mark_wanted &= log.at_checkpoints[mark_request]
-    mark_touched = mark_wanted & (mark_end > log.in_place[mark_request])  # checkpoints, or a block matched in part
-    kept_entries = np.flatnonzero(entry_kept)
-    entry_store = np.searchsorted(log.entry_offsets, kept_entries, side="right") - 1
-    entry_checkpoint = log.entry_checkpoint[kept_entries]
-    # Steps per event, and where each event's first step is.
-    store_marks = np.bincount(entry_store, weights=entry_checkpoint, minlength=stores).astype(np.int64)
-    request_marks = np.bincount(mark_request[mark_touched], minlength=requests).astype(np.int64)
-    steps_of = np.ones(order.size, dtype=np.int64)
-    steps_of[store_event] += store_marks[row[store_event]]
-    steps_of[~store_event] += request_marks[row[~store_event]]
-    first_step = np.concatenate(([0], np.cumsum(steps_of)))[:-1]
-    step_count = int(steps_of.sum())
-    request_step = np.zeros(requests, dtype=np.int64)
-    request_step[row[~store_event]] = first_step[~store_event]
-    store_step = np.zeros(stores, dtype=np.int64)
-    store_step[row[store_event]] = first_step[store_event]
-    event_of_step = np.repeat(np.arange(order.size), steps_of)
-    step_time = times[order][event_of_step]
-    # Sessions renumbered densely: the combined keys below multiply them, and a log's ids are random 32-bit.
-    _, dense_session = np.unique(np.concatenate([log.request_session, log.store_session]), return_inverse=True)
-    dense_session = dense_session.ravel().astype(np.int64)
-    step_session = dense_session[order][event_of_step]
-    # Uses: a store's checkpoints one step each (deepest, i.e. last stored, first), then its blocks.
-    entry_id = ids(log.entry_key[kept_entries])
-    mark_rank = _rank_from_end(entry_checkpoint, entry_store)
-    entry_step = store_step[entry_store] + np.where(entry_checkpoint, mark_rank, store_marks[entry_store])
-    sizes = np.zeros(keys.size, dtype=np.int64)
-    sizes[entry_id] = log.entry_size[kept_entries]
-    first_store = np.full(keys.size, step_count, dtype=np.int64)
-    np.minimum.at(first_store, entry_id, entry_step)
-    # A request's checkpoints one step each (deepest first), then its blocks; only what was stored before it.
-    touched_rank = _rank_by_end(mark_end, mark_request, mark_touched)
-    touched_step = request_step[mark_request] + touched_rank
-    block_step = request_step[block_request] + request_marks[block_request]
-    mark_use = mark_touched & (first_store[mark_id] < request_step[mark_request])
-    block_use = block_touched & (first_store[block_id] < request_step[block_request])
-    use_step = np.concatenate([entry_step, touched_step[mark_use], block_step[block_use]])
-    use_key = np.concatenate([entry_id, mark_id[mark_use], block_id[block_use]])
-    use_size = sizes[use_key]
-    # The RAM stacks: one per process, so steps are ordered process by process and keys told apart by it.
-    by_session = np.lexsort((np.arange(step_count), step_session))
-    session_rank = np.empty(step_count, dtype=np.int64)
-    session_rank[by_session] = np.arange(step_count)
-    stride = keys.size + 1
-    request_session = dense_session[:requests]
+    @classmethod
+    def of(cls, log: LogColumns, queries: _Queries) -> _Timeline:
+        q = queries
+        requests, stores = log.requests, log.store_time.size
+        # Events (requests and stores) in time order, a store after a request of the same moment.
+        times = np.concatenate([log.request_time, log.store_time])
+        is_store = np.concatenate([np.zeros(requests, dtype=bool), np.ones(stores, dtype=bool)])
+        order = np.lexsort((is_store, times))
+        row = np.concatenate([np.arange(requests), np.arange(stores)])[order]
+        store_event = is_store[order]
+        # Steps per event, and where each event's first step is.
+        store_marks = np.bincount(q.entry_store, weights=q.entry_checkpoint, minlength=stores).astype(np.int64)
+        request_marks = np.bincount(q.mark_request[q.mark_touched], minlength=requests).astype(np.int64)
+        steps_of = np.ones(order.size, dtype=np.int64)
+        steps_of[store_event] += store_marks[row[store_event]]
+        steps_of[~store_event] += request_marks[row[~store_event]]
+        first_step = np.concatenate(([0], np.cumsum(steps_of)))[:-1]
+        step_count = int(steps_of.sum())
+        request_step = np.zeros(requests, dtype=np.int64)
+        request_step[row[~store_event]] = first_step[~store_event]
+        store_step = np.zeros(stores, dtype=np.int64)
+        store_step[row[store_event]] = first_step[store_event]
+        event_of_step = np.repeat(np.arange(order.size), steps_of)
+        # Sessions renumbered densely: the combined keys below multiply them, and a log's ids are random 32-bit.
+        _, dense_session = np.unique(np.concatenate([log.request_session, log.store_session]), return_inverse=True)
+        dense_session = dense_session.ravel().astype(np.int64)
+        step_session = dense_session[order][event_of_step]
+        # Uses: a store's checkpoints one step each (deepest, i.e. last stored, first), then its blocks.
+        mark_rank = _rank_from_end(q.entry_checkpoint, q.entry_store)
+        entry_step = store_step[q.entry_store] + np.where(q.entry_checkpoint, mark_rank, store_marks[q.entry_store])
+        sizes = np.zeros(q.keys.size, dtype=np.int64)
+        sizes[q.entry_id] = log.entry_size[q.kept_entries]
+        first_store = np.full(q.keys.size, step_count, dtype=np.int64)
+        np.minimum.at(first_store, q.entry_id, entry_step)
+        # A request's checkpoints one step each (deepest first), then its blocks; only what was stored before it.
+        touched_step = request_step[q.mark_request] + _rank_by_end(q.mark_end, q.mark_request, q.mark_touched)
+        block_step = request_step[q.block_request] + request_marks[q.block_request]
+        mark_use = q.mark_touched & (first_store[q.mark_id] < request_step[q.mark_request])
+        block_use = q.block_touched & (first_store[q.block_id] < request_step[q.block_request])
+        use_key = np.concatenate([q.entry_id, q.mark_id[mark_use], q.block_id[block_use]])
+        by_session = np.lexsort((np.arange(step_count), step_session))
+        session_rank = np.empty(step_count, dtype=np.int64)
+        session_rank[by_session] = np.arange(step_count)
+        return cls(
+            use_step=np.concatenate([entry_step, touched_step[mark_use], block_step[block_use]]),
+            use_key=use_key,
+            use_size=sizes[use_key],
+            sizes=sizes,
+            step_count=step_count,
+            step_time=times[order][event_of_step],
+            step_session=step_session,
+            request_step=request_step,
+            request_session=dense_session[:requests],
+            request_time=log.request_time,
+            by_session=by_session,
+            session_rank=session_rank,
+            one_process=bool(np.all(dense_session == 0)),
+        )
 
-    # Every step and request in one process (none stored before the log either): one stack for both tiers.
-    one_process = bool(np.all(dense_session == 0))
-
-    def distances(request: np.ndarray, key_of: np.ndarray) -> tuple[np.ndarray, ...]:
+    def distances(self, request: np.ndarray, key_of: np.ndarray) -> tuple[np.ndarray, ...]:
         """(disk distance, RAM distance, age, RAM age, last step, last RAM step), ancestors not yet added."""
-        step_of, session_of, size_of = request_step[request], request_session[request], sizes[key_of]
-        disk, last = _stack_distances(use_step, use_key, use_size, step_count, step_of, key_of, size_of)
-        now = log.request_time[request]
-        age = np.where(last >= 0, now - step_time[np.maximum(last, 0)], np.inf)
-        if one_process:  # (a long-running server's log): its RAM stack is the disk's
+        step_of, session_of, size_of = self.request_step[request], self.request_session[request], self.sizes[key_of]
+        disk, last = _stack_distances(
+            self.use_step, self.use_key, self.use_size, self.step_count, step_of, key_of, size_of
+        )
+        now = self.request_time[request]
+        age = np.where(last >= 0, now - self.step_time[np.maximum(last, 0)], np.inf)
+        if self.one_process:  # (a long-running server's log): its RAM stack is the disk's
             return disk, disk, age, age, last, last
         # Keys told apart by process, renumbered densely (their products with steps must fit in 64 bits).
-        ram_keys = np.concatenate([step_session[use_step] * stride + use_key, session_of * stride + key_of])
+        stride = self.sizes.size + 1
+        ram_keys = np.concatenate(
+            [self.step_session[self.use_step] * stride + self.use_key, session_of * stride + key_of]
+        )
         _, ram_ids = np.unique(ram_keys, return_inverse=True)
         ram_ids = ram_ids.ravel().astype(np.int64)
         ram, ram_last = _stack_distances(
-            session_rank[use_step],
-            ram_ids[: use_key.size],
-            use_size,
-            step_count,
-            _rank_before(step_session, step_of, session_of),
-            ram_ids[use_key.size :],
+            self.session_rank[self.use_step],
+            ram_ids[: self.use_key.size],
+            self.use_size,
+            self.step_count,
+            _rank_before(self.step_session, step_of, session_of),
+            ram_ids[self.use_key.size :],
             size_of,
         )
-        ram_age = np.where(ram_last >= 0, now - step_time[by_session[np.maximum(ram_last, 0)]], np.inf)
+        ram_age = np.where(ram_last >= 0, now - self.step_time[self.by_session[np.maximum(ram_last, 0)]], np.inf)
         return disk, ram, age, ram_age, last, ram_last
 
-    wanted_request = block_request[block_wanted]
-    block_size_of = sizes[block_id[block_wanted]]
-    disk, ram, age, ram_age, last, ram_last = distances(wanted_request, block_id[block_wanted])
+
+def _measure(log: LogColumns, rate: float) -> tuple[_Blocks, _Checkpoints]:
+    """Stack distances of every block (and checkpoint) a request could reuse, in the disk and RAM stacks
+    (`_Timeline` says how time is counted)."""
+    q = _Queries.of(log, rate)
+    timeline = _Timeline.of(log, q)
+    wanted_request = q.block_request[q.block_wanted]
+    block_size_of = timeline.sizes[q.block_id[q.block_wanted]]
+    disk, ram, age, ram_age, last, ram_last = timeline.distances(wanted_request, q.block_id[q.block_wanted])
     blocks = _Blocks(
         wanted_request,
-        block_start[block_wanted],
-        block_end[block_wanted],
+        q.block_start[q.block_wanted],
+        q.block_end[q.block_wanted],
         _add_ancestors(disk, last, wanted_request, block_size_of),
         _add_ancestors(ram, ram_last, wanted_request, block_size_of),
         age,
         ram_age,
-        log.chain[kept_blocks][block_wanted],
+        log.chain[q.kept_blocks][q.block_wanted],
     )
-    wanted_mark = mark_request[mark_wanted]
-    anchor = mark_end[mark_wanted] // np.maximum(log.block_size[wanted_mark], 1) * log.block_size[wanted_mark]
-    mark_disk, mark_ram, mark_age, mark_ram_age, mark_last, mark_ram_last = distances(wanted_mark, mark_id[mark_wanted])
+    wanted_mark = q.mark_request[q.mark_wanted]
+    anchor = q.mark_end[q.mark_wanted] // np.maximum(log.block_size[wanted_mark], 1) * log.block_size[wanted_mark]
+    mark_disk, mark_ram, mark_age, mark_ram_age, mark_last, mark_ram_last = timeline.distances(
+        wanted_mark, q.mark_id[q.mark_wanted]
+    )
     # A mark last used as a block of a store (a block a later prompt matched in part) has that store's
     # blocks before it above it in the stack: the chain's blocks before its anchor last used there.
     chain = (wanted_request, blocks.end, block_size_of)
@@ -594,13 +673,13 @@ def _measure(log: LogColumns, rate: float) -> tuple[_Blocks, _Checkpoints]:
     mark_ram = _add_stored_with(mark_ram, mark_ram_last, wanted_mark, anchor, *chain, ram_last)
     marks = _Checkpoints(
         wanted_mark,
-        mark_end[mark_wanted],
+        q.mark_end[q.mark_wanted],
         mark_disk,
         mark_ram,
         mark_age,
         mark_ram_age,
         anchor,
-        log.mark_key[kept_marks][mark_wanted],
+        log.mark_key[q.kept_marks][q.mark_wanted],
     )
     return blocks, marks
 

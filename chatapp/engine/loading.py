@@ -89,6 +89,26 @@ def prompt_grid(config: EngineConfig, model: NativeModel, context: NativeContext
     return 0
 
 
+@dataclass(frozen=True)
+class _Placement:
+    """Where and how the model runs: its offloaded layers and device, threads, the window cache's size."""
+
+    layers: int
+    device: str | None
+    threads: int
+    swa_full: bool
+
+    @classmethod
+    def of(cls, config: EngineConfig) -> _Placement:
+        layers, device = config.n_gpu_layers, offload_device()  # the registry asked once
+        if layers < 0:
+            layers = ALL_LAYERS if device is not None else 0  # a GPU build on a machine with a device
+        # On a device a window cache smaller than the context leaves the cells of a restored or continued
+        # sequence where a cold run has others, and its kernels round otherwise (measured on Vulkan with
+        # flash attention): the full-size window cache there.
+        return cls(layers, device, config.threads or default_thread_count(), config.swa_full or layers > 0)
+
+
 def load_model(
     config: EngineConfig,
     cache_factory: CacheFactory | None,
@@ -99,15 +119,8 @@ def load_model(
     Each part that works on the device takes its own turn there (device_turns.py), so that another
     engine's answers go on between them while this one loads.
     """
-    layers, device = config.n_gpu_layers, offload_device()  # the registry asked once
-    if layers < 0:
-        layers = ALL_LAYERS if device is not None else 0  # a GPU build on a machine with a device
-    threads = config.threads or default_thread_count()
-    # On a device a window cache smaller than the context leaves the cells of a restored or continued
-    # sequence where a cold run has others, and its kernels round otherwise (measured on Vulkan with
-    # flash attention): the full-size window cache there.
-    swa_full = config.swa_full or layers > 0
-    flash_memo = flash_key(config.model_path, threads=threads, gpu_layers=layers, swa_full=swa_full)
+    place = _Placement.of(config)
+    flash_memo = flash_key(config.model_path, threads=place.threads, gpu_layers=place.layers, swa_full=place.swa_full)
     flash = decided_flash(
         config.flash_attention,
         kv_type=config.kv_type,
@@ -117,7 +130,12 @@ def load_model(
         model=config.model_path,
     ) or recalled_flash(flash_memo, config.batch_memo)
     key_of = partial(
-        verdict_key, config.model_path, threads=threads, gpu_layers=layers, swa_full=swa_full, kv_type=config.kv_type
+        verdict_key,
+        config.model_path,
+        threads=place.threads,
+        gpu_layers=place.layers,
+        swa_full=place.swa_full,
+        kv_type=config.kv_type,
     )
     # Whether the batching probe runs, for the progress bar's parts (with flash attention as remembered).
     probes = config.batch_answers and not verdict_known(
@@ -125,7 +143,7 @@ def load_model(
     )
     weights_progress, measure_progress, probe_progress = _progress_parts(config.load_progress, flash is None, probes)
     with device_turn():
-        model = NativeModel(config.model_path, n_gpu_layers=layers, progress=weights_progress)
+        model = NativeModel(config.model_path, n_gpu_layers=place.layers, progress=weights_progress)
     try:
         if flash is None:
             with device_turn():
@@ -133,58 +151,74 @@ def load_model(
                     model,
                     flash_memo,
                     config.batch_memo,
-                    threads=threads,
+                    threads=place.threads,
                     n_batch=config.n_batch,
-                    swa_full=swa_full,
+                    swa_full=place.swa_full,
                     progress=measure_progress,
                 )
-        per_sequence = min(model.n_ctx_train or config.context_cap, config.context_cap)
-        with device_turn():
-            context = NativeContext(
-                model,
-                n_sequences=config.sequences,
-                n_ctx_per_sequence=per_sequence,
-                n_threads=threads,
-                n_batch=config.n_batch,
-                flash_attention=flash.on,
-                kv_type=config.kv_type,
-                swa_full=swa_full,
-                should_abort=should_abort,
-            )
+        context = _open_context(config, model, place, flash.on, should_abort)
     except BaseException:
         with device_turn():
             model.close()
         raise
     if context.shape.flash_attention != flash.on:
         flash = FlashChoice(context.shape.flash_attention, "this build has no flash attention for this model")
-    info = _model_info(config, model, context, flash, layers, device, threads)
-    key_of = partial(key_of, flash_attention=flash.on)
+    info = _model_info(config, model, context, flash, place)
     try:
-        with device_turn():
-            layout, problem = verify_state_format(model, context)
-        batch: bool = False
-        why_not: str | None = "turned off in the settings"
-        if config.batch_answers:
-            with device_turn():
-                batch, why_not = answer_batching(
-                    model,
-                    context,
-                    info.gpu_layers,
-                    key_of(sequences=config.sequences),
-                    config.batch_memo,
-                    probe_progress,
-                )
-        split_key = key_of(sequences=1)  # the split probe's verdict does not depend on the sequences
-        with device_turn():
-            info = replace(info, prompt_grid=prompt_grid(config, model, context, info.gpu_layers, split_key))
-        if probe_progress is not None:
-            probe_progress(1.0)  # the bar ends where a probe that found a difference early, or never ran, left it
-        cache = cache_factory(layout, info) if cache_factory is not None and layout is not None else None
+        return _checked_and_cached(
+            config, model, context, info, partial(key_of, flash_attention=flash.on), probe_progress, cache_factory
+        )
     except BaseException:
         with device_turn():
             context.close()
             model.close()
         raise
+
+
+def _open_context(
+    config: EngineConfig, model: NativeModel, place: _Placement, flash: bool, should_abort: Callable[[], bool]
+) -> NativeContext:
+    per_sequence = min(model.n_ctx_train or config.context_cap, config.context_cap)
+    with device_turn():
+        return NativeContext(
+            model,
+            n_sequences=config.sequences,
+            n_ctx_per_sequence=per_sequence,
+            n_threads=place.threads,
+            n_batch=config.n_batch,
+            flash_attention=flash,
+            kv_type=config.kv_type,
+            swa_full=place.swa_full,
+            should_abort=should_abort,
+        )
+
+
+def _checked_and_cached(
+    config: EngineConfig,
+    model: NativeModel,
+    context: NativeContext,
+    info: ModelInfo,
+    key_of: Callable[..., str],
+    probe_progress: LoadProgress | None,
+    cache_factory: CacheFactory | None,
+) -> LoadedModel:
+    """The state format's self-test, the batching and split probes (their verdicts remembered under
+    `key_of(sequences=...)`), then the cache opened on the verified layout."""
+    with device_turn():
+        layout, problem = verify_state_format(model, context)
+    batch: bool = False
+    why_not: str | None = "turned off in the settings"
+    if config.batch_answers:
+        with device_turn():
+            batch, why_not = answer_batching(
+                model, context, info.gpu_layers, key_of(sequences=config.sequences), config.batch_memo, probe_progress
+            )
+    split_key = key_of(sequences=1)  # the split probe's verdict does not depend on the sequences
+    with device_turn():
+        info = replace(info, prompt_grid=prompt_grid(config, model, context, info.gpu_layers, split_key))
+    if probe_progress is not None:
+        probe_progress(1.0)  # the bar ends where a probe that found a difference early, or never ran, left it
+    cache = cache_factory(layout, info) if cache_factory is not None and layout is not None else None
     builder = PromptBuilder.for_model(model)
     return LoadedModel(model, context, info, builder, layout, cache, problem, batch, why_not)
 
@@ -202,13 +236,7 @@ def _progress_parts(
 
 
 def _model_info(
-    config: EngineConfig,
-    model: NativeModel,
-    context: NativeContext,
-    flash: FlashChoice,
-    layers: int,
-    device: str | None,
-    threads: int,
+    config: EngineConfig, model: NativeModel, context: NativeContext, flash: FlashChoice, place: _Placement
 ) -> ModelInfo:
     shape = context.shape
     return ModelInfo(
@@ -220,9 +248,9 @@ def _model_info(
         n_sequences=shape.n_sequences,
         flash_attention=shape.flash_attention,
         flash_attention_why=flash.why,
-        gpu_layers=min(layers, model.n_layer + 1),
-        device=(device or "an unnamed device") if layers > 0 else "CPU",
-        threads=threads,
+        gpu_layers=min(place.layers, model.n_layer + 1),
+        device=(place.device or "an unnamed device") if place.layers > 0 else "CPU",
+        threads=place.threads,
         kv_type=shape.kv_type.value,
         memory_kind=model.memory.kind,
         window=model.window,
