@@ -39,7 +39,8 @@ class Settings(BaseModel):
     flash_attention: Literal["auto", "on", "off"] = Field(
         "auto",
         description="llama.cpp's flash attention; auto measures it once per model and machine and turns it on "
-        "where it is clearly faster, except in a server whose several clients' answers batch (off there); on, "
+        "where it is clearly faster, except in a server whose several clients' answers batch and for models "
+        "that are not plain KV (sliding-window, recurrent, hybrid: off there); on, "
         "restores stay exact, but each answer computes its last 64 prompt tokens again, prompts under 64 tokens "
         "are not reused and several clients' answers are decoded one at a time",
     )

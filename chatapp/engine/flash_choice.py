@@ -7,8 +7,9 @@ reused; batching.py). Its gain depends on the model, the kernels and the CPU: on
 chatapp's prefill was 0.96-1.17x as fast with it, with the AVX2 kernels of the same CPU 1.32x.
 
 So `auto` keeps it off where several clients' answers may batch (a server with more than one
-sequence and answer batching on). Elsewhere (the TUI, `ask`, a server of one sequence) it is
-measured once per model file, build, CPU and settings: a short prefill and decode on a small
+sequence and answer batching on), and for models whose state is not plain KV (`unmeasured_kind`).
+Elsewhere (the TUI, `ask`, a server of one sequence) it is measured once per model file, build, CPU
+and settings: a short prefill and decode on a small
 context with it off and on, alternated, the better of two rounds kept (one where a round is slow).
 It is on where it is at least FLASH_WORTH as fast in one and keeps FLASH_LOSS_ALLOWED of the speed
 in the other, the rule bench P's advice line uses. The verdict is remembered like the batching
@@ -23,6 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from cache.memory_kinds import MemoryKind
 from chatapp.engine.batch_rule import verdict_key, weights_problem
 from chatapp.engine.config import FlashSetting, LoadProgress
 from chatapp.engine.kv_types import KvType
@@ -78,6 +80,15 @@ def decided_flash(
     if os.environ.get(AUTO_ENV, "").strip().lower() == "off":
         return FlashChoice(False, f"auto, off by {AUTO_ENV}")
     return None
+
+
+def unmeasured_kind(kind: MemoryKind) -> FlashChoice | None:
+    """Off without measuring for a model whose state is not plain KV: the suite checks restores of
+    sliding-window, recurrent and hybrid models bit for bit with flash attention on a device only, and on
+    a CPU some of their reuse paths (the window's ring, rewinds) with it off only. None: measure."""
+    if kind is MemoryKind.PLAIN:
+        return None
+    return FlashChoice(False, f"auto keeps it off for {kind.value} models (their restores are checked without it)")
 
 
 def flash_key(model: Path, *, threads: int, gpu_layers: int, swa_full: bool) -> str:

@@ -23,7 +23,14 @@ from chatapp.engine.batch_rule import answer_batching, verdict_key, verdict_know
 from chatapp.engine.batching import FLASH_ATTENTION_ROWS, GRID_TOKENS, MIN_ROWS
 from chatapp.engine.config import CacheFactory, EngineConfig, LoadProgress, default_thread_count, split_progress
 from chatapp.engine.device_turns import device_turn
-from chatapp.engine.flash_choice import FlashChoice, decided_flash, flash_key, measure_flash, recalled_flash
+from chatapp.engine.flash_choice import (
+    FlashChoice,
+    decided_flash,
+    flash_key,
+    measure_flash,
+    recalled_flash,
+    unmeasured_kind,
+)
 from chatapp.engine.llama_native import NativeContext, NativeModel, offload_device
 from chatapp.engine.model_card import ModelInfo
 from chatapp.engine.split_rule import fixed_batches
@@ -145,6 +152,7 @@ def load_model(
     with device_turn():
         model = NativeModel(config.model_path, n_gpu_layers=place.layers, progress=weights_progress)
     try:
+        flash = flash or unmeasured_kind(model.memory.kind)
         if flash is None:
             with device_turn():
                 flash = measure_flash(

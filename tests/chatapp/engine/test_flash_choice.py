@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from cache.memory_kinds import MemoryKind
 from chatapp.engine import flash_choice, verdict_memo
 from chatapp.engine.engine import Engine, EngineConfig
 from chatapp.engine.flash_choice import (
@@ -16,11 +17,13 @@ from chatapp.engine.flash_choice import (
     flash_key,
     flash_pays,
     measure_flash,
+    unmeasured_kind,
 )
 from chatapp.engine.kv_types import KvType
 from chatapp.engine.llama_native import NativeModel
 from chatapp.errors import LoadCancelled
 from chatapp.settings import Settings
+from tests.model_factory import write_tiny_gemma3
 
 
 @pytest.mark.parametrize(
@@ -134,3 +137,27 @@ def test_settings_written_before_auto_still_load() -> None:
     assert Settings().flash_attention == "auto"
     assert Settings.model_validate({"flash_attention": True}).flash_attention == "on"
     assert Settings.model_validate({"flash_attention": False}).flash_attention == "off"
+
+
+def test_auto_keeps_flash_attention_off_without_measuring_for_a_sliding_window_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Restores of window, recurrent and hybrid models are checked bit for bit without flash attention on a CPU."""
+    monkeypatch.delenv(AUTO_ENV)
+    assert unmeasured_kind(MemoryKind.PLAIN) is None
+    for kind in (MemoryKind.ISWA, MemoryKind.RECURRENT, MemoryKind.HYBRID, MemoryKind.HYBRID_ISWA):
+        choice = unmeasured_kind(kind)
+        assert choice is not None
+        assert not choice.on
+        assert kind.value in choice.why
+
+    def measured(*_args: object, **_kwargs: object) -> FlashChoice:
+        raise AssertionError("a sliding-window model is not measured")
+
+    monkeypatch.setattr("chatapp.engine.loading.measure_flash", measured)
+    model = write_tiny_gemma3(tmp_path / "tiny-gemma3.gguf")
+    config = EngineConfig(model_path=model, context_cap=512, sequences=1, flash_attention="auto", threads=1)
+    with Engine(config) as engine:
+        assert engine.info.memory_kind is MemoryKind.ISWA
+        assert not engine.info.flash_attention
+        assert "iswa" in engine.info.flash_attention_why
