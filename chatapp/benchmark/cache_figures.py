@@ -28,7 +28,7 @@ from chatapp.benchmark.goals import Verdict
 from chatapp.benchmark.memory import folder_bytes
 from chatapp.benchmark.peers import ChatappPeer, PeerSettings
 from chatapp.benchmark.workloads import PromptKit
-from chatapp.engine.kv_types import KvType
+from chatapp.engine.opening import KvType
 from chatapp.errors import ModelError
 from chatapp.prompting.prompt import ChatMessage
 from chatapp.vocabulary import Role

@@ -28,9 +28,7 @@ from chatapp.benchmark.memory import proc_status_bytes
 from chatapp.benchmark.peers import PeerSettings, close_engine, open_chatapp_engine
 from chatapp.benchmark.restore_figure import can_drop_pages, drop_pages, sequential_read_ms
 from chatapp.benchmark.workloads import PromptKit
-from chatapp.engine.contract import LocalEngine
-from chatapp.engine.events import AnswerText, GenerationResult
-from chatapp.engine.requests import GenerationRequest, SamplingParams
+from chatapp.engine.contract import AnswerText, GenerationRequest, GenerationResult, LocalEngine, SamplingParams
 from chatapp.prompting.prompt import ChatMessage
 from chatapp.vocabulary import ReuseTier, Role
 

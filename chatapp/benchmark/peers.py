@@ -49,10 +49,8 @@ from cache.fingerprint import hash_file
 from cache.keys import as_token_array, common_prefix_length
 from cache.prefix_cache import CacheConfig
 from chatapp.benchmark.workloads import Draft, Request
-from chatapp.engine.contract import EngineClient, LocalEngine
-from chatapp.engine.kv_placement import FRESH_TOKENS
-from chatapp.engine.opening import EngineConfig, KvType, start_local_engine
-from chatapp.engine.requests import GenerationRequest, SamplingParams
+from chatapp.engine.contract import EngineClient, GenerationRequest, LocalEngine, SamplingParams
+from chatapp.engine.opening import FRESH_TOKENS, EngineConfig, KvType, start_local_engine
 from chatapp.services.answer_run import AnswerRun
 from chatapp.services.answer_start import AnswerStart
 from chatapp.services.drafts import draft_prompt_tokens, settled_text

@@ -31,10 +31,8 @@ from chatapp.benchmark.goals import Verdict, decode_verdict, prefill_verdicts
 from chatapp.benchmark.llama_server import uncached_server
 from chatapp.benchmark.peers import Peer, PeerAnswer, PeerSettings
 from chatapp.benchmark.workloads import PromptKit, Request
-from chatapp.engine.batching import FLASH_ATTENTION_ROWS
-from chatapp.engine.flash_choice import flash_pays
-from chatapp.engine.opening import EngineConfig, start_local_engine
-from chatapp.engine.requests import GenerationRequest, SamplingParams
+from chatapp.engine.contract import GenerationRequest, SamplingParams
+from chatapp.engine.opening import FLASH_ATTENTION_ROWS, EngineConfig, flash_pays, start_local_engine
 from chatapp.prompting.prompt import ChatMessage
 from chatapp.vocabulary import Role
 

@@ -36,10 +36,8 @@ from cache.state_assembly import in_parallel
 from chatapp.benchmark.goals import Verdict, restore_verdicts
 from chatapp.benchmark.peers import PeerSettings, close_engine, open_chatapp_engine
 from chatapp.benchmark.workloads import PromptKit
-from chatapp.engine.contract import LocalEngine
-from chatapp.engine.events import GenerationResult, RestoreTimings
-from chatapp.engine.kv_types import KvType
-from chatapp.engine.requests import GenerationRequest, SamplingParams
+from chatapp.engine.contract import GenerationRequest, GenerationResult, LocalEngine, RestoreTimings, SamplingParams
+from chatapp.engine.opening import KvType
 from chatapp.errors import ModelError
 from chatapp.prompting.prompt import ChatMessage
 from chatapp.vocabulary import ReuseTier, Role

@@ -61,8 +61,8 @@ from chatapp.benchmark.workloads import (
     Workload,
     build_workloads,
 )
+from chatapp.engine.contract import GenerationRequest, SamplingParams
 from chatapp.engine.opening import default_thread_count
-from chatapp.engine.requests import GenerationRequest, SamplingParams
 from chatapp.errors import ChatappError
 from chatapp.models.machine import resolve_model
 from chatapp.prompting.prompt import PromptBuilder

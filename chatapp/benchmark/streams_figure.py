@@ -31,7 +31,7 @@ from chatapp.benchmark.llama_server import uncached_server
 from chatapp.benchmark.peers import Peer, PeerAnswer, PeerSettings
 from chatapp.benchmark.serve_peer import ChatappServePeer
 from chatapp.benchmark.workloads import PromptKit
-from chatapp.engine.batch_cost import PROMPTS_TOGETHER, prompts_together_ratio
+from chatapp.engine.opening import PROMPTS_TOGETHER, prompts_together_ratio
 from chatapp.prompting.prompt import ChatMessage
 from chatapp.vocabulary import Role
 

@@ -23,7 +23,7 @@ from cache.sizing import RequestHistory, enough_budget
 from chatapp.benchmark.goals import Verdict, trace_verdicts
 from chatapp.benchmark.trace_replay import PER_TOKEN_MS, BeladyPolicy, ReplayResult, next_use_table, replay
 from chatapp.benchmark.traces import DAY_S, TRACE_VARIANTS, Trace, make_trace
-from chatapp.engine.kv_types import KvType
+from chatapp.engine.opening import KvType
 
 TRACE_NAME = "G"  # chosen with --workloads beside the peer workloads and L, S
 # 512 blocks of 64 tokens: about a tenth of the most an unbounded cache holds at once on the zipf

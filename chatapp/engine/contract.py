@@ -22,6 +22,7 @@ from chatapp.engine.events import (
     GenerationStats,
     PromptProgress,
     PromptReuse,
+    RestoreTimings,
     StreamEvent,
 )
 from chatapp.engine.handle import GenerationHandle
@@ -44,6 +45,7 @@ __all__ = [  # the door: what code outside chatapp.engine may name
     "ModelInfo",
     "PromptProgress",
     "PromptReuse",
+    "RestoreTimings",
     "SamplingParams",
     "StreamEvent",
     "build_name",  # the llama.cpp build and CPU: logits compare bit for bit within one (restore checks)

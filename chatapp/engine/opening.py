@@ -1,8 +1,10 @@
-"""Where engines come from: the composition root's one door into chatapp.engine.
+"""Where engines come from: the composition root's door into chatapp.engine, and the bench's.
 
 The services ask here for an engine behind the contract (the in-process llama.cpp engine or
 a remote server, remote.py) and for a prompt builder without weights (the bench); they never import
-the engine class or llama_native themselves.
+the engine class or llama_native themselves. The bench also finds here the engine's figures it
+measures against (flash attention's rule, the tokens every answer computes, a batch's cost): with
+the contract, the only modules of chatapp.engine that code outside it names (`make lint`).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from pathlib import Path
 
 import llama_cpp
 
+from chatapp.engine.batch_cost import PROMPTS_TOGETHER, prompts_together_ratio
 from chatapp.engine.batching import FLASH_ATTENTION_ROWS as FLASH_ATTENTION_ROWS  # for the settings that open engines
 from chatapp.engine.config import (
     CacheFactory,
@@ -22,6 +25,8 @@ from chatapp.engine.config import (
 )
 from chatapp.engine.contract import EngineClient, LocalEngine
 from chatapp.engine.engine import Engine
+from chatapp.engine.flash_choice import flash_pays
+from chatapp.engine.kv_placement import FRESH_TOKENS
 from chatapp.engine.kv_types import KvType
 from chatapp.engine.llama_native import NativeModel
 from chatapp.engine.remote import RemoteConfig, RemoteEngine
@@ -31,6 +36,9 @@ from chatapp.engine.thread_switches import brisk_thread_switches
 from chatapp.prompting.prompt import PromptBuilder
 
 __all__ = [
+    "FLASH_ATTENTION_ROWS",
+    "FRESH_TOKENS",
+    "PROMPTS_TOGETHER",
     "CacheFactory",
     "EngineConfig",
     "FlashSetting",
@@ -40,8 +48,10 @@ __all__ = [
     "brisk_thread_switches",
     "connect_remote_engine",
     "default_thread_count",
+    "flash_pays",
     "library_version",
     "open_prompt_builder",
+    "prompts_together_ratio",
     "split_progress",
     "start_local_engine",
 ]
