@@ -70,3 +70,14 @@ def test_every_make_target_in_the_manual_exists(page: Path) -> None:
         for match in MAKE_COMMAND.finditer(piece)
     }
     assert written <= targets, f"{page.name} names make targets the Makefile lacks: {sorted(written - targets)}"
+
+
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)
+def test_every_link_in_the_manual_reaches_a_file(page: Path) -> None:
+    targets = [target.split("#")[0] for target in LINK.findall(page.read_text(encoding="utf-8"))]
+    local = [target for target in targets if target and "://" not in target and not target.startswith("mailto:")]
+    missing = [target for target in local if not (page.parent / target).exists()]
+    assert not missing, f"{page.name} links to files that are not there: {missing}"
