@@ -67,6 +67,10 @@ class Memory:
     updates_in_place: bool = False
     # A cut may leave a sliding window with gaps: the window is read back and checked after it.
     checks_window_after_cut: bool = False
+    # The suite checks this kind's restores bit for bit with flash attention on a CPU (plain KV: the
+    # property test and the bundled model), so the app may turn it on by measurement; the kinds with
+    # checkpoints are checked with it on a device only.
+    flash_attention_checked: bool = True
 
     def read_sections(self, reader: StateReader, partial: bool) -> ParsedState:
         """The state's sections in llama.cpp's order; `partial`: read with the partial-only flag."""
@@ -147,6 +151,7 @@ class _Checkpointed(Memory):
     """A memory with sections that cannot be cut: restores and rewinds need a checkpoint."""
 
     restores_at_checkpoints = True
+    flash_attention_checked = False
 
     def cuts_in_place(self, length: int, oldest: Callable[[], int]) -> bool:
         return False

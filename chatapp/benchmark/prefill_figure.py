@@ -160,16 +160,9 @@ def _side_by_side(
 def flash_advice(figures: PrefillFigures) -> str:
     """Whether flash attention pays for chatapp on this machine and model: its prefill and decode speed on
     against off, and what turning it on costs (empty where this run did not measure both)."""
-    prefill, decoding = figures.tokens_per_s, figures.decode_tokens_per_s
-    measured = (
-        prefill.get("chatapp"),
-        prefill.get("chatapp flash"),
-        decoding.get("chatapp"),
-        decoding.get("chatapp flash"),
-    )
-    if not all(measured):
+    gains = _flash_gains(figures)
+    if gains is None:
         return ""
-    gains = (prefill["chatapp flash"] / prefill["chatapp"], decoding["chatapp flash"] / decoding["chatapp"])
     return (
         f"chatapp with flash attention on: prefill {gains[0]:.2f}x, decode {gains[1]:.2f}x its speed off in this run "
         f"(by the rule `auto` measures with at load: {'on' if flash_pays(*gains) else 'off'} for the TUI and ask, "
@@ -178,13 +171,19 @@ def flash_advice(figures: PrefillFigures) -> str:
     )
 
 
+def _flash_gains(figures: PrefillFigures) -> tuple[float, float] | None:
+    """chatapp's prefill and decode speed with flash attention on / off (None: not both measured)."""
+    prefill, decoding = figures.tokens_per_s, figures.decode_tokens_per_s
+    sides = ("chatapp", "chatapp flash")
+    if not all(prefill.get(side) for side in sides) or not all(decoding.get(side) for side in sides):
+        return None
+    return prefill["chatapp flash"] / prefill["chatapp"], decoding["chatapp flash"] / decoding["chatapp"]
+
+
 def _chatapp_default(figures: PrefillFigures) -> str:
     """The side that is chatapp's default for one user: `auto`'s rule applied to this run's speeds."""
-    prefill, decoding = figures.tokens_per_s, figures.decode_tokens_per_s
-    if "chatapp flash" not in prefill or not decoding.get("chatapp flash") or not decoding.get("chatapp"):
-        return "chatapp"
-    gains = (prefill["chatapp flash"] / prefill["chatapp"], decoding["chatapp flash"] / decoding["chatapp"])
-    return "chatapp flash" if flash_pays(*gains) else "chatapp"
+    gains = _flash_gains(figures)
+    return "chatapp flash" if gains is not None and flash_pays(*gains) else "chatapp"
 
 
 def prefill_figure_verdicts(figures: PrefillFigures | None) -> list[Verdict]:

@@ -117,7 +117,7 @@ def probe_problem(model: NativeModel, context: NativeContext, progress: LoadProg
             for index, prompt in enumerate(prompts[:size]):  # back to the prompt, computed alone
                 if model.memory.updates_in_place:  # a recurrent state cannot be cut: computed again
                     context.remove(index, 0, -1)
-                    _decode_prompt(context, prompt, index)
+                    decode_prompt(context, prompt, index)
                 else:
                     context.remove(index, len(prompt), -1)
             for step in range(PROBE_STEPS):
@@ -139,7 +139,7 @@ def _answer_alone(
     """PROBE_STEPS greedy tokens decoded one at a time, with the logits before each (and after the last);
     the sequence keeps its prompt's KV."""
     context.remove(sequence, 0, -1)
-    _decode_prompt(context, prompt, sequence)
+    decode_prompt(context, prompt, sequence)
     sampler = NativeSampler(SamplingParams(temperature=0.0), model)
     tokens: list[int] = []
     logits = [context.logits()]
@@ -153,8 +153,9 @@ def _answer_alone(
     return tokens, logits
 
 
-def _decode_prompt(context: NativeContext, prompt: Sequence[int], sequence: int) -> None:
-    """The prompt in batches of the context's size (the same ones alone and before batching)."""
+def decode_prompt(context: NativeContext, prompt: Sequence[int], sequence: int) -> None:
+    """The prompt in batches of the context's size (the same ones alone and before batching), logits for
+    its last token."""
     size = context.shape.n_batch
     for start in range(0, len(prompt), size):
         chunk = list(prompt[start : start + size])

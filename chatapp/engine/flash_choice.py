@@ -24,8 +24,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from cache.memory_kinds import MemoryKind
-from chatapp.engine.batch_rule import verdict_key, weights_problem
+from cache.memory_kinds import Memory
+from chatapp.engine.batch_rule import decode_prompt, verdict_key, weights_problem
 from chatapp.engine.config import FlashSetting, LoadProgress
 from chatapp.engine.kv_types import KvType
 from chatapp.engine.llama_native import NativeContext, NativeModel
@@ -82,13 +82,14 @@ def decided_flash(
     return None
 
 
-def unmeasured_kind(kind: MemoryKind) -> FlashChoice | None:
-    """Off without measuring for a model whose state is not plain KV: the suite checks restores of
-    sliding-window, recurrent and hybrid models bit for bit with flash attention on a device only, and on
-    a CPU some of their reuse paths (the window's ring, rewinds) with it off only. None: measure."""
-    if kind is MemoryKind.PLAIN:
+def unmeasured_kind(memory: Memory) -> FlashChoice | None:
+    """Off without measuring where the suite has not checked this memory kind's restores with flash
+    attention on a CPU (`Memory.flash_attention_checked`); None: measure."""
+    if memory.flash_attention_checked:
         return None
-    return FlashChoice(False, f"auto keeps it off for {kind.value} models (their restores are checked without it)")
+    return FlashChoice(
+        False, f"auto keeps it off for {memory.kind.value} models (their restores are checked without it)"
+    )
 
 
 def flash_key(model: Path, *, threads: int, gpu_layers: int, swa_full: bool) -> str:
@@ -158,11 +159,8 @@ def _speeds(model: NativeModel, flash: bool, *, threads: int, n_batch: int, swa_
             return None
         text = model.tokenize(MEASURE_TEXT, add_special=False, parse_special=False)
         prompt = (text * (MEASURE_PROMPT_TOKENS // max(len(text), 1) + 1))[:MEASURE_PROMPT_TOKENS]
-        step = context.shape.n_batch
         started = time.perf_counter()
-        for start in range(0, len(prompt), step):
-            chunk = prompt[start : start + step]
-            context.decode(chunk, start_pos=start, sequence=0, logits_for_last=start + step >= len(prompt))
+        decode_prompt(context, prompt, 0)
         prompted = time.perf_counter()
         for offset in range(MEASURE_DECODE_TOKENS):
             token = prompt[offset % len(prompt)]

@@ -152,7 +152,7 @@ def load_model(
     with device_turn():
         model = NativeModel(config.model_path, n_gpu_layers=place.layers, progress=weights_progress)
     try:
-        flash = flash or unmeasured_kind(model.memory.kind)
+        flash = flash or unmeasured_kind(model.memory)
         if flash is None:
             with device_turn():
                 flash = measure_flash(

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cache.memory_kinds import MemoryKind
+from cache.memory_kinds import MemoryKind, PlainMemory, RecurrentMemory, WindowMemory
 from chatapp.engine import flash_choice, verdict_memo
 from chatapp.engine.engine import Engine, EngineConfig
 from chatapp.engine.flash_choice import (
@@ -144,12 +144,12 @@ def test_auto_keeps_flash_attention_off_without_measuring_for_a_sliding_window_m
 ) -> None:
     """Restores of window, recurrent and hybrid models are checked bit for bit without flash attention on a CPU."""
     monkeypatch.delenv(AUTO_ENV)
-    assert unmeasured_kind(MemoryKind.PLAIN) is None
-    for kind in (MemoryKind.ISWA, MemoryKind.RECURRENT, MemoryKind.HYBRID, MemoryKind.HYBRID_ISWA):
-        choice = unmeasured_kind(kind)
+    assert unmeasured_kind(PlainMemory()) is None
+    for memory in (WindowMemory(512), RecurrentMemory()):
+        choice = unmeasured_kind(memory)
         assert choice is not None
         assert not choice.on
-        assert kind.value in choice.why
+        assert memory.kind.value in choice.why
 
     def measured(*_args: object, **_kwargs: object) -> FlashChoice:
         raise AssertionError("a sliding-window model is not measured")
