@@ -10,8 +10,8 @@ So `auto` keeps it off where several clients' answers may batch (a server with m
 sequence and answer batching on), and for models whose state is not plain KV (`unmeasured_kind`).
 Elsewhere (the TUI, `ask`, a server of one sequence) it is measured once per model file, build, CPU
 and settings: a short prefill and decode on a small
-context with it off and on, alternated, the better of two rounds kept (one where a round is slow).
-It is on where it is at least FLASH_WORTH as fast in one and keeps FLASH_LOSS_ALLOWED of the speed
+context with it off and on, alternated, in two rounds (one where a round is slow). It is on where
+every round finds it at least FLASH_WORTH as fast in one and keeping FLASH_LOSS_ALLOWED of the speed
 in the other, the rule bench P's advice line uses. The verdict is remembered like the batching
 probe's (verdict_memo.py).
 """
@@ -57,6 +57,7 @@ class FlashChoice:
 
     on: bool
     why: str
+    rounds: tuple[tuple[float, float], ...] = ()  # a measurement's prefill and decode gains, round by round
 
 
 def flash_pays(prefill_gain: float, decode_gain: float) -> bool:
@@ -118,26 +119,29 @@ def measure_flash(
     swa_full: bool,
     progress: LoadProgress | None = None,
 ) -> FlashChoice:
-    """Prefill and decode speed with flash attention off and on (alternated, best of MEASURE_ROUNDS), the
-    choice they give, remembered under `key`. `progress` hears the share done; False from it stops the
-    load (LoadCancelled)."""
-    best: dict[bool, list[float]] = {False: [0.0, 0.0], True: [0.0, 0.0]}
+    """Prefill and decode speed with flash attention off and on, alternated, in MEASURE_ROUNDS rounds; on only
+    where every round's gains pay (`flash_pays`): a measurement disturbed by other work on the machine,
+    remembered for good, must not turn it on (off costs nothing it had). Remembered under `key`;
+    `progress` hears the share done, and False from it stops the load (LoadCancelled)."""
     runs = [flash for _ in range(MEASURE_ROUNDS) for flash in (False, True)]
+    speeds: list[list[float]] = []
     started = time.perf_counter()
     for done, flash in enumerate(runs):
         if done == 2 and time.perf_counter() - started > ONE_ROUND_ENOUGH_S:
             break
-        speeds = _speeds(model, flash, threads=threads, n_batch=n_batch, swa_full=swa_full)
-        if speeds is None:
+        measured = _speeds(model, flash, threads=threads, n_batch=n_batch, swa_full=swa_full)
+        if measured is None:
             choice = FlashChoice(False, "this build has no flash attention for this model")
             remember(key, f"off|{choice.why}", memo)
             return choice
-        best[flash] = [max(old, new) for old, new in zip(best[flash], speeds, strict=True)]
+        speeds.append(measured)
         if progress is not None and not progress((done + 1) / len(runs)):
             raise LoadCancelled(f"loading {model.path.name} was cancelled")
-    prefill_gain, decode_gain = (on / off for on, off in zip(best[True], best[False], strict=True))
-    on = flash_pays(prefill_gain, decode_gain)
-    choice = FlashChoice(on, f"measured: prefill {prefill_gain:.2f}x, decode {decode_gain:.2f}x its speed off")
+    rounds = [(on[0] / off[0], on[1] / off[1]) for off, on in zip(speeds[0::2], speeds[1::2], strict=True)]
+    on = all(flash_pays(*gains) for gains in rounds)
+    prefill = " and ".join(f"{gains[0]:.2f}x" for gains in rounds)
+    decode = " and ".join(f"{gains[1]:.2f}x" for gains in rounds)
+    choice = FlashChoice(on, f"measured: prefill {prefill}, decode {decode} its speed off", tuple(rounds))
     log.info("flash attention %s (%s)", "on" if on else "off", choice.why)
     remember(key, f"{'on' if on else 'off'}|{choice.why}", memo)
     return choice
