@@ -36,6 +36,8 @@ from diskcache.core import MODE_BINARY, MODE_PICKLE, MODE_RAW
 
 from cache.blocks import BlockInfo, PayloadParts, RecordError, payload_checksum
 from cache.keys import BlockKey
+from cache.segments import FOLDER as SEGMENTS
+from cache.segments import SegmentWriter, Slice, SliceNameError, named_segments, parse_slice, punch, sweep
 from cache.stats import DiskSizes, TierCounters
 
 log = logging.getLogger(__name__)
@@ -73,10 +75,12 @@ class BytesOnlyDisk(diskcache.Disk):  # type: ignore[misc]  # diskcache ships no
         return super().get(key, raw)
 
     def store(self, value: object, read: bool, key: object = diskcache.core.UNKNOWN) -> tuple[object, ...]:
+        if isinstance(value, Slice):  # already written to its segment: the row only says where
+            return value.size, MODE_BINARY, value.filename, None
         if isinstance(value, PayloadParts):
             value = value.joined() if value.nbytes < self.min_file_size else value
         elif isinstance(value, bytes) and len(value) >= self.min_file_size:
-            value = PayloadParts((np.frombuffer(value, dtype=np.uint8),))
+            value = PayloadParts(_as_parts(value))
         if isinstance(value, PayloadParts):
             # diskcache writes bytes as the lines of a BytesIO: for KV data one write call per ~500 bytes,
             # 16 ms an 8 MiB block against 3 ms for plain writes, the writer's main cost beside decoding.
@@ -94,11 +98,20 @@ class BytesOnlyDisk(diskcache.Disk):  # type: ignore[misc]  # diskcache ships no
         if not _inside(filename):
             # A row names its payload file; one outside this folder is a damaged or hostile row.
             raise RecordError("refusing a payload file outside the cache folder")
+        piece = parse_slice(filename) if filename is not None else None
+        if piece is not None:
+            with io.FileIO(os.path.join(self._directory, piece.segment), "r") as file:
+                file.seek(piece.offset)
+                return file.read(piece.size)
         return super().fetch(mode, filename, value, read)
 
     def remove(self, file_path: str) -> None:
         if not _inside(file_path):
             return  # the row is gone; a file it named outside the folder is not ours to delete
+        piece = parse_slice(file_path)
+        if piece is not None:
+            punch(Path(self._directory) / piece.segment, piece)  # the segment itself goes when no row names it
+            return
         super().remove(file_path)
 
 
@@ -125,10 +138,19 @@ def _write_new_file(full_path: str, parts: Sequence[np.ndarray]) -> None:
         return
 
 
+def _as_parts(payload: bytes) -> tuple[np.ndarray, ...]:
+    return (np.frombuffer(payload, dtype=np.uint8),)
+
+
 def _inside(filename: str | None) -> bool:
+    """Whether a row's file name names a file in its store's folder (a slice: one well named)."""
     if filename is None:
         return True
-    path = Path(filename)
+    try:
+        piece = parse_slice(filename)
+    except SliceNameError:
+        return False
+    path = Path(piece.segment if piece is not None else filename)
     return not path.is_absolute() and ".." not in path.parts
 
 
@@ -165,7 +187,14 @@ def remove_orphan_files(store: diskcache.Cache, min_age_seconds: float = 600) ->
     ]
     for path in orphans:
         path.unlink(missing_ok=True)
-    return len(orphans)
+    return len(orphans) + sweep(folder, named_segments(named), min_age_seconds)
+
+
+def sweep_segments(store: diskcache.Cache, min_age_seconds: float = 600) -> int:
+    """Delete the segment files no row of `store` names (their blocks all culled, or a store killed before
+    its first row), older than `min_age_seconds`; return how many. One query, one folder listing."""
+    names = store._sql("SELECT filename FROM Cache WHERE filename LIKE ?", (f"{SEGMENTS}/%",)).fetchall()
+    return sweep(Path(store.directory), named_segments(name for (name,) in names), min_age_seconds)
 
 
 def cull_to_budget(store: diskcache.Cache, now: float) -> int:
@@ -235,29 +264,47 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_readers.cache_clear)
 
 
-def _read_file(path: Path, size: int) -> bytes | None:
-    """At most one byte more than `size` of the file (a longer file is damaged; its checksum fails anyway);
-    None when it cannot be read: gone (culled by another process since the query), or no descriptor free."""
-    try:
-        with io.FileIO(path, "r") as file:
-            return file.read(size + 1)
-    except OSError:
-        return None
+@dataclasses.dataclass(frozen=True)
+class _Source:
+    """Where a row's payload lies: a file of its own (`size` None: the file is the payload), or `size` bytes at
+    `offset` of a segment."""
+
+    path: Path
+    offset: int = 0
+    size: int | None = None
 
 
-def _read_file_into(path: Path, target: np.ndarray) -> np.ndarray | None:
-    """The file read into `target` (its size exactly); None when it cannot be read. A file shorter or longer
-    than `target` gives a view of another size: damaged, as a read of `_read_file` would say."""
+def _source(directory: Path, filename: str) -> _Source:
+    piece = parse_slice(filename)  # a damaged name is refused before: `_Row.refused`
+    if piece is None:
+        return _Source(directory / filename)
+    return _Source(directory / piece.segment, piece.offset, piece.size)
+
+
+def _read_into(file: io.FileIO, source: _Source, target: np.ndarray) -> np.ndarray | None:
+    """The payload read into `target` (its record's size); None when it cannot be read. A payload of another
+    size (a file shorter or longer, a slice named with another size) gives a view of another size: damaged."""
     view = target.data
+    if source.size is not None and source.size != len(view):
+        return target[:0]
     try:
-        with io.FileIO(path, "r") as file:
-            done = 0
-            while done < len(view) and (read := file.readinto(view[done:])):
-                done += read
-            longer = done == len(view) and file.read(1)
+        file.seek(source.offset)
+        done = 0
+        while done < len(view) and (read := file.readinto(view[done:])):
+            done += read
+        longer = source.size is None and done == len(view) and file.read(1)
     except OSError:
         return None
     return target if done == len(view) and not longer else target[: min(done, len(view) - 1)]
+
+
+def _open(path: Path) -> io.FileIO | None:
+    """The file open for reading; None when it cannot be: gone (culled by another process since the query), or
+    no descriptor free."""
+    try:
+        return io.FileIO(path, "r")
+    except OSError:
+        return None
 
 
 Payload = bytes | memoryview | np.ndarray
@@ -265,6 +312,8 @@ Checked = tuple[Payload, int]  # a payload as read, and its checksum (taken by t
 # Called with a block's index among those asked for and its payload, on the thread that read it, once its
 # size and checksum are those of its record; the payload is valid during the call only unless kept.
 Sink = Callable[[int, Payload], None]
+Reader = Callable[[np.ndarray], np.ndarray | None]  # reads one payload into the memory given (see _read_into)
+Read = Callable[[int, Reader], Checked | None]  # a block's index among those asked for, and how to read it
 
 _scratch = threading.local()
 
@@ -277,33 +326,56 @@ def _scratch_of(size: int) -> np.ndarray:
     return memory[:size]
 
 
-def _read_ahead(paths: Sequence[Path]) -> None:
-    """Ask the kernel for every file of a restore at once (POSIX_FADV_WILLNEED), so a cold disk reads them
+def _read_ahead(runs: Sequence[Sequence[tuple[int, _Source]]]) -> None:
+    """Ask the kernel for every byte of a restore at once (POSIX_FADV_WILLNEED), so a cold disk reads them
     side by side while the threads copy the first: 117 files of 8 MiB from a dropped page cache, 4 threads,
     took 490 ms instead of 790 ms (one file of the same bytes: 340-380 ms). Where it cannot: nothing."""
     advise = getattr(os, "posix_fadvise", None)
     if advise is None:
         return
-    for path in paths:
+    for run in runs:
+        first, last = run[0][1], run[-1][1]
+        length = 0 if last.size is None else last.offset + last.size - first.offset  # 0: to the file's end
         with contextlib.suppress(OSError):
-            descriptor = os.open(path, os.O_RDONLY)
+            descriptor = os.open(first.path, os.O_RDONLY)
             try:
-                advise(descriptor, 0, 0, os.POSIX_FADV_WILLNEED)
+                advise(descriptor, first.offset, length, os.POSIX_FADV_WILLNEED)
             finally:
                 os.close(descriptor)
+
+
+def _runs(files: Sequence[tuple[int, _Source]], threads: int) -> list[list[tuple[int, _Source]]]:
+    """Payload files as they are read: a file of its own alone; a segment's slices in file order, cut into at
+    most `threads` runs of neighbours, so that threads read side by side and each reads on in one file."""
+    by_file: dict[Path, list[tuple[int, _Source]]] = {}
+    for number, source in files:
+        by_file.setdefault(source.path, []).append((number, source))
+    runs: list[list[tuple[int, _Source]]] = []
+    for pieces in by_file.values():
+        pieces.sort(key=lambda piece: piece[1].offset)
+        share = -(-len(pieces) // threads)
+        runs.extend(pieces[start : start + share] for start in range(0, len(pieces), share))
+    return runs
+
+
+def _read_run(run: Sequence[tuple[int, _Source]], read: Read) -> list[Checked | None]:
+    """One thread's share of a restore: the payloads of `run` in order, its file opened once."""
+    file = _open(run[0][1].path)
+    if file is None:
+        return [None] * len(run)
+    with file:
+        return [read(number, functools.partial(_read_into, file, source)) for number, source in run]
 
 
 def _checked(payload: Payload | None) -> Checked | None:
     return (payload, payload_checksum(payload)) if payload is not None else None
 
 
-def _read_payloads(
-    directories: dict[bool, Path], rows: Sequence[_Row | None], read: Callable[[int, Path], Checked | None]
-) -> list[Checked | None]:
+def _read_payloads(directories: dict[bool, Path], rows: Sequence[_Row | None], read: Read) -> list[Checked | None]:
     """Each row's payload (None: none, refused, or its file gone), in the order of `rows`: inline ones from the
-    row, files by `read(index, path)`, READ_THREADS at a time (at most that many open)."""
+    row, files by `read(index, reader)`, READ_THREADS runs at a time (at most that many files open)."""
     payloads: list[Checked | None] = [None] * len(rows)
-    files: list[tuple[int, Path]] = []
+    files: list[tuple[int, _Source]] = []
     for number, row in enumerate(rows):
         if row is None or row.refused:
             continue
@@ -312,21 +384,23 @@ def _read_payloads(
             payloads[number] = _checked(row.value)
         else:
             assert row.filename is not None  # else refused
-            files.append((number, directories[row.pinned] / row.filename))
-    done: list[Checked | None] | None = None
-    reads: list[futures.Future[Checked | None]] = []
-    if len(files) > 1:  # one block (`get`) wakes no thread
-        _read_ahead([path for _number, path in files])
+            files.append((number, _source(directories[row.pinned], row.filename)))
+    runs = _runs(files, READ_THREADS)
+    done: list[list[Checked | None]] | None = None
+    reads: list[futures.Future[list[Checked | None]]] = []
+    if len(runs) > 1:  # one run (one block, one segment's few) wakes no thread
+        _read_ahead(runs)
         with contextlib.suppress(RuntimeError):  # the pool is shut down (the interpreter exits): read here
-            for number, path in files:
-                reads.append(_readers(READ_THREADS).submit(read, number, path))
+            for run in runs:
+                reads.append(_readers(READ_THREADS).submit(_read_run, run, read))
         futures.wait(reads)  # every read ends before a failure is raised or read again: none writes after
-        if len(reads) == len(files):
+        if len(reads) == len(runs):
             done = [future.result() for future in reads]
     if done is None:
-        done = [read(number, path) for number, path in files]
-    for (number, _path), payload in zip(files, done, strict=True):
-        payloads[number] = payload
+        done = [_read_run(run, read) for run in runs]
+    for run, results in zip(runs, done, strict=True):
+        for (number, _source_of), payload in zip(run, results, strict=True):
+            payloads[number] = payload
     return payloads
 
 
@@ -408,6 +482,7 @@ class DiskTier:
             for store in (self._blocks, self._pinned):
                 # What other processes stored is found by store time (new_entries).
                 store._sql("CREATE INDEX IF NOT EXISTS Cache_store_time ON Cache (store_time)")
+            sweep_segments(self._blocks)
         except DISK_ERRORS as error:
             self._switch_off(error)
 
@@ -483,26 +558,50 @@ class DiskTier:
                     continue  # another namespace's block, or a damaged record: not ours to use
         return infos
 
-    def put(self, info: BlockInfo, payload: bytes | PayloadParts) -> bool:
-        """Store a block; False when the disk could not take it (the tier may now be off, or the block is
-        larger than the whole budget: kept, it would cull everything else)."""
+    @contextlib.contextmanager
+    def segment(self) -> Iterator[SegmentWriter | None]:
+        """A segment for the blocks of one store (`put(..., segment=)`), closed at the end; None while off."""
+        writer = SegmentWriter(Path(self._store(False).directory)) if self.enabled else None
+        try:
+            yield writer
+        finally:
+            if writer is not None:
+                with contextlib.suppress(OSError):
+                    writer.close()
+
+    def put(self, info: BlockInfo, payload: bytes | PayloadParts, segment: SegmentWriter | None = None) -> bool:
+        """Store a block, appended to `segment` when it is a file-sized one that is not pinned; False when the
+        disk could not take it (the tier may now be off, or the block is larger than the whole budget: kept,
+        it would cull everything else)."""
         size = payload.nbytes if isinstance(payload, PayloadParts) else len(payload)
         if not info.pinned and size > self.budget_bytes:
             return False
         expire = None if info.pinned else self.ttl_seconds
-        stored = self._guarded(
-            lambda: self._set(
-                self._store(info.pinned), info.key.hex(), payload, expire, info.encode(self.namespace_id)
-            ),
-            False,
-        )
+
+        def write() -> bool:
+            store = self._store(info.pinned)
+            value: bytes | PayloadParts | Slice = payload
+            if segment is not None and not info.pinned and size >= store.disk.min_file_size:
+                value = segment.append(payload.parts if isinstance(payload, PayloadParts) else _as_parts(payload))
+            written = self._set(store, info.key.hex(), value, expire, info.encode(self.namespace_id))
+            if written and isinstance(value, Slice):
+                assert segment is not None
+                segment.named += 1
+            return written
+
+        stored = self._guarded(write, False)
         if stored:
             with self._lock:
                 self.counters.bytes_written += size
         return bool(stored)
 
     def _set(
-        self, store: diskcache.Cache, name: str, payload: bytes | PayloadParts, expire: float | None, tag: bytes
+        self,
+        store: diskcache.Cache,
+        name: str,
+        payload: bytes | PayloadParts | Slice,
+        expire: float | None,
+        tag: bytes,
     ) -> bool:
         """Write a row, then bring the store back within its budget."""
         written = bool(store.set(name, payload, expire=expire, tag=tag, retry=True))
@@ -561,7 +660,9 @@ class DiskTier:
         used (LRU) with their TTL renewed in one update. `infos` in the order a fetch wants them kept (first:
         kept longest), as `refresh` takes them."""
         sizes = [info.payload_size for info in infos]
-        _rows, payloads = self._read(infos, lambda number, path: _checked(_read_file(path, sizes[number])))
+        _rows, payloads = self._read(
+            infos, lambda number, reader: _checked(reader(np.empty(sizes[number], dtype=np.uint8)))
+        )
         return [bytes(payload) if payload is not None else None for payload in payloads]
 
     def read_into(self, infos: Sequence[BlockInfo], sink: Sink, *, keep: bool) -> list[bool]:
@@ -571,9 +672,9 @@ class DiskTier:
         thread's scratch, valid during the call only: a prefix of gigabytes is then never held twice."""
         sizes = [info.payload_size for info in infos]
 
-        def read(number: int, path: Path) -> Checked | None:
+        def read(number: int, reader: Reader) -> Checked | None:
             target = np.empty(sizes[number], dtype=np.uint8) if keep else _scratch_of(sizes[number])
-            checked = _checked(_read_file_into(path, target))
+            checked = _checked(reader(target))
             if checked is not None and len(checked[0]) == sizes[number] and checked[1] == infos[number].checksum:
                 sink(number, checked[0])
             return checked
@@ -584,9 +685,7 @@ class DiskTier:
                 sink(number, payload)  # inline (a few kilobytes): here, not on a reader
         return [payload is not None for payload in payloads]
 
-    def _read(
-        self, infos: Sequence[BlockInfo], read: Callable[[int, Path], Checked | None]
-    ) -> tuple[Sequence[_Row | None], list[Payload | None]]:
+    def _read(self, infos: Sequence[BlockInfo], read: Read) -> tuple[Sequence[_Row | None], list[Payload | None]]:
         """The rows of `infos` and the payloads `read` gave for those there, intact and unexpired; the others'
         rows deleted, the kept ones marked used."""
         nothing: list[Payload | None] = [None] * len(infos)

@@ -634,32 +634,33 @@ class PrefixCache:
         ram = ram or not self.disk.enabled
         stored: list[BlockInfo] = []
         # Deepest first, as reads go (see fetch): the tiers' LRU then keeps a prefix's first blocks longest.
-        for key, parent, start, end in reversed(planned):
-            began = time.perf_counter()
-            block_tokens = tokens[start:end].copy()
-            if end - start < self.config.block_size and self._covered_by_sibling(parent, block_tokens):
-                continue  # a longer stored block already holds these tokens
-            parts = PayloadParts(piece_parts(state.base, order, start, end))
-            payload = parts.joined() if ram else parts  # RAM keeps bytes; the disk writes the parts as they are
-            info = BlockInfo(key, parent, start, block_tokens, parts.nbytes, payload_checksum(payload))
-            if isinstance(payload, bytes):
-                self.ram.put(key, payload, place=place_of(info), checksum=info.checksum)
-            self.disk.put(info, payload)
-            stored.append(info)
-            with self._lock:
-                self.index.add(info)
-                self._remember_short(info)
-                superseded = [
-                    sibling
-                    for sibling in self.index.children(parent)
-                    if sibling.key != key
-                    and sibling.tokens.size < block_tokens.size
-                    and np.array_equal(sibling.tokens, block_tokens[: sibling.tokens.size])
-                    and not sibling.pinned
-                ]
-            for sibling in superseded:
-                self._forget(sibling)
-            self.pace.after(time.perf_counter() - began)  # indexed: a rest leaves nothing half done
+        with self.disk.segment() as segment:  # one file for the blocks of this store, read back in one pass
+            for key, parent, start, end in reversed(planned):
+                began = time.perf_counter()
+                block_tokens = tokens[start:end].copy()
+                if end - start < self.config.block_size and self._covered_by_sibling(parent, block_tokens):
+                    continue  # a longer stored block already holds these tokens
+                parts = PayloadParts(piece_parts(state.base, order, start, end))
+                payload = parts.joined() if ram else parts  # RAM keeps bytes; the disk writes the parts as they are
+                info = BlockInfo(key, parent, start, block_tokens, parts.nbytes, payload_checksum(payload))
+                if isinstance(payload, bytes):
+                    self.ram.put(key, payload, place=place_of(info), checksum=info.checksum)
+                self.disk.put(info, payload, segment)
+                stored.append(info)
+                with self._lock:
+                    self.index.add(info)
+                    self._remember_short(info)
+                    superseded = [
+                        sibling
+                        for sibling in self.index.children(parent)
+                        if sibling.key != key
+                        and sibling.tokens.size < block_tokens.size
+                        and np.array_equal(sibling.tokens, block_tokens[: sibling.tokens.size])
+                        and not sibling.pinned
+                    ]
+                for sibling in superseded:
+                    self._forget(sibling)
+                self.pace.after(time.perf_counter() - began)  # indexed: a rest leaves nothing half done
         self._log_stored(stored[::-1])
 
     def _blocks_to_store(self, tokens: np.ndarray) -> list[tuple[BlockKey, BlockKey, int, int]]:

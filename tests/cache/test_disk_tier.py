@@ -449,21 +449,21 @@ def test_a_restore_reads_as_many_files_at_once_as_it_has_threads(
     monkeypatch.setattr("cache.disk_tier.READ_THREADS", threads)
     together = threading.Barrier(threads, timeout=10)
     readers: set[int] = set()
-    read_file = disk_tier._read_file
+    read_into = disk_tier._read_into
 
-    def at_the_barrier(path: Path, size: int) -> bytes | None:
+    def at_the_barrier(file: object, source: object, target: np.ndarray) -> np.ndarray | None:
         readers.add(threading.get_ident())
         try:
             together.wait()
         except threading.BrokenBarrierError:
             return None
-        return read_file(path, size)
+        return read_into(file, source, target)  # type: ignore[arg-type]
 
     tier = DiskTier(tmp_path, 1 << 24, TTL, NAMESPACE)
     infos = [block(key, bytes([key]) * 40_000) for key in range(1, 10)]
     for info in infos:
         assert tier.put(info, bytes([info.key[0]]) * 40_000)
-    monkeypatch.setattr("cache.disk_tier._read_file", at_the_barrier)
+    monkeypatch.setattr("cache.disk_tier._read_into", at_the_barrier)
     assert tier.get_many(infos) == [bytes([info.key[0]]) * 40_000 for info in infos]
     assert threading.get_ident() not in readers
     assert len(readers) <= threads
@@ -501,15 +501,15 @@ def test_a_forked_process_reads_with_threads_of_its_own(tmp_path: Path, monkeypa
         assert tier.put(info, bytes([info.key[0]]) * 40_000)
     expected = [bytes([info.key[0]]) * 40_000 for info in infos]
     together = threading.Barrier(2, timeout=10)
-    read_file = disk_tier._read_file
+    read_into = disk_tier._read_into
 
-    def at_the_barrier(path: Path, size: int) -> bytes | None:
+    def at_the_barrier(file: object, source: object, target: np.ndarray) -> np.ndarray | None:
         together.wait()  # both reading threads exist once the two reads pass
-        return read_file(path, size)
+        return read_into(file, source, target)  # type: ignore[arg-type]
 
-    monkeypatch.setattr("cache.disk_tier._read_file", at_the_barrier)
+    monkeypatch.setattr("cache.disk_tier._read_into", at_the_barrier)
     assert tier.get_many(infos[:2]) == expected[:2]
-    monkeypatch.setattr("cache.disk_tier._read_file", read_file)
+    monkeypatch.setattr("cache.disk_tier._read_into", read_into)
     context = multiprocessing.get_context("fork")
     done = context.Queue()
     child = context.Process(target=_read_in_child, args=(str(tmp_path), infos, done))

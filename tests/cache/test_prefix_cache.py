@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import pickle
 import sqlite3
 from dataclasses import replace
@@ -16,6 +15,7 @@ from cache.namespace import Namespace
 from cache.prefix_cache import CacheConfig, FetchedPrefix, PrefixCache
 from cache.state_assembly import assemble_state
 from cache.state_format import MemoryLayout, extract_piece, parse_state
+from tests.cache.damage import flip_two_bytes, truncate
 from tests.cache.state_factory import make_state, small_layout
 
 KV_LAYOUT = small_layout(v_trans=False, scale=512)  # pieces over 32 KiB: stored as files
@@ -149,31 +149,14 @@ def test_namespaces_never_share_entries(tmp_path: Path) -> None:
         cache.close()
 
 
-def payload_file(folder: Path, key: bytes) -> Path:
-    """Where diskcache keeps this block's payload."""
-    database = sqlite3.connect(folder / "blocks" / "cache.db")
-    filename: str  # sqlite3 rows are untyped
-    (filename,) = database.execute("SELECT filename FROM Cache WHERE key = ?", (key.hex(),)).fetchone()
-    database.close()
-    return folder / "blocks" / filename
-
-
-def flip_two_bytes(path: Path) -> None:
-    with path.open("r+b") as handle:
-        handle.seek(3)
-        original = handle.read(2)
-        handle.seek(3)
-        handle.write(bytes(b ^ 0xFF for b in original))
-
-
-@pytest.mark.parametrize("damage", [flip_two_bytes, lambda path: os.truncate(path, 5)], ids=["flipped", "truncated"])
+@pytest.mark.parametrize("damage", [flip_two_bytes, truncate], ids=["flipped", "truncated"])
 @pytest.mark.parametrize("block", [0, 1])
 def test_a_damaged_payload_is_dropped_and_never_restored(tmp_path: Path, damage, block: int) -> None:
     cache = open_cache(tmp_path)
     blob = store_sequence(cache, TOKENS)
     stored = cache.lookup(np.asarray(TOKENS)).blocks
     cache.close()
-    damage(payload_file(tmp_path, stored[block].key))
+    damage(tmp_path, stored[block].key)
     again = open_cache(tmp_path)
     fetched = again.fetch(again.lookup(np.asarray(TOKENS)), np.asarray(TOKENS))
     if block == 0:

@@ -6,8 +6,6 @@ one position) was stored: exactly there, byte for byte, or not at all.
 
 from __future__ import annotations
 
-import os
-import sqlite3
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -20,6 +18,7 @@ from cache.memory_kinds import MemoryKind, memory_of
 from cache.namespace import Namespace
 from cache.prefix_cache import CacheConfig, PrefixCache
 from cache.state_format import checkpoint_payload, parse_state
+from tests.cache.damage import flip_two_bytes, stored_in_file, truncate
 from tests.cache.state_factory import SyntheticModel, SyntheticSequence, has_base, needs_checkpoints, synthetic_model
 
 # Checkpoints a few tokens apart are the subject of most tests here: every one is stored.
@@ -214,42 +213,6 @@ def test_checkpoints_survive_a_restart_and_count(harness: Harness) -> None:
     harness.close()
 
 
-def payload_row(folder: Path, key: bytes) -> tuple[str | None, bytes | None]:
-    """The payload file diskcache keeps for this entry, or its value when stored inline."""
-    database = sqlite3.connect(folder / "blocks" / "cache.db")
-    row = database.execute("SELECT filename, value FROM Cache WHERE key = ?", (key.hex(),)).fetchone()
-    database.close()
-    assert row is not None
-    filename: str | None = row[0]
-    value: bytes | None = row[1]
-    return filename, value
-
-
-def flip_two_bytes(folder: Path, key: bytes) -> None:
-    filename, value = payload_row(folder, key)
-    if filename is None:
-        assert value is not None
-        damaged = value[:3] + bytes(b ^ 0xFF for b in value[3:5]) + value[5:]
-        with sqlite3.connect(folder / "blocks" / "cache.db") as database:
-            database.execute("UPDATE Cache SET value = ? WHERE key = ?", (damaged, key.hex()))
-        return
-    with (folder / "blocks" / filename).open("r+b") as handle:
-        handle.seek(3)
-        original = handle.read(2)
-        handle.seek(3)
-        handle.write(bytes(b ^ 0xFF for b in original))
-
-
-def truncate(folder: Path, key: bytes) -> None:
-    filename, value = payload_row(folder, key)
-    if filename is None:
-        assert value is not None
-        with sqlite3.connect(folder / "blocks" / "cache.db") as database:
-            database.execute("UPDATE Cache SET value = ? WHERE key = ?", (value[:5], key.hex()))
-        return
-    os.truncate(folder / "blocks" / filename, 5)
-
-
 Damage = Callable[[Path, bytes], None]
 
 
@@ -259,7 +222,7 @@ def test_a_damaged_checkpoint_is_dropped_and_never_restored(harness: Harness, da
     harness.store_checkpoint(TOKENS[:4])
     deepest = harness.cache.lookup(np.asarray(TOKENS)).checkpoint
     assert deepest is not None
-    assert payload_row(harness.folder, deepest.key)[0] is not None  # a file, as large checkpoints are
+    assert stored_in_file(harness.folder, deepest.key)  # a file, as large checkpoints are
     cache = harness.restart()
     damage(harness.folder, deepest.key)
     assert cache.fetch(cache.lookup(np.asarray(TOKENS)), np.asarray(TOKENS)) is None

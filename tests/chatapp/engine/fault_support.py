@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import TypedDict
 
+from cache.segments import parse_slice
 from chatapp.engine.engine import Engine
 from chatapp.engine.events import GenerationResult
 from chatapp.engine.requests import GenerationRequest, SamplingParams
@@ -105,14 +106,16 @@ def damage_row(store: Path, key_hex: str, rng: random.Random) -> str:
             return "gone"
         filename, value = row
         if filename:
-            path = store / filename
+            piece = parse_slice(filename)  # a slice of a segment: its neighbours are damaged too, or gone
+            path = store / (piece.segment if piece is not None else filename)
             data = bytearray(path.read_bytes())
+            start, end = (piece.offset, piece.offset + piece.size) if piece is not None else (0, len(data))
             kind = rng.choice(["flip", "truncate", "remove"])
             if kind == "flip":
-                data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+                data[rng.randrange(start, end)] ^= 1 << rng.randrange(8)
                 path.write_bytes(bytes(data))
             elif kind == "truncate":
-                path.write_bytes(bytes(data[: rng.randrange(len(data))]))
+                path.write_bytes(bytes(data[: rng.randrange(start, end)]))
             else:
                 path.unlink()
             return f"file {kind}"

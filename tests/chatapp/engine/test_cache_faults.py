@@ -209,7 +209,7 @@ def test_cache_files_are_private(tiny_model: Path, tmp_path: Path) -> None:
     modes = {
         path.relative_to(tmp_path).as_posix(): path.stat().st_mode & 0o777 for path in (tmp_path / "kv").rglob("*")
     }
-    assert any(name.endswith(".val") for name in modes)
+    assert any(name.endswith((".val", ".seg")) for name in modes)
     assert any(name.endswith("cache.db") for name in modes)
     loose = {name: oct(mode) for name, mode in modes.items() if mode not in (0o600, 0o700)}
     assert not loose
