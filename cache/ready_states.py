@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from cache.eviction import BlockPlace
-from cache.keys import BlockKey
+from cache.keys import BlockKey, common_prefix_length
 from cache.ram_tier import RamTier
 
 # A ready state is loaded whole, then cut: worth it when it holds at most this much more than is reused.
@@ -142,6 +143,26 @@ class ReadyStates:
                 if kept.tokens is state.tokens:
                     self._states.move_to_end(key)
                     return
+
+    def kept_tokens(self) -> list[np.ndarray]:
+        """The tokens of each kept state, least recently used first (what a deletion must not leave behind)."""
+        with self._lock:
+            return [kept.tokens for kept in self._states.values()]
+
+    def forget(self, prompts: Sequence[np.ndarray], keep: Sequence[np.ndarray] = ()) -> int:
+        """Drop the kept states that hold tokens of `prompts` no prompt of `keep` shares (a state that goes
+        further along one of `prompts` than along any of `keep` holds deleted text); how many went. The
+        cache's `forget` drops its entries by the same two lists."""
+        with self._lock:
+            going = [
+                key
+                for key, kept in self._states.items()
+                if max((common_prefix_length(kept.tokens, prompt) for prompt in prompts), default=0)
+                > max((common_prefix_length(kept.tokens, prompt) for prompt in keep), default=0)
+            ]
+            for key in going:
+                self._drop(key)
+        return len(going)
 
     def clear(self) -> None:
         with self._lock:

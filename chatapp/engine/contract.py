@@ -13,6 +13,7 @@ nowhere else in chatapp.engine, but for the one place that opens engines
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 from cache.prefix_cache import PrefixCache
@@ -100,6 +101,11 @@ class EngineClient(Protocol):
 
     def flush_cache(self) -> None:
         """Wait until every answer so far is stored (a no-op where the cache is the server's)."""
+        ...
+
+    def forget_cached(self, prompts: Sequence[Sequence[int]], keep: Sequence[Sequence[int]] = ()) -> int:
+        """Remove what requests beginning as `prompts` left in this process and its cache folder that none of
+        `keep` uses (a deleted conversation's text); how many entries went (0 where the cache is the server's)."""
         ...
 
     def close(self) -> None:

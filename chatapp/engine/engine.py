@@ -13,9 +13,10 @@ and what of it is reused) and sequences.py (what each sequence holds).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 
+from cache.keys import as_token_array
 from cache.prefix_cache import PrefixCache
 from cache.state_format import MemoryLayout
 from chatapp.engine.config import CacheFactory, EngineConfig, default_thread_count
@@ -181,6 +182,18 @@ class Engine:
     @property
     def capabilities(self) -> Capabilities:
         return LOCAL_CAPABILITIES
+
+    def forget_cached(self, prompts: Sequence[Sequence[int]], keep: Sequence[Sequence[int]] = ()) -> int:
+        """The cache's entries (RAM and disk) and the whole states kept ready that hold what only `prompts`
+        used (see PrefixCache.forget); thread-safe. Sequences resident in the context are overwritten by
+        the next answers that need their slots."""
+        cache = self.cache
+        if cache is None:
+            return 0
+        removed = cache.forget(prompts, keep)
+        return removed + self.placer.ready.forget(
+            [as_token_array(prompt) for prompt in prompts], [as_token_array(prompt) for prompt in keep]
+        )
 
     def drop_ready_states(self) -> None:
         """For the bench: forget the whole states kept ready (thread-safe; call while idle)."""

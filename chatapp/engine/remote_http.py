@@ -14,7 +14,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -301,6 +301,10 @@ class HttpEngine:
 
     def flush_cache(self) -> None:
         """The server stores its own cache: nothing to wait for here."""
+
+    def forget_cached(self, prompts: Sequence[Sequence[int]], keep: Sequence[Sequence[int]] = ()) -> int:
+        """The server's cache is its own: nothing here to forget."""
+        return 0
 
     def close(self) -> None:
         with self._lock:

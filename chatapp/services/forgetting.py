@@ -80,8 +80,7 @@ class Forgetting:
         staying: Callable[[EngineClient], list[Prompt]],
     ) -> None:
         engine = self._engine()
-        cache = engine.cache if engine is not None else None
-        if engine is None or cache is None or engine.prompt_builder is None:
+        if engine is None or engine.cache is None or engine.prompt_builder is None:
             return
         try:
             gone = going(engine)
@@ -91,7 +90,7 @@ class Forgetting:
 
         def forget() -> None:
             self._settle()
-            removed = cache.forget(gone, staying(engine))
+            removed = engine.forget_cached(gone, staying(engine))
             self.forgotten += removed
             log.info("forgot %d cache entries of what was deleted", removed)
 

@@ -106,3 +106,23 @@ def test_without_a_budget_nothing_is_kept_whole_not_even_in_ram() -> None:
     assert not ready.keeps_whole(500)
     ready.keep(tokens(1, 2), state(500))
     assert ram.bytes_used == 0
+
+
+def test_forgetting_drops_the_states_that_hold_deleted_tokens_and_keeps_the_shared_ones() -> None:
+    """A deleted conversation's states go, the large one from RAM too; a state of a kept conversation that
+    shares the deleted one's persona stays, as does one that merely begins like it."""
+    ram = RamTier(budget_bytes=1000, ttl_seconds=3600, policy=LruPolicy())
+    ready = ReadyStates(130, ram)
+    persona = (1, 2, 3)
+    ready.keep(tokens(*persona, 10, 11, 12), state(50, 1))  # the deleted conversation, then an answer
+    ready.keep(tokens(*persona, 10, 11, 13, 14), state(200, 2))  # the deleted conversation's other branch (RAM)
+    ready.keep(tokens(*persona, 20, 21), state(40, 3))  # a kept conversation on the same persona
+    ready.keep(tokens(*persona, 30), state(30, 4))  # another kept conversation
+    deleted = [tokens(*persona, 10, 11, 12, 99)]
+    kept = [tokens(*persona, 20, 21, 22)]
+    assert ready.forget(deleted, kept) == 2
+    assert ram.bytes_used == 0
+    assert ready.best(tokens(*persona, 10, 11), 5) is None
+    assert ready.best(tokens(*persona, 20, 21), 5) is not None
+    assert ready.best(tokens(*persona, 30), 4) is not None  # shares only the persona with the deleted one
+    assert ready.forget(deleted, kept) == 0

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from cache.blocks import BlockInfo
+from cache.keys import common_prefix_length
 from cache.prefix_cache import PrefixCache
 from chatapp.engine.engine import Engine
 from chatapp.services.branches import as_document
@@ -52,6 +53,12 @@ def held(cache: PrefixCache, entries: list[BlockInfo]) -> tuple[int, int, int]:
     )
 
 
+def ready_beyond(engine: Engine, prompt: tuple[int, ...], shared: int) -> bool:
+    """Whether a whole state kept ready holds more of `prompt` than its first `shared` tokens."""
+    array = np.asarray(prompt)
+    return any(common_prefix_length(tokens, array) > shared for tokens in engine.placer.ready.kept_tokens())
+
+
 def along(cache: PrefixCache, prompt: tuple[int, ...]) -> list[BlockInfo]:
     return cache.index.entries_along(np.asarray(prompt))
 
@@ -78,10 +85,13 @@ def test_deleting_a_conversation_forgets_its_document_and_keeps_the_shared_perso
     assert held(cache, document_entries)[2] == len(document_entries)
     assert persona_entries
     kept_before = held(cache, persona_entries)
+    assert ready_beyond(shared_engine, with_document, len(persona_prefix))  # its whole state, kept ready
 
     service.current.delete(deleted)
     service.forgetting.wait()  # the cache's work runs off the deleting thread
     assert held(cache, document_entries) == (0, 0, 0)
+    assert not ready_beyond(shared_engine, with_document, len(persona_prefix))
+    assert ready_beyond(shared_engine, other, len(persona_prefix))  # the other conversation's stays
     assert held(cache, persona_entries) == kept_before
     assert cache.lookup(np.asarray(other)).tokens > len(persona_prefix)  # the other conversation still reuses
 
