@@ -46,6 +46,7 @@ PRIVATE = 0o700
 UNLIMITED = 1 << 62
 # A row last used further in the future than this means the clock went back: its age is unknown.
 CLOCK_SLACK_SECONDS = 300.0
+SEGMENT_QUIET_SECONDS = 120.0  # a segment unwritten this long has no store appending to it (writes come seconds apart)
 STORE_TIME_OVERLAP_SECONDS = 120.0  # past diskcache's 60 s wait for the database lock (see new_entries)
 DISK_ERRORS = (OSError, sqlite3.Error, diskcache.Timeout)
 _ROW_BYTES = "rowid, filename, size + COALESCE(length(value), 0) FROM Cache"
@@ -220,7 +221,28 @@ def cull_to_budget(store: diskcache.Cache, now: float) -> int:
             sql(f"DELETE FROM Cache WHERE rowid IN ({','.join('?' * len(chunk))})", chunk)
         for filename in victims.values():
             cleanup(filename)
+    release_segments(store, named_segments(victims.values()))
     return len(victims)
+
+
+def release_segments(store: diskcache.Cache, segments: set[str], min_age_seconds: float = SEGMENT_QUIET_SECONDS) -> int:
+    """Delete those of `segments` (whose blocks were just culled) that no row names any more: at once, not
+    at the next start, where the file system cannot punch holes (macOS, some network file systems) and the
+    space would stay. One quiet for `min_age_seconds` only: a store may still be appending to it."""
+    folder = Path(store.directory)
+    cutoff = time.time() - min_age_seconds
+    released = 0
+    for segment in segments:
+        # A range on the name (a LIKE pattern would read '_' in names as a wildcard): 'x.seg#' up to 'x.seg$'.
+        named = store._sql(
+            "SELECT 1 FROM Cache WHERE filename >= ? AND filename < ? LIMIT 1", (f"{segment}#", f"{segment}$")
+        ).fetchone()
+        path = folder / segment
+        with contextlib.suppress(OSError):
+            if named is None and path.stat().st_mtime <= cutoff:
+                path.unlink()
+                released += 1
+    return released
 
 
 def _chunks(items: list[T], size: int = 500) -> Iterator[list[T]]:

@@ -212,3 +212,22 @@ def test_another_process_reads_the_blocks_of_a_segment(tmp_path: Path) -> None:
     assert done.get(timeout=60) == [payload(info.key[0]) for info in infos]
     child.join(60)
     tier.close()
+
+
+def test_where_holes_cannot_be_punched_a_culled_segment_goes_once_quiet(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a file system without hole punching a culled block's space stays until its whole segment goes:
+    the cull deletes a segment none of whose blocks are left, once no store can be appending to it."""
+    monkeypatch.setattr("cache.disk_tier.punch", lambda path, piece: None)
+    tier = DiskTier(tmp_path, 3 * SIZE + 20_000, TTL, NAMESPACE)
+    first = stored_together(tier, range(1, 3))
+    (old,) = segment_files(tmp_path)
+    os.utime(old, (time.time() - 3600, time.time() - 3600))
+    stored_together(tier, range(3, 6))  # the budget culls both blocks of the first store
+    assert tier.holding(first) == set()
+    assert old not in segment_files(tmp_path)
+    young = stored_together(tier, range(6, 9))  # culls the second store's blocks: its segment is too young
+    assert len(segment_files(tmp_path)) == 2
+    assert tier.get_many(young[-1:]) == [payload(8)]
+    tier.close()
