@@ -37,7 +37,17 @@ from diskcache.core import MODE_BINARY, MODE_PICKLE, MODE_RAW
 from cache.blocks import BlockInfo, PayloadParts, RecordError, payload_checksum
 from cache.keys import BlockKey
 from cache.segments import FOLDER as SEGMENTS
-from cache.segments import SegmentWriter, Slice, SliceNameError, named_segments, parse_slice, punch, sweep
+from cache.segments import (
+    ORPHAN_AGE_SECONDS,
+    SegmentWriter,
+    Slice,
+    SliceNameError,
+    can_punch_holes,
+    named_segments,
+    parse_slice,
+    punch,
+    sweep,
+)
 from cache.stats import DiskSizes, TierCounters
 
 log = logging.getLogger(__name__)
@@ -46,7 +56,6 @@ PRIVATE = 0o700
 UNLIMITED = 1 << 62
 # A row last used further in the future than this means the clock went back: its age is unknown.
 CLOCK_SLACK_SECONDS = 300.0
-SEGMENT_QUIET_SECONDS = 120.0  # a segment unwritten this long has no store appending to it (writes come seconds apart)
 STORE_TIME_OVERLAP_SECONDS = 120.0  # past diskcache's 60 s wait for the database lock (see new_entries)
 DISK_ERRORS = (OSError, sqlite3.Error, diskcache.Timeout)
 _ROW_BYTES = "rowid, filename, size + COALESCE(length(value), 0) FROM Cache"
@@ -99,11 +108,8 @@ class BytesOnlyDisk(diskcache.Disk):  # type: ignore[misc]  # diskcache ships no
         if not _inside(filename):
             # A row names its payload file; one outside this folder is a damaged or hostile row.
             raise RecordError("refusing a payload file outside the cache folder")
-        piece = parse_slice(filename) if filename is not None else None
-        if piece is not None:
-            with io.FileIO(os.path.join(self._directory, piece.segment), "r") as file:
-                file.seek(piece.offset)
-                return file.read(piece.size)
+        if filename is not None and parse_slice(filename) is not None:
+            raise RecordError("a block in a segment is read by the disk tier, its checksum checked")
         return super().fetch(mode, filename, value, read)
 
     def remove(self, file_path: str) -> None:
@@ -191,11 +197,22 @@ def remove_orphan_files(store: diskcache.Cache, min_age_seconds: float = 600) ->
     return len(orphans) + sweep(folder, named_segments(named), min_age_seconds)
 
 
-def sweep_segments(store: diskcache.Cache, min_age_seconds: float = 600) -> int:
+def sweep_segments(store: diskcache.Cache, min_age_seconds: float = ORPHAN_AGE_SECONDS) -> int:
     """Delete the segment files no row of `store` names (their blocks all culled, or a store killed before
     its first row), older than `min_age_seconds`; return how many. One query, one folder listing."""
     names = store._sql("SELECT filename FROM Cache WHERE filename LIKE ?", (f"{SEGMENTS}/%",)).fetchall()
     return sweep(Path(store.directory), named_segments(name for (name,) in names), min_age_seconds)
+
+
+def names_segment(store: diskcache.Cache, segment: str) -> bool:
+    """Whether a row names a slice of `segment` (a range on the name, which a LIKE pattern would not be:
+    'x.seg#' up to 'x.seg$')."""
+    return (
+        store._sql(
+            "SELECT 1 FROM Cache WHERE filename >= ? AND filename < ? LIMIT 1", (f"{segment}#", f"{segment}$")
+        ).fetchone()
+        is not None
+    )
 
 
 def cull_to_budget(store: diskcache.Cache, now: float) -> int:
@@ -221,28 +238,7 @@ def cull_to_budget(store: diskcache.Cache, now: float) -> int:
             sql(f"DELETE FROM Cache WHERE rowid IN ({','.join('?' * len(chunk))})", chunk)
         for filename in victims.values():
             cleanup(filename)
-    release_segments(store, named_segments(victims.values()))
     return len(victims)
-
-
-def release_segments(store: diskcache.Cache, segments: set[str], min_age_seconds: float = SEGMENT_QUIET_SECONDS) -> int:
-    """Delete those of `segments` (whose blocks were just culled) that no row names any more: at once, not
-    at the next start, where the file system cannot punch holes (macOS, some network file systems) and the
-    space would stay. One quiet for `min_age_seconds` only: a store may still be appending to it."""
-    folder = Path(store.directory)
-    cutoff = time.time() - min_age_seconds
-    released = 0
-    for segment in segments:
-        # A range on the name (a LIKE pattern would read '_' in names as a wildcard): 'x.seg#' up to 'x.seg$'.
-        named = store._sql(
-            "SELECT 1 FROM Cache WHERE filename >= ? AND filename < ? LIMIT 1", (f"{segment}#", f"{segment}$")
-        ).fetchone()
-        path = folder / segment
-        with contextlib.suppress(OSError):
-            if named is None and path.stat().st_mtime <= cutoff:
-                path.unlink()
-                released += 1
-    return released
 
 
 def _chunks(items: list[T], size: int = 500) -> Iterator[list[T]]:
@@ -496,6 +492,8 @@ class DiskTier:
         self._pinned: diskcache.Cache | None = None
         self._last_store_time = {False: 0.0, True: 0.0}  # per store (pinned or not): rows read up to here
         self._recent_rows: dict[bool, dict[int, float]] = {False: {}, True: {}}  # rowid -> store time, in the overlap
+        self._segments = False  # whether stores write segments (where blocks can be punched out of them)
+        self._last_sweep = time.monotonic()
         try:
             directory.mkdir(mode=PRIVATE, parents=True, exist_ok=True)
             self._blocks, repaired = open_store(directory / "blocks", budget_bytes, cull_limit=0)  # culled exactly
@@ -504,6 +502,7 @@ class DiskTier:
             for store in (self._blocks, self._pinned):
                 # What other processes stored is found by store time (new_entries).
                 store._sql("CREATE INDEX IF NOT EXISTS Cache_store_time ON Cache (store_time)")
+            self._segments = can_punch_holes(Path(self._blocks.directory))
             sweep_segments(self._blocks)
         except DISK_ERRORS as error:
             self._switch_off(error)
@@ -583,13 +582,19 @@ class DiskTier:
     @contextlib.contextmanager
     def segment(self) -> Iterator[SegmentWriter | None]:
         """A segment for the blocks of one store (`put(..., segment=)`), closed at the end; None while off."""
-        writer = SegmentWriter(Path(self._store(False).directory)) if self.enabled else None
+        writer = SegmentWriter(Path(self._store(False).directory)) if self.enabled and self._segments else None
         try:
             yield writer
         finally:
-            if writer is not None:
-                with contextlib.suppress(OSError):
-                    writer.close()
+            if writer is not None and writer.made:
+                writer.close()
+                # No row names it (every put failed, or the budget culled them all meanwhile): nobody else will.
+                try:
+                    named = names_segment(self._store(False), writer.name)
+                except DISK_ERRORS:
+                    named = True  # not known: the sweeps take it once it is old, if no row names it
+                if not named:
+                    writer.path.unlink(missing_ok=True)
 
     def put(self, info: BlockInfo, payload: bytes | PayloadParts, segment: SegmentWriter | None = None) -> bool:
         """Store a block, appended to `segment` when it is a file-sized one that is not pinned; False when the
@@ -605,11 +610,7 @@ class DiskTier:
             value: bytes | PayloadParts | Slice = payload
             if segment is not None and not info.pinned and size >= store.disk.min_file_size:
                 value = segment.append(payload.parts if isinstance(payload, PayloadParts) else _as_parts(payload))
-            written = self._set(store, info.key.hex(), value, expire, info.encode(self.namespace_id))
-            if written and isinstance(value, Slice):
-                assert segment is not None
-                segment.named += 1
-            return written
+            return self._set(store, info.key.hex(), value, expire, info.encode(self.namespace_id))
 
         stored = self._guarded(write, False)
         if stored:
@@ -629,6 +630,10 @@ class DiskTier:
         written = bool(store.set(name, payload, expire=expire, tag=tag, retry=True))
         if store is self._blocks:
             cull_to_budget(store, self._clock())
+            if time.monotonic() - self._last_sweep >= ORPHAN_AGE_SECONDS:
+                # Segments emptied by culls and deletions: in a process that runs for days, not only at start.
+                self._last_sweep = time.monotonic()
+                sweep_segments(store)
         return written
 
     @contextlib.contextmanager

@@ -5,8 +5,10 @@ file per block (a 931 MiB state is 117 files of 8 MiB).
 Each block keeps its own row: LRU, TTL, pins and sizing advice count blocks as before. The row's file name
 says where its bytes lie, `segments/<name>.seg#<offset>+<size>`. Blocks start on page boundaries, so a
 block culled or deleted has its pages punched out of the file and the disk space comes back at once (where
-the file system can punch holes). A segment no row names any more is deleted when its store ends, when a
-tier opens the folder, or by `chatapp cache prune`; one being written is young, and is never swept.
+the file system can punch holes: where it cannot, segments are not used). A segment no row names any more is
+deleted when its store ends, by a sweep every ten minutes and when a tier opens the folder, or by
+`chatapp cache prune`; a sweep takes only segments unwritten for ten minutes (a store appends every few
+seconds).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import ctypes
 import dataclasses
 import functools
 import os
+import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -24,6 +27,7 @@ import numpy as np
 
 FOLDER = "segments"
 SUFFIX = ".seg"
+ORPHAN_AGE_SECONDS = 600.0  # a segment unwritten this long, no row naming it, is nobody's store under way
 ALIGN = 4096  # blocks start on page boundaries: punching one out frees whole pages and touches no neighbour
 _FALLOC_FL_KEEP_SIZE = 0x01
 _FALLOC_FL_PUNCH_HOLE = 0x02
@@ -46,15 +50,19 @@ class Slice:
         return f"{self.segment}#{self.offset}+{self.size}"
 
 
+# Exactly what SegmentWriter names: a slice of a segment of this folder, on a page boundary, of a size a file can
+# have. A damaged or hostile row's name is refused whole, never half read (a path outside, a huge number).
+_SLICE_NAME = re.compile(rf"({FOLDER}/[0-9a-f]{{24}}{re.escape(SUFFIX)})#([0-9]{{1,15}})\+([0-9]{{1,15}})")
+
+
 def parse_slice(filename: str) -> Slice | None:
     """The slice a row's file name names; None for a file of its own. Raises SliceNameError when damaged."""
-    segment, marker, where = filename.partition("#")
-    if not marker:
+    if "#" not in filename:
         return None
-    offset, plus, size = where.partition("+")
-    if not plus or not offset.isdigit() or not size.isdigit() or not segment.endswith(SUFFIX):
+    named = _SLICE_NAME.fullmatch(filename)
+    if named is None or int(named[2]) % ALIGN:
         raise SliceNameError(f"not a segment slice: {filename!r}")
-    return Slice(segment, int(offset), int(size))
+    return Slice(named[1], int(named[2]), int(named[3]))
 
 
 class SegmentWriter:
@@ -62,21 +70,19 @@ class SegmentWriter:
     only makes none). The file is written by this writer alone; rows name its slices once written."""
 
     def __init__(self, store_directory: Path) -> None:
-        self._store_directory = store_directory
-        self._name = f"{FOLDER}/{os.urandom(12).hex()}{SUFFIX}"
-        self._file: Path | None = None
+        self.name = f"{FOLDER}/{os.urandom(12).hex()}{SUFFIX}"
+        self.path = store_directory / self.name
+        self.made = False
         self._writer: int | None = None
         self._end = 0
-        self.named = 0  # slices a committed row names: none, and the file is deleted at close
 
     def append(self, parts: Sequence[np.ndarray]) -> Slice:
         """Write `parts` as one block at the next page boundary and say where; a failed write (a full disk)
         gives its space back and raises."""
         if self._writer is None:
-            path = self._store_directory / self._name
-            path.parent.mkdir(mode=0o700, exist_ok=True)
-            self._writer = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            self._file = path
+            self.path.parent.mkdir(mode=0o700, exist_ok=True)
+            self._writer = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            self.made = True
         offset = -(-self._end // ALIGN) * ALIGN
         size = sum(part.nbytes for part in parts)
         try:
@@ -92,31 +98,46 @@ class SegmentWriter:
                 os.ftruncate(self._writer, self._end)
             raise
         self._end = offset + size
-        return Slice(self._name, offset, size)
+        return Slice(self.name, offset, size)
 
     def close(self) -> None:
-        """Close the file; delete it when no row names any of its slices (every put refused or failed)."""
-        if self._writer is None:
-            return
-        os.close(self._writer)
-        self._writer = None
-        if not self.named and self._file is not None:
-            self._file.unlink(missing_ok=True)
+        if self._writer is not None:
+            os.close(self._writer)
+            self._writer = None
 
 
-def punch(path: Path, piece: Slice) -> None:
-    """Give a culled block's pages back to the file system (Linux's fallocate; elsewhere nothing: the space
-    returns when the whole segment goes). Never raises: a segment already gone has nothing to give back."""
+def punch(path: Path, piece: Slice) -> bool:
+    """Give a culled or deleted block's pages back to the file system (its bytes, in effect text, are gone
+    with them); whether that was done. Never raises: a segment already gone has nothing to give back."""
     fallocate = _fallocate()
     if fallocate is None:
-        return
+        return False
     length = -(-piece.size // ALIGN) * ALIGN  # the padding up to the next block is this block's too
-    with contextlib.suppress(OSError):
+    try:
         descriptor = os.open(path, os.O_WRONLY)
-        try:
-            fallocate(descriptor, _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE, piece.offset, length)
-        finally:
-            os.close(descriptor)
+    except OSError:
+        return False
+    try:
+        return fallocate(descriptor, _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE, piece.offset, length) == 0
+    finally:
+        os.close(descriptor)
+
+
+def can_punch_holes(store_directory: Path) -> bool:
+    """Whether blocks can be punched out of a segment in this folder. Where they cannot (macOS, some network
+    file systems), segments are not used: a culled or deleted block's bytes would stay on disk as long as
+    any block beside it, beyond the budget and past a deletion."""
+    folder = store_directory / FOLDER
+    probe = folder / f".probe-{os.urandom(6).hex()}"
+    try:
+        folder.mkdir(mode=0o700, exist_ok=True)
+        probe.write_bytes(bytes(2 * ALIGN))
+        return punch(probe, Slice(probe.name, 0, ALIGN))
+    except OSError:
+        return False
+    finally:
+        with contextlib.suppress(OSError):
+            probe.unlink()
 
 
 @functools.cache
