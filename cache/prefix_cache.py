@@ -17,7 +17,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -31,15 +31,8 @@ from cache.keys import BlockKey, as_token_array
 from cache.maintenance import add_totals, remember_memory
 from cache.namespace import Namespace
 from cache.ram_tier import RamTier
-from cache.request_log import (
-    DEFAULT_MAX_BYTES,
-    LoggedRequest,
-    LoggedStore,
-    RequestLog,
-    encode_request,
-    encode_store,
-    short_key,
-)
+from cache.request_log import DEFAULT_MAX_BYTES
+from cache.request_recorder import RequestRecorder
 from cache.restore_checks import RestoreChecks
 from cache.state_assembly import StateAssembly, StateBuffer, in_parallel
 from cache.state_format import (
@@ -51,17 +44,13 @@ from cache.state_format import (
     piece_parts,
     read_checkpoint,
 )
-from cache.stats import CacheStats, RequestCounters
+from cache.stats import CacheStats
 from cache.tiers import ReuseTier
 from cache.writer_pace import StoreBacklog, WriterPace, lower_this_thread_priority
 
 log = logging.getLogger(__name__)
 
 GIB = 1 << 30
-# Short blocks (a stored sequence's last, partial block) remembered for the request log after the
-# cache evicts them, so a later prompt that extends them is logged as able to reuse them (sizing
-# advice decides at each budget whether they would still be kept). Forgotten all at once past this.
-REMEMBERED_SHORT_BLOCKS = 65_536
 DAY = 24 * 3600.0
 
 
@@ -149,17 +138,17 @@ class PrefixCache:
         self.layout = layout
         self.config = config
         self.index = BlockIndex(config.block_size, namespace.seed)
-        self._short_blocks = BlockIndex(config.block_size, namespace.seed)  # for the request log only
         self.ram = RamTier(config.ram_budget_bytes, config.ttl_seconds, policy=make_policy(config.eviction_policy))
         self.disk = DiskTier(directory, config.disk_budget_bytes, config.ttl_seconds, bytes.fromhex(namespace.id))
-        self.requests = RequestCounters()
-        self.request_log = RequestLog(directory, config.request_log_bytes, enabled=self.disk.enabled)
+        self.recorder = RequestRecorder(
+            directory, layout, config.block_size, namespace.seed, config.request_log_bytes, enabled=self.disk.enabled
+        )
         self.checks = RestoreChecks(directory, namespace.id, every=config.check_every, enabled=self.disk.enabled)
         self._lock = threading.RLock()
         self._told: set[str] = set()
         for info in self.disk.new_entries():
             self.index.add(info)
-            self._remember_short(info)
+            self.recorder.remember(info)
         try:
             k_type = layout.kv_ggml_types[0]  # the KV cells' type, for `cache stats` (-1: none)
             remember_memory(directory, {"kind": layout.kind.value, "window": layout.window, "k_type": k_type})
@@ -202,7 +191,7 @@ class PrefixCache:
                 self.index.remove(info.key)
                 self.ram.discard(info.key)
             self.index.add(info)
-            self._remember_short(info)
+            self.recorder.remember(info)
 
     def fetch(
         self,
@@ -445,78 +434,30 @@ class PrefixCache:
         without the cache, `limit` the most the cache could have served, `prefill_ms` computing the rest,
         `started` when it was placed (wall clock: before what it stored while it ran)."""
         array = as_token_array(prompt)
-        logging_it = self.request_log.enabled
+        logging_it = self.recorder.log.enabled
         keys = self.index.keys_for(array) if logging_it else []  # hashed once, outside the lock
         with self._lock:
-            self.requests.requests += 1
-            self.requests.prompt_tokens += int(array.size)
-            self.requests.reused_tokens += reused_tokens
-            if tier in self.requests.reused_by_tier:
-                self.requests.reused_by_tier[tier] += reused_tokens
+            self.recorder.count(int(array.size), reused_tokens, tier)
             if not logging_it:
                 return
             # Besides whole blocks, a restore may end inside a stored block that shares only its first
             # tokens with the prompt (plain models), or at a checkpoint (the others): logged as marks.
-            checkpoints = (
+            marks = (
                 self.index.checkpoints_along(array, int(array.size))
                 if self.layout.memory.restores_at_checkpoints
-                else self._partial_match(array, keys)
+                else self.recorder.partial_matches(self.index, array, keys)
             )
-        chain = np.array([short_key(key) for key, _, _, _ in keys], dtype=np.uint64)
-        request = LoggedRequest(
-            time.time() if started is None else started,
-            self.request_log.session,
-            int(array.size),
-            int(array.size) if limit is None else limit,
-            in_place,
+        self.recorder.log_request(
+            array,
+            keys,
+            marks,
             reused_tokens,
             tier,
-            self.layout.memory.restores_at_checkpoints,
-            self.config.block_size,
-            prefill_ms,
-            chain,
-            np.array([short_key(info.key) for info in checkpoints], dtype=np.uint64),
-            np.array([info.end for info in checkpoints], dtype=np.uint32),
-            not self.layout.memory.has_blocks,
+            in_place=in_place,
+            limit=limit,
+            prefill_ms=prefill_ms,
+            started=started,
         )
-        self.request_log.append(encode_request(request))
-
-    def _partial_match(self, prompt: np.ndarray, keys: list[tuple[BlockKey, BlockKey, int, int]]) -> list[BlockInfo]:
-        """Stored blocks a restore of `prompt` could end in that are not its own (`keys`, its blocks): one the
-        index holds under a parent the prompt reaches (shorter, or matched in part), and short blocks
-        remembered after eviction. Marks ending where each match does."""
-        marks: dict[BlockKey, BlockInfo] = {}
-        reachable = True  # the index holds nothing past the prompt's first block it lacks
-        for key, parent, start, end in keys:
-            for index in (self.index, self._short_blocks) if reachable else (self._short_blocks,):
-                found, shared = index.closest_child(parent, prompt[start:end])
-                if found is not None and found.key != key and found.key not in marks:
-                    marks[found.key] = replace(found, tokens=found.tokens[:shared], order_key=b"")
-            reachable = reachable and key in self.index
-        return sorted(marks.values(), key=lambda info: info.end)
-
-    def _remember_short(self, info: BlockInfo) -> None:
-        if info.checkpoint or info.tokens.size >= self.config.block_size:
-            return
-        if len(self._short_blocks) >= REMEMBERED_SHORT_BLOCKS:
-            self._short_blocks = BlockIndex(self.config.block_size, self.namespace.seed)
-        self._short_blocks.add(info)
-
-    def _log_stored(self, stored: list[BlockInfo]) -> None:
-        """Note what a store added, for sizing advice."""
-        if not stored or not self.request_log.enabled:
-            return
-        record = LoggedStore(
-            time.time(),
-            self.request_log.session,
-            np.array([short_key(info.key) for info in stored], dtype=np.uint64),
-            np.array([short_key(info.parent) for info in stored], dtype=np.uint64),
-            np.array([info.start for info in stored], dtype=np.uint32),
-            np.array([info.tokens.size for info in stored], dtype=np.uint32),
-            np.array([info.payload_size for info in stored], dtype=np.uint64),
-            np.array([info.checkpoint for info in stored], dtype=bool),
-        )
-        self.request_log.append(encode_store(record))
 
     # Storing (engine thread hands over; the writer thread works).
     def has_new_blocks(self, tokens: list[int], upto: int | None = None) -> bool:
@@ -582,7 +523,7 @@ class PrefixCache:
 
     def session_counters(self) -> dict[str, object]:
         with self._lock:
-            requests = self.requests
+            requests = self.recorder.counters
             return {
                 "requests": requests.requests,
                 "prompt_tokens": requests.prompt_tokens,
@@ -649,7 +590,7 @@ class PrefixCache:
                 stored.append(info)
                 with self._lock:
                     self.index.add(info)
-                    self._remember_short(info)
+                    self.recorder.remember(info)
                     superseded = [
                         sibling
                         for sibling in self.index.children(parent)
@@ -661,7 +602,7 @@ class PrefixCache:
                 for sibling in superseded:
                     self._forget(sibling)
                 self.pace.after(time.perf_counter() - began)  # indexed: a rest leaves nothing half done
-        self._log_stored(stored[::-1])
+        self.recorder.log_stored(stored[::-1])
 
     def _blocks_to_store(self, tokens: np.ndarray) -> list[tuple[BlockKey, BlockKey, int, int]]:
         """The blocks of `tokens` no tier keeps: new ones, and lost ones (`_drop_lost`)."""
@@ -728,7 +669,7 @@ class PrefixCache:
         self.disk.put(info, stored)
         with self._lock:
             self.index.add(info)
-        self._log_stored([info])
+        self.recorder.log_stored([info])
 
     def _whole_checkpoint_to_extend(self, earlier: BlockInfo | None, end: int) -> BlockInfo | None:
         """The whole checkpoint a checkpoint at `end` may be stored as a delta on: `earlier` (the
@@ -822,7 +763,7 @@ class PrefixCache:
             extended = {info.extends for info in self.index.checkpoints.values() if info.key not in going}
             gone = [info for key, info in going.items() if not info.pinned and key not in extended]
             for info in gone:
-                self._short_blocks.remove(info.key)
+                self.recorder.forget(info.key)
         for info in gone:
             self._forget(info)
         return len(gone)
@@ -834,13 +775,13 @@ class PrefixCache:
         self.flush()
         with self._lock:
             self.index = BlockIndex(self.config.block_size, self.namespace.seed)
-            self._short_blocks = BlockIndex(self.config.block_size, self.namespace.seed)
+            self.recorder.reset()
         self.ram.clear()
         return self.disk.clear()
 
     def stats(self) -> CacheStats:
         with self._lock:
-            requests = self.requests
+            requests = self.recorder.counters
             pinned = sum(1 for info in self.index.everything() if info.pinned)
             return {
                 "namespace": self.namespace.id,

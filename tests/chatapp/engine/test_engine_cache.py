@@ -110,7 +110,7 @@ def test_the_request_log_counts_a_kept_whole_state_as_reuse_no_tier_budget_decid
     warm = answer(cached, target)
     assert warm.stats.reuse_tier == "ram"
     assert cached.cache is not None
-    logged = read_columns(log_files(cached.cache.request_log.path.parent))
+    logged = read_columns(log_files(cached.cache.recorder.log.path.parent))
     assert logged.reused[-1] == warm.stats.reused_tokens
     whole = warm.stats.restore is not None and warm.stats.restore.whole_state
     assert whole == (cached.config.ready_state_bytes > 0)
@@ -127,7 +127,7 @@ def test_a_whole_state_a_warm_up_loaded_is_logged_as_held_in_place_by_the_answer
     asked = cached.generate(GenerationRequest(target, GREEDY, sequence=0)).wait()
     assert asked.stats.reuse_tier == "ram"
     assert cached.cache is not None
-    logged = read_columns(log_files(cached.cache.request_log.path.parent))
+    logged = read_columns(log_files(cached.cache.recorder.log.path.parent))
     whole = warm_up.stats.restore is not None and warm_up.stats.restore.whole_state
     assert whole == (cached.config.ready_state_bytes > 0)
     warmed = min(asked.stats.reused_tokens, warm_up.stats.reused_tokens)
