@@ -177,12 +177,13 @@ def open_bytes_store(directory: Path, size_limit: int, cull_limit: int = 16) -> 
     )
 
 
-def remove_orphan_files(store: diskcache.Cache, min_age_seconds: float = 600) -> int:
-    """Delete payload files (*.val) that no row of `store` names; return how many.
+def remove_orphan_files(store: diskcache.Cache, min_age_seconds: float = ORPHAN_AGE_SECONDS) -> int:
+    """Delete payload files (*.val) and segments that no row of `store` names; return how many.
 
     A process killed between writing a payload file and committing its row leaves such a
     file. Another process writes its file a moment before it commits the row naming it, so
-    only files older than `min_age_seconds` are taken as orphans.
+    only files older than `min_age_seconds` are taken as orphans (`sweep_segments` alone, with
+    one query for segments only, is what runs while the cache is open).
     """
     folder = Path(store.directory)
     cutoff = time.time() - min_age_seconds

@@ -24,6 +24,14 @@ def _set_row(folder: Path, key: bytes, column: str, value: object) -> None:
         database.execute(f"UPDATE Cache SET {column} = ? WHERE key = ?", (value, key.hex()))
 
 
+def payload_place(store: Path, filename: str) -> tuple[Path, int, int | None]:
+    """The file a row's payload lies in, and where in it: from, and up to (None: the file's end)."""
+    piece = parse_slice(filename)
+    if piece is None:
+        return store / filename, 0, None
+    return store / piece.segment, piece.offset, piece.offset + piece.size
+
+
 def stored_in_file(folder: Path, key: bytes) -> bool:
     """Whether the payload lies in a file (its own or a segment's slice), not in its row."""
     return _row(folder, key)[0] is not None
@@ -36,9 +44,7 @@ def flip_two_bytes(folder: Path, key: bytes) -> None:
         assert value is not None
         _set_row(folder, key, "value", value[:3] + bytes(b ^ 0xFF for b in value[3:5]) + value[5:])
         return
-    piece = parse_slice(filename)
-    path = folder / "blocks" / (piece.segment if piece is not None else filename)
-    offset = piece.offset if piece is not None else 0
+    path, offset, _end = payload_place(folder / "blocks", filename)
     with path.open("r+b") as handle:
         handle.seek(offset + 3)
         original = handle.read(2)

@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 from typing import TypedDict
 
-from cache.segments import parse_slice
 from chatapp.engine.engine import Engine
 from chatapp.engine.events import GenerationResult
 from chatapp.engine.requests import GenerationRequest, SamplingParams
@@ -29,6 +28,7 @@ from chatapp.prompting.prompt import ChatMessage
 from chatapp.services.library import open_library
 from chatapp.services.startup import open_workspace
 from chatapp.vocabulary import Role
+from tests.cache.damage import payload_place
 from tests.cache_support import cached_engine
 from tests.model_factory import TINY_MODEL_THREADS
 
@@ -106,10 +106,9 @@ def damage_row(store: Path, key_hex: str, rng: random.Random) -> str:
             return "gone"
         filename, value = row
         if filename:
-            piece = parse_slice(filename)  # a slice of a segment: its neighbours are damaged too, or gone
-            path = store / (piece.segment if piece is not None else filename)
+            path, start, end = payload_place(store, filename)  # in a segment, its neighbours suffer too
             data = bytearray(path.read_bytes())
-            start, end = (piece.offset, piece.offset + piece.size) if piece is not None else (0, len(data))
+            end = len(data) if end is None else end
             kind = rng.choice(["flip", "truncate", "remove"])
             if kind == "flip":
                 data[rng.randrange(start, end)] ^= 1 << rng.randrange(8)
