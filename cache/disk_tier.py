@@ -48,7 +48,9 @@ from cache.segments import (
     punch,
     sweep,
 )
-from cache.stats import DiskSizes, TierCounters
+from cache.stats import DiskSizes, DiskStats, TierCounters
+from cache.tier import Payload, Sink, Stored
+from cache.tiers import ReuseTier
 
 log = logging.getLogger(__name__)
 
@@ -326,11 +328,9 @@ def _open(path: Path) -> io.FileIO | None:
         return None
 
 
-Payload = bytes | memoryview | np.ndarray
 Checked = tuple[Payload, int]  # a payload as read, and its checksum (taken by the thread that read it)
 # Called with a block's index among those asked for and its payload, on the thread that read it, once its
 # size and checksum are those of its record; the payload is valid during the call only unless kept.
-Sink = Callable[[int, Payload], None]
 Reader = Callable[[np.ndarray], np.ndarray | None]  # reads one payload into the memory given (see _read_into)
 Read = Callable[[int, Reader], Checked | None]  # a block's index among those asked for, and how to read it
 
@@ -469,7 +469,10 @@ def open_store(directory: Path, size_limit: int, cull_limit: int = 16) -> tuple[
 
 
 class DiskTier:
-    """Block payloads on disk, shared by every process and namespace using the folder."""
+    """The cache's entries on disk (a `Tier`), shared by every process and namespace using the folder."""
+
+    name = ReuseTier.DISK
+    checks_payloads = True  # every read is checked against the record's checksum and size
 
     def __init__(
         self,
@@ -494,6 +497,7 @@ class DiskTier:
         self._last_store_time = {False: 0.0, True: 0.0}  # per store (pinned or not): rows read up to here
         self._recent_rows: dict[bool, dict[int, float]] = {False: {}, True: {}}  # rowid -> store time, in the overlap
         self._segments = False  # whether stores write segments (where blocks can be punched out of them)
+        self._storing = threading.local()  # the segment of the store under way on this thread (`storing`)
         self._last_sweep = time.monotonic()
         try:
             directory.mkdir(mode=PRIVATE, parents=True, exist_ok=True)
@@ -581,12 +585,14 @@ class DiskTier:
         return infos
 
     @contextlib.contextmanager
-    def segment(self) -> Iterator[SegmentWriter | None]:
-        """A segment for the blocks of one store (`put(..., segment=)`), closed at the end; None while off."""
+    def storing(self) -> Iterator[None]:
+        """The file-sized blocks `put` on this thread meanwhile go into one segment, closed at the end."""
         writer = SegmentWriter(Path(self._store(False).directory)) if self.enabled and self._segments else None
+        self._storing.segment = writer
         try:
-            yield writer
+            yield
         finally:
+            self._storing.segment = None
             if writer is not None and writer.made:
                 writer.close()
                 # No row names it (every put failed, or the budget culled them all meanwhile): nobody else will.
@@ -597,10 +603,13 @@ class DiskTier:
                 if not named:
                     writer.path.unlink(missing_ok=True)
 
-    def put(self, info: BlockInfo, payload: bytes | PayloadParts, segment: SegmentWriter | None = None) -> bool:
-        """Store a block, appended to `segment` when it is a file-sized one that is not pinned; False when the
-        disk could not take it (the tier may now be off, or the block is larger than the whole budget: kept,
-        it would cull everything else)."""
+    def put(self, info: BlockInfo, payload: Stored) -> bool:
+        """Store a block, appended to the segment of the store under way (`storing`) when it is a file-sized one
+        that is not pinned; False when the disk could not take it (the tier may now be off, or the block is
+        larger than the whole budget: kept, it would cull everything else)."""
+        segment: SegmentWriter | None = getattr(self._storing, "segment", None)
+        if isinstance(payload, np.ndarray):
+            payload = PayloadParts((payload,))
         size = payload.nbytes if isinstance(payload, PayloadParts) else len(payload)
         if not info.pinned and size > self.budget_bytes:
             return False
@@ -686,7 +695,7 @@ class DiskTier:
         """The payloads of `infos`, each as `get` gives it (None where missing, damaged or doubtful; those rows
         are deleted), read with one query per store and READ_THREADS files at a time, and the kept ones marked
         used (LRU) with their TTL renewed in one update. `infos` in the order a fetch wants them kept (first:
-        kept longest), as `refresh` takes them."""
+        kept longest), as `touch` takes them."""
         sizes = [info.payload_size for info in infos]
         _rows, payloads = self._read(
             infos, lambda number, reader: _checked(reader(np.empty(sizes[number], dtype=np.uint8)))
@@ -697,7 +706,12 @@ class DiskTier:
         """Hand each intact payload of `infos` to `sink` as it is read, as `get_many` reads them; which ones were.
 
         Payloads in files are read into new memory the sink may keep (`keep`), else into the reading
-        thread's scratch, valid during the call only: a prefix of gigabytes is then never held twice."""
+        thread's scratch, valid during the call only: a prefix of gigabytes is then never held twice.
+        The reads' marks of use are committed together (`reading`)."""
+        with self.reading():
+            return self._read_into(infos, sink, keep=keep)
+
+    def _read_into(self, infos: Sequence[BlockInfo], sink: Sink, *, keep: bool) -> list[bool]:
         sizes = [info.payload_size for info in infos]
 
         def read(number: int, reader: Reader) -> Checked | None:
@@ -794,7 +808,7 @@ class DiskTier:
             )
         return True
 
-    def refresh(self, infos: Sequence[BlockInfo]) -> None:
+    def touch(self, infos: Sequence[BlockInfo]) -> None:
         """Mark blocks just served from RAM as used on disk too: their last use (LRU) and expiry (TTL), in
         one transaction. Else a prefix served from RAM every day ages on disk unseen, is culled or expires
         there, and is gone at the next start; and sizing advice, which counts one recency over both tiers,
@@ -826,7 +840,7 @@ class DiskTier:
         nothing: set[BlockKey] = set()
         return pinned | self._guarded(query, nothing)
 
-    def delete(self, info: BlockInfo) -> None:
+    def discard(self, info: BlockInfo) -> None:
         """Drop a block from the store its record names (a pinned copy another process made stays)."""
         self._drop_row(info.pinned, info.key.hex())
 
@@ -858,6 +872,16 @@ class DiskTier:
 
     def clear(self) -> int:
         return self._guarded(lambda: clear_store(self._store(False)) + clear_store(self._store(True)), 0)
+
+    def stats(self) -> DiskStats:
+        return {
+            "enabled": self.enabled,
+            "problem": self.problem,
+            **self.sizes(),
+            "budget_bytes": self.budget_bytes,
+            "ttl_seconds": self.ttl_seconds,
+            **self.counters.as_dict(),
+        }
 
     def sizes(self) -> DiskSizes:
         """Entries and bytes on disk (all namespaces), pinned included."""

@@ -52,6 +52,13 @@ class BlockIndex:
     def __len__(self) -> int:
         return len(self.entries) + len(self.checkpoints)
 
+    def clear(self) -> None:
+        """Forget every entry (the object stays: the cache's parts share it)."""
+        self.entries.clear()
+        self.checkpoints.clear()
+        self._children.clear()
+        self._anchored.clear()
+
     def __contains__(self, key: object) -> bool:
         return key in self.entries or key in self.checkpoints
 

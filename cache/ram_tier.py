@@ -7,16 +7,22 @@ never evicted or expired. All methods are thread-safe: the tier's lock guards it
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import numpy as np
 
+from cache.blocks import BlockInfo, PayloadParts
 from cache.eviction import BlockPlace, EvictionPolicy, LruPolicy
 from cache.keys import BlockKey
-from cache.stats import TierCounters
+from cache.state_assembly import in_parallel
+from cache.stats import RamStats, TierCounters
+from cache.tier import Sink, Stored
+from cache.tiers import ReuseTier
 
 # A block's bytes: as stored (bytes), or the read-only memory a restore read it into from disk (no copy made).
 RamPayload = bytes | np.ndarray
@@ -42,7 +48,19 @@ def uptime_clock() -> float:
     return time.clock_gettime(BOOTTIME) if BOOTTIME is not None else time.monotonic()
 
 
+def place_of(info: BlockInfo) -> BlockPlace:
+    """An entry's place in the prefix tree, for the policy; a checkpoint hangs off its anchor and costs the tokens
+    from the anchor to its position."""
+    return BlockPlace(info.parent, info.start, int(info.tokens.size))
+
+
 class RamTier:
+    """The cache's entries in memory (a `Tier`), and by key the whole states kept ready (`keep`, `get`, `drop`)."""
+
+    name = ReuseTier.RAM
+    checks_payloads = True  # its own memory, kept under the record's checksum
+    enabled = True
+
     def __init__(
         self,
         budget_bytes: int,
@@ -80,7 +98,7 @@ class RamTier:
                 self.counters.misses += 1
                 return None
             if not slot.pinned and slot.expires_at <= now:
-                self._drop(key)
+                self._remove(key)
                 self.counters.expirations += 1
                 self.counters.misses += 1
                 return None
@@ -90,17 +108,76 @@ class RamTier:
             self.counters.bytes_read += len(slot.payload)
             return slot.payload
 
-    def touch(self, key: BlockKey) -> None:
-        """Make a kept block the most recently used and renew its TTL, as `get` does, without counting a hit."""
+    def holding(self, infos: Sequence[BlockInfo]) -> set[BlockKey]:
+        return {info.key for info in infos if info.key in self}
+
+    def read_into(self, infos: Sequence[BlockInfo], sink: Sink, *, keep: bool) -> list[bool]:
+        """Each kept payload to `sink` (its own memory: nothing copied), on several threads when large, as the
+        disk's readers do. Taken deepest first, so that the first, which the others need, is used last: the
+        policy keeps it longest."""
+        found = {}
+        for number in reversed(range(len(infos))):
+            payload = self.get(infos[number].key, infos[number].checksum)
+            if payload is not None:
+                found[number] = payload
+        pieces = sorted(found.items())
+
+        def hand(chosen: slice) -> None:
+            for number, payload in pieces[chosen]:
+                sink(number, payload)
+
+        in_parallel(hand, len(pieces), sum(len(payload) for _, payload in pieces))
+        return [number in found for number in range(len(infos))]
+
+    def put(self, info: BlockInfo, payload: Stored) -> bool:
+        size = payload.nbytes if isinstance(payload, PayloadParts) else len(payload)
+        if size > self.budget_bytes and not info.pinned:
+            return False
+        kept = payload.joined() if isinstance(payload, PayloadParts) else payload
+        self.keep(info.key, kept, pinned=info.pinned, place=place_of(info), checksum=info.checksum)
+        return True
+
+    def storing(self) -> AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def touch(self, infos: Sequence[BlockInfo]) -> None:
+        """Make kept entries the most recently used (the last most) and renew their TTL, as `get` does, without
+        counting a hit."""
         now = self._clock()
         with self._lock:
-            slot = self._slots.get(key)
-            if slot is None or (not slot.pinned and slot.expires_at <= now):
-                return
-            slot.expires_at = now + self.ttl_seconds
-            self.policy.touch(key, now)
+            for info in infos:
+                slot = self._slots.get(info.key)
+                if slot is None or (not slot.pinned and slot.expires_at <= now):
+                    continue
+                slot.expires_at = now + self.ttl_seconds
+                self.policy.touch(info.key, now)
 
-    def put(
+    def discard(self, info: BlockInfo) -> None:
+        self.drop(info.key)
+
+    def set_pinned(self, info: BlockInfo, payload: bytes, pinned: bool) -> None:
+        with self._lock:
+            slot = self._slots.get(info.key)
+            if slot is not None:
+                slot.pinned = pinned
+                self.policy.set_pinned(info.key, pinned)
+
+    def new_entries(self) -> list[BlockInfo]:
+        return []  # this process's memory: the index already knows all it holds
+
+    def stats(self) -> RamStats:
+        return {
+            "eviction_policy": self.policy.name,
+            "entries": len(self),
+            "bytes": self.bytes_used,
+            "budget_bytes": self.budget_bytes,
+            **self.counters.as_dict(),
+        }
+
+    def close(self) -> None:
+        pass  # memory: it goes with the process
+
+    def keep(
         self,
         key: BlockKey,
         payload: RamPayload,
@@ -127,17 +204,10 @@ class RamTier:
             self.policy.admit(key, place or BlockPlace(None, 0, len(payload)), len(payload), now, pinned)
             self._evict_over_budget()
 
-    def set_pinned(self, key: BlockKey, pinned: bool) -> None:
-        with self._lock:
-            slot = self._slots.get(key)
-            if slot is not None:
-                slot.pinned = pinned
-                self.policy.set_pinned(key, pinned)
-
-    def discard(self, key: BlockKey) -> None:
+    def drop(self, key: BlockKey) -> None:
         with self._lock:
             if key in self._slots:
-                self._drop(key)
+                self._remove(key)
 
     def prune(self) -> int:
         """Drop expired blocks now; return how many."""
@@ -145,17 +215,19 @@ class RamTier:
         with self._lock:
             expired = [key for key, slot in self._slots.items() if not slot.pinned and slot.expires_at <= now]
             for key in expired:
-                self._drop(key)
+                self._remove(key)
             self.counters.expirations += len(expired)
             return len(expired)
 
-    def clear(self) -> None:
+    def clear(self) -> int:
         with self._lock:
+            count = len(self._slots)
             self._slots.clear()
             self.policy.clear()
             self._bytes = 0
+            return count
 
-    def _drop(self, key: BlockKey) -> None:
+    def _remove(self, key: BlockKey) -> None:
         slot = self._slots.pop(key)
         self._bytes -= len(slot.payload)
         self.policy.forget(key)
@@ -165,5 +237,5 @@ class RamTier:
             key = self.policy.victim()
             if key is None:
                 break  # the rest is pinned (or, for a tree-aware policy, held by pinned children)
-            self._drop(key)
+            self._remove(key)
             self.counters.evictions += 1

@@ -94,7 +94,7 @@ class ReadyStates:
         if in_ram:
             assert self.ram is not None
             state.flags.writeable = False
-            self.ram.put(ram_key, state, place=BlockPlace(None, 0, int(tokens.size)))
+            self.ram.keep(ram_key, state, place=BlockPlace(None, 0, int(tokens.size)))
 
     def drop_superseded(self, tokens: np.ndarray) -> None:
         """Drop the kept states whose tokens are a prefix of `tokens`: a state of `tokens` about to be read
@@ -174,4 +174,4 @@ class ReadyStates:
         if kept.state is not None:
             self._bytes -= kept.state.nbytes
         elif self.ram is not None and kept.ram_key is not None:
-            self.ram.discard(kept.ram_key)
+            self.ram.drop(kept.ram_key)

@@ -241,9 +241,7 @@ class AgentTexts:
         """The user's task, the first message of a client's history."""
         rng = random.Random(60_000 + seed)
         head = f"Task T-{seed:04d}: "
-        return self.texts.shuffled(
-            rng, head, TASK_SENTENCES, tokens, lambda sentence: self._fill(rng, sentence)
-        ).rstrip()
+        return self.texts.shuffled(rng, head, TASK_SENTENCES, tokens, lambda sentence: filled(rng, sentence)).rstrip()
 
     def call(self, client: int, number: int) -> ToolCall:
         """The call `client` makes at step `number`: to the tool the plan names there, with its arguments."""
@@ -259,20 +257,20 @@ class AgentTexts:
     # -- the calls' arguments, then their output --------------------------------------------
 
     def _read_file(self, rng: random.Random) -> dict[str, Any]:
-        return {"path": self._path(rng), "offset": 1, "limit": 400}
+        return {"path": source_path(rng), "offset": 1, "limit": 400}
 
     def _file_lines(self, rng: random.Random, arguments: dict[str, Any], tokens: int) -> str:
         return self._numbered(rng, tokens)
 
     def _write_file(self, rng: random.Random) -> dict[str, Any]:
-        return {"path": self._path(rng, test=True), "content": "\n".join(self._code(rng, 2))}
+        return {"path": source_path(rng, test=True), "content": "\n".join(self._code(rng, 2))}
 
     def _wrote(self, rng: random.Random, arguments: dict[str, Any], tokens: int) -> str:
         return self._report(rng, f"Wrote {arguments['path']} (2 lines). Its neighbours:", tokens)
 
     def _edit_file(self, rng: random.Random) -> dict[str, Any]:
         old, new = rng.choice(EDITS)
-        return {"path": self._path(rng), "old_string": old, "new_string": new}
+        return {"path": source_path(rng), "old_string": old, "new_string": new}
 
     def _edited(self, rng: random.Random, arguments: dict[str, Any], tokens: int) -> str:
         return self._report(rng, f"Edited {arguments['path']}: 1 replacement. The file now reads:", tokens)
@@ -293,7 +291,7 @@ class AgentTexts:
     def _paths(self, rng: random.Random, arguments: dict[str, Any], tokens: int) -> str:
         def paths() -> Iterator[str]:
             while True:
-                yield self._path(rng, test=rng.random() < 0.5) + "\n"
+                yield source_path(rng, test=rng.random() < 0.5) + "\n"
 
         return self.texts.grow("", paths(), tokens).rstrip("\n")
 
@@ -303,7 +301,7 @@ class AgentTexts:
     def _matches(self, rng: random.Random, arguments: dict[str, Any], tokens: int) -> str:
         def matches() -> Iterator[str]:
             for line in self._code(rng):
-                yield f"{self._path(rng)}:{rng.randint(2, 400)}: {line.strip()}\n"
+                yield f"{source_path(rng)}:{rng.randint(2, 400)}: {line.strip()}\n"
 
         return self.texts.grow("", matches(), tokens).rstrip("\n")
 
@@ -352,28 +350,12 @@ class AgentTexts:
 
     # -- pieces ------------------------------------------------------------------------------
 
-    def _fill(self, rng: random.Random, template: str) -> str:
-        name = rng.choice(NAMES)
-        return template.format(
-            name=name,
-            Name=name.capitalize(),
-            field=rng.choice(FIELDS),
-            module=rng.choice(MODULES),
-            region=rng.choice(REGIONS),
-            n=rng.randint(2, 400),
-            k=rng.randint(1, 9),
-        )
-
-    def _path(self, rng: random.Random, *, test: bool = False) -> str:
-        module, name = rng.choice(MODULES), rng.choice(NAMES)
-        return f"tests/{module}/test_{name}.py" if test else f"src/{module}/{name}.py"
-
     def _code(self, rng: random.Random, count: int | None = None) -> Iterator[str]:
         """Lines of code from the bank (`count` of them, or without end)."""
         made = 0
         while count is None or made < count:
             made += 1
-            yield self._fill(rng, rng.choice(CODE_LINES))
+            yield filled(rng, rng.choice(CODE_LINES))
 
     def _numbered(self, rng: random.Random, tokens: int) -> str:
         """Lines of a file as read_file shows them (numbered), about `tokens` long."""
@@ -389,6 +371,25 @@ class AgentTexts:
         """A tool's one-line report, then file lines, about `tokens` in all."""
         room = tokens - len(self.texts.tokenize(head))
         return f"{head}\n{self._numbered(rng, room)}" if room > 0 else head
+
+
+def filled(rng: random.Random, template: str) -> str:
+    """A line of the banks with its names and numbers drawn."""
+    name = rng.choice(NAMES)
+    return template.format(
+        name=name,
+        Name=name.capitalize(),
+        field=rng.choice(FIELDS),
+        module=rng.choice(MODULES),
+        region=rng.choice(REGIONS),
+        n=rng.randint(2, 400),
+        k=rng.randint(1, 9),
+    )
+
+
+def source_path(rng: random.Random, *, test: bool = False) -> str:
+    module, name = rng.choice(MODULES), rng.choice(NAMES)
+    return f"tests/{module}/test_{name}.py" if test else f"src/{module}/{name}.py"
 
 
 Arguments = Callable[[AgentTexts, random.Random], dict[str, Any]]

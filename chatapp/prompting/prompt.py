@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import copy
 import logging
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass, replace
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 from chatapp.prompting.chat_template import FALLBACK_CHATML, ChatTemplate, TemplateRenderError
 from chatapp.prompting.harmony import CALL_END, CHANNEL, HarmonyReader, as_in_inference, speaks_harmony
+from chatapp.prompting.memo import BoundedMemo
 from chatapp.prompting.tool_blocks import HERMES
 from chatapp.prompting.tool_detection import PROBE_TOOL, native_format
 from chatapp.prompting.tool_formats import ToolFormat
@@ -35,7 +34,6 @@ from chatapp.tools import ToolCall, ToolResult, ToolSpec
 from chatapp.vocabulary import Role
 
 log = logging.getLogger(__name__)
-K = TypeVar("K")
 
 # Remembered tokenizations: histories (by their messages) and long content parts (documents).
 MEMO_ENTRIES = 16
@@ -124,11 +122,10 @@ class PromptBuilder:
         self.template = template
         self.tokenizer = tokenizer
         self.tools = tools  # offered to the model in every prompt this builder makes
-        self._history_memo: OrderedDict[tuple[ChatMessage, ...], tuple[int, ...]] = OrderedDict()
-        self._text_memo: OrderedDict[str, tuple[int, ...]] = OrderedDict()
-        self._memo_lock = threading.Lock()  # the answer and warm-up workers build prompts at once
-        self._tool_builders: OrderedDict[tuple[ToolSpec, ...], PromptBuilder] = OrderedDict()
-        self._reasoning_builders: dict[tuple[tuple[str, Any], ...], PromptBuilder] = {}  # a few settings at most
+        self._history_memo: BoundedMemo[tuple[ChatMessage, ...], tuple[int, ...]] = BoundedMemo(MEMO_ENTRIES)
+        self._text_memo: BoundedMemo[str, tuple[int, ...]] = BoundedMemo(MEMO_ENTRIES)
+        self._tool_builders: BoundedMemo[tuple[ToolSpec, ...], PromptBuilder] = BoundedMemo(TOOL_BUILDERS)
+        self._reasoning_builders: BoundedMemo[tuple[tuple[str, Any], ...], PromptBuilder] = BoundedMemo(TOOL_BUILDERS)
         self._harmony = speaks_harmony(template.source)  # gpt-oss's: an answer's end depends on what follows it
         self.supports_system = self._accepts_system_messages()
         native = native_format(template.source, self._renders_tools() and self._renders_a_tool_conversation())
@@ -139,15 +136,7 @@ class PromptBuilder:
         """A builder whose prompts offer `tools` (in the template's own way, or taught in the system prompt)."""
         if tools == self.tools:
             return self
-        with self._memo_lock:
-            known = self._tool_builders.get(tools)
-            if known is None:
-                known = self._offering(tools)
-                self._tool_builders[tools] = known
-            self._tool_builders.move_to_end(tools)
-            while len(self._tool_builders) > TOOL_BUILDERS:
-                self._tool_builders.popitem(last=False)
-        return known
+        return self._tool_builders.get_or_make(tools, lambda: self._derived(tools=tools))
 
     def with_reasoning(self, reasoning: Reasoning | None) -> PromptBuilder:
         """A builder whose template is told how much to reason (None: the template's default). Only the
@@ -157,25 +146,22 @@ class PromptBuilder:
         variables = tuple((name, value) for name, value in reasoning.template_variables() if self.template.reads(name))
         if not variables or variables == self.template.variables:
             return self
-        with self._memo_lock:
-            known = self._reasoning_builders.get(variables)
-            if known is None:
-                known = copy.copy(self)
-                known.template = self.template.with_variables(variables)
-                known._history_memo = OrderedDict()
-                known._tool_builders = OrderedDict()
-                known._reasoning_builders = {}
-                self._reasoning_builders[variables] = known
-        return known
+        return self._reasoning_builders.get_or_make(
+            variables, lambda: self._derived(template=self.template.with_variables(variables))
+        )
 
-    def _offering(self, tools: tuple[ToolSpec, ...]) -> PromptBuilder:
-        """A builder like this one offering `tools`: what was learnt of the template and the tokenized
-        long texts (documents) are shared, the histories' tokens are its own (the tools change them)."""
+    def _derived(
+        self, *, tools: tuple[ToolSpec, ...] | None = None, template: ChatTemplate | None = None
+    ) -> PromptBuilder:
+        """A builder like this one offering other `tools` or with another `template`: what was learnt of the
+        template and the tokenized long texts (documents) are shared, the histories' tokens are its own (the
+        tools and the template's variables change them)."""
         derived = copy.copy(self)
-        derived.tools = tools
-        derived._history_memo = OrderedDict()
-        derived._tool_builders = OrderedDict()
-        derived._reasoning_builders = {}
+        derived.tools = self.tools if tools is None else tools
+        derived.template = self.template if template is None else template
+        derived._history_memo = BoundedMemo(MEMO_ENTRIES)
+        derived._tool_builders = BoundedMemo(TOOL_BUILDERS)
+        derived._reasoning_builders = BoundedMemo(TOOL_BUILDERS)
         return derived
 
     def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = False) -> list[int]:
@@ -470,8 +456,7 @@ class PromptBuilder:
         """
         start, tokens = 0, None
         for length in range(len(messages), 0, -1):
-            with self._memo_lock:
-                known = self._history_memo.get(tuple(messages[:length]))
+            known = self._history_memo.get(tuple(messages[:length]))
             if known is not None:
                 start, tokens = length, list(known)
                 break
@@ -480,15 +465,8 @@ class PromptBuilder:
         for index in range(start, len(messages)):
             tokens += self.message_tokens(messages[:index], messages[index])
         if messages and remember:
-            self._remember(self._history_memo, tuple(messages), tuple(tokens))
+            self._history_memo.put(tuple(messages), tuple(tokens))
         return tokens
-
-    def _remember(self, memo: OrderedDict[K, tuple[int, ...]], key: K, value: tuple[int, ...]) -> None:
-        with self._memo_lock:
-            memo[key] = value
-            memo.move_to_end(key)
-            while len(memo) > MEMO_ENTRIES:
-                memo.popitem(last=False)
 
     def _with_bos(self, tokens: list[int]) -> list[int]:
         if self.tokenizer.add_bos and (not tokens or tokens[0] != self.tokenizer.bos_id):
@@ -511,11 +489,10 @@ class PromptBuilder:
     def _content_tokens(self, text: str) -> list[int]:
         if len(text) < LONG_TEXT_CHARACTERS:
             return self.tokenizer.tokenize(text, add_special=False, parse_special=False) if text else []
-        with self._memo_lock:
-            known = self._text_memo.get(text)  # a document, tokenized again at every typed word otherwise
+        known = self._text_memo.get(text)  # a document, tokenized again at every typed word otherwise
         if known is None:
             known = tuple(self.tokenizer.tokenize(text, add_special=False, parse_special=False))
-        self._remember(self._text_memo, text, known)
+            self._text_memo.put(text, known)
         return list(known)
 
 

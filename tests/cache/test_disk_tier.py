@@ -191,7 +191,7 @@ def test_deleting_an_unpinned_record_leaves_a_pinned_copy_alone(tmp_path: Path) 
     pinned = block(1, b"z" * 64, pinned=True)
     assert tier.put(pinned, b"z" * 64)
     stale = block(1, b"z" * 64)  # another process's out-of-date record of the same block
-    tier.delete(stale)
+    tier.discard(stale)
     assert tier.get(pinned) == b"z" * 64
     tier.close()
 
@@ -338,15 +338,15 @@ def test_a_block_served_from_ram_is_kept_fresh_on_disk(tmp_path: Path, monkeypat
     for info in (expired, first, second, idle):
         assert tier.put(info, payload)
     clock.now += TTL * 0.75
-    tier.refresh([first, second])
+    tier.touch([first, second])
     times = access_times(tier)
     assert times[first.key] > times[second.key] > times[idle.key]
     clock.now += TTL * 0.5  # past the first expiry, within the one the refresh renewed
     assert tier.get(idle) is None
-    tier.refresh([expired])
+    tier.touch([expired])
     assert tier.get(expired) is None  # expired before the refresh: not revived
     never = block(5, payload)
-    tier.refresh([never])  # never stored: nothing made
+    tier.touch([never])  # never stored: nothing made
     assert never.key not in access_times(tier)
     assert tier.get(first) == payload
     assert tier.get(second) == payload

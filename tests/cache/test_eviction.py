@@ -124,20 +124,20 @@ def test_lfu_counts_uses_and_breaks_ties_by_recency() -> None:
 def test_ram_tier_evicts_by_value_under_budget() -> None:
     now = [0.0]
     ram = RamTier(budget_bytes=40, ttl_seconds=1e9, clock=lambda: now[0], policy=ValuePolicy())
-    ram.put(K(b"persona"), b"p" * 10, place=first())
-    ram.put(K(b"doc"), b"d" * 10, place=after(b"persona", 64))
-    ram.put(K(b"one-off"), b"o" * 10, place=first())
-    ram.put(K(b"question"), b"q" * 10, place=after(b"doc", 128))
+    ram.keep(K(b"persona"), b"p" * 10, place=first())
+    ram.keep(K(b"doc"), b"d" * 10, place=after(b"persona", 64))
+    ram.keep(K(b"one-off"), b"o" * 10, place=first())
+    ram.keep(K(b"question"), b"q" * 10, place=after(b"doc", 128))
     for _ in range(3):
         now[0] += 1
         for key in (b"persona", b"doc", b"question"):
             assert ram.get(K(key)) is not None
     now[0] += 1
-    ram.put(K(b"new"), b"n" * 10, place=first())
+    ram.keep(K(b"new"), b"n" * 10, place=first())
     assert K(b"one-off") not in ram  # the least used leaf
     assert all(K(key) in ram for key in (b"persona", b"doc", b"question", b"new"))
     assert ram.bytes_used == 40
-    ram.put(K(b"big"), b"b" * 35, place=first())  # used once and the cheapest per byte: it goes itself
+    ram.keep(K(b"big"), b"b" * 35, place=first())  # used once and the cheapest per byte: it goes itself
     assert K(b"big") not in ram
     assert all(K(key) in ram for key in (b"persona", b"doc", b"question", b"new"))
     assert ram.counters.evictions == 2
@@ -149,7 +149,7 @@ def test_eviction_keeps_a_heap_no_larger_than_the_blocks_kept() -> None:
     parent: K | None = None
     for number in range(30_000):  # chains of 10 blocks, two thirds of them evicted, each used again
         key = K(number.to_bytes(16, "little"))
-        ram.put(key, b"x" * 10, place=BlockPlace(parent, (number % 10) * 64, 64))
+        ram.keep(key, b"x" * 10, place=BlockPlace(parent, (number % 10) * 64, 64))
         ram.get(key)
         parent = None if number % 10 == 9 else key
     assert len(ram) == 10_000

@@ -277,8 +277,8 @@ def test_pinning_stops_at_a_lost_block(tmp_path: Path) -> None:
     cache = open_cache(tmp_path)
     store_sequence(cache, TOKENS)
     second = next(info for info in cache.index.entries.values() if info.start == 4)
-    cache.ram.discard(second.key)
-    cache.disk.delete(second)
+    cache.ram.discard(second)
+    cache.disk.discard(second)
     assert cache.pin(TOKENS) == 1  # the first block; nothing after the lost one can be restored
     cache.close()
 
@@ -369,9 +369,9 @@ def test_a_prefix_lost_by_both_tiers_is_stored_again_when_computed_again(tmp_pat
     blob = store_sequence(cache, TOKENS)
     blocks = cache.lookup(np.asarray(TOKENS)).blocks
     lost, kept = blocks[1], blocks[0]
-    cache.ram.discard(lost.key)
-    cache.disk.delete(lost)
-    cache.ram.discard(kept.key)  # still on disk: not stored again
+    cache.ram.discard(lost)
+    cache.disk.discard(lost)
+    cache.ram.discard(kept)  # still on disk: not stored again
     assert cache.lookup(np.asarray(TOKENS)).tokens == 11  # the index does not know yet
     store_sequence(cache, TOKENS)
     assert lost.key in cache.ram
@@ -390,8 +390,8 @@ def test_a_lost_block_stored_again_with_other_bytes_is_never_served_under_its_ol
     blob = store_sequence(cache, TOKENS)
     found = cache.lookup(np.asarray(TOKENS))
     lost = found.blocks[1]
-    cache.ram.discard(lost.key)
-    cache.disk.delete(lost)
+    cache.ram.discard(lost)
+    cache.disk.discard(lost)
     assert cache.has_new_blocks(TOKENS)  # indexed, but no tier keeps it: the engine stores it again
     store_sequence(cache, TOKENS, seed=1)  # other bytes for the same tokens
     assert cache.lookup(np.asarray(TOKENS)).blocks[1].checksum != lost.checksum

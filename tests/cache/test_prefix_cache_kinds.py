@@ -355,7 +355,7 @@ def test_a_checkpoint_close_after_another_stores_only_the_window_cells_it_adds(
     assert cache.index.checkpoints[whole.key].pinned
     cache.pin(TOKENS[:9], pinned=False)
     # Without the checkpoint it extends, a delta is never restored (nor kept).
-    cache._forget(cache.index.checkpoints[whole.key])
+    cache.entries.forget(cache.index.checkpoints[whole.key])
     assert cache.lookup(np.asarray([*TOKENS[:9], 5])).tokens == 0
     assert harness.restore([*TOKENS[:9], 5]) is None
     assert not cache.has_checkpoint(TOKENS[:9])
@@ -381,7 +381,7 @@ def test_deltas_whose_base_changed_fall_back_and_pins_stay_while_needed(tmp_path
     cache.pin(branch, pinned=False)
     assert not cache.index.checkpoints[whole.key].pinned
     # The whole checkpoint at 6 is lost, then stored again as a delta on one at 4.
-    cache._forget(cache.index.checkpoints[whole.key])
+    cache.entries.forget(cache.index.checkpoints[whole.key])
     harness.store_checkpoint(TOKENS[:4])
     harness.store_checkpoint(TOKENS[:6])
     again = next(info for info in cache.index.checkpoints.values() if info.end == 6)
@@ -405,7 +405,7 @@ def test_a_delta_is_never_joined_to_a_base_another_process_stored_again(tmp_path
     second = Harness(tmp_path, kind, model=model)
     second.sequence = SyntheticSequence(model, 16, seed=4)
     base = next(info for info in second.cache.index.checkpoints.values() if info.end == 6)
-    second.cache._forget(base)
+    second.cache.entries.forget(base)
     second.store_checkpoint(TOKENS[:6])
     # The first process still holds its delta and, in RAM, its own base: it restores the other
     # process's whole checkpoint (read from disk) alone, never its delta joined to either base.
@@ -427,8 +427,8 @@ def test_a_checkpoint_lost_by_both_tiers_is_stored_again(harness: Harness) -> No
     lost = cache.index.checkpoints.get(cache.index.checkpoint_key(np.asarray(TOKENS[:4]))[0])
     assert lost is not None
     assert cache.has_checkpoint(TOKENS[:4])
-    cache.ram.discard(lost.key)
-    cache.disk.delete(lost)
+    cache.ram.discard(lost)
+    cache.disk.discard(lost)
     assert not cache.has_checkpoint(TOKENS[:4])
     harness.store_checkpoint(TOKENS[:4])
     assert lost.key in cache.ram

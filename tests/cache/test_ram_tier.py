@@ -21,9 +21,9 @@ class Clock:
 def test_least_recently_used_goes_first(policy: str | None) -> None:
     ram = RamTier(budget_bytes=30, ttl_seconds=100, policy=make_policy(policy) if policy else None)
     for key in (K(b"a"), K(b"b"), K(b"c")):
-        ram.put(key, b"x" * 10)
+        ram.keep(key, b"x" * 10)
     assert ram.get(K(b"a")) is not None  # a is now the most recent
-    ram.put(K(b"d"), b"x" * 10)
+    ram.keep(K(b"d"), b"x" * 10)
     assert K(b"b") not in ram
     assert K(b"a") in ram
     assert ram.bytes_used == 30
@@ -33,9 +33,9 @@ def test_least_recently_used_goes_first(policy: str | None) -> None:
 def test_ttl_slides_with_use_and_pinned_blocks_stay() -> None:
     clock = Clock()
     ram = RamTier(budget_bytes=100, ttl_seconds=10, clock=clock)
-    ram.put(K(b"used"), b"1")
-    ram.put(K(b"idle"), b"2")
-    ram.put(K(b"pinned"), b"3", pinned=True)
+    ram.keep(K(b"used"), b"1")
+    ram.keep(K(b"idle"), b"2")
+    ram.keep(K(b"pinned"), b"3", pinned=True)
     clock.now = 8
     assert ram.get(K(b"used")) == b"1"
     clock.now = 15
@@ -50,9 +50,9 @@ def test_ttl_slides_with_use_and_pinned_blocks_stay() -> None:
 
 def test_pinned_blocks_survive_pressure() -> None:
     ram = RamTier(budget_bytes=20, ttl_seconds=100)
-    ram.put(K(b"persona"), b"p" * 10, pinned=True)
+    ram.keep(K(b"persona"), b"p" * 10, pinned=True)
     for key in (K(b"a"), K(b"b"), K(b"c")):
-        ram.put(key, b"x" * 10)
+        ram.keep(key, b"x" * 10)
     assert K(b"persona") in ram
     assert K(b"c") in ram
     assert K(b"a") not in ram

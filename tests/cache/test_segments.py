@@ -47,10 +47,10 @@ def filenames(tier: DiskTier) -> dict[str, str | None]:
 
 def stored_together(tier: DiskTier, keys: range, size: int = SIZE) -> list[BlockInfo]:
     infos = [block(key, payload(key, size)) for key in keys]
-    with tier.segment() as segment:
+    with tier.storing():
         for info in infos:
             parts = PayloadParts((np.frombuffer(payload(info.key[0], size), dtype=np.uint8),))
-            assert tier.put(info, parts, segment)
+            assert tier.put(info, parts)
     return infos
 
 
@@ -59,8 +59,8 @@ def test_the_blocks_of_one_store_lie_in_one_file_on_page_boundaries_and_read_bac
     tier = DiskTier(tmp_path, 1 << 24, TTL, NAMESPACE)
     infos = stored_together(tier, range(1, 6))
     small = block(9, b"s" * 100)
-    with tier.segment() as segment:
-        assert tier.put(small, b"s" * 100, segment)  # a row's own value, as before: no file at all
+    with tier.storing():
+        assert tier.put(small, b"s" * 100)  # a row's own value, as before: no file at all
     (only,) = segment_files(tmp_path)
     names = filenames(tier)
     pieces = [parse_slice(str(names[info.key.hex()])) for info in infos]
@@ -111,7 +111,7 @@ def test_a_deleted_block_gives_its_pages_back_and_its_neighbours_stay_intact(tmp
     infos = stored_together(tier, range(1, 6), size=256 * 1024)
     (segment,) = segment_files(tmp_path)
     before = allocated(segment)
-    tier.delete(infos[2])
+    tier.discard(infos[2])
     assert allocated(segment) <= before - 256 * 1024  # ext4, xfs, btrfs and tmpfs punch holes
     assert tier.get_many(infos) == [
         payload(info.key[0], 256 * 1024) if number != 2 else None for number, info in enumerate(infos)
@@ -138,7 +138,7 @@ def test_the_budget_culls_a_segments_blocks_one_by_one_least_recent_first(tmp_pa
 def emptied_segment(tier: DiskTier, folder: Path, keys: range) -> Path:
     """The segment of a store whose blocks were all deleted since (its file stays until a sweep)."""
     for info in stored_together(tier, keys):
-        tier.delete(info)
+        tier.discard(info)
     (emptied,) = segment_files(folder)
     return emptied
 
@@ -182,10 +182,10 @@ def test_a_store_whose_blocks_the_budget_culls_meanwhile_leaves_no_segment(tmp_p
     segment, and the writer deletes it (nobody else would before the next sweep)."""
     tier = DiskTier(tmp_path, SIZE + 20_000, TTL, NAMESPACE)
     infos = [block(key, payload(key)) for key in range(1, 4)]
-    with tier.segment() as segment:
+    with tier.storing():
         for info in infos:
-            tier.put(info, payload(info.key[0]), segment)
-            tier.delete(info)  # as a cull or a deletion would, while the store goes on
+            tier.put(info, payload(info.key[0]))
+            tier.discard(info)  # as a cull or a deletion would, while the store goes on
         assert len(segment_files(tmp_path)) == 1
     assert segment_files(tmp_path) == []
     tier.close()
@@ -200,8 +200,8 @@ def test_a_store_whose_rows_all_fail_leaves_no_segment(tmp_path: Path, monkeypat
 
     monkeypatch.setattr(tier, "_set", locked)
     info = block(1, payload(1))
-    with tier.segment() as segment:
-        assert not tier.put(info, payload(1), segment)
+    with tier.storing():
+        assert not tier.put(info, payload(1))
         assert len(segment_files(tmp_path)) == 1  # written, then no row took it
     assert segment_files(tmp_path) == []
     tier.close()

@@ -72,9 +72,9 @@ def test_a_cache_whose_writer_is_behind_stores_the_newest_states(
     space = Namespace("model-a", 1, 1, True, CONFIG.block_size, "0.3.36", layout_digest=LAYOUT.digest().hex())
     cache = PrefixCache(tmp_path, space, LAYOUT, CONFIG)
     state_bytes = len(make_state(KV_LAYOUT, list(range(8)), seq_id=0, stream=0)[0])
-    monkeypatch.setattr(cache._backlog, "limit_bytes", 2 * state_bytes)
+    monkeypatch.setattr(cache.writer._backlog, "limit_bytes", 2 * state_bytes)
     held = threading.Event()
-    cache._queue.put(partial(held.wait, 10))  # type: ignore[arg-type]  # the writer, held
+    cache.writer._queue.put(partial(held.wait, 10))  # type: ignore[arg-type]  # the writer, held
     sequences = [[1000 * number + index for index in range(8)] for number in (1, 2, 3)]
     for seed, tokens in enumerate(sequences):
         blob, _ = make_state(KV_LAYOUT, list(range(len(tokens))), seq_id=0, stream=0, seed=seed)

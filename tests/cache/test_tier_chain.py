@@ -1,0 +1,99 @@
+"""The tiers behind one interface: a tier of one file (tests/cache/memory_tier.py) joins RAM and disk, serves
+what they lost byte for byte, and its faults cost hits, never a wrong restore or a failed store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from cache.disk_tier import DiskTier
+from cache.prefix_cache import PrefixCache
+from cache.ram_tier import RamTier
+from cache.tier import Tier
+from tests.cache.memory_tier import MemoryTier
+from tests.cache.test_prefix_cache import CONFIG, LAYOUT, TOKENS, namespace, restored_state, store_sequence
+
+
+def cache_with(folder: Path, tier: MemoryTier) -> PrefixCache:
+    return PrefixCache(folder, namespace(), LAYOUT, CONFIG, more_tiers=[tier])
+
+
+def faster_tiers_emptied(cache: PrefixCache) -> None:
+    cache.ram.clear()
+    cache.disk.clear()
+
+
+def test_ram_disk_and_a_new_tier_meet_the_one_interface(tmp_path: Path) -> None:
+    tiers: list[Tier] = [RamTier(1 << 20, 60.0), DiskTier(tmp_path, 1 << 20, 60.0, b"n" * 8), MemoryTier()]
+    assert [tier.name for tier in tiers] == ["ram", "disk", "disk"]
+
+
+def test_a_new_tier_keeps_every_entry_and_serves_what_ram_and_disk_lost_byte_for_byte(tmp_path: Path) -> None:
+    extra = MemoryTier()
+    cache = cache_with(tmp_path, extra)
+    blob = store_sequence(cache, TOKENS)
+    assert extra.stores == 1  # one store, one `storing` around its blocks
+    assert set(extra.kept) == set(cache.index.entries)
+    faster_tiers_emptied(cache)
+    state, matched, _tier = restored_state(cache, [*TOKENS, 999])
+    assert (state, matched) == (blob, len(TOKENS))
+    assert all(info.key in cache.ram for info in cache.index.entries.values())  # RAM keeps what it served
+    state, _, tier = restored_state(cache, [*TOKENS, 999])
+    assert (state, tier) == (blob, "ram")
+    cache.close()
+
+
+def test_what_ram_serves_is_marked_used_in_every_slower_tier(tmp_path: Path) -> None:
+    extra = MemoryTier()
+    cache = cache_with(tmp_path, extra)
+    store_sequence(cache, TOKENS)
+    restored_state(cache, [*TOKENS, 999])  # flushes: the refresh ran on the writer
+    assert set(extra.touched) == set(cache.index.entries)
+    cache.close()
+
+
+def test_damaged_bytes_from_a_tier_that_does_not_check_are_never_restored(tmp_path: Path) -> None:
+    extra = MemoryTier()
+    cache = cache_with(tmp_path, extra)
+    store_sequence(cache, TOKENS)
+    faster_tiers_emptied(cache)
+    extra.faults.damage_reads = True
+    found = cache.lookup(np.asarray(TOKENS))
+    assert found.tokens == len(TOKENS)
+    assert cache.fetch(found, np.asarray(TOKENS)) is None
+    assert len(cache.index) == 0  # lost everywhere: forgotten, to be stored again when computed
+    cache.close()
+
+
+def test_a_tier_that_fails_costs_a_hit_never_a_restore_or_a_store(tmp_path: Path) -> None:
+    extra = MemoryTier()
+    cache = cache_with(tmp_path, extra)
+    extra.faults.fail_writes = True
+    blob = store_sequence(cache, TOKENS)
+    assert extra.kept == {}
+    assert set(cache.disk.holding(list(cache.index.entries.values()))) == set(cache.index.entries)
+    extra.faults = type(extra.faults)(fail_reads=True)
+    cache.ram.clear()
+    state, _, tier = restored_state(cache, [*TOKENS, 999])  # the disk still has it all
+    assert (state, tier) == (blob, "disk")
+    faster_tiers_emptied(cache)
+    assert cache.fetch(cache.lookup(np.asarray(TOKENS)), np.asarray(TOKENS)) is None
+    cache.close()
+
+
+def test_pins_forgetting_and_clearing_reach_the_new_tier(tmp_path: Path) -> None:
+    extra = MemoryTier()
+    cache = cache_with(tmp_path, extra)
+    store_sequence(cache, TOKENS)
+    keys = set(cache.index.entries)
+    assert cache.pin(TOKENS) == len(keys)
+    assert extra.pinned == keys
+    assert cache.pin(TOKENS, pinned=False) == len(keys)
+    assert extra.pinned == set()
+    assert cache.forget([TOKENS]) == len(keys)
+    assert extra.kept == {}
+    store_sequence(cache, TOKENS)
+    assert cache.clear() == len(keys)
+    assert extra.kept == {}
+    cache.close()
