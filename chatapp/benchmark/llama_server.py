@@ -1,7 +1,7 @@
 """llama.cpp's own server (`llama-server`) as a benchmark peer.
 
 The binary is built from the llama.cpp that chatapp links (the sources vendored in the
-installed llama-cpp-python's sdist) by `scripts/build_llama_server.py`; it lands where
+installed llama-cpp-python's sdist) by `tools/build_llama_server.py`; it lands where
 `default_llama_server_path()` looks. `LlamaServerPeer` starts it on 127.0.0.1 with a free
 port, with the same model, per-conversation context, threads and batch as the other
 peers, flash attention off (as chatapp runs it), one KV stream per slot (`-np N` with an
@@ -32,7 +32,7 @@ from chatapp.benchmark.peers import PeerAnswer, PeerSettings
 from chatapp.benchmark.server_process import HOST, ServerPeerError, ServerProcessPeer, free_port
 
 ENV_BINARY = "CHATAPP_LLAMA_SERVER"
-BUILD_HINT = "build it with `.venv/bin/python scripts/build_llama_server.py` or set $CHATAPP_LLAMA_SERVER"
+BUILD_HINT = "build it with `.venv/bin/python tools/build_llama_server.py` or set $CHATAPP_LLAMA_SERVER"
 SERVER_BINARY_NAME = "llama-server.exe" if sys.platform == "win32" else "llama-server"
 
 
@@ -45,13 +45,13 @@ def llama_cpp_version() -> str:
 
 
 def default_build_dir(version: str | None = None) -> Path:
-    """Where scripts/build_llama_server.py puts the binary for a llama-cpp-python version."""
+    """Where tools/build_llama_server.py puts the binary for a llama-cpp-python version."""
     cache = Path(platformdirs.user_cache_dir("chatapp", appauthor=False))
     return cache / "llama-server" / (version or llama_cpp_version())
 
 
 def default_llama_server_path() -> Path:
-    """$CHATAPP_LLAMA_SERVER, else the binary scripts/build_llama_server.py builds (it may not exist)."""
+    """$CHATAPP_LLAMA_SERVER, else the binary tools/build_llama_server.py builds (it may not exist)."""
     env_value = os.environ.get(ENV_BINARY)
     if env_value:
         return Path(env_value).expanduser()

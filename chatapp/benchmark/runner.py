@@ -76,8 +76,8 @@ SERVE_PEER = "chatapp-serve"
 MESSAGES_PEERS = (SERVE_PEER, SERVER_PEER)  # the peers that serve Anthropic's Messages API (K, J)
 DEFAULT_PEERS = (*PEERS, SERVE_PEER, LOOPBACK_PEER)
 ALL_NAMES = (*WORKLOAD_NAMES, *AGENT_NAMES, *FIGURE_NAMES, RESTORE_NAME, PREFILL_NAME, STREAMS_NAME, TRACE_NAME)
-OPT_IN_NAMES = (LARGE_NAME,)  # only when named: W wants a model with wide KV (scripts/wide_model.py)
-SKIP_SERVER = "llama-server: skipped (not built; run scripts/build_llama_server.py or pass --llama-server PATH)"
+OPT_IN_NAMES = (LARGE_NAME,)  # only when named: W wants a model with wide KV (tools/wide_model.py)
+SKIP_SERVER = "llama-server: skipped (not built; run tools/build_llama_server.py or pass --llama-server PATH)"
 
 
 NOTES = """\
@@ -348,7 +348,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "restore and one total miss cost, step by step), P (prefill speed beside llama-server), N (clients "
         "at once over HTTP beside llama-server -np N) and G "
         "(eviction policies replayed on request traces, no model)); W only when named: one large prefix stored "
-        "and restored, peak memory and time (with --model a wide-KV model: scripts/wide_model.py)",
+        "and restored, peak memory and time (with --model a wide-KV model: tools/wide_model.py)",
     )
     parser.add_argument(
         "--peers",
@@ -391,7 +391,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--llama-server",
         metavar="PATH",
-        help="llama-server binary (default: the one scripts/build_llama_server.py builds)",
+        help="llama-server binary (default: the one tools/build_llama_server.py builds)",
     )
     parser.add_argument(
         "--allow-mismatch", action="store_true", help="report peers whose answers differ, without failing"
@@ -440,7 +440,7 @@ def plan_from(args: argparse.Namespace) -> BenchPlan:
     server = find_llama_server(args.llama_server)
     if args.llama_server and (server is None or not server.is_file()):
         raise BenchRefused(
-            f"--llama-server {args.llama_server}: no such file (build it with scripts/build_llama_server.py)"
+            f"--llama-server {args.llama_server}: no such file (build it with tools/build_llama_server.py)"
         )
     if server is not None and (SERVER_PEER in peer_names or args.peers == ",".join(DEFAULT_PEERS)):
         factories[SERVER_PEER] = LlamaServerFactory(server, args.ram_budget_mib)

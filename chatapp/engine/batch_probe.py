@@ -20,7 +20,7 @@ engine's NativeContext makes it) and compares the logits bit for bit.
 
 Nothing in the engine uses it yet: it is the measured ground for deciding which models and
 settings may batch. `GGML_CPU_TILED_MM` is read once per process by llama.cpp, so a probe of
-both of its values needs a process each (scripts/batch_invariance_probe.py).
+both of its values needs a process each (tools/batch_invariance_probe.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Whether answers of several requests may share one llama_decode and stay exact.
 
 Batching is usually not bit-exact: llama.cpp's CPU kernels are chosen by the number of rows.
-Measured on x86 (batch_probe.py, scripts/batch_invariance_probe.py): with flash attention off,
+Measured on x86 (batch_probe.py, tools/batch_invariance_probe.py): with flash attention off,
 weights in Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (and repacked IQ4_NL) give every row bit-identical
 results whatever else the batch holds. K-quants change kernel at 8 rows and, repacked, by a row's
 place in a group of 4; F16/BF16/F32 weights differ between one row and several; CPU flash

@@ -21,7 +21,7 @@ MIN_BATCH = 3  # with n_batch 2, a prompt of three tokens could only be split wi
 MIN_ROWS = 2  # a one-token batch takes matrix-vector kernels: its KV differs from a longer batch's
 # llama.cpp's CPU flash attention computes a batch of at least this many query rows with its tiled
 # kernel (GGML_FA_TILE_Q), each row alike whatever the batch; fewer rows take another kernel that
-# rounds differently (bench/batch_invariance.py --flash: 0.0 apart with every batch of 64 or more,
+# rounds differently (tools/batch_invariance.py --flash: 0.0 apart with every batch of 64 or more,
 # up to 1.0 with one of 63 or fewer). With flash attention every batch has at least this many.
 FLASH_ATTENTION_ROWS = 64
 # The fixed batches of a model whose KV depends on where batches end: the cache's block size, so

@@ -4,7 +4,9 @@ The services ask here for an engine behind the contract (the in-process llama.cp
 a remote server, remote.py) and for a prompt builder without weights (the bench); they never import
 the engine class or llama_native themselves. The bench also finds here the engine's figures it
 measures against (flash attention's rule, the tokens every answer computes, a batch's cost): with
-the contract, the only modules of chatapp.engine that code outside it names (`make lint`).
+the contract, the only modules of chatapp.engine that code outside it names (`make lint`, and for tools/
+tests/test_tools.py). The measurement tools find here what they measure below the contract: the
+engine itself, llama.cpp's bare contexts and the batch probe.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 import llama_cpp
 
 from chatapp.engine.batch_cost import PROMPTS_TOGETHER, prompts_together_ratio
+from chatapp.engine.batch_probe import ProbeSettings, probe
 from chatapp.engine.batching import FLASH_ATTENTION_ROWS as FLASH_ATTENTION_ROWS  # for the settings that open engines
 from chatapp.engine.config import (
     CacheFactory,
@@ -28,29 +31,37 @@ from chatapp.engine.engine import Engine
 from chatapp.engine.flash_choice import flash_pays
 from chatapp.engine.kv_placement import FRESH_TOKENS
 from chatapp.engine.kv_types import KvType
-from chatapp.engine.llama_native import NativeModel
+from chatapp.engine.llama_native import NativeContext, NativeModel, gpu_offload_supported
 from chatapp.engine.remote import RemoteConfig, RemoteEngine
 from chatapp.engine.remote_chat import RemoteChatEngine
 from chatapp.engine.remote_http import MissingEndpointError, RemoteClient
 from chatapp.engine.thread_switches import brisk_thread_switches
 from chatapp.prompting.prompt import PromptBuilder
 
+# The composition root's and the bench's; and for measurement (tools/) llama.cpp's contexts bare, the in-process
+# engine itself and the batch probe (Engine, NativeContext, NativeModel, ProbeSettings, gpu_offload_supported, probe).
 __all__ = [
     "FLASH_ATTENTION_ROWS",
     "FRESH_TOKENS",
     "PROMPTS_TOGETHER",
     "CacheFactory",
+    "Engine",
     "EngineConfig",
     "FlashSetting",
     "KvType",
     "LoadProgress",
+    "NativeContext",
+    "NativeModel",
+    "ProbeSettings",
     "RemoteConfig",
     "brisk_thread_switches",
     "connect_remote_engine",
     "default_thread_count",
     "flash_pays",
+    "gpu_offload_supported",
     "library_version",
     "open_prompt_builder",
+    "probe",
     "prompts_together_ratio",
     "split_progress",
     "start_local_engine",

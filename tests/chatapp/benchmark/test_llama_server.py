@@ -1,5 +1,5 @@
 """The llama-server peer: its command line, its start-up errors and, when a binary is
-built (scripts/build_llama_server.py, or $CHATAPP_LLAMA_SERVER), a real server's answers."""
+built (tools/build_llama_server.py, or $CHATAPP_LLAMA_SERVER), a real server's answers."""
 
 from __future__ import annotations
 
@@ -115,7 +115,7 @@ def test_server_never_healthy_times_out_and_is_stopped(tmp_path: Path) -> None:
 def server_binary() -> Path:
     binary = default_llama_server_path()
     if not binary.is_file():
-        pytest.skip("llama-server not built: run scripts/build_llama_server.py")
+        pytest.skip("llama-server not built: run tools/build_llama_server.py")
     return binary
 
 

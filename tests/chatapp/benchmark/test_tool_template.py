@@ -80,7 +80,7 @@ def test_llama_server_given_the_template_computes_chatapps_prompt(
 ) -> None:
     binary = default_llama_server_path()
     if not binary.is_file():
-        pytest.skip("llama-server not built: run scripts/build_llama_server.py")
+        pytest.skip("llama-server not built: run tools/build_llama_server.py")
     template = tmp_path / "chat_template.jinja"
     template.write_text(HERMES_CHATML_TEMPLATE, encoding="utf-8")
     request = coder.requests[-1]

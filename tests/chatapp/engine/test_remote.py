@@ -194,7 +194,7 @@ def test_an_openai_style_address_finds_the_server_root(proxy: CutProxy) -> None:
 def llama_server(model_path: Path) -> Iterator[LlamaServerPeer]:
     binary = default_llama_server_path()
     if not binary.is_file():
-        pytest.skip("llama-server not built: run scripts/build_llama_server.py to run the remote tests against it")
+        pytest.skip("llama-server not built: run tools/build_llama_server.py to run the remote tests against it")
     with LlamaServerPeer(binary, model_path, context=1024, threads=1, cache_ram_mib=64) as peer:
         yield peer
 

@@ -6,7 +6,7 @@ tool's run and the user's typing give the engine time to put the last answer's t
 `flush_cache`, as the time between requests does); the server restarts (same data folder) before
 the last question. Prints, per request, the prompt tokens and the share reused. Run from the repository root:
 
-    .venv/bin/python scripts/agent_loop_reuse.py
+    .venv/bin/python tools/agent_loop_reuse.py
 """
 
 from __future__ import annotations

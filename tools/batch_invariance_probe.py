@@ -6,7 +6,7 @@ answers of 2..n sequences decoded together, prompt chunks of several sequences i
 and a prompt in chunks against whole. Each probe runs in a process of its own, because
 llama.cpp reads GGML_CPU_TILED_MM once per process. Run from the repository root:
 
-    .venv/bin/python scripts/batch_invariance_probe.py [--models smollm2,gemma,tiny-Q4_0,...]
+    .venv/bin/python tools/batch_invariance_probe.py [--models smollm2,gemma,tiny-Q4_0,...]
         [--settings fa-off,fa-on,...] [--steps 24] [--chunk 16] [--threads 2] [--json out.json]
 
 Models: the bundled SmolLM2 (Q4_1), Gemma 3 270M (Q4_K_M, the test extra's), and a tiny random
@@ -32,7 +32,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from chatapp.engine.batch_probe import ProbeSettings, probe  # noqa: E402
+from chatapp.engine.opening import ProbeSettings, probe  # noqa: E402
 
 # name -> (flash attention, repack, GGML_CPU_TILED_MM or None for unset)
 SETTINGS: dict[str, tuple[bool, bool, str | None]] = {

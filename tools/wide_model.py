@@ -6,7 +6,7 @@ a 1 GiB state; but narrow feed-forward layers and a small vocabulary's embedding
 the size of its states. The same file every time (written from a fixed seed, with the bundled
 tokenizer), so runs on two machines measure the same thing:
 
-    python scripts/wide_model.py /tmp/wide.gguf
+    python tools/wide_model.py /tmp/wide.gguf
     chatapp bench --workloads W --peers chatapp --model /tmp/wide.gguf
 """
 

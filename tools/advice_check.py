@@ -6,9 +6,9 @@ part-way, and prints what the log measured and what the advice predicts at the b
 and, with --then-disk-mib, at a larger disk budget which a second, fresh server then measures on
 the same requests.
 
-    .venv/bin/python scripts/advice_check.py                      # 32 MiB disk, 8 MiB RAM, value policy
-    .venv/bin/python scripts/advice_check.py --restart-at 45      # the server restarted after 45 requests
-    .venv/bin/python scripts/advice_check.py --then-disk-mib 256  # and checked at 256 MiB
+    .venv/bin/python tools/advice_check.py                      # 32 MiB disk, 8 MiB RAM, value policy
+    .venv/bin/python tools/advice_check.py --restart-at 45      # the server restarted after 45 requests
+    .venv/bin/python tools/advice_check.py --then-disk-mib 256  # and checked at 256 MiB
 """
 
 from __future__ import annotations

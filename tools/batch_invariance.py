@@ -1,6 +1,6 @@
 """Does splitting a prompt into other batches change the logits? (Why flash attention is off.)
 
-    .venv/bin/python bench/batch_invariance.py [--threads N] [--flash]
+    .venv/bin/python tools/batch_invariance.py [--threads N] [--flash]
 
 Evaluates one chat prompt on the bundled model in one batch, then split at several points,
 and prints the largest difference of the final logits for each split. A prefix cache can
@@ -13,7 +13,7 @@ import argparse
 
 import numpy as np
 
-from chatapp.engine.llama_native import NativeContext, NativeModel
+from chatapp.engine.opening import NativeContext, NativeModel
 from chatapp.model_files import bundled_model_path
 from chatapp.prompting.chat_template import ChatTemplate
 from chatapp.prompting.prompt import ChatMessage, PromptBuilder

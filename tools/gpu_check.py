@@ -1,7 +1,7 @@
 """Check the engine's GPU offload path, side by side with the CPU, in one process.
 
 Run where llama-cpp-python was built with a GPU backend:
-    python scripts/gpu_check.py MODEL.gguf [--json OUT.json]
+    python tools/gpu_check.py MODEL.gguf [--json OUT.json]
 It prints what it measured; it exits non-zero if an exactness check fails.
 """
 
@@ -15,11 +15,8 @@ from contextlib import closing
 from pathlib import Path
 from typing import Literal, NotRequired, TypedDict
 
-from chatapp.engine.contract import EngineClient
-from chatapp.engine.engine import Engine, EngineConfig
-from chatapp.engine.events import GenerationResult
-from chatapp.engine.llama_native import gpu_offload_supported
-from chatapp.engine.requests import GenerationRequest, SamplingParams
+from chatapp.engine.contract import EngineClient, GenerationRequest, GenerationResult, SamplingParams
+from chatapp.engine.opening import Engine, EngineConfig, gpu_offload_supported
 from chatapp.prompting.prompt import ChatMessage
 from chatapp.services.prompt_plan import builder_of
 from chatapp.services.startup import open_workspace

@@ -1,8 +1,8 @@
 """Warm-ahead on llama-server as the remote engine: the first question on an opened document.
 
-    .venv/bin/python bench/remote_warm_ahead.py
+    .venv/bin/python tools/remote_warm_ahead.py
 
-Needs llama-server (scripts/build_llama_server.py). One server, three rounds; each round opens
+Needs llama-server (tools/build_llama_server.py). One server, three rounds; each round opens
 two fresh documents (never cached): one warmed ahead, one asked at once, and asks a question
 alone in a new conversation. Prints each first-token time with the prompt tokens the server
 computed, and the ratios (the issue's goal: warmed <= 1.2x the question alone).

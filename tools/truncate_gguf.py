@@ -5,7 +5,7 @@ to travel where the 98 MB bundled model cannot (the GPU check machine takes 64 M
 Its answers are nonsense; what it is for is checking the engine's GPU path.
 
 Needs the `gguf` package (not a project dependency):
-    python -m pip install gguf && python scripts/truncate_gguf.py IN.gguf OUT.gguf --layers 4
+    python -m pip install gguf && python tools/truncate_gguf.py IN.gguf OUT.gguf --layers 4
 """
 
 from __future__ import annotations

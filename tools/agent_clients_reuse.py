@@ -7,7 +7,7 @@ between questions, take the time the engine needs to compute the last answer's t
 prompt (`flush_cache`), as a real tool or a typing user does; back to back, the next request
 would compute them itself. Run from the repository root:
 
-    .venv/bin/python scripts/agent_clients_reuse.py
+    .venv/bin/python tools/agent_clients_reuse.py
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ llama-cpp-python sdist of the installed version. This script downloads that sdis
 pip (pip's cache makes later runs offline), extracts it, and builds only the server
 target with CMake:
 
-    .venv/bin/python scripts/build_llama_server.py [--jobs N] [--dest DIR]
+    .venv/bin/python tools/build_llama_server.py [--jobs N] [--dest DIR]
 
 The binary lands in the platform cache folder (`.../chatapp/llama-server/<version>/`),
 where `chatapp.benchmark.llama_server.default_llama_server_path()` finds it. Running it

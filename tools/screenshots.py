@@ -1,6 +1,6 @@
 """Save SVG screenshots of the main screens, driven on the bundled model, for the README.
 
-    .venv/bin/python scripts/screenshots.py            # writes assets/screenshots/*.svg
+    .venv/bin/python tools/screenshots.py            # writes assets/screenshots/*.svg
 
 Uses a throw-away data folder and home, so your own conversations and models never appear in them;
 the model picker lists the bundled model and Gemma 3 270M (the test extra's, hard-linked).

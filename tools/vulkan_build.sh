@@ -3,7 +3,7 @@
 # buffers for weights and KV cells, state reads and writes through the backend) runs on any
 # machine: on a real GPU, or on Mesa's llvmpipe, a Vulkan device that is the CPU.
 #
-#   scripts/vulkan_build.sh            # once: Debian packages, newer Vulkan headers, the wheel (~15 min)
+#   tools/vulkan_build.sh            # once: Debian packages, newer Vulkan headers, the wheel (~15 min)
 #   .venv-vulkan/bin/chatapp ...       # then: chatapp with every layer on the Vulkan device
 #
 # What it needs, and why (Debian 12):
