@@ -588,11 +588,12 @@ class DiskTier:
     def storing(self) -> Iterator[None]:
         """The file-sized blocks `put` on this thread meanwhile go into one segment, closed at the end."""
         writer = SegmentWriter(Path(self._store(False).directory)) if self.enabled and self._segments else None
+        outer = getattr(self._storing, "segment", None)
         self._storing.segment = writer
         try:
             yield
         finally:
-            self._storing.segment = None
+            self._storing.segment = outer
             if writer is not None and writer.made:
                 writer.close()
                 # No row names it (every put failed, or the budget culled them all meanwhile): nobody else will.

@@ -28,7 +28,7 @@ class Entries:
         self.tiers = tiers
         self.recorder = recorder
         self.layout = layout
-        self.lock = threading.RLock()  # over the index and the recorder; never held while a tier reads or writes
+        self.lock = threading.RLock()  # over the index and the recorder; under it only RAM is called, never disk
 
     def learn_new(self) -> None:
         """Index what other processes (or our writer) stored since the last look."""

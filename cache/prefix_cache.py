@@ -276,9 +276,9 @@ class PrefixCache:
                 self.entries.keep_read(wanted[number], kept[number])
             elif served[number] == 0:
                 self.tiers.first.touch([wanted[number]])
+        if lost:  # asked of every tier
+            return _Filled(None, usable, len(self.tiers.tiers) - 1, [], tokens)
         slowest = max((by for by in served if by is not None), default=0)
-        if lost:
-            return _Filled(None, usable, slowest, [], tokens)
         first = [wanted[number] for number, by in enumerate(served) if by == 0]
         return _Filled(assembly.finish(), usable, slowest, first, tokens)
 
@@ -434,11 +434,12 @@ class PrefixCache:
         return self.tiers.prune()
 
     def clear(self) -> int:
+        """Every entry dropped from every tier; how many the disk held (of every namespace in its folder)."""
         self.flush()
         with self.entries.lock:
             self.index.clear()
             self.recorder.reset()
-        return self.tiers.clear()
+        return self.tiers.clear()[self.tiers.tiers.index(self.disk)]
 
     def stats(self) -> CacheStats:
         with self.entries.lock:
@@ -463,4 +464,5 @@ class PrefixCache:
                     "checkpoint_bytes": sum(info.payload_size for info in self.index.checkpoints.values()),
                 },
                 "disk": self.disk.stats(),
+                "more_tiers": [dict(tier.stats()) for tier in self.tiers.tiers[2:]],
             }

@@ -83,6 +83,7 @@ class CacheStats(TypedDict):
     reused_by_tier: dict[str, int]
     ram: RamStats
     disk: DiskStats
+    more_tiers: list[dict[str, object]]  # those given as `PrefixCache(..., more_tiers=)`, each its own figures
     memory: MemoryStats
     checks: CheckStats
 

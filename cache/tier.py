@@ -2,12 +2,13 @@
 
 A tier keeps the cache's entries (blocks and checkpoints), each under its record (`BlockInfo`:
 key, checksum, size, pinned or not). The chain (`cache/tier_chain.py`) walks the tiers fastest
-first; nothing else names a tier's own calls. A new tier (a shared store for several machines,
-say) is one class with these members, given to `PrefixCache(..., more_tiers=...)`.
+first, and the cache's parts reach entries only through it (PrefixCache names RAM and disk for their
+figures and the disk's folder). A new tier (a shared store for several machines, say) is one class
+with these members, given to `PrefixCache(..., more_tiers=...)`.
 
 Every call is thread-safe. A tier is a convenience, never a reason to fail: one that cannot do
 what is asked says so by its answer (False, a missing entry), not by raising; the chain still
-treats an exception from a tier as a miss.
+treats an exception from a tier as a miss (or as nothing done).
 """
 
 from __future__ import annotations

@@ -2,15 +2,18 @@
 
 What a slower tier serves, the caller may keep in the first (`first`, RAM); what a faster one serves is
 marked used in the slower ones (`touch_after`), so that one recency holds over all of them. A payload
-from a tier that does not check its own reads is checked here, and a tier that raises serves nothing:
-a new tier can cost a hit, never a wrong restore.
+from a tier that does not check its own reads is checked here, and a tier that raises is taken as
+holding nothing and doing nothing asked of it: a new tier can cost a hit, never a wrong restore or a
+failed request. An exception from the caller's own sink is the caller's: it passes through.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
+from typing import TypeVar
 
 from cache.blocks import BlockInfo, payload_checksum
 from cache.keys import BlockKey
@@ -18,9 +21,22 @@ from cache.tier import Payload, Stored, Tier
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
 # Takes a payload as read: the entry's index among those asked for, the bytes, and the number of the tier that
 # served it (0: the first).
 ChainSink = Callable[[int, Payload, int], None]
+
+
+def _guarded(tier: Tier, doing: str, action: Callable[[], T], fallback: T) -> T:
+    try:
+        return action()
+    except Exception:  # a tier's failure: a miss there, never the request's
+        log.exception("tier %s failed %s", tier.name, doing)
+        return fallback
+
+
+def _enter(stack: contextlib.ExitStack[bool | None], tier: Tier) -> None:
+    stack.enter_context(tier.storing())
 
 
 class TierChain:
@@ -52,8 +68,10 @@ class TierChain:
         return served
 
     def _read_tier(self, number: int, infos: Sequence[BlockInfo], sink: ChainSink, keep: bool) -> None:
-        """`read_into` of one tier, each payload checked where the tier does not check its own."""
+        """`read_into` of one tier, each payload checked where the tier does not check its own; the sink's own
+        failure raised again once the tier is done (the tier's is a miss)."""
         tier = self.tiers[number]
+        failures: list[BaseException] = []
 
         def hand(index: int, payload: Payload) -> None:
             info = infos[index]
@@ -62,12 +80,14 @@ class TierChain:
             ):
                 log.warning("tier %s served a damaged entry: not used", tier.name)
                 return
-            sink(index, payload, number)
+            try:
+                sink(index, payload, number)
+            except BaseException as failure:  # the caller's, raised below: not the tier's
+                failures.append(failure)
 
-        try:
-            tier.read_into(infos, hand, keep=keep)
-        except Exception:  # a tier's failure is a miss there, never a failed restore
-            log.exception("tier %s could not be read", tier.name)
+        _guarded(tier, "to read", lambda: tier.read_into(infos, hand, keep=keep), None)
+        if failures:
+            raise failures[0]
 
     def payload(self, info: BlockInfo) -> tuple[bytes | None, int | None]:
         """One entry's payload as bytes, and the number of the tier that served it (None: lost)."""
@@ -82,22 +102,20 @@ class TierChain:
     def put(self, info: BlockInfo, payload: Stored, *, first: bool = True) -> None:
         """Keep an entry in every tier (but the first unless `first`)."""
         for tier in self.tiers if first else self.tiers[1:]:
-            try:
-                tier.put(info, payload)
-            except Exception:
-                log.exception("tier %s could not keep an entry", tier.name)
+            _guarded(tier, "to keep an entry", partial(tier.put, info, payload), False)
 
-    def storing(self) -> contextlib.ExitStack[bool | None]:
-        """Around the puts of one store, in every tier."""
-        stack = contextlib.ExitStack()
-        for tier in self.tiers:
-            stack.enter_context(tier.storing())
-        return stack
+    @contextlib.contextmanager
+    def storing(self) -> Iterator[None]:
+        """Around the puts of one store, in every tier (one that cannot begin it stores as usual)."""
+        with contextlib.ExitStack() as stack:
+            for tier in self.tiers:
+                _guarded(tier, "to begin a store", partial(_enter, stack, tier), None)
+            yield
 
     def touch_after(self, number: int, infos: Sequence[BlockInfo]) -> None:
         """Mark entries tier `number` served as used in the slower tiers too."""
         for tier in self.tiers[number + 1 :]:
-            tier.touch(infos)
+            _guarded(tier, "to mark entries used", partial(tier.touch, infos), None)
 
     def holding(self, infos: Sequence[BlockInfo]) -> set[BlockKey]:
         """Which of these entries some tier keeps (each tier asked only about those the faster ones lack)."""
@@ -106,28 +124,31 @@ class TierChain:
             missing = [info for info in infos if info.key not in held]
             if not missing:
                 break
-            held |= tier.holding(missing)
+            held |= _guarded(tier, "to say what it holds", partial(tier.holding, missing), set())
         return held
 
     def discard(self, info: BlockInfo) -> None:
         for tier in self.tiers:
-            tier.discard(info)
+            _guarded(tier, "to drop an entry", partial(tier.discard, info), None)
 
     def set_pinned(self, info: BlockInfo, payload: bytes, pinned: bool) -> None:
         """Slower tiers first: the last may move the entry, and the record then says where it is."""
         for tier in reversed(self.tiers):
-            tier.set_pinned(info, payload, pinned)
+            _guarded(tier, "to pin", partial(tier.set_pinned, info, payload, pinned), None)
 
     def new_entries(self) -> list[BlockInfo]:
-        return [info for tier in self.tiers for info in tier.new_entries()]
+        nothing: list[BlockInfo] = []
+        return [
+            info for tier in self.tiers for info in _guarded(tier, "to list new entries", tier.new_entries, nothing)
+        ]
 
     def prune(self) -> int:
-        return sum(tier.prune() for tier in self.tiers)
+        return sum(_guarded(tier, "to prune", tier.prune, 0) for tier in self.tiers)
 
-    def clear(self) -> int:
-        """Every entry dropped; how many (the fullest tier's count: the others hold copies of the same ones)."""
-        return max(tier.clear() for tier in self.tiers)
+    def clear(self) -> list[int]:
+        """Every entry dropped; how many each tier dropped."""
+        return [_guarded(tier, "to clear", tier.clear, 0) for tier in self.tiers]
 
     def close(self) -> None:
         for tier in self.tiers:
-            tier.close()
+            _guarded(tier, "to close", tier.close, None)

@@ -9,7 +9,6 @@ to the message box.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from textual.widgets import Markdown
 
@@ -19,8 +18,8 @@ from chatapp.services.chat_service import ChatService
 from chatapp.services.streams import AnswerText as TextEvent
 from chatapp.services.streams import PromptProgress
 from chatapp.tui.answer_flight import AnswerFlight, FlightState
-from chatapp.tui.chat_log import ChatLog
-from chatapp.tui.composer import Composer
+from chatapp.tui.branch_display import BranchDisplay
+from chatapp.tui.chat_widgets import ChatWidgets
 from chatapp.tui.messages import (
     AnswerEvent,
     AnswerFailed,
@@ -29,19 +28,32 @@ from chatapp.tui.messages import (
     AnswerText,
     PrefillAdvanced,
 )
-from chatapp.tui.widgets import PROGRESS_FROM_TOKENS, PrefillRow, StatusLine
+from chatapp.tui.model_switch import ModelSwitch
+from chatapp.tui.question_edit import QuestionEdit
+from chatapp.tui.warm_ahead import WarmAhead
+from chatapp.tui.widgets import PROGRESS_FROM_TOKENS
 from chatapp.vocabulary import Role
-
-if TYPE_CHECKING:
-    from chatapp.tui.main_screen import MainScreen
 
 
 class AnswerRunner:
     """At most one answer in flight (`flight`), set before any await so a second Enter cannot start another."""
 
-    def __init__(self, screen: MainScreen, service: ChatService) -> None:
-        self._screen = screen
+    def __init__(
+        self,
+        widgets: ChatWidgets,
+        service: ChatService,
+        *,
+        edit: QuestionEdit,
+        shown: BranchDisplay,
+        warm: WarmAhead,
+        model_switch: ModelSwitch,
+    ) -> None:
+        self._widgets = widgets
         self._service = service
+        self._edit = edit
+        self._shown = shown
+        self._warm = warm
+        self._model_switch = model_switch
         self.flight: AnswerFlight | None = None
 
     @property
@@ -51,14 +63,13 @@ class AnswerRunner:
 
     async def send(self, text: str) -> None:
         """Enter in the message box: ask `text` (or send the question being edited as a new branch)."""
-        screen = self._screen
-        edited, set_aside = screen.edit.take()
+        edited, set_aside = self._edit.take()
         flight = self.flight = AnswerFlight(views=[], draft=text, edited_id=edited, set_aside=set_aside)
-        log = screen.query_one(ChatLog)
+        log = self._widgets.log
         if edited is not None:
             widget = next((w for w in log.views if w.message_id == edited), None)
             await log.cut_after(log.index_of(widget) - 1 if widget else len(log.views) - 1)
-        elif screen.shown.branch is not None and screen.shown.branch.conversation.qa_mode:
+        elif self._shown.branch is not None and self._shown.branch.conversation.qa_mode:
             await log.cut_after(-1)
         elif log.views and log.views[-1].role is Role.USER:
             await log.cut_after(len(log.views) - 2)  # an unanswered question is replaced
@@ -71,10 +82,10 @@ class AnswerRunner:
 
     async def regenerate(self) -> None:
         """Answer the selected question (or the selected answer's) again, as a sibling answer."""
-        log = self._screen.query_one(ChatLog)
+        log = self._widgets.log
         selected = log.selected
         if selected is None or selected.message_id is None:
-            self._screen.notify("Nothing to answer again yet: ask a question first.", severity="warning")
+            self._widgets.log.notify("Nothing to answer again yet: ask a question first.", severity="warning")
             return
         message_id = selected.message_id
         flight = self.flight = AnswerFlight(views=[], draft="")  # before any await
@@ -90,20 +101,20 @@ class AnswerRunner:
         if flight.state in (FlightState.STARTING, FlightState.READING):
             self._service.stop_warming()  # the answer may be waiting for a long warm-up: stop both
         flight.stop()
-        self._screen.query_one(StatusLine).state = "stopping…"
+        self._widgets.status.state = "stopping…"
         return True
 
     async def _start(self, flight: AnswerFlight, start: Callable[[], AnswerJob]) -> None:
-        answer = await self._screen.query_one(ChatLog).add(Role.ASSISTANT)
+        answer = await self._widgets.log.add(Role.ASSISTANT)
         flight.views.append(answer)
         flight.stream = Markdown.get_stream(answer.body)
         if flight.state is not FlightState.STOPPING:
-            self._screen.query_one(StatusLine).state = "thinking…"
-        self._screen.run_worker(lambda: self._run(flight, start), thread=True, exclusive=True, group="answer")
+            self._widgets.status.state = "thinking…"
+        self._widgets.log.run_worker(lambda: self._run(flight, start), thread=True, exclusive=True, group="answer")
 
     def _run(self, flight: AnswerFlight, start: Callable[[], AnswerJob]) -> None:
         """Worker thread: start the answer and forward its events to the screen."""
-        post = self._screen.post_message
+        post = self._widgets.log.post_message
         if flight.state is FlightState.STOPPING:
             post(AnswerFailed("", started=False))  # Esc came first: nothing is asked
             return
@@ -136,10 +147,10 @@ class AnswerRunner:
             await self._text(message.text)
         elif isinstance(message, PrefillAdvanced):
             if message.total >= PROGRESS_FROM_TOKENS:
-                self._screen.query_one(PrefillRow).show_progress("reading the prompt", message.done, message.total)
+                self._widgets.prefill.show_progress("reading the prompt", message.done, message.total)
         elif isinstance(message, AnswerStarted):
             if self.flight is not None and self.flight.set_aside:
-                self._screen.query_one(Composer).give_back(self.flight.set_aside)  # the draft the edit put aside
+                self._widgets.composer.give_back(self.flight.set_aside)  # the draft the edit put aside
                 self.flight.set_aside = ""
         elif isinstance(message, AnswerFinished):
             await self._finished(message)
@@ -154,21 +165,21 @@ class AnswerRunner:
             await flight.stream.write(text)
         flight.text_arrived()
         if flight.tokens == 1:
-            self._screen.query_one(PrefillRow).hide()
+            self._widgets.prefill.hide()
         if flight.tokens % 8 == 1 and flight.state is not FlightState.STOPPING:
-            self._screen.query_one(StatusLine).state = f"answering: {flight.tokens} tokens"
+            self._widgets.status.state = f"answering: {flight.tokens} tokens"
 
     async def _finished(self, message: AnswerFinished) -> None:
         flight = await self._close_stream()
         outcome = message.outcome
-        self._screen.query_one(StatusLine).last_answer = outcome.figures
+        self._widgets.status.last_answer = outcome.figures
         if flight is not None and not outcome.text and flight.views and flight.views[-1].is_attached:
             await flight.views[-1].body.update("*(no answer: stopped)*")
-        await self._screen.shown.reload()
+        await self._shown.reload()
         self._over()
-        self._screen.warm.ahead(self._screen.query_one(Composer).text)
+        self._warm.ahead(self._widgets.composer.text)
         if notice := self._service.slot.take_cache_notice():
-            self._screen.notify(notice, title="KV cache", severity="warning", timeout=15)
+            self._widgets.log.notify(notice, title="KV cache", severity="warning", timeout=15)
 
     async def _failed(self, message: AnswerFailed) -> None:
         flight = await self._close_stream()
@@ -178,22 +189,22 @@ class AnswerRunner:
                 if view.is_attached:
                     await view.remove()
             if flight.edited_id is not None:
-                self._screen.edit.resume(flight.edited_id, flight.set_aside)  # still an edit when sent again
-            self._screen.query_one(Composer).give_back(flight.draft)
-        await self._screen.shown.reload()
+                self._edit.resume(flight.edited_id, flight.set_aside)  # still an edit when sent again
+            self._widgets.composer.give_back(flight.draft)
+        await self._shown.reload()
         if message.reason:
-            self._screen.notify(message.reason, severity="error", timeout=10)
+            self._widgets.log.notify(message.reason, severity="error", timeout=10)
         self._over()
 
     def _over(self) -> None:
         """The answer is over only now that the screen shows it as saved."""
-        self._screen.query_one(StatusLine).state = "ready"
+        self._widgets.status.state = "ready"
         self.flight = None
-        self._screen.model_switch.answer_ended()
+        self._model_switch.answer_ended()
 
     async def _close_stream(self) -> AnswerFlight | None:
         """The answer ended: hide its progress and finish writing its text."""
-        self._screen.query_one(PrefillRow).hide()
+        self._widgets.prefill.hide()
         flight = self.flight
         if flight is not None and flight.stream is not None:
             await flight.stream.stop()

@@ -9,16 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from textual.screen import Screen
-from textual.widgets import Input, Label
-
 from chatapp.errors import ChatappError
 from chatapp.services.branches import BranchView
 from chatapp.services.chat_service import ChatService
 from chatapp.tui.attempt import attempt
-from chatapp.tui.chat_log import ChatLog
-from chatapp.tui.sidebar import BranchTree, ConversationList
-from chatapp.tui.widgets import StatusLine
+from chatapp.tui.chat_widgets import ChatWidgets
 
 
 class BranchDisplay:
@@ -26,14 +21,16 @@ class BranchDisplay:
 
     def __init__(
         self,
-        screen: Screen[None],
+        widgets: ChatWidgets,
         service: ChatService,
         leaving: Callable[[], None],
         arrived: Callable[[], None],
+        titled: Callable[[str], None],
     ) -> None:
         """`leaving`: what a new view ends on the screen (an edit, the progress row); `arrived`: what
-        follows it being shown (warming up its prompt)."""
-        self._screen = screen
+        follows it being shown (warming up its prompt); `titled`: the screen's title is now this."""
+        self._widgets = widgets
+        self._titled = titled
         self._service = service
         self._leaving = leaving
         self._arrived = arrived
@@ -44,7 +41,7 @@ class BranchDisplay:
         try:
             self.branch = change()
         except ChatappError as error:
-            self._screen.notify(str(error), severity="error")
+            self._widgets.log.notify(str(error), severity="error")
             return False
         self._leaving()
         await self.show()
@@ -54,7 +51,7 @@ class BranchDisplay:
 
     async def show(self) -> None:
         assert self.branch is not None
-        await self._screen.query_one(ChatLog).show_branch(self.branch)
+        await self._widgets.log.show_branch(self.branch)
         self.after_change()
 
     async def reload(self) -> None:
@@ -62,9 +59,9 @@ class BranchDisplay:
         try:
             self.branch = self._service.current.view()
         except ChatappError as error:
-            self._screen.notify(str(error), severity="error")
+            self._widgets.log.notify(str(error), severity="error")
             return
-        if not await self._screen.query_one(ChatLog).refresh_versions(self.branch):
+        if not await self._widgets.log.refresh_versions(self.branch):
             await self.show()
         else:
             self.after_change()
@@ -77,15 +74,15 @@ class BranchDisplay:
         active = {m.record.id for m in self.branch.messages} | {self.branch.root.id}
         current = self._service.current
         try:
-            self._screen.query_one(BranchTree).show(current.tree(), active, current.document_names())
+            self._widgets.sidebar.branch_tree.show(current.tree(), active, current.document_names())
         except ChatappError as error:
-            self._screen.notify(str(error), severity="error")
+            self._widgets.log.notify(str(error), severity="error")
         figures = next((m.record.stats for m in reversed(self.branch.messages) if m.record.stats), None)
         used = int(figures.get("prompt_tokens", 0) + figures.get("generated_tokens", 0)) if figures else 0
-        status = self._screen.query_one(StatusLine)
+        status = self._widgets.status
         status.context_used = used
         status.persona = self.branch.persona_name or "no persona"
-        self._screen.sub_title = self.branch.conversation.title
+        self._titled(self.branch.conversation.title)
 
     def update_info(self) -> None:
         """The line above the messages: persona, document (and its share of the context), Q&A mode."""
@@ -95,20 +92,20 @@ class BranchDisplay:
         fields = [f"Persona: {branch.persona_name or 'none'}"]
         document = branch.document
         if document is not None:
-            tokens = attempt(self._screen, lambda: self._service.document_tokens(document))
+            tokens = attempt(self._widgets.log, lambda: self._service.document_tokens(document))
             size = self._service.slot.context_size()
             amount = f" ({tokens:,} of {size:,} tokens)" if tokens is not None and size else ""
             fields.append(f"Document: {document.name}{amount}")
         if branch.conversation.qa_mode:
             fields.append("Q&A mode: each question starts from the document")
-        self._screen.query_one("#branch-info", Label).update("  ·  ".join(fields))
+        self._widgets.info.update("  ·  ".join(fields))
 
     def refresh_conversations(self, query: str | None = None) -> None:
-        search = self._screen.query_one("#search", Input).value if query is None else query
+        search = self._widgets.sidebar.search.value if query is None else query
         current = self.branch.conversation.id if self.branch else None
-        conversations = attempt(self._screen, lambda: self._service.current.list_conversations(search))
+        conversations = attempt(self._widgets.log, lambda: self._service.current.list_conversations(search))
         if conversations is not None:
-            self._screen.query_one(ConversationList).show(conversations, current)
+            self._widgets.sidebar.conversations.show(conversations, current)
 
     def show_as_the_model_reads(self, answering: bool) -> None:
         """Shown before the model loaded, a gpt-oss answer was its raw text: now its reply (see ChatService.view)."""
@@ -120,4 +117,4 @@ class BranchDisplay:
             return
         if any(message.shown != old.shown for message, old in zip(view.messages, self.branch.messages, strict=False)):
             self.branch = view
-            self._screen.call_later(self._screen.query_one(ChatLog).refresh_versions, view)
+            self._widgets.log.call_later(self._widgets.log.refresh_versions, view)

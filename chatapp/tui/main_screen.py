@@ -21,23 +21,23 @@ from textual import on
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Label
+from textual.widgets import Footer, Header
 
 from chatapp.errors import ChatappError
 from chatapp.services.chat_service import ChatService
 from chatapp.tui import commands
 from chatapp.tui.answer_runner import AnswerRunner
 from chatapp.tui.branch_display import BranchDisplay
-from chatapp.tui.chat_log import ChatLog
+from chatapp.tui.chat_widgets import ChatWidgets
 from chatapp.tui.composer import Composer
 from chatapp.tui.conversation_actions import ConversationActions
 from chatapp.tui.document_attach import DocumentAttach
 from chatapp.tui.messages import AnswerEvent, WarmProgress
 from chatapp.tui.model_switch import ModelSwitch
 from chatapp.tui.question_edit import QuestionEdit
-from chatapp.tui.sidebar import BranchTree, ConversationList, Sidebar
+from chatapp.tui.sidebar import ConversationList, Sidebar
 from chatapp.tui.warm_ahead import WarmAhead
-from chatapp.tui.widgets import PrefillRow, StatusLine, last_code_block
+from chatapp.tui.widgets import StatusLine, last_code_block
 
 
 class MainScreen(Screen[None]):
@@ -50,19 +50,20 @@ class MainScreen(Screen[None]):
         super().__init__()
         self.service = service
         self._model_failed = False
-        self.edit = QuestionEdit(self, lambda: service.slot.ready)
-        self.answers = AnswerRunner(self, service)
+        self.widgets = widgets = ChatWidgets.make()
+        self.edit = QuestionEdit(widgets, lambda: service.slot.ready)
         self.warm = WarmAhead(
-            self, service, lambda: not self.answering and self.edit.editing is None, lambda: self.answers.streaming
+            widgets, service, lambda: not self.answering and self.edit.editing is None, lambda: self.answers.streaming
         )
         self.shown = BranchDisplay(
-            self, service, self._leave_view, lambda: self.warm.ahead(self.query_one(Composer).text)
+            widgets, service, self._leave_view, lambda: self.warm.ahead(widgets.composer.text), self._titled
         )
-        self.conversations = ConversationActions(self, service)
-        self.model_switch = ModelSwitch(self, service, lambda: self.answering, self.engine_ready)
-        self.documents = DocumentAttach(
-            self, service, lambda: self.status, self.shown.change, lambda: self.shown.branch
+        self.model_switch = ModelSwitch(widgets, service, lambda: self.answering, self.engine_ready)
+        self.answers = AnswerRunner(
+            widgets, service, edit=self.edit, shown=self.shown, warm=self.warm, model_switch=self.model_switch
         )
+        self.conversations = ConversationActions(widgets, service, self.shown, self.refuse_while_busy, self._titled)
+        self.documents = DocumentAttach(widgets, service, self.shown.change, lambda: self.shown.branch)
 
     @property
     def answering(self) -> bool:
@@ -71,24 +72,28 @@ class MainScreen(Screen[None]):
 
     @property
     def status(self) -> StatusLine:
-        return self.query_one(StatusLine)
+        return self.widgets.status
+
+    def _titled(self, title: str) -> None:
+        self.sub_title = title
 
     def compose(self) -> ComposeResult:
+        widgets = self.widgets
         yield Header(show_clock=False)
         with Horizontal(id="main"):
-            yield Sidebar(id="sidebar")
+            yield widgets.sidebar
             with Vertical(id="chat"):
-                yield Label("", id="branch-info")
-                yield ChatLog(id="messages")
-                yield PrefillRow(id="prefill")
-                yield Composer(id="composer", placeholder="Type a message · Enter sends · Ctrl+J new line · F1 help")
-                yield StatusLine(id="status")
+                yield widgets.info
+                yield widgets.log
+                yield widgets.prefill
+                yield widgets.composer
+                yield widgets.status
         yield Footer()
 
     async def on_mount(self) -> None:
-        self.query_one(ChatLog).anchor()
-        self.query_one(PrefillRow).hide()
-        self.query_one(Composer).focus()
+        self.widgets.log.anchor()
+        self.widgets.prefill.hide()
+        self.widgets.composer.focus()
         try:
             self.shown.branch = self.service.current.open_latest_or_new()
         except ChatappError as error:
@@ -134,7 +139,7 @@ class MainScreen(Screen[None]):
         """Another branch is about to be shown: an edit of this one ends, and its progress row."""
         if self.edit.editing is not None:
             self.edit.cancel()
-        self.query_one(PrefillRow).hide()
+        self.widgets.prefill.hide()
 
     # Widget events.
     @on(Sidebar.SearchChanged)
@@ -146,7 +151,7 @@ class MainScreen(Screen[None]):
         if self.refuse_while_busy():
             return
         await self.shown.change(lambda: self.service.current.open(event.conversation_id))
-        self.query_one(Composer).focus()
+        self.widgets.composer.focus()
         self.model_switch.follow_conversation()
 
     @on(Sidebar.BranchChosen)
@@ -163,7 +168,7 @@ class MainScreen(Screen[None]):
         if not event.text.strip():
             return
         if not self._model_ready() or self.refuse_while_busy():
-            self.query_one(Composer).give_back(event.text)
+            self.widgets.composer.give_back(event.text)
             return
         await self.answers.send(event.text)
 
@@ -193,7 +198,7 @@ class MainScreen(Screen[None]):
             self.edit.cancel()
         elif not self.model_switch.cancel():
             self.service.stop_warming()
-            self.query_one(PrefillRow).hide()
+            self.widgets.prefill.hide()
 
     async def action_regenerate(self) -> None:
         if not self.refuse_while_busy() and self._model_ready():
@@ -207,12 +212,12 @@ class MainScreen(Screen[None]):
             self.edit.begin(question)
 
     def action_select(self, step: int) -> None:
-        self.query_one(ChatLog).move_selection(step)
+        self.widgets.log.move_selection(step)
 
     async def action_sibling(self, step: int) -> None:
         if self.refuse_while_busy():
             return
-        log = self.query_one(ChatLog)
+        log = self.widgets.log
         selected = log.selected
         if selected is None or selected.message_id is None or selected.version_count < 2:
             self.notify("This message has no other versions.", severity="information")
@@ -226,7 +231,7 @@ class MainScreen(Screen[None]):
 
     def action_copy(self, what: str) -> None:
         """Copy the selected message ('message') or its last code block ('code') to the clipboard."""
-        selected = self.query_one(ChatLog).selected
+        selected = self.widgets.log.selected
         if selected is None:
             self.notify("No message to copy yet.", severity="warning")
             return
@@ -255,11 +260,11 @@ class MainScreen(Screen[None]):
     def action_show(self, panel: str) -> None:
         """Focus the conversation search ('search'), the branch tree ('tree') or the message box ('composer')."""
         if panel == "composer":
-            self.query_one(Composer).focus()
+            self.widgets.composer.focus()
             return
-        self.query_one("#sidebar").display = True
-        (self.query_one("#search") if panel == "search" else self.query_one(BranchTree)).focus()
+        self.widgets.sidebar.display = True
+        (self.widgets.sidebar.search if panel == "search" else self.widgets.sidebar.branch_tree).focus()
 
     def action_toggle_sidebar(self) -> None:
-        sidebar = self.query_one("#sidebar")
+        sidebar = self.widgets.sidebar
         sidebar.display = not sidebar.display

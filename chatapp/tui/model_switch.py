@@ -13,12 +13,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from textual.screen import Screen
 from textual.timer import Timer
 
 from chatapp.errors import ChatappError, LoadCancelled
 from chatapp.services.chat_service import ChatService
 from chatapp.services.model_choice import file_fit_problem
+from chatapp.tui.chat_widgets import ChatWidgets
 from chatapp.tui.widgets import PrefillRow, StatusLine
 
 PROGRESS_EVERY_S = 0.1  # how often the progress row shows the share loaded
@@ -31,9 +31,9 @@ class ModelSwitch:
     """One switch at a time; a newer choice cancels the load of an older one."""
 
     def __init__(
-        self, screen: Screen[None], service: ChatService, answering: Callable[[], bool], ready: Callable[[str], None]
+        self, widgets: ChatWidgets, service: ChatService, answering: Callable[[], bool], ready: Callable[[str], None]
     ) -> None:
-        self._screen = screen
+        self._widgets = widgets
         self._service = service
         self._answering = answering
         self._ready = ready  # the screen's engine_ready: status line, context size, warm-up
@@ -54,7 +54,7 @@ class ModelSwitch:
             self._cancel.set()
             if self._waiting:  # an earlier choice, loaded and waiting for an answer's end: not wanted now
                 earlier = self._cancel
-                self._screen.run_worker(
+                self._widgets.log.run_worker(
                     lambda: self._service.slot.drop_prepared(earlier), thread=True, exit_on_error=False
                 )
         cancel = self._cancel = threading.Event()
@@ -62,11 +62,11 @@ class ModelSwitch:
         self._share = 0.0
         self._started = time.monotonic()
         if self._timer is None:
-            self._timer = self._screen.set_interval(PROGRESS_EVERY_S, self._show_progress)
+            self._timer = self._widgets.log.set_interval(PROGRESS_EVERY_S, self._show_progress)
         self._status.state = f"loading {path.name}…"
         if why:
-            self._screen.notify(why, title="Model", timeout=8)
-        self._screen.run_worker(
+            self._widgets.log.notify(why, title="Model", timeout=8)
+        self._widgets.log.run_worker(
             lambda: self._load(path, cancel), thread=True, group="model-switch", exit_on_error=False
         )
 
@@ -80,7 +80,7 @@ class ModelSwitch:
             return
         current = self._service.slot.model_label()
         if problem := file_fit_problem(remembered):
-            self._screen.notify(
+            self._widgets.log.notify(
                 f"This conversation was with {remembered.name}, which {problem}: staying with {current}.",
                 title="Model",
                 severity="warning",
@@ -98,7 +98,9 @@ class ModelSwitch:
         if self._waiting:
             self._waiting = False
             cancel = self._cancel
-            self._screen.run_worker(lambda: self._service.slot.drop_prepared(cancel), thread=True, exit_on_error=False)
+            self._widgets.log.run_worker(
+                lambda: self._service.slot.drop_prepared(cancel), thread=True, exit_on_error=False
+            )
         return True
 
     def stop(self) -> None:
@@ -122,24 +124,24 @@ class ModelSwitch:
         except LoadCancelled:
             return  # told already, when Esc was pressed
         except ChatappError as error:
-            self._screen.app.call_from_thread(self._failed, str(error), cancel)
+            self._widgets.log.app.call_from_thread(self._failed, str(error), cancel)
             return
         except Exception as error:  # never a worker that dies with the progress row still shown
-            self._screen.app.call_from_thread(self._failed, f"loading {path.name} failed: {error}", cancel)
+            self._widgets.log.app.call_from_thread(self._failed, f"loading {path.name} failed: {error}", cancel)
             return
         if cancel.is_set():
             self._service.slot.drop_prepared(cancel)
             return
-        if self._screen.app.call_from_thread(self._loaded, cancel):
+        if self._widgets.log.app.call_from_thread(self._loaded, cancel):
             self._swap(cancel)  # no answer runs: switch in this worker, without another hop
 
     def _swap(self, cancel: threading.Event) -> None:
         try:
             label = self._service.switch_to_prepared(cancel)
         except ChatappError as error:
-            self._screen.app.call_from_thread(self._failed, str(error), cancel)
+            self._widgets.log.app.call_from_thread(self._failed, str(error), cancel)
             return
-        self._screen.app.call_from_thread(self._switched, label, cancel)
+        self._widgets.log.app.call_from_thread(self._switched, label, cancel)
         self._service.slot.close_retired()  # the old model's cache written while the new one answers
 
     # On the UI thread.
@@ -167,20 +169,20 @@ class ModelSwitch:
             return
         self._waiting = False
         self._status.state = "switching models…"
-        self._screen.run_worker(lambda: self._swap(cancel), thread=True, group="model-switch", exit_on_error=False)
+        self._widgets.log.run_worker(lambda: self._swap(cancel), thread=True, group="model-switch", exit_on_error=False)
 
     def _switched(self, label: str, cancel: threading.Event) -> None:
         if cancel is self._cancel:  # a newer choice may be loading: its progress stays shown
             self._cancel = None
             self._end("ready")
         self._ready(label)
-        self._screen.notify(f"Now answering with {label}.", title="Model", timeout=6)
+        self._widgets.log.notify(f"Now answering with {label}.", title="Model", timeout=6)
 
     def _failed(self, reason: str, cancel: threading.Event) -> None:
         if cancel is self._cancel:
             self._cancel = None
             self._end("ready")
-        self._screen.notify(reason, title="Cannot switch models", severity="error", timeout=15)
+        self._widgets.log.notify(reason, title="Cannot switch models", severity="error", timeout=15)
 
     def _end(self, state: str) -> None:
         if self._timer is not None:
@@ -191,8 +193,8 @@ class ModelSwitch:
 
     @property
     def _row(self) -> PrefillRow:
-        return self._screen.query_one(PrefillRow)
+        return self._widgets.prefill
 
     @property
     def _status(self) -> StatusLine:
-        return self._screen.query_one(StatusLine)
+        return self._widgets.status

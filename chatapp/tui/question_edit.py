@@ -7,26 +7,23 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from textual.screen import Screen
-
-from chatapp.tui.chat_log import ChatLog
-from chatapp.tui.composer import Composer
-from chatapp.tui.widgets import MessageView, StatusLine
+from chatapp.tui.chat_widgets import ChatWidgets
+from chatapp.tui.widgets import MessageView
 from chatapp.vocabulary import Role
 
 
 class QuestionEdit:
     """At most one question edited at a time; `editing` is its message id."""
 
-    def __init__(self, screen: Screen[None], model_ready: Callable[[], bool]) -> None:
-        self._screen = screen
+    def __init__(self, widgets: ChatWidgets, model_ready: Callable[[], bool]) -> None:
+        self._widgets = widgets
         self._model_ready = model_ready  # whether the status line may go back to "ready"
         self.editing: int | None = None
         self.set_aside = ""  # the box's text before the edit began
 
     def selected_question(self) -> MessageView | None:
         """The selected question, or the question of the selected answer."""
-        log = self._screen.query_one(ChatLog)
+        log = self._widgets.log
         selected = log.selected
         if selected is not None and selected.role is Role.ASSISTANT:
             index = log.index_of(selected)
@@ -34,25 +31,25 @@ class QuestionEdit:
         return selected if selected is not None and selected.message_id is not None else None
 
     def last_question(self) -> MessageView | None:
-        views = self._screen.query_one(ChatLog).views
+        views = self._widgets.log.views
         return next((w for w in reversed(views) if w.role is Role.USER and w.message_id is not None), None)
 
     def begin(self, question: MessageView) -> None:
-        composer = self._screen.query_one(Composer)
+        composer = self._widgets.composer
         if self.editing is None:
             self.set_aside = composer.text  # put back when the edit is sent or cancelled
         composer.text = question.text
         composer.move_cursor(composer.document.end)
         composer.focus()
         self.editing = question.message_id
-        self._screen.query_one(StatusLine).state = "editing a question: Enter sends it as a new branch, Esc cancels"
+        self._widgets.status.state = "editing a question: Enter sends it as a new branch, Esc cancels"
 
     def cancel(self) -> None:
         self.editing = None
-        self._screen.query_one(Composer).text = self.set_aside
+        self._widgets.composer.text = self.set_aside
         self.set_aside = ""
         if self._model_ready():
-            self._screen.query_one(StatusLine).state = "ready"
+            self._widgets.status.state = "ready"
 
     def take(self) -> tuple[int | None, str]:
         """Sending: the question edited (None for a new one) and what the box held before the edit."""

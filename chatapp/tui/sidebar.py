@@ -99,14 +99,19 @@ class Sidebar(Vertical):
     class SearchChanged(Message):
         query: str
 
+    def __init__(self, *, id: str | None = None) -> None:  # Textual's name for it
+        super().__init__(id=id)
+        self.search = Input(placeholder="Search (Ctrl+F)", id="search")
+        self.conversations = ConversationList(id="conversations")
+        self.branch_tree = BranchTree("conversation", id="branches")
+        self.branch_tree.show_root = False
+        self.branch_tree.guide_depth = 2
+
     def compose(self) -> ComposeResult:
-        yield Input(placeholder="Search (Ctrl+F)", id="search")
-        yield ConversationList(id="conversations")
+        yield self.search
+        yield self.conversations
         yield Label("Branches (F3)", classes="sidebar-title")
-        tree = BranchTree("conversation", id="branches")
-        tree.show_root = False
-        tree.guide_depth = 2
-        yield tree
+        yield self.branch_tree
 
     @on(Input.Changed, "#search")
     def _search(self, event: Input.Changed) -> None:

@@ -9,24 +9,24 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from textual.screen import Screen
 from textual.worker import get_current_worker
 
 from chatapp.services.chat_service import ChatService
 from chatapp.services.drafts import settled_text
 from chatapp.services.streams import PromptProgress
+from chatapp.tui.chat_widgets import ChatWidgets
 from chatapp.tui.messages import WarmProgress
-from chatapp.tui.widgets import PROGRESS_FROM_TOKENS, PrefillRow
+from chatapp.tui.widgets import PROGRESS_FROM_TOKENS
 
 
 class WarmAhead:
     """Warms the prompt of the draft whenever its settled text changes."""
 
     def __init__(
-        self, screen: Screen[None], service: ChatService, may_warm: Callable[[], bool], streaming: Callable[[], bool]
+        self, widgets: ChatWidgets, service: ChatService, may_warm: Callable[[], bool], streaming: Callable[[], bool]
     ) -> None:
         """`may_warm`: no answer runs and no question is edited; `streaming`: answer text is arriving."""
-        self._screen = screen
+        self._widgets = widgets
         self._service = service
         self._may_warm = may_warm
         self._streaming = streaming
@@ -42,7 +42,7 @@ class WarmAhead:
     def ahead(self, draft: str) -> None:
         if self._service.slot.ready and self._may_warm():
             self._settled = settled_text(draft)
-            self._screen.run_worker(lambda: self._run(draft), thread=True, exclusive=True, group="warm")
+            self._widgets.log.run_worker(lambda: self._run(draft), thread=True, exclusive=True, group="warm")
 
     def _run(self, draft: str) -> None:
         """Worker thread: queue the warm-up and report its progress while it is long."""
@@ -55,15 +55,15 @@ class WarmAhead:
                 if worker.is_cancelled:
                     return
                 if isinstance(event, PromptProgress) and event.total >= PROGRESS_FROM_TOKENS:
-                    self._screen.post_message(WarmProgress(event.done, event.total))
+                    self._widgets.log.post_message(WarmProgress(event.done, event.total))
         except Exception:  # warming is an optimisation: the answer itself will say what is wrong
             return
         finally:
-            self._screen.post_message(WarmProgress(-1, -1))
+            self._widgets.log.post_message(WarmProgress(-1, -1))
 
     def progress(self, message: WarmProgress, answering: bool) -> None:
         """Show a long warm-up; an answer sent meanwhile waits for it, so keep showing it then."""
-        row = self._screen.query_one(PrefillRow)
+        row = self._widgets.prefill
         if message.done < 0 or message.done >= message.total:
             if not answering:
                 row.hide()

@@ -20,6 +20,12 @@ class Faults:
     damage_reads: bool = False  # hands out bytes with one flipped
     fail_reads: bool = False  # raises on every read
     fail_writes: bool = False  # raises on every put
+    fail_upkeep: bool = False  # raises on everything but reads and puts
+
+
+def _upkeep(faults: Faults) -> None:
+    if faults.fail_upkeep:
+        raise ConnectionError("the store is unreachable")
 
 
 @dataclass
@@ -35,6 +41,7 @@ class MemoryTier:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def holding(self, infos: Sequence[BlockInfo]) -> set[BlockKey]:
+        _upkeep(self.faults)
         with self._lock:
             return {info.key for info in infos if info.key in self.kept}
 
@@ -58,20 +65,25 @@ class MemoryTier:
 
     @contextlib.contextmanager
     def storing(self) -> Iterator[None]:
+        _upkeep(self.faults)
         self.stores += 1
         yield
 
     def touch(self, infos: Sequence[BlockInfo]) -> None:
+        _upkeep(self.faults)
         self.touched.extend(info.key for info in infos)
 
     def discard(self, info: BlockInfo) -> None:
+        _upkeep(self.faults)
         with self._lock:
             self.kept.pop(info.key, None)
 
     def set_pinned(self, info: BlockInfo, payload: bytes, pinned: bool) -> None:
+        _upkeep(self.faults)
         (self.pinned.add if pinned else self.pinned.discard)(info.key)
 
     def new_entries(self) -> list[BlockInfo]:
+        _upkeep(self.faults)
         return []
 
     def prune(self) -> int:

@@ -6,10 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from cache.disk_tier import DiskTier
 from cache.prefix_cache import PrefixCache
 from cache.ram_tier import RamTier
+from cache.state_assembly import StateAssembly
+from cache.state_format import StateFormatError
 from cache.tier import Tier
 from tests.cache.memory_tier import MemoryTier
 from tests.cache.test_prefix_cache import CONFIG, LAYOUT, TOKENS, namespace, restored_state, store_sequence
@@ -96,4 +99,58 @@ def test_pins_forgetting_and_clearing_reach_the_new_tier(tmp_path: Path) -> None
     store_sequence(cache, TOKENS)
     assert cache.clear() == len(keys)
     assert extra.kept == {}
+    cache.close()
+
+
+def test_a_tier_failing_at_its_upkeep_leaves_every_request_working(tmp_path: Path) -> None:
+    extra = MemoryTier()
+    cache = cache_with(tmp_path, extra)
+    extra.faults.fail_upkeep = True  # holding, storing, touch, discard, pins and new entries all raise
+    blob = store_sequence(cache, TOKENS)
+    state, _, tier = restored_state(cache, [*TOKENS, 999])
+    assert (state, tier) == (blob, "ram")
+    keys = set(cache.index.entries)
+    assert cache.has_new_blocks(TOKENS) is False
+    assert cache.pin(TOKENS) == len(keys)
+    assert cache.forget([[*TOKENS, 5]]) == 0  # pinned: kept
+    cache.close()
+
+
+def test_the_assemblys_own_failure_is_not_taken_for_a_tiers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A state that cannot be assembled is a miss for this request; the entries it read stay stored."""
+    cache = cache_with(tmp_path, MemoryTier())
+    store_sequence(cache, TOKENS)
+    cache.ram.clear()
+
+    def refuse(*_args: object) -> None:
+        raise StateFormatError("a piece of the wrong size")
+
+    monkeypatch.setattr(StateAssembly, "fill", refuse)
+    assert cache.fetch(cache.lookup(np.asarray(TOKENS)), np.asarray(TOKENS)) is None
+    keys = set(cache.index.entries)
+    assert len(keys) == 3
+    assert cache.disk.holding(list(cache.index.entries.values())) == keys
+    cache.close()
+
+
+def test_a_pass_that_lost_a_block_counts_as_read_from_the_slowest_tier(tmp_path: Path) -> None:
+    """RAM served the first blocks, the last was lost everywhere: the prefix short of it was found only after
+    every tier was asked, and reuse is counted where the time went."""
+    cache = cache_with(tmp_path, MemoryTier())
+    blob = store_sequence(cache, TOKENS)
+    last = max(cache.index.entries.values(), key=lambda info: info.start)
+    cache.ram.discard(last)
+    cache.disk.discard(last)
+    cache.tiers.tiers[2].discard(last)
+    state, matched, tier = restored_state(cache, [*TOKENS, 999])
+    assert matched == last.start
+    assert tier == "disk"
+    assert state != blob  # the shorter state
+    cache.close()
+
+
+def test_a_new_tier_shows_its_own_figures_in_the_stats(tmp_path: Path) -> None:
+    cache = cache_with(tmp_path, MemoryTier())
+    store_sequence(cache, TOKENS)
+    assert cache.stats()["more_tiers"] == [{"entries": len(cache.index.entries)}]
     cache.close()
