@@ -55,6 +55,16 @@ class LookupFigures:
 
 
 @dataclass(frozen=True)
+class StorageWork:
+    """What figure S asks: `conversations` questions on one persona, each answer at most `max_tokens`."""
+
+    conversations: int
+    persona_tokens: int
+    question_tokens: int
+    max_tokens: int
+
+
+@dataclass(frozen=True)
 class StorageFigures:
     conversations: int
     distinct_tokens: int
@@ -174,21 +184,16 @@ def measure_storage_by_type(
     settings: PeerSettings,
     kit: PromptKit,
     folder: Path,
-    *,
-    conversations: int,
-    persona_tokens: int,
-    question_tokens: int,
-    max_tokens: int,
+    work: StorageWork,
     kv_types: tuple[KvType, ...] = tuple(KvType),
 ) -> StorageByType:
     """`measure_storage` for f16 and then each other type of `kv_types` the model takes."""
     figures: dict[str, StorageFigures] = {}
     refused: dict[str, str] = {}
-    sizes = {"persona_tokens": persona_tokens, "question_tokens": question_tokens, "max_tokens": max_tokens}
     for kv_type in (KvType.F16, *(kind for kind in kv_types if kind is not KvType.F16)):
         typed = replace(settings, kv_type=kv_type)
         try:
-            figures[kv_type] = measure_storage(typed, kit, folder / kv_type.value, conversations=conversations, **sizes)
+            figures[kv_type] = measure_storage(typed, kit, folder / kv_type.value, work)
         except ModelError as error:  # heads whose size is not a multiple of the type's block
             if not kv_type.quantized:
                 raise  # the reference itself: nothing to compare with
@@ -200,14 +205,11 @@ def measure_storage(
     settings: PeerSettings,
     kit: PromptKit,
     folder: Path,
-    *,
-    conversations: int,
-    persona_tokens: int,
-    question_tokens: int,
-    max_tokens: int,
+    work: StorageWork,
 ) -> StorageFigures:
-    """Ask `conversations` questions on one persona through chatapp, then weigh its cache folder."""
-    persona = kit.texts.persona(4, persona_tokens)
+    """Ask `work.conversations` questions on one persona through chatapp, then weigh its cache folder."""
+    conversations, question_tokens, max_tokens = work.conversations, work.question_tokens, work.max_tokens
+    persona = kit.texts.persona(4, work.persona_tokens)
     prompts = [
         kit.build(
             [

@@ -11,6 +11,7 @@ from typing import Any
 from chatapp.benchmark.cache_figures import (
     LookupFigures,
     StorageByType,
+    StorageWork,
     cache_figure_verdicts,
     figures_record,
     figures_table,
@@ -108,15 +109,8 @@ class FigureRuns:
         scale, settings, work = job.scale, job.settings, job.work
         if "S" in names:
             job.log(f"S: storage of {scale.storage_conversations} conversations on one persona, in each KV type")
-            self.storage = measure_storage_by_type(
-                settings,
-                kit,
-                work / "storage",
-                conversations=scale.storage_conversations,
-                persona_tokens=scale.system,
-                question_tokens=scale.question,
-                max_tokens=job.max_tokens,
-            )
+            asked = StorageWork(scale.storage_conversations, scale.system, scale.question, job.max_tokens)
+            self.storage = measure_storage_by_type(settings, kit, work / "storage", asked)
         if RESTORE_NAME in names:
             job.log(f"{RESTORE_NAME}: restoring one {scale.system:,}-token prefix by each path, and total misses")
             self.restores = measure_restores(

@@ -51,10 +51,10 @@ from cache.prefix_cache import CacheConfig
 from chatapp.benchmark.workloads import Draft, Request
 from chatapp.engine.contract import EngineClient, GenerationRequest, LocalEngine, SamplingParams
 from chatapp.engine.opening import FRESH_TOKENS, EngineConfig, KvType, start_local_engine
+from chatapp.prompting.planner import PromptPlan, PromptPlanner, settled_text
 from chatapp.services.answer_run import AnswerRun
 from chatapp.services.answer_start import AnswerStart
-from chatapp.services.drafts import draft_prompt_tokens, settled_text
-from chatapp.services.prompt_plan import PromptPlan, TooLongWording, builder_of
+from chatapp.services.prompt_plan import TooLongWording, builder_of
 from chatapp.services.startup import kv_cache_factory
 
 
@@ -404,7 +404,7 @@ class ChatappWarmAheadPeer(ChatappPeer):
         return {"warm_ahead_ms": (time.perf_counter() - started) * 1000}
 
     def _draft_tokens(self, draft: Draft, typed: str) -> list[int]:
-        return draft_prompt_tokens(builder_of(self.engine), list(draft.messages), draft.parts_before, typed)
+        return PromptPlanner(builder_of(self.engine)).draft_tokens(draft.messages, draft.parts_before, typed)
 
     def _warm(self, tokens: Sequence[int], *, store: bool) -> float:
         """Run one warm-up to its end; its duration in ms."""
@@ -417,7 +417,7 @@ class ChatappTypedPeer(ChatappWarmAheadPeer):
     """chatapp with warm-ahead and type-ahead: the question computed as it is typed.
 
     The question is typed at `TYPING_CPS` characters per second; each time its settled part
-    changes (a word ends) the app warms the draft's prompt (`draft_prompt_tokens`, store=False).
+    changes (a word ends) the app warms the draft's prompt (`PromptPlanner.draft_tokens`, store=False).
     The warm-ups run here one after another for real; typing is simulated on a clock: warm-up
     i starts when its word is typed or when warm-up i-1 ends, whichever is later. What is still
     running when Enter is pressed (`typing_lag_ms`) is added to the measured TTFT.

@@ -65,10 +65,10 @@ from chatapp.engine.contract import GenerationRequest, SamplingParams
 from chatapp.engine.opening import default_thread_count
 from chatapp.errors import ChatappError
 from chatapp.models.machine import resolve_model
+from chatapp.prompting.planner import PromptPlanner
 from chatapp.prompting.prompt import PromptBuilder
 from chatapp.services.answer_run import AnswerRun
 from chatapp.services.answer_shape import AnswerShape, ToolChoice
-from chatapp.services.completions import kept_length
 from chatapp.services.prompt_plan import builder_of
 
 SERVER_PEER = "llama-server"
@@ -262,7 +262,7 @@ def kept_ends(builder: PromptBuilder, request: Request) -> tuple[int, ...]:
     """Where K's `cache_control` breakpoints end the prompt (the system prompt, the newest message), as the
     server computes them: it checkpoints a model whose state cannot be cut there."""
     history = request.messages
-    return tuple(kept_length(builder, history[:count], request.tokens) for count in (1, len(history)))
+    return tuple(PromptPlanner(builder).kept_length(history[:count], request.tokens) for count in (1, len(history)))
 
 
 def _folder_name(peer: str) -> str:

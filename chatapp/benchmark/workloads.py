@@ -34,10 +34,9 @@ from chatapp.benchmark.agent_tools import TOOL_SET, AgentTexts
 from chatapp.benchmark.tool_template import server_template_for
 from chatapp.documents import Document
 from chatapp.engine.opening import open_prompt_builder
+from chatapp.prompting.planner import PromptPlanner
 from chatapp.prompting.prompt import ChatMessage
-from chatapp.services.drafts import draft_prompt_tokens
 from chatapp.services.messages import Turn, conversation_messages, next_question_parts
-from chatapp.services.prompt_plan import plan_prompt
 from chatapp.tools import ToolResult, ToolSpec
 from chatapp.vocabulary import Role
 
@@ -506,7 +505,7 @@ class PromptKit:
 
         With `tools`, the prompt offers them as a server builds it for a request that sends them.
         """
-        plan = plan_prompt(self.builder.with_tools(tools), messages, checkpoints=True)
+        plan = PromptPlanner(self.builder.with_tools(tools)).plan(messages, checkpoints=True)
         self.boundaries[plan.tokens] = plan.checkpoints
         return plan.tokens
 
@@ -521,7 +520,7 @@ def with_known_prefixes(kit: PromptKit, requests: list[Request]) -> tuple[Reques
         array = as_token_array(request.tokens)
         known = max((common_prefix_length(array, as_token_array(earlier.tokens)) for earlier in done), default=0)
         if request.draft is not None:
-            warm = draft_prompt_tokens(kit.builder, list(request.draft.messages), request.draft.parts_before, "")
+            warm = PromptPlanner(kit.builder).draft_tokens(request.draft.messages, request.draft.parts_before, "")
             if tuple(warm) == request.tokens[: len(warm)]:
                 known = max(known, len(warm))
         done.append(replace(request, known_prefix=min(known, len(request.tokens) - 1)))

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 
 from chatapp.engine.contract import EngineClient, GenerationHandle, GenerationRequest, SamplingParams
 from chatapp.errors import ContextOverflowError
+from chatapp.prompting.planner import PromptPlan
 from chatapp.prompting.prompt import ChatMessage, PromptBuilder
 from chatapp.services.divergence import Divergence, PromptLog
-from chatapp.services.prompt_plan import PromptPlan, TooLongWording, check_fits, plan_for, prompt_too_long
+from chatapp.services.prompt_plan import TooLongWording, check_fits, plan_for, prompt_too_long
 from chatapp.services.warmup import Prewarmer
 
 
@@ -36,9 +37,12 @@ class AnswerStart:
         self.prewarmer = prewarmer  # None where nothing warms ahead (the APIs, ask, the bench)
         self.prompts = PromptLog(engine.prompt_builder)
 
-    def plan(self, messages: Sequence[ChatMessage], builder: PromptBuilder | None = None) -> PromptPlan:
-        """The prompt of `messages` for this engine (`builder`: the engine's own, or one offering tools)."""
-        return plan_for(self.engine, messages, builder)
+    def plan(
+        self, messages: Sequence[ChatMessage], builder: PromptBuilder | None = None, keep_through: Sequence[int] = ()
+    ) -> PromptPlan:
+        """The prompt of `messages` for this engine (`builder`: the engine's own, or one offering tools;
+        `keep_through`: the beginnings the request asks to keep, as counts of messages)."""
+        return plan_for(self.engine, messages, builder, keep_through)
 
     def start(
         self,

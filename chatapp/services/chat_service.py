@@ -18,6 +18,7 @@ from pathlib import Path
 from chatapp.documents import Document, load_document
 from chatapp.engine.contract import GenerationHandle, GenerationResult
 from chatapp.errors import ChatappError
+from chatapp.prompting.planner import PromptPlan
 from chatapp.prompting.prompt import ChatMessage
 from chatapp.records import DocumentRecord, MessageRecord, PersonaRecord
 from chatapp.services.answers import AnswerJob
@@ -29,7 +30,7 @@ from chatapp.services.messages import Turn, conversation_messages
 from chatapp.services.model_choice import file_fit_problem
 from chatapp.services.open_conversation import NEW_TITLE, OpenConversation
 from chatapp.services.personas import PersonaService
-from chatapp.services.prompt_plan import PromptPlan, TooLongWording, check_fits
+from chatapp.services.prompt_plan import TooLongWording, check_fits
 from chatapp.services.startup import Workspace, engine_notices
 from chatapp.services.streams import EngineStream
 from chatapp.services.warmup import next_question_plan

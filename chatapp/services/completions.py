@@ -22,20 +22,19 @@ from dataclasses import dataclass, field, replace
 
 import xxhash
 
-from cache.keys import as_token_array, common_prefix_length
 from chatapp.engine.contract import EngineClient, GenerationHandle, GenerationStats, SamplingParams
 from chatapp.errors import ChatappError, GrammarError
 from chatapp.prompting.chat_template import TemplateRenderError
+from chatapp.prompting.planner import PromptPlan, PromptPlanner
 from chatapp.prompting.prompt import ChatMessage, PromptBuilder
 from chatapp.reasoning import Reasoning
 from chatapp.services.answer_run import AnswerRun, EndedAnswer
 from chatapp.services.answer_shape import FREE_TEXT, AnswerShape, ShapedAnswer, ShapeError, read_answer
 from chatapp.services.answer_start import AnswerStart
 from chatapp.services.divergence import Divergence
-from chatapp.services.divergence_place import divergence_place
 from chatapp.services.messages import Turn, conversation_messages
 from chatapp.services.pins import PinAsked, RequestPins
-from chatapp.services.prompt_plan import PromptPlan, TooLongWording
+from chatapp.services.prompt_plan import TooLongWording
 from chatapp.services.streamed_answer import StreamedContent
 from chatapp.services.streams import StreamEvent
 from chatapp.store.answer_ids import AnswerIdStore
@@ -310,8 +309,9 @@ class CompletionService:
             raise RequestError(NO_REMOTE_SHAPES, "tools" if shape.tools else "messages")
         if builder is not None:
             builder = builder.with_reasoning(request.reasoning).with_tools(shape.tools)
+        keep_through = [_chat_messages_in(request.messages, hint.messages) for hint in request.keep]
         try:
-            plan = self._answers.plan(history, builder)
+            plan = self._answers.plan(history, builder, keep_through)
         except TemplateRenderError as error:
             raise RequestError(str(error), "messages") from None
         return history, plan, builder, TOO_LONG_CHAT
@@ -330,10 +330,7 @@ class CompletionService:
             # A grammar that is complete leaves only the end tokens, which ignore_eos forbids: nothing is left.
             raise RequestError(IGNORE_EOS_WITH_GRAMMAR, "ignore_eos")
         sampling = replace(request.sampling, grammar=grammar)
-        kept = self._kept(request, history, builder, plan)
-        if kept and self.engine.takes_checkpoints:  # where a kept beginning ends, a model that cannot cut resumes
-            ends = {len(asked.tokens) for asked in kept}
-            plan = replace(plan, checkpoints=tuple(sorted(ends.union(plan.checkpoints))))
+        kept = self._kept(request, plan)
         self._take_slot()
         try:
             started = self._answers.start(plan, sampling, wording)
@@ -350,33 +347,24 @@ class CompletionService:
         chat_builder = builder if history is not None else None  # a plain completion's text is read as it is
         return Completion(self, handle, history, request.stop, divergence, shape, chat_builder, kept)
 
-    def _kept(
-        self,
-        request: CompletionRequest,
-        history: list[ChatMessage] | None,
-        builder: PromptBuilder | None,
-        plan: PromptPlan,
-    ) -> tuple[PinAsked, ...]:
-        """The prompt's beginnings the request asks to keep, as tokens. They are checkpoints of a model whose
-        state cannot be cut whether or not a cache pins them: where its batches end must not depend on the
-        cache (a run without one gives the answer of a restore)."""
-        if builder is None or history is None or not request.keep:
-            return ()
-        asked = []
-        for hint in request.keep:
-            count = _chat_messages_in(request.messages, hint.messages)
-            if count == 0:
-                continue
-            same = kept_length(builder, history[:count], plan.tokens)
-            if same:
-                label = f"a request's prompt through message {hint.messages} of {len(request.messages)}"
-                asked.append(PinAsked(tuple(plan.tokens[:same]), hint.ttl_s, label))
-        return tuple(asked)
+    @staticmethod
+    def _kept(request: CompletionRequest, plan: PromptPlan) -> tuple[PinAsked, ...]:
+        """The prompt's beginnings the request asks to keep, as tokens (the planner made them checkpoints too,
+        where the model's state cannot be cut)."""
+        return tuple(
+            PinAsked(
+                plan.tokens[:length],
+                hint.ttl_s,
+                f"a request's prompt through message {hint.messages} of {len(request.messages)}",
+            )
+            for hint, length in zip(request.keep, plan.kept, strict=False)
+            if length
+        )
 
     def _place(self, builder: PromptBuilder, history: list[ChatMessage], tokens: Sequence[int], position: int) -> str:
         """Where a prompt left an earlier one, in words; "" when that cannot be said (never a failed request)."""
         try:
-            return divergence_place(builder, history, tokens, position)
+            return PromptPlanner(builder).place_of(history, tokens, position)
         except Exception:
             log.warning("could not name where the prompt diverged", exc_info=True)
             return ""
@@ -462,13 +450,6 @@ class CompletionService:
     def _finished(self) -> None:
         with self._lock:
             self._pending -= 1
-
-
-def kept_length(builder: PromptBuilder, messages: Sequence[ChatMessage], prompt: Sequence[int]) -> int:
-    """How much of `prompt` the beginning through `messages` is (a cache_control breakpoint's end): where the
-    prompt of those messages alone stops agreeing with it."""
-    tokens = builder.build(list(messages), add_generation_prompt=False)
-    return common_prefix_length(as_token_array(tokens), as_token_array(prompt))
 
 
 def _chat_messages_in(messages: Sequence[ApiMessage], count: int) -> int:

@@ -1,4 +1,5 @@
-"""The prompt plan and the one check that it fits, with the one refusal of a prompt that does not.
+"""An engine's prompt plan (the planner's, chatapp/prompting/planner.py) and the one check that it fits, with
+the one refusal of a prompt that does not.
 
 Every surface goes through these by way of answer_start.AnswerStart, the one door an answer
 starts through, so a prompt is built and checked one way, and a prompt that does not fit is
@@ -13,22 +14,8 @@ from dataclasses import dataclass
 
 from chatapp.engine.contract import EngineClient
 from chatapp.errors import ChatappError, ContextOverflowError, DocumentError
+from chatapp.prompting.planner import PromptPlan, PromptPlanner
 from chatapp.prompting.prompt import ChatMessage, PromptBuilder
-from chatapp.services.boundaries import reuse_boundaries
-
-
-@dataclass(frozen=True)
-class PromptPlan:
-    """The prompt's tokens, where later prompts are likely to leave it (checkpoints), and its messages.
-
-    For an engine whose server builds its own prompts (a chat API) `tokens` is empty: the
-    messages go instead.
-    """
-
-    tokens: tuple[int, ...]
-    checkpoints: tuple[int, ...] = ()
-    messages: tuple[ChatMessage, ...] = ()
-    turn_ends: tuple[str, ...] = ()  # text that ends the answer's turn (ChatTemplate.turn_ends)
 
 
 @dataclass(frozen=True)
@@ -59,23 +46,21 @@ def prompt_too_long(prompt_tokens: int, context_tokens: int, wording: TooLongWor
     )
 
 
-def plan_prompt(builder: PromptBuilder, messages: Sequence[ChatMessage], *, checkpoints: bool) -> PromptPlan:
-    """The tokens of `messages` (the last one the new question) and, where asked, their checkpoints."""
-    listed = list(messages)
-    tokens = tuple(builder.build(listed))
-    boundaries = reuse_boundaries(builder, listed) if checkpoints else ()
-    return PromptPlan(tokens, boundaries, tuple(listed), builder.template.turn_ends)
-
-
-def plan_for(engine: EngineClient, messages: Sequence[ChatMessage], builder: PromptBuilder | None = None) -> PromptPlan:
+def plan_for(
+    engine: EngineClient,
+    messages: Sequence[ChatMessage],
+    builder: PromptBuilder | None = None,
+    keep_through: Sequence[int] = (),
+) -> PromptPlan:
     """The plan for `engine`: checkpoints only where it keeps them; messages alone where its server builds prompts.
 
-    `builder` is the engine's own or one derived from it (offering tools).
+    `builder` is the engine's own or one derived from it (offering tools); `keep_through`: the beginnings a
+    request asks to keep, as counts of messages (`PromptPlanner.plan`).
     """
     builder = builder or engine.prompt_builder
     if builder is None:
         return PromptPlan((), (), tuple(messages))
-    return plan_prompt(builder, messages, checkpoints=engine.takes_checkpoints)
+    return PromptPlanner(builder).plan(messages, checkpoints=engine.takes_checkpoints, keep_through=keep_through)
 
 
 def builder_of(engine: EngineClient) -> PromptBuilder:

@@ -15,12 +15,11 @@ from collections.abc import Sequence
 from chatapp.documents import Document
 from chatapp.engine.contract import EngineClient, GenerationHandle, GenerationRequest, SamplingParams
 from chatapp.errors import ContextOverflowError
+from chatapp.prompting.planner import PromptPlan, PromptPlanner, settled_text
 from chatapp.prompting.prompt import ChatMessage
 from chatapp.records import MessageRecord
 from chatapp.services.branches import branch_turns
-from chatapp.services.drafts import draft_prompt_tokens, settled_text
 from chatapp.services.messages import conversation_messages, next_question_parts
-from chatapp.services.prompt_plan import PromptPlan
 from chatapp.vocabulary import Role
 
 # Nothing is sampled; the request type still wants sampling settings.
@@ -33,7 +32,7 @@ def draft_plan(
     """What to warm for `engine`: the draft's tokens, or (where its server builds prompts) its messages."""
     builder = engine.prompt_builder
     if builder is not None:
-        return PromptPlan(tuple(draft_prompt_tokens(builder, messages, parts_before, draft)))
+        return PromptPlan(tuple(PromptPlanner(builder).draft_tokens(messages, parts_before, draft)))
     parts = tuple(part for part in (*parts_before, settled_text(draft)) if part)
     if not parts:  # servers refuse an empty message: warm what comes before it
         return PromptPlan((), (), tuple(messages))

@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 from textual.worker import get_current_worker
 
+from chatapp.prompting.planner import settled_text
 from chatapp.services.chat_service import ChatService
-from chatapp.services.drafts import settled_text
 from chatapp.services.streams import PromptProgress
 from chatapp.tui.chat_widgets import ChatWidgets
 from chatapp.tui.messages import WarmProgress

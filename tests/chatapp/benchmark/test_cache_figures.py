@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 
 from chatapp.benchmark import runner
-from chatapp.benchmark.cache_figures import distinct_tokens, measure_lookup, measure_storage, measure_storage_by_type
+from chatapp.benchmark.cache_figures import (
+    StorageWork,
+    distinct_tokens,
+    measure_lookup,
+    measure_storage,
+    measure_storage_by_type,
+)
 from chatapp.benchmark.peers import PeerSettings
 from chatapp.engine.kv_types import KvType
 from tests.chatapp.benchmark.figure_support import measured
@@ -33,15 +39,7 @@ def test_lookups_find_what_each_kind_of_prompt_shares_with_the_index() -> None:
 @pytest.mark.slow
 def test_storage_weighs_the_folder_against_the_distinct_tokens(tiny_model: Path, tmp_path: Path) -> None:
     settings = PeerSettings(model_path=tiny_model, context=512, threads=1, block_size=16)
-    figures = measured(
-        measure_storage,
-        settings,
-        tmp_path / "storage",
-        conversations=3,
-        persona_tokens=60,
-        question_tokens=10,
-        max_tokens=4,
-    )
+    figures = measured(measure_storage, settings, tmp_path / "storage", StorageWork(3, 60, 10, 4))
     assert figures.distinct_tokens > 60  # the persona once, then each question and answer
     assert figures.distinct_kv_bytes == figures.distinct_tokens * figures.kv_bytes_per_token
     assert figures.stored_payload_bytes >= figures.distinct_kv_bytes, "every distinct token is stored"
@@ -53,15 +51,7 @@ def test_storage_weighs_the_folder_against_the_distinct_tokens(tiny_model: Path,
 def test_storage_in_each_kv_type_weighs_its_bytes_and_its_answers_against_f16(tmp_path: Path) -> None:
     wide = write_tiny_llama(tmp_path / "wide.gguf", n_embd=128)  # heads of 32 values: every type's block
     settings = PeerSettings(model_path=wide, context=512, threads=1, block_size=16)
-    by_type = measured(
-        measure_storage_by_type,
-        settings,
-        tmp_path / "storage",
-        conversations=3,
-        persona_tokens=60,
-        question_tokens=10,
-        max_tokens=6,
-    )
+    by_type = measured(measure_storage_by_type, settings, tmp_path / "storage", StorageWork(3, 60, 10, 6))
     assert set(by_type.figures) == set(KvType)
     assert not by_type.refused
     assert by_type.bytes_ratio(KvType.Q8_0) == 34 / 64

@@ -20,8 +20,8 @@ from typing import NamedTuple
 
 from chatapp.engine.engine import Engine
 from chatapp.engine.requests import GenerationRequest, SamplingParams
+from chatapp.prompting.planner import PromptPlanner
 from chatapp.prompting.prompt import ChatMessage
-from chatapp.services.boundaries import reuse_boundaries
 from chatapp.vocabulary import ReuseTier, Role
 from tests.cache_support import cached_engine
 
@@ -50,7 +50,7 @@ class Answer(NamedTuple):
 
 def ask(engine: Engine, messages: list[ChatMessage]) -> Answer:
     prompt = tuple(engine.prompt_builder.build(messages))
-    request = GenerationRequest(prompt, GREEDY, checkpoints=reuse_boundaries(engine.prompt_builder, messages))
+    request = GenerationRequest(prompt, GREEDY, checkpoints=PromptPlanner(engine.prompt_builder).boundaries(messages))
     result = engine.generate(request).wait()
     stats = result.stats
     return Answer(result.token_ids, stats.reused_tokens, stats.reuse_tier, stats.logits_digest)

@@ -60,8 +60,8 @@ from chatapp.engine.engine import Engine, EngineConfig
 from chatapp.engine.kv_placement import RESTORE_MARGIN_TOKENS
 from chatapp.engine.kv_types import KvType
 from chatapp.engine.requests import GenerationRequest, SamplingParams
+from chatapp.prompting.planner import PromptPlanner
 from chatapp.prompting.prompt import ChatMessage
-from chatapp.services.boundaries import reuse_boundaries
 from chatapp.vocabulary import Role, StopReason
 from tests.cache_support import cached_engine
 from tests.conftest import ON_DEVICE
@@ -331,7 +331,9 @@ class Replay:
         sampling = SamplingParams(temperature=0.0, max_tokens=step.max_tokens)
         sequence = None if step.sequence is None else step.sequence % self.plan.sequences
         cold = self.cold.generate(GenerationRequest(prompt, sampling, use_cache=False)).wait()
-        boundaries = reuse_boundaries(self.engine.prompt_builder, messages) if self.engine.takes_checkpoints else ()
+        boundaries = (
+            PromptPlanner(self.engine.prompt_builder).boundaries(messages) if self.engine.takes_checkpoints else ()
+        )
         warm = self.engine.generate(
             GenerationRequest(prompt, sampling, sequence=sequence, use_cache=step.use_cache, checkpoints=boundaries)
         ).wait()

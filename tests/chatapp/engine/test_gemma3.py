@@ -26,8 +26,8 @@ from cache.state_format import extract_piece, parse_state
 from chatapp.engine.batching import on_grid
 from chatapp.engine.engine import Engine, EngineConfig
 from chatapp.engine.requests import GenerationRequest
+from chatapp.prompting.planner import PromptPlanner
 from chatapp.prompting.prompt import ChatMessage
-from chatapp.services.boundaries import reuse_boundaries
 from chatapp.vocabulary import ReuseTier, Role
 from tests.chatapp.engine.gemma_support import (
     CONTEXT,
@@ -109,7 +109,11 @@ def test_the_persona_restores_from_ram_exactly(gemma: Path, cold: Engine, tmp_pa
         second = about("Which lighthouse is the tallest?")
         answer = ask(engine, second)
         assert answer.tier is ReuseTier.RAM
-        assert answer.reused == on_grid(reuse_boundaries(engine.prompt_builder, second)[0], engine.info.prompt_grid) > 0
+        assert (
+            answer.reused
+            == on_grid(PromptPlanner(engine.prompt_builder).boundaries(second)[0], engine.info.prompt_grid)
+            > 0
+        )
         assert_as_cold(cold, second, answer)
         assert_kv_as_cold(engine, cold)
 
@@ -131,7 +135,7 @@ def test_a_document_past_the_window_restores_from_disk_in_a_new_process(
     )
     report = json.loads(child.stdout.strip().splitlines()[-1])
     assert report["tier"] == "disk"
-    document_end = reuse_boundaries(cold.prompt_builder, second)[-1]
+    document_end = PromptPlanner(cold.prompt_builder).boundaries(second)[-1]
     assert report["reused"] == on_grid(document_end, cold.info.prompt_grid) > 1024
     assert_as_cold(cold, second, Answer(tuple(report["tokens"]), report["reused"], ReuseTier.DISK, report["digest"]))
 

@@ -22,8 +22,8 @@ from chatapp.engine.events import GenerationResult, PromptProgress
 from chatapp.engine.gate import Step
 from chatapp.engine.kv_placement import FRESH_TOKENS
 from chatapp.engine.requests import GenerationRequest, SamplingParams
+from chatapp.prompting.planner import PromptPlanner
 from chatapp.prompting.prompt import ChatMessage
-from chatapp.services.boundaries import reuse_boundaries
 from chatapp.vocabulary import ReuseTier, Role, StopReason
 from tests.cache_support import cached_engine
 from tests.conftest import ON_DEVICE
@@ -111,7 +111,7 @@ def messages_for(question: str, history: tuple[str, ...] = ()) -> list[ChatMessa
 def request_for(engine: Engine, messages: list[ChatMessage], *, prefill_only: bool = False) -> GenerationRequest:
     """The request the chat service makes: the prompt and the boundaries it names."""
     prompt = tuple(engine.prompt_builder.build(messages))
-    checkpoints = reuse_boundaries(engine.prompt_builder, messages) if engine.takes_checkpoints else ()
+    checkpoints = PromptPlanner(engine.prompt_builder).boundaries(messages) if engine.takes_checkpoints else ()
     return GenerationRequest(prompt, GREEDY, checkpoints=checkpoints, prefill_only=prefill_only)
 
 
@@ -133,7 +133,7 @@ def reusable(engine: Engine, tokens: int, prompt: int) -> int:
 
 def persona_end(engine: Engine) -> int:
     """Where a new question on the persona leaves an earlier one (a boundary the requests name)."""
-    return reuse_boundaries(engine.prompt_builder, messages_for("x"))[0]
+    return PromptPlanner(engine.prompt_builder).boundaries(messages_for("x"))[0]
 
 
 def test_the_state_format_is_understood(model: Tiny, tmp_path: Path) -> None:
@@ -202,7 +202,7 @@ def test_asking_again_rewinds_the_sequence_and_equals_a_cold_run(model: Tiny, co
         branch = messages_for("Name a tree.", history=("Name a bird.",))  # another question after the history
         result = ask(engine, branch)
         assert result.token_ids == cold_answer(cold, branch)
-        boundary = reuse_boundaries(engine.prompt_builder, branch)[-1]
+        boundary = PromptPlanner(engine.prompt_builder).boundaries(branch)[-1]
         assert result.stats.reused_tokens >= reusable(engine, boundary, result.stats.prompt_tokens)
 
 
@@ -215,7 +215,7 @@ def test_a_document_long_past_the_window_restores_exactly(model: Tiny, cold: Eng
         second = [ChatMessage.of(Role.SYSTEM, PERSONA), ChatMessage.of(Role.USER, document, "Which beacon is last?")]
         result = ask(engine, second)
         assert result.token_ids == cold_answer(cold, second)
-        document_end = reuse_boundaries(engine.prompt_builder, second)[-1]
+        document_end = PromptPlanner(engine.prompt_builder).boundaries(second)[-1]
         assert result.stats.reused_tokens >= reusable(engine, document_end, result.stats.prompt_tokens)
         assert document_end > 300
 
@@ -367,7 +367,7 @@ def test_a_window_with_a_gap_is_never_kept_by_a_cut(iswa: Tiny, tmp_path: Path) 
         messages = messages_for("Name a colour.", history=("Name a bird.", "Name a fish."))
         ask(engine, messages)
         engine.flush_cache()  # the engine thread is idle from here on
-        cut = reuse_boundaries(engine.prompt_builder, messages)[-1] - 2  # no checkpoint there
+        cut = PromptPlanner(engine.prompt_builder).boundaries(messages)[-1] - 2  # no checkpoint there
         assert persona_end(engine) < cut - 6
         assert engine.context.remove(0, cut - 6, cut - 4)  # two cells the next token needs
         assert engine.context.min_position(0) == 0  # the oldest cell alone does not show the gap
@@ -407,7 +407,7 @@ def test_a_rewound_window_keeps_its_placeholders_out_of_later_cuts(iswa: Tiny, t
         messages = messages_for("Name a colour.", history=("Name a bird.", "Name a fish."))
         ask(engine, messages)
         engine.flush_cache()  # the engine thread is idle from here on
-        cut = reuse_boundaries(engine.prompt_builder, messages)[-1] - 2  # no checkpoint there
+        cut = PromptPlanner(engine.prompt_builder).boundaries(messages)[-1] - 2  # no checkpoint there
         assert engine.context.remove(0, cut - 6, cut - 4)  # a gap in the window: the cut must rewind
         kept = engine.placer.cut(0, cut)
         # Rewound to the persona's checkpoint (on a device: its last whole grid batch).

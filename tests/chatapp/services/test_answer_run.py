@@ -9,12 +9,13 @@ from chatapp.engine.engine import Engine
 from chatapp.engine.requests import SamplingParams
 from chatapp.prompting.chat_template import FALLBACK_CHATML
 from chatapp.prompting.grammar import Grammar
+from chatapp.prompting.planner import PromptPlanner
 from chatapp.prompting.prompt import ChatMessage
 from chatapp.services.answer_run import AnswerRun
 from chatapp.services.answer_start import AnswerStart
 from chatapp.services.chat import ChatSession
 from chatapp.services.conversation import Conversation
-from chatapp.services.prompt_plan import TooLongWording, builder_of, plan_prompt
+from chatapp.services.prompt_plan import TooLongWording, builder_of
 from chatapp.vocabulary import MessageStatus, Role, StopReason
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)  # 12 tokens on every CPU
@@ -61,7 +62,7 @@ def run_to_end(
 ) -> tuple[str, StopReason]:
     """An answer to QUESTION whose prompt says its turn ends at `turn_ends` (as a template-less model's does)."""
     builder = builder_of(engine)
-    plan = plan_prompt(builder, [ChatMessage.of(Role.USER, QUESTION)], checkpoints=False)
+    plan = PromptPlanner(builder).plan([ChatMessage.of(Role.USER, QUESTION)], checkpoints=False)
     started = AnswerStart(engine).start(replace(plan, turn_ends=turn_ends), sampling, WORDING)
     run = AnswerRun(started.handle, stops)
     text = "".join(getattr(event, "text", "") for event in run.events())

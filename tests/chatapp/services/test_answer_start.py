@@ -8,9 +8,10 @@ import pytest
 
 from chatapp.engine.engine import Engine
 from chatapp.engine.requests import SamplingParams
+from chatapp.prompting.planner import PromptPlan
 from chatapp.prompting.prompt import ChatMessage
 from chatapp.services.answer_start import AnswerStart
-from chatapp.services.prompt_plan import PromptPlan, PromptTooLongError, TooLongWording
+from chatapp.services.prompt_plan import PromptTooLongError, TooLongWording
 from chatapp.services.warmup import Prewarmer
 from chatapp.vocabulary import Role
 

@@ -7,16 +7,10 @@ import pytest
 from chatapp.engine.engine import Engine
 from chatapp.engine.requests import SamplingParams
 from chatapp.errors import ContextOverflowError, DocumentError
+from chatapp.prompting.planner import PromptPlan, PromptPlanner
 from chatapp.prompting.prompt import ChatMessage
 from chatapp.services.answer_start import AnswerStart
-from chatapp.services.prompt_plan import (
-    PromptPlan,
-    PromptTooLongError,
-    TooLongWording,
-    plan_for,
-    plan_prompt,
-    prompt_too_long,
-)
+from chatapp.services.prompt_plan import PromptTooLongError, TooLongWording, plan_for, prompt_too_long
 from chatapp.vocabulary import Role
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=4)
@@ -42,7 +36,7 @@ def test_a_plan_is_the_builders_tokens_and_checkpoints_only_where_kept(shared_en
     assert plan.tokens == tuple(shared_engine.prompt_builder.build(messages))
     assert not shared_engine.takes_checkpoints
     assert plan.checkpoints == ()
-    with_points = plan_prompt(shared_engine.prompt_builder, messages, checkpoints=True)
+    with_points = PromptPlanner(shared_engine.prompt_builder).plan(messages, checkpoints=True)
     assert with_points.tokens == plan.tokens
     assert with_points.checkpoints
     assert all(0 < point < len(plan.tokens) for point in with_points.checkpoints)

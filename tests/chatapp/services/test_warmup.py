@@ -13,9 +13,9 @@ from chatapp.engine.engine import Engine, EngineConfig
 from chatapp.engine.gate import Step
 from chatapp.engine.handle import GenerationHandle
 from chatapp.engine.requests import GenerationRequest, SamplingParams
+from chatapp.prompting.planner import PromptPlanner, settled_text
 from chatapp.prompting.prompt import ChatMessage
 from chatapp.services.conversation import Conversation
-from chatapp.services.drafts import draft_prompt_tokens, settled_text
 from chatapp.services.messages import document_block
 from chatapp.services.warmup import Prewarmer
 from chatapp.vocabulary import Role, StopReason
@@ -59,9 +59,9 @@ def test_draft_prompt_drops_the_token_at_the_settled_boundary(engine: Engine) ->
     builder = engine.prompt_builder
     persona = [ChatMessage.of(Role.SYSTEM, PERSONA)]
     parts = (document_block(DOCUMENT),)
-    empty = draft_prompt_tokens(builder, persona, parts, "Whi")  # nothing settled: nothing dropped
+    empty = PromptPlanner(builder).draft_tokens(persona, parts, "Whi")  # nothing settled: nothing dropped
     assert empty == builder.draft_tokens(persona, ChatMessage.of(Role.USER, *parts, ""))
-    typed = draft_prompt_tokens(builder, persona, parts, "Which budget li")
+    typed = PromptPlanner(builder).draft_tokens(persona, parts, "Which budget li")
     assert typed == builder.draft_tokens(persona, ChatMessage.of(Role.USER, *parts, "Which budget "))[:-1]
     sent = builder.build([*persona, ChatMessage.of(Role.USER, *parts, QUESTION)])
     assert len(empty) < len(typed)
@@ -162,7 +162,9 @@ def test_typing_with_warm_ups_sends_the_same_prompt_and_gets_the_cold_answer(
         parts_before = (document_block(DOCUMENT),)
         prewarmer = Prewarmer(warm_engine)
         # Warm-ahead: persona and document as soon as the conversation opens, kept in the cache.
-        prewarmer.warm(draft_prompt_tokens(builder, conversation.prompt_messages(), parts_before, ""), store=True)
+        prewarmer.warm(
+            PromptPlanner(builder).draft_tokens(conversation.prompt_messages(), parts_before, ""), store=True
+        )
         prewarmer.wait()
         warm_engine.flush_cache()
         assert warm_engine.cache is not None
@@ -172,7 +174,9 @@ def test_typing_with_warm_ups_sends_the_same_prompt_and_gets_the_cold_answer(
         warmed = 0
         for end in range(1, len(QUESTION) + 1):
             if QUESTION[end - 1].isspace():
-                tokens = draft_prompt_tokens(builder, conversation.prompt_messages(), parts_before, QUESTION[:end])
+                tokens = PromptPlanner(builder).draft_tokens(
+                    conversation.prompt_messages(), parts_before, QUESTION[:end]
+                )
                 warmed += prewarmer.warm(tokens, store=False) is not None
                 prewarmer.wait()
         assert warmed >= QUESTION.count(" ") - 2
