@@ -9,6 +9,7 @@ to the message box.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from textual.widgets import Markdown
 
@@ -35,25 +36,25 @@ from chatapp.tui.widgets import PROGRESS_FROM_TOKENS
 from chatapp.vocabulary import Role
 
 
+@dataclass(frozen=True)
+class AnswerSiblings:
+    """The controllers an answer's start and end reach: the edit it sends, the branch it redraws, the warm-up
+    it starts again, and a model switch waiting for it to end."""
+
+    edit: QuestionEdit
+    shown: BranchDisplay
+    warm: WarmAhead
+    model_switch: ModelSwitch
+
+
 class AnswerRunner:
     """At most one answer in flight (`flight`), set before any await so a second Enter cannot start another."""
 
-    def __init__(
-        self,
-        widgets: ChatWidgets,
-        service: ChatService,
-        *,
-        edit: QuestionEdit,
-        shown: BranchDisplay,
-        warm: WarmAhead,
-        model_switch: ModelSwitch,
-    ) -> None:
+    def __init__(self, widgets: ChatWidgets, service: ChatService, siblings: AnswerSiblings) -> None:
         self._widgets = widgets
         self._service = service
-        self._edit = edit
-        self._shown = shown
-        self._warm = warm
-        self._model_switch = model_switch
+        self._edit, self._shown, self._warm = siblings.edit, siblings.shown, siblings.warm
+        self._model_switch = siblings.model_switch
         self.flight: AnswerFlight | None = None
 
     @property

@@ -26,7 +26,7 @@ from textual.widgets import Footer, Header
 from chatapp.errors import ChatappError
 from chatapp.services.chat_service import ChatService
 from chatapp.tui import commands
-from chatapp.tui.answer_runner import AnswerRunner
+from chatapp.tui.answer_runner import AnswerRunner, AnswerSiblings
 from chatapp.tui.branch_display import BranchDisplay
 from chatapp.tui.chat_widgets import ChatWidgets
 from chatapp.tui.composer import Composer
@@ -60,7 +60,7 @@ class MainScreen(Screen[None]):
         )
         self.model_switch = ModelSwitch(widgets, service, lambda: self.answering, self.engine_ready)
         self.answers = AnswerRunner(
-            widgets, service, edit=self.edit, shown=self.shown, warm=self.warm, model_switch=self.model_switch
+            widgets, service, AnswerSiblings(self.edit, self.shown, self.warm, self.model_switch)
         )
         self.conversations = ConversationActions(widgets, service, self.shown, self.refuse_while_busy, self._titled)
         self.documents = DocumentAttach(widgets, service, self.shown.change, lambda: self.shown.branch)
