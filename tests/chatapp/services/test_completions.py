@@ -10,14 +10,17 @@ import pytest
 from chatapp.engine.engine import Engine
 from chatapp.engine.gate import Step
 from chatapp.engine.requests import SamplingParams
+from chatapp.prompting.planner import PromptPlan
 from chatapp.services.completions import (
     ApiMessage,
     Completion,
     CompletionRequest,
     CompletionService,
+    KeepHint,
     RequestError,
     ServerBusyError,
 )
+from chatapp.services.pins import PinAsked
 from chatapp.store.answer_ids import AnswerIdStore
 from chatapp.tools import ToolCall
 from chatapp.vocabulary import Role, StopReason
@@ -152,3 +155,17 @@ def test_reasoning_stays_in_the_history_unless_told_to_go_as_the_template_would(
     dropped = CompletionService(shared_engine, "model-a", keep_reasoning=False).chat_messages(conversation)
     assert dropped[1].content == "Hello!"
     assert dropped[3].content == thought, "after the latest question: kept"
+
+
+def test_each_kept_beginning_pins_its_own_length_ttl_and_label_past_one_that_is_no_beginning() -> None:
+    """A hint that covers no whole message of the app's (the planner's length 0) asks for nothing; the ones after
+    it keep their own lengths, lifetimes and names."""
+    request = CompletionRequest(
+        GREEDY, messages=QUESTION * 2, keep=(KeepHint(1, 300.0), KeepHint(2, 3600.0), KeepHint(4, 300.0))
+    )
+    plan = PromptPlan(tuple(range(40)), kept=(0, 17, 33))
+    asked = CompletionService._kept(request, plan)
+    assert asked == (
+        PinAsked(tuple(range(17)), 3600.0, "a request's prompt through message 2 of 4"),
+        PinAsked(tuple(range(33)), 300.0, "a request's prompt through message 4 of 4"),
+    )
