@@ -49,7 +49,7 @@ from cache.segments import (
     sweep,
 )
 from cache.stats import DiskSizes, DiskStats, TierCounters
-from cache.tier import Payload, Sink, Stored
+from cache.tier import Keep, Payload, Sink, Stored, keeps
 from cache.tiers import ReuseTier
 
 log = logging.getLogger(__name__)
@@ -703,7 +703,7 @@ class DiskTier:
         )
         return [bytes(payload) if payload is not None else None for payload in payloads]
 
-    def read_into(self, infos: Sequence[BlockInfo], sink: Sink, *, keep: bool) -> list[bool]:
+    def read_into(self, infos: Sequence[BlockInfo], sink: Sink, *, keep: Keep) -> list[bool]:
         """Hand each intact payload of `infos` to `sink` as it is read, as `get_many` reads them; which ones were.
 
         Payloads in files are read into new memory the sink may keep (`keep`), else into the reading
@@ -712,11 +712,11 @@ class DiskTier:
         with self.reading():
             return self._read_into(infos, sink, keep=keep)
 
-    def _read_into(self, infos: Sequence[BlockInfo], sink: Sink, *, keep: bool) -> list[bool]:
+    def _read_into(self, infos: Sequence[BlockInfo], sink: Sink, *, keep: Keep) -> list[bool]:
         sizes = [info.payload_size for info in infos]
 
         def read(number: int, reader: Reader) -> Checked | None:
-            target = np.empty(sizes[number], dtype=np.uint8) if keep else _scratch_of(sizes[number])
+            target = np.empty(sizes[number], dtype=np.uint8) if keeps(keep, number) else _scratch_of(sizes[number])
             checked = _checked(reader(target))
             if checked is not None and len(checked[0]) == sizes[number] and checked[1] == infos[number].checksum:
                 sink(number, checked[0])

@@ -189,8 +189,8 @@ class PrefixCache:
         """A lookup's prefix as a state for `dest_seq` (see StateAssembly), from the fastest tier that has each entry.
 
         Blocks read from a slower tier go straight into the state, each through memory of one block's size:
-        kept by RAM when `keep_blocks` (no copy), else the reading thread's scratch (a caller that
-        keeps the whole state instead). A missing or damaged block shortens a plain model's prefix to
+        kept by RAM when `keep_blocks` (no copy) as far as its budget goes, else the reading thread's scratch
+        (a caller that keeps the whole state instead). A missing or damaged block shortens a plain model's prefix to
         the blocks before it; a model that needs its checkpoint gets nothing unless every block and
         the checkpoint are there.
         """
@@ -259,14 +259,15 @@ class PrefixCache:
             window_ring=window_ring,
         )
         wanted = blocks[: assembly.pieces]
+        keep = self._kept_by_ram(wanted) if keep_blocks else [False] * len(wanted)
         kept: dict[int, bytes | np.ndarray] = {}
 
         def sink(number: int, payload: Payload, tier: int) -> None:
             assembly.fill(number, payload)
-            if tier and keep_blocks and not isinstance(payload, memoryview):  # new memory, or a row's own bytes
+            if tier and keep[number] and not isinstance(payload, memoryview):  # new memory, or a row's own bytes
                 kept[number] = payload
 
-        served = self.tiers.read_into(wanted, sink, keep=keep_blocks)
+        served = self.tiers.read_into(wanted, sink, keep=keep)
         lost = [number for number, by in enumerate(served) if by is None]
         for number in lost:
             self.entries.forget(wanted[number])
@@ -281,6 +282,17 @@ class PrefixCache:
         slowest = max((by for by in served if by is not None), default=0)
         first = [wanted[number] for number, by in enumerate(served) if by == 0]
         return _Filled(assembly.finish(), usable, slowest, first, tokens)
+
+    def _kept_by_ram(self, blocks: Sequence[BlockInfo]) -> list[bool]:
+        """Which blocks a fetch reads into memory RAM then keeps: the first ones (a prefix's first blocks are
+        kept longest), within RAM's budget. The rest go through the readers' scratch: a prefix larger than the
+        budget never holds every block beside its state, only to see RAM evict most of them at once."""
+        room = self.ram.budget_bytes
+        keep = []
+        for info in blocks:
+            room -= info.payload_size
+            keep.append(room >= 0)
+        return keep
 
     def slowest_tier(self, found: CachedPrefix) -> ReuseTier:
         """Where a fetch of `found` would read from: the first tier (RAM) when it has every entry, else the next."""

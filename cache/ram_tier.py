@@ -21,7 +21,7 @@ from cache.eviction import BlockPlace, EvictionPolicy, LruPolicy
 from cache.keys import BlockKey
 from cache.state_assembly import in_parallel
 from cache.stats import RamStats, TierCounters
-from cache.tier import Sink, Stored
+from cache.tier import Keep, Sink, Stored
 from cache.tiers import ReuseTier
 
 # A block's bytes: as stored (bytes), or the read-only memory a restore read it into from disk (no copy made).
@@ -111,7 +111,7 @@ class RamTier:
     def holding(self, infos: Sequence[BlockInfo]) -> set[BlockKey]:
         return {info.key for info in infos if info.key in self}
 
-    def read_into(self, infos: Sequence[BlockInfo], sink: Sink, *, keep: bool) -> list[bool]:
+    def read_into(self, infos: Sequence[BlockInfo], sink: Sink, *, keep: Keep) -> list[bool]:
         """Each kept payload to `sink` (its own memory: nothing copied), on several threads when large, as the
         disk's readers do. Taken deepest first, so that the first, which the others need, is used last: the
         policy keeps it longest."""

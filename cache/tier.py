@@ -27,6 +27,15 @@ Payload = bytes | memoryview | np.ndarray
 # Takes an entry's payload as it is read: the entry's index among those asked for, and the bytes (valid only
 # during the call unless the read was asked to `keep` them).
 Sink = Callable[[int, Payload], None]
+# Whether the sink may keep the payloads read: one answer for all, or one per entry asked for.
+Keep = bool | Sequence[bool]
+
+
+def keeps(keep: Keep, index: int) -> bool:
+    """Whether the sink may keep entry `index`'s payload."""
+    return keep if isinstance(keep, bool) else keep[index]
+
+
 # An entry's bytes as handed to `put`: whole, memory a read made (kept as it is), or the parts of a state.
 Stored = bytes | np.ndarray | PayloadParts
 
@@ -42,9 +51,9 @@ class Tier(Protocol):
         """Which of these entries it keeps, unexpired (one query for all)."""
         ...
 
-    def read_into(self, infos: Sequence[BlockInfo], sink: Sink, *, keep: bool) -> list[bool]:
-        """Hand each payload it keeps, intact, to `sink`, marked used; which ones it had. With `keep` the
-        payloads are memory the sink may keep, else they may be scratch valid during the call only."""
+    def read_into(self, infos: Sequence[BlockInfo], sink: Sink, *, keep: Keep) -> list[bool]:
+        """Hand each payload it keeps, intact, to `sink`, marked used; which ones it had. Where `keep` says so
+        the payloads are memory the sink may keep, else they may be scratch valid during the call only."""
         ...
 
     def put(self, info: BlockInfo, payload: Stored) -> bool:

@@ -17,7 +17,7 @@ from typing import TypeVar
 
 from cache.blocks import BlockInfo, payload_checksum
 from cache.keys import BlockKey
-from cache.tier import Payload, Stored, Tier
+from cache.tier import Keep, Payload, Stored, Tier, keeps
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ class TierChain:
         """Whether a tier after the first keeps anything (a disk switched off does not)."""
         return any(tier.enabled for tier in self.tiers[1:])
 
-    def read_into(self, infos: Sequence[BlockInfo], sink: ChainSink, *, keep: bool) -> list[int | None]:
+    def read_into(self, infos: Sequence[BlockInfo], sink: ChainSink, *, keep: Keep) -> list[int | None]:
         """Hand each entry's payload to `sink` from the fastest tier that has it intact; the number of the tier
         that served each (None: none did, the entry is lost)."""
         served: list[int | None] = [None] * len(infos)
@@ -64,10 +64,11 @@ class TierChain:
                 sink(wanted[index], payload, tier)
                 served[wanted[index]] = tier
 
-            self._read_tier(number, [infos[index] for index in wanted], hand, keep)
+            kept = keep if isinstance(keep, bool) else [keeps(keep, index) for index in wanted]
+            self._read_tier(number, [infos[index] for index in wanted], hand, kept)
         return served
 
-    def _read_tier(self, number: int, infos: Sequence[BlockInfo], sink: ChainSink, keep: bool) -> None:
+    def _read_tier(self, number: int, infos: Sequence[BlockInfo], sink: ChainSink, keep: Keep) -> None:
         """`read_into` of one tier, each payload checked where the tier does not check its own; the sink's own
         failure raised again once the tier is done (the tier's is a miss)."""
         tier = self.tiers[number]

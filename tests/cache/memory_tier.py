@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from cache.blocks import BlockInfo, PayloadParts
 from cache.keys import BlockKey
-from cache.tier import Sink, Stored
+from cache.tier import Keep, Sink, Stored, keeps
 from cache.tiers import ReuseTier
 
 
@@ -38,6 +38,7 @@ class MemoryTier:
     pinned: set[BlockKey] = field(default_factory=set)
     touched: list[BlockKey] = field(default_factory=list)
     stores: int = 0  # how many `storing` blocks were opened
+    keeps_asked: list[list[bool]] = field(default_factory=list)  # per read, whether each payload may be kept
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def holding(self, infos: Sequence[BlockInfo]) -> set[BlockKey]:
@@ -45,7 +46,8 @@ class MemoryTier:
         with self._lock:
             return {info.key for info in infos if info.key in self.kept}
 
-    def read_into(self, infos: Sequence[BlockInfo], sink: Sink, *, keep: bool) -> list[bool]:
+    def read_into(self, infos: Sequence[BlockInfo], sink: Sink, *, keep: Keep) -> list[bool]:
+        self.keeps_asked.append([keeps(keep, index) for index in range(len(infos))])
         if self.faults.fail_reads:
             raise ConnectionError("the store is unreachable")
         with self._lock:

@@ -3,6 +3,7 @@ what they lost byte for byte, and its faults cost hits, never a wrong restore or
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -154,3 +155,29 @@ def test_a_new_tier_shows_its_own_figures_in_the_stats(tmp_path: Path) -> None:
     store_sequence(cache, TOKENS)
     assert cache.stats()["more_tiers"] == [{"entries": len(cache.index.entries)}]
     cache.close()
+
+
+def test_a_prefix_larger_than_rams_budget_is_read_into_kept_memory_only_as_far_as_the_budget(tmp_path: Path) -> None:
+    """RAM keeps a prefix's first blocks as far as its budget goes: only those are read into memory it keeps,
+    the rest through the readers' scratch, so a large prefix never holds all its blocks beside its state."""
+    extra = MemoryTier()
+    first = cache_with(tmp_path / "sizes", MemoryTier())
+    blob = store_sequence(first, TOKENS)
+    sizes = [info.payload_size for info in sorted(first.index.entries.values(), key=lambda info: info.start)]
+    first.close()
+    assert len(sizes) == 3
+    small = PrefixCache(
+        tmp_path / "small",
+        namespace(),
+        LAYOUT,
+        replace(CONFIG, ram_budget_bytes=sizes[0] + sizes[1]),
+        more_tiers=[extra],
+    )
+    assert store_sequence(small, TOKENS) == blob
+    faster_tiers_emptied(small)
+    state, matched, _tier = restored_state(small, [*TOKENS, 999])
+    assert (state, matched) == (blob, len(TOKENS))
+    assert extra.keeps_asked[-1] == [True, True, False]
+    kept = [info.key in small.ram for info in sorted(small.index.entries.values(), key=lambda info: info.start)]
+    assert kept == [True, True, False]
+    small.close()

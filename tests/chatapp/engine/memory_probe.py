@@ -1,6 +1,6 @@
 """One engine process for the peak-memory test: a question, then the process's peak RSS, as JSON.
 
-Run as `python -m tests.chatapp.engine.memory_probe MODEL FOLDER TOKENS USE_CACHE READY_BYTES`: each step
+Run as `python -m tests.chatapp.engine.memory_probe MODEL FOLDER TOKENS USE_CACHE READY_BYTES [RAM_BYTES]`: each step
 of the test is its own process, so each peak is that step's (the short question's, the storing run's,
 the restoring run's), as a user's `chatapp ask` runs would be.
 """
@@ -18,7 +18,7 @@ from tests.cache_support import cached_engine
 CONTEXT = 4096
 
 
-def main(model: str, folder: str, tokens: str, use_cache: str, ready_bytes: str) -> None:
+def main(model: str, folder: str, tokens: str, use_cache: str, ready_bytes: str, ram_bytes: str = str(1 << 30)) -> None:
     with cached_engine(
         Path(folder),
         Path(model),
@@ -27,7 +27,7 @@ def main(model: str, folder: str, tokens: str, use_cache: str, ready_bytes: str)
         sequences=1,
         threads=2,
         ready_state_bytes=int(ready_bytes),
-        ram_bytes=1 << 30,
+        ram_bytes=int(ram_bytes),
     ) as engine:
         prompt = tuple(json.loads(Path(tokens).read_text()))
         request = GenerationRequest(prompt, SamplingParams(temperature=0.0, max_tokens=2), use_cache=use_cache == "1")

@@ -6,7 +6,9 @@ ask` runs are. The first run computes the prompt and stores it: its peak, less t
 computed with no cache (llama.cpp's compute buffers for long batches are as large as the state on
 so small a model), is at most 1.25 states. A second run restores it from disk: its peak, less a
 short question's, the same. That is the state llama.cpp fills or loads, kept as RAM's entry, with
-no second copy of it as blocks, in a read buffer or in the next read.
+no second copy of it as blocks, in a read buffer or in the next read. A third run restores it with RAM's
+budget far below the state: its peak, less a short question's and the blocks RAM keeps by its budget,
+the same.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from tests.model_factory import write_tiny_llama
 READY_BYTES = 16 << 20  # the engine's own budget for whole states, made small: this state is "large"
 PROMPT_TOKENS = 2_900
 MAX_EXTRA_STATES = 1.25
+SMALL_RAM_BYTES = 16 << 20  # RAM's budget, a sixth of the state
 PROBE = [sys.executable, "-m", "tests.chatapp.engine.memory_probe"]
 
 
@@ -37,10 +40,10 @@ def wide_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
 
 
-def probe(model: Path, folder: Path, tokens: Path, *, use_cache: bool) -> dict[str, Any]:
+def probe(model: Path, folder: Path, tokens: Path, *, use_cache: bool, ram_bytes: int = 1 << 30) -> dict[str, Any]:
     """One process's question: its peak RSS and what it reused."""
     done = subprocess.run(
-        [*PROBE, str(model), str(folder), str(tokens), "1" if use_cache else "0", str(READY_BYTES)],
+        [*PROBE, str(model), str(folder), str(tokens), "1" if use_cache else "0", str(READY_BYTES), str(ram_bytes)],
         capture_output=True,
         text=True,
         timeout=600,
@@ -62,6 +65,11 @@ def test_storing_and_restoring_a_large_state_holds_it_about_once(wide_model: Pat
     uncached = probe(wide_model, tmp_path / "uncached", tokens, use_cache=False)
     cold = probe(wide_model, tmp_path / "kv", tokens, use_cache=True)
     restored = probe(wide_model, tmp_path / "kv", tokens, use_cache=True)
+    # RAM's budget below the state: it is assembled in memory of its own and RAM keeps the first blocks, as
+    # far as its budget goes; the other blocks pass through the readers' scratch.
+    beyond_ram = probe(wide_model, tmp_path / "kv", tokens, use_cache=True, ram_bytes=SMALL_RAM_BYTES)
+    assert beyond_ram["tier"] == "disk"
+    assert beyond_ram["logits_digest"] == cold["logits_digest"]
     assert cold["reused"] == 0
     assert restored["tier"] == "disk"
     assert restored["logits_digest"] == cold["logits_digest"] == uncached["logits_digest"] != ""  # bit for bit
@@ -71,6 +79,8 @@ def test_storing_and_restoring_a_large_state_holds_it_about_once(wide_model: Pat
     extra = {
         "cold": (cold["peak_bytes"] - uncached["peak_bytes"]) / state,
         "restored": (restored["peak_bytes"] - short["peak_bytes"]) / state,
+        "beyond RAM": (beyond_ram["peak_bytes"] - short["peak_bytes"] - SMALL_RAM_BYTES) / state,
     }
     assert extra["cold"] <= MAX_EXTRA_STATES, extra
     assert extra["restored"] <= MAX_EXTRA_STATES, extra
+    assert extra["beyond RAM"] <= MAX_EXTRA_STATES, extra
