@@ -115,7 +115,7 @@ class AnswerRunner:
 
     def _run(self, flight: AnswerFlight, start: Callable[[], AnswerJob]) -> None:
         """Worker thread: start the answer and forward its events to the screen."""
-        post = self._widgets.log.post_message
+        post = self._widgets.post
         if flight.state is FlightState.STOPPING:
             post(AnswerFailed("", started=False))  # Esc came first: nothing is asked
             return

@@ -50,7 +50,7 @@ class MainScreen(Screen[None]):
         super().__init__()
         self.service = service
         self._model_failed = False
-        self.widgets = widgets = ChatWidgets.make()
+        self.widgets = widgets = ChatWidgets.make(self.post_message)
         self.edit = QuestionEdit(widgets, lambda: service.slot.ready)
         self.warm = WarmAhead(
             widgets, service, lambda: not self.answering and self.edit.editing is None, lambda: self.answers.streaming

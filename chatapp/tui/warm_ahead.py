@@ -55,11 +55,11 @@ class WarmAhead:
                 if worker.is_cancelled:
                     return
                 if isinstance(event, PromptProgress) and event.total >= PROGRESS_FROM_TOKENS:
-                    self._widgets.log.post_message(WarmProgress(event.done, event.total))
+                    self._widgets.post(WarmProgress(event.done, event.total))
         except Exception:  # warming is an optimisation: the answer itself will say what is wrong
             return
         finally:
-            self._widgets.log.post_message(WarmProgress(-1, -1))
+            self._widgets.post(WarmProgress(-1, -1))
 
     def progress(self, message: WarmProgress, answering: bool) -> None:
         """Show a long warm-up; an answer sent meanwhile waits for it, so keep showing it then."""
