@@ -259,7 +259,7 @@ class PrefixCache:
             window_ring=window_ring,
         )
         wanted = blocks[: assembly.pieces]
-        keep = self._kept_by_ram(wanted) if keep_blocks else [False] * len(wanted)
+        keep = self.ram.would_keep(wanted) if keep_blocks else [False] * len(wanted)
         kept: dict[int, bytes | np.ndarray] = {}
 
         def sink(number: int, payload: Payload, tier: int) -> None:
@@ -282,17 +282,6 @@ class PrefixCache:
         slowest = max((by for by in served if by is not None), default=0)
         first = [wanted[number] for number, by in enumerate(served) if by == 0]
         return _Filled(assembly.finish(), usable, slowest, first, tokens)
-
-    def _kept_by_ram(self, blocks: Sequence[BlockInfo]) -> list[bool]:
-        """Which blocks a fetch reads into memory RAM then keeps: the first ones (a prefix's first blocks are
-        kept longest), within RAM's budget. The rest go through the readers' scratch: a prefix larger than the
-        budget never holds every block beside its state, only to see RAM evict most of them at once."""
-        room = self.ram.budget_bytes
-        keep = []
-        for info in blocks:
-            room -= info.payload_size
-            keep.append(room >= 0)
-        return keep
 
     def slowest_tier(self, found: CachedPrefix) -> ReuseTier:
         """Where a fetch of `found` would read from: the first tier (RAM) when it has every entry, else the next."""

@@ -137,6 +137,18 @@ class RamTier:
         self.keep(info.key, kept, pinned=info.pinned, place=place_of(info), checksum=info.checksum)
         return True
 
+    def would_keep(self, prefix: Sequence[BlockInfo]) -> list[bool]:
+        """Which of a prefix's entries, given in order, this tier would keep if handed them all: the first ones
+        (the policy keeps a prefix's first blocks longest), within the budget. A fetch reads only those into
+        memory for it; the rest go through the readers' scratch, so a prefix larger than the budget never
+        holds every block beside its state, only to see most of them evicted at once."""
+        room = self.budget_bytes
+        keep = []
+        for info in prefix:
+            room -= info.payload_size
+            keep.append(room >= 0 or info.pinned)
+        return keep
+
     def storing(self) -> AbstractContextManager[None]:
         return contextlib.nullcontext()
 

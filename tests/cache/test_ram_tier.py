@@ -7,6 +7,7 @@ import pytest
 from cache.eviction import make_policy
 from cache.keys import BlockKey as K
 from cache.ram_tier import RamTier
+from tests.cache.test_disk_tier import block
 
 
 class Clock:
@@ -56,3 +57,11 @@ def test_pinned_blocks_survive_pressure() -> None:
     assert K(b"persona") in ram
     assert K(b"c") in ram
     assert K(b"a") not in ram
+
+
+def test_it_would_keep_a_prefixs_first_entries_within_its_budget_and_the_pinned_ones() -> None:
+    ram = RamTier(budget_bytes=30, ttl_seconds=100)
+    prefix = [block(1, b"a" * 10), block(2, b"b" * 15), block(3, b"c" * 10), block(4, b"d" * 3, pinned=True)]
+    assert ram.would_keep(prefix) == [True, True, False, True]
+    assert RamTier(budget_bytes=25, ttl_seconds=100).would_keep(prefix[:2]) == [True, True]
+    assert RamTier(budget_bytes=24, ttl_seconds=100).would_keep(prefix[:2]) == [True, False]
