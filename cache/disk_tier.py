@@ -688,28 +688,17 @@ class DiskTier:
                 with contextlib.suppress(*DISK_ERRORS):
                     store.close()
 
-    def get(self, info: BlockInfo) -> bytes | None:
-        """The payload if present, intact and unexpired; a damaged or doubtful one is deleted."""
-        return self.get_many([info])[0]
-
-    def get_many(self, infos: Sequence[BlockInfo]) -> list[bytes | None]:
-        """The payloads of `infos`, each as `get` gives it (None where missing, damaged or doubtful; those rows
-        are deleted), read with one query per store and READ_THREADS files at a time, and the kept ones marked
-        used (LRU) with their TTL renewed in one update. `infos` in the order a fetch wants them kept (first:
-        kept longest), as `touch` takes them."""
-        sizes = [info.payload_size for info in infos]
-        _rows, payloads = self._read(
-            infos, lambda number, reader: _checked(reader(np.empty(sizes[number], dtype=np.uint8)))
-        )
-        return [bytes(payload) if payload is not None else None for payload in payloads]
-
     def read_into(self, infos: Sequence[BlockInfo], sink: Sink, *, keep: Keep) -> list[bool]:
-        """Hand each intact payload of `infos` to `sink` as it is read, as `get_many` reads them; which ones were.
+        """Hand each intact payload of `infos` to `sink` as it is read; which ones were. None is handed where
+        missing, damaged, expired or doubtful (those rows are deleted). The rows come in one query per store,
+        the files READ_THREADS at a time, and the kept ones are marked used (LRU) with their TTL renewed in one
+        update: `infos` in the order a fetch wants them kept (first: kept longest), as `touch` takes them.
 
         Payloads in files are read into new memory the sink may keep (`keep`), else into the reading
         thread's scratch, valid during the call only: a prefix of gigabytes is then never held twice.
-        The reads' marks of use are committed together (`reading`)."""
-        with self.reading():
+        A batch's marks of use are committed together (`reading`). One entry's read (a checkpoint, a pin's)
+        commits its own and holds no transaction, which a restore on another thread would wait behind."""
+        with self.reading() if len(infos) > 1 else contextlib.nullcontext():
             return self._read_into(infos, sink, keep=keep)
 
     def _read_into(self, infos: Sequence[BlockInfo], sink: Sink, *, keep: Keep) -> list[bool]:

@@ -21,6 +21,7 @@ from cache import disk_tier, maintenance
 from cache.blocks import BlockInfo, PayloadParts, payload_checksum
 from cache.disk_tier import CLOCK_SLACK_SECONDS, DiskTier
 from cache.keys import ROOT_KEY, BlockKey
+from tests.cache.disk_reads import read_back
 from tests.cache.test_prefix_cache import TOKENS, open_cache, restored_state, store_sequence
 
 NAMESPACE = bytes(16)
@@ -118,16 +119,16 @@ def test_expired_entries_are_never_served_whichever_way_the_clock_moves(
     fresh, old, later = (block(key, payload) for key, payload in payloads.items())
     for info in (fresh, old, later):
         assert tier.put(info, payloads[info.key[0]])
-    assert tier.get(fresh) is not None
+    assert read_back(tier, [fresh])[0] is not None
     clock.now += TTL + 1  # forward past the TTL: expired
-    assert tier.get(old) is None
+    assert read_back(tier, [old])[0] is None
     assert {info.key for info in tier.new_entries()} == set()
     assert tier.put(later, b"c" * 64)  # stored now, so last used at this time
     clock.now -= 10 * CLOCK_SLACK_SECONDS  # back: an entry used "in the future" has an unknown age
-    assert tier.get(later) is None
+    assert read_back(tier, [later])[0] is None
     assert tier.counters.expirations >= 1
     clock.now += 10 * CLOCK_SLACK_SECONDS  # the clock comes back: the doubtful entry stays gone
-    assert tier.get(later) is None
+    assert read_back(tier, [later])[0] is None
     tier.close()
 
 
@@ -143,8 +144,8 @@ def test_hostile_rows_are_refused_and_never_unpickled_nor_followed_outside(tmp_p
         db.execute("UPDATE Cache SET filename = ? WHERE key = ?", (str(outside), big.key.hex()))
         db.execute("UPDATE Cache SET raw = 0 WHERE key = ?", (small.key.hex(),))
     tier = DiskTier(tmp_path, 1 << 24, TTL, NAMESPACE)
-    assert tier.get(big) is None
-    assert tier.get(small) is None
+    assert read_back(tier, [big])[0] is None
+    assert read_back(tier, [small])[0] is None
     assert outside.read_bytes() == b"x" * 40_000  # neither read as a payload nor deleted
     assert {info.key for info in tier.new_entries()} == set()
     tier.close()
@@ -162,7 +163,7 @@ def test_an_inline_row_that_holds_no_bytes_is_dropped_not_followed(tmp_path: Pat
     with sqlite3.connect(tmp_path / "blocks" / "cache.db") as db:
         db.execute("UPDATE Cache SET value = ? WHERE key = ?", (value, damaged.key.hex()))
     tier = DiskTier(tmp_path, 1 << 24, TTL, NAMESPACE)
-    assert tier.get_many([damaged, intact]) == [None, b"w" * 100]
+    assert read_back(tier, [damaged, intact]) == [None, b"w" * 100]
     assert damaged.key not in access_times(tier)  # dropped
     tier.close()
 
@@ -181,7 +182,7 @@ def test_a_pin_moving_a_block_while_it_is_read_loses_nothing(tmp_path: Path, mon
         return read_payloads(*args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr("cache.disk_tier._read_payloads", pinned_meanwhile)
-    assert tier.get(info) == payload
+    assert read_back(tier, [info])[0] == payload
     assert info.key in access_times(tier)  # still in the store it was read from
     tier.close()
 
@@ -192,7 +193,7 @@ def test_deleting_an_unpinned_record_leaves_a_pinned_copy_alone(tmp_path: Path) 
     assert tier.put(pinned, b"z" * 64)
     stale = block(1, b"z" * 64)  # another process's out-of-date record of the same block
     tier.discard(stale)
-    assert tier.get(pinned) == b"z" * 64
+    assert read_back(tier, [pinned])[0] == b"z" * 64
     tier.close()
 
 
@@ -244,9 +245,9 @@ def test_reads_in_one_transaction_keep_their_last_use_and_expiry(
         assert tier.put(info, payloads[info.key[0]])
     clock.now += TTL * 0.75
     with tier.reading():
-        assert [tier.get(info) for info in infos] == list(payloads.values())
+        assert [read_back(tier, [info])[0] for info in infos] == list(payloads.values())
     clock.now += TTL * 0.75  # past the first expiry, within the one the reads renewed
-    assert [tier.get(info) for info in infos] == list(payloads.values())
+    assert [read_back(tier, [info])[0] for info in infos] == list(payloads.values())
     assert tier.enabled
 
 
@@ -258,16 +259,16 @@ def test_a_failure_inside_the_reads_rolls_back_and_leaves_the_tier_working(tmp_p
 
     def failed_restore() -> None:
         with tier.reading():
-            assert tier.get(info) == payload
+            assert read_back(tier, [info])[0] == payload
             raise KeyError("the restore failed")
 
     with pytest.raises(KeyError):
         failed_restore()
     assert tier.enabled
-    assert tier.get(info) == payload
+    assert read_back(tier, [info])[0] == payload
     other = block(10, payload)
     assert tier.put(other, payload)  # the database is not left locked
-    assert tier.get(other) == payload
+    assert read_back(tier, [other])[0] == payload
 
 
 def test_a_doubtful_row_read_by_another_thread_does_not_stall_a_restore(
@@ -302,13 +303,13 @@ def test_a_doubtful_row_read_by_another_thread_does_not_stall_a_restore(
 
     def restore() -> None:
         with tier.reading():
-            results["first"] = tier.get(first)
+            results["first"] = read_back(tier, [first])[0]
             began.set()
             assert deleting.wait(60)
-            results["second"] = tier.get(second)
+            results["second"] = read_back(tier, [second])[0]
 
     def pins() -> None:
-        results["damaged"] = tier.get(damaged)
+        results["damaged"] = read_back(tier, [damaged])[0]
 
     pinning = threading.Thread(target=pins, name="pins")
     pinning.start()
@@ -342,14 +343,14 @@ def test_a_block_served_from_ram_is_kept_fresh_on_disk(tmp_path: Path, monkeypat
     times = access_times(tier)
     assert times[first.key] > times[second.key] > times[idle.key]
     clock.now += TTL * 0.5  # past the first expiry, within the one the refresh renewed
-    assert tier.get(idle) is None
+    assert read_back(tier, [idle])[0] is None
     tier.touch([expired])
-    assert tier.get(expired) is None  # expired before the refresh: not revived
+    assert read_back(tier, [expired])[0] is None  # expired before the refresh: not revived
     never = block(5, payload)
     tier.touch([never])  # never stored: nothing made
     assert never.key not in access_times(tier)
-    assert tier.get(first) == payload
-    assert tier.get(second) == payload
+    assert read_back(tier, [first])[0] == payload
+    assert read_back(tier, [second])[0] == payload
     tier.close()
 
 
@@ -357,7 +358,7 @@ def test_a_block_served_from_ram_is_kept_fresh_on_disk(tmp_path: Path, monkeypat
 def test_a_restore_reads_its_blocks_at_once_as_each_read_alone_would(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, threads: int
 ) -> None:
-    """`get_many` gives what `get` gives block by block: payloads in files, inline and pinned ones, in the order
+    """A batch read gives what single reads give block by block: payloads in files, inline and pinned ones, in the order
     asked; None for a block never stored, one whose file is gone and one whose bytes are damaged (its row
     deleted); and the ones kept marked used in the order given (the first kept longest). With files read
     several at a time, or one at a time."""
@@ -379,12 +380,12 @@ def test_a_restore_reads_its_blocks_at_once_as_each_read_alone_would(
     never = block(8, b"n" * 64)
     clock.now += 10
     asked = [first, inline, pinned, damaged, unfiled, never, second, third]
-    assert tier.get_many(asked) == [payloads[1], payloads[4], payloads[5], None, None, None, payloads[2], payloads[3]]
+    assert read_back(tier, asked) == [payloads[1], payloads[4], payloads[5], None, None, None, payloads[2], payloads[3]]
     times = access_times(tier)
     assert times[first.key] > times[inline.key] > times[second.key] > times[third.key] > 1_000_000.0 + 5
     assert damaged.key not in times  # deleted
     assert (tier.counters.hits, tier.counters.misses) == (5, 3)
-    assert tier.get_many([]) == []
+    assert read_back(tier, []) == []
     tier.close()
 
 
@@ -401,7 +402,7 @@ def test_a_restore_hands_each_intact_payload_on_as_it_is_read(
     """`read_into` gives the sink each intact payload with its place among those asked: files on the reading
     threads, in new memory when the sink may keep it, else in that thread's reused scratch (one block's size);
     an inline payload comes from its row. A file cut short or grown longer never reaches the sink: False, and
-    its row deleted, as in `get_many`."""
+    its row deleted, as in any read."""
     monkeypatch.setattr("cache.disk_tier.READ_THREADS", threads)
     tier = DiskTier(tmp_path, 1 << 24, TTL, NAMESPACE)
     payloads = {key: bytes([key]) * (40_000 + key) for key in (1, 2, 3, 4, 5)}
@@ -432,7 +433,7 @@ def test_a_restore_hands_each_intact_payload_on_as_it_is_read(
         assert not any(shared)  # each its own
     elif threads == 1:
         assert all(shared)  # the one thread's scratch, read into again
-    assert tier.get_many([infos[3], infos[4]]) == [None, None]
+    assert read_back(tier, [infos[3], infos[4]]) == [None, None]
     assert tier._store(False)._sql(
         "SELECT COUNT(*) FROM Cache WHERE key IN (?, ?)", (infos[3].key.hex(), infos[4].key.hex())
     ).fetchone() == (0,)
@@ -464,7 +465,7 @@ def test_a_restore_reads_as_many_files_at_once_as_it_has_threads(
     for info in infos:
         assert tier.put(info, bytes([info.key[0]]) * 40_000)
     monkeypatch.setattr("cache.disk_tier._read_into", at_the_barrier)
-    assert tier.get_many(infos) == [bytes([info.key[0]]) * 40_000 for info in infos]
+    assert read_back(tier, infos) == [bytes([info.key[0]]) * 40_000 for info in infos]
     assert threading.get_ident() not in readers
     assert len(readers) <= threads
     tier.close()
@@ -480,13 +481,13 @@ def test_a_restore_reads_when_the_reading_threads_are_gone(tmp_path: Path, monke
     infos = [block(key, bytes([key]) * 40_000) for key in (1, 2, 3)]
     for info in infos:
         assert tier.put(info, bytes([info.key[0]]) * 40_000)
-    assert tier.get_many(infos) == [bytes([info.key[0]]) * 40_000 for info in infos]
+    assert read_back(tier, infos) == [bytes([info.key[0]]) * 40_000 for info in infos]
     tier.close()
 
 
 def _read_in_child(folder: str, infos: list[BlockInfo], done: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
     tier = DiskTier(Path(folder), 1 << 24, TTL, NAMESPACE)
-    done.put(tier.get_many(infos))
+    done.put(read_back(tier, infos))
     tier.close()
 
 
@@ -508,7 +509,7 @@ def test_a_forked_process_reads_with_threads_of_its_own(tmp_path: Path, monkeypa
         return read_into(file, source, target)  # type: ignore[arg-type]
 
     monkeypatch.setattr("cache.disk_tier._read_into", at_the_barrier)
-    assert tier.get_many(infos[:2]) == expected[:2]
+    assert read_back(tier, infos[:2]) == expected[:2]
     monkeypatch.setattr("cache.disk_tier._read_into", read_into)
     context = multiprocessing.get_context("fork")
     done = context.Queue()
@@ -540,7 +541,7 @@ def test_a_full_disk_drops_exactly_what_it_must_expired_rows_first(
         clock.now += 1
         assert tier.put(info, payload)
     clock.now += 1
-    assert tier.get(infos[0]) == payload  # read: now the most recent
+    assert read_back(tier, [infos[0]])[0] == payload  # read: now the most recent
     store = tier._store(False)
     store.reset("size_limit", store.volume() + 10_000)  # full: one more block is 30,000 bytes too many
     newer = [block(key, payload) for key in (21, 22)]
@@ -602,7 +603,7 @@ def test_a_payload_stored_as_parts_reads_back_as_their_bytes_joined(tmp_path: Pa
     assert payload_checksum(parts) == payload_checksum(joined)  # hashed part by part: the same digest
     info = block(7, joined)
     assert tier.put(info, parts)
-    assert tier.get(info) == joined
+    assert read_back(tier, [info])[0] == joined
     assert tier.counters.bytes_written == len(joined)
     tier.close()
 

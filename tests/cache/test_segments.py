@@ -18,6 +18,7 @@ from cache import disk_tier, maintenance
 from cache.blocks import BlockInfo, PayloadParts
 from cache.disk_tier import DiskTier, sweep_segments
 from cache.segments import ALIGN, SegmentWriter, can_punch_holes, parse_slice
+from tests.cache.disk_reads import read_back
 from tests.cache.test_disk_tier import NAMESPACE, TTL, block
 
 SIZE = 40_000  # over the 32 KiB at which a payload leaves its row
@@ -71,7 +72,7 @@ def test_the_blocks_of_one_store_lie_in_one_file_on_page_boundaries_and_read_bac
     assert names[small.key.hex()] is None
     tier.close()
     again = DiskTier(tmp_path, 1 << 24, TTL, NAMESPACE)  # a new process's view
-    assert again.get_many([*infos, small]) == [*(payload(info.key[0]) for info in infos), b"s" * 100]
+    assert read_back(again, [*infos, small]) == [*(payload(info.key[0]) for info in infos), b"s" * 100]
     again.close()
 
 
@@ -113,7 +114,7 @@ def test_a_deleted_block_gives_its_pages_back_and_its_neighbours_stay_intact(tmp
     before = allocated(segment)
     tier.discard(infos[2])
     assert allocated(segment) <= before - 256 * 1024  # ext4, xfs, btrfs and tmpfs punch holes
-    assert tier.get_many(infos) == [
+    assert read_back(tier, infos) == [
         payload(info.key[0], 256 * 1024) if number != 2 else None for number, info in enumerate(infos)
     ]
     tier.close()
@@ -129,7 +130,7 @@ def test_the_budget_culls_a_segments_blocks_one_by_one_least_recent_first(tmp_pa
     kept = len(tier.holding(infos))
     assert 2 <= kept <= 4
     assert tier.holding(infos) == {info.key for info in infos[-kept:]}
-    assert tier.get_many(infos[-kept:]) == [payload(info.key[0]) for info in infos[-kept:]]
+    assert read_back(tier, infos[-kept:]) == [payload(info.key[0]) for info in infos[-kept:]]
     (segment,) = segment_files(tmp_path)
     assert allocated(segment) <= kept * -(-SIZE // ALIGN) * ALIGN
     tier.close()
@@ -247,7 +248,7 @@ def test_a_row_naming_a_slice_badly_is_refused_and_dropped(tmp_path: Path, name:
     (segment,) = segment_files(tmp_path)
     name = name.replace("{segment}", f"segments/{segment.name}")
     tier._store(False)._sql("UPDATE Cache SET filename = ? WHERE key = ?", (name, info.key.hex()))
-    assert tier.get(info) is None
+    assert read_back(tier, [info])[0] is None
     assert tier.holding([info]) == set()  # its row is gone
     tier.close()
 
@@ -268,13 +269,13 @@ def test_a_slice_cut_short_or_zeroed_is_never_restored(tmp_path: Path) -> None:
         assert second is not None
         segment.seek(second.offset)
         segment.write(bytes(second.size))
-    assert tier.get_many(infos) == [None, None, payload(3)]
+    assert read_back(tier, infos) == [None, None, payload(3)]
     tier.close()
 
 
 def _read_in_child(folder: str, infos: list[BlockInfo], done: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
     tier = DiskTier(Path(folder), 1 << 24, TTL, NAMESPACE)
-    done.put(tier.get_many(infos))
+    done.put(read_back(tier, infos))
     tier.close()
 
 
@@ -300,7 +301,7 @@ def test_where_holes_cannot_be_punched_blocks_get_files_of_their_own(
     infos = stored_together(tier, range(1, 4))
     assert segment_files(tmp_path) == []
     assert all(str(name).endswith(".val") for name in filenames(tier).values())
-    assert tier.get_many(infos) == [payload(info.key[0]) for info in infos]
+    assert read_back(tier, infos) == [payload(info.key[0]) for info in infos]
     tier.close()
 
 
