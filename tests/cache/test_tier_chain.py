@@ -3,6 +3,7 @@ what they lost byte for byte, and its faults cost hits, never a wrong restore or
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from cache.ram_tier import RamTier
 from cache.state_assembly import StateAssembly
 from cache.state_format import StateFormatError
 from cache.tier import Tier
+from cache.tiers import ReuseTier
 from tests.cache.memory_tier import MemoryTier
 from tests.cache.test_prefix_cache import CONFIG, LAYOUT, TOKENS, namespace, restored_state, store_sequence
 
@@ -29,8 +31,18 @@ def faster_tiers_emptied(cache: PrefixCache) -> None:
 
 
 def test_ram_disk_and_a_new_tier_meet_the_one_interface(tmp_path: Path) -> None:
+    """Every member of `Tier`, with the protocol's parameters (mypy checks the types of the same list)."""
     tiers: list[Tier] = [RamTier(1 << 20, 60.0), DiskTier(tmp_path, 1 << 20, 60.0, b"n" * 8), MemoryTier()]
-    assert [tier.name for tier in tiers] == ["ram", "disk", "disk"]
+    members = [name for name in vars(Tier) if not name.startswith("_")]
+    assert {"read_into", "put", "holding", "discard", "storing", "stats"} <= set(members)
+    for tier in tiers:
+        for name in members:
+            wanted = inspect.signature(getattr(Tier, name)).parameters
+            got = inspect.signature(getattr(type(tier), name)).parameters
+            assert list(got) == list(wanted), (type(tier).__name__, name)
+        assert isinstance(tier.name, ReuseTier)
+        assert isinstance(tier.checks_payloads, bool)
+        assert isinstance(tier.enabled, bool)
 
 
 def test_a_new_tier_keeps_every_entry_and_serves_what_ram_and_disk_lost_byte_for_byte(tmp_path: Path) -> None:
