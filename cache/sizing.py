@@ -457,24 +457,45 @@ def _envelope(
 
 
 @dataclass(frozen=True)
+class _Asked:
+    """The keys of one kind a sampled log's requests ask for (chain blocks; or marks: checkpoints and blocks
+    matched in part), one row each."""
+
+    kept: np.ndarray  # indices into the log's column of these keys (log.chain, log.mark_key)
+    request: np.ndarray
+    end: np.ndarray  # the prompt position the key reaches
+    id: np.ndarray
+    wanted: np.ndarray  # queried within the request's limit
+    touched: np.ndarray  # and not held in place: a use of the key
+
+    @classmethod
+    def of(
+        cls,
+        log: LogColumns,
+        kept: np.ndarray,
+        request: np.ndarray,
+        end: np.ndarray,
+        *,
+        id: np.ndarray,
+        wanted: np.ndarray,
+    ) -> _Asked:
+        return cls(kept, request, end, id, wanted, wanted & (end > log.in_place[request]))
+
+    def used(self, first_store: np.ndarray, request_step: np.ndarray) -> np.ndarray:
+        """Which rows are uses in the timeline: touched, and stored before their request."""
+        used: np.ndarray = self.touched & (first_store[self.id] < request_step[self.request])
+        return used
+
+
+@dataclass(frozen=True)
 class _Queries:
     """What the sampled log asks for: each request's chain blocks and checkpoints (marks), each store's
     entries, with dense ids of their keys (a key left out of the sample gets a valid id never used)."""
 
     keys: np.ndarray  # the kept keys, sorted: an id is an index here
-    kept_blocks: np.ndarray  # indices into log.chain
-    block_request: np.ndarray
+    blocks: _Asked
     block_start: np.ndarray
-    block_end: np.ndarray
-    block_id: np.ndarray
-    block_wanted: np.ndarray  # queried within the request's limit
-    block_touched: np.ndarray  # and not held in place: a use of the block
-    kept_marks: np.ndarray  # indices into log.mark_key
-    mark_request: np.ndarray
-    mark_end: np.ndarray
-    mark_id: np.ndarray
-    mark_wanted: np.ndarray
-    mark_touched: np.ndarray
+    marks: _Asked
     entry_store: np.ndarray  # of each kept entry (log.entry_key), its store
     entry_checkpoint: np.ndarray
     entry_id: np.ndarray
@@ -497,7 +518,6 @@ class _Queries:
         block_start = (kept_blocks - log.chain_offsets[block_request]) * log.block_size[block_request]
         block_end = np.minimum(block_start + log.block_size[block_request], log.prompt[block_request])
         limit = np.minimum(log.limit, log.prompt)
-        block_wanted = block_start < limit[block_request]
         kept_marks = np.flatnonzero(mark_kept)
         mark_request = np.searchsorted(log.mark_offsets, kept_marks, side="right") - 1
         mark_end = log.mark_end[kept_marks]
@@ -507,22 +527,20 @@ class _Queries:
             # points, which a sum cannot scale: left out (less than a block per request).
             mark_wanted &= log.at_checkpoints[mark_request]
         kept_entries = np.flatnonzero(entry_kept)
+        blocks = _Asked.of(
+            log,
+            kept_blocks,
+            block_request,
+            block_end,
+            id=ids(log.chain[kept_blocks]),
+            wanted=block_start < limit[block_request],
+        )
+        marks = _Asked.of(log, kept_marks, mark_request, mark_end, id=ids(log.mark_key[kept_marks]), wanted=mark_wanted)
         return cls(
             keys=keys,
-            kept_blocks=kept_blocks,
-            block_request=block_request,
+            blocks=blocks,
             block_start=block_start,
-            block_end=block_end,
-            block_id=ids(log.chain[kept_blocks]),
-            block_wanted=block_wanted,
-            block_touched=block_wanted & (block_end > log.in_place[block_request]),
-            kept_marks=kept_marks,
-            mark_request=mark_request,
-            mark_end=mark_end,
-            mark_id=ids(log.mark_key[kept_marks]),
-            mark_wanted=mark_wanted,
-            # checkpoints, or a block matched in part
-            mark_touched=mark_wanted & (mark_end > log.in_place[mark_request]),
+            marks=marks,
             entry_store=np.searchsorted(log.entry_offsets, kept_entries, side="right") - 1,
             entry_checkpoint=log.entry_checkpoint[kept_entries],
             entry_id=ids(log.entry_key[kept_entries]),
@@ -566,7 +584,7 @@ class _Timeline:
         store_event = is_store[order]
         # Steps per event, and where each event's first step is.
         store_marks = np.bincount(q.entry_store, weights=q.entry_checkpoint, minlength=stores).astype(np.int64)
-        request_marks = np.bincount(q.mark_request[q.mark_touched], minlength=requests).astype(np.int64)
+        request_marks = np.bincount(q.marks.request[q.marks.touched], minlength=requests).astype(np.int64)
         steps_of = np.ones(order.size, dtype=np.int64)
         steps_of[store_event] += store_marks[row[store_event]]
         steps_of[~store_event] += request_marks[row[~store_event]]
@@ -589,11 +607,11 @@ class _Timeline:
         first_store = np.full(q.keys.size, step_count, dtype=np.int64)
         np.minimum.at(first_store, q.entry_id, entry_step)
         # A request's checkpoints one step each (deepest first), then its blocks; only what was stored before it.
-        touched_step = request_step[q.mark_request] + _rank_by_end(q.mark_end, q.mark_request, q.mark_touched)
-        block_step = request_step[q.block_request] + request_marks[q.block_request]
-        mark_use = q.mark_touched & (first_store[q.mark_id] < request_step[q.mark_request])
-        block_use = q.block_touched & (first_store[q.block_id] < request_step[q.block_request])
-        use_key = np.concatenate([q.entry_id, q.mark_id[mark_use], q.block_id[block_use]])
+        touched_step = request_step[q.marks.request] + _rank_by_end(q.marks.end, q.marks.request, q.marks.touched)
+        block_step = request_step[q.blocks.request] + request_marks[q.blocks.request]
+        mark_use = q.marks.used(first_store, request_step)
+        block_use = q.blocks.used(first_store, request_step)
+        use_key = np.concatenate([q.entry_id, q.marks.id[mark_use], q.blocks.id[block_use]])
         by_session = np.lexsort((np.arange(step_count), step_session))
         session_rank = np.empty(step_count, dtype=np.int64)
         session_rank[by_session] = np.arange(step_count)
@@ -648,23 +666,25 @@ def _measure(log: LogColumns, rate: float) -> tuple[_Blocks, _Checkpoints]:
     (`_Timeline` says how time is counted)."""
     q = _Queries.of(log, rate)
     timeline = _Timeline.of(log, q)
-    wanted_request = q.block_request[q.block_wanted]
-    block_size_of = timeline.sizes[q.block_id[q.block_wanted]]
-    disk, ram, age, ram_age, last, ram_last = timeline.distances(wanted_request, q.block_id[q.block_wanted])
+    blocks_wanted = q.blocks.wanted
+    wanted_request = q.blocks.request[blocks_wanted]
+    block_size_of = timeline.sizes[q.blocks.id[blocks_wanted]]
+    disk, ram, age, ram_age, last, ram_last = timeline.distances(wanted_request, q.blocks.id[blocks_wanted])
     blocks = _Blocks(
         wanted_request,
-        q.block_start[q.block_wanted],
-        q.block_end[q.block_wanted],
+        q.block_start[blocks_wanted],
+        q.blocks.end[blocks_wanted],
         _add_ancestors(disk, last, wanted_request, block_size_of),
         _add_ancestors(ram, ram_last, wanted_request, block_size_of),
         age,
         ram_age,
-        log.chain[q.kept_blocks][q.block_wanted],
+        log.chain[q.blocks.kept][blocks_wanted],
     )
-    wanted_mark = q.mark_request[q.mark_wanted]
-    anchor = q.mark_end[q.mark_wanted] // np.maximum(log.block_size[wanted_mark], 1) * log.block_size[wanted_mark]
+    marks_wanted = q.marks.wanted
+    wanted_mark = q.marks.request[marks_wanted]
+    anchor = q.marks.end[marks_wanted] // np.maximum(log.block_size[wanted_mark], 1) * log.block_size[wanted_mark]
     mark_disk, mark_ram, mark_age, mark_ram_age, mark_last, mark_ram_last = timeline.distances(
-        wanted_mark, q.mark_id[q.mark_wanted]
+        wanted_mark, q.marks.id[marks_wanted]
     )
     # A mark last used as a block of a store (a block a later prompt matched in part) has that store's
     # blocks before it above it in the stack: the chain's blocks before its anchor last used there.
@@ -673,13 +693,13 @@ def _measure(log: LogColumns, rate: float) -> tuple[_Blocks, _Checkpoints]:
     mark_ram = _add_stored_with(mark_ram, mark_ram_last, wanted_mark, anchor, *chain, ram_last)
     marks = _Checkpoints(
         wanted_mark,
-        q.mark_end[q.mark_wanted],
+        q.marks.end[marks_wanted],
         mark_disk,
         mark_ram,
         mark_age,
         mark_ram_age,
         anchor,
-        log.mark_key[q.kept_marks][q.mark_wanted],
+        log.mark_key[q.marks.kept][marks_wanted],
     )
     return blocks, marks
 
