@@ -7,7 +7,8 @@ cached, which stores its state; then restored from the RAM tier's whole state, f
 the page cache warm, from disk with the cache folder's pages dropped, and from disk with the RAM
 tier's budget a quarter of the state (as a 4 GiB prefix meets the default 2 GiB budget: RAM keeps
 the first blocks, the rest pass through). For each step: the process's peak RSS (VmHWM, reset
-before the step), in states, over the yardstick below, less what the RAM tier keeps by its budget;
+before the step), in states, over the yardstick below (on the RAM-below path, less the blocks RAM
+keeps within its lowered budget; elsewhere the whole state RAM keeps is the one copy counted);
 its time against llama.cpp's own load of the state from memory and against reading the same
 bytes from one file; and whether the answer's logits equal those of the prompt computed with no
 cache, whose peak RSS is also the yardstick (the model, the KV cells and the compute buffers of
@@ -47,7 +48,7 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class LargeRestore:
     ms: float
-    peak_states: float  # the step's peak RSS over the baseline's, less what RAM keeps by its budget, in states
+    peak_states: float  # the step's peak RSS over the baseline's, in states (RAM below: less the blocks it keeps)
     equal_to_cold: bool
     read_ms: float = 0.0  # of `ms`, the blocks read and copied into the state (RestoreTimings.read_ms)
     load_ms: float = 0.0  # of `ms`, llama.cpp taking the state
@@ -117,6 +118,7 @@ def measure_large_state(
         for path in RESTORE_PATHS:
             if path == "disk, cold" and not can_drop_pages():
                 continue
+            _empty_for(engine, target, path)  # before the peak is reset: the last path's memory is let go first
             (result, kept_by_budget), peak = _peak_of(partial(_restore, engine, target, path, state))
             timings = result.stats.restore
             assert timings is not None
@@ -220,9 +222,8 @@ def _decode_rate(engine: LocalEngine, tokens: tuple[int, ...], storing: _StoreWa
     return (len(timed) - 1) / (timed[-1] - timed[0]), len(during) / len(stamps)
 
 
-def _restore(engine: LocalEngine, tokens: tuple[int, ...], path: str, state: int) -> tuple[GenerationResult, int]:
-    """Push the prefix out of both sequences, empty what `path` must not use, and answer again; with the bytes
-    the RAM tier kept of it where its budget is below the state (the rest of the time: 0, none counted)."""
+def _empty_for(engine: LocalEngine, tokens: tuple[int, ...], path: str) -> None:
+    """Push the prefix out of both sequences and empty what `path` must not use."""
     for sequence in range(engine.info.n_sequences):
         _answer(engine, tokens[:8], use_cache=False, sequence=sequence)
     engine.flush_cache()
@@ -233,13 +234,22 @@ def _restore(engine: LocalEngine, tokens: tuple[int, ...], path: str, state: int
         cache.ram.clear()
     if path == "disk, cold":
         drop_pages(cache.disk.directory)
+
+
+def _restore(engine: LocalEngine, tokens: tuple[int, ...], path: str, state: int) -> tuple[GenerationResult, int]:
+    """Answer the prefix again by `path`; with the bytes of it the RAM tier keeps where its budget is below the
+    state (elsewhere 0: RAM keeps the whole state, the one copy the peak counts)."""
+    cache = engine.cache
+    assert cache is not None
     budget = cache.ram.budget_bytes
     kept_by_budget = 0
-    if path == "disk, RAM below":
+    below = path == "disk, RAM below"
+    if below:
         cache.ram.budget_bytes = state // RAM_BELOW_SHARE
     try:
         result = _answer(engine, tokens, sequence=0)
-        if path == "disk, RAM below":
+        if below:
+            engine.flush_cache()  # the answer's own blocks are kept under the lowered budget too
             kept_by_budget = cache.ram.bytes_used
     finally:
         cache.ram.budget_bytes = budget
@@ -247,6 +257,8 @@ def _restore(engine: LocalEngine, tokens: tuple[int, ...], path: str, state: int
     restore = result.stats.restore
     if result.stats.reuse_tier != expected or restore is None or restore.whole_state != (path == RESTORE_PATHS[0]):
         raise RuntimeError(f"figure W: the {path} restore took another path ({result.stats.reuse_tier}, {restore})")
+    if below and not 0 < kept_by_budget < state:
+        raise RuntimeError(f"figure W: RAM kept {kept_by_budget:,} bytes of a {state:,}-byte state below its budget")
     return result, kept_by_budget
 
 
@@ -272,7 +284,7 @@ def large_state_table(figures: LargeStateFigures) -> str:
     lines = [
         f"W  one {figures.prefix_tokens:,}-token prefix, a {figures.state_bytes / 2**20:,.0f} MiB state "
         f"({figures.elapsed_s:.0f} s); peak RSS over the prompt's with no cache "
-        f"({figures.baseline_peak_bytes / 2**20:,.0f} MiB), less what RAM keeps by its budget",
+        f"({figures.baseline_peak_bytes / 2**20:,.0f} MiB; RAM below: less the blocks it keeps)",
         f"     storing run: peak +{figures.store_peak_states:.2f} states; "
         f"on disk {figures.store_s:.1f} s after the answer; answer as cold: "
         f"{'yes' if figures.store_equal_to_cold else 'NO'}",
