@@ -76,7 +76,7 @@ class RestoreCosts:
     def describe(self) -> str:
         """One line for the cache screen: the counts, and the speeds behind them."""
         with self._lock:
-            line = f"{self.restored} cache hits restored, {self.recomputed} computed instead (measured faster)"
+            line = f"{self.restored} restored, {self.recomputed} computed instead (measured faster)"
             if self.prefill_ms_per_token is not None:
                 measured = ", ".join(f"{path} {value:.4f}" for path, value in self.restore_ms_per_token.items())
                 line += f"  ·  ms per token: computing {self.prefill_ms_per_token:.3f}"

@@ -11,3 +11,8 @@ def byte_size(count: int) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return f"{count} B"
+
+
+def count_of(number: int, noun: str) -> str:
+    """A count and its noun, plural but for one: 1 answer, 2,048 answers."""
+    return f"{number:,} {noun}" + ("" if number == 1 else "s")

@@ -16,19 +16,8 @@ from textual.widgets.option_list import Option
 from chatapp.errors import ChatappError
 from chatapp.services.cache_view import CacheOverview, CacheService
 from chatapp.services.pins import describe_pin
+from chatapp.services.units import byte_size, count_of
 from chatapp.tui.dialogs import Confirm
-
-
-def size_text(count: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if count < 1024 or unit == "GiB":
-            return f"{count:,.0f} {unit}" if unit == "B" else f"{count:,.1f} {unit}"
-        count /= 1024
-    return f"{count:,.1f} GiB"
-
-
-def _count(number: int, noun: str) -> str:
-    return f"{number:,} {noun}" + ("" if number == 1 else "s")
 
 
 class CacheScreen(ModalScreen[None]):
@@ -86,12 +75,12 @@ class CacheScreen(ModalScreen[None]):
                 widget.display = local
         summary = (
             f"Hit rate {hit_rate:.0%} of prompt tokens over "
-            f"{_count(int(stats.get('requests', 0)), 'answer')} ({source})"
+            f"{count_of(int(stats.get('requests', 0)), 'answer')} ({source})"
             f"  ·  reused {int(stats.get('reused_tokens', 0)):,} of {int(stats.get('prompt_tokens', 0)):,} tokens"
         )
         memory = f"Model memory: {overview.memory}"
         if overview.restore_choice:
-            memory += f"\nRestore or compute: {overview.restore_choice}"
+            memory += f"\nCache hits: {overview.restore_choice}"
         if overview.checks:
             memory += f"\nRestore checks: {overview.checks}"
         self.query_one("#cache-memory", Static).update(memory)
@@ -111,8 +100,8 @@ class CacheScreen(ModalScreen[None]):
             table.add_row(
                 name,
                 f"{int(tier.get('entries', 0)):,}",
-                size_text(float(tier.get("bytes", 0))),
-                size_text(float(tier.get("budget_bytes", 0))),
+                byte_size(int(tier.get("bytes", 0))),
+                byte_size(int(tier.get("budget_bytes", 0))),
                 f"{int(reused.get(key, 0)):,}",
                 f"{int(tier.get('hits', 0)):,}",
                 f"{int(tier.get('misses', 0)):,}",
@@ -122,7 +111,7 @@ class CacheScreen(ModalScreen[None]):
         if overview.ttft_ms:
             low, high, last = min(overview.ttft_ms), max(overview.ttft_ms), overview.ttft_ms[-1]
             self.query_one("#ttft-range", Label).update(
-                f"{_count(len(overview.ttft_ms), 'answer')} · min {low:,.0f} · max {high:,.0f} · last {last:,.0f}"
+                f"{count_of(len(overview.ttft_ms), 'answer')} · min {low:,.0f} · max {high:,.0f} · last {last:,.0f}"
             )
         else:
             self.query_one("#ttft-range", Label).update("no answers yet in this session")

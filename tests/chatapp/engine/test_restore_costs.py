@@ -48,7 +48,7 @@ def test_short_measurements_are_ignored_and_long_ones_smoothed() -> None:
 
 def test_the_description_names_the_counts_and_speeds() -> None:
     costs = RestoreCosts()
-    assert costs.describe() == "0 cache hits restored, 0 computed instead (measured faster)"
+    assert costs.describe() == "0 restored, 0 computed instead (measured faster)"
     costs.note_prefill(100, 0.1)
     costs.note_restore("ram", 100, 1.0)
     line = costs.describe()

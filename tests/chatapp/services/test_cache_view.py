@@ -163,7 +163,7 @@ def test_overview_reads_the_folder_until_the_engine_is_attached(workspace: Works
         assert after.memory == before.memory
         assert before.restore_choice is None  # measured by a running engine only
         assert after.restore_choice is not None
-        assert after.restore_choice.startswith("0 cache hits restored, 0 computed instead")
+        assert after.restore_choice.startswith("0 restored, 0 computed instead")
         chat.figures.ttft_ms.append(12.5)  # what an answer adds when it ends
         assert cache_view.overview().ttft_ms == [12.5]
     finally:

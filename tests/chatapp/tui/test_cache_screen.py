@@ -6,15 +6,9 @@ from pathlib import Path
 
 from textual.widgets import DataTable, OptionList, Sparkline
 
-from chatapp.tui.cache_screen import CacheScreen, size_text
+from chatapp.tui.cache_screen import CacheScreen
 from chatapp.tui.dialogs import Confirm
 from tests.tui_support import engine_of, make_app, notifications, running, send, wait_until
-
-
-def test_sizes_are_written_for_people() -> None:
-    assert size_text(512) == "512 B"
-    assert size_text(3 * 1024 * 1024) == "3.0 MiB"
-    assert size_text(5 * 1024**3) == "5.0 GiB"
 
 
 async def test_tiers_pins_and_clear(data_dir: Path) -> None:
