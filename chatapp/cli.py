@@ -32,6 +32,7 @@ from chatapp.services.startup import (
     open_workspace,
     quiet_native_logs,
 )
+from chatapp.services.units import count_of
 from chatapp.settings import Settings
 
 EXIT_INTERRUPTED = 130
@@ -389,7 +390,7 @@ def run_cache(args: argparse.Namespace, workspace: Workspace) -> int:
 def run_cache_verify(args: argparse.Namespace, workspace: Workspace) -> int:
     if args.clear:
         resumed = resume_reuse(workspace.kv_cache_dir)
-        _write_stdout(f"reuse resumed for {resumed:,} stopped model{'' if resumed == 1 else 's'}\n")
+        _write_stdout(f"reuse resumed for {count_of(resumed, 'stopped model')}\n")
         return 0
     if args.limit < 0:
         raise ChatappError(f"--limit {args.limit}: give a number of prompts, 0 or more (0: all)")

@@ -17,6 +17,7 @@ from cache.maintenance import CHECKS_FOLDER
 from cache.restore_checks import RestoreChecks, ReusedPrompt
 from chatapp.engine.contract import EngineClient, GenerationRequest, SamplingParams, build_name
 from chatapp.errors import ChatappError
+from chatapp.services.units import count_of
 
 GREEDY_ONE = SamplingParams(temperature=0.0, max_tokens=1)  # only the logits after the prompt are compared
 
@@ -42,7 +43,7 @@ class VerifyReport:
         else:
             tiers = ", ".join(f"{tier} {count:,}" for tier, count in sorted(self.by_tier.items()))
             line = (
-                f"{self.model}: checked {self.checked:,} prompt{'' if self.checked == 1 else 's'} that reuse cached "
+                f"{self.model}: checked {count_of(self.checked, 'prompt')} that reuse cached "
                 f"KV ({tiers}): {self.equal:,} bit-identical to a cold run{lifetime}"
             )
         if self.stopped:

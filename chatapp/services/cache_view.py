@@ -23,6 +23,7 @@ from chatapp.services.cache_advice import Advice
 from chatapp.services.chat_service import ChatService
 from chatapp.services.pins import PinKeeper
 from chatapp.services.prompt_plan import builder_of
+from chatapp.services.units import count_of
 from chatapp.vocabulary import Role
 
 
@@ -61,7 +62,7 @@ class CacheService:
             kind, window = stats["memory"]["kind"], stats["memory"]["window"]
             memory = cache_admin.describe_memory(kind, window, interval, engine.info.prompt_grid, engine.info.kv_type)
             if count := stats["memory"]["checkpoints"]:
-                memory += f" ({count:,} checkpoint{'' if count == 1 else 's'} stored)"
+                memory += f" ({count_of(count, 'checkpoint')} stored)"
             choice = engine.restore_costs.describe() if engine.restore_costs is not None else None
             ttft = list(self.chat.figures.ttft_ms)
             checks = cache_admin.describe_checks(stats.get("checks"))
